@@ -1,0 +1,75 @@
+# embstore — every entry point. `make help` lists them; .ci/run calls `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+CARGO  ?= cargo
+# Extra arguments for bench targets, e.g. `make bench-index ARGS="--size 134217728 --json"`.
+ARGS   ?=
+
+.PHONY: help setup toolchain develop build demo test lint fmt-check clippy test-rust test-python \
+        ruff bench-index fmt clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+toolchain: ## Check that Rust (with rustfmt, clippy) and Python >= 3.11 are present
+	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found: install Rust (rustup)"; exit 1; }
+	@$(CARGO) fmt --version >/dev/null 2>&1 || { echo "error: rustfmt missing: rustup component add rustfmt"; exit 1; }
+	@$(CARGO) clippy --version >/dev/null 2>&1 || { echo "error: clippy missing: rustup component add clippy"; exit 1; }
+	@[ -n "$(PYTHON)" ] || { echo "error: python3 not found"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "error: Python >= 3.11 needed, $(PYTHON) is $$($(PYTHON) --version)"; exit 1; }
+
+$(VENV)/.ready: python/requirements-dev.txt | toolchain
+	@echo "==> creating $(VENV) and installing Python dev tools"
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -r python/requirements-dev.txt
+	touch $@
+
+setup: $(VENV)/.ready ## Create the virtualenv and install the Python tools
+
+develop: setup ## Build the native module (release) into the virtualenv
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet
+
+build: toolchain ## Build every Rust crate in release mode
+	$(CARGO) build --release --workspace
+
+demo: toolchain ## The main job (for now: the index benchmark, quick mode)
+	$(CARGO) build --release -p embstore-bench
+	./target/release/embstore-bench index --quick $(ARGS)
+
+test: lint test-rust test-python ## Everything CI runs: formatting, lints, Rust and Python tests
+
+lint: fmt-check clippy ruff ## rustfmt --check, clippy -D warnings, ruff
+
+fmt-check: toolchain
+	$(CARGO) fmt --all --check
+
+clippy: toolchain
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+ruff: setup
+	$(VENV)/bin/ruff check python examples
+	$(VENV)/bin/ruff format --check python examples
+
+test-rust: toolchain ## Rust unit, property and doc tests
+	$(CARGO) test --workspace --exclude embstore-python --locked
+
+test-python: develop ## pytest (unit tests, doctests, examples)
+	$(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
+
+bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
+	$(CARGO) run --release -p embstore-bench -- index $(ARGS)
+
+fmt: setup ## Format Rust and Python sources
+	$(CARGO) fmt --all
+	$(VENV)/bin/ruff format python examples
+	$(VENV)/bin/ruff check --fix python examples
+
+clean: ## Remove build outputs and the virtualenv
+	$(CARGO) clean
+	rm -rf $(VENV) .pytest_cache .ruff_cache

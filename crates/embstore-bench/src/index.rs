@@ -1,0 +1,546 @@
+//! `embstore-bench index`: NeighborHash lookups against hashbrown and the random-access bound.
+//!
+//! Dimensions (defaults):
+//! - table sizes: 1M (16 MiB) and 16M (256 MiB) slots; `--size 134217728` for 128M (2 GiB);
+//! - load factor 0.8 (`--load-factor`), keys: random u64, payload = insertion index;
+//! - queries: 8M per repetition, 90 % present keys (`--hit-ratio`) drawn uniformly and, in a
+//!   second pass, Zipf(0.99) over the present keys; 10 % absent random keys;
+//! - single thread; batched structures take batches of 4096 keys (`--batch`);
+//! - 5 repetitions (`--reps`); each repetition runs every structure once, in rotating order, so
+//!   machine noise spreads evenly; the median is reported.
+//!
+//! Structures (all on the same keys, in one process; every large array, hashbrown's included,
+//! mapped with transparent huge pages):
+//! - `embstore_scalar`: `NeighborHash::get` one key at a time;
+//! - `embstore_batch`: `NeighborHash::get_batch` (AMAC, vectorised hashing);
+//! - `embstore_batch_4k`: the same over a table mapped without huge pages (full runs only);
+//! - `hashbrown`: `hashbrown::HashMap<u64, u64>` with the same hash function (`fmix64`);
+//! - `random_access`: hash the key and read one u64 at that position of an array of the table's
+//!   byte size — the least any hash lookup must do; `random_access_prefetch`: the same with the
+//!   addresses prefetched 32 keys ahead.
+//!
+//! Equal work is checked: the checksum (sum of found payloads + number of misses) of every hash
+//! table must agree in every repetition, or the run fails.
+
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use embstore_index::hash::{hash, hash_shift};
+use embstore_index::{Config, NeighborHash, MISSING};
+use rand::SeedableRng;
+use rand_distr::Distribution;
+
+use crate::huge::{anon_huge_kb, PageAlloc, PageArray};
+
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// Table size in slots (a power of two); repeat for several. Default: 1048576 and 16777216.
+    #[arg(long = "size", value_name = "SLOTS")]
+    sizes: Vec<usize>,
+    /// Quick mode (the demo): 1M and 16M slots, 3 repetitions of 2M queries, no 4 KiB variant.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object per structure, size and distribution (stdout) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Repetitions per structure (the median is reported).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Queries per repetition.
+    #[arg(long)]
+    queries: Option<usize>,
+    /// Which key distributions to query.
+    #[arg(long, value_enum, default_value_t = DistArg::Both)]
+    distribution: DistArg,
+    /// Fraction of slots filled.
+    #[arg(long, default_value_t = 0.8)]
+    load_factor: f64,
+    /// Fraction of queries for present keys.
+    #[arg(long, default_value_t = 0.9)]
+    hit_ratio: f64,
+    /// Keys per batch for the batched structures.
+    #[arg(long, default_value_t = 4096)]
+    batch: usize,
+    /// Also measure get_batch for several AMAC ring widths and scalar vs AVX2 hashing.
+    #[arg(long)]
+    ring_sweep: bool,
+    /// Skip the table without huge pages (saves its memory and build time).
+    #[arg(long)]
+    no_4k: bool,
+    /// Seed for keys and queries.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DistArg {
+    Uniform,
+    Zipf,
+    Both,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dist {
+    Uniform,
+    Zipf,
+}
+
+impl Dist {
+    fn name(self) -> &'static str {
+        match self {
+            Dist::Uniform => "uniform",
+            Dist::Zipf => "zipf0.99",
+        }
+    }
+}
+
+/// `hash` as a `Hasher`, so that hashbrown hashes keys exactly as the index does.
+#[derive(Default)]
+struct Fmix(u64);
+
+impl Hasher for Fmix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys are hashed")
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = hash(k);
+    }
+}
+
+type Brown = hashbrown::HashMap<u64, u64, BuildHasherDefault<Fmix>, PageAlloc>;
+
+/// SplitMix64, for keys and query choices.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[inline(always)]
+fn prefetch<T>(p: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching a valid reference's address never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (p as *const T).cast(),
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Sum of found payloads plus number of misses: equal across structures means equal answers.
+fn fold(acc: u64, payload: Option<u64>) -> u64 {
+    acc.wrapping_add(payload.unwrap_or(1))
+}
+
+/// Lookups of one structure over one query stream; returns the checksum.
+type Runner<'a> = Box<dyn Fn(&[u64]) -> u64 + 'a>;
+
+struct Tables {
+    slots: usize,
+    keys: Vec<u64>,
+    index: NeighborHash,
+    index_4k: Option<NeighborHash>,
+    brown: Brown,
+    ra: PageArray,
+    ra_shift: u32,
+}
+
+fn progress(json: bool, msg: std::fmt::Arguments<'_>) {
+    // Progress goes to stderr so that `--json` output stays machine-readable.
+    let _ = json;
+    eprintln!("{msg}");
+}
+
+fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String> {
+    if !slots.is_power_of_two() || slots < 8 {
+        return Err(format!("--size must be a power of two >= 8, got {slots}"));
+    }
+    let n = (slots as f64 * args.load_factor) as usize;
+    let mut rng = SplitMix(args.seed ^ slots as u64);
+    let keys: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+    let payloads: Vec<u64> = (0..n as u64).collect();
+    let t = Instant::now();
+    let config = Config { slots, max_load_factor: args.load_factor, huge_pages: true };
+    let mut index = NeighborHash::with_config(config).map_err(|e| e.to_string())?;
+    index.insert_batch(&keys, &payloads).map_err(|e| e.to_string())?;
+    if index.capacity() != slots {
+        return Err(format!("index grew to {} slots; lower --load-factor", index.capacity()));
+    }
+    progress(args.json, format_args!("  built embstore index: {:.1} s", t.elapsed().as_secs_f64()));
+    let index_4k = if want_4k {
+        let t = Instant::now();
+        let mut i4k = NeighborHash::with_config(Config { huge_pages: false, ..config })
+            .map_err(|e| e.to_string())?;
+        i4k.insert_batch(&keys, &payloads).map_err(|e| e.to_string())?;
+        progress(
+            args.json,
+            format_args!("  built embstore index (4 KiB pages): {:.1} s", t.elapsed().as_secs_f64()),
+        );
+        Some(i4k)
+    } else {
+        None
+    };
+    let t = Instant::now();
+    let mut brown =
+        Brown::with_capacity_and_hasher_in(n, Default::default(), PageAlloc { huge_pages: true });
+    for (&k, &p) in keys.iter().zip(&payloads) {
+        brown.insert(k, p);
+    }
+    progress(args.json, format_args!("  built hashbrown: {:.1} s", t.elapsed().as_secs_f64()));
+    // The random-access array has the index's byte size: two u64 per slot.
+    let mut ra = PageArray::zeroed(slots * 2, true);
+    for (i, x) in ra.as_mut_slice().iter_mut().enumerate() {
+        *x = i as u64;
+    }
+    let ra_shift = 64 - (slots * 2).trailing_zeros();
+    Ok(Tables { slots, keys, index, index_4k, brown, ra, ra_shift })
+}
+
+fn queries(t: &Tables, dist: Dist, count: usize, args: &IndexArgs) -> Vec<u64> {
+    let mut rng = SplitMix(args.seed.wrapping_mul(31) ^ t.slots as u64 ^ dist as u64);
+    let mut zrng = rand::rngs::SmallRng::seed_from_u64(args.seed ^ ZIPF_STREAM);
+    let zipf = rand_distr::Zipf::new(t.keys.len() as f64, 0.99).expect("zipf parameters");
+    let hit = (args.hit_ratio.clamp(0.0, 1.0) * u32::MAX as f64) as u64;
+    (0..count)
+        .map(|_| {
+            if rng.next() >> 32 >= hit {
+                return rng.next(); // absent: a fresh random key (2^-64 odds of a collision)
+            }
+            let i = match dist {
+                Dist::Uniform => (rng.next() % t.keys.len() as u64) as usize,
+                Dist::Zipf => zipf.sample(&mut zrng) as usize - 1,
+            };
+            t.keys[i]
+        })
+        .collect()
+}
+
+/// Keeps the Zipf stream's seed apart from the key stream's.
+const ZIPF_STREAM: u64 = 0x21bf_5eed;
+
+fn runners<'a>(t: &'a Tables, batch: usize) -> Vec<(&'static str, Runner<'a>)> {
+    let batched = move |index: &'a NeighborHash| -> Runner<'a> {
+        Box::new(move |q: &[u64]| {
+            let mut out = vec![0u64; batch];
+            let mut sum = 0u64;
+            for chunk in q.chunks(batch) {
+                let out = &mut out[..chunk.len()];
+                index.get_batch(chunk, out).expect("equal lengths");
+                sum = out.iter().fold(sum, |s, &p| fold(s, (p != MISSING).then_some(p)));
+            }
+            sum
+        })
+    };
+    let mut v: Vec<(&'static str, Runner<'a>)> = vec![
+        (
+            "embstore_scalar",
+            Box::new(move |q: &[u64]| q.iter().fold(0, |s, &k| fold(s, t.index.get(k)))),
+        ),
+        ("embstore_batch", batched(&t.index)),
+    ];
+    if let Some(i4k) = &t.index_4k {
+        v.push(("embstore_batch_4k", batched(i4k)));
+    }
+    v.push((
+        "hashbrown",
+        Box::new(move |q: &[u64]| q.iter().fold(0, |s, k| fold(s, t.brown.get(k).copied()))),
+    ));
+    let ra = t.ra.as_slice();
+    let shift = t.ra_shift;
+    v.push((
+        "random_access",
+        Box::new(move |q: &[u64]| {
+            q.iter().fold(0u64, |s, &k| s.wrapping_add(ra[(hash(k) >> shift) as usize]))
+        }),
+    ));
+    v.push((
+        "random_access_prefetch",
+        Box::new(move |q: &[u64]| {
+            const AHEAD: usize = 32;
+            let mut pos = vec![0u64; batch];
+            let mut sum = 0u64;
+            for chunk in q.chunks(batch) {
+                let pos = &mut pos[..chunk.len()];
+                hash_shift(chunk, shift, pos);
+                for i in 0..pos.len() {
+                    if let Some(&ahead) = pos.get(i + AHEAD) {
+                        prefetch(&ra[ahead as usize]);
+                    }
+                    sum = sum.wrapping_add(ra[pos[i] as usize]);
+                }
+            }
+            sum
+        }),
+    ));
+    v
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+struct Row {
+    structure: &'static str,
+    mops: Vec<f64>,
+    checksum: u64,
+    apcl: Option<f64>,
+}
+
+/// Runs every structure `reps` times, interleaved, and checks equal work.
+fn measure(runs: &[(&'static str, Runner<'_>)], q: &[u64], reps: usize) -> Result<Vec<Row>, String> {
+    let mut rows: Vec<Row> = runs
+        .iter()
+        .map(|(name, _)| Row { structure: name, mops: vec![], checksum: 0, apcl: None })
+        .collect();
+    for rep in 0..reps {
+        for j in 0..runs.len() {
+            let i = (j + rep) % runs.len(); // rotate the order each repetition
+            let t = Instant::now();
+            let sum = std::hint::black_box(runs[i].1(std::hint::black_box(q)));
+            let secs = t.elapsed().as_secs_f64();
+            rows[i].mops.push(q.len() as f64 / secs / 1e6);
+            if rep > 0 && sum != rows[i].checksum {
+                return Err(format!("{}: checksum changed between repetitions", rows[i].structure));
+            }
+            rows[i].checksum = sum;
+        }
+    }
+    let tables: Vec<&Row> = rows.iter().filter(|r| !r.structure.starts_with("random")).collect();
+    if let Some(bad) = tables.iter().find(|r| r.checksum != tables[0].checksum) {
+        return Err(format!(
+            "checksum mismatch: {} = {} but {} = {} (unequal work)",
+            bad.structure, bad.checksum, tables[0].structure, tables[0].checksum
+        ));
+    }
+    Ok(rows)
+}
+
+fn human_size(slots: usize) -> String {
+    match slots {
+        s if s >= 1 << 20 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 => format!("{}K", s >> 10),
+        s => s.to_string(),
+    }
+}
+
+pub fn run(args: IndexArgs) -> Result<(), String> {
+    let sizes = if !args.sizes.is_empty() { args.sizes.clone() } else { vec![1 << 20, 1 << 24] };
+    let reps = args.reps.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
+    let nq = args.queries.unwrap_or(if args.quick { 2_000_000 } else { 8_000_000 }).max(1);
+    let batch = args.batch.max(1);
+    let dists: &[Dist] = match args.distribution {
+        DistArg::Uniform => &[Dist::Uniform],
+        DistArg::Zipf => &[Dist::Zipf],
+        DistArg::Both => &[Dist::Uniform, Dist::Zipf],
+    };
+    if !args.json {
+        println!("{}", crate::machine_line());
+        println!(
+            "load factor {:.2}, {:.0}% present keys, {nq} queries x {reps} reps (median), batch {batch}, \
+             AVX2 hashing: {}, AMAC ring: {}",
+            args.load_factor,
+            args.hit_ratio * 100.0,
+            embstore_index::hash::simd_available(),
+            embstore_index::DEFAULT_RING
+        );
+    }
+    for &slots in &sizes {
+        progress(
+            args.json,
+            format_args!(
+                "size {} slots ({} MiB per table): building tables...",
+                human_size(slots),
+                slots * 16 >> 20
+            ),
+        );
+        let huge_before = anon_huge_kb().unwrap_or(0);
+        let t = build(slots, &args, !args.quick && !args.no_4k)?;
+        let huge_kb = anon_huge_kb().unwrap_or(0).saturating_sub(huge_before);
+        let stats = t.index.stats();
+        let runs = runners(&t, batch);
+        for &dist in dists {
+            progress(args.json, format_args!("  querying {} keys...", dist.name()));
+            let q = queries(&t, dist, nq, &args);
+            let mut rows = measure(&runs, &q, reps)?;
+            for r in rows.iter_mut().filter(|r| r.structure.starts_with("embstore")) {
+                r.apcl = stats.apcl;
+            }
+            report(&args, &t, &stats, dist, &rows, huge_kb);
+        }
+        if args.ring_sweep {
+            sweep(&t, &args, nq, reps)?;
+        }
+    }
+    Ok(())
+}
+
+fn report(
+    args: &IndexArgs,
+    t: &Tables,
+    stats: &embstore_index::Stats,
+    dist: Dist,
+    rows: &[Row],
+    huge_kb: u64,
+) {
+    let med = |name: &str| rows.iter().find(|r| r.structure == name).map(|r| median(&r.mops));
+    if args.json {
+        for r in rows {
+            let line = serde_json::json!({
+                "bench": "index",
+                "structure": r.structure,
+                "size": t.slots,
+                "keys": t.keys.len(),
+                "distribution": dist.name(),
+                "mops": median(&r.mops),
+                "mops_runs": r.mops,
+                "apcl": r.apcl,
+                "longest_chain": r.structure.starts_with("embstore").then_some(stats.longest_chain),
+                "load_factor": stats.load_factor,
+                "hit_ratio": args.hit_ratio,
+                "checksum": r.checksum,
+                "batch": args.batch,
+                "huge_pages": r.structure != "embstore_batch_4k",
+            });
+            println!("{line}");
+        }
+        return;
+    }
+    println!();
+    println!(
+        "size {} slots ({} MiB), {} keys, load {:.3}, APCL {:.3}, longest chain {}, \
+         huge pages {} MiB — {}",
+        human_size(t.slots),
+        t.slots * 16 >> 20,
+        t.keys.len(),
+        stats.load_factor,
+        stats.apcl.unwrap_or(f64::NAN),
+        stats.longest_chain,
+        huge_kb >> 10,
+        dist.name()
+    );
+    println!(
+        "  {:<24} {:>8} {:>17} {:>13} {:>8}",
+        "structure", "MOPS", "min..max", "vs hashbrown", "vs RA-pf"
+    );
+    let (brown, rapf) = (med("hashbrown"), med("random_access_prefetch"));
+    for r in rows {
+        let m = median(&r.mops);
+        let lo = r.mops.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = r.mops.iter().copied().fold(0.0, f64::max);
+        let ratio = |base: Option<f64>| base.map_or("-".to_string(), |b| format!("{:.2}x", m / b));
+        println!(
+            "  {:<24} {:>8.1} {:>8.1}..{:<8.1} {:>13} {:>8}",
+            r.structure,
+            m,
+            lo,
+            hi,
+            ratio(brown),
+            ratio(rapf)
+        );
+    }
+    if let (Some(b), Some(h), Some(ra)) = (med("embstore_batch"), brown, rapf) {
+        let mark = |ok: bool| if ok { "met" } else { "NOT met" };
+        println!(
+            "  goals: batch/RA-prefetch {:.2} (>= 0.8: {}), batch/hashbrown {:.2} (>= 4: {}), \
+             APCL {:.3} (<= 1.15: {})",
+            b / ra,
+            mark(b / ra >= 0.8),
+            b / h,
+            mark(b / h >= 4.0),
+            stats.apcl.unwrap_or(f64::NAN),
+            mark(stats.apcl.is_some_and(|a| a <= 1.15))
+        );
+    }
+}
+
+/// get_batch at several AMAC ring widths, and hashing throughput scalar vs AVX2.
+fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), String> {
+    let q = queries(t, Dist::Uniform, nq, args);
+    let batch = args.batch.max(1);
+    let ring = |f: fn(&NeighborHash, &[u64], &mut [u64])| -> Runner<'_> {
+        Box::new(move |q: &[u64]| {
+            let mut out = vec![0u64; batch];
+            let mut sum = 0u64;
+            for chunk in q.chunks(batch) {
+                let out = &mut out[..chunk.len()];
+                f(&t.index, chunk, out);
+                sum = out.iter().fold(sum, |s, &p| fold(s, (p != MISSING).then_some(p)));
+            }
+            sum
+        })
+    };
+    macro_rules! width {
+        ($w:literal) => {
+            (
+                concat!("ring_", stringify!($w)),
+                ring(|i, c, o| {
+                    i.get_batch_ring::<$w>(c, o).expect("equal lengths");
+                }),
+            )
+        };
+    }
+    let runs: Vec<(&'static str, Runner<'_>)> = vec![
+        width!(4),
+        width!(8),
+        width!(12),
+        width!(16),
+        width!(24),
+        width!(32),
+        width!(48),
+        width!(64),
+    ];
+    let rows = measure(&runs, &q, reps)?;
+    let shift = 64 - t.slots.trailing_zeros();
+    let hashers: Vec<(&'static str, Runner<'_>)> = vec![
+        (
+            "hash_scalar",
+            Box::new(move |q: &[u64]| {
+                let mut out = vec![0u64; q.len()];
+                embstore_index::hash::hash_shift_scalar(q, shift, &mut out);
+                out.iter().fold(0u64, |s, &x| s.wrapping_add(x))
+            }),
+        ),
+        (
+            "hash_simd",
+            Box::new(move |q: &[u64]| {
+                let mut out = vec![0u64; q.len()];
+                hash_shift(q, shift, &mut out);
+                out.iter().fold(0u64, |s, &x| s.wrapping_add(x))
+            }),
+        ),
+    ];
+    let hq = &q[..q.len().min(1 << 20)];
+    let hrows = measure(&hashers, hq, reps * 5)?;
+    for r in rows.iter().chain(&hrows) {
+        if args.json {
+            let line = serde_json::json!({
+                "bench": "index_tuning", "structure": r.structure, "size": t.slots,
+                "distribution": "uniform", "mops": median(&r.mops), "mops_runs": r.mops,
+                "apcl": null,
+            });
+            println!("{line}");
+        } else {
+            println!("  tuning {:<14} {:>8.1} MOPS", r.structure, median(&r.mops));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! # embstore-bench
+//!
+//! embstore's load generator: named workloads, each measuring embstore next to its peers in the
+//! same process and run, printing a readable table or (`--json`) one JSON object per line.
+//! Results and the exact commands are recorded in `docs/benchmarks.md`.
+//!
+//! Workloads:
+//! - `index` — NeighborHash batch and scalar lookups vs hashbrown and a random-access bound.
+
+use clap::{Parser, Subcommand};
+
+mod huge;
+mod index;
+
+#[derive(Parser, Debug)]
+#[command(name = "embstore-bench", version, about = "embstore benchmarks (peers measured side by side)")]
+struct Cli {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand, Debug)]
+enum Workload {
+    /// NeighborHash lookups vs hashbrown and the random-access bound (MOPS, APCL).
+    Index(index::IndexArgs),
+}
+
+/// One line naming the machine: CPU model, cores, kernel THP setting.
+pub(crate) fn machine_line() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "n/a".into());
+    format!("machine: {cpu}, {cores} cores, THP {thp}")
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.workload {
+        Workload::Index(args) => index::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("embstore-bench: error: {e}");
+        std::process::exit(2);
+    }
+}

@@ -1,0 +1,46 @@
+//! # embstore-index: NeighborHash
+//!
+//! The map every embstore row is found through: any `u64` key (0 and `u64::MAX` included) to a
+//! payload below 2^52 (a memory slot or a file location). It is the NeighborHash of
+//! "NeighborHash: an efficient cache-friendly hash table for recommendation systems"
+//! (CIKM '24, §2.1), built for batch lookups of feature ids.
+//!
+//! ## Parts
+//! - [`bucket`](crate::bucket) — one flat, 64-byte-aligned array of 16-byte buckets (key, value
+//!   word), four to a cacheline, mapped with transparent huge pages when large. The value word's
+//!   high 12 bits hold the signed offset to the next node of the bucket's chain (*inline
+//!   chaining*); the low 52 bits hold the payload. An empty bucket is marked by a zero link field,
+//!   so all keys stay storable and zeroed memory is an empty table.
+//! - [`table`](crate::table) — [`NeighborHash`]: insert with *lodger relocation* (a key whose home
+//!   bucket is held by a key from another home evicts that lodger to a free bucket and relinks
+//!   its chain; a key whose home holds a host joins the host's chain), *cacheline-aware neighbour
+//!   probing* for free buckets (the tail's own cacheline first, then outward both ways, nearest
+//!   first), chain-preserving delete, growth by doubling, [`Stats`] and an invariant checker.
+//! - [`batch`](crate::batch) — [`NeighborHash::get_batch`] and
+//!   [`NeighborHash::contains_batch`] with AMAC: a ring of lookups in flight with software
+//!   prefetch.
+//! - [`hash`] — `fmix64`, scalar and AVX2 (runtime-detected).
+//!
+//! ## Invariants
+//! - Every key sits on the chain that starts at its home bucket, and that bucket holds a key of
+//!   that home (no cellar; chains never mix homes), so a lookup walks only its own chain.
+//! - Neighbouring chain nodes are at most [`MAX_OFFSET`] (2047) buckets apart; chains are acyclic.
+//! - `len` never exceeds `max_load_factor × capacity`.
+//! - Every fallible call validates its input first and changes nothing when it fails.
+//!
+//! ## Concurrency
+//! Readers share `&self`; writers hold `&mut self`. The table layer shards keys across indexes.
+
+mod batch;
+mod bucket;
+mod error;
+pub mod hash;
+mod table;
+
+pub use batch::{DEFAULT_RING, MISSING};
+pub use bucket::MAX_OFFSET;
+pub use error::Error;
+pub use table::{Config, NeighborHash, Stats};
+
+/// The largest payload: 2^52 − 1.
+pub const MAX_PAYLOAD: u64 = (1 << 52) - 1;

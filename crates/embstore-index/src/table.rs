@@ -1,0 +1,813 @@
+//! [`NeighborHash`]: the map, its insert/delete algorithms, growth and statistics.
+
+use crate::bucket::{same_line, Bucket, Buckets, BUCKETS_PER_LINE, MAX_OFFSET, PAYLOAD_MASK};
+use crate::hash::hash;
+use crate::Error;
+
+/// The smallest table: two cachelines.
+const MIN_SLOTS: usize = 8;
+/// The largest table: 2^40 slots (16 TiB of buckets).
+const MAX_SLOTS: usize = 1 << 40;
+
+/// How a [`NeighborHash`] is sized and backed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Config {
+    /// Initial number of slots (buckets); rounded up to a power of two, at least 8.
+    pub slots: usize,
+    /// The table doubles when an insert would push `len / slots` past this. Default 0.8: the
+    /// load the 12-bit offsets reach comfortably (NeighborHash paper, §2.1.1).
+    pub max_load_factor: f64,
+    /// Advise the kernel to back arrays of 2 MiB and more with transparent huge pages.
+    /// Default true: multi-GB tables are TLB-bound without them.
+    pub huge_pages: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { slots: MIN_SLOTS, max_load_factor: 0.8, huge_pages: true }
+    }
+}
+
+/// Figures from a full scan of the table (see [`NeighborHash::stats`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    /// Number of keys.
+    pub len: usize,
+    /// Number of slots (buckets).
+    pub capacity: usize,
+    /// `len / capacity`.
+    pub load_factor: f64,
+    /// Average probed cachelines per successful lookup, over every key: the cacheline of the
+    /// key's home bucket plus one for each hop along its chain that crosses into another
+    /// cacheline (the loads a lookup waits for). `None` for an empty table.
+    pub apcl: Option<f64>,
+    /// Number of keys in the longest chain.
+    pub longest_chain: usize,
+    /// Keys stored away from their home bucket (chain members after the head).
+    pub displaced: usize,
+    /// Bytes of the bucket array.
+    pub bytes: usize,
+    /// Lodgers moved out of a newly claimed home bucket since the table was last resized.
+    pub relocations: u64,
+}
+
+/// Where a lookup stands after examining one cacheline.
+pub(crate) enum Step {
+    Hit(u64),
+    Miss,
+    /// The chain goes on in another cacheline, at this bucket.
+    Next(usize),
+}
+
+/// A map from any `u64` key to a payload below 2^52, stored as NeighborHash: coalesced
+/// hashing in one flat array, with lodger relocation, cacheline-aware neighbour probing and
+/// 12-bit inline chain offsets.
+///
+/// Invariant: for every home bucket `h` that some key hashes to, bucket `h` holds one of those
+/// keys (the *host*), and every key hashing to `h` is on the chain that starts at `h`. A key
+/// therefore lives on exactly one chain, and a lookup walks only that chain.
+///
+/// # Concurrency
+/// Readers share `&self` (`get`, `get_batch`, `contains_batch`, `stats` may run on many threads
+/// at once); writers hold `&mut self`. There is no interior locking: the table layer shards
+/// keys over several indexes and puts each behind its own lock.
+///
+/// # Example
+/// ```
+/// use embstore_index::NeighborHash;
+/// let mut index = NeighborHash::new();
+/// index.insert(u64::MAX, 7).unwrap();
+/// index.insert(0, 1).unwrap();
+/// let mut out = [0u64; 3];
+/// let found = index.get_batch(&[0, 5, u64::MAX], &mut out).unwrap();
+/// assert_eq!((found, out), (2, [1, embstore_index::MISSING, 7]));
+/// assert!(index.insert(1, 1 << 52).is_err()); // payloads are 52 bits
+/// ```
+pub struct NeighborHash {
+    pub(crate) buckets: Buckets,
+    /// `64 - log2(slots)`: the home of a key is `hash(key) >> shift`.
+    pub(crate) shift: u32,
+    len: usize,
+    /// Largest `len` allowed before doubling.
+    grow_at: usize,
+    relocations: u64,
+    config: Config,
+}
+
+impl Default for NeighborHash {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for NeighborHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NeighborHash")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl NeighborHash {
+    /// An empty table of 8 slots that grows as needed.
+    pub fn new() -> Self {
+        Self::with_config(Config::default()).expect("the default config allocates")
+    }
+
+    /// An empty table that holds `n` keys without growing.
+    pub fn with_capacity(n: usize) -> Result<Self, Error> {
+        let config = Config::default();
+        let slots = (n as f64 / config.max_load_factor).ceil() as usize;
+        Self::with_config(Config { slots, ..config })
+    }
+
+    /// An empty table with exactly `slots` slots (rounded up to a power of two).
+    pub fn with_slots(slots: usize) -> Result<Self, Error> {
+        Self::with_config(Config { slots, ..Config::default() })
+    }
+
+    /// An empty table as configured. `max_load_factor` is clamped to `[0.05, 0.95]`.
+    pub fn with_config(config: Config) -> Result<Self, Error> {
+        let slots = config.slots.max(MIN_SLOTS);
+        if slots > MAX_SLOTS {
+            return Err(Error::CapacityOverflow { slots: config.slots });
+        }
+        let slots = slots.next_power_of_two();
+        let max_load_factor = if config.max_load_factor.is_nan() {
+            Config::default().max_load_factor
+        } else {
+            config.max_load_factor.clamp(0.05, 0.95)
+        };
+        let config = Config { slots, max_load_factor, ..config };
+        Ok(NeighborHash {
+            buckets: Buckets::zeroed(slots, config.huge_pages)?,
+            shift: 64 - slots.trailing_zeros(),
+            len: 0,
+            grow_at: (slots as f64 * max_load_factor) as usize,
+            relocations: 0,
+            config,
+        })
+    }
+
+    /// Number of keys.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the table holds no key.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of slots (buckets).
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// `len / capacity`.
+    pub fn load_factor(&self) -> f64 {
+        self.len as f64 / self.capacity() as f64
+    }
+
+    /// The configuration in force (slots as currently sized).
+    pub fn config(&self) -> Config {
+        Config { slots: self.capacity(), ..self.config }
+    }
+
+    #[inline(always)]
+    pub(crate) fn home(&self, key: u64) -> usize {
+        (hash(key) >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn bucket(&self, i: usize) -> Bucket {
+        self.buckets.as_slice()[i]
+    }
+
+    #[inline(always)]
+    fn set(&mut self, i: usize, b: Bucket) {
+        self.buckets.as_mut_slice()[i] = b;
+    }
+
+    /// Examines the cacheline holding bucket `pos`, following `key`'s chain while it stays in
+    /// that cacheline. `at_head` is true when `pos` is the key's home bucket: there an empty
+    /// bucket, or a lodger (a key from another home), proves the key absent.
+    #[inline(always)]
+    pub(crate) fn step(buckets: &[Bucket], shift: u32, key: u64, pos: usize, at_head: bool) -> Step {
+        let mut pos = pos;
+        let mut b = buckets[pos];
+        if b.is_empty() {
+            return Step::Miss;
+        }
+        if b.key != key && at_head && b.offset() != 0 && (hash(b.key) >> shift) as usize != pos {
+            return Step::Miss;
+        }
+        loop {
+            if b.key == key {
+                return Step::Hit(b.payload());
+            }
+            let offset = b.offset();
+            if offset == 0 {
+                return Step::Miss;
+            }
+            let next = pos.wrapping_add_signed(offset);
+            if !same_line(pos, next) {
+                return Step::Next(next);
+            }
+            pos = next;
+            b = buckets[pos];
+        }
+    }
+
+    /// The payload stored for `key`.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<u64> {
+        let buckets = self.buckets.as_slice();
+        let mut pos = self.home(key);
+        let mut at_head = true;
+        loop {
+            match Self::step(buckets, self.shift, key, pos, at_head) {
+                Step::Hit(payload) => return Some(payload),
+                Step::Miss => return None,
+                Step::Next(next) => pos = next,
+            }
+            at_head = false;
+        }
+    }
+
+    /// Whether `key` is stored.
+    #[inline]
+    pub fn contains_key(&self, key: u64) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Stores `payload` for `key` and returns the payload it replaced. Grows the table (2x) when
+    /// the load factor would pass the maximum, or when no free bucket is within the 12-bit offset
+    /// range of the chain. Fails, changing nothing, if `payload >= 2^52` or the table cannot grow.
+    pub fn insert(&mut self, key: u64, payload: u64) -> Result<Option<u64>, Error> {
+        check_payload(payload)?;
+        loop {
+            if let Some(old) = self.try_insert(key, payload) {
+                return Ok(old);
+            }
+            self.grow()?;
+        }
+    }
+
+    /// Inserts every `(keys[i], payloads[i])`, later pairs overwriting earlier ones. All payloads
+    /// are checked before anything is stored, so an error leaves the table as it was.
+    pub fn insert_batch(&mut self, keys: &[u64], payloads: &[u64]) -> Result<(), Error> {
+        if keys.len() != payloads.len() {
+            return Err(Error::LengthMismatch {
+                what: "payloads",
+                keys: keys.len(),
+                got: payloads.len(),
+            });
+        }
+        if let Some(&payload) = payloads.iter().find(|&&p| p > PAYLOAD_MASK) {
+            return Err(Error::PayloadOutOfRange { payload });
+        }
+        // Look this many keys ahead: the prefetched home bucket arrives while the keys in
+        // between are inserted.
+        const AHEAD: usize = 8;
+        for i in 0..keys.len() {
+            if let Some(&ahead) = keys.get(i + AHEAD) {
+                crate::batch::prefetch(&self.buckets.as_slice()[self.home(ahead)]);
+            }
+            loop {
+                if self.try_insert(keys[i], payloads[i]).is_some() {
+                    break;
+                }
+                self.grow()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One insert attempt. `None`: the table must grow first (nothing was changed).
+    fn try_insert(&mut self, key: u64, payload: u64) -> Option<Option<u64>> {
+        let h = self.home(key);
+        let head = self.bucket(h);
+        let full = self.len >= self.grow_at;
+        if head.is_empty() {
+            if full {
+                return None;
+            }
+            self.set(h, Bucket::new(key, payload, 0));
+        } else if self.home(head.key) != h {
+            // A lodger sits in our home: the key is absent. Move the lodger out, take the home.
+            if full {
+                return None;
+            }
+            self.relocate_lodger(h)?;
+            self.set(h, Bucket::new(key, payload, 0));
+        } else {
+            // A host: overwrite on the chain, or append to its tail.
+            let mut tail = h;
+            loop {
+                let b = self.bucket(tail);
+                if b.key == key {
+                    self.set(tail, b.with_payload(payload));
+                    return Some(Some(b.payload()));
+                }
+                match b.offset() {
+                    0 => break,
+                    offset => tail = tail.wrapping_add_signed(offset),
+                }
+            }
+            if full {
+                return None;
+            }
+            let head_next = match head.offset() {
+                0 => None,
+                offset => Some(h.wrapping_add_signed(offset)),
+            };
+            if let Some(at) = self.claim_in_line(h, head_next, h) {
+                // Link right after the head: the new node costs one cacheline like the head,
+                // and no other node gains a hop (the head's old successor is one hop away
+                // either way, and `at` shares the head's cacheline).
+                let head = self.bucket(h);
+                let after = match head.offset() {
+                    0 => 0,
+                    offset => h.wrapping_add_signed(offset) as isize - at as isize,
+                };
+                self.set(at, Bucket::new(key, payload, after));
+                self.set(h, head.with_offset(at as isize - h as isize));
+            } else {
+                let free = self.find_free(tail, None)?;
+                self.set(free, Bucket::new(key, payload, 0));
+                let t = self.bucket(tail);
+                self.set(tail, t.with_offset(free as isize - tail as isize));
+            }
+        }
+        self.len += 1;
+        Some(None)
+    }
+
+    /// Moves the lodger at bucket `at` to a free bucket near its chain predecessor and relinks
+    /// its chain. `None` (nothing changed) when no free bucket is in offset range.
+    fn relocate_lodger(&mut self, at: usize) -> Option<()> {
+        let pred = self.pred_of(at).expect("a lodger has a predecessor");
+        self.move_node(at, pred, true)
+    }
+
+    /// The chain predecessor of the node at `at`; `None` for a chain head.
+    fn pred_of(&self, at: usize) -> Option<usize> {
+        let mut pos = self.home(self.bucket(at).key);
+        if pos == at {
+            return None;
+        }
+        loop {
+            let next = pos.wrapping_add_signed(self.bucket(pos).offset());
+            if next == at {
+                return Some(pos);
+            }
+            pos = next;
+        }
+    }
+
+    /// Moves the non-head node at `at` (predecessor `pred`) to a bucket near `pred` that still
+    /// reaches its successor, leaving `at` empty: first a free or vacatable bucket in `pred`'s
+    /// own cacheline (see [`claim_in_line`](Self::claim_in_line); only when `claim` is set, which
+    /// bounds the recursion to one level), then the nearest free bucket. `None`: no such bucket,
+    /// nothing changed.
+    fn move_node(&mut self, at: usize, pred: usize, claim: bool) -> Option<()> {
+        let node = self.bucket(at);
+        let succ = match node.offset() {
+            0 => None,
+            offset => Some(at.wrapping_add_signed(offset)),
+        };
+        let claimed = if claim { self.claim_in_line(pred, succ, at) } else { None };
+        let free = match claimed {
+            Some(free) => free,
+            None => self.find_free(pred, succ)?,
+        };
+        let link = succ.map_or(0, |s| s as isize - free as isize);
+        self.set(free, node.with_offset(link));
+        let p = self.bucket(pred);
+        self.set(pred, p.with_offset(free as isize - pred as isize));
+        self.set(at, Bucket::EMPTY);
+        self.relocations += 1;
+        Some(())
+    }
+
+    /// A bucket in `anchor`'s cacheline for a chain node that is linked from `anchor` (and, with
+    /// `reach`, links on to that bucket): a free one, nearest first; else one whose occupant can
+    /// leave at no cost to anyone — a non-head node whose chain neighbours are both outside this
+    /// cacheline, so its lookups already paid for a hop into the line and pay at most that after
+    /// moving. `keep` (and `reach`) are never vacated. `None` when neither exists.
+    fn claim_in_line(&mut self, anchor: usize, reach: Option<usize>, keep: usize) -> Option<usize> {
+        let line = anchor - anchor % BUCKETS_PER_LINE;
+        let fits = |x: usize| {
+            x != anchor
+                && x != keep
+                && Some(x) != reach
+                && reach.is_none_or(|r| r.abs_diff(x) <= MAX_OFFSET)
+        };
+        let mut candidates: [usize; BUCKETS_PER_LINE] = std::array::from_fn(|k| line + k);
+        candidates.sort_by_key(|&x| x.abs_diff(anchor));
+        if let Some(&x) = candidates.iter().find(|&&x| fits(x) && self.bucket(x).is_empty()) {
+            return Some(x);
+        }
+        for &x in candidates.iter().filter(|&&x| fits(x)) {
+            let node = self.bucket(x);
+            let Some(pred) = self.pred_of(x) else { continue };
+            let succ_in_line =
+                node.offset() != 0 && same_line(x, x.wrapping_add_signed(node.offset()));
+            if !same_line(pred, x) && !succ_in_line && self.move_node(x, pred, false).is_some() {
+                return Some(x);
+            }
+        }
+        None
+    }
+
+    /// Cacheline-aware neighbour probing: the nearest free bucket to `anchor`, looking first in
+    /// `anchor`'s own cacheline (both directions), then outward both ways, nearest first, up to
+    /// the offset range. With `also_near`, the bucket must be within range of it too (a relocated
+    /// lodger must reach its successor).
+    fn find_free(&self, anchor: usize, also_near: Option<usize>) -> Option<usize> {
+        let buckets = self.buckets.as_slice();
+        let fits = |i: usize| {
+            buckets[i].is_empty() && also_near.is_none_or(|s| s.abs_diff(i) <= MAX_OFFSET)
+        };
+        let line = anchor - anchor % BUCKETS_PER_LINE;
+        for d in 1..BUCKETS_PER_LINE {
+            if anchor >= line + d && fits(anchor - d) {
+                return Some(anchor - d);
+            }
+            if anchor + d < line + BUCKETS_PER_LINE && fits(anchor + d) {
+                return Some(anchor + d);
+            }
+        }
+        for d in 1..=MAX_OFFSET {
+            let (lo, hi) = (anchor.checked_sub(d), anchor + d);
+            if let Some(lo) = lo.filter(|&lo| lo < line && fits(lo)) {
+                return Some(lo);
+            }
+            if hi >= line + BUCKETS_PER_LINE && hi < buckets.len() && fits(hi) {
+                return Some(hi);
+            }
+            if lo.is_none() && hi >= buckets.len() {
+                break;
+            }
+        }
+        None
+    }
+
+    /// Removes `key` and returns its payload. The chain stays intact: the chain's tail moves
+    /// into the removed node's bucket and the tail's bucket is freed, so every offset on the
+    /// chain stays valid and in range.
+    pub fn remove(&mut self, key: u64) -> Option<u64> {
+        let h = self.home(key);
+        let head = self.bucket(h);
+        if head.is_empty() {
+            return None;
+        }
+        let (mut found, mut pos, mut pred) = (None, h, None);
+        loop {
+            let b = self.bucket(pos);
+            if b.key == key {
+                found = Some(pos);
+            }
+            match b.offset() {
+                0 => break,
+                offset => {
+                    pred = Some(pos);
+                    pos = pos.wrapping_add_signed(offset);
+                }
+            }
+        }
+        // `pos` is the tail, `pred` the tail's predecessor. When the home holds a lodger the walk
+        // covers another home's chain, where `key` is never found.
+        let node = found?;
+        let tail = self.bucket(pos);
+        let old = self.bucket(node).payload();
+        if node != pos {
+            let n = self.bucket(node);
+            self.set(node, Bucket::new(tail.key, tail.payload(), n.offset()));
+        }
+        if let Some(p) = pred {
+            let pb = self.bucket(p);
+            self.set(p, pb.with_offset(0));
+        }
+        self.set(pos, Bucket::EMPTY);
+        self.len -= 1;
+        Some(old)
+    }
+
+    /// Removes every key; keeps the capacity.
+    pub fn clear(&mut self) {
+        self.buckets.clear();
+        self.len = 0;
+    }
+
+    /// Makes room for `additional` more keys without growing.
+    pub fn reserve(&mut self, additional: usize) -> Result<(), Error> {
+        let want = self.len.saturating_add(additional);
+        let mut slots = self.capacity();
+        while (slots as f64 * self.config.max_load_factor) < want as f64 {
+            slots = slots.checked_mul(2).ok_or(Error::CapacityOverflow { slots: usize::MAX })?;
+        }
+        if slots > self.capacity() {
+            self.rehash(slots)?;
+        }
+        Ok(())
+    }
+
+    fn grow(&mut self) -> Result<(), Error> {
+        let slots = self.capacity().checked_mul(2).ok_or(Error::CapacityOverflow { slots: 0 })?;
+        self.rehash(slots)
+    }
+
+    /// Moves every key into a fresh table of at least `slots` slots (doubling again in the
+    /// unlikely case that a chain finds no free bucket in range).
+    fn rehash(&mut self, mut slots: usize) -> Result<(), Error> {
+        'attempt: loop {
+            let mut next = NeighborHash::with_config(Config { slots, ..self.config })?;
+            next.grow_at = usize::MAX; // all of `self` must fit; the load is at most half anyway
+            for b in self.buckets.as_slice().iter().filter(|b| !b.is_empty()) {
+                if next.try_insert(b.key, b.payload()).is_none() {
+                    slots = slots.checked_mul(2).ok_or(Error::CapacityOverflow { slots })?;
+                    continue 'attempt;
+                }
+            }
+            next.grow_at = (next.capacity() as f64 * next.config.max_load_factor) as usize;
+            *self = next;
+            return Ok(());
+        }
+    }
+
+    /// Every `(key, payload)`, in bucket order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.buckets.as_slice().iter().filter(|b| !b.is_empty()).map(|b| (b.key, b.payload()))
+    }
+
+    /// Scans the whole table (O(capacity)): load, exact APCL over every key, longest chain.
+    pub fn stats(&self) -> Stats {
+        let buckets = self.buckets.as_slice();
+        let (mut lines_total, mut longest, mut displaced) = (0usize, 0usize, 0usize);
+        for (h, b) in buckets.iter().enumerate() {
+            if b.is_empty() || self.home(b.key) != h {
+                continue;
+            }
+            // A host: walk its chain, counting the cachelines a lookup of each node loads.
+            let (mut pos, mut lines, mut nodes) = (h, 1, 1);
+            lines_total += 1;
+            while buckets[pos].offset() != 0 {
+                let next = pos.wrapping_add_signed(buckets[pos].offset());
+                lines += usize::from(!same_line(pos, next));
+                pos = next;
+                nodes += 1;
+                lines_total += lines;
+            }
+            displaced += nodes - 1;
+            longest = longest.max(nodes);
+        }
+        Stats {
+            len: self.len,
+            capacity: self.capacity(),
+            load_factor: self.load_factor(),
+            apcl: (self.len > 0).then(|| lines_total as f64 / self.len as f64),
+            longest_chain: longest,
+            displaced,
+            bytes: self.capacity() * std::mem::size_of::<Bucket>(),
+            relocations: self.relocations,
+        }
+    }
+
+    /// Checks the structural invariants: every key is reachable from its home bucket along a
+    /// chain of keys with that home, chains are acyclic and in bounds, keys are unique, and
+    /// `len` is right. O(capacity); for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let buckets = self.buckets.as_slice();
+        let occupied = buckets.iter().filter(|b| !b.is_empty()).count();
+        if occupied != self.len {
+            return Err(format!("len is {} but {occupied} buckets are occupied", self.len));
+        }
+        let mut on_chains = 0usize;
+        for (h, b) in buckets.iter().enumerate() {
+            if b.is_empty() || self.home(b.key) != h {
+                continue;
+            }
+            let mut chain = vec![b.key];
+            let mut pos = h;
+            loop {
+                let offset = buckets[pos].offset();
+                if offset == 0 {
+                    break;
+                }
+                let next = pos
+                    .checked_add_signed(offset)
+                    .filter(|&n| n < buckets.len())
+                    .ok_or_else(|| format!("bucket {pos}: offset {offset} leaves the array"))?;
+                let nb = buckets[next];
+                if nb.is_empty() {
+                    return Err(format!("bucket {pos} links to empty bucket {next}"));
+                }
+                if self.home(nb.key) != h {
+                    return Err(format!("key {} at {next} is on the chain of home {h}", nb.key));
+                }
+                if chain.contains(&nb.key) {
+                    return Err(format!("key {} twice (or a cycle) on chain {h}", nb.key));
+                }
+                if chain.len() > self.len {
+                    return Err(format!("chain {h} is longer than the table"));
+                }
+                chain.push(nb.key);
+                pos = next;
+            }
+            on_chains += chain.len();
+        }
+        if on_chains != self.len {
+            return Err(format!("{} keys are stored but {on_chains} are reachable", self.len));
+        }
+        Ok(())
+    }
+}
+
+#[inline]
+fn check_payload(payload: u64) -> Result<(), Error> {
+    if payload > PAYLOAD_MASK {
+        return Err(Error::PayloadOutOfRange { payload });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MISSING;
+
+    #[test]
+    fn extreme_keys_and_payloads() {
+        let mut t = NeighborHash::new();
+        for key in [0, u64::MAX, 1, u64::MAX - 1] {
+            assert_eq!(t.insert(key, PAYLOAD_MASK), Ok(None));
+        }
+        assert_eq!(t.get(0), Some(PAYLOAD_MASK));
+        assert_eq!(t.get(u64::MAX), Some(PAYLOAD_MASK));
+        assert_eq!(t.insert(0, 5), Ok(Some(PAYLOAD_MASK)));
+        assert_eq!(t.remove(u64::MAX), Some(PAYLOAD_MASK));
+        assert_eq!(t.get(u64::MAX), None);
+        assert_eq!(t.len(), 3);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn payload_out_of_range_changes_nothing() {
+        let mut t = NeighborHash::new();
+        t.insert(9, 1).unwrap();
+        let err = t.insert(9, 1 << 52).unwrap_err();
+        assert_eq!(err, Error::PayloadOutOfRange { payload: 1 << 52 });
+        assert!(err.to_string().starts_with("payload 4503599627370496 out of range"));
+        assert_eq!(t.insert(10, u64::MAX), Err(Error::PayloadOutOfRange { payload: u64::MAX }));
+        assert_eq!((t.get(9), t.get(10), t.len()), (Some(1), None, 1));
+        // A batch with one bad payload stores none of its pairs.
+        let err = t.insert_batch(&[1, 2, 3], &[1, 1 << 60, 3]).unwrap_err();
+        assert_eq!(err, Error::PayloadOutOfRange { payload: 1 << 60 });
+        assert_eq!((t.get(1), t.get(3), t.len()), (None, None, 1));
+    }
+
+    #[test]
+    fn mismatched_lengths_are_errors() {
+        let mut t = NeighborHash::new();
+        let err = t.insert_batch(&[1, 2], &[1]).unwrap_err();
+        assert_eq!(err, Error::LengthMismatch { what: "payloads", keys: 2, got: 1 });
+        assert_eq!(err.to_string(), "length mismatch: 2 keys but 1 payloads");
+        assert!(t.is_empty());
+        let mut out = [7u64; 3];
+        assert!(matches!(t.get_batch(&[1, 2], &mut out), Err(Error::LengthMismatch { .. })));
+        assert_eq!(out, [7; 3], "nothing written on error");
+        let mut flags = [false; 1];
+        assert!(t.contains_batch(&[1, 2], &mut flags).is_err());
+    }
+
+    #[test]
+    fn empty_batches() {
+        let mut t = NeighborHash::new();
+        t.insert_batch(&[], &[]).unwrap();
+        assert_eq!(t.get_batch(&[], &mut []), Ok(0));
+        assert_eq!(t.contains_batch(&[], &mut []), Ok(0));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn batch_results_match_scalar_across_ring_widths() {
+        let mut t = NeighborHash::new();
+        let keys: Vec<u64> = (0..5000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let payloads: Vec<u64> = (0..5000).collect();
+        t.insert_batch(&keys, &payloads).unwrap();
+        let queries: Vec<u64> = (0..7001u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let expect: Vec<u64> = queries.iter().map(|&k| t.get(k).unwrap_or(MISSING)).collect();
+        let mut out = vec![0; queries.len()];
+        assert_eq!(t.get_batch(&queries, &mut out), Ok(5000));
+        assert_eq!(out, expect);
+        for n in [1, 2, 31, 33, 255, 257] {
+            let q = &queries[..n];
+            let mut o1 = vec![0; n];
+            let mut o2 = vec![0; n];
+            t.get_batch_ring::<1>(q, &mut o1).unwrap();
+            t.get_batch_ring::<64>(q, &mut o2).unwrap();
+            assert_eq!((&o1[..], &o2[..]), (&expect[..n], &expect[..n]));
+        }
+        let mut flags = vec![false; queries.len()];
+        t.contains_batch(&queries, &mut flags).unwrap();
+        assert!(flags.iter().zip(&expect).all(|(&f, &e)| f == (e != MISSING)));
+    }
+
+    #[test]
+    fn grows_at_the_maximum_load_factor_and_not_before() {
+        let mut t = NeighborHash::with_slots(1024).unwrap();
+        let max = (1024.0 * 0.8) as u64;
+        for k in 0..max {
+            t.insert(k, k).unwrap();
+        }
+        assert_eq!(t.capacity(), 1024, "filled to exactly 0.8 without growing");
+        t.check_invariants().unwrap();
+        t.insert(max, max).unwrap();
+        assert_eq!(t.capacity(), 2048);
+        t.check_invariants().unwrap();
+        assert!((0..=max).all(|k| t.get(k) == Some(k)));
+    }
+
+    #[test]
+    fn clear_reserve_iter_and_config() {
+        let mut t = NeighborHash::with_capacity(100).unwrap();
+        assert!(t.capacity() >= 125);
+        t.reserve(10_000).unwrap();
+        assert!(t.capacity() as f64 * 0.8 >= 10_000.0);
+        let cap = t.capacity();
+        for k in 0..10_000u64 {
+            t.insert(k << 32, k).unwrap();
+        }
+        assert_eq!(t.capacity(), cap, "reserve made room");
+        let mut seen: Vec<(u64, u64)> = t.iter().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..10_000u64).map(|k| (k << 32, k)).collect::<Vec<_>>());
+        t.clear();
+        assert_eq!((t.len(), t.get(0), t.capacity()), (0, None, cap));
+        t.check_invariants().unwrap();
+        assert!(NeighborHash::with_slots(usize::MAX).is_err());
+        let c = NeighborHash::with_config(Config { max_load_factor: f64::NAN, ..Config::default() })
+            .unwrap()
+            .config();
+        assert_eq!(c.max_load_factor, 0.8);
+    }
+
+    #[test]
+    fn huge_page_and_small_tables_behave_alike() {
+        for huge_pages in [true, false] {
+            let mut t =
+                NeighborHash::with_config(Config { slots: 1 << 18, huge_pages, ..Config::default() })
+                    .unwrap();
+            for k in 0..100_000u64 {
+                t.insert(k * 3, k).unwrap();
+            }
+            assert!((0..100_000u64).all(|k| t.get(k * 3) == Some(k) && t.get(k * 3 + 1).is_none()));
+            t.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn lodgers_are_relocated_and_deletes_keep_chains() {
+        // A tiny table forces lodgers, relocations and long chains.
+        let mut t = NeighborHash::with_config(Config {
+            slots: 64,
+            max_load_factor: 0.95,
+            ..Config::default()
+        })
+        .unwrap();
+        let keys: Vec<u64> = (0..60u64).map(|i| i * 0x1234_5678_9abc).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            t.insert(k, i as u64).unwrap();
+            t.check_invariants().unwrap();
+        }
+        assert_eq!(t.capacity(), 64);
+        assert!(t.stats().displaced > 0);
+        assert!(t.stats().relocations > 0, "no lodger was relocated");
+        for (i, &k) in keys.iter().enumerate().step_by(2) {
+            assert_eq!(t.remove(k), Some(i as u64));
+            assert_eq!(t.remove(k), None);
+            t.check_invariants().unwrap();
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(t.get(k), (i % 2 == 1).then_some(i as u64), "key {k}");
+        }
+    }
+
+    #[test]
+    fn stats_on_empty_and_tiny_tables() {
+        let t = NeighborHash::new();
+        let s = t.stats();
+        assert_eq!((s.len, s.capacity, s.apcl, s.longest_chain, s.bytes), (0, 8, None, 0, 128));
+        let mut t = NeighborHash::new();
+        t.insert(42, 1).unwrap();
+        let s = t.stats();
+        assert_eq!((s.apcl, s.longest_chain, s.displaced), (Some(1.0), 1, 0));
+    }
+}

@@ -1,0 +1,136 @@
+//! # embstore-python: the native module `embstore._native`
+//!
+//! All PyO3 code lives here. Python is the API: the classes in `python/embstore` wrap these
+//! native objects and normalise arguments; this module converts, releases the GIL around long
+//! native calls ([`detached`]), and maps every Rust error to one Python exception class from
+//! `embstore.errors` ([`to_py_err`]).
+
+use embstore_index::{Config, Error as IndexError, NeighborHash};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+mod errors {
+    pyo3::import_exception!(embstore.errors, InvalidArgumentError);
+    pyo3::import_exception!(embstore.errors, ShapeError);
+    pyo3::import_exception!(embstore.errors, CapacityError);
+}
+
+/// The one mapping from index errors to Python exception classes.
+fn to_py_err(err: IndexError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        IndexError::PayloadOutOfRange { .. } => errors::InvalidArgumentError::new_err(msg),
+        IndexError::LengthMismatch { .. } => errors::ShapeError::new_err(msg),
+        IndexError::CapacityOverflow { .. } => errors::CapacityError::new_err(msg),
+        _ => errors::InvalidArgumentError::new_err(msg),
+    }
+}
+
+/// Runs `f` with the GIL released: every native call over a batch goes through here.
+fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
+    py.detach(f)
+}
+
+/// A NeighborHash index from u64 keys to payloads below 2**52 (see `embstore.NeighborHash`).
+#[pyclass(module = "embstore._native", name = "NeighborHash")]
+struct PyNeighborHash {
+    inner: NeighborHash,
+}
+
+#[pymethods]
+impl PyNeighborHash {
+    #[new]
+    #[pyo3(signature = (slots=8, max_load_factor=0.8, huge_pages=true))]
+    fn new(slots: usize, max_load_factor: f64, huge_pages: bool) -> PyResult<Self> {
+        if !(max_load_factor > 0.0 && max_load_factor < 1.0) {
+            return Err(errors::InvalidArgumentError::new_err(format!(
+                "max_load_factor must be in (0, 1), got {max_load_factor}"
+            )));
+        }
+        let config = Config { slots, max_load_factor, huge_pages };
+        NeighborHash::with_config(config).map(|inner| Self { inner }).map_err(to_py_err)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __contains__(&self, key: u64) -> bool {
+        self.inner.contains_key(key)
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn insert(&mut self, key: u64, payload: u64) -> PyResult<Option<u64>> {
+        self.inner.insert(key, payload).map_err(to_py_err)
+    }
+
+    fn get(&self, key: u64) -> Option<u64> {
+        self.inner.get(key)
+    }
+
+    fn remove(&mut self, key: u64) -> Option<u64> {
+        self.inner.remove(key)
+    }
+
+    fn clear(&mut self) {
+        self.inner.clear()
+    }
+
+    fn insert_batch(&mut self, py: Python<'_>, keys: Vec<u64>, payloads: Vec<u64>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        detached(py, || inner.insert_batch(&keys, &payloads)).map_err(to_py_err)
+    }
+
+    fn get_batch(&self, py: Python<'_>, keys: Vec<u64>) -> PyResult<Vec<Option<u64>>> {
+        let inner = &self.inner;
+        let out = detached(py, || {
+            let mut out = vec![0; keys.len()];
+            inner.get_batch(&keys, &mut out).map(|_| out)
+        })
+        .map_err(to_py_err)?;
+        Ok(out.into_iter().map(|p| (p != embstore_index::MISSING).then_some(p)).collect())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &self.inner;
+        let s = detached(py, || inner.stats());
+        let d = PyDict::new(py);
+        d.set_item("len", s.len)?;
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("load_factor", s.load_factor)?;
+        d.set_item("apcl", s.apcl)?;
+        d.set_item("longest_chain", s.longest_chain)?;
+        d.set_item("displaced", s.displaced)?;
+        d.set_item("bytes", s.bytes)?;
+        Ok(d)
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        detached(py, || inner.check_invariants()).map_err(PyTypeError::new_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NeighborHash(len={}, capacity={})", self.inner.len(), self.inner.capacity())
+    }
+}
+
+/// Whether batch hashing uses AVX2 on this CPU.
+#[pyfunction]
+fn simd_available() -> bool {
+    embstore_index::hash::simd_available()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_PAYLOAD", embstore_index::MAX_PAYLOAD)?;
+    m.add_class::<PyNeighborHash>()?;
+    m.add_function(wrap_pyfunction!(simd_available, m)?)?;
+    Ok(())
+}
