@@ -16,7 +16,7 @@ def main() -> None:
     index = embstore.NeighborHash(slots=1 << 16)
     index.insert_batch(ids, range(len(ids)))  # payload: the row slot of each id
 
-    queries = ids[:5] + [2**64 - 1]
+    queries = [*ids[:5], 2**64 - 1]
     print("lookups:", index.get_batch(queries))  # the last id is absent -> None
 
     stats = index.stats()

@@ -186,7 +186,10 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
         i4k.insert_batch(&keys, &payloads).map_err(|e| e.to_string())?;
         progress(
             args.json,
-            format_args!("  built embstore index (4 KiB pages): {:.1} s", t.elapsed().as_secs_f64()),
+            format_args!(
+                "  built embstore index (4 KiB pages): {:.1} s",
+                t.elapsed().as_secs_f64()
+            ),
         );
         Some(i4k)
     } else {
@@ -306,7 +309,11 @@ struct Row {
 }
 
 /// Runs every structure `reps` times, interleaved, and checks equal work.
-fn measure(runs: &[(&'static str, Runner<'_>)], q: &[u64], reps: usize) -> Result<Vec<Row>, String> {
+fn measure(
+    runs: &[(&'static str, Runner<'_>)],
+    q: &[u64],
+    reps: usize,
+) -> Result<Vec<Row>, String> {
     let mut rows: Vec<Row> = runs
         .iter()
         .map(|(name, _)| Row { structure: name, mops: vec![], checksum: 0, apcl: None })
@@ -369,7 +376,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
             format_args!(
                 "size {} slots ({} MiB per table): building tables...",
                 human_size(slots),
-                slots * 16 >> 20
+                (slots * 16) >> 20
             ),
         );
         let huge_before = anon_huge_kb().unwrap_or(0);
@@ -429,7 +436,7 @@ fn report(
         "size {} slots ({} MiB), {} keys, load {:.3}, APCL {:.3}, longest chain {}, \
          huge pages {} MiB — {}",
         human_size(t.slots),
-        t.slots * 16 >> 20,
+        (t.slots * 16) >> 20,
         t.keys.len(),
         stats.load_factor,
         stats.apcl.unwrap_or(f64::NAN),

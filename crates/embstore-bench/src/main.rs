@@ -13,7 +13,11 @@ mod huge;
 mod index;
 
 #[derive(Parser, Debug)]
-#[command(name = "embstore-bench", version, about = "embstore benchmarks (peers measured side by side)")]
+#[command(
+    name = "embstore-bench",
+    version,
+    about = "embstore benchmarks (peers measured side by side)"
+)]
 struct Cli {
     #[command(subcommand)]
     workload: Workload,

@@ -111,20 +111,20 @@ impl NeighborHash {
                 if slot.query == usize::MAX {
                     continue;
                 }
-                let done = match NeighborHash::step(buckets, shift, slot.key, slot.pos, slot.at_head)
-                {
-                    Step::Hit(payload) => {
-                        hits += 1;
-                        Some(payload)
-                    }
-                    Step::Miss => Some(MISSING),
-                    Step::Next(pos) => {
-                        prefetch(&buckets[pos]);
-                        slot.pos = pos;
-                        slot.at_head = false;
-                        None
-                    }
-                };
+                let done =
+                    match NeighborHash::step(buckets, shift, slot.key, slot.pos, slot.at_head) {
+                        Step::Hit(payload) => {
+                            hits += 1;
+                            Some(payload)
+                        }
+                        Step::Miss => Some(MISSING),
+                        Step::Next(pos) => {
+                            prefetch(&buckets[pos]);
+                            slot.pos = pos;
+                            slot.at_head = false;
+                            None
+                        }
+                    };
                 if let Some(payload) = done {
                     sink(slot.query, payload);
                     start(slot);

@@ -192,8 +192,14 @@ mod sys {
     const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
 
     extern "C" {
-        fn mmap(addr: *mut c_void, len: usize, prot: i32, flags: i32, fd: i32, off: i64)
-            -> *mut c_void;
+        fn mmap(
+            addr: *mut c_void,
+            len: usize,
+            prot: i32,
+            flags: i32,
+            fd: i32,
+            off: i64,
+        ) -> *mut c_void;
         fn munmap(addr: *mut c_void, len: usize) -> i32;
         fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
     }

@@ -198,7 +198,13 @@ impl NeighborHash {
     /// that cacheline. `at_head` is true when `pos` is the key's home bucket: there an empty
     /// bucket, or a lodger (a key from another home), proves the key absent.
     #[inline(always)]
-    pub(crate) fn step(buckets: &[Bucket], shift: u32, key: u64, pos: usize, at_head: bool) -> Step {
+    pub(crate) fn step(
+        buckets: &[Bucket],
+        shift: u32,
+        key: u64,
+        pos: usize,
+        at_head: bool,
+    ) -> Step {
         let mut pos = pos;
         let mut b = buckets[pos];
         if b.is_empty() {
@@ -702,7 +708,8 @@ mod tests {
         let keys: Vec<u64> = (0..5000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
         let payloads: Vec<u64> = (0..5000).collect();
         t.insert_batch(&keys, &payloads).unwrap();
-        let queries: Vec<u64> = (0..7001u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let queries: Vec<u64> =
+            (0..7001u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
         let expect: Vec<u64> = queries.iter().map(|&k| t.get(k).unwrap_or(MISSING)).collect();
         let mut out = vec![0; queries.len()];
         assert_eq!(t.get_batch(&queries, &mut out), Ok(5000));
@@ -753,18 +760,22 @@ mod tests {
         assert_eq!((t.len(), t.get(0), t.capacity()), (0, None, cap));
         t.check_invariants().unwrap();
         assert!(NeighborHash::with_slots(usize::MAX).is_err());
-        let c = NeighborHash::with_config(Config { max_load_factor: f64::NAN, ..Config::default() })
-            .unwrap()
-            .config();
+        let c =
+            NeighborHash::with_config(Config { max_load_factor: f64::NAN, ..Config::default() })
+                .unwrap()
+                .config();
         assert_eq!(c.max_load_factor, 0.8);
     }
 
     #[test]
     fn huge_page_and_small_tables_behave_alike() {
         for huge_pages in [true, false] {
-            let mut t =
-                NeighborHash::with_config(Config { slots: 1 << 18, huge_pages, ..Config::default() })
-                    .unwrap();
+            let mut t = NeighborHash::with_config(Config {
+                slots: 1 << 18,
+                huge_pages,
+                ..Config::default()
+            })
+            .unwrap();
             for k in 0..100_000u64 {
                 t.insert(k * 3, k).unwrap();
             }

@@ -156,7 +156,8 @@ fn churn_at_max_load_factor() {
         for step in 0..40_000u64 {
             let r = rng.below(100);
             if model.len() < max && (r < 55 || keys.is_empty()) {
-                let k = if structured { (rng.below(1 << 20) << 40) | rng.below(4) } else { rng.next() };
+                let k =
+                    if structured { (rng.below(1 << 20) << 40) | rng.below(4) } else { rng.next() };
                 let p = rng.below(MAX_PAYLOAD + 1);
                 assert_eq!(t.insert(k, p).unwrap(), model.insert(k, p), "seed {seed} step {step}");
                 keys.push(k);

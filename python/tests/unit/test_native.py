@@ -34,8 +34,8 @@ def test_batches_match_scalar_and_grow():
     keys = [k * 0x9E3779B97F4A7C15 % 2**64 for k in range(20_000)]
     index.insert_batch(keys, range(len(keys)))
     assert index.capacity >= 20_000 / 0.8
-    got = index.get_batch(keys + [12345678901])
-    assert got == list(range(len(keys))) + [None]
+    got = index.get_batch([*keys, 12345678901])
+    assert got == [*list(range(len(keys))), None]
     assert index.get_batch([]) == []
     stats = index.stats()
     assert stats["len"] == 20_000
