@@ -12,9 +12,12 @@
 //! Structures (all on the same keys, in one process; every large array, hashbrown's included,
 //! mapped with transparent huge pages):
 //! - `embstore_scalar`: `NeighborHash::get` one key at a time;
-//! - `embstore_batch`: `NeighborHash::get_batch` (AMAC, vectorised hashing);
+//! - `embstore_batch`: `NeighborHash::get_batch` (prefetch window + parked ring, AVX2 hashing);
+//! - `embstore_batch_amac`: the same lookups scheduled by a classic AMAC ring of 32;
 //! - `embstore_batch_4k`: the same over a table mapped without huge pages (full runs only);
 //! - `hashbrown`: `hashbrown::HashMap<u64, u64>` with the same hash function (`fmix64`);
+//! - `hashbrown_4k`: the same on the global allocator, as users get it (4 KiB pages where THP is
+//!   `madvise`-only; full runs only);
 //! - `random_access`: hash the key and read one u64 at that position of an array of the table's
 //!   byte size — the least any hash lookup must do; `random_access_prefetch`: the same with the
 //!   addresses prefetched 32 keys ahead.
@@ -38,7 +41,7 @@ pub struct IndexArgs {
     /// Table size in slots (a power of two); repeat for several. Default: 1048576 and 16777216.
     #[arg(long = "size", value_name = "SLOTS")]
     sizes: Vec<usize>,
-    /// Quick mode (the demo): 1M and 16M slots, 3 repetitions of 2M queries, no 4 KiB variant.
+    /// Quick mode (the demo): 1M and 16M slots, 3 repetitions of 2M queries, no 4 KiB variants.
     #[arg(long)]
     quick: bool,
     /// Print one JSON object per structure, size and distribution (stdout) instead of tables.
@@ -62,10 +65,11 @@ pub struct IndexArgs {
     /// Keys per batch for the batched structures.
     #[arg(long, default_value_t = 4096)]
     batch: usize,
-    /// Also measure get_batch for several AMAC ring widths and scalar vs AVX2 hashing.
+    /// Also measure get_batch at several look-ahead distances, AMAC at several ring widths, and
+    /// scalar vs AVX2 hashing.
     #[arg(long)]
     ring_sweep: bool,
-    /// Skip the table without huge pages (saves its memory and build time).
+    /// Skip the 4 KiB-page variants (embstore_batch_4k, hashbrown_4k): saves memory and time.
     #[arg(long)]
     no_4k: bool,
     /// Seed for keys and queries.
@@ -153,6 +157,8 @@ struct Tables {
     index: NeighborHash,
     index_4k: Option<NeighborHash>,
     brown: Brown,
+    /// hashbrown on the global allocator, as users get it (full runs only).
+    brown_4k: Option<hashbrown::HashMap<u64, u64, BuildHasherDefault<Fmix>>>,
     ra: PageArray,
     ra_shift: u32,
 }
@@ -202,13 +208,28 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
         brown.insert(k, p);
     }
     progress(args.json, format_args!("  built hashbrown: {:.1} s", t.elapsed().as_secs_f64()));
+    let brown_4k = want_4k.then(|| {
+        let t = Instant::now();
+        let mut m = hashbrown::HashMap::with_capacity_and_hasher(n, Default::default());
+        for (&k, &p) in keys.iter().zip(&payloads) {
+            m.insert(k, p);
+        }
+        progress(
+            args.json,
+            format_args!(
+                "  built hashbrown (global allocator): {:.1} s",
+                t.elapsed().as_secs_f64()
+            ),
+        );
+        m
+    });
     // The random-access array has the index's byte size: two u64 per slot.
     let mut ra = PageArray::zeroed(slots * 2, true);
     for (i, x) in ra.as_mut_slice().iter_mut().enumerate() {
         *x = i as u64;
     }
     let ra_shift = 64 - (slots * 2).trailing_zeros();
-    Ok(Tables { slots, keys, index, index_4k, brown, ra, ra_shift })
+    Ok(Tables { slots, keys, index, index_4k, brown, brown_4k, ra, ra_shift })
 }
 
 fn queries(t: &Tables, dist: Dist, count: usize, args: &IndexArgs) -> Vec<u64> {
@@ -234,13 +255,17 @@ fn queries(t: &Tables, dist: Dist, count: usize, args: &IndexArgs) -> Vec<u64> {
 const ZIPF_STREAM: u64 = 0x21bf_5eed;
 
 fn runners<'a>(t: &'a Tables, batch: usize) -> Vec<(&'static str, Runner<'a>)> {
-    let batched = move |index: &'a NeighborHash| -> Runner<'a> {
+    let batched = move |index: &'a NeighborHash, amac: bool| -> Runner<'a> {
         Box::new(move |q: &[u64]| {
             let mut out = vec![0u64; batch];
             let mut sum = 0u64;
             for chunk in q.chunks(batch) {
                 let out = &mut out[..chunk.len()];
-                index.get_batch(chunk, out).expect("equal lengths");
+                if amac {
+                    index.get_batch_ring::<32>(chunk, out).expect("equal lengths");
+                } else {
+                    index.get_batch(chunk, out).expect("equal lengths");
+                }
                 sum = out.iter().fold(sum, |s, &p| fold(s, (p != MISSING).then_some(p)));
             }
             sum
@@ -251,15 +276,22 @@ fn runners<'a>(t: &'a Tables, batch: usize) -> Vec<(&'static str, Runner<'a>)> {
             "embstore_scalar",
             Box::new(move |q: &[u64]| q.iter().fold(0, |s, &k| fold(s, t.index.get(k)))),
         ),
-        ("embstore_batch", batched(&t.index)),
+        ("embstore_batch", batched(&t.index, false)),
+        ("embstore_batch_amac", batched(&t.index, true)),
     ];
     if let Some(i4k) = &t.index_4k {
-        v.push(("embstore_batch_4k", batched(i4k)));
+        v.push(("embstore_batch_4k", batched(i4k, false)));
     }
     v.push((
         "hashbrown",
         Box::new(move |q: &[u64]| q.iter().fold(0, |s, k| fold(s, t.brown.get(k).copied()))),
     ));
+    if let Some(b4k) = &t.brown_4k {
+        v.push((
+            "hashbrown_4k",
+            Box::new(move |q: &[u64]| q.iter().fold(0, |s, k| fold(s, b4k.get(k).copied()))),
+        ));
+    }
     let ra = t.ra.as_slice();
     let shift = t.ra_shift;
     v.push((
@@ -363,11 +395,11 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         println!("{}", crate::machine_line());
         println!(
             "load factor {:.2}, {:.0}% present keys, {nq} queries x {reps} reps (median), batch {batch}, \
-             AVX2 hashing: {}, AMAC ring: {}",
+             AVX2 hashing: {}, look-ahead: {}",
             args.load_factor,
             args.hit_ratio * 100.0,
             embstore_index::hash::simd_available(),
-            embstore_index::DEFAULT_RING
+            embstore_index::DEFAULT_AHEAD
         );
     }
     for &slots in &sizes {
@@ -425,7 +457,7 @@ fn report(
                 "hit_ratio": args.hit_ratio,
                 "checksum": r.checksum,
                 "batch": args.batch,
-                "huge_pages": r.structure != "embstore_batch_4k",
+                "huge_pages": !r.structure.ends_with("_4k"),
             });
             println!("{line}");
         }
@@ -498,7 +530,7 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
     macro_rules! width {
         ($w:literal) => {
             (
-                concat!("ring_", stringify!($w)),
+                concat!("amac_ring_", stringify!($w)),
                 ring(|i, c, o| {
                     i.get_batch_ring::<$w>(c, o).expect("equal lengths");
                 }),
@@ -506,14 +538,48 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
         };
     }
     let runs: Vec<(&'static str, Runner<'_>)> = vec![
-        width!(4),
         width!(8),
-        width!(12),
         width!(16),
         width!(24),
         width!(32),
         width!(48),
         width!(64),
+        (
+            "ahead_8",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<8>(c, o).expect("equal lengths");
+            }),
+        ),
+        (
+            "ahead_16",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<16>(c, o).expect("equal lengths");
+            }),
+        ),
+        (
+            "ahead_24",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<24>(c, o).expect("equal lengths");
+            }),
+        ),
+        (
+            "ahead_32",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<32>(c, o).expect("equal lengths");
+            }),
+        ),
+        (
+            "ahead_48",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<48>(c, o).expect("equal lengths");
+            }),
+        ),
+        (
+            "ahead_64",
+            ring(|i, c, o| {
+                i.get_batch_ahead::<64>(c, o).expect("equal lengths");
+            }),
+        ),
     ];
     let rows = measure(&runs, &q, reps)?;
     let shift = 64 - t.slots.trailing_zeros();

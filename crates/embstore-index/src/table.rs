@@ -714,13 +714,21 @@ mod tests {
         let mut out = vec![0; queries.len()];
         assert_eq!(t.get_batch(&queries, &mut out), Ok(5000));
         assert_eq!(out, expect);
-        for n in [1, 2, 31, 33, 255, 257] {
+        for n in [1, 2, 31, 33, 255, 256, 257, 289, 1000] {
             let q = &queries[..n];
-            let mut o1 = vec![0; n];
-            let mut o2 = vec![0; n];
-            t.get_batch_ring::<1>(q, &mut o1).unwrap();
-            t.get_batch_ring::<64>(q, &mut o2).unwrap();
-            assert_eq!((&o1[..], &o2[..]), (&expect[..n], &expect[..n]));
+            let runs: [fn(&NeighborHash, &[u64], &mut [u64]) -> Result<usize, Error>; 5] = [
+                |t, q, o| t.get_batch_ring::<1>(q, o),
+                |t, q, o| t.get_batch_ring::<64>(q, o),
+                |t, q, o| t.get_batch_ahead::<1>(q, o),
+                |t, q, o| t.get_batch_ahead::<7>(q, o),
+                |t, q, o| t.get_batch_ahead::<64>(q, o),
+            ];
+            for (r, run) in runs.iter().enumerate() {
+                let mut o = vec![0; n];
+                let hits = run(&t, q, &mut o).unwrap();
+                assert_eq!(&o[..], &expect[..n], "engine {r}, {n} keys");
+                assert_eq!(hits, o.iter().filter(|&&p| p != MISSING).count());
+            }
         }
         let mut flags = vec![false; queries.len()];
         t.contains_batch(&queries, &mut flags).unwrap();
