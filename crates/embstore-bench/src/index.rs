@@ -12,8 +12,7 @@
 //! Structures (all on the same keys, in one process; every large array, hashbrown's included,
 //! mapped with transparent huge pages):
 //! - `embstore_scalar`: `NeighborHash::get` one key at a time;
-//! - `embstore_batch`: `NeighborHash::get_batch` (prefetch window + parked ring, AVX2 hashing);
-//! - `embstore_batch_amac`: the same lookups scheduled by a classic AMAC ring of 32;
+//! - `embstore_batch`: `NeighborHash::get_batch` (AMAC ring of 32, AVX2 hashing);
 //! - `embstore_batch_4k`: the same over a table mapped without huge pages (full runs only);
 //! - `hashbrown`: `hashbrown::HashMap<u64, u64>` with the same hash function (`fmix64`);
 //! - `hashbrown_4k`: the same on the global allocator, as users get it (4 KiB pages where THP is
@@ -65,8 +64,7 @@ pub struct IndexArgs {
     /// Keys per batch for the batched structures.
     #[arg(long, default_value_t = 4096)]
     batch: usize,
-    /// Also measure get_batch at several look-ahead distances, AMAC at several ring widths, and
-    /// scalar vs AVX2 hashing.
+    /// Also measure get_batch at several AMAC ring widths, and scalar vs AVX2 hashing.
     #[arg(long)]
     ring_sweep: bool,
     /// Skip the 4 KiB-page variants (embstore_batch_4k, hashbrown_4k): saves memory and time.
@@ -255,17 +253,13 @@ fn queries(t: &Tables, dist: Dist, count: usize, args: &IndexArgs) -> Vec<u64> {
 const ZIPF_STREAM: u64 = 0x21bf_5eed;
 
 fn runners<'a>(t: &'a Tables, batch: usize) -> Vec<(&'static str, Runner<'a>)> {
-    let batched = move |index: &'a NeighborHash, amac: bool| -> Runner<'a> {
+    let batched = move |index: &'a NeighborHash| -> Runner<'a> {
         Box::new(move |q: &[u64]| {
             let mut out = vec![0u64; batch];
             let mut sum = 0u64;
             for chunk in q.chunks(batch) {
                 let out = &mut out[..chunk.len()];
-                if amac {
-                    index.get_batch_ring::<32>(chunk, out).expect("equal lengths");
-                } else {
-                    index.get_batch(chunk, out).expect("equal lengths");
-                }
+                index.get_batch(chunk, out).expect("equal lengths");
                 sum = out.iter().fold(sum, |s, &p| fold(s, (p != MISSING).then_some(p)));
             }
             sum
@@ -276,11 +270,10 @@ fn runners<'a>(t: &'a Tables, batch: usize) -> Vec<(&'static str, Runner<'a>)> {
             "embstore_scalar",
             Box::new(move |q: &[u64]| q.iter().fold(0, |s, &k| fold(s, t.index.get(k)))),
         ),
-        ("embstore_batch", batched(&t.index, false)),
-        ("embstore_batch_amac", batched(&t.index, true)),
+        ("embstore_batch", batched(&t.index)),
     ];
     if let Some(i4k) = &t.index_4k {
-        v.push(("embstore_batch_4k", batched(i4k, false)));
+        v.push(("embstore_batch_4k", batched(i4k)));
     }
     v.push((
         "hashbrown",
@@ -395,11 +388,11 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         println!("{}", crate::machine_line());
         println!(
             "load factor {:.2}, {:.0}% present keys, {nq} queries x {reps} reps (median), batch {batch}, \
-             AVX2 hashing: {}, look-ahead: {}",
+             AVX2 hashing: {}, AMAC ring: {}",
             args.load_factor,
             args.hit_ratio * 100.0,
             embstore_index::hash::simd_available(),
-            embstore_index::DEFAULT_AHEAD
+            embstore_index::DEFAULT_RING
         );
     }
     for &slots in &sizes {
@@ -530,57 +523,15 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
     macro_rules! width {
         ($w:literal) => {
             (
-                concat!("amac_ring_", stringify!($w)),
+                concat!("ring_", stringify!($w)),
                 ring(|i, c, o| {
                     i.get_batch_ring::<$w>(c, o).expect("equal lengths");
                 }),
             )
         };
     }
-    let runs: Vec<(&'static str, Runner<'_>)> = vec![
-        width!(8),
-        width!(16),
-        width!(24),
-        width!(32),
-        width!(48),
-        width!(64),
-        (
-            "ahead_8",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<8>(c, o).expect("equal lengths");
-            }),
-        ),
-        (
-            "ahead_16",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<16>(c, o).expect("equal lengths");
-            }),
-        ),
-        (
-            "ahead_24",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<24>(c, o).expect("equal lengths");
-            }),
-        ),
-        (
-            "ahead_32",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<32>(c, o).expect("equal lengths");
-            }),
-        ),
-        (
-            "ahead_48",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<48>(c, o).expect("equal lengths");
-            }),
-        ),
-        (
-            "ahead_64",
-            ring(|i, c, o| {
-                i.get_batch_ahead::<64>(c, o).expect("equal lengths");
-            }),
-        ),
-    ];
+    let runs: Vec<(&'static str, Runner<'_>)> =
+        vec![width!(4), width!(8), width!(16), width!(24), width!(32), width!(48), width!(64)];
     let rows = measure(&runs, &q, reps)?;
     let shift = 64 - t.slots.trailing_zeros();
     let hashers: Vec<(&'static str, Runner<'_>)> = vec![

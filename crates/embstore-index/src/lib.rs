@@ -17,9 +17,8 @@
 //!   probing* for free buckets (the tail's own cacheline first, then outward both ways, nearest
 //!   first), chain-preserving delete, growth by doubling, [`Stats`] and an invariant checker.
 //! - [`batch`](crate::batch) — [`NeighborHash::get_batch`] and
-//!   [`NeighborHash::contains_batch`]: many lookups in flight with software prefetch (a sliding
-//!   prefetch window plus a ring of parked lookups; the classic AMAC ring is kept as the
-//!   measured peer).
+//!   [`NeighborHash::contains_batch`] with AMAC: a ring of lookups in flight with software
+//!   prefetch.
 //! - [`hash`] — `fmix64`, scalar and AVX2 (runtime-detected).
 //!
 //! ## Invariants
@@ -38,7 +37,7 @@ mod error;
 pub mod hash;
 mod table;
 
-pub use batch::{DEFAULT_AHEAD, MISSING};
+pub use batch::{DEFAULT_RING, MISSING};
 pub use bucket::MAX_OFFSET;
 pub use error::Error;
 pub use table::{Config, NeighborHash, Stats};
