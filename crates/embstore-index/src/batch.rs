@@ -79,56 +79,24 @@ impl NeighborHash {
     /// that finishes takes the next key at once, so the loop has no idle-slot checks. Once the
     /// keys run out, a drain phase finishes the lookups still in flight.
     fn amac<const W: usize>(&self, keys: &[u64], mut sink: impl FnMut(usize, u64)) -> usize {
+        const { assert!(W >= 1 && W <= HASH_BLOCK) };
         let buckets = self.buckets.as_slice();
-        let shift = self.shift;
-        let mut homes = [0u64; HASH_BLOCK];
-        let mut block_start = 0usize;
-        let mut next = 0usize; // next key to start
+        let mut homes = Homes { homes: [0; HASH_BLOCK], start: 0, end: 0, shift: self.shift };
         let mut hits = 0usize;
-
-        // Starts key `next` in `slot`: hash (a block at a time), prefetch the home, yield.
-        let mut start = |slot: &mut Slot, next: usize| {
-            if next == 0 || next == block_start + HASH_BLOCK {
-                block_start = next;
-                let end = (block_start + HASH_BLOCK).min(keys.len());
-                let n = end - block_start;
-                crate::hash::hash_shift(&keys[block_start..end], shift, &mut homes[..n]);
-            }
-            let pos = homes[next - block_start] as usize;
-            prefetch(&buckets[pos]);
-            *slot = Slot { key: keys[next], query: next, pos };
-        };
-        // Advances `slot` by one cacheline; true when its lookup is finished (and sunk).
-        let mut advance = |slot: &mut Slot| -> bool {
-            match NeighborHash::step(buckets, slot.key, slot.pos) {
-                Step::Hit(payload) => {
-                    hits += 1;
-                    sink(slot.query, payload);
-                    true
-                }
-                Step::Miss => {
-                    sink(slot.query, MISSING);
-                    true
-                }
-                Step::Next(pos) => {
-                    prefetch(&buckets[pos]);
-                    slot.pos = pos;
-                    false
-                }
-            }
-        };
-
+        let mut next = 0usize; // the next key to launch
         let width = W.min(keys.len());
         let mut ring = [Slot { key: 0, query: usize::MAX, pos: 0 }; W];
-        for slot in ring.iter_mut().take(width) {
-            start(slot, next);
+        let ring = &mut ring[..width];
+        for slot in ring.iter_mut() {
+            launch(slot, keys, buckets, &mut homes, next);
             next += 1;
         }
-        let ring = &mut ring[..width];
         'steady: while next < keys.len() {
             for slot in ring.iter_mut() {
-                if advance(slot) {
-                    start(slot, next);
+                if let Some(payload) = advance(slot, buckets) {
+                    hits += usize::from(payload != MISSING);
+                    sink(slot.query, payload);
+                    launch(slot, keys, buckets, &mut homes, next);
                     next += 1;
                     if next == keys.len() {
                         break 'steady;
@@ -136,17 +104,55 @@ impl NeighborHash {
                 }
             }
         }
-        // Drain: finish what is in flight.
         let mut active = width;
         while active > 0 {
-            for slot in ring.iter_mut() {
-                if slot.query != usize::MAX && advance(slot) {
+            for slot in ring.iter_mut().filter(|s| s.query != usize::MAX) {
+                if let Some(payload) = advance(slot, buckets) {
+                    hits += usize::from(payload != MISSING);
+                    sink(slot.query, payload);
                     slot.query = usize::MAX;
                     active -= 1;
                 }
             }
         }
         hits
+    }
+}
+
+/// Homes of keys `start..end`, hashed a block at a time ahead of the ring.
+struct Homes {
+    homes: [u64; HASH_BLOCK],
+    start: usize,
+    end: usize,
+    shift: u32,
+}
+
+/// Starts the lookup of key `next` in `slot`: take its home (hashing the next block when
+/// needed), prefetch the home cacheline.
+#[inline(always)]
+fn launch(slot: &mut Slot, keys: &[u64], buckets: &[Bucket], homes: &mut Homes, next: usize) {
+    if next == homes.end {
+        let end = (next + HASH_BLOCK).min(keys.len());
+        crate::hash::hash_shift(&keys[next..end], homes.shift, &mut homes.homes[..end - next]);
+        (homes.start, homes.end) = (next, end);
+    }
+    let pos = homes.homes[next - homes.start] as usize;
+    prefetch(&buckets[pos]);
+    *slot = Slot { key: keys[next], query: next, pos };
+}
+
+/// Examines the cacheline `slot` waits on: `Some(payload or MISSING)` when the lookup is done,
+/// `None` when it hopped to another cacheline (now prefetched).
+#[inline(always)]
+fn advance(slot: &mut Slot, buckets: &[Bucket]) -> Option<u64> {
+    match NeighborHash::step(buckets, slot.key, slot.pos) {
+        Step::Hit(payload) => Some(payload),
+        Step::Miss => Some(MISSING),
+        Step::Next(pos) => {
+            prefetch(&buckets[pos]);
+            slot.pos = pos;
+            None
+        }
     }
 }
 

@@ -14,8 +14,9 @@
 //! - [`table`](crate::table) — [`NeighborHash`]: insert with *lodger relocation* (a key whose home
 //!   bucket is held by a key from another home evicts that lodger to a free bucket and relinks
 //!   its chain; a key whose home holds a host joins the host's chain), *cacheline-aware neighbour
-//!   probing* for free buckets (the tail's own cacheline first, then outward both ways, nearest
-//!   first), chain-preserving delete, growth by doubling, [`Stats`] and an invariant checker.
+//!   probing* for free buckets (the head's cacheline first, then the tail's, then outward both
+//!   ways, nearest first), chain-preserving delete, growth by doubling, [`Stats`] and an
+//!   invariant checker.
 //! - [`batch`](crate::batch) — [`NeighborHash::get_batch`] and
 //!   [`NeighborHash::contains_batch`] with AMAC: a ring of lookups in flight with software
 //!   prefetch.
@@ -23,7 +24,8 @@
 //!
 //! ## Invariants
 //! - Every key sits on the chain that starts at its home bucket, and that bucket holds a key of
-//!   that home (no cellar; chains never mix homes), so a lookup walks only its own chain.
+//!   that home (no cellar; chains never mix homes), so a present key is found on its own chain,
+//!   and a lookup walks at most one chain.
 //! - Neighbouring chain nodes are at most [`MAX_OFFSET`] (2047) buckets apart; chains are acyclic.
 //! - `len` never exceeds `max_load_factor × capacity`.
 //! - Every fallible call validates its input first and changes nothing when it fails.

@@ -65,7 +65,7 @@ pub(crate) enum Step {
 ///
 /// Invariant: for every home bucket `h` that some key hashes to, bucket `h` holds one of those
 /// keys (the *host*), and every key hashing to `h` is on the chain that starts at `h`. A key
-/// therefore lives on exactly one chain, and a lookup walks only that chain.
+/// therefore lives on exactly one chain, and a lookup walks at most one chain from its home.
 ///
 /// # Concurrency
 /// Readers share `&self` (`get`, `get_batch`, `contains_batch`, `stats` may run on many threads
