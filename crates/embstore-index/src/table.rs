@@ -257,8 +257,10 @@ impl NeighborHash {
         }
     }
 
-    /// Inserts every `(keys[i], payloads[i])`, later pairs overwriting earlier ones. All payloads
-    /// are checked before anything is stored, so an error leaves the table as it was.
+    /// Inserts every `(keys[i], payloads[i])`, later pairs overwriting earlier ones. Lengths and
+    /// all payloads are checked before anything is stored, so an invalid batch leaves the table
+    /// as it was. Should growing fail midway (`CapacityOverflow`: out of memory), the pairs before
+    /// the failing one stay stored and nothing else changes.
     pub fn insert_batch(&mut self, keys: &[u64], payloads: &[u64]) -> Result<(), Error> {
         if keys.len() != payloads.len() {
             return Err(Error::LengthMismatch {
