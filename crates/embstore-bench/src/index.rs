@@ -41,7 +41,7 @@ pub struct IndexArgs {
     /// Table size in slots (a power of two); repeat for several. Default: 1048576 and 16777216.
     #[arg(long = "size", value_name = "SLOTS")]
     sizes: Vec<usize>,
-    /// Quick mode (the demo): 1M and 16M slots, 3 repetitions of 2M queries, no 4 KiB variants.
+    /// Quick mode (the demo): 1M and 16M slots, 5 repetitions of 1M queries, no 4 KiB variants.
     #[arg(long)]
     quick: bool,
     /// Print one JSON object per structure, size and distribution (stdout) instead of tables.
@@ -377,8 +377,8 @@ fn human_size(slots: usize) -> String {
 
 pub fn run(args: IndexArgs) -> Result<(), String> {
     let sizes = if !args.sizes.is_empty() { args.sizes.clone() } else { vec![1 << 20, 1 << 24] };
-    let reps = args.reps.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
-    let nq = args.queries.unwrap_or(if args.quick { 2_000_000 } else { 8_000_000 }).max(1);
+    let reps = args.reps.unwrap_or(5).max(1);
+    let nq = args.queries.unwrap_or(if args.quick { 1_000_000 } else { 8_000_000 }).max(1);
     let batch = args.batch.max(1);
     let dists: &[Dist] = match args.distribution {
         DistArg::Uniform => &[Dist::Uniform],
