@@ -17,7 +17,7 @@ use crate::Error;
 pub const MISSING: u64 = u64::MAX;
 
 /// AMAC ring width of [`NeighborHash::get_batch`]: lookups in flight. Chosen by
-/// `embstore-bench index --ring-sweep` (see docs/benchmarks.md): 24–32 is the plateau.
+/// `embstore-bench index --ring-sweep` (see docs/benchmarks.md): 32–64 is the plateau.
 pub const DEFAULT_RING: usize = 32;
 
 /// Keys hashed per block ahead of the ring.
