@@ -162,9 +162,8 @@ struct Tables {
     ra_shift: u32,
 }
 
-fn progress(json: bool, msg: std::fmt::Arguments<'_>) {
-    // Progress goes to stderr so that `--json` output stays machine-readable.
-    let _ = json;
+/// Progress goes to stderr so that `--json` output on stdout stays machine-readable.
+fn progress(msg: std::fmt::Arguments<'_>) {
     eprintln!("{msg}");
 }
 
@@ -183,19 +182,16 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
     if index.capacity() != slots {
         return Err(format!("index grew to {} slots; lower --load-factor", index.capacity()));
     }
-    progress(args.json, format_args!("  built embstore index: {:.1} s", t.elapsed().as_secs_f64()));
+    progress(format_args!("  built embstore index: {:.1} s", t.elapsed().as_secs_f64()));
     let index_4k = if want_4k {
         let t = Instant::now();
         let mut i4k = NeighborHash::with_config(Config { huge_pages: false, ..config })
             .map_err(|e| e.to_string())?;
         i4k.insert_batch(&keys, &payloads).map_err(|e| e.to_string())?;
-        progress(
-            args.json,
-            format_args!(
-                "  built embstore index (4 KiB pages): {:.1} s",
-                t.elapsed().as_secs_f64()
-            ),
-        );
+        progress(format_args!(
+            "  built embstore index (4 KiB pages): {:.1} s",
+            t.elapsed().as_secs_f64()
+        ));
         Some(i4k)
     } else {
         None
@@ -206,20 +202,17 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
     for (&k, &p) in keys.iter().zip(&payloads) {
         brown.insert(k, p);
     }
-    progress(args.json, format_args!("  built hashbrown: {:.1} s", t.elapsed().as_secs_f64()));
+    progress(format_args!("  built hashbrown: {:.1} s", t.elapsed().as_secs_f64()));
     let brown_4k = want_4k.then(|| {
         let t = Instant::now();
         let mut m = hashbrown::HashMap::with_capacity_and_hasher(n, Default::default());
         for (&k, &p) in keys.iter().zip(&payloads) {
             m.insert(k, p);
         }
-        progress(
-            args.json,
-            format_args!(
-                "  built hashbrown (global allocator): {:.1} s",
-                t.elapsed().as_secs_f64()
-            ),
-        );
+        progress(format_args!(
+            "  built hashbrown (global allocator): {:.1} s",
+            t.elapsed().as_secs_f64()
+        ));
         m
     });
     // The random-access array has the index's byte size: two u64 per slot.
@@ -397,21 +390,18 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         );
     }
     for &slots in &sizes {
-        progress(
-            args.json,
-            format_args!(
-                "size {} slots ({} MiB per table): building tables...",
-                human_size(slots),
-                (slots * 16) >> 20
-            ),
-        );
+        progress(format_args!(
+            "size {} slots ({} MiB per table): building tables...",
+            human_size(slots),
+            (slots * 16) >> 20
+        ));
         let huge_before = anon_huge_kb().unwrap_or(0);
         let t = build(slots, &args, !args.quick && !args.no_4k)?;
         let huge_kb = anon_huge_kb().unwrap_or(0).saturating_sub(huge_before);
         let stats = t.index.stats();
         let runs = runners(&t, batch);
         for &dist in dists {
-            progress(args.json, format_args!("  querying {} keys...", dist.name()));
+            progress(format_args!("  querying {} keys...", dist.name()));
             let q = queries(&t, dist, nq, &args);
             let mut rows = measure(&runs, &q, reps)?;
             for r in rows.iter_mut().filter(|r| r.structure.starts_with("embstore")) {
