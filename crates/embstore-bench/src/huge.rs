@@ -1,51 +1,11 @@
-//! Memory for the peers, backed like the index's: anonymous maps advised to use transparent
-//! huge pages (or advised not to), so that every structure in a run pays the same TLB costs.
+//! Memory for the peers, backed like the index's (`embstore_index::mem`): 2 MiB-aligned maps
+//! advised to use transparent huge pages (or not), so every structure pays the same TLB costs.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
-
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Maps `bytes` of zeroed memory on a 2 MiB boundary with the given huge-page advice.
-fn map(bytes: usize, huge_pages: bool) -> Option<NonNull<u8>> {
-    let padded = bytes.checked_add(HUGE_PAGE)?;
-    // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            padded,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return None;
-    }
-    let start = raw as usize;
-    let aligned = start.next_multiple_of(HUGE_PAGE);
-    let (head, tail) = (aligned - start, padded - (aligned - start) - bytes);
-    let advice = if huge_pages { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
-    // SAFETY: the trimmed ranges and the advised range all lie inside the mapping made above.
-    unsafe {
-        if head > 0 {
-            libc::munmap(raw, head);
-        }
-        if tail > 0 {
-            libc::munmap((aligned + bytes) as *mut libc::c_void, tail);
-        }
-        libc::madvise(aligned as *mut libc::c_void, bytes, advice);
-    }
-    NonNull::new(aligned as *mut u8)
-}
-
-fn unmap(ptr: NonNull<u8>, bytes: usize) {
-    // SAFETY: `ptr..ptr + bytes` is a range returned by `map`.
-    unsafe { libc::munmap(ptr.as_ptr().cast(), bytes) };
-}
+use embstore_index::mem::{map_zeroed, unmap, HUGE_PAGE};
 
 /// An allocator for `hashbrown`: allocations of 2 MiB and more are mapped like the index's
 /// bucket array; smaller ones go to the global allocator.
@@ -62,7 +22,7 @@ unsafe impl Allocator for PageAlloc {
         if layout.size() < HUGE_PAGE || layout.align() > HUGE_PAGE {
             return Global.allocate(layout);
         }
-        let ptr = map(layout.size(), self.huge_pages).ok_or(AllocError)?;
+        let ptr = map_zeroed(layout.size(), self.huge_pages).ok_or(AllocError)?;
         Ok(NonNull::slice_from_raw_parts(ptr, layout.size()))
     }
 
@@ -71,7 +31,9 @@ unsafe impl Allocator for PageAlloc {
             // SAFETY: this block came from `Global.allocate` with this layout (same test).
             unsafe { Global.deallocate(ptr, layout) };
         } else {
-            unmap(ptr, layout.size());
+            // SAFETY: this block came from `map_zeroed` with this size (same test), and the
+            // caller (hashbrown) no longer uses it.
+            unsafe { unmap(ptr, layout.size()) };
         }
     }
 }
@@ -85,7 +47,7 @@ pub struct PageArray {
 impl PageArray {
     pub fn zeroed(len: usize, huge_pages: bool) -> PageArray {
         let bytes = len.checked_mul(8).expect("array size").max(8);
-        let ptr = map(bytes, huge_pages).expect("mmap failed").cast();
+        let ptr = map_zeroed(bytes, huge_pages).expect("out of memory").cast();
         PageArray { ptr, len }
     }
 
@@ -102,7 +64,8 @@ impl PageArray {
 
 impl Drop for PageArray {
     fn drop(&mut self) {
-        unmap(self.ptr.cast(), (self.len * 8).max(8));
+        // SAFETY: mapped by `map_zeroed` with this size in `zeroed`; `&mut self` ends all use.
+        unsafe { unmap(self.ptr.cast(), (self.len * 8).max(8)) };
     }
 }
 

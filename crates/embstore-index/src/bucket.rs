@@ -20,6 +20,7 @@
 //! empty: freshly mapped (zero) memory is an empty table with nothing to initialise, which lets
 //! the kernel hand out huge pages lazily.
 
+use crate::mem::{self, HUGE_PAGE};
 use crate::Error;
 
 /// Bits of the value word that hold the payload.
@@ -86,10 +87,6 @@ pub(crate) fn same_line(a: usize, b: usize) -> bool {
     a / BUCKETS_PER_LINE == b / BUCKETS_PER_LINE
 }
 
-/// Arrays at least this large are mapped directly (2 MiB aligned) so that they can be backed by
-/// transparent huge pages; smaller ones come from the global allocator.
-const HUGE_PAGE: usize = 2 << 20;
-
 /// A zero-initialised, 64-byte-aligned array of buckets: the table's only allocation.
 pub(crate) struct Buckets {
     ptr: std::ptr::NonNull<Bucket>,
@@ -104,21 +101,18 @@ unsafe impl Send for Buckets {}
 unsafe impl Sync for Buckets {}
 
 impl Buckets {
-    /// Allocates `len` empty buckets. Arrays of 2 MiB and more are advised to use transparent
-    /// huge pages when `huge_pages` is set, and advised not to when it is not (so that "without"
-    /// really means 4 KiB pages even where the system default is `always`).
+    /// Allocates `len` empty buckets. Arrays of 2 MiB and more are mapped with [`mem::map_zeroed`]
+    /// (huge-page advice as asked); smaller ones come from the global allocator.
     pub(crate) fn zeroed(len: usize, huge_pages: bool) -> Result<Buckets, Error> {
         let overflow = Error::CapacityOverflow { slots: len };
         let bytes = len.checked_mul(std::mem::size_of::<Bucket>()).ok_or(overflow.clone())?;
         if bytes > isize::MAX as usize / 2 || len == 0 {
             return Err(overflow);
         }
-        #[cfg(target_os = "linux")]
         if bytes >= HUGE_PAGE {
-            let ptr = sys::map_zeroed(bytes, huge_pages).ok_or(overflow)?;
+            let ptr = mem::map_zeroed(bytes, huge_pages).ok_or(overflow)?;
             return Ok(Buckets { ptr: ptr.cast(), len, mapped: true });
         }
-        let _ = huge_pages;
         let layout = Self::layout(bytes);
         // SAFETY: `layout` has a non-zero size (len > 0).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -157,96 +151,20 @@ impl Buckets {
 impl Drop for Buckets {
     fn drop(&mut self) {
         let bytes = self.len * std::mem::size_of::<Bucket>();
-        #[cfg(target_os = "linux")]
         if self.mapped {
-            sys::unmap(self.ptr.cast(), bytes);
-            return;
+            // SAFETY: mapped by `mem::map_zeroed` with exactly these bytes in `zeroed`; `&mut
+            // self` in `drop` means no reference into the array outlives this.
+            unsafe { mem::unmap(self.ptr.cast(), bytes) };
+        } else {
+            // SAFETY: allocated by `alloc_zeroed` with this very layout in `zeroed`.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), Self::layout(bytes)) }
         }
-        debug_assert!(!self.mapped);
-        // SAFETY: allocated by `alloc_zeroed` with this very layout in `zeroed`.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), Self::layout(bytes)) }
     }
 }
 
 impl std::fmt::Debug for Buckets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Buckets").field("len", &self.len).field("mapped", &self.mapped).finish()
-    }
-}
-
-/// Anonymous memory maps with huge-page advice. The three libc calls are declared here rather
-/// than pulled from the `libc` crate: this crate has no dependencies beyond std, and std already
-/// links libc on Linux.
-#[cfg(target_os = "linux")]
-mod sys {
-    use std::ffi::c_void;
-    use std::ptr::NonNull;
-
-    const PROT_READ: i32 = 1;
-    const PROT_WRITE: i32 = 2;
-    const MAP_PRIVATE: i32 = 0x02;
-    const MAP_ANONYMOUS: i32 = 0x20;
-    const MAP_NORESERVE: i32 = 0x4000;
-    const MADV_HUGEPAGE: i32 = 14;
-    const MADV_NOHUGEPAGE: i32 = 15;
-    const MAP_FAILED: *mut c_void = !0usize as *mut c_void;
-
-    extern "C" {
-        fn mmap(
-            addr: *mut c_void,
-            len: usize,
-            prot: i32,
-            flags: i32,
-            fd: i32,
-            off: i64,
-        ) -> *mut c_void;
-        fn munmap(addr: *mut c_void, len: usize) -> i32;
-        fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
-    }
-
-    /// Maps `bytes` (a multiple of 64) of zeroed memory starting on a 2 MiB boundary, so that
-    /// every 2 MiB of the array can be one huge page.
-    pub(super) fn map_zeroed(bytes: usize, huge_pages: bool) -> Option<NonNull<u8>> {
-        let align = super::HUGE_PAGE;
-        let padded = bytes.checked_add(align)?;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
-        let raw = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                padded,
-                PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if raw == MAP_FAILED || raw.is_null() {
-            return None;
-        }
-        let start = raw as usize;
-        let aligned = start.next_multiple_of(align);
-        let head = aligned - start;
-        let tail = padded - head - bytes;
-        // SAFETY: [start, aligned) and [aligned + bytes, start + padded) lie inside the mapping
-        // made above and are not handed out; unmapping them trims the padding.
-        unsafe {
-            if head > 0 {
-                munmap(raw, head);
-            }
-            if tail > 0 {
-                munmap((aligned + bytes) as *mut c_void, tail);
-            }
-        }
-        let advice = if huge_pages { MADV_HUGEPAGE } else { MADV_NOHUGEPAGE };
-        // SAFETY: [aligned, aligned + bytes) is mapped by us. The advice is only a hint: a kernel
-        // without THP answers EINVAL and the array works the same with 4 KiB pages.
-        unsafe { madvise(aligned as *mut c_void, bytes, advice) };
-        NonNull::new(aligned as *mut u8)
-    }
-
-    pub(super) fn unmap(ptr: NonNull<u8>, bytes: usize) {
-        // SAFETY: `ptr..ptr + bytes` is exactly what `map_zeroed` returned for this array.
-        unsafe { munmap(ptr.as_ptr().cast(), bytes) };
     }
 }
 

@@ -21,6 +21,8 @@
 //!   [`NeighborHash::contains_batch`] with AMAC: a ring of lookups in flight with software
 //!   prefetch.
 //! - [`hash`] — `fmix64`, scalar and AVX2 (runtime-detected).
+//! - [`mem`] — zeroed, 2 MiB-aligned maps with transparent-huge-page advice, for this table's
+//!   buckets and any other large array read at random.
 //!
 //! ## Invariants
 //! - Every key sits on the chain that starts at its home bucket, and that bucket holds a key of
@@ -37,6 +39,7 @@ mod batch;
 mod bucket;
 mod error;
 pub mod hash;
+pub mod mem;
 mod table;
 
 pub use batch::{DEFAULT_RING, MISSING};
