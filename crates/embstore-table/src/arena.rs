@@ -1,0 +1,187 @@
+//! Row arenas: fixed-stride f32 rows in chunks that never move.
+//!
+//! A slot `i` lives in chunk `i >> CHUNK_LOG2` at row `i & (CHUNK_ROWS - 1)`. Chunks are zeroed
+//! maps with transparent huge pages once they reach 2 MiB (16 Ki rows × 64 floats × 4 B = 4 MiB),
+//! so a 10-GB arena costs no TLB misses beyond the index's and growing it never copies rows or
+//! doubles the memory for a moment, as a `Vec` would.
+
+use std::ptr::NonNull;
+
+use embstore_index::mem;
+
+/// Rows per chunk: 2^14.
+const CHUNK_LOG2: u32 = 14;
+const CHUNK_ROWS: usize = 1 << CHUNK_LOG2;
+
+struct Chunk {
+    ptr: NonNull<f32>,
+    bytes: usize,
+    mapped: bool,
+}
+
+impl Chunk {
+    fn new(bytes: usize, huge_pages: bool) -> Option<Self> {
+        if bytes >= mem::HUGE_PAGE {
+            let ptr = mem::map_zeroed(bytes, huge_pages)?;
+            Some(Self { ptr: ptr.cast(), bytes, mapped: true })
+        } else {
+            let layout = std::alloc::Layout::from_size_align(bytes, 64).ok()?;
+            // SAFETY: `bytes > 0` (the arena never makes chunks for stride 0) and the layout is
+            // valid (checked by `from_size_align`).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            Some(Self { ptr: NonNull::new(ptr)?.cast(), bytes, mapped: false })
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: the pointer and size are those `map_zeroed` returned and were asked for,
+            // released once, here, and no row borrows outlive the arena that owns this chunk.
+            unsafe { mem::unmap(self.ptr.cast(), self.bytes) };
+        } else {
+            let layout = std::alloc::Layout::from_size_align(self.bytes, 64).expect("valid layout");
+            // SAFETY: allocated by `alloc_zeroed` with this very layout in `Chunk::new`.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast(), layout) };
+        }
+    }
+}
+
+/// Fixed-stride f32 rows addressed by slot.
+pub(crate) struct Arena {
+    stride: usize,
+    huge_pages: bool,
+    chunks: Vec<Chunk>,
+}
+
+// SAFETY: an `Arena` owns its chunks exclusively (like a `Vec<f32>`); shared access only reads
+// through `&self` and writes need `&mut self`.
+unsafe impl Send for Arena {}
+// SAFETY: as above; `&Arena` gives out only shared slices.
+unsafe impl Sync for Arena {}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("stride", &self.stride)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl Arena {
+    pub(crate) fn new(stride: usize, huge_pages: bool) -> Self {
+        Self { stride, huge_pages, chunks: Vec::new() }
+    }
+
+    /// Slots the arena can hold without allocating.
+    pub(crate) fn capacity(&self) -> usize {
+        if self.stride == 0 {
+            usize::MAX
+        } else {
+            self.chunks.len() * CHUNK_ROWS
+        }
+    }
+
+    /// Bytes mapped or allocated.
+    pub(crate) fn bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Makes room for slots `0..slots`; false when the memory cannot be had.
+    pub(crate) fn ensure(&mut self, slots: usize) -> bool {
+        while self.capacity() < slots {
+            let Some(bytes) = CHUNK_ROWS.checked_mul(self.stride * 4) else { return false };
+            match Chunk::new(bytes, self.huge_pages) {
+                Some(chunk) => self.chunks.push(chunk),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    #[inline(always)]
+    fn ptr(&self, slot: usize) -> *mut f32 {
+        let chunk = &self.chunks[slot >> CHUNK_LOG2];
+        // SAFETY: the row index is below CHUNK_ROWS and the chunk holds CHUNK_ROWS rows of
+        // `stride` floats, so the offset stays inside the chunk's allocation.
+        unsafe { chunk.ptr.as_ptr().add((slot & (CHUNK_ROWS - 1)) * self.stride) }
+    }
+
+    /// The row at `slot` (which must be below `capacity()`).
+    #[inline(always)]
+    pub(crate) fn row(&self, slot: usize) -> &[f32] {
+        if self.stride == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` points at `stride` initialised (zeroed or written) floats inside a live
+        // chunk; the shared borrow of `self` keeps every writer (`&mut self`) away.
+        unsafe { std::slice::from_raw_parts(self.ptr(slot), self.stride) }
+    }
+
+    /// The row at `slot`, mutably.
+    #[inline(always)]
+    pub(crate) fn row_mut(&mut self, slot: usize) -> &mut [f32] {
+        if self.stride == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `row`, and `&mut self` makes this the only borrow of the row.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(slot), self.stride) }
+    }
+
+    /// Hints that `slot`'s row will be read soon (every cacheline of it).
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, slot: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.stride != 0 {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = self.ptr(slot).cast::<i8>();
+            for line in (0..self.stride * 4).step_by(64) {
+                // SAFETY: prefetching never faults; the address is inside the row.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
+    }
+
+    /// Releases every chunk.
+    pub(crate) fn clear(&mut self) {
+        self.chunks.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_zeroed_distinct_and_stable_across_growth() {
+        let mut a = Arena::new(3, false);
+        assert!(a.ensure(1));
+        a.row_mut(0).copy_from_slice(&[1.0, 2.0, 3.0]);
+        assert!(a.ensure(3 * CHUNK_ROWS));
+        assert_eq!(a.row(0), &[1.0, 2.0, 3.0]);
+        assert_eq!(a.row(2 * CHUNK_ROWS + 5), &[0.0; 3]);
+        a.row_mut(CHUNK_ROWS).fill(9.0);
+        assert_eq!(a.row(CHUNK_ROWS - 1), &[0.0; 3]);
+        assert_eq!(a.capacity(), 3 * CHUNK_ROWS);
+    }
+
+    #[test]
+    fn stride_zero_needs_no_memory() {
+        let mut a = Arena::new(0, true);
+        assert!(a.ensure(1 << 40));
+        assert_eq!(a.bytes(), 0);
+        assert!(a.row(123).is_empty());
+    }
+
+    #[test]
+    fn big_chunks_are_mapped() {
+        let mut a = Arena::new(64, true);
+        assert!(a.ensure(1));
+        assert!(a.chunks[0].mapped);
+        assert_eq!(a.bytes(), CHUNK_ROWS * 256);
+    }
+}

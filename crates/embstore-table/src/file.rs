@@ -1,0 +1,360 @@
+//! A table in one file: [`Table::save`] and [`Table::load`].
+//!
+//! A simple, checksummed format, to be replaced by the SSD tier's checkpoints:
+//!
+//! ```text
+//! "EMBSTBL1"                                 8-byte magic (format 1)
+//! u32 n, n bytes of header, u32 crc32        UTF-8 `key=value` lines: the table's config, step
+//! blocks, each:
+//!   u32 rows (> 0)
+//!   rows × u64 id | rows × 32 B metadata | rows × D f32 | rows × S f32
+//!   u32 crc32 of the block after its row count
+//! u32 0, u64 total rows, u32 crc32 of the total   end marker
+//! ```
+//! All integers and floats are little-endian. `save` writes a temporary file next to the target,
+//! syncs it and renames it over the target, so a crash leaves the old file or the new one.
+//! `load` reads the whole file once to check every checksum and the row count before it touches
+//! the table, so a corrupt or truncated file changes nothing.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::NonFinite;
+use crate::table::same_layout;
+use crate::{
+    Error, Initializer, Optimizer, Result, RowChunk, RowMeta, Table, TableConfig, Version,
+};
+
+const MAGIC: &[u8; 8] = b"EMBSTBL1";
+/// Rows per block.
+const BLOCK_ROWS: usize = 1 << 14;
+/// Bytes of metadata per row: timestamp u64, replica u32, pad u32, update count u64, last
+/// update u64.
+const META_BYTES: usize = 32;
+/// The largest header accepted.
+const MAX_HEADER: usize = 1 << 16;
+
+impl Table {
+    /// Writes every row, its optimizer state and metadata, and the config to `path` (replaced
+    /// atomically). Rows are copied shard by shard under the shard's lock (see
+    /// [`Export`](crate::Export)).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<u64> {
+        let path = path.as_ref();
+        let tmp = tmp_path(path);
+        let result = self.save_to(&tmp);
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        std::fs::rename(&tmp, path)
+            .map_err(|e| Error::io(format!("rename to {}", path.display()), e))?;
+        Ok(rows)
+    }
+
+    fn save_to(&self, tmp: &Path) -> Result<u64> {
+        let ctx = |e| Error::io(format!("write {}", tmp.display()), e);
+        let file = File::create(tmp).map_err(ctx)?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let header = header_text(self);
+        w.write_all(MAGIC).map_err(ctx)?;
+        w.write_all(&(header.len() as u32).to_le_bytes()).map_err(ctx)?;
+        w.write_all(header.as_bytes()).map_err(ctx)?;
+        w.write_all(&crc32fast::hash(header.as_bytes()).to_le_bytes()).map_err(ctx)?;
+        let mut total = 0u64;
+        let mut buf = Vec::new();
+        for chunk in self.export(BLOCK_ROWS) {
+            buf.clear();
+            encode_block(&chunk, &mut buf);
+            w.write_all(&(chunk.len() as u32).to_le_bytes()).map_err(ctx)?;
+            w.write_all(&buf).map_err(ctx)?;
+            w.write_all(&crc32fast::hash(&buf).to_le_bytes()).map_err(ctx)?;
+            total += chunk.len() as u64;
+        }
+        w.write_all(&0u32.to_le_bytes()).map_err(ctx)?;
+        w.write_all(&total.to_le_bytes()).map_err(ctx)?;
+        w.write_all(&crc32fast::hash(&total.to_le_bytes()).to_le_bytes()).map_err(ctx)?;
+        let file = w.into_inner().map_err(|e| ctx(e.into_error()))?;
+        file.sync_all().map_err(ctx)?;
+        Ok(total)
+    }
+
+    /// Replaces every row with the rows in `path`, written by [`Table::save`] from a table with
+    /// the same `embedding_dim` and optimizer state size; also restores the step counter. The
+    /// file is checked completely first: if it is corrupt, truncated or of another layout, the
+    /// table is left as it was.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<u64> {
+        let path = path.as_ref();
+        let (config, step) = parse_header(&mut open(path)?.0, path)?;
+        same_layout(self, config.embedding_dim, config.optimizer.state_dim(config.embedding_dim))?;
+        let rows = scan(path, self.dim(), self.state_dim(), |_| Ok(()))?;
+        self.clear();
+        scan(path, self.dim(), self.state_dim(), |chunk| {
+            self.import(&chunk.ids, &chunk.values, Some(&chunk.state), Some(&chunk.meta))
+        })?;
+        self.set_step(step);
+        Ok(rows)
+    }
+}
+
+/// The config stored in a table file.
+pub(crate) fn read_config(path: &Path) -> Result<TableConfig> {
+    parse_header(&mut open(path)?.0, path).map(|(config, _)| config)
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+fn open(path: &Path) -> Result<(BufReader<File>, u64)> {
+    let file = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    Ok((BufReader::with_capacity(1 << 20, file), len))
+}
+
+fn header_text(t: &Table) -> String {
+    let c = t.config();
+    let ttl = c.ttl.map_or("none".to_owned(), |d| d.as_millis().to_string());
+    let non_finite = match c.non_finite {
+        NonFinite::Reject => "reject",
+        NonFinite::Skip => "skip",
+    };
+    format!(
+        "name={}\nembedding_dim={}\nnum_shards={}\nseed={}\ninitializer={}\noptimizer={}\n\
+         admission_min_count={}\nadmission_sketch_width={}\nttl_ms={ttl}\nnon_finite={non_finite}\n\
+         huge_pages={}\nstep={}\n",
+        c.name,
+        c.embedding_dim,
+        c.num_shards,
+        c.seed,
+        initializer_spec(&c.initializer),
+        optimizer_spec(&c.optimizer),
+        c.admission_min_count,
+        c.admission_sketch_width,
+        c.huge_pages,
+        t.step(),
+    )
+}
+
+fn initializer_spec(i: &Initializer) -> String {
+    match *i {
+        Initializer::Zeros => "zeros".into(),
+        Initializer::Constant { value } => format!("constant {value:?}"),
+        Initializer::Uniform { low, high } => format!("uniform {low:?} {high:?}"),
+        Initializer::Normal { mean, std } => format!("normal {mean:?} {std:?}"),
+    }
+}
+
+fn optimizer_spec(o: &Optimizer) -> String {
+    match *o {
+        Optimizer::Sgd { lr } => format!("sgd {lr:?}"),
+        Optimizer::Adagrad { lr, eps, initial_accumulator_value: a } => {
+            format!("adagrad {lr:?} {eps:?} {a:?}")
+        }
+        Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => {
+            format!("rowwise_adagrad {lr:?} {eps:?} {a:?}")
+        }
+        Optimizer::Adam { lr, beta1, beta2, eps } => {
+            format!("adam {lr:?} {beta1:?} {beta2:?} {eps:?}")
+        }
+        Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
+            format!("ftrl {lr:?} {beta:?} {l1:?} {l2:?} {a:?}")
+        }
+    }
+}
+
+fn parse_spec(spec: &str) -> Option<(&str, Vec<f32>)> {
+    let mut words = spec.split_whitespace();
+    let name = words.next()?;
+    let nums = words.map(|w| w.parse().ok()).collect::<Option<Vec<f32>>>()?;
+    Some((name, nums))
+}
+
+fn parse_initializer(spec: &str) -> Option<Initializer> {
+    let (name, n) = parse_spec(spec)?;
+    Some(match (name, n.as_slice()) {
+        ("zeros", []) => Initializer::Zeros,
+        ("constant", &[value]) => Initializer::Constant { value },
+        ("uniform", &[low, high]) => Initializer::Uniform { low, high },
+        ("normal", &[mean, std]) => Initializer::Normal { mean, std },
+        _ => return None,
+    })
+}
+
+fn parse_optimizer(spec: &str) -> Option<Optimizer> {
+    let (name, n) = parse_spec(spec)?;
+    Some(match (name, n.as_slice()) {
+        ("sgd", &[lr]) => Optimizer::Sgd { lr },
+        ("adagrad", &[lr, eps, a]) => Optimizer::Adagrad { lr, eps, initial_accumulator_value: a },
+        ("rowwise_adagrad", &[lr, eps, a]) => {
+            Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a }
+        }
+        ("adam", &[lr, beta1, beta2, eps]) => Optimizer::Adam { lr, beta1, beta2, eps },
+        ("ftrl", &[lr, beta, l1, l2, a]) => {
+            Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a }
+        }
+        _ => return None,
+    })
+}
+
+fn read_exact(r: &mut impl Read, buf: &mut [u8], path: &Path) -> Result<()> {
+    r.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::corrupt(format!("{} is truncated", path.display()))
+        } else {
+            Error::io(format!("read {}", path.display()), e)
+        }
+    })
+}
+
+fn read_u32(r: &mut impl Read, path: &Path) -> Result<u32> {
+    let mut b = [0u8; 4];
+    read_exact(r, &mut b, path)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn parse_header(r: &mut impl Read, path: &Path) -> Result<(TableConfig, u64)> {
+    let bad =
+        |what: &str| Error::corrupt(format!("{} is not a table file: {what}", path.display()));
+    let mut magic = [0u8; 8];
+    read_exact(r, &mut magic, path).map_err(|_| bad("too short"))?;
+    if &magic != MAGIC {
+        return Err(bad("bad magic"));
+    }
+    let n = read_u32(r, path)? as usize;
+    if n > MAX_HEADER {
+        return Err(bad("header too long"));
+    }
+    let mut header = vec![0u8; n];
+    read_exact(r, &mut header, path)?;
+    if read_u32(r, path)? != crc32fast::hash(&header) {
+        return Err(bad("header checksum mismatch"));
+    }
+    let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8"))?;
+    let mut config = TableConfig::new("", 1);
+    let mut step = 0;
+    for line in text.lines() {
+        let (key, value) = line.split_once('=').ok_or_else(|| bad("header line without '='"))?;
+        let num = || value.parse::<u64>().map_err(|_| bad(&format!("bad {key}")));
+        match key {
+            "name" => config.name = value.to_owned(),
+            "embedding_dim" => config.embedding_dim = num()? as usize,
+            "num_shards" => config.num_shards = num()? as usize,
+            "seed" => config.seed = num()?,
+            "initializer" => {
+                config.initializer =
+                    parse_initializer(value).ok_or_else(|| bad("bad initializer"))?
+            }
+            "optimizer" => {
+                config.optimizer = parse_optimizer(value).ok_or_else(|| bad("bad optimizer"))?
+            }
+            "admission_min_count" => config.admission_min_count = num()? as u32,
+            "admission_sketch_width" => config.admission_sketch_width = num()? as usize,
+            "ttl_ms" => {
+                config.ttl =
+                    (value != "none").then(|| num().map(Duration::from_millis)).transpose()?
+            }
+            "non_finite" => {
+                config.non_finite = match value {
+                    "reject" => NonFinite::Reject,
+                    "skip" => NonFinite::Skip,
+                    _ => return Err(bad("bad non_finite")),
+                }
+            }
+            "huge_pages" => config.huge_pages = value == "true",
+            "step" => step = num()?,
+            _ => {} // Keys from later versions are ignored.
+        }
+    }
+    config.validate().map_err(|e| bad(e.message()))?;
+    Ok((config, step))
+}
+
+fn encode_block(chunk: &RowChunk, buf: &mut Vec<u8>) {
+    buf.extend(chunk.ids.iter().flat_map(|k| k.to_le_bytes()));
+    for m in &chunk.meta {
+        buf.extend_from_slice(&m.version.timestamp.to_le_bytes());
+        buf.extend_from_slice(&m.version.replica.to_le_bytes());
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        buf.extend_from_slice(&m.update_count.to_le_bytes());
+        buf.extend_from_slice(&m.last_update_ms.to_le_bytes());
+    }
+    buf.extend(chunk.values.iter().flat_map(|v| v.to_le_bytes()));
+    buf.extend(chunk.state.iter().flat_map(|v| v.to_le_bytes()));
+}
+
+fn decode_block(buf: &[u8], rows: usize, d: usize) -> RowChunk {
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let (ids, rest) = buf.split_at(rows * 8);
+    let (meta, rest) = rest.split_at(rows * META_BYTES);
+    let (values, state) = rest.split_at(rows * d * 4);
+    let floats = |b: &[u8]| {
+        b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()
+    };
+    RowChunk {
+        ids: (0..rows).map(|i| u64_at(ids, i * 8)).collect(),
+        meta: meta
+            .chunks_exact(META_BYTES)
+            .map(|m| RowMeta {
+                version: Version {
+                    timestamp: u64_at(m, 0),
+                    replica: u32::from_le_bytes(m[8..12].try_into().expect("4 bytes")),
+                },
+                update_count: u64_at(m, 16),
+                last_update_ms: u64_at(m, 24),
+            })
+            .collect(),
+        values: floats(values),
+        state: floats(state),
+    }
+}
+
+/// Reads every block of the file at `path`, checking checksums and sizes, and hands each to
+/// `f`; returns the row count.
+fn scan(
+    path: &Path,
+    d: usize,
+    sd: usize,
+    mut f: impl FnMut(RowChunk) -> Result<()>,
+) -> Result<u64> {
+    let (mut r, file_len) = open(path)?;
+    parse_header(&mut r, path)?;
+    let row_bytes = 8 + META_BYTES + (d + sd) * 4;
+    let mut total = 0u64;
+    let mut buf = Vec::new();
+    loop {
+        let rows = read_u32(&mut r, path)? as usize;
+        if rows == 0 {
+            break;
+        }
+        let bytes = rows
+            .checked_mul(row_bytes)
+            .filter(|&b| rows <= BLOCK_ROWS && (b as u64) <= file_len)
+            .ok_or_else(|| Error::corrupt(format!("{}: bad block size", path.display())))?;
+        buf.resize(bytes, 0);
+        read_exact(&mut r, &mut buf, path)?;
+        if read_u32(&mut r, path)? != crc32fast::hash(&buf) {
+            return Err(Error::corrupt(format!(
+                "{}: checksum mismatch in the block after row {total}",
+                path.display()
+            )));
+        }
+        f(decode_block(&buf, rows, d))?;
+        total += rows as u64;
+    }
+    let mut b = [0u8; 8];
+    read_exact(&mut r, &mut b, path)?;
+    if read_u32(&mut r, path)? != crc32fast::hash(&b) || u64::from_le_bytes(b) != total {
+        return Err(Error::corrupt(format!("{}: row count mismatch at the end", path.display())));
+    }
+    if r.read(&mut [0u8; 1]).map_err(|e| Error::io(format!("read {}", path.display()), e))? != 0 {
+        return Err(Error::corrupt(format!("{}: trailing bytes after the end", path.display())));
+    }
+    Ok(total)
+}

@@ -1,0 +1,87 @@
+//! [`Store`]: named tables in one process.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::config::validate_name;
+use crate::version::Clock;
+use crate::{file, Error, ErrorKind, Result, Table, TableConfig};
+
+/// Named embedding tables held in memory. Cheap to share (`Arc<Table>` per table); every method
+/// takes `&self`.
+#[derive(Debug)]
+pub struct Store {
+    tables: RwLock<BTreeMap<String, Arc<Table>>>,
+    clock: Arc<Clock>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store {
+    /// An empty store; its rows' versions carry replica id 0.
+    pub fn new() -> Self {
+        Self::with_replica(0)
+    }
+
+    /// An empty store whose rows' versions carry `replica`.
+    pub fn with_replica(replica: u32) -> Self {
+        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(replica)) }
+    }
+
+    /// Creates a table; fails if the name is taken or the config is invalid.
+    pub fn create_table(&self, config: TableConfig) -> Result<Arc<Table>> {
+        config.validate()?;
+        let mut tables = self.tables.write();
+        if tables.contains_key(&config.name) {
+            return Err(Error::new(
+                ErrorKind::TableExists,
+                format!("table '{}' already exists", config.name),
+            ));
+        }
+        let table = Arc::new(Table::with_clock(config, self.clock.clone())?);
+        tables.insert(table.name().to_owned(), table.clone());
+        Ok(table)
+    }
+
+    /// The table called `name`.
+    pub fn table(&self, name: &str) -> Result<Arc<Table>> {
+        self.tables.read().get(name).cloned().ok_or_else(|| not_found(name))
+    }
+
+    /// The names of all tables, sorted.
+    pub fn tables(&self) -> Vec<String> {
+        self.tables.read().keys().cloned().collect()
+    }
+
+    /// Removes the table called `name` (its memory is freed once no caller holds it).
+    pub fn drop_table(&self, name: &str) -> Result<()> {
+        self.tables.write().remove(name).map(drop).ok_or_else(|| not_found(name))
+    }
+
+    /// Creates a table from a file written by [`Table::save`], named as in the file or `name`.
+    pub fn load_table(&self, path: impl AsRef<Path>, name: Option<&str>) -> Result<Arc<Table>> {
+        let path = path.as_ref();
+        let mut config = file::read_config(path)?;
+        if let Some(name) = name {
+            validate_name(name)?;
+            config.name = name.to_owned();
+        }
+        let table = self.create_table(config)?;
+        if let Err(e) = table.load(path) {
+            let _ = self.drop_table(table.name());
+            return Err(e);
+        }
+        Ok(table)
+    }
+}
+
+fn not_found(name: &str) -> Error {
+    Error::new(ErrorKind::TableNotFound, format!("no table named '{name}'"))
+}
