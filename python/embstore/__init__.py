@@ -1,8 +1,19 @@
 """embstore: an embedding store for deep-learning recommender systems.
 
-The index that finds every row is available now::
+Embedding tables keyed by raw 64-bit feature ids, trained in place by server-side sparse
+optimizers, from numpy or PyTorch (``embstore.torch``)::
 
-    >>> import embstore
+    >>> import embstore, numpy as np
+    >>> store = embstore.Store()
+    >>> user = store.create_table("user", embedding_dim=8, optimizer=embstore.Adagrad(lr=0.05))
+    >>> rows = user.lookup(np.array([3, 2**62, 3]))      # float32[B, D]
+    >>> rows.shape
+    (3, 8)
+    >>> user.apply_gradients([3, 2**62, 3], np.ones((3, 8), np.float32))
+    2
+
+The index every row is found through is available on its own::
+
     >>> index = embstore.NeighborHash()
     >>> index.insert(2**64 - 1, 42)
     >>> index.get_batch([2**64 - 1, 7])
@@ -11,16 +22,59 @@ The index that finds every row is available now::
 
 from embstore import errors
 from embstore._native import MAX_PAYLOAD, __version__, simd_available
-from embstore.errors import CapacityError, EmbstoreError, InvalidArgumentError, ShapeError
+from embstore.config import (
+    FTRL,
+    SGD,
+    Adagrad,
+    Adam,
+    Constant,
+    Normal,
+    RowWiseAdagrad,
+    Uniform,
+    Zeros,
+)
+from embstore.errors import (
+    CapacityError,
+    CorruptionError,
+    DTypeError,
+    EmbstoreError,
+    InvalidArgumentError,
+    KeyNotFoundError,
+    NonFiniteError,
+    ShapeError,
+    StorageError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from embstore.index import NeighborHash
+from embstore.store import ExportChunk, Store, Table
 
 __all__ = [
+    "FTRL",
     "MAX_PAYLOAD",
+    "SGD",
+    "Adagrad",
+    "Adam",
     "CapacityError",
+    "Constant",
+    "CorruptionError",
+    "DTypeError",
     "EmbstoreError",
+    "ExportChunk",
     "InvalidArgumentError",
+    "KeyNotFoundError",
     "NeighborHash",
+    "NonFiniteError",
+    "Normal",
+    "RowWiseAdagrad",
     "ShapeError",
+    "StorageError",
+    "Store",
+    "Table",
+    "TableExistsError",
+    "TableNotFoundError",
+    "Uniform",
+    "Zeros",
     "__version__",
     "errors",
     "simd_available",

@@ -1,7 +1,23 @@
 """Exception classes raised by embstore.
 
 Every error derives from :class:`EmbstoreError` and also from the built-in exception that fits,
-so ``except ValueError`` keeps working for code that does not know embstore's classes.
+so ``except ValueError`` (or ``KeyError``, ``OSError``, ``TypeError``) keeps working for code
+that does not know embstore's classes.
+
+========================  ====================  ==================================================
+class                     also a                raised when
+========================  ====================  ==================================================
+InvalidArgumentError      ValueError            an argument's value is out of range
+ShapeError                ValueError            shapes or lengths disagree (ids vs grads, dim)
+DTypeError                TypeError             an array has the wrong dtype (float ids, …)
+NonFiniteError            ValueError            a gradient or value is NaN or infinite
+TableNotFoundError        KeyError              no table has that name
+TableExistsError          ValueError            a table with that name exists already
+KeyNotFoundError          KeyError              ``lookup(on_miss="error")`` meets an unknown id
+StorageError              OSError               a file cannot be read or written
+CorruptionError           StorageError          a file fails its checks (magic, checksum, length)
+CapacityError             MemoryError           memory for rows or an index cannot be had
+========================  ====================  ==================================================
 """
 
 
@@ -14,11 +30,57 @@ class InvalidArgumentError(EmbstoreError, ValueError):
 
 
 class ShapeError(EmbstoreError, ValueError):
-    """Array shapes or lengths do not match (e.g. 10 keys but 9 payloads)."""
+    """Array shapes or lengths do not match (e.g. 10 ids but 9 gradient rows)."""
+
+
+class DTypeError(EmbstoreError, TypeError):
+    """An array has a dtype the call cannot take (e.g. float ids)."""
+
+
+class NonFiniteError(EmbstoreError, ValueError):
+    """A gradient or value is NaN or infinite; nothing was written."""
+
+
+class TableNotFoundError(EmbstoreError, KeyError):
+    """No table has the given name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class TableExistsError(EmbstoreError, ValueError):
+    """A table with the given name exists already."""
+
+
+class KeyNotFoundError(EmbstoreError, KeyError):
+    """An id has no row and the call asked for an error on a miss."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class StorageError(EmbstoreError, OSError):
+    """A file could not be read or written."""
+
+
+class CorruptionError(StorageError):
+    """A file is not what it claims to be: bad magic, checksum mismatch, truncated."""
 
 
 class CapacityError(EmbstoreError, MemoryError):
     """A structure would need more memory than can be addressed or allocated."""
 
 
-__all__ = ["CapacityError", "EmbstoreError", "InvalidArgumentError", "ShapeError"]
+__all__ = [
+    "CapacityError",
+    "CorruptionError",
+    "DTypeError",
+    "EmbstoreError",
+    "InvalidArgumentError",
+    "KeyNotFoundError",
+    "NonFiniteError",
+    "ShapeError",
+    "StorageError",
+    "TableExistsError",
+    "TableNotFoundError",
+]

@@ -10,10 +10,19 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod table;
+
 mod errors {
+    pyo3::import_exception!(embstore.errors, EmbstoreError);
     pyo3::import_exception!(embstore.errors, InvalidArgumentError);
     pyo3::import_exception!(embstore.errors, ShapeError);
     pyo3::import_exception!(embstore.errors, CapacityError);
+    pyo3::import_exception!(embstore.errors, TableNotFoundError);
+    pyo3::import_exception!(embstore.errors, TableExistsError);
+    pyo3::import_exception!(embstore.errors, KeyNotFoundError);
+    pyo3::import_exception!(embstore.errors, NonFiniteError);
+    pyo3::import_exception!(embstore.errors, StorageError);
+    pyo3::import_exception!(embstore.errors, CorruptionError);
 }
 
 /// The one mapping from index errors to Python exception classes.
@@ -131,6 +140,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_PAYLOAD", embstore_index::MAX_PAYLOAD)?;
     m.add_class::<PyNeighborHash>()?;
+    m.add_class::<table::PyStore>()?;
+    m.add_class::<table::PyTable>()?;
+    m.add_class::<table::PyExport>()?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
     Ok(())
 }

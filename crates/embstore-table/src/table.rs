@@ -797,8 +797,8 @@ impl Table {
     }
 
     /// Every row, `chunk_rows` at a time (see [`Export`]).
-    pub fn export(&self, chunk_rows: usize) -> Export<'_> {
-        Export { table: self, chunk_rows: chunk_rows.max(1), shard: 0, keys: Vec::new(), next: 0 }
+    pub fn export(&self, chunk_rows: usize) -> Export<&Self> {
+        Export::new(self, chunk_rows)
     }
 }
 
@@ -806,25 +806,34 @@ impl Table {
 /// row is consistent (values, state and metadata of one moment); the export as a whole is not a
 /// point-in-time snapshot: rows written while it runs may appear in their old or new state, rows
 /// removed meanwhile are skipped, and rows added to a shard already passed are not seen.
-pub struct Export<'a> {
-    table: &'a Table,
+///
+/// `T` is `&Table` from [`Table::export`], or an `Arc<Table>` for an export that owns its table.
+pub struct Export<T: std::ops::Deref<Target = Table>> {
+    table: T,
     chunk_rows: usize,
     shard: usize,
     keys: Vec<u64>,
     next: usize,
 }
 
-impl std::fmt::Debug for Export<'_> {
+impl<T: std::ops::Deref<Target = Table>> Export<T> {
+    /// An export of `table`'s rows in chunks of up to `chunk_rows` (at least 1).
+    pub fn new(table: T, chunk_rows: usize) -> Self {
+        Self { table, chunk_rows: chunk_rows.max(1), shard: 0, keys: Vec::new(), next: 0 }
+    }
+}
+
+impl<T: std::ops::Deref<Target = Table>> std::fmt::Debug for Export<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Export").field("shard", &self.shard).field("next", &self.next).finish()
     }
 }
 
-impl Iterator for Export<'_> {
+impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
     type Item = RowChunk;
 
     fn next(&mut self) -> Option<RowChunk> {
-        let t = self.table;
+        let t = &*self.table;
         loop {
             if self.next >= self.keys.len() {
                 if self.shard >= t.shards.len() {

@@ -1,0 +1,576 @@
+//! Native `Store` and `Table`: thin wrappers over `embstore_table`, used by `embstore.store`.
+//!
+//! Arguments arrive normalised by the Python layer: ids as C-contiguous `uint64[B]`, rows as
+//! C-contiguous `float32[B, D]`. Every batch call releases the GIL while it runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use embstore_table::{
+    ErrorKind, Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
+    TableConfig, Version,
+};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::detached;
+use crate::errors;
+
+/// The one mapping from table errors to Python exception classes.
+pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
+    let msg = err.to_string();
+    match err.kind() {
+        ErrorKind::InvalidArgument => errors::InvalidArgumentError::new_err(msg),
+        ErrorKind::ShapeMismatch => errors::ShapeError::new_err(msg),
+        ErrorKind::TableNotFound => errors::TableNotFoundError::new_err(msg),
+        ErrorKind::TableExists => errors::TableExistsError::new_err(msg),
+        ErrorKind::KeyNotFound => errors::KeyNotFoundError::new_err(msg),
+        ErrorKind::NonFinite => errors::NonFiniteError::new_err(msg),
+        ErrorKind::Corruption => errors::CorruptionError::new_err(msg),
+        ErrorKind::Io => errors::StorageError::new_err(msg),
+        ErrorKind::Capacity => errors::CapacityError::new_err(msg),
+        _ => errors::EmbstoreError::new_err(msg),
+    }
+}
+
+fn invalid(msg: String) -> PyErr {
+    errors::InvalidArgumentError::new_err(msg)
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| errors::ShapeError::new_err(format!("{what} must be contiguous")))
+}
+
+fn rows<'a>(a: &'a PyReadonlyArray2<'_, f32>, what: &str) -> PyResult<&'a [f32]> {
+    a.as_slice().map_err(|_| errors::ShapeError::new_err(format!("{what} must be C-contiguous")))
+}
+
+fn initializer(kind: &str, a: f32, b: f32) -> PyResult<Initializer> {
+    Ok(match kind {
+        "zeros" => Initializer::Zeros,
+        "constant" => Initializer::Constant { value: a },
+        "uniform" => Initializer::Uniform { low: a, high: b },
+        "normal" => Initializer::Normal { mean: a, std: b },
+        _ => return Err(invalid(format!("unknown initializer {kind:?}"))),
+    })
+}
+
+fn optimizer(kind: &str, p: &Bound<'_, PyDict>) -> PyResult<Optimizer> {
+    let get = |name: &str, default: f32| -> PyResult<f32> {
+        match p.get_item(name)? {
+            Some(v) => v.extract::<f32>(),
+            None => Ok(default),
+        }
+    };
+    let lr = get("lr", 0.01)?;
+    Ok(match kind {
+        "sgd" => Optimizer::Sgd { lr },
+        "adagrad" => Optimizer::Adagrad {
+            lr,
+            eps: get("eps", 1e-10)?,
+            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
+        },
+        "rowwise_adagrad" => Optimizer::RowWiseAdagrad {
+            lr,
+            eps: get("eps", 1e-8)?,
+            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
+        },
+        "adam" => Optimizer::Adam {
+            lr,
+            beta1: get("beta1", 0.9)?,
+            beta2: get("beta2", 0.999)?,
+            eps: get("eps", 1e-8)?,
+        },
+        "ftrl" => Optimizer::Ftrl {
+            lr,
+            beta: get("beta", 1.0)?,
+            l1: get("l1", 0.0)?,
+            l2: get("l2", 0.0)?,
+            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
+        },
+        _ => return Err(invalid(format!("unknown optimizer {kind:?}"))),
+    })
+}
+
+/// `x` as the shortest decimal that reads back as the same f32 (0.1, not 0.10000000149).
+fn short(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(x as f64)
+}
+
+fn optimizer_dict<'py>(py: Python<'py>, o: &Optimizer) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", o.name())?;
+    match *o {
+        Optimizer::Sgd { lr } => d.set_item("lr", short(lr))?,
+        Optimizer::Adagrad { lr, eps, initial_accumulator_value: a }
+        | Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => {
+            d.set_item("lr", short(lr))?;
+            d.set_item("eps", short(eps))?;
+            d.set_item("initial_accumulator_value", short(a))?;
+        }
+        Optimizer::Adam { lr, beta1, beta2, eps } => {
+            d.set_item("lr", short(lr))?;
+            d.set_item("beta1", short(beta1))?;
+            d.set_item("beta2", short(beta2))?;
+            d.set_item("eps", short(eps))?;
+        }
+        Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
+            d.set_item("lr", short(lr))?;
+            d.set_item("beta", short(beta))?;
+            d.set_item("l1", short(l1))?;
+            d.set_item("l2", short(l2))?;
+            d.set_item("initial_accumulator_value", short(a))?;
+        }
+    }
+    Ok(d)
+}
+
+/// An uninitialised `float32[b, d]` array and its data, for a call that writes every element.
+fn new_rows<'py>(
+    py: Python<'py>,
+    b: usize,
+    d: usize,
+) -> (Bound<'py, PyArray2<f32>>, &'py mut [f32]) {
+    // SAFETY: the array is fresh, C-contiguous and owned by us; every caller writes all `b·d`
+    // elements before Python can see the array, or drops it on error.
+    let arr = unsafe { PyArray2::<f32>::new(py, [b, d], false) };
+    // SAFETY: nothing else references the fresh array, and it outlives the GIL token's lifetime
+    // through the `Bound` we return alongside.
+    let data = unsafe { std::slice::from_raw_parts_mut(arr.data(), b * d) };
+    (arr, data)
+}
+
+/// Native store (see `embstore.Store`).
+#[pyclass(module = "embstore._native", name = "Store", frozen)]
+pub(crate) struct PyStore {
+    inner: Arc<Store>,
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (replica=0))]
+    fn new(replica: u32) -> Self {
+        Self { inner: Arc::new(Store::with_replica(replica)) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, embedding_dim, init_kind, init_a, init_b, opt_kind, opt_params,
+        num_shards, seed, admission_min_count, admission_sketch_width, ttl_seconds,
+        skip_non_finite, huge_pages))]
+    fn create_table(
+        &self,
+        name: String,
+        embedding_dim: usize,
+        init_kind: &str,
+        init_a: f32,
+        init_b: f32,
+        opt_kind: &str,
+        opt_params: &Bound<'_, PyDict>,
+        num_shards: usize,
+        seed: u64,
+        admission_min_count: u32,
+        admission_sketch_width: usize,
+        ttl_seconds: Option<f64>,
+        skip_non_finite: bool,
+        huge_pages: bool,
+    ) -> PyResult<PyTable> {
+        let ttl = match ttl_seconds {
+            Some(s) if !(s.is_finite() && s > 0.0) => {
+                return Err(invalid(format!("ttl must be a positive number of seconds, got {s}")))
+            }
+            Some(s) => Some(Duration::from_secs_f64(s)),
+            None => None,
+        };
+        let config = TableConfig {
+            name,
+            embedding_dim,
+            initializer: initializer(init_kind, init_a, init_b)?,
+            optimizer: optimizer(opt_kind, opt_params)?,
+            num_shards,
+            seed,
+            admission_min_count,
+            admission_sketch_width,
+            ttl,
+            non_finite: if skip_non_finite { NonFinite::Skip } else { NonFinite::Reject },
+            huge_pages,
+        };
+        self.inner.create_table(config).map(|inner| PyTable { inner }).map_err(to_py_err)
+    }
+
+    fn table(&self, name: &str) -> PyResult<PyTable> {
+        self.inner.table(name).map(|inner| PyTable { inner }).map_err(to_py_err)
+    }
+
+    fn tables(&self) -> Vec<String> {
+        self.inner.tables()
+    }
+
+    fn drop_table(&self, name: &str) -> PyResult<()> {
+        self.inner.drop_table(name).map_err(to_py_err)
+    }
+
+    #[pyo3(signature = (path, name=None))]
+    fn load_table(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        name: Option<String>,
+    ) -> PyResult<PyTable> {
+        let inner = &self.inner;
+        detached(py, || inner.load_table(&path, name.as_deref()))
+            .map(|inner| PyTable { inner })
+            .map_err(to_py_err)
+    }
+}
+
+/// Native table (see `embstore.Table`).
+#[pyclass(module = "embstore._native", name = "Table", frozen)]
+pub(crate) struct PyTable {
+    inner: Arc<Table>,
+}
+
+fn on_miss(s: &str) -> PyResult<OnMiss> {
+    Ok(match s {
+        "init" => OnMiss::Init,
+        "zeros" => OnMiss::Zeros,
+        "error" => OnMiss::Error,
+        _ => return Err(invalid(format!("on_miss must be 'init', 'zeros' or 'error', got {s:?}"))),
+    })
+}
+
+fn meta_arrays<'py>(py: Python<'py>, meta: &[RowMeta]) -> [Bound<'py, PyAny>; 4] {
+    let col = |f: &dyn Fn(&RowMeta) -> u64| meta.iter().map(f).collect::<Vec<u64>>();
+    [
+        col(&|m| m.version.timestamp).into_pyarray(py).into_any(),
+        meta.iter().map(|m| m.version.replica).collect::<Vec<u32>>().into_pyarray(py).into_any(),
+        col(&|m| m.update_count).into_pyarray(py).into_any(),
+        col(&|m| m.last_update_ms).into_pyarray(py).into_any(),
+    ]
+}
+
+fn chunk_tuple<'py>(
+    py: Python<'py>,
+    d: usize,
+    sd: usize,
+    c: RowChunk,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let n = c.len();
+    let ids: Vec<i64> = c.ids.iter().map(|&k| k as i64).collect();
+    let values = c.values.into_pyarray(py).reshape([n, d])?;
+    let state = c.state.into_pyarray(py).reshape([n, sd])?;
+    let [version, replica, count, last] = meta_arrays(py, &c.meta);
+    PyTuple::new(
+        py,
+        [
+            ids.into_pyarray(py).into_any(),
+            values.into_any(),
+            state.into_any(),
+            version,
+            replica,
+            count,
+            last,
+        ],
+    )
+}
+
+#[pymethods]
+impl PyTable {
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_owned()
+    }
+
+    #[getter]
+    fn embedding_dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    #[getter]
+    fn state_dim(&self) -> usize {
+        self.inner.state_dim()
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.inner.step()
+    }
+
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.inner.config();
+        let d = PyDict::new(py);
+        d.set_item("name", &c.name)?;
+        d.set_item("embedding_dim", c.embedding_dim)?;
+        d.set_item("num_shards", c.num_shards)?;
+        d.set_item("seed", c.seed)?;
+        d.set_item("initializer", format!("{:?}", c.initializer))?;
+        d.set_item("optimizer", optimizer_dict(py, &c.optimizer)?)?;
+        d.set_item("admission_min_count", c.admission_min_count)?;
+        d.set_item("ttl_seconds", c.ttl.map(|t| t.as_secs_f64()))?;
+        d.set_item("skip_non_finite", c.non_finite == NonFinite::Skip)?;
+        Ok(d)
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        let t = &self.inner;
+        detached(py, || t.len())
+    }
+
+    #[pyo3(signature = (ids, on_miss="init", with_found=false))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, u64>,
+        on_miss: &str,
+        with_found: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mode = self::on_miss(on_miss)?;
+        let keys = slice(&ids, "ids")?;
+        let (arr, out) = new_rows(py, keys.len(), self.inner.dim());
+        let mut found = with_found.then(|| vec![false; keys.len()]);
+        let t = &self.inner;
+        let f = found.as_deref_mut();
+        detached(py, || t.lookup(keys, mode, out, f)).map_err(to_py_err)?;
+        match found {
+            Some(found) => {
+                Ok(PyTuple::new(py, [arr.into_any(), found.into_pyarray(py).into_any()])?
+                    .into_any())
+            }
+            None => Ok(arr.into_any()),
+        }
+    }
+
+    #[pyo3(signature = (ids, grads, lr=None))]
+    fn apply_gradients(
+        &self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        grads: PyReadonlyArray2<'_, f32>,
+        lr: Option<f32>,
+    ) -> PyResult<usize> {
+        let (keys, g) = (slice(&ids, "ids")?, rows(&grads, "grads")?);
+        let t = &self.inner;
+        detached(py, || t.apply_gradients(keys, g, lr)).map_err(to_py_err)
+    }
+
+    fn assign(
+        &self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        values: PyReadonlyArray2<'_, f32>,
+    ) -> PyResult<()> {
+        let (keys, v) = (slice(&ids, "ids")?, rows(&values, "values")?);
+        let t = &self.inner;
+        detached(py, || t.assign(keys, v)).map_err(to_py_err)
+    }
+
+    #[pyo3(signature = (ids, values, state=None, versions=None, replicas=None, update_counts=None, last_update_ms=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn import_(
+        &self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        values: PyReadonlyArray2<'_, f32>,
+        state: Option<PyReadonlyArray2<'_, f32>>,
+        versions: Option<PyReadonlyArray1<'_, u64>>,
+        replicas: Option<PyReadonlyArray1<'_, u32>>,
+        update_counts: Option<PyReadonlyArray1<'_, u64>>,
+        last_update_ms: Option<PyReadonlyArray1<'_, u64>>,
+    ) -> PyResult<()> {
+        let (keys, v) = (slice(&ids, "ids")?, rows(&values, "values")?);
+        let s = state.as_ref().map(|s| rows(s, "state")).transpose()?;
+        let meta = match (&versions, &replicas, &update_counts, &last_update_ms) {
+            (None, None, None, None) => None,
+            (Some(ver), Some(rep), Some(cnt), Some(last)) => {
+                let (ver, rep) = (slice(ver, "versions")?, slice(rep, "replicas")?);
+                let (cnt, last) = (slice(cnt, "update_counts")?, slice(last, "last_update_ms")?);
+                if [ver.len(), rep.len(), cnt.len(), last.len()].iter().any(|&n| n != keys.len()) {
+                    return Err(errors::ShapeError::new_err(format!(
+                        "metadata arrays must each hold {} entries",
+                        keys.len()
+                    )));
+                }
+                Some(
+                    (0..keys.len())
+                        .map(|i| RowMeta {
+                            version: Version { timestamp: ver[i], replica: rep[i] },
+                            update_count: cnt[i],
+                            last_update_ms: last[i],
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }
+            _ => {
+                return Err(invalid(
+                    "give all of versions, replicas, update_counts and last_update_ms, or none"
+                        .into(),
+                ))
+            }
+        };
+        let t = &self.inner;
+        detached(py, || t.import(keys, v, s, meta.as_deref())).map_err(to_py_err)
+    }
+
+    fn remove(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<usize> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        detached(py, || t.remove(keys)).map_err(to_py_err)
+    }
+
+    fn contains<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        let out = detached(py, || {
+            let mut out = vec![false; keys.len()];
+            t.contains(keys, &mut out).map(|_| out)
+        })
+        .map_err(to_py_err)?;
+        Ok(out.into_pyarray(py))
+    }
+
+    fn initial_rows<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let keys = slice(&ids, "ids")?;
+        let d = self.inner.dim();
+        let (arr, out) = new_rows(py, keys.len(), d);
+        let t = &self.inner;
+        detached(py, || {
+            for (k, row) in keys.iter().zip(out.chunks_exact_mut(d)) {
+                t.initial_row(*k, row);
+            }
+        });
+        Ok(arr)
+    }
+
+    /// `(found, versions, replicas, update_counts, last_update_ms)` for each id.
+    fn meta<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        let metas = detached(py, || t.meta(keys));
+        let found: Vec<bool> = metas.iter().map(Option::is_some).collect();
+        let metas: Vec<RowMeta> = metas.into_iter().map(Option::unwrap_or_default).collect();
+        let [v, r, c, l] = meta_arrays(py, &metas);
+        PyTuple::new(py, [found.into_pyarray(py).into_any(), v, r, c, l])
+    }
+
+    fn clear(&self, py: Python<'_>) {
+        let t = &self.inner;
+        detached(py, || t.clear())
+    }
+
+    fn evict_expired(&self, py: Python<'_>) -> usize {
+        let t = &self.inner;
+        detached(py, || t.evict_expired())
+    }
+
+    fn evict_older_than(&self, py: Python<'_>, cutoff_ms: u64) -> usize {
+        let t = &self.inner;
+        detached(py, || t.evict_older_than(cutoff_ms))
+    }
+
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<u64> {
+        let t = &self.inner;
+        detached(py, || t.save(&path)).map_err(to_py_err)
+    }
+
+    fn load(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<u64> {
+        let t = &self.inner;
+        detached(py, || t.load(&path)).map_err(to_py_err)
+    }
+
+    fn export(&self, chunk_rows: usize) -> PyResult<PyExport> {
+        if chunk_rows == 0 {
+            return Err(invalid("chunk_rows must be at least 1".into()));
+        }
+        Ok(PyExport { inner: parking_lot::Mutex::new(Export::new(self.inner.clone(), chunk_rows)) })
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = &self.inner;
+        let s = detached(py, || t.stats());
+        let d = PyDict::new(py);
+        d.set_item("rows", s.rows)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("inserts", s.inserts)?;
+        d.set_item("updates", s.updates)?;
+        d.set_item("removed", s.removed)?;
+        d.set_item("evicted", s.evicted)?;
+        d.set_item("dropped_unadmitted", s.dropped_unadmitted)?;
+        d.set_item("skipped_non_finite", s.skipped_non_finite)?;
+        d.set_item("step", s.step)?;
+        d.set_item("rows_per_shard", s.rows_per_shard)?;
+        Ok(d)
+    }
+
+    /// Runs `iters` lookups of `ids` (`on_miss="zeros"`) inside Rust and returns the median
+    /// nanoseconds per call: the native share of a Python call, for the overhead benchmark.
+    fn _native_lookup_ns(
+        &self,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        iters: usize,
+    ) -> PyResult<f64> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        detached(py, || {
+            let mut out = vec![0f32; keys.len() * t.dim()];
+            let mut times = Vec::with_capacity(iters.max(1));
+            for _ in 0..iters.max(1) {
+                let start = std::time::Instant::now();
+                t.lookup(keys, OnMiss::Zeros, &mut out, None)?;
+                times.push(start.elapsed().as_nanos() as f64);
+            }
+            times.sort_by(f64::total_cmp);
+            Ok(times[times.len() / 2])
+        })
+        .map_err(to_py_err)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "Table(name={:?}, embedding_dim={}, optimizer={}, num_shards={})",
+            c.name,
+            c.embedding_dim,
+            c.optimizer.name(),
+            c.num_shards
+        )
+    }
+}
+
+/// Iterator over a table's rows: tuples `(ids, values, state, versions, replicas,
+/// update_counts, last_update_ms)`.
+#[pyclass(module = "embstore._native", name = "Export", frozen)]
+pub(crate) struct PyExport {
+    inner: parking_lot::Mutex<Export<Arc<Table>>>,
+}
+
+#[pymethods]
+impl PyExport {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let inner = &self.inner;
+        let chunk = detached(py, || inner.lock().next());
+        // Chunks are never empty, so the widths divide exactly.
+        chunk
+            .map(|c| chunk_tuple(py, c.values.len() / c.len(), c.state.len() / c.len(), c))
+            .transpose()
+    }
+}

@@ -1,0 +1,439 @@
+"""The embedded store: named embedding tables in this process.
+
+Shape letters: ``B`` ids in a batch, ``D`` the table's ``embedding_dim``, ``S`` optimizer state
+floats per row (``Table.state_dim``).
+
+Ids are raw 64-bit feature ids — no vocabulary to build. They may come as numpy arrays, torch
+tensors or Python sequences of ``int64`` or ``uint64`` (an ``int64`` id ``-1`` and the ``uint64``
+id ``2**64 - 1`` are the same row); contiguous ``int64`` arrays and CPU tensors are used without
+a copy. Results are numpy arrays, or torch tensors on the ids' device when the ids are a tensor.
+Every batch call releases the GIL, so threads can share a table.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from embstore import _native
+from embstore.config import SGD, Initializer, Normal, Optimizer, optimizer_params
+from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
+
+_ON_MISS = ("init", "zeros", "error")
+
+
+def _torch_tensor(x: Any) -> Any:
+    """``x`` if it is a torch tensor (without importing torch), else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x
+    return None
+
+
+def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
+    """Normalise ``ids`` to a contiguous ``uint64[B]`` array; also return the torch device of
+    tensor input (None for anything else)."""
+    device = None
+    if type(ids) is np.ndarray:
+        arr = ids
+    elif (t := _torch_tensor(ids)) is not None:
+        device = t.device
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == _torch_bool():
+            raise DTypeError(f"ids must be 1-D int64, got {t.dim()}-D {str(t.dtype)[6:]}")
+        arr = t.contiguous().numpy()
+    else:
+        arr = np.asarray(ids)
+        if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to numpy
+            arr = arr.astype(np.int64)
+    if arr.dtype != np.int64 and arr.dtype != np.uint64:
+        if arr.dtype.kind not in "iu":
+            raise DTypeError(f"ids must be 1-D int64, got {arr.ndim}-D {arr.dtype}")
+        arr = arr.astype(np.int64)
+    if arr.ndim != 1:
+        raise ShapeError(f"ids must be 1-D int64, got {arr.ndim}-D {arr.dtype}")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr.view(np.uint64), device
+
+
+def _torch_bool() -> Any:
+    return sys.modules["torch"].bool
+
+
+def _as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
+    """Normalise ``x`` to a C-contiguous ``float32[n, D]`` array."""
+    if (t := _torch_tensor(x)) is not None:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if not t.dtype.is_floating_point:
+            raise DTypeError(f"{what} must be float32, got {str(t.dtype)[6:]}")
+        x = t.contiguous().numpy()
+    arr = np.asarray(x)
+    if arr.dtype != np.float32:
+        if arr.dtype.kind != "f" and not (arr.size == 0 and arr.dtype.kind in "iuf"):
+            raise DTypeError(f"{what} must be float32, got {arr.dtype}")
+        arr = arr.astype(np.float32)
+    if arr.ndim == 1 and arr.size == 0 and n == 0:
+        arr = arr.reshape(0, table.embedding_dim)
+    if arr.ndim != 2:
+        raise ShapeError(f"{what} must be 2-D [B, D], got {arr.ndim}-D shape {list(arr.shape)}")
+    if arr.shape[1] != table.embedding_dim:
+        raise ShapeError(
+            f"embedding_dim mismatch for table '{table.name}': "
+            f"expected {table.embedding_dim}, got {arr.shape[1]}"
+        )
+    if arr.shape[0] != n:
+        raise ShapeError(f"{what} has {arr.shape[0]} rows for {n} ids")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+def _out(arr: np.ndarray, device: Any) -> Any:
+    """``arr`` as a torch tensor on ``device`` when the ids were a tensor, else as is."""
+    if device is None:
+        return arr
+    torch = sys.modules["torch"]
+    t = torch.from_numpy(arr)
+    return t if device.type == "cpu" else t.to(device)
+
+
+class ExportChunk(NamedTuple):
+    """A chunk of rows from :meth:`Table.export`; ``n`` rows.
+
+    The first four fields are ``(ids, values, state, versions)``; pass the whole chunk to
+    :meth:`Table.import_` as ``table.import_(*chunk)``.
+    """
+
+    ids: np.ndarray  #: ``int64[n]``
+    values: np.ndarray  #: ``float32[n, D]``
+    state: np.ndarray  #: ``float32[n, S]`` optimizer state
+    versions: np.ndarray  #: ``uint64[n]`` hybrid timestamps (ms << 16 | counter); 0: never updated
+    replicas: np.ndarray  #: ``uint32[n]`` replica that wrote each version
+    update_counts: np.ndarray  #: ``uint64[n]`` writes to each row
+    last_update_ms: np.ndarray  #: ``uint64[n]`` last write (or creation), ms since the epoch
+
+
+class Table:
+    """An embedding table: rows of ``embedding_dim`` float32 values keyed by 64-bit ids.
+
+    Get one from :meth:`Store.create_table` or :meth:`Store.table`. Safe to use from many
+    threads; every batch call releases the GIL.
+
+    Example::
+
+        >>> import embstore, numpy as np
+        >>> store = embstore.Store()
+        >>> t = store.create_table("item", embedding_dim=4, optimizer=embstore.SGD(lr=0.5))
+        >>> rows = t.lookup([10, 11, 10])          # [B, D]; new ids get their initial row
+        >>> rows.shape, len(t)
+        ((3, 4), 2)
+        >>> t.apply_gradients([10, 10], np.ones((2, 4), np.float32))  # duplicates summed
+        1
+        >>> bool(np.allclose(t.lookup([10]), rows[0] - 0.5 * 2))
+        True
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: _native.Table):
+        self._inner = inner
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    @property
+    def name(self) -> str:
+        """The table's name."""
+        return self._inner.name
+
+    @property
+    def embedding_dim(self) -> int:
+        """Values per row (``D``)."""
+        return self._inner.embedding_dim
+
+    @property
+    def state_dim(self) -> int:
+        """Optimizer state floats per row (``S``): 0 for SGD, ``D`` for Adagrad, 1 for row-wise
+        Adagrad, ``2 * D`` for Adam and FTRL."""
+        return self._inner.state_dim
+
+    @property
+    def step(self) -> int:
+        """``apply_gradients`` calls so far (Adam's ``t``)."""
+        return self._inner.step
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The table's configuration."""
+        return self._inner.config()
+
+    def lookup(self, ids: Any, on_miss: str = "init", *, return_found: bool = False) -> Any:
+        """Rows of ``ids``: ``float32[B, D]``.
+
+        Args:
+            ids: ``int64[B]`` or ``uint64[B]`` (numpy, torch or a sequence).
+            on_miss: for an id without a row — ``"init"``: return its initial value and store
+                it (training; with admission, only once the id was seen often enough);
+                ``"zeros"``: return zeros and store nothing (serving); ``"error"``: raise
+                :class:`KeyNotFoundError`.
+            return_found: also return ``bool[B]``, whether each id had a row.
+
+        Returns:
+            ``values`` or ``(values, found)``; numpy, or torch on the ids' device.
+        """
+        if on_miss not in _ON_MISS:
+            raise InvalidArgumentError(f"on_miss must be one of {_ON_MISS}, got {on_miss!r}")
+        arr, device = _as_ids(ids)
+        if return_found:
+            values, found = self._inner.lookup(arr, on_miss, True)
+            return _out(values, device), _out(found, device)
+        return _out(self._inner.lookup(arr, on_miss, False), device)
+
+    def apply_gradients(self, ids: Any, grads: Any, *, lr: float | None = None) -> int:
+        """One optimizer step per unique id, with the gradients of duplicate ids summed first
+        (as torch coalesces sparse gradients).
+
+        Args:
+            ids: ``int64[B]``.
+            grads: ``float32[B, D]`` (other float dtypes are converted).
+            lr: learning rate for this call instead of the optimizer's.
+
+        Returns:
+            Rows stepped (unique ids, less any dropped by admission or skipped as non-finite).
+
+        Raises:
+            ShapeError: ``grads`` is not ``[B, D]``.
+            NonFiniteError: a gradient is NaN or infinite (unless the table skips them);
+                nothing is applied.
+        """
+        arr, _ = _as_ids(ids)
+        rows = _as_rows(grads, len(arr), self, "grads")
+        return self._inner.apply_gradients(arr, rows, None if lr is None else float(lr))
+
+    def assign(self, ids: Any, values: Any) -> None:
+        """Set rows: ``values`` is ``float32[B, D]``; missing ids get a row; for a repeated id
+        the last row wins; optimizer state of existing rows is kept."""
+        arr, _ = _as_ids(ids)
+        self._inner.assign(arr, _as_rows(values, len(arr), self, "values"))
+
+    def remove(self, ids: Any) -> int:
+        """Remove the rows of ``ids``; return how many existed."""
+        return self._inner.remove(_as_ids(ids)[0])
+
+    def contains(self, ids: Any) -> Any:
+        """``bool[B]``: whether each id has a row."""
+        arr, device = _as_ids(ids)
+        return _out(self._inner.contains(arr), device)
+
+    def initial_values(self, ids: Any) -> Any:
+        """``float32[B, D]``: the initial value each id gets (stores nothing)."""
+        arr, device = _as_ids(ids)
+        return _out(self._inner.initial_rows(arr), device)
+
+    def metadata(self, ids: Any) -> dict[str, np.ndarray]:
+        """Per-id metadata: ``found``, ``versions``, ``replicas``, ``update_counts``,
+        ``last_update_ms`` (zeros where ``found`` is False)."""
+        keys = ("found", "versions", "replicas", "update_counts", "last_update_ms")
+        return dict(zip(keys, self._inner.meta(_as_ids(ids)[0]), strict=True))
+
+    def clear(self) -> None:
+        """Remove every row; reset the step counter and the admission counts."""
+        self._inner.clear()
+
+    def export(self, chunk_rows: int = 65536) -> Iterator[ExportChunk]:
+        """Iterate over every row, ``chunk_rows`` at a time, as :class:`ExportChunk`.
+
+        Each row is consistent (values, state and metadata of one moment); rows written while
+        the export runs may appear old or new.
+        """
+        for chunk in self._inner.export(int(chunk_rows)):
+            yield ExportChunk(*chunk)
+
+    def import_(
+        self,
+        ids: Any,
+        values: Any,
+        state: Any = None,
+        versions: Any = None,
+        replicas: Any = None,
+        update_counts: Any = None,
+        last_update_ms: Any = None,
+    ) -> None:
+        """Write exported rows (``table.import_(*chunk)``): values, optionally optimizer state
+        ``float32[B, S]`` and metadata (all four arrays or none; without them the rows get a
+        fresh version)."""
+        arr, _ = _as_ids(ids)
+        rows = _as_rows(values, len(arr), self, "values")
+        st = None
+        if state is not None:
+            st = np.ascontiguousarray(state, dtype=np.float32)
+            if st.shape != (len(arr), self.state_dim):
+                raise ShapeError(
+                    f"state must be [{len(arr)}, {self.state_dim}], got {list(st.shape)}"
+                )
+        meta = [versions, replicas, update_counts, last_update_ms]
+        dtypes = [np.uint64, np.uint32, np.uint64, np.uint64]
+        meta = [None if m is None else np.ascontiguousarray(m, d) for m, d in zip(meta, dtypes, strict=True)]
+        self._inner.import_(arr, rows, st, *meta)
+
+    def save(self, path: str | os.PathLike[str]) -> int:
+        """Write every row, its optimizer state and metadata, and the config to ``path``
+        (replaced atomically); return the row count."""
+        return self._inner.save(os.fspath(path))
+
+    def load(self, path: str | os.PathLike[str]) -> int:
+        """Replace every row with those saved in ``path``; return the row count. The file is
+        checked first: a corrupt file or one of another ``embedding_dim`` or optimizer raises
+        (:class:`CorruptionError`, :class:`ShapeError`) and changes nothing."""
+        return self._inner.load(os.fspath(path))
+
+    def evict_expired(self) -> int:
+        """Remove rows not updated for the table's ``ttl``; return how many."""
+        return self._inner.evict_expired()
+
+    def stats(self) -> dict[str, Any]:
+        """``rows``, ``bytes``, ``hits``, ``misses``, ``inserts``, ``updates``, ``removed``,
+        ``evicted``, ``dropped_unadmitted``, ``skipped_non_finite``, ``step``,
+        ``rows_per_shard``."""
+        return self._inner.stats()
+
+
+class Store:
+    """Named embedding tables held in this process (the embedded default: no server needed).
+
+    Args:
+        replica_id: written into every row version (used by replication later).
+
+    Example::
+
+        >>> import embstore
+        >>> store = embstore.Store()
+        >>> user = store.create_table(
+        ...     "user", embedding_dim=64,
+        ...     optimizer=embstore.Adagrad(lr=0.05), initializer=embstore.Normal(std=0.01))
+        >>> store.tables()
+        ['user']
+        >>> store["user"].lookup([1, 2**40]).shape
+        (2, 64)
+    """
+
+    def __init__(self, replica_id: int = 0):
+        self._inner = _native.Store(int(replica_id))
+
+    def __repr__(self) -> str:
+        return f"Store(tables={self.tables()})"
+
+    def create_table(
+        self,
+        name: str,
+        embedding_dim: int,
+        *,
+        optimizer: Optimizer | None = None,
+        initializer: Initializer | None = None,
+        num_shards: int = 8,
+        seed: int = 0,
+        admission_min_count: int = 0,
+        admission_sketch_width: int = 1 << 20,
+        ttl: float | _dt.timedelta | None = None,
+        on_non_finite: str = "error",
+        huge_pages: bool = True,
+    ) -> Table:
+        """Create a table.
+
+        Args:
+            name: unique in the store.
+            embedding_dim: ``D``, 1..4096.
+            optimizer: :class:`SGD` (default, lr 0.01), :class:`Adagrad`,
+                :class:`RowWiseAdagrad`, :class:`Adam` or :class:`FTRL`.
+            initializer: :class:`Normal` (default, std 0.01), :class:`Uniform`,
+                :class:`Constant` or :class:`Zeros`.
+            num_shards: a power of two; each shard has its own index and lock, and large
+                batches run their shards in parallel.
+            seed: of the initializer.
+            admission_min_count: a new id gets a row only on its n-th ``lookup``; before that
+                lookups return its initial value without storing it and its gradients are
+                dropped (0 or 1: at once).
+            admission_sketch_width: counters per row of the count-min sketch behind admission.
+            ttl: seconds (or a timedelta); :meth:`Table.evict_expired` removes rows not
+                updated for this long.
+            on_non_finite: ``"error"`` rejects a batch with a NaN/Inf gradient; ``"skip"``
+                skips those ids and steps the rest.
+            huge_pages: back large arenas and indexes with transparent huge pages.
+
+        Raises:
+            TableExistsError: the name is taken.
+            InvalidArgumentError: a parameter is out of range.
+        """
+        optimizer = SGD() if optimizer is None else optimizer
+        initializer = Normal() if initializer is None else initializer
+        if not hasattr(optimizer, "_kind") or not hasattr(optimizer, "lr"):
+            raise InvalidArgumentError(f"optimizer must be an embstore optimizer, got {optimizer!r}")
+        if not hasattr(initializer, "_args"):
+            raise InvalidArgumentError(
+                f"initializer must be an embstore initializer, got {initializer!r}"
+            )
+        if on_non_finite not in ("error", "skip"):
+            raise InvalidArgumentError(f"on_non_finite must be 'error' or 'skip', got {on_non_finite!r}")
+        if isinstance(ttl, _dt.timedelta):
+            ttl = ttl.total_seconds()
+        for arg, value in (("embedding_dim", embedding_dim), ("num_shards", num_shards)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise InvalidArgumentError(f"{arg} must be a positive int, got {value!r}")
+        kind, params = optimizer_params(optimizer)
+        a, b = initializer._args
+        inner = self._inner.create_table(
+            str(name),
+            int(embedding_dim),
+            initializer._kind,
+            float(a),
+            float(b),
+            kind,
+            params,
+            int(num_shards),
+            int(seed),
+            int(admission_min_count),
+            int(admission_sketch_width),
+            None if ttl is None else float(ttl),
+            on_non_finite == "skip",
+            bool(huge_pages),
+        )
+        return Table(inner)
+
+    def table(self, name: str) -> Table:
+        """The table called ``name``; :class:`TableNotFoundError` if there is none."""
+        return Table(self._inner.table(str(name)))
+
+    def __getitem__(self, name: str) -> Table:
+        return self.table(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._inner.tables()
+
+    def tables(self) -> list[str]:
+        """Names of all tables, sorted."""
+        return self._inner.tables()
+
+    def drop_table(self, name: str) -> None:
+        """Remove the table called ``name`` (its memory is freed when no object holds it)."""
+        self._inner.drop_table(str(name))
+
+    def load_table(self, path: str | os.PathLike[str], name: str | None = None) -> Table:
+        """Create a table from a file written by :meth:`Table.save`, named as saved or
+        ``name``."""
+        return Table(self._inner.load_table(os.fspath(path), name))
+
+
+__all__ = ["ExportChunk", "Store", "Table"]

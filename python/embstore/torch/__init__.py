@@ -1,0 +1,266 @@
+"""PyTorch modules over embstore tables.
+
+:class:`Embedding` and :class:`EmbeddingBag` take the arguments ``nn.Embedding`` and
+``nn.EmbeddingBag`` take (``input``, ``offsets``, ``per_sample_weights``, ``mode``), but their
+rows live in an embstore :class:`~embstore.Table` — keyed by raw int64 feature ids, as many as
+memory holds — and are trained by the table's own optimizer, not by ``torch.optim``.
+
+The forward pass pulls rows from the table. The backward pass keeps the gradient of the pulled
+rows; :meth:`EmbeddingOptimizer.step` hands them to the tables (one ``apply_gradients`` per
+table, duplicate ids summed) and :meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers
+keep using ``torch.optim``::
+
+    loss.backward()
+    dense_opt.step(); sparse_opt.step()
+    dense_opt.zero_grad(); sparse_opt.zero_grad()
+
+Why on ``step()`` and not inside backward: it keeps torch's contract that nothing changes until
+``step()``. Gradient accumulation over several backward passes, a table shared by two modules
+(both gradients summed into one step, as torch sums them into one ``.grad``), skipping a step
+on a NaN loss or an AMP overflow, and ``zero_grad()`` all behave as they do for
+``nn.Embedding``; applying inside backward would take one optimizer step per module and per
+backward pass, which for Adagrad and Adam is a different update.
+
+Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
+``embedding_dim``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embstore.errors import InvalidArgumentError, ShapeError
+from embstore.store import Table, _as_ids
+
+# Backward passes a module keeps before it warns that nothing calls EmbeddingOptimizer.step().
+_PENDING_WARN = 256
+
+
+class _Pull(torch.autograd.Function):
+    """Rows of ``ids`` from the table; backward stashes their gradient on the module."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray) -> Any:
+        rows = torch.from_numpy(module.table._inner.lookup(ids, module._mode(), False))
+        ctx.module, ctx.ids = module, ids
+        return rows
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.module._stash(ctx.ids, grad)
+        return None, None, None
+
+
+class _StoreModule(nn.Module):
+    """Shared parts of :class:`Embedding` and :class:`EmbeddingBag`."""
+
+    def __init__(self, table: Table, on_miss: str | None = None):
+        super().__init__()
+        if not isinstance(table, Table):
+            raise InvalidArgumentError(f"table must be an embstore.Table, got {type(table)}")
+        if on_miss not in (None, "init", "zeros", "error"):
+            raise InvalidArgumentError(
+                f"on_miss must be None, 'init', 'zeros' or 'error', got {on_miss!r}"
+            )
+        self.table = table
+        self.on_miss = on_miss
+        self.embedding_dim = table.embedding_dim
+        self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._warned = False
+
+    def _mode(self) -> str:
+        if self.on_miss is not None:
+            return self.on_miss
+        return "init" if self.training else "zeros"
+
+    def _pull(self, ids: torch.Tensor) -> torch.Tensor:
+        """``float32[N, D]`` rows of the flat ids, on the ids' device, wired for backward."""
+        arr, _ = _as_ids(ids.reshape(-1))
+        track = torch.is_grad_enabled() and self.training
+        anchor = torch.empty(0, requires_grad=track)
+        rows = _Pull.apply(anchor, self, arr)
+        return rows if ids.device.type == "cpu" else rows.to(ids.device)
+
+    def _stash(self, ids: np.ndarray, grad: torch.Tensor) -> None:
+        grad = grad.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        self._pending.append((ids, grad))
+        if len(self._pending) > _PENDING_WARN and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{len(self._pending)} backward passes of table '{self.table.name}' wait for "
+                "EmbeddingOptimizer.step(); is it called?",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def extra_repr(self) -> str:
+        return f"table={self.table.name!r}, embedding_dim={self.embedding_dim}"
+
+
+class Embedding(_StoreModule):
+    """``nn.Embedding`` over an embstore table.
+
+    Args:
+        table: the :class:`~embstore.Table` holding the rows.
+        on_miss: for ids without a row; default ``None``: ``"init"`` (create the row) in
+            training mode, ``"zeros"`` (store nothing) in eval mode.
+
+    Shape:
+        ``input``: int64 ``[*]`` of any shape (raw feature ids); output: ``[*, D]`` float32 on
+        the input's device.
+
+    Example::
+
+        >>> import embstore, embstore.torch, torch
+        >>> table = embstore.Store().create_table("item", embedding_dim=4)
+        >>> emb = embstore.torch.Embedding(table)
+        >>> emb(torch.tensor([[1, 2], [3, 1]])).shape
+        torch.Size([2, 2, 4])
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = self._pull(input)
+        return rows.view(*input.shape, self.embedding_dim)
+
+
+class EmbeddingBag(_StoreModule):
+    """``nn.EmbeddingBag`` over an embstore table: sums, means or maxes of bags of rows.
+
+    Args:
+        table: the :class:`~embstore.Table` holding the rows.
+        mode: ``"sum"``, ``"mean"`` (default, as ``nn.EmbeddingBag``) or ``"max"``.
+        include_last_offset: as ``nn.EmbeddingBag``: ``offsets`` has ``B + 1`` entries.
+        on_miss: as for :class:`Embedding`.
+
+    Shape:
+        ``input``: int64 ``[B, L]`` (fixed-length bags, ``offsets`` must be None) or ``[N]``
+        with ``offsets`` int64 ``[B]`` (bag ``b`` is ``input[offsets[b]:offsets[b + 1]]``);
+        ``per_sample_weights``: float ``[B, L]`` or ``[N]`` like ``input``, ``mode="sum"``
+        only. Output: ``[B, D]``; an empty bag gives zeros.
+
+    Example::
+
+        >>> import embstore, embstore.torch, torch
+        >>> table = embstore.Store().create_table("genre", embedding_dim=4)
+        >>> bag = embstore.torch.EmbeddingBag(table, mode="sum")
+        >>> bag(torch.tensor([5, 6, 7]), torch.tensor([0, 2])).shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        mode: str = "mean",
+        *,
+        include_last_offset: bool = False,
+        on_miss: str | None = None,
+    ):
+        super().__init__(table, on_miss)
+        if mode not in ("sum", "mean", "max"):
+            raise InvalidArgumentError(f"mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(
+        self,
+        input: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if input.dim() == 2:
+            if offsets is not None:
+                raise ShapeError("offsets must be None when input is 2-D [B, L]")
+            b, length = input.shape
+            offsets = torch.arange(0, b * length, length, device=input.device)
+            input = input.reshape(-1)
+            if per_sample_weights is not None:
+                per_sample_weights = per_sample_weights.reshape(-1)
+        elif input.dim() == 1:
+            if offsets is None or offsets.dim() != 1:
+                raise ShapeError("1-D input needs 1-D offsets")
+        else:
+            raise ShapeError(f"input must be 1-D or 2-D, got {input.dim()}-D")
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise InvalidArgumentError("per_sample_weights needs mode='sum'")
+            if per_sample_weights.shape != input.shape:
+                raise ShapeError(
+                    f"per_sample_weights must match input {list(input.shape)}, "
+                    f"got {list(per_sample_weights.shape)}"
+                )
+        rows = self._pull(input)
+        # Pool with torch's own kernel over the pulled rows (row i is id i), so the semantics —
+        # empty bags, include_last_offset, weights — are exactly nn.EmbeddingBag's.
+        positions = torch.arange(input.numel(), device=rows.device)
+        return F.embedding_bag(
+            positions,
+            rows,
+            offsets.to(rows.device),
+            mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+        )
+
+
+def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:
+    if isinstance(modules, nn.Module):
+        modules = [modules]
+    found: list[_StoreModule] = []
+    for m in modules:
+        found.extend(x for x in m.modules() if isinstance(x, _StoreModule))
+    return found
+
+
+class EmbeddingOptimizer:
+    """Applies the gradients that embstore modules collected to their tables.
+
+    Each table is stepped by its own optimizer (given at ``create_table``); this object only
+    decides *when*: at :meth:`step`, with every pending gradient of a table — from all
+    modules and backward passes since the last step — in one ``apply_gradients`` call.
+
+    Args:
+        modules: a model (searched with ``.modules()``) or modules holding
+            :class:`Embedding`/:class:`EmbeddingBag` layers.
+        lr: when set, overrides the tables' learning rates (e.g. from a schedule: assign
+            ``opt.lr = ...`` between steps).
+    """
+
+    def __init__(self, modules: nn.Module | Iterable[nn.Module], lr: float | None = None):
+        self.modules = _store_modules(modules)
+        if not self.modules:
+            raise InvalidArgumentError("no embstore.torch Embedding or EmbeddingBag found")
+        self.lr = lr
+
+    def step(self) -> int:
+        """Apply every pending gradient; return the rows stepped."""
+        by_table: dict[int, tuple[Table, list[np.ndarray], list[torch.Tensor]]] = {}
+        for m in self.modules:
+            entry = by_table.setdefault(id(m.table._inner), (m.table, [], []))
+            for ids, grad in m._pending:
+                entry[1].append(ids)
+                entry[2].append(grad)
+        stepped = 0
+        for table, ids, grads in by_table.values():
+            if not ids:
+                continue
+            all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
+            all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
+            stepped += table._inner.apply_gradients(all_ids, all_grads.numpy(), self.lr)
+        self.zero_grad()
+        return stepped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every pending gradient."""
+        for m in self.modules:
+            m._pending.clear()
+            m._warned = False
+
+
+__all__ = ["Embedding", "EmbeddingBag", "EmbeddingOptimizer"]
