@@ -53,6 +53,8 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
         arr = np.asarray(ids)
         if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to numpy
             arr = arr.astype(np.int64)
+        elif arr.dtype.kind in "fO" and arr.ndim == 1:
+            arr = _python_ints(ids, arr)
     if arr.dtype != np.int64 and arr.dtype != np.uint64:
         if arr.dtype.kind not in "iu":
             raise DTypeError(f"ids must be 1-D int64, got {arr.ndim}-D {arr.dtype}")
@@ -62,6 +64,17 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return arr.view(np.uint64), device
+
+
+def _python_ints(seq: Any, arr: np.ndarray) -> np.ndarray:
+    """A sequence of Python ints that numpy could not type (it mixes ids below 2**63 with ids
+    at or above it) as ``uint64``; anything else comes back unchanged for the dtype check."""
+    items = list(seq)
+    if not all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in items):
+        return arr
+    if any(not -(2**63) <= int(x) < 2**64 for x in items):
+        raise InvalidArgumentError("ids must fit in 64 bits (-2**63 <= id < 2**64)")
+    return np.fromiter((int(x) & (2**64 - 1) for x in items), dtype=np.uint64, count=len(items))
 
 
 def _torch_bool() -> Any:
@@ -286,7 +299,10 @@ class Table:
                 )
         meta = [versions, replicas, update_counts, last_update_ms]
         dtypes = [np.uint64, np.uint32, np.uint64, np.uint64]
-        meta = [None if m is None else np.ascontiguousarray(m, d) for m, d in zip(meta, dtypes, strict=True)]
+        meta = [
+            None if m is None else np.ascontiguousarray(m, d)
+            for m, d in zip(meta, dtypes, strict=True)
+        ]
         self._inner.import_(arr, rows, st, *meta)
 
     def save(self, path: str | os.PathLike[str]) -> int:
@@ -380,13 +396,17 @@ class Store:
         optimizer = SGD() if optimizer is None else optimizer
         initializer = Normal() if initializer is None else initializer
         if not hasattr(optimizer, "_kind") or not hasattr(optimizer, "lr"):
-            raise InvalidArgumentError(f"optimizer must be an embstore optimizer, got {optimizer!r}")
+            raise InvalidArgumentError(
+                f"optimizer must be an embstore optimizer, got {optimizer!r}"
+            )
         if not hasattr(initializer, "_args"):
             raise InvalidArgumentError(
                 f"initializer must be an embstore initializer, got {initializer!r}"
             )
         if on_non_finite not in ("error", "skip"):
-            raise InvalidArgumentError(f"on_non_finite must be 'error' or 'skip', got {on_non_finite!r}")
+            raise InvalidArgumentError(
+                f"on_non_finite must be 'error' or 'skip', got {on_non_finite!r}"
+            )
         if isinstance(ttl, _dt.timedelta):
             ttl = ttl.total_seconds()
         for arg, value in (("embedding_dim", embedding_dim), ("num_shards", num_shards)):
