@@ -6,8 +6,9 @@ rows live in an embstore :class:`~embstore.Table` — keyed by raw int64 feature
 memory holds — and are trained by the table's own optimizer, not by ``torch.optim``.
 
 The forward pass pulls rows from the table. The backward pass keeps the gradient of the pulled
-rows; :meth:`EmbeddingOptimizer.step` hands them to the tables (one ``apply_gradients`` per
-table, duplicate ids summed) and :meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers
+rows (accumulating over backward passes, as ``.grad`` does); :meth:`EmbeddingOptimizer.step`
+hands them to the tables (one ``apply_gradients`` per table, duplicate ids summed) and
+:meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers
 keep using ``torch.optim``::
 
     loss.backward()
@@ -39,7 +40,8 @@ from torch import nn
 from embstore.errors import InvalidArgumentError, ShapeError
 from embstore.store import Table, _as_ids
 
-# Backward passes a module keeps before it warns that nothing calls EmbeddingOptimizer.step().
+# Backward passes a module keeps before it warns that EmbeddingOptimizer.zero_grad() is not
+# called (the pending gradients would grow without bound).
 _PENDING_WARN = 256
 
 
@@ -94,8 +96,8 @@ class _StoreModule(nn.Module):
         if len(self._pending) > _PENDING_WARN and not self._warned:
             self._warned = True
             warnings.warn(
-                f"{len(self._pending)} backward passes of table '{self.table.name}' wait for "
-                "EmbeddingOptimizer.step(); is it called?",
+                f"{len(self._pending)} backward passes of table '{self.table.name}' are kept; "
+                "is EmbeddingOptimizer.zero_grad() called after step()?",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -239,7 +241,11 @@ class EmbeddingOptimizer:
         self.lr = lr
 
     def step(self) -> int:
-        """Apply every pending gradient; return the rows stepped."""
+        """Apply every pending gradient; return the rows stepped.
+
+        As with ``torch.optim``, gradients stay until :meth:`zero_grad`: a second ``step()``
+        without ``zero_grad()`` (or a new backward pass) steps with them again.
+        """
         by_table: dict[int, tuple[Table, list[np.ndarray], list[torch.Tensor]]] = {}
         for m in self.modules:
             entry = by_table.setdefault(id(m.table._inner), (m.table, [], []))
@@ -253,11 +259,10 @@ class EmbeddingOptimizer:
             all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
             all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
             stepped += table._inner.apply_gradients(all_ids, all_grads.numpy(), self.lr)
-        self.zero_grad()
         return stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every pending gradient."""
+        """Drop every pending gradient (``set_to_none`` is accepted for torch's signature)."""
         for m in self.modules:
             m._pending.clear()
             m._warned = False
