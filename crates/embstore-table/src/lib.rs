@@ -57,5 +57,5 @@ pub use error::{Error, ErrorKind, Result};
 pub use init::Initializer;
 pub use optim::Optimizer;
 pub use store::Store;
-pub use table::{Export, OnMiss, RowChunk, RowMeta, Table, TableStats};
+pub use table::{threads, Export, OnMiss, RowChunk, RowMeta, Table, TableStats};
 pub use version::{now_ms, Version};

@@ -26,6 +26,32 @@ use crate::{Error, ErrorKind, Result};
 const PARALLEL_MIN: usize = 2048;
 /// Rows ahead of the copy that are prefetched.
 const PREFETCH_AHEAD: usize = 8;
+/// Threads a batch call may use, the caller's included: the cores, or `EMBSTORE_THREADS` when
+/// that variable is set (1: every call runs on the caller's thread alone).
+pub fn threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("EMBSTORE_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
+/// The threads that run shards beside the calling thread: [`threads`] − 1 of them (at least
+/// one, unused when [`threads`] is 1). Built on first use.
+fn pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads().saturating_sub(1).max(1))
+            .thread_name(|i| format!("embstore-{i}"))
+            .build()
+            .expect("the embstore thread pool starts")
+    })
+}
+
 /// Salt of the shard hash, so that shard bits and the index's home bits are independent.
 const SHARD_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 
@@ -304,12 +330,17 @@ impl Table {
         Ok(Groups { keys, pos, bounds })
     }
 
-    /// Runs `f(shard, keys, positions)` for every shard with ids in `groups`, in parallel for
-    /// large batches; the first error wins.
+    /// Runs `f(shard, keys, positions)` for every shard with ids in `groups`; the first error
+    /// wins. Large batches split the shards into one group per participant: the calling thread
+    /// runs one group itself while the [`pool`]'s threads (one fewer than the cores) run the
+    /// others, so a call never has more runnable threads than there are cores and the caller is
+    /// not put to sleep waiting for a hand-off. (With the caller idle on a full-size pool, a
+    /// 4096-id lookup paid ~20 µs of wake-up and contention on 2 cores; see docs/benchmarks.md.)
     fn run<F>(&self, groups: &Groups, f: F) -> Result<()>
     where
         F: Fn(usize, &[u64], &[u32]) -> Result<()> + Sync,
     {
+        let n = self.shards.len();
         let task = |s: usize| {
             let (a, b) = (groups.bounds[s], groups.bounds[s + 1]);
             if a == b {
@@ -317,11 +348,31 @@ impl Table {
             }
             f(s, &groups.keys[a..b], &groups.pos[a..b])
         };
-        if groups.keys.len() < PARALLEL_MIN || self.shards.len() == 1 {
-            (0..self.shards.len()).try_for_each(task)
-        } else {
-            (0..self.shards.len()).into_par_iter().try_for_each(task)
+        let helpers = (threads() - 1).min(n - 1);
+        if groups.keys.len() < PARALLEL_MIN || helpers == 0 {
+            return (0..n).try_for_each(task);
         }
+        let pool = pool();
+        if pool.current_thread_index().is_some() {
+            return (0..n).try_for_each(task); // called from a pool thread: no nesting
+        }
+        // Participant p takes shards p, p + k, p + 2k, … (k participants): shards hold about the
+        // same number of ids, so the groups are balanced.
+        let k = helpers + 1;
+        let first_error = Mutex::new(None::<Error>);
+        let group = |p: usize| {
+            if let Err(e) = (p..n).step_by(k).try_for_each(task) {
+                first_error.lock().get_or_insert(e);
+            }
+        };
+        pool.in_place_scope(|scope| {
+            for p in 1..k {
+                let group = &group;
+                scope.spawn(move |_| group(p));
+            }
+            group(0);
+        });
+        first_error.into_inner().map_or(Ok(()), Err)
     }
 
     fn check_rows(&self, what: &str, ids: usize, floats: usize, width: usize) -> Result<()> {
@@ -743,20 +794,21 @@ impl Table {
     /// Removes rows whose last update (or creation) is before `cutoff_ms` (ms since the Unix
     /// epoch); returns how many.
     pub fn evict_older_than(&self, cutoff_ms: u64) -> usize {
-        let evicted: usize = self
-            .shards
-            .par_iter()
-            .map(|shard| {
-                let mut rows = shard.write();
-                let old: Vec<u64> = rows
-                    .index
-                    .iter()
-                    .filter(|&(_, slot)| rows.meta[slot as usize].last_update_ms < cutoff_ms)
-                    .map(|(k, _)| k)
-                    .collect();
-                old.iter().filter(|&&k| Self::remove_row(&mut rows, k)).count()
-            })
-            .sum();
+        let evicted: usize = pool().install(|| {
+            self.shards
+                .par_iter()
+                .map(|shard| {
+                    let mut rows = shard.write();
+                    let old: Vec<u64> = rows
+                        .index
+                        .iter()
+                        .filter(|&(_, slot)| rows.meta[slot as usize].last_update_ms < cutoff_ms)
+                        .map(|(k, _)| k)
+                        .collect();
+                    old.iter().filter(|&&k| Self::remove_row(&mut rows, k)).count()
+                })
+                .sum()
+        });
         Counters::add(&self.counters.evicted, evicted);
         evicted
     }
