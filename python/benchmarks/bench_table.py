@@ -460,7 +460,8 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "nproc": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "rayon_threads": os.environ.get("RAYON_NUM_THREADS", "default (one per core)"),
+        # Threads a table call may use, the caller's included (embstore_table::threads()).
+        "embstore_threads": os.environ.get("EMBSTORE_THREADS", f"default ({os.cpu_count()})"),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "torch": torch.__version__,
@@ -533,8 +534,8 @@ def report(res: dict[str, Any]) -> None:
         f"Zipf({ZIPF_A}) over rows, scattered by a fixed permutation"
     )
     print(
-        f"machine: {m['cpu']}, nproc={m['nproc']}, torch threads={m['torch_threads']}, rayon "
-        f"threads={m['rayon_threads']}; numpy {m['numpy']}, torch {m['torch']}; commit "
+        f"machine: {m['cpu']}, nproc={m['nproc']}, torch threads={m['torch_threads']}, embstore "
+        f"threads={m['embstore_threads']}; numpy {m['numpy']}, torch {m['torch']}; commit "
         f"{m['commit']}"
     )
     s = res["setup"]
