@@ -22,6 +22,9 @@ on a NaN loss or an AMP overflow, and ``zero_grad()`` all behave as they do for
 ``nn.Embedding``; applying inside backward would take one optimizer step per module and per
 backward pass, which for Adagrad and Adam is a different update.
 
+Not supported (yet): ``padding_idx``, ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` —
+the gradient of the pulled rows is always handed to the table, which plays ``sparse=True``.
+
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.
 """
