@@ -77,6 +77,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick", action="store_true", help="rows=1M, reps=3, 200 batches (under a minute)"
     )
+    p.add_argument(
+        "--no-huge-pages",
+        action="store_true",
+        help="back the table's arenas and indexes with 4 KiB pages (default: huge pages)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     a = p.parse_args(argv)
     if a.rows is None:
@@ -530,7 +535,8 @@ def report(res: dict[str, Any]) -> None:
     c, m = res["config"], res["machine"]
     print(
         f"bench_table: rows={c['rows']:,} dim={c['dim']} batch={c['batch']} reps={c['reps']} "
-        f"batches/rep={c['batches']} shards={c['shards']} seed={c['seed']}; ids uniform and "
+        f"batches/rep={c['batches']} shards={c['shards']} seed={c['seed']} "
+        f"huge_pages={c['huge_pages']}; ids uniform and "
         f"Zipf({ZIPF_A}) over rows, scattered by a fixed permutation"
     )
     print(
@@ -619,12 +625,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seed": args.seed,
             "zipf_a": ZIPF_A,
             "lr": LR,
+            "huge_pages": not args.no_huge_pages,
         },
         "machine": machine(),
     }
     log(
         f"bench_table: rows={args.rows:,} dim={args.dim} batch={args.batch} reps={args.reps} "
-        f"batches/rep={args.batches} shards={args.shards}"
+        f"batches/rep={args.batches} shards={args.shards} huge_pages={not args.no_huge_pages}"
     )
 
     log("ids: uniform and Zipf batches")
@@ -643,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer=embstore.Adagrad(lr=LR),
         initializer=embstore.Zeros(),
         num_shards=args.shards,
+        huge_pages=not args.no_huge_pages,
     )
     log(f"embstore: assign {args.rows:,} rows in chunks of {FILL_CHUNK:,}")
     fill_s = fill_table(table, dense)
