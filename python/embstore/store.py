@@ -41,6 +41,8 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
     device = None
     if type(ids) is np.ndarray:
         arr = ids
+        if arr.dtype.kind == "O" and arr.ndim == 1:
+            arr = _python_ints(arr.tolist(), arr)
     elif (t := _torch_tensor(ids)) is not None:
         device = t.device
         t = t.detach()
@@ -193,7 +195,14 @@ class Table:
         """The table's configuration."""
         return self._inner.config()
 
-    def lookup(self, ids: Any, on_miss: str = "init", *, return_found: bool = False) -> Any:
+    def lookup(
+        self,
+        ids: Any,
+        on_miss: str = "init",
+        *,
+        return_found: bool = False,
+        out: np.ndarray | None = None,
+    ) -> Any:
         """Rows of ``ids``: ``float32[B, D]``.
 
         Args:
@@ -201,8 +210,10 @@ class Table:
             on_miss: for an id without a row — ``"init"``: return its initial value and store
                 it (training; with admission, only once the id was seen often enough);
                 ``"zeros"``: return zeros and store nothing (serving); ``"error"``: raise
-                :class:`KeyNotFoundError`.
+                :class:`KeyNotFoundError` naming the first missing id.
             return_found: also return ``bool[B]``, whether each id had a row.
+            out: a C-contiguous ``float32[B, D]`` numpy array to write the rows into (and
+                return), e.g. one buffer reused by a serving loop.
 
         Returns:
             ``values`` or ``(values, found)``; numpy, or torch on the ids' device.
@@ -210,10 +221,15 @@ class Table:
         if on_miss not in _ON_MISS:
             raise InvalidArgumentError(f"on_miss must be one of {_ON_MISS}, got {on_miss!r}")
         arr, device = _as_ids(ids)
+        if out is None:
+            out = np.empty((len(arr), self._inner.embedding_dim), np.float32)
+        elif not isinstance(out, np.ndarray) or out.dtype != np.float32:
+            raise DTypeError("out must be a float32 numpy array")
+        found = np.empty(len(arr), np.bool_) if return_found else None
+        self._inner.lookup(arr, out, on_miss, found)
         if return_found:
-            values, found = self._inner.lookup(arr, on_miss, True)
-            return _out(values, device), _out(found, device)
-        return _out(self._inner.lookup(arr, on_miss, False), device)
+            return _out(out, device), _out(found, device)
+        return _out(out, device)
 
     def apply_gradients(self, ids: Any, grads: Any, *, lr: float | None = None) -> int:
         """One optimizer step per unique id, with the gradients of duplicate ids summed first
@@ -254,7 +270,9 @@ class Table:
     def initial_values(self, ids: Any) -> Any:
         """``float32[B, D]``: the initial value each id gets (stores nothing)."""
         arr, device = _as_ids(ids)
-        return _out(self._inner.initial_rows(arr), device)
+        out = np.empty((len(arr), self._inner.embedding_dim), np.float32)
+        self._inner.initial_rows(arr, out)
+        return _out(out, device)
 
     def metadata(self, ids: Any) -> dict[str, np.ndarray]:
         """Per-id metadata: ``found``, ``versions``, ``replicas``, ``update_counts``,
@@ -409,9 +427,18 @@ class Store:
             )
         if isinstance(ttl, _dt.timedelta):
             ttl = ttl.total_seconds()
-        for arg, value in (("embedding_dim", embedding_dim), ("num_shards", num_shards)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise InvalidArgumentError(f"{arg} must be a positive int, got {value!r}")
+        ints = (
+            ("embedding_dim", embedding_dim, 1, 2**32),
+            ("num_shards", num_shards, 1, 2**32),
+            ("seed", seed, 0, 2**64),
+            ("admission_min_count", admission_min_count, 0, 2**32),
+            ("admission_sketch_width", admission_sketch_width, 0, 2**32),
+        )
+        for arg, value, low, high in ints:
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise InvalidArgumentError(f"{arg} must be an int, got {value!r}")
+            if not low <= value < high:
+                raise InvalidArgumentError(f"{arg} must be in [{low}, {high}), got {value}")
         kind, params = optimizer_params(optimizer)
         a, b = initializer._args
         inner = self._inner.create_table(

@@ -10,7 +10,10 @@ use embstore_table::{
     ErrorKind, Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
     TableConfig, Version,
 };
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{
+    IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
+    PyReadwriteArray2, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -126,19 +129,19 @@ fn optimizer_dict<'py>(py: Python<'py>, o: &Optimizer) -> PyResult<Bound<'py, Py
     Ok(d)
 }
 
-/// An uninitialised `float32[b, d]` array and its data, for a call that writes every element.
-fn new_rows<'py>(
-    py: Python<'py>,
+/// The data of `out`, which must be a C-contiguous `float32[b, d]` array.
+fn out_rows<'a>(
+    out: &'a mut PyReadwriteArray2<'_, f32>,
     b: usize,
     d: usize,
-) -> (Bound<'py, PyArray2<f32>>, &'py mut [f32]) {
-    // SAFETY: the array is fresh, C-contiguous and owned by us; every caller writes all `b·d`
-    // elements before Python can see the array, or drops it on error.
-    let arr = unsafe { PyArray2::<f32>::new(py, [b, d], false) };
-    // SAFETY: nothing else references the fresh array, and it outlives the GIL token's lifetime
-    // through the `Bound` we return alongside.
-    let data = unsafe { std::slice::from_raw_parts_mut(arr.data(), b * d) };
-    (arr, data)
+) -> PyResult<&'a mut [f32]> {
+    let shape = out.shape();
+    if shape != [b, d] {
+        return Err(errors::ShapeError::new_err(format!(
+            "out must be [{b}, {d}] for {b} ids, got {shape:?}"
+        )));
+    }
+    out.as_slice_mut().map_err(|_| errors::ShapeError::new_err("out must be C-contiguous"))
 }
 
 /// Native store (see `embstore.Store`).
@@ -177,10 +180,11 @@ impl PyStore {
         huge_pages: bool,
     ) -> PyResult<PyTable> {
         let ttl = match ttl_seconds {
-            Some(s) if !(s.is_finite() && s > 0.0) => {
-                return Err(invalid(format!("ttl must be a positive number of seconds, got {s}")))
+            Some(s) => {
+                Some(Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(
+                    || invalid(format!("ttl must be a positive number of seconds, got {s}")),
+                )?)
             }
-            Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
         };
         let config = TableConfig {
@@ -317,28 +321,30 @@ impl PyTable {
         detached(py, || t.len())
     }
 
-    #[pyo3(signature = (ids, on_miss="init", with_found=false))]
-    fn lookup<'py>(
+    /// Writes the rows of `ids` into `out` (`float32[B, D]`, C-contiguous) and, when given,
+    /// whether each id had a row into `found` (`bool[B]`). The caller allocates: a failed
+    /// allocation is then Python's `MemoryError`, and a serving loop can reuse one buffer.
+    #[pyo3(signature = (ids, out, on_miss="init", found=None))]
+    fn lookup(
         &self,
-        py: Python<'py>,
-        ids: PyReadonlyArray1<'py, u64>,
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        mut out: PyReadwriteArray2<'_, f32>,
         on_miss: &str,
-        with_found: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
+        found: Option<PyReadwriteArray1<'_, bool>>,
+    ) -> PyResult<()> {
         let mode = self::on_miss(on_miss)?;
         let keys = slice(&ids, "ids")?;
-        let (arr, out) = new_rows(py, keys.len(), self.inner.dim());
-        let mut found = with_found.then(|| vec![false; keys.len()]);
+        let out = out_rows(&mut out, keys.len(), self.inner.dim())?;
+        let mut found = found;
+        let found = match found.as_mut() {
+            Some(f) => Some(f.as_slice_mut().map_err(|_| {
+                errors::ShapeError::new_err("found must be a contiguous bool array")
+            })?),
+            None => None,
+        };
         let t = &self.inner;
-        let f = found.as_deref_mut();
-        detached(py, || t.lookup(keys, mode, out, f)).map_err(to_py_err)?;
-        match found {
-            Some(found) => {
-                Ok(PyTuple::new(py, [arr.into_any(), found.into_pyarray(py).into_any()])?
-                    .into_any())
-            }
-            None => Ok(arr.into_any()),
-        }
+        detached(py, || t.lookup(keys, mode, out, found)).map_err(to_py_err)
     }
 
     #[pyo3(signature = (ids, grads, lr=None))]
@@ -433,21 +439,23 @@ impl PyTable {
         Ok(out.into_pyarray(py))
     }
 
-    fn initial_rows<'py>(
+    /// Writes the initial values of `ids` into `out` (`float32[B, D]`).
+    fn initial_rows(
         &self,
-        py: Python<'py>,
-        ids: PyReadonlyArray1<'py, u64>,
-    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        py: Python<'_>,
+        ids: PyReadonlyArray1<'_, u64>,
+        mut out: PyReadwriteArray2<'_, f32>,
+    ) -> PyResult<()> {
         let keys = slice(&ids, "ids")?;
         let d = self.inner.dim();
-        let (arr, out) = new_rows(py, keys.len(), d);
+        let out = out_rows(&mut out, keys.len(), d)?;
         let t = &self.inner;
         detached(py, || {
             for (k, row) in keys.iter().zip(out.chunks_exact_mut(d)) {
                 t.initial_row(*k, row);
             }
         });
-        Ok(arr)
+        Ok(())
     }
 
     /// `(found, versions, replicas, update_counts, last_update_ms)` for each id.

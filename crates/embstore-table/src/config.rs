@@ -9,6 +9,9 @@ pub const MAX_EMBEDDING_DIM: usize = 4096;
 /// The most shards a table may have.
 pub const MAX_SHARDS: usize = 1024;
 
+/// The longest time-to-live: 100 years.
+pub const MAX_TTL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// What `apply_gradients` does with a NaN or infinite gradient.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NonFinite {
@@ -111,6 +114,13 @@ impl TableConfig {
                 "admission_sketch_width must be at most 2^28, got {}",
                 self.admission_sketch_width
             )));
+        }
+        if let Some(ttl) = self.ttl {
+            if ttl.is_zero() || ttl > MAX_TTL {
+                return Err(Error::invalid(format!(
+                    "ttl must be positive and at most 100 years, got {ttl:?}"
+                )));
+            }
         }
         self.initializer.validate()?;
         self.optimizer.validate()

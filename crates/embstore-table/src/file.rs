@@ -58,7 +58,8 @@ impl Table {
 
     fn save_to(&self, tmp: &Path) -> Result<u64> {
         let ctx = |e| Error::io(format!("write {}", tmp.display()), e);
-        let file = File::create(tmp).map_err(ctx)?;
+        let file =
+            std::fs::OpenOptions::new().write(true).create_new(true).open(tmp).map_err(ctx)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         let header = header_text(self);
         w.write_all(MAGIC).map_err(ctx)?;
@@ -84,19 +85,31 @@ impl Table {
     }
 
     /// Replaces every row with the rows in `path`, written by [`Table::save`] from a table with
-    /// the same `embedding_dim` and optimizer state size; also restores the step counter. The
-    /// file is checked completely first: if it is corrupt, truncated or of another layout, the
-    /// table is left as it was.
+    /// the same `embedding_dim` and optimizer; also restores the step counter. The rows are read
+    /// into a new set of shards, checking every checksum and the row count, and swapped in only
+    /// when the whole file is good: if it is corrupt, truncated or of another layout, the table
+    /// is left as it was, and readers see either all of the old rows or all of the new. Needs
+    /// memory for both sets while it runs.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<u64> {
         let path = path.as_ref();
-        let (config, step) = parse_header(&mut open(path)?.0, path)?;
+        let (mut r, file_len) = open(path)?;
+        let (config, step) = parse_header(&mut r, path)?;
         same_layout(self, config.embedding_dim, config.optimizer.state_dim(config.embedding_dim))?;
-        let rows = scan(path, self.dim(), self.state_dim(), |_| Ok(()))?;
-        self.clear();
-        scan(path, self.dim(), self.state_dim(), |chunk| {
-            self.import(&chunk.ids, &chunk.values, Some(&chunk.state), Some(&chunk.meta))
+        if config.optimizer.name() != self.config().optimizer.name() {
+            return Err(Error::invalid(format!(
+                "optimizer mismatch for table '{}': expected {}, got {} in {}",
+                self.name(),
+                self.config().optimizer.name(),
+                config.optimizer.name(),
+                path.display()
+            )));
+        }
+        let fresh = Table::with_clock(self.config().clone(), self.clock().clone())?;
+        let rows = read_blocks(&mut r, file_len, path, self.dim(), self.state_dim(), |chunk| {
+            fresh.import_saved(&chunk)
         })?;
-        self.set_step(step);
+        fresh.set_step(step);
+        self.swap_rows(&fresh);
         Ok(rows)
     }
 }
@@ -106,9 +119,13 @@ pub(crate) fn read_config(path: &Path) -> Result<TableConfig> {
     parse_header(&mut open(path)?.0, path).map(|(config, _)| config)
 }
 
+/// A temporary name next to `path`, unique in this process (pid and a counter) so that two
+/// saves to one path never share it.
 fn tmp_path(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".tmp-{}", std::process::id()));
+    name.push(format!(".tmp-{}-{n}", std::process::id()));
     path.with_file_name(name)
 }
 
@@ -315,21 +332,21 @@ fn decode_block(buf: &[u8], rows: usize, d: usize) -> RowChunk {
     }
 }
 
-/// Reads every block of the file at `path`, checking checksums and sizes, and hands each to
-/// `f`; returns the row count.
-fn scan(
+/// Reads every block after the header from `r`, checking checksums and sizes, and hands each
+/// to `f`; then checks the end marker and that nothing follows. Returns the row count.
+fn read_blocks(
+    r: &mut BufReader<File>,
+    file_len: u64,
     path: &Path,
     d: usize,
     sd: usize,
     mut f: impl FnMut(RowChunk) -> Result<()>,
 ) -> Result<u64> {
-    let (mut r, file_len) = open(path)?;
-    parse_header(&mut r, path)?;
     let row_bytes = 8 + META_BYTES + (d + sd) * 4;
     let mut total = 0u64;
     let mut buf = Vec::new();
     loop {
-        let rows = read_u32(&mut r, path)? as usize;
+        let rows = read_u32(r, path)? as usize;
         if rows == 0 {
             break;
         }
@@ -338,8 +355,8 @@ fn scan(
             .filter(|&b| rows <= BLOCK_ROWS && (b as u64) <= file_len)
             .ok_or_else(|| Error::corrupt(format!("{}: bad block size", path.display())))?;
         buf.resize(bytes, 0);
-        read_exact(&mut r, &mut buf, path)?;
-        if read_u32(&mut r, path)? != crc32fast::hash(&buf) {
+        read_exact(r, &mut buf, path)?;
+        if read_u32(r, path)? != crc32fast::hash(&buf) {
             return Err(Error::corrupt(format!(
                 "{}: checksum mismatch in the block after row {total}",
                 path.display()
@@ -349,8 +366,8 @@ fn scan(
         total += rows as u64;
     }
     let mut b = [0u8; 8];
-    read_exact(&mut r, &mut b, path)?;
-    if read_u32(&mut r, path)? != crc32fast::hash(&b) || u64::from_le_bytes(b) != total {
+    read_exact(r, &mut b, path)?;
+    if read_u32(r, path)? != crc32fast::hash(&b) || u64::from_le_bytes(b) != total {
         return Err(Error::corrupt(format!("{}: row count mismatch at the end", path.display())));
     }
     if r.read(&mut [0u8; 1]).map_err(|e| Error::io(format!("read {}", path.display()), e))? != 0 {

@@ -66,6 +66,7 @@ impl Store {
     }
 
     /// Creates a table from a file written by [`Table::save`], named as in the file or `name`.
+    /// The table joins the store only once the whole file has loaded.
     pub fn load_table(&self, path: impl AsRef<Path>, name: Option<&str>) -> Result<Arc<Table>> {
         let path = path.as_ref();
         let mut config = file::read_config(path)?;
@@ -73,11 +74,19 @@ impl Store {
             validate_name(name)?;
             config.name = name.to_owned();
         }
-        let table = self.create_table(config)?;
-        if let Err(e) = table.load(path) {
-            let _ = self.drop_table(table.name());
-            return Err(e);
+        let exists = |name: &str| {
+            Error::new(ErrorKind::TableExists, format!("table '{name}' already exists"))
+        };
+        if self.tables.read().contains_key(&config.name) {
+            return Err(exists(&config.name));
         }
+        let table = Arc::new(Table::with_clock(config, self.clock.clone())?);
+        table.load(path)?;
+        let mut tables = self.tables.write();
+        if tables.contains_key(table.name()) {
+            return Err(exists(table.name()));
+        }
+        tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
     }
 }

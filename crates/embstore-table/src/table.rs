@@ -55,6 +55,20 @@ fn pool() -> &'static rayon::ThreadPool {
 /// Salt of the shard hash, so that shard bits and the index's home bits are independent.
 const SHARD_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 
+/// How far ahead of this store's clock an imported version may be: one day.
+const MAX_CLOCK_AHEAD_MS: u64 = 24 * 3600 * 1000;
+
+/// The optimizer state that `write_rows` gives each row.
+#[derive(Clone, Copy)]
+enum StateIn<'a> {
+    /// Keep an existing row's state (a new row gets the initial state).
+    Keep,
+    /// The optimizer's initial state.
+    Init,
+    /// `[B, S]`, row-major.
+    Given(&'a [f32]),
+}
+
 /// What `lookup` does for an id that has no row.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnMiss {
@@ -250,6 +264,10 @@ impl Table {
         })
     }
 
+    pub(crate) fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
     /// The table's configuration.
     pub fn config(&self) -> &TableConfig {
         &self.config
@@ -411,7 +429,8 @@ impl Table {
         let groups = self.group(ids)?;
         let out_ptr = SharedOut(out.as_mut_ptr());
         let found_ptr = found.map(|f| SharedOut(f.as_mut_ptr()));
-        let first_missing = Mutex::new(None::<u64>);
+        // (batch position, id) of the first missing id, for OnMiss::Error.
+        let first_missing = Mutex::new(None::<(u32, u64)>);
         self.run(&groups, |s, keys, pos| {
             // `pos` values are distinct batch positions below `ids.len()`, owned by this shard
             // alone, and `out` holds `ids.len()` rows and `found` `ids.len()` entries.
@@ -448,7 +467,10 @@ impl Table {
                             missing.push(i);
                         }
                         OnMiss::Error => {
-                            first_missing.lock().get_or_insert(keys[i]);
+                            let mut first = first_missing.lock();
+                            if first.is_none_or(|(p, _)| pos[i] < p) {
+                                *first = Some((pos[i], keys[i]));
+                            }
                             row(i).fill(0.0);
                         }
                     }
@@ -480,7 +502,7 @@ impl Table {
             Ok(())
         })?;
         match first_missing.into_inner() {
-            Some(key) => Err(Error::new(
+            Some((_, key)) => Err(Error::new(
                 ErrorKind::KeyNotFound,
                 format!("id {key} is not stored in table '{}'", self.name()),
             )),
@@ -546,13 +568,10 @@ impl Table {
             return Ok(0);
         }
         let groups = self.group(ids)?;
-        let t = self.step.fetch_add(1, Ordering::Relaxed) + 1;
-        let version = self.clock.tick();
-        let now = now_ms();
-        let stepped = AtomicU64::new(0);
-        let optimizer = self.config.optimizer;
+        // Phase 1: sum the gradients of duplicate ids, shard by shard, keeping first-seen order.
+        let coalesced: Vec<Mutex<(Vec<u64>, Vec<f32>)>> =
+            (0..self.shards.len()).map(|_| Mutex::new((Vec::new(), Vec::new()))).collect();
         self.run(&groups, |s, keys, pos| {
-            // Coalesce duplicates, keeping first-seen order.
             let mut at: HashMap<u64, u32> = HashMap::with_capacity(keys.len());
             let mut uniq: Vec<u64> = Vec::with_capacity(keys.len());
             let mut sums: Vec<f32> = Vec::with_capacity(keys.len() * d);
@@ -570,6 +589,35 @@ impl Table {
                     }
                 }
             }
+            *coalesced[s].lock() = (uniq, sums);
+            Ok(())
+        })?;
+        // Finite gradients can still sum to infinity; reject before anything is written.
+        if self.config.non_finite == NonFinite::Reject {
+            for c in &coalesced {
+                let (uniq, sums) = &*c.lock();
+                if let Some(i) = sums.iter().position(|g| !g.is_finite()) {
+                    return Err(Error::new(
+                        ErrorKind::NonFinite,
+                        format!(
+                            "summed gradient for id {} in table '{}' is not finite ({}); nothing \
+                             was applied",
+                            uniq[i / d],
+                            self.name(),
+                            sums[i]
+                        ),
+                    ));
+                }
+            }
+        }
+        // Phase 2: one optimizer step per unique id.
+        let t = self.step.fetch_add(1, Ordering::Relaxed) + 1;
+        let version = self.clock.tick();
+        let now = now_ms();
+        let stepped = AtomicU64::new(0);
+        let optimizer = self.config.optimizer;
+        self.run(&groups, |s, _, _| {
+            let (uniq, sums) = std::mem::take(&mut *coalesced[s].lock());
             let mut slots = vec![0u64; uniq.len()];
             let mut rows = self.shards[s].write();
             let rows = &mut *rows;
@@ -620,12 +668,13 @@ impl Table {
     /// Sets the values of `ids` (`[B, D]`); ids without a row get one (admission does not
     /// apply). For a repeated id the last row wins. State of existing rows is kept.
     pub fn assign(&self, ids: &[u64], values: &[f32]) -> Result<()> {
-        self.write_rows(ids, values, None, None)
+        self.write_rows(ids, values, StateIn::Keep, None, true)
     }
 
     /// Writes rows exported from a table with the same `D` and optimizer: values `[B, D]`,
     /// optimizer state `[B, S]` (or the optimizer's initial state when `None`) and metadata
-    /// (or a fresh version when `None`).
+    /// (or a fresh version when `None`). Imported versions may not be more than a day ahead of
+    /// this store's clock.
     pub fn import(
         &self,
         ids: &[u64],
@@ -633,19 +682,34 @@ impl Table {
         state: Option<&[f32]>,
         meta: Option<&[RowMeta]>,
     ) -> Result<()> {
-        self.write_rows(ids, values, state, meta)
+        let state = state.map_or(StateIn::Init, StateIn::Given);
+        self.write_rows(ids, values, state, meta, true)
+    }
+
+    /// [`Table::import`] of rows read back from a checksummed file: whatever the table held
+    /// when it was saved (an optimizer can drive state to infinity from finite gradients) is
+    /// restored as it was.
+    pub(crate) fn import_saved(&self, chunk: &RowChunk) -> Result<()> {
+        self.write_rows(
+            &chunk.ids,
+            &chunk.values,
+            StateIn::Given(&chunk.state),
+            Some(&chunk.meta),
+            false,
+        )
     }
 
     fn write_rows(
         &self,
         ids: &[u64],
         values: &[f32],
-        state: Option<&[f32]>,
+        state: StateIn<'_>,
         meta: Option<&[RowMeta]>,
+        check_finite: bool,
     ) -> Result<()> {
         let (d, sd) = (self.dim(), self.state_dim);
         self.check_rows("values", ids.len(), values.len(), d)?;
-        if let Some(state) = state {
+        if let StateIn::Given(state) = state {
             self.check_rows("state", ids.len(), state.len(), sd)?;
         }
         if let Some(meta) = meta {
@@ -656,23 +720,37 @@ impl Table {
                     meta.len()
                 )));
             }
+            let horizon = (now_ms() + MAX_CLOCK_AHEAD_MS) << 16;
+            if let Some(i) = meta.iter().position(|m| m.version.timestamp > horizon) {
+                return Err(Error::invalid(format!(
+                    "version of id {} is more than a day ahead of this clock ({} ms since the \
+                     epoch); nothing was written",
+                    ids[i],
+                    meta[i].version.millis()
+                )));
+            }
         }
-        let non_finite = values.iter().position(|v| !v.is_finite()).map(|i| (i / d, "values"));
-        let non_finite = non_finite.or_else(|| {
-            state?.iter().position(|v| !v.is_finite()).map(|i| (i / sd.max(1), "state"))
-        });
-        if let Some((row, what)) = non_finite {
-            return Err(Error::new(
-                ErrorKind::NonFinite,
-                format!("{what} for id {} are not finite; nothing was written", ids[row]),
-            ));
+        if check_finite {
+            let bad = values.iter().position(|v| !v.is_finite()).map(|i| (i / d, "values"));
+            let bad = bad.or_else(|| match state {
+                StateIn::Given(st) => {
+                    st.iter().position(|v| !v.is_finite()).map(|i| (i / sd.max(1), "state"))
+                }
+                _ => None,
+            });
+            if let Some((row, what)) = bad {
+                return Err(Error::new(
+                    ErrorKind::NonFinite,
+                    format!("{what} for id {} are not finite; nothing was written", ids[row]),
+                ));
+            }
         }
         if ids.is_empty() {
             return Ok(());
         }
         let groups = self.group(ids)?;
-        let fresh =
-            RowMeta { version: self.clock.tick(), update_count: 1, last_update_ms: now_ms() };
+        let version = self.clock.tick();
+        let now = now_ms();
         if let Some(meta) = meta {
             meta.iter().for_each(|m| self.clock.observe(m.version));
         }
@@ -681,30 +759,44 @@ impl Table {
             let rows = &mut *rows;
             for (&key, &p) in keys.iter().zip(pos) {
                 let p = p as usize;
-                let row_meta = match meta {
-                    Some(m) => m[p],
-                    None => fresh,
-                };
                 let slot = match rows.index.get(key) {
                     Some(slot) => slot as usize,
-                    None => self.insert_row(rows, key, row_meta)?,
+                    None => self.insert_row(rows, key, RowMeta::default())?,
                 };
                 rows.values.row_mut(slot).copy_from_slice(&values[p * d..][..d]);
-                if let Some(state) = state {
-                    rows.state.row_mut(slot).copy_from_slice(&state[p * sd..][..sd]);
+                match state {
+                    StateIn::Keep => {}
+                    StateIn::Init => self.config.optimizer.init_state(rows.state.row_mut(slot)),
+                    StateIn::Given(st) => {
+                        rows.state.row_mut(slot).copy_from_slice(&st[p * sd..][..sd])
+                    }
                 }
                 let m = &mut rows.meta[slot];
-                if meta.is_some() {
-                    *m = row_meta;
-                } else {
-                    m.version = fresh.version;
-                    m.update_count += 1;
-                    m.last_update_ms = fresh.last_update_ms;
+                match meta {
+                    Some(given) => *m = given[p],
+                    None => {
+                        m.version = version;
+                        m.update_count += 1;
+                        m.last_update_ms = now;
+                    }
                 }
             }
             Counters::add(&self.counters.updates, keys.len());
             Ok(())
         })
+    }
+
+    /// Swaps every row (and the step counter) with `other`, a table of the same config, under
+    /// all shard locks of both: readers see all of the old rows or all of the new.
+    pub(crate) fn swap_rows(&self, other: &Table) {
+        debug_assert_eq!(self.shards.len(), other.shards.len());
+        let mut mine: Vec<_> = self.shards.iter().map(|s| s.write()).collect();
+        let mut theirs: Vec<_> = other.shards.iter().map(|s| s.write()).collect();
+        for (a, b) in mine.iter_mut().zip(theirs.iter_mut()) {
+            std::mem::swap(&mut **a, &mut **b);
+        }
+        let step = other.step.swap(self.step(), Ordering::Relaxed);
+        self.step.store(step, Ordering::Relaxed);
     }
 
     /// Removes the rows of `ids`; returns how many were stored.

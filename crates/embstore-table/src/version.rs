@@ -48,7 +48,7 @@ impl Clock {
         let physical = now_ms() << 16;
         let mut last = self.last.load(Ordering::Relaxed);
         loop {
-            let next = physical.max(last + 1);
+            let next = physical.max(last.saturating_add(1));
             match self.last.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => return Version { timestamp: next, replica: self.replica },

@@ -277,3 +277,100 @@ fn stats_count_rows_and_balance() {
     t.lookup(&[100_000], OnMiss::Init, &mut [0.0; 4], None).unwrap();
     assert_eq!(t.len(), 7991);
 }
+
+#[test]
+fn summed_duplicate_gradients_that_overflow_are_rejected() {
+    let t = table(2, Optimizer::Sgd { lr: 1.0 });
+    t.assign(&[5, 6], &[1.0; 4]).unwrap();
+    let before: Vec<_> = t.export(10).collect();
+    let err = t.apply_gradients(&[6, 5, 5], &[1.0, 1.0, 3e38, 3e38, 3e38, 3e38], None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NonFinite, "{err}");
+    assert!(err.message().contains("summed gradient for id 5"), "{err}");
+    assert_eq!(t.export(10).collect::<Vec<_>>(), before);
+    assert_eq!(t.step(), 0);
+}
+
+#[test]
+fn the_first_missing_id_is_named_in_batch_order() {
+    let t = table(1, Optimizer::default());
+    t.assign(&[1], &[0.0]).unwrap();
+    let ids: Vec<u64> = (0..5000).rev().collect(); // large: runs the shards in parallel
+    let err = t.lookup(&ids, OnMiss::Error, &mut vec![0.0; 5000], None).unwrap_err();
+    assert_eq!(err.message(), "id 4999 is not stored in table 't'");
+}
+
+#[test]
+fn assign_and_import_metadata_and_state() {
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.5 };
+    let t = table(2, opt);
+    t.assign(&[1], &[1.0, 1.0]).unwrap();
+    assert_eq!(t.meta(&[1])[0].unwrap().update_count, 1);
+    t.apply_gradients(&[1], &[1.0, 1.0], None).unwrap();
+    // import without state resets it to the optimizer's initial state.
+    t.import(&[1], &[2.0, 2.0], None, None).unwrap();
+    let c: Vec<_> = t.export(10).collect();
+    assert_eq!(c[0].state, [0.5, 0.5]);
+    // A version more than a day ahead of the clock is refused.
+    let far = embstore_table::RowMeta {
+        version: embstore_table::Version { timestamp: u64::MAX, replica: 0 },
+        ..Default::default()
+    };
+    let err = t.import(&[1], &[3.0, 3.0], None, Some(&[far])).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(rows_of(&t, &[1]), [2.0, 2.0]);
+}
+
+#[test]
+fn loads_restore_what_was_saved_and_refuse_other_optimizers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.embt");
+    let store = Store::new();
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
+    let t = store.create_table(TableConfig::new("a", 2).with_optimizer(opt)).unwrap();
+    // A finite but huge gradient drives the Adagrad state to infinity: save and load keep it.
+    t.apply_gradients(&[1, 2], &[2e19, 1.0, 1.0, 1.0], None).unwrap();
+    t.save(&path).unwrap();
+    let b = store.create_table(TableConfig::new("b", 2).with_optimizer(opt)).unwrap();
+    b.assign(&[7], &[7.0, 7.0]).unwrap();
+    assert_eq!(b.load(&path).unwrap(), 2);
+    assert_eq!(b.export(10).map(|c| c.len()).sum::<usize>(), 2);
+    assert!(b.meta(&[7])[0].is_none());
+    // Adam and FTRL both keep 2·D floats of state, but they are not the same state.
+    let adam = Optimizer::Adam { lr: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8 };
+    let ftrl =
+        Optimizer::Ftrl { lr: 0.1, beta: 1.0, l1: 0.0, l2: 0.0, initial_accumulator_value: 0.0 };
+    let x = store.create_table(TableConfig::new("x", 2).with_optimizer(adam)).unwrap();
+    x.assign(&[1], &[1.0, 1.0]).unwrap();
+    x.save(&path).unwrap();
+    let y = store.create_table(TableConfig::new("y", 2).with_optimizer(ftrl)).unwrap();
+    assert_eq!(y.load(&path).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert!(y.is_empty());
+    // A name that is taken is refused before anything is read into the store.
+    assert_eq!(store.load_table(&path, Some("a")).unwrap_err().kind(), ErrorKind::TableExists);
+}
+
+#[test]
+fn concurrent_saves_to_one_path_never_publish_a_mixed_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Arc::new(dir.path().join("t.embt"));
+    let store = Arc::new(Store::new());
+    for name in ["a", "b"] {
+        let t = store.create_table(TableConfig::new(name, 4)).unwrap();
+        let ids: Vec<u64> = (0..50_000).collect();
+        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * 4], None).unwrap();
+    }
+    for round in 0..4 {
+        let threads: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                let (store, path) = (store.clone(), path.clone());
+                std::thread::spawn(move || store.table(name).unwrap().save(&*path).unwrap())
+            })
+            .collect();
+        threads.into_iter().for_each(|h| assert_eq!(h.join().unwrap(), 50_000));
+        let name = format!("check{round}");
+        assert_eq!(store.load_table(&*path, Some(&name)).unwrap().len(), 50_000);
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(leftovers.len(), 1, "temporary files left behind");
+}

@@ -53,9 +53,10 @@ class _Pull(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray) -> Any:
-        rows = torch.from_numpy(module.table._inner.lookup(ids, module._mode(), False))
+        out = np.empty((len(ids), module.embedding_dim), np.float32)
+        module.table._inner.lookup(ids, out, module._mode())
         ctx.module, ctx.ids = module, ids
-        return rows
+        return torch.from_numpy(out)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -87,7 +88,9 @@ class _StoreModule(nn.Module):
 
     def _pull(self, ids: torch.Tensor) -> torch.Tensor:
         """``float32[N, D]`` rows of the flat ids, on the ids' device, wired for backward."""
-        arr, _ = _as_ids(ids.reshape(-1))
+        # A copy: the gradient must go to these ids even if the caller reuses the input
+        # tensor's memory before backward or step().
+        arr = np.array(_as_ids(ids.reshape(-1))[0], copy=True)
         track = torch.is_grad_enabled() and self.training
         anchor = torch.empty(0, requires_grad=track)
         rows = _Pull.apply(anchor, self, arr)
@@ -184,12 +187,14 @@ class EmbeddingBag(_StoreModule):
                 raise ShapeError("offsets must be None when input is 2-D [B, L]")
             b, length = input.shape
             offsets = torch.arange(0, b * length, length, device=input.device)
+            include_last_offset = False  # as nn.EmbeddingBag: offsets are made here
             input = input.reshape(-1)
             if per_sample_weights is not None:
                 per_sample_weights = per_sample_weights.reshape(-1)
         elif input.dim() == 1:
             if offsets is None or offsets.dim() != 1:
                 raise ShapeError("1-D input needs 1-D offsets")
+            include_last_offset = self.include_last_offset
         else:
             raise ShapeError(f"input must be 1-D or 2-D, got {input.dim()}-D")
         if per_sample_weights is not None:
@@ -210,17 +215,17 @@ class EmbeddingBag(_StoreModule):
             offsets.to(rows.device),
             mode=self.mode,
             per_sample_weights=per_sample_weights,
-            include_last_offset=self.include_last_offset,
+            include_last_offset=include_last_offset,
         )
 
 
 def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:
     if isinstance(modules, nn.Module):
         modules = [modules]
-    found: list[_StoreModule] = []
+    found: dict[int, _StoreModule] = {}  # by identity: a module listed twice steps once
     for m in modules:
-        found.extend(x for x in m.modules() if isinstance(x, _StoreModule))
-    return found
+        found.update((id(x), x) for x in m.modules() if isinstance(x, _StoreModule))
+    return list(found.values())
 
 
 class EmbeddingOptimizer:

@@ -306,3 +306,28 @@ def test_threads_share_a_table(store: embstore.Store) -> None:
         th.join(timeout=120)
     assert not any(th.is_alive() for th in threads)
     np.testing.assert_array_equal(t.lookup(ids, "error"), np.full((5000, 8), -80.0))
+
+
+def test_lookup_into_a_reused_buffer(table: embstore.Table) -> None:
+    buf = np.empty((3, 4), np.float32)
+    out = table.lookup([1, 2, 3], out=buf)
+    assert out is buf
+    np.testing.assert_array_equal(buf, table.lookup([1, 2, 3]))
+    with pytest.raises(errors.ShapeError, match=r"out must be \[2, 4\]"):
+        table.lookup([1, 2], out=buf)
+    with pytest.raises(errors.DTypeError):
+        table.lookup([1, 2, 3], out=np.empty((3, 4), np.float64))
+
+
+def test_out_of_range_ints_and_ttl_are_invalid_arguments(store: embstore.Store) -> None:
+    for kwargs in ({"seed": -1}, {"admission_min_count": 2**40}, {"ttl": 1e20}, {"ttl": 0}):
+        with pytest.raises(errors.InvalidArgumentError):
+            store.create_table("t", 4, **kwargs)
+    with pytest.raises(errors.InvalidArgumentError):
+        store.create_table("t", 2**70)
+    assert store.tables() == []
+
+
+def test_object_arrays_of_ints_are_ids(table: embstore.Table) -> None:
+    ids = np.array([1, 2**63 + 5], dtype=object)
+    np.testing.assert_array_equal(table.lookup(ids), table.lookup([1, 2**63 + 5]))

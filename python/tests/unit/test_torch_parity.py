@@ -257,3 +257,28 @@ def test_shared_table_sums_both_modules_into_one_step() -> None:
     (ref(x).sum() + 2 * ref(x).sum()).backward()
     ref_opt.step()
     compare(table, ref, 0)
+
+
+def test_ids_are_copied_for_backward() -> None:
+    # Reusing the input tensor's memory before step() must not redirect the gradient.
+    table = make_table(embstore.SGD(lr=1.0))
+    emb = et.Embedding(table)
+    opt = et.EmbeddingOptimizer([emb, emb])  # listed twice: still one step
+    x = torch.from_numpy(RAW[:2].copy())
+    before = table.lookup(RAW[:4])
+    emb(x).sum().backward()
+    x.copy_(torch.from_numpy(RAW[2:4]))
+    assert opt.step() == 2
+    after = table.lookup(RAW[:4])
+    np.testing.assert_allclose(after[:2], before[:2] - 1.0, atol=1e-6)
+    np.testing.assert_array_equal(after[2:], before[2:])
+
+
+def test_embedding_bag_2d_ignores_include_last_offset() -> None:
+    table = make_table(embstore.SGD())
+    bag = et.EmbeddingBag(table, mode="sum", include_last_offset=True)
+    ref = nn.EmbeddingBag(V, D, mode="sum", include_last_offset=True)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(table.initial_values(RAW)))
+    x = torch.tensor([[1, 2], [3, 4]])
+    torch.testing.assert_close(bag(torch.from_numpy(RAW)[x]), ref(x))
