@@ -58,6 +58,9 @@ const SHARD_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 /// How far ahead of this store's clock an imported version may be: one day.
 const MAX_CLOCK_AHEAD_MS: u64 = 24 * 3600 * 1000;
 
+/// One shard's unique ids and their summed gradients (`[U, D]`, row-major).
+type Coalesced = (Vec<u64>, Vec<f32>);
+
 /// The optimizer state that `write_rows` gives each row.
 #[derive(Clone, Copy)]
 enum StateIn<'a> {
@@ -374,21 +377,25 @@ impl Table {
         if pool.current_thread_index().is_some() {
             return (0..n).try_for_each(task); // called from a pool thread: no nesting
         }
-        // Participant p takes shards p, p + k, p + 2k, … (k participants): shards hold about the
-        // same number of ids, so the groups are balanced.
-        let k = helpers + 1;
+        // Every participant takes the next unclaimed shard until none is left, so a helper that
+        // wakes late takes fewer shards rather than holding up the call.
+        let next = std::sync::atomic::AtomicUsize::new(0);
         let first_error = Mutex::new(None::<Error>);
-        let group = |p: usize| {
-            if let Err(e) = (p..n).step_by(k).try_for_each(task) {
+        let work = || loop {
+            let s = next.fetch_add(1, Ordering::Relaxed);
+            if s >= n {
+                break;
+            }
+            if let Err(e) = task(s) {
                 first_error.lock().get_or_insert(e);
             }
         };
         pool.in_place_scope(|scope| {
-            for p in 1..k {
-                let group = &group;
-                scope.spawn(move |_| group(p));
+            for _ in 0..helpers {
+                let work = &work;
+                scope.spawn(move |_| work());
             }
-            group(0);
+            work();
         });
         first_error.into_inner().map_or(Ok(()), Err)
     }
@@ -551,7 +558,10 @@ impl Table {
             Some(lr) => lr,
             None => self.config.optimizer.lr(),
         };
-        if self.config.non_finite == NonFinite::Reject {
+        // One pass over the bits (integer max vectorises; f32::max does not): the largest |g|,
+        // and a value at or above the infinity pattern means a NaN or infinity is present.
+        let max_abs_bits = grads.iter().map(|g| g.to_bits() & 0x7fff_ffff).max().unwrap_or(0);
+        if self.config.non_finite == NonFinite::Reject && max_abs_bits >= f32::INFINITY.to_bits() {
             if let Some(i) = grads.iter().position(|g| !g.is_finite()) {
                 return Err(Error::new(
                     ErrorKind::NonFinite,
@@ -568,10 +578,8 @@ impl Table {
             return Ok(0);
         }
         let groups = self.group(ids)?;
-        // Phase 1: sum the gradients of duplicate ids, shard by shard, keeping first-seen order.
-        let coalesced: Vec<Mutex<(Vec<u64>, Vec<f32>)>> =
-            (0..self.shards.len()).map(|_| Mutex::new((Vec::new(), Vec::new()))).collect();
-        self.run(&groups, |s, keys, pos| {
+        let coalesce = |keys: &[u64], pos: &[u32]| {
+            // Sum the gradients of duplicate ids, keeping first-seen order.
             let mut at: HashMap<u64, u32> = HashMap::with_capacity(keys.len());
             let mut uniq: Vec<u64> = Vec::with_capacity(keys.len());
             let mut sums: Vec<f32> = Vec::with_capacity(keys.len() * d);
@@ -589,12 +597,23 @@ impl Table {
                     }
                 }
             }
-            *coalesced[s].lock() = (uniq, sums);
-            Ok(())
-        })?;
-        // Finite gradients can still sum to infinity; reject before anything is written.
-        if self.config.non_finite == NonFinite::Reject {
-            for c in &coalesced {
+            (uniq, sums)
+        };
+        // Finite gradients can still sum to infinity. When they cannot (|g| · B well below
+        // f32::MAX, i.e. always in practice), each shard sums and steps in one pass; otherwise
+        // every sum is computed and checked first, so that a rejected call writes nothing.
+        let max_abs = f32::from_bits(max_abs_bits.min(f32::MAX.to_bits()));
+        let may_overflow = self.config.non_finite == NonFinite::Reject
+            && max_abs as f64 * ids.len() as f64 * 2.0 >= f32::MAX as f64;
+        let mut summed: Option<Vec<Mutex<Coalesced>>> = None;
+        if may_overflow {
+            let all: Vec<_> =
+                (0..self.shards.len()).map(|_| Mutex::new((Vec::new(), Vec::new()))).collect();
+            self.run(&groups, |s, keys, pos| {
+                *all[s].lock() = coalesce(keys, pos);
+                Ok(())
+            })?;
+            for c in &all {
                 let (uniq, sums) = &*c.lock();
                 if let Some(i) = sums.iter().position(|g| !g.is_finite()) {
                     return Err(Error::new(
@@ -609,15 +628,18 @@ impl Table {
                     ));
                 }
             }
+            summed = Some(all);
         }
-        // Phase 2: one optimizer step per unique id.
         let t = self.step.fetch_add(1, Ordering::Relaxed) + 1;
         let version = self.clock.tick();
         let now = now_ms();
         let stepped = AtomicU64::new(0);
         let optimizer = self.config.optimizer;
-        self.run(&groups, |s, _, _| {
-            let (uniq, sums) = std::mem::take(&mut *coalesced[s].lock());
+        self.run(&groups, |s, keys, pos| {
+            let (uniq, sums) = match &summed {
+                Some(all) => std::mem::take(&mut *all[s].lock()),
+                None => coalesce(keys, pos),
+            };
             let mut slots = vec![0u64; uniq.len()];
             let mut rows = self.shards[s].write();
             let rows = &mut *rows;
