@@ -200,11 +200,11 @@ impl PyStore {
             non_finite: if skip_non_finite { NonFinite::Skip } else { NonFinite::Reject },
             huge_pages,
         };
-        self.inner.create_table(config).map(|inner| PyTable { inner }).map_err(to_py_err)
+        self.inner.create_table(config).map(PyTable::new).map_err(to_py_err)
     }
 
     fn table(&self, name: &str) -> PyResult<PyTable> {
-        self.inner.table(name).map(|inner| PyTable { inner }).map_err(to_py_err)
+        self.inner.table(name).map(PyTable::new).map_err(to_py_err)
     }
 
     fn tables(&self) -> Vec<String> {
@@ -224,7 +224,7 @@ impl PyStore {
     ) -> PyResult<PyTable> {
         let inner = &self.inner;
         detached(py, || inner.load_table(&path, name.as_deref()))
-            .map(|inner| PyTable { inner })
+            .map(PyTable::new)
             .map_err(to_py_err)
     }
 }
@@ -233,6 +233,15 @@ impl PyStore {
 #[pyclass(module = "embstore._native", name = "Table", frozen)]
 pub(crate) struct PyTable {
     inner: Arc<Table>,
+    /// Nanoseconds the last `lookup` spent inside `Table::lookup` (GIL released), so that a
+    /// benchmark can split a Python call into the native work and the call's own overhead.
+    last_native_ns: std::sync::atomic::AtomicU64,
+}
+
+impl PyTable {
+    fn new(inner: Arc<Table>) -> Self {
+        Self { inner, last_native_ns: std::sync::atomic::AtomicU64::new(0) }
+    }
 }
 
 fn on_miss(s: &str) -> PyResult<OnMiss> {
@@ -344,7 +353,13 @@ impl PyTable {
             None => None,
         };
         let t = &self.inner;
-        detached(py, || t.lookup(keys, mode, out, found)).map_err(to_py_err)
+        let (result, ns) = detached(py, || {
+            let start = std::time::Instant::now();
+            let result = t.lookup(keys, mode, out, found);
+            (result, start.elapsed().as_nanos() as u64)
+        });
+        self.last_native_ns.store(ns, std::sync::atomic::Ordering::Relaxed);
+        result.map_err(to_py_err)
     }
 
     #[pyo3(signature = (ids, grads, lr=None))]
@@ -546,6 +561,11 @@ impl PyTable {
             Ok(times[times.len() / 2])
         })
         .map_err(to_py_err)
+    }
+
+    /// Nanoseconds the last `lookup` through this object spent in native code.
+    fn _last_native_ns(&self) -> u64 {
+        self.last_native_ns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn __repr__(&self) -> String {
