@@ -1,8 +1,5 @@
 """The native module imports and the NeighborHash bindings behave (and fail) as documented."""
 
-import subprocess
-import sys
-
 import pytest
 
 import embstore
@@ -75,15 +72,3 @@ def test_bad_arguments():
         index.get("7")
     index.insert(3, 3)
     assert index.get(3) == 3, "the index keeps serving after bad calls"
-
-
-def test_example_runs(repo_root):
-    out = subprocess.run(
-        [sys.executable, str(repo_root / "examples" / "index_basics.py")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    assert "lookups:" in out and "None]" in out
-    assert "rejected: payload 4503599627370496 out of range" in out
