@@ -331,3 +331,34 @@ def test_out_of_range_ints_and_ttl_are_invalid_arguments(store: embstore.Store) 
 def test_object_arrays_of_ints_are_ids(table: embstore.Table) -> None:
     ids = np.array([1, 2**63 + 5], dtype=object)
     np.testing.assert_array_equal(table.lookup(ids), table.lookup([1, 2**63 + 5]))
+
+
+def test_batch_calls_release_the_gil(store: embstore.Store) -> None:
+    # A Python thread keeps counting while the main thread is inside long native calls; with
+    # the GIL held it could not run at all until each call returned.
+    t = store.create_table("t", 16, initializer=embstore.Zeros())
+    ids = np.arange(2_000_000, dtype=np.int64)
+    grads = np.ones((len(ids), 16), np.float32)
+    t.lookup(ids)  # create the rows first
+    ticks, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        during = []
+        for call in (lambda: t.lookup(ids), lambda: t.apply_gradients(ids, grads)):
+            before = ticks[0]
+            start = time.perf_counter()
+            call()
+            elapsed = time.perf_counter() - start
+            during.append((ticks[0] - before, elapsed))
+    finally:
+        stop.set()
+        counter.join(timeout=10)
+    for n, elapsed in during:
+        # The counter gets the GIL for most of the call: far more than a handful of switches.
+        assert n > 1000, f"only {n} ticks in {elapsed:.3f} s"
