@@ -352,11 +352,11 @@ impl Table {
     }
 
     /// Runs `f(shard, keys, positions)` for every shard with ids in `groups`; the first error
-    /// wins. Large batches split the shards into one group per participant: the calling thread
-    /// runs one group itself while the [`pool`]'s threads (one fewer than the cores) run the
-    /// others, so a call never has more runnable threads than there are cores and the caller is
-    /// not put to sleep waiting for a hand-off. (With the caller idle on a full-size pool, a
-    /// 4096-id lookup paid ~20 µs of wake-up and contention on 2 cores; see docs/benchmarks.md.)
+    /// wins. Large batches are run by the calling thread together with the [`pool`]'s threads
+    /// (one fewer than [`threads`]), each claiming the next unclaimed shard, so a call never has
+    /// more runnable threads than there are cores and the caller is never put to sleep waiting
+    /// for a hand-off. (With the caller idle on a full-size pool, a 4096-id lookup paid 21–28 µs
+    /// of wake-up and contention on 2 cores; see docs/benchmarks.md.)
     fn run<F>(&self, groups: &Groups, f: F) -> Result<()>
     where
         F: Fn(usize, &[u64], &[u32]) -> Result<()> + Sync,
