@@ -45,12 +45,9 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
             arr = _python_ints(arr.tolist(), arr)
     elif (t := _torch_tensor(ids)) is not None:
         device = t.device
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == _torch_bool():
+        if t.dtype.is_floating_point or t.dtype.is_complex:  # bfloat16 has no numpy dtype
             raise DTypeError(f"ids must be 1-D int64, got {t.dim()}-D {str(t.dtype)[6:]}")
-        arr = t.contiguous().numpy()
+        arr = _torch_numpy(t)  # a bool tensor is refused by the dtype check below
     else:
         arr = np.asarray(ids)
         if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to numpy
@@ -79,19 +76,21 @@ def _python_ints(seq: Any, arr: np.ndarray) -> np.ndarray:
     return np.fromiter((int(x) & (2**64 - 1) for x in items), dtype=np.uint64, count=len(items))
 
 
-def _torch_bool() -> Any:
-    return sys.modules["torch"].bool
+def _torch_numpy(t: Any) -> np.ndarray:
+    """A CPU tensor's data as numpy (no copy when contiguous); other devices are copied."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().numpy()
 
 
 def _as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
     """Normalise ``x`` to a C-contiguous ``float32[n, D]`` array."""
     if (t := _torch_tensor(x)) is not None:
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
         if not t.dtype.is_floating_point:
             raise DTypeError(f"{what} must be float32, got {str(t.dtype)[6:]}")
-        x = t.contiguous().numpy()
+        # float16/bfloat16 (AMP) become float32 here: numpy has no bfloat16.
+        x = _torch_numpy(t.float())  # .float() is a no-op for float32
     arr = np.asarray(x)
     if arr.dtype != np.float32:
         if arr.dtype.kind != "f" and not (arr.size == 0 and arr.dtype.kind in "iuf"):

@@ -37,7 +37,6 @@ impl Store {
 
     /// Creates a table; fails if the name is taken or the config is invalid.
     pub fn create_table(&self, config: TableConfig) -> Result<Arc<Table>> {
-        config.validate()?;
         let mut tables = self.tables.write();
         if tables.contains_key(&config.name) {
             return Err(Error::new(

@@ -53,10 +53,8 @@ class _Pull(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray) -> Any:
-        out = np.empty((len(ids), module.embedding_dim), np.float32)
-        module.table._inner.lookup(ids, out, module._mode())
         ctx.module, ctx.ids = module, ids
-        return torch.from_numpy(out)
+        return torch.from_numpy(module.table.lookup(ids, module._mode()))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
