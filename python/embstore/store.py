@@ -165,6 +165,14 @@ class Table:
     def __repr__(self) -> str:
         return repr(self._inner)
 
+    def __eq__(self, other: object) -> bool:
+        """Two handles are equal when they reach the same table (``store.table(name)`` returns a
+        new handle on every call)."""
+        return isinstance(other, Table) and other._inner.uid == self._inner.uid
+
+    def __hash__(self) -> int:
+        return hash(self._inner.uid)
+
     def __len__(self) -> int:
         return len(self._inner)
 

@@ -310,6 +310,13 @@ impl PyTable {
         self.inner.step()
     }
 
+    /// Identity of the underlying table: equal for every handle to one table, so that Python
+    /// can tell two wrappers of the same table apart from two tables.
+    #[getter]
+    fn uid(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.inner.config();
         let d = PyDict::new(py);
