@@ -194,8 +194,15 @@ class Table:
 
     @property
     def step(self) -> int:
-        """``apply_gradients`` calls so far (Adam's ``t``)."""
+        """``apply_gradients`` calls so far (Adam's ``t``). Settable, e.g. to restore it with
+        rows imported from another table."""
         return self._inner.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise InvalidArgumentError(f"step must be an int >= 0, got {value!r}")
+        self._inner.set_step(int(value))
 
     @property
     def config(self) -> dict[str, Any]:

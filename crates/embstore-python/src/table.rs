@@ -310,6 +310,10 @@ impl PyTable {
         self.inner.step()
     }
 
+    fn set_step(&self, step: u64) {
+        self.inner.set_step(step)
+    }
+
     /// Identity of the underlying table: equal for every handle to one table, so that Python
     /// can tell two wrappers of the same table apart from two tables.
     #[getter]

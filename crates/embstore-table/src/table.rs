@@ -958,7 +958,9 @@ impl Table {
         }
     }
 
-    pub(crate) fn set_step(&self, step: u64) {
+    /// Sets the step counter (Adam's `t`), e.g. when rows and their state are restored from
+    /// another table.
+    pub fn set_step(&self, step: u64) {
         self.step.store(step, Ordering::Relaxed);
     }
 
