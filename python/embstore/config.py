@@ -10,6 +10,20 @@ id, so a row first touched on any machine starts the same.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
+
+from embstore.errors import InvalidArgumentError
+
+
+def _check_floats(obj: Any) -> None:
+    """Every field a real number (bool excluded): a clear error at construction."""
+    for name, value in asdict(obj).items():
+        if name == "betas":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidArgumentError(
+                f"{type(obj).__name__}: {name} must be a number, got {value!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -19,6 +33,9 @@ class SGD:
     lr: float = 0.01
 
     _kind = "sgd"
+
+    def __post_init__(self) -> None:
+        _check_floats(self)
 
 
 @dataclass(frozen=True)
@@ -35,6 +52,9 @@ class Adagrad:
 
     _kind = "adagrad"
 
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 @dataclass(frozen=True)
 class RowWiseAdagrad:
@@ -50,6 +70,9 @@ class RowWiseAdagrad:
 
     _kind = "rowwise_adagrad"
 
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 @dataclass(frozen=True)
 class Adam:
@@ -64,6 +87,16 @@ class Adam:
     eps: float = 1e-8
 
     _kind = "adam"
+
+    def __post_init__(self) -> None:
+        _check_floats(self)
+        b = self.betas
+        if (
+            not isinstance(b, tuple | list)
+            or len(b) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int | float) for x in b)
+        ):
+            raise InvalidArgumentError(f"Adam: betas must be a pair of numbers, got {b!r}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +116,9 @@ class FTRL:
 
     _kind = "ftrl"
 
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL
 
@@ -91,7 +127,6 @@ Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL
 class Zeros:
     """Every value 0."""
 
-    _args = (0.0, 0.0)
     _kind = "zeros"
 
 
@@ -102,9 +137,9 @@ class Constant:
     value: float = 0.0
     _kind = "constant"
 
-    @property
-    def _args(self) -> tuple[float, float]:
-        return (self.value, 0.0)
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 
 @dataclass(frozen=True)
@@ -115,9 +150,9 @@ class Uniform:
     high: float = 0.01
     _kind = "uniform"
 
-    @property
-    def _args(self) -> tuple[float, float]:
-        return (self.low, self.high)
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 
 @dataclass(frozen=True)
@@ -128,20 +163,36 @@ class Normal:
     std: float = 0.01
     _kind = "normal"
 
-    @property
-    def _args(self) -> tuple[float, float]:
-        return (self.mean, self.std)
+    def __post_init__(self) -> None:
+        _check_floats(self)
+
 
 
 Initializer = Zeros | Constant | Uniform | Normal
 
 
-def optimizer_params(opt: Optimizer) -> tuple[str, dict[str, float]]:
-    """The native spelling of ``opt``: its kind and hyper-parameters."""
-    params = asdict(opt)
-    if isinstance(opt, Adam):
+_OPTIMIZERS = {c._kind: c for c in (SGD, Adagrad, RowWiseAdagrad, Adam, FTRL)}
+_INITIALIZERS = {c._kind: c for c in (Zeros, Constant, Uniform, Normal)}
+
+
+def to_params(obj: Optimizer | Initializer) -> tuple[str, dict[str, float]]:
+    """The native spelling of an optimizer or initializer: its kind and named parameters (the
+    names are defined once, in the Rust core; Adam's ``betas`` are ``beta1`` and ``beta2``)."""
+    params = asdict(obj)
+    if isinstance(obj, Adam):
         params["beta1"], params["beta2"] = params.pop("betas")
-    return opt._kind, {k: float(v) for k, v in params.items()}
+    return obj._kind, {k: float(v) for k, v in params.items()}
+
+
+def from_params(params: dict[str, Any]) -> Optimizer | Initializer:
+    """The object for a native ``{"name": kind, param: value, ...}`` dict."""
+    params = dict(params)
+    kind = params.pop("name")
+    if kind in _OPTIMIZERS:
+        if kind == "adam":
+            params["betas"] = (params.pop("beta1"), params.pop("beta2"))
+        return _OPTIMIZERS[kind](**params)
+    return _INITIALIZERS[kind](**params)
 
 
 __all__ = [

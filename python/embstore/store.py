@@ -21,10 +21,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from embstore import _native
-from embstore.config import SGD, Initializer, Normal, Optimizer, optimizer_params
+from embstore.config import (
+    SGD,
+    Initializer,
+    Normal,
+    Optimizer,
+    _INITIALIZERS,
+    _OPTIMIZERS,
+    from_params,
+    to_params,
+)
 from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
-
-_ON_MISS = ("init", "zeros", "error")
 
 
 def _torch_tensor(x: Any) -> Any:
@@ -60,8 +67,8 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
         arr = arr.astype(np.int64)
     if arr.ndim != 1:
         raise ShapeError(f"ids must be 1-D int64, got {arr.ndim}-D {arr.dtype}")
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
+    if not (arr.flags.c_contiguous and arr.flags.aligned):
+        arr = np.require(arr, requirements=("C", "A"))  # a strided or misaligned view: copy
     return arr.view(np.uint64), device
 
 
@@ -107,9 +114,39 @@ def _as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
         )
     if arr.shape[0] != n:
         raise ShapeError(f"{what} has {arr.shape[0]} rows for {n} ids")
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
+    if not (arr.flags.c_contiguous and arr.flags.aligned):
+        arr = np.require(arr, requirements=("C", "A"))
     return arr
+
+
+def _check_out(out: Any, ids: np.ndarray, dim: int) -> None:
+    """``out`` must be a writable, aligned, C-contiguous ``float32[B, D]`` numpy array that
+    shares no memory with the ids: anything else would be written wrongly, or not at all."""
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        kind = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
+        raise DTypeError(f"out must be a float32 numpy array, got {kind}")
+    if out.shape != (len(ids), dim):
+        raise ShapeError(f"out must be [{len(ids)}, {dim}] for {len(ids)} ids, got {list(out.shape)}")
+    if not (out.flags.c_contiguous and out.flags.aligned):
+        raise ShapeError("out must be a C-contiguous, aligned float32 [B, D] array")
+    if not out.flags.writeable:
+        raise InvalidArgumentError("out is read-only")
+    if np.may_share_memory(out, ids):
+        raise InvalidArgumentError("out shares memory with the ids")
+
+
+def _uint_array(x: Any, dtype: Any, what: str, n: int) -> np.ndarray:
+    """``x`` as a contiguous ``dtype[n]`` array of non-negative integers that fit ``dtype``."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+        raise DTypeError(f"{what} must be integers, got {arr.dtype}")
+    if arr.shape != (n,):
+        raise ShapeError(f"{what} must be [{n}], got {list(arr.shape)}")
+    if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
+        raise InvalidArgumentError(f"{what} must be >= 0, got {arr.min()}")
+    if arr.size and int(arr.max()) > np.iinfo(dtype).max:
+        raise InvalidArgumentError(f"{what} must be at most {np.iinfo(dtype).max}, got {arr.max()}")
+    return np.ascontiguousarray(arr, dtype=dtype)
 
 
 def _out(arr: np.ndarray, device: Any) -> Any:
@@ -125,7 +162,8 @@ class ExportChunk(NamedTuple):
     """A chunk of rows from :meth:`Table.export`; ``n`` rows.
 
     The first four fields are ``(ids, values, state, versions)``; pass the whole chunk to
-    :meth:`Table.import_` as ``table.import_(*chunk)``.
+    :meth:`Table.import_` as ``table.import_(*chunk)``: it checks that the optimizer matches and
+    carries the step counter over.
     """
 
     ids: np.ndarray  #: ``int64[n]``
@@ -135,6 +173,8 @@ class ExportChunk(NamedTuple):
     replicas: np.ndarray  #: ``uint32[n]`` replica that wrote each version
     update_counts: np.ndarray  #: ``uint64[n]`` writes to each row
     last_update_ms: np.ndarray  #: ``uint64[n]`` last write (or creation), ms since the epoch
+    optimizer: str | None = None  #: the exporting table's optimizer (its state's meaning)
+    step: int | None = None  #: the exporting table's step counter (Adam's ``t``)
 
 
 class Table:
@@ -206,8 +246,23 @@ class Table:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The table's configuration."""
-        return self._inner.config()
+        """The table's configuration, as the keyword arguments of :meth:`Store.create_table`:
+        ``store.create_table(**table.config)`` makes a table configured alike (rename it by
+        passing ``name=`` after the dict, e.g. ``{**table.config, "name": "copy"}``)."""
+        c = self._inner.config()
+        return {
+            "name": c["name"],
+            "embedding_dim": c["embedding_dim"],
+            "optimizer": from_params(c["optimizer"]),
+            "initializer": from_params(c["initializer"]),
+            "num_shards": c["num_shards"],
+            "seed": c["seed"],
+            "admission_min_count": c["admission_min_count"],
+            "admission_sketch_width": c["admission_sketch_width"],
+            "ttl": c["ttl_seconds"],
+            "on_non_finite": "skip" if c["skip_non_finite"] else "error",
+            "huge_pages": c["huge_pages"],
+        }
 
     def lookup(
         self,
@@ -226,19 +281,19 @@ class Table:
                 ``"zeros"``: return zeros and store nothing (serving); ``"error"``: raise
                 :class:`KeyNotFoundError` naming the first missing id.
             return_found: also return ``bool[B]``, whether each id had a row.
-            out: a C-contiguous ``float32[B, D]`` numpy array to write the rows into (and
-                return), e.g. one buffer reused by a serving loop.
+            out: a writable, C-contiguous ``float32[B, D]`` numpy array to write the rows into
+                (and return), e.g. one buffer reused by a serving loop. Anything else (another
+                dtype or shape, Fortran order, a read-only array, one sharing memory with
+                ``ids``) raises before anything is read.
 
         Returns:
             ``values`` or ``(values, found)``; numpy, or torch on the ids' device.
         """
-        if on_miss not in _ON_MISS:
-            raise InvalidArgumentError(f"on_miss must be one of {_ON_MISS}, got {on_miss!r}")
         arr, device = _as_ids(ids)
         if out is None:
             out = np.empty((len(arr), self._inner.embedding_dim), np.float32)
-        elif not isinstance(out, np.ndarray) or out.dtype != np.float32:
-            raise DTypeError("out must be a float32 numpy array")
+        else:
+            _check_out(out, arr, self._inner.embedding_dim)
         found = np.empty(len(arr), np.bool_) if return_found else None
         self._inner.lookup(arr, out, on_miss, found)
         if return_found:
@@ -299,13 +354,17 @@ class Table:
         self._inner.clear()
 
     def export(self, chunk_rows: int = 65536) -> Iterator[ExportChunk]:
-        """Iterate over every row, ``chunk_rows`` at a time, as :class:`ExportChunk`.
+        """Iterate over every row, ``chunk_rows`` (>= 1) at a time, as :class:`ExportChunk`.
 
         Each row is consistent (values, state and metadata of one moment); rows written while
         the export runs may appear old or new.
         """
-        for chunk in self._inner.export(int(chunk_rows)):
-            yield ExportChunk(*chunk)
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int | np.integer):
+            raise InvalidArgumentError(f"chunk_rows must be an int, got {chunk_rows!r}")
+        if chunk_rows < 1:
+            raise InvalidArgumentError(f"chunk_rows must be at least 1, got {chunk_rows}")
+        native = self._inner.export(int(chunk_rows))
+        return (ExportChunk(*chunk) for chunk in native)
 
     def import_(
         self,
@@ -316,10 +375,16 @@ class Table:
         replicas: Any = None,
         update_counts: Any = None,
         last_update_ms: Any = None,
+        optimizer: str | None = None,
+        step: int | None = None,
     ) -> None:
         """Write exported rows (``table.import_(*chunk)``): values, optionally optimizer state
         ``float32[B, S]`` and metadata (all four arrays or none; without them the rows get a
-        fresh version)."""
+        fresh version). ``optimizer`` (the exporting table's) must be this table's — state of
+        another optimizer is refused even when its width matches; ``step`` raises this table's
+        step counter to the exporting table's, so Adam's bias correction goes on from there.
+        ``last_update_ms`` is kept only for rows never written (version 0): a written row's
+        last update is its version's millisecond."""
         arr, _ = _as_ids(ids)
         rows = _as_rows(values, len(arr), self, "values")
         st = None
@@ -330,12 +395,16 @@ class Table:
                     f"state must be [{len(arr)}, {self.state_dim}], got {list(st.shape)}"
                 )
         meta = [versions, replicas, update_counts, last_update_ms]
+        names = ["versions", "replicas", "update_counts", "last_update_ms"]
         dtypes = [np.uint64, np.uint32, np.uint64, np.uint64]
         meta = [
-            None if m is None else np.ascontiguousarray(m, d)
-            for m, d in zip(meta, dtypes, strict=True)
+            None if m is None else _uint_array(m, d, name, len(arr))
+            for m, d, name in zip(meta, dtypes, names, strict=True)
         ]
-        self._inner.import_(arr, rows, st, *meta)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)
+                                 or not 0 <= step < 2**64):
+            raise InvalidArgumentError(f"step must be an int >= 0, got {step!r}")
+        self._inner.import_(arr, rows, st, *meta, optimizer, None if step is None else int(step))
 
     def save(self, path: str | os.PathLike[str]) -> int:
         """Write every row, its optimizer state and metadata, and the config to ``path``
@@ -352,11 +421,36 @@ class Table:
         """Remove rows not updated for the table's ``ttl``; return how many."""
         return self._inner.evict_expired()
 
+    def evict_older_than(self, cutoff: float | _dt.datetime) -> int:
+        """Remove rows whose last update (or creation, for rows never written) is before
+        ``cutoff`` — a timezone-aware datetime or seconds since the Unix epoch; return how
+        many."""
+        if isinstance(cutoff, _dt.datetime):
+            if cutoff.tzinfo is None:
+                raise InvalidArgumentError("cutoff must be timezone-aware (e.g. tz=UTC)")
+            cutoff = cutoff.timestamp()
+        if isinstance(cutoff, bool) or not isinstance(cutoff, int | float | np.number):
+            raise InvalidArgumentError(f"cutoff must be a datetime or seconds, got {cutoff!r}")
+        if not 0 <= cutoff < 2**53:
+            raise InvalidArgumentError(f"cutoff must be >= 0 seconds since the epoch, got {cutoff}")
+        return self._inner.evict_older_than(int(cutoff * 1000))
+
     def stats(self) -> dict[str, Any]:
-        """``rows``, ``bytes``, ``hits``, ``misses``, ``inserts``, ``updates``, ``removed``,
+        """Counters and sizes; cheap (O(shards)), so a monitoring thread may poll it.
+
+        ``rows``; ``bytes_reserved`` (allocated for indexes, arenas, metadata, free lists and
+        the admission sketch — an upper bound on resident memory) and ``bytes`` (the same);
+        ``bytes_used`` (what live rows occupy: values, state, 16 B of metadata and a 16 B index
+        bucket each); ``hits``, ``misses``, ``inserts``, ``updates``, ``removed``,
         ``evicted``, ``dropped_unadmitted``, ``skipped_non_finite``, ``step``,
         ``rows_per_shard``."""
         return self._inner.stats()
+
+    def index_stats(self) -> dict[str, Any]:
+        """A full scan of every shard's index (O(rows); for diagnosis, not for polling):
+        ``len``, ``capacity``, ``apcl`` (average probed cachelines per lookup), ``longest_chain``,
+        ``displaced``."""
+        return self._inner.index_stats()
 
 
 class Store:
@@ -379,6 +473,12 @@ class Store:
     """
 
     def __init__(self, replica_id: int = 0):
+        if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
+            raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
+        if not 0 <= replica_id <= _native.MAX_REPLICA:
+            raise InvalidArgumentError(
+                f"replica_id must be in 0..={_native.MAX_REPLICA}, got {replica_id}"
+            )
         self._inner = _native.Store(int(replica_id))
 
     def __repr__(self) -> str:
@@ -427,11 +527,13 @@ class Store:
         """
         optimizer = SGD() if optimizer is None else optimizer
         initializer = Normal() if initializer is None else initializer
-        if not hasattr(optimizer, "_kind") or not hasattr(optimizer, "lr"):
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"name must be a str, got {name!r}")
+        if type(optimizer) not in _OPTIMIZERS.values():
             raise InvalidArgumentError(
                 f"optimizer must be an embstore optimizer, got {optimizer!r}"
             )
-        if not hasattr(initializer, "_args"):
+        if type(initializer) not in _INITIALIZERS.values():
             raise InvalidArgumentError(
                 f"initializer must be an embstore initializer, got {initializer!r}"
             )
@@ -441,28 +543,32 @@ class Store:
             )
         if isinstance(ttl, _dt.timedelta):
             ttl = ttl.total_seconds()
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+            raise InvalidArgumentError(f"ttl must be seconds or a timedelta, got {ttl!r}")
+        # Python checks types and the native integer ranges only; the values' meaning (dims,
+        # powers of two, ...) is checked once, in the Rust core, whose message names the field.
+        # Out of the native type's range, the core's own bound is quoted.
         ints = (
-            ("embedding_dim", embedding_dim, 1, 2**32),
-            ("num_shards", num_shards, 1, 2**32),
-            ("seed", seed, 0, 2**64),
-            ("admission_min_count", admission_min_count, 0, 2**32),
-            ("admission_sketch_width", admission_sketch_width, 0, 2**32),
+            ("embedding_dim", embedding_dim, f"1..={_native.MAX_EMBEDDING_DIM}", 2**63),
+            ("num_shards", num_shards, "a power of two in 1..=1024", 2**63),
+            ("seed", seed, "0..2**64", 2**64),
+            ("admission_min_count", admission_min_count, "0..2**32", 2**32),
+            ("admission_sketch_width", admission_sketch_width, "0..=2**28", 2**63),
         )
-        for arg, value, low, high in ints:
+        for arg, value, bounds, high in ints:
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise InvalidArgumentError(f"{arg} must be an int, got {value!r}")
-            if not low <= value < high:
-                raise InvalidArgumentError(f"{arg} must be in [{low}, {high}), got {value}")
-        kind, params = optimizer_params(optimizer)
-        a, b = initializer._args
+            if not 0 <= value < high:
+                raise InvalidArgumentError(f"{arg} must be in {bounds}, got {value}")
+        opt_kind, opt_params = to_params(optimizer)
+        init_kind, init_params = to_params(initializer)
         inner = self._inner.create_table(
-            str(name),
+            name,
             int(embedding_dim),
-            initializer._kind,
-            float(a),
-            float(b),
-            kind,
-            params,
+            init_kind,
+            init_params,
+            opt_kind,
+            opt_params,
             int(num_shards),
             int(seed),
             int(admission_min_count),

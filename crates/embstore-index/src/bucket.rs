@@ -33,6 +33,8 @@ pub const MAX_OFFSET: usize = 2047;
 const LINK_BIAS: i64 = 2048;
 /// Buckets per 64-byte cacheline.
 pub(crate) const BUCKETS_PER_LINE: usize = 4;
+/// Bytes per bucket: a u64 key and a u64 value word (link and payload).
+pub const BUCKET_BYTES: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,7 +43,8 @@ pub(crate) struct Bucket {
     pub(crate) word: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<Bucket>() * BUCKETS_PER_LINE == 64);
+const _: () = assert!(std::mem::size_of::<Bucket>() == BUCKET_BYTES);
+const _: () = assert!(BUCKET_BYTES * BUCKETS_PER_LINE == 64);
 
 impl Bucket {
     pub(crate) const EMPTY: Bucket = Bucket { key: 0, word: 0 };

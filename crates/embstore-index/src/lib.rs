@@ -43,7 +43,7 @@ pub mod mem;
 mod table;
 
 pub use batch::{DEFAULT_RING, MISSING};
-pub use bucket::MAX_OFFSET;
+pub use bucket::{BUCKET_BYTES, MAX_OFFSET};
 pub use error::Error;
 pub use table::{Config, NeighborHash, Stats};
 

@@ -151,6 +151,11 @@ impl NeighborHash {
         })
     }
 
+    /// Bytes of the bucket array (O(1); [`NeighborHash::stats`] scans).
+    pub fn bytes(&self) -> usize {
+        self.capacity() * crate::BUCKET_BYTES
+    }
+
     /// Number of keys.
     #[inline]
     pub fn len(&self) -> usize {

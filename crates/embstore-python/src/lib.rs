@@ -144,5 +144,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyTable>()?;
     m.add_class::<table::PyExport>()?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
+    m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;
+    m.add("OPTIMIZERS", embstore_table::Optimizer::NAMES)?;
+    m.add("INITIALIZERS", embstore_table::Initializer::NAMES)?;
+    m.add("MAX_EMBEDDING_DIM", embstore_table::MAX_EMBEDDING_DIM)?;
+    m.add("MAX_REPLICA", embstore_table::MAX_REPLICA)?;
+    m.add("BENCH_HOOKS", cfg!(feature = "bench-hooks"))?;
     Ok(())
 }

@@ -16,6 +16,8 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+#[cfg(feature = "bench-hooks")]
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::detached;
 use crate::errors;
@@ -49,51 +51,20 @@ fn rows<'a>(a: &'a PyReadonlyArray2<'_, f32>, what: &str) -> PyResult<&'a [f32]>
     a.as_slice().map_err(|_| errors::ShapeError::new_err(format!("{what} must be C-contiguous")))
 }
 
-fn initializer(kind: &str, a: f32, b: f32) -> PyResult<Initializer> {
-    Ok(match kind {
-        "zeros" => Initializer::Zeros,
-        "constant" => Initializer::Constant { value: a },
-        "uniform" => Initializer::Uniform { low: a, high: b },
-        "normal" => Initializer::Normal { mean: a, std: b },
-        _ => return Err(invalid(format!("unknown initializer {kind:?}"))),
-    })
-}
-
-fn optimizer(kind: &str, p: &Bound<'_, PyDict>) -> PyResult<Optimizer> {
-    let get = |name: &str, default: f32| -> PyResult<f32> {
-        match p.get_item(name)? {
-            Some(v) => v.extract::<f32>(),
-            None => Ok(default),
-        }
-    };
-    let lr = get("lr", 0.01)?;
-    Ok(match kind {
-        "sgd" => Optimizer::Sgd { lr },
-        "adagrad" => Optimizer::Adagrad {
-            lr,
-            eps: get("eps", 1e-10)?,
-            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
-        },
-        "rowwise_adagrad" => Optimizer::RowWiseAdagrad {
-            lr,
-            eps: get("eps", 1e-8)?,
-            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
-        },
-        "adam" => Optimizer::Adam {
-            lr,
-            beta1: get("beta1", 0.9)?,
-            beta2: get("beta2", 0.999)?,
-            eps: get("eps", 1e-8)?,
-        },
-        "ftrl" => Optimizer::Ftrl {
-            lr,
-            beta: get("beta", 1.0)?,
-            l1: get("l1", 0.0)?,
-            l2: get("l2", 0.0)?,
-            initial_accumulator_value: get("initial_accumulator_value", 0.0)?,
-        },
-        _ => return Err(invalid(format!("unknown optimizer {kind:?}"))),
-    })
+/// The config of `kind` (an optimizer or initializer) from a dict of named parameters, through
+/// the one definition of their names in `embstore_table`.
+fn from_dict<T>(
+    kind: &str,
+    p: &Bound<'_, PyDict>,
+    build: impl Fn(&str, &[&str], &dyn Fn(&str) -> Option<f32>) -> embstore_table::Result<T>,
+) -> PyResult<T> {
+    let mut given: Vec<(String, f32)> = Vec::new();
+    for (k, v) in p.iter() {
+        given.push((k.extract()?, v.extract()?));
+    }
+    let names: Vec<&str> = given.iter().map(|(k, _)| k.as_str()).collect();
+    let get = |name: &str| given.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+    build(kind, &names, &get).map_err(to_py_err)
 }
 
 /// `x` as the shortest decimal that reads back as the same f32 (0.1, not 0.10000000149).
@@ -101,30 +72,16 @@ fn short(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(x as f64)
 }
 
-fn optimizer_dict<'py>(py: Python<'py>, o: &Optimizer) -> PyResult<Bound<'py, PyDict>> {
+/// `{"name": ..., param: value, ...}`.
+fn params_dict<'py>(
+    py: Python<'py>,
+    name: &str,
+    params: &[(&str, f32)],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("name", o.name())?;
-    match *o {
-        Optimizer::Sgd { lr } => d.set_item("lr", short(lr))?,
-        Optimizer::Adagrad { lr, eps, initial_accumulator_value: a }
-        | Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => {
-            d.set_item("lr", short(lr))?;
-            d.set_item("eps", short(eps))?;
-            d.set_item("initial_accumulator_value", short(a))?;
-        }
-        Optimizer::Adam { lr, beta1, beta2, eps } => {
-            d.set_item("lr", short(lr))?;
-            d.set_item("beta1", short(beta1))?;
-            d.set_item("beta2", short(beta2))?;
-            d.set_item("eps", short(eps))?;
-        }
-        Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
-            d.set_item("lr", short(lr))?;
-            d.set_item("beta", short(beta))?;
-            d.set_item("l1", short(l1))?;
-            d.set_item("l2", short(l2))?;
-            d.set_item("initial_accumulator_value", short(a))?;
-        }
+    d.set_item("name", name)?;
+    for (k, v) in params {
+        d.set_item(*k, short(*v))?;
     }
     Ok(d)
 }
@@ -141,6 +98,10 @@ fn out_rows<'a>(
             "out must be [{b}, {d}] for {b} ids, got {shape:?}"
         )));
     }
+    // `as_slice_mut` also takes a Fortran-ordered array, whose rows it would scramble.
+    if !out.is_c_contiguous() {
+        return Err(errors::ShapeError::new_err("out must be a C-contiguous float32 [B, D] array"));
+    }
     out.as_slice_mut().map_err(|_| errors::ShapeError::new_err("out must be C-contiguous"))
 }
 
@@ -154,12 +115,12 @@ pub(crate) struct PyStore {
 impl PyStore {
     #[new]
     #[pyo3(signature = (replica=0))]
-    fn new(replica: u32) -> Self {
-        Self { inner: Arc::new(Store::with_replica(replica)) }
+    fn new(replica: u32) -> PyResult<Self> {
+        Ok(Self { inner: Arc::new(Store::with_replica(replica).map_err(to_py_err)?) })
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (name, embedding_dim, init_kind, init_a, init_b, opt_kind, opt_params,
+    #[pyo3(signature = (name, embedding_dim, init_kind, init_params, opt_kind, opt_params,
         num_shards, seed, admission_min_count, admission_sketch_width, ttl_seconds,
         skip_non_finite, huge_pages))]
     fn create_table(
@@ -167,8 +128,7 @@ impl PyStore {
         name: String,
         embedding_dim: usize,
         init_kind: &str,
-        init_a: f32,
-        init_b: f32,
+        init_params: &Bound<'_, PyDict>,
         opt_kind: &str,
         opt_params: &Bound<'_, PyDict>,
         num_shards: usize,
@@ -190,8 +150,10 @@ impl PyStore {
         let config = TableConfig {
             name,
             embedding_dim,
-            initializer: initializer(init_kind, init_a, init_b)?,
-            optimizer: optimizer(opt_kind, opt_params)?,
+            initializer: from_dict(init_kind, init_params, |n, g, f| {
+                Initializer::from_params(n, g, f)
+            })?,
+            optimizer: from_dict(opt_kind, opt_params, |n, g, f| Optimizer::from_params(n, g, f))?,
             num_shards,
             seed,
             admission_min_count,
@@ -235,22 +197,19 @@ pub(crate) struct PyTable {
     inner: Arc<Table>,
     /// Nanoseconds the last `lookup` spent inside `Table::lookup` (GIL released), so that a
     /// benchmark can split a Python call into the native work and the call's own overhead.
-    last_native_ns: std::sync::atomic::AtomicU64,
+    /// Only in builds with the `bench-hooks` feature (`make bench-table`).
+    #[cfg(feature = "bench-hooks")]
+    last_native_ns: AtomicU64,
 }
 
 impl PyTable {
     fn new(inner: Arc<Table>) -> Self {
-        Self { inner, last_native_ns: std::sync::atomic::AtomicU64::new(0) }
+        Self {
+            inner,
+            #[cfg(feature = "bench-hooks")]
+            last_native_ns: AtomicU64::new(0),
+        }
     }
-}
-
-fn on_miss(s: &str) -> PyResult<OnMiss> {
-    Ok(match s {
-        "init" => OnMiss::Init,
-        "zeros" => OnMiss::Zeros,
-        "error" => OnMiss::Error,
-        _ => return Err(invalid(format!("on_miss must be 'init', 'zeros' or 'error', got {s:?}"))),
-    })
 }
 
 fn meta_arrays<'py>(py: Python<'py>, meta: &[RowMeta]) -> [Bound<'py, PyAny>; 4] {
@@ -270,6 +229,7 @@ fn chunk_tuple<'py>(
     c: RowChunk,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let n = c.len();
+    let (optimizer, step) = (c.optimizer, c.step);
     let ids: Vec<i64> = c.ids.iter().map(|&k| k as i64).collect();
     let values = c.values.into_pyarray(py).reshape([n, d])?;
     let state = c.state.into_pyarray(py).reshape([n, sd])?;
@@ -284,6 +244,8 @@ fn chunk_tuple<'py>(
             replica,
             count,
             last,
+            optimizer.into_pyobject(py)?.into_any(),
+            step.into_pyobject(py)?.into_any(),
         ],
     )
 }
@@ -328,11 +290,13 @@ impl PyTable {
         d.set_item("embedding_dim", c.embedding_dim)?;
         d.set_item("num_shards", c.num_shards)?;
         d.set_item("seed", c.seed)?;
-        d.set_item("initializer", format!("{:?}", c.initializer))?;
-        d.set_item("optimizer", optimizer_dict(py, &c.optimizer)?)?;
+        d.set_item("initializer", params_dict(py, c.initializer.name(), &c.initializer.params())?)?;
+        d.set_item("optimizer", params_dict(py, c.optimizer.name(), &c.optimizer.params())?)?;
         d.set_item("admission_min_count", c.admission_min_count)?;
+        d.set_item("admission_sketch_width", c.admission_sketch_width)?;
         d.set_item("ttl_seconds", c.ttl.map(|t| t.as_secs_f64()))?;
         d.set_item("skip_non_finite", c.non_finite == NonFinite::Skip)?;
+        d.set_item("huge_pages", c.huge_pages)?;
         Ok(d)
     }
 
@@ -353,7 +317,7 @@ impl PyTable {
         on_miss: &str,
         found: Option<PyReadwriteArray1<'_, bool>>,
     ) -> PyResult<()> {
-        let mode = self::on_miss(on_miss)?;
+        let mode = OnMiss::parse(on_miss).map_err(to_py_err)?;
         let keys = slice(&ids, "ids")?;
         let out = out_rows(&mut out, keys.len(), self.inner.dim())?;
         let mut found = found;
@@ -364,13 +328,18 @@ impl PyTable {
             None => None,
         };
         let t = &self.inner;
-        let (result, ns) = detached(py, || {
-            let start = std::time::Instant::now();
-            let result = t.lookup(keys, mode, out, found);
-            (result, start.elapsed().as_nanos() as u64)
-        });
-        self.last_native_ns.store(ns, std::sync::atomic::Ordering::Relaxed);
-        result.map_err(to_py_err)
+        #[cfg(feature = "bench-hooks")]
+        {
+            let (result, ns) = detached(py, || {
+                let start = std::time::Instant::now();
+                let result = t.lookup(keys, mode, out, found);
+                (result, start.elapsed().as_nanos() as u64)
+            });
+            self.last_native_ns.store(ns, Ordering::Relaxed);
+            result.map_err(to_py_err)
+        }
+        #[cfg(not(feature = "bench-hooks"))]
+        detached(py, || t.lookup(keys, mode, out, found)).map_err(to_py_err)
     }
 
     #[pyo3(signature = (ids, grads, lr=None))]
@@ -397,7 +366,8 @@ impl PyTable {
         detached(py, || t.assign(keys, v)).map_err(to_py_err)
     }
 
-    #[pyo3(signature = (ids, values, state=None, versions=None, replicas=None, update_counts=None, last_update_ms=None))]
+    #[pyo3(signature = (ids, values, state=None, versions=None, replicas=None, update_counts=None,
+        last_update_ms=None, optimizer=None, step=None))]
     #[allow(clippy::too_many_arguments)]
     fn import_(
         &self,
@@ -409,7 +379,12 @@ impl PyTable {
         replicas: Option<PyReadonlyArray1<'_, u32>>,
         update_counts: Option<PyReadonlyArray1<'_, u64>>,
         last_update_ms: Option<PyReadonlyArray1<'_, u64>>,
+        optimizer: Option<&str>,
+        step: Option<u64>,
     ) -> PyResult<()> {
+        if let Some(name) = optimizer {
+            self.inner.check_optimizer(name).map_err(to_py_err)?;
+        }
         let (keys, v) = (slice(&ids, "ids")?, rows(&values, "values")?);
         let s = state.as_ref().map(|s| rows(s, "state")).transpose()?;
         let meta = match (&versions, &replicas, &update_counts, &last_update_ms) {
@@ -441,7 +416,11 @@ impl PyTable {
             }
         };
         let t = &self.inner;
-        detached(py, || t.import(keys, v, s, meta.as_deref())).map_err(to_py_err)
+        detached(py, || t.import(keys, v, s, meta.as_deref())).map_err(to_py_err)?;
+        if let Some(step) = step {
+            t.raise_step(step);
+        }
+        Ok(())
     }
 
     fn remove(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<usize> {
@@ -492,26 +471,26 @@ impl PyTable {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let keys = slice(&ids, "ids")?;
         let t = &self.inner;
-        let metas = detached(py, || t.meta(keys));
+        let metas = detached(py, || t.meta(keys)).map_err(to_py_err)?;
         let found: Vec<bool> = metas.iter().map(Option::is_some).collect();
         let metas: Vec<RowMeta> = metas.into_iter().map(Option::unwrap_or_default).collect();
         let [v, r, c, l] = meta_arrays(py, &metas);
         PyTuple::new(py, [found.into_pyarray(py).into_any(), v, r, c, l])
     }
 
-    fn clear(&self, py: Python<'_>) {
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
         let t = &self.inner;
-        detached(py, || t.clear())
+        detached(py, || t.clear()).map_err(to_py_err)
     }
 
-    fn evict_expired(&self, py: Python<'_>) -> usize {
+    fn evict_expired(&self, py: Python<'_>) -> PyResult<usize> {
         let t = &self.inner;
-        detached(py, || t.evict_expired())
+        detached(py, || t.evict_expired()).map_err(to_py_err)
     }
 
-    fn evict_older_than(&self, py: Python<'_>, cutoff_ms: u64) -> usize {
+    fn evict_older_than(&self, py: Python<'_>, cutoff_ms: u64) -> PyResult<usize> {
         let t = &self.inner;
-        detached(py, || t.evict_older_than(cutoff_ms))
+        detached(py, || t.evict_older_than(cutoff_ms)).map_err(to_py_err)
     }
 
     fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<u64> {
@@ -536,7 +515,9 @@ impl PyTable {
         let s = detached(py, || t.stats());
         let d = PyDict::new(py);
         d.set_item("rows", s.rows)?;
-        d.set_item("bytes", s.bytes)?;
+        d.set_item("bytes", s.bytes_reserved)?;
+        d.set_item("bytes_reserved", s.bytes_reserved)?;
+        d.set_item("bytes_used", s.bytes_used)?;
         d.set_item("hits", s.hits)?;
         d.set_item("misses", s.misses)?;
         d.set_item("inserts", s.inserts)?;
@@ -550,8 +531,21 @@ impl PyTable {
         Ok(d)
     }
 
+    fn index_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let t = &self.inner;
+        let s = detached(py, || t.index_stats());
+        let d = PyDict::new(py);
+        d.set_item("len", s.len)?;
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("apcl", s.apcl)?;
+        d.set_item("longest_chain", s.longest_chain)?;
+        d.set_item("displaced", s.displaced)?;
+        Ok(d)
+    }
+
     /// Runs `iters` lookups of `ids` (`on_miss="zeros"`) inside Rust and returns the median
     /// nanoseconds per call: the native share of a Python call, for the overhead benchmark.
+    #[cfg(feature = "bench-hooks")]
     fn _native_lookup_ns(
         &self,
         py: Python<'_>,
@@ -575,8 +569,9 @@ impl PyTable {
     }
 
     /// Nanoseconds the last `lookup` through this object spent in native code.
+    #[cfg(feature = "bench-hooks")]
     fn _last_native_ns(&self) -> u64 {
-        self.last_native_ns.load(std::sync::atomic::Ordering::Relaxed)
+        self.last_native_ns.load(Ordering::Relaxed)
     }
 
     fn __repr__(&self) -> String {

@@ -1,9 +1,13 @@
-//! Row arenas: fixed-stride f32 rows in chunks that never move.
+//! Row arenas: fixed-stride f32 rows in chunks.
 //!
-//! A slot `i` lives in chunk `i >> CHUNK_LOG2` at row `i & (CHUNK_ROWS - 1)`. Chunks are zeroed
-//! maps with transparent huge pages once they reach 2 MiB (16 Ki rows × 64 floats × 4 B = 4 MiB),
-//! so a 10-GB arena costs no TLB misses beyond the index's and growing it never copies rows or
-//! doubles the memory for a moment, as a `Vec` would.
+//! A slot `i` lives in chunk `i >> CHUNK_LOG2` at row `i & (CHUNK_ROWS - 1)`. The first chunk
+//! grows gradually — by 1.5× from [`FIRST_ROWS`] rows, moving its rows — up to [`CHUNK_ROWS`]
+//! rows; every later chunk is full-size from the start and never moves. So a shard with 100
+//! rows holds room for about 100 rows (not 16 Ki), while a big one is a list of full chunks:
+//! growing it never copies rows or doubles the memory for a moment, as a `Vec` would. A chunk of
+//! 2 MiB or more is a zeroed map advised for transparent huge pages (16 Ki rows × 64 floats ×
+//! 4 B = 4 MiB), so a 10-GB arena costs no TLB misses beyond the index's; smaller chunks come
+//! from the allocator, where a huge page would cost more memory than it saves in misses.
 
 use std::ptr::NonNull;
 
@@ -12,24 +16,29 @@ use embstore_index::mem;
 /// Rows per chunk: 2^14.
 const CHUNK_LOG2: u32 = 14;
 const CHUNK_ROWS: usize = 1 << CHUNK_LOG2;
+/// Rows of the first chunk when it is first made.
+const FIRST_ROWS: usize = 4;
 
 struct Chunk {
     ptr: NonNull<f32>,
     bytes: usize,
+    rows: usize,
     mapped: bool,
 }
 
 impl Chunk {
-    fn new(bytes: usize, huge_pages: bool) -> Option<Self> {
+    /// A zeroed chunk of `rows` rows of `stride` floats (`stride > 0`).
+    fn new(rows: usize, stride: usize, huge_pages: bool) -> Option<Self> {
+        let bytes = rows.checked_mul(stride)?.checked_mul(4)?;
         if bytes >= mem::HUGE_PAGE {
             let ptr = mem::map_zeroed(bytes, huge_pages)?;
-            Some(Self { ptr: ptr.cast(), bytes, mapped: true })
+            Some(Self { ptr: ptr.cast(), bytes, rows, mapped: true })
         } else {
             let layout = std::alloc::Layout::from_size_align(bytes, 64).ok()?;
-            // SAFETY: `bytes > 0` (the arena never makes chunks for stride 0) and the layout is
-            // valid (checked by `from_size_align`).
+            // SAFETY: `bytes > 0` (the arena never makes chunks for stride 0 or 0 rows) and the
+            // layout is valid (checked by `from_size_align`).
             let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            Some(Self { ptr: NonNull::new(ptr)?.cast(), bytes, mapped: false })
+            Some(Self { ptr: NonNull::new(ptr)?.cast(), bytes, rows, mapped: false })
         }
     }
 }
@@ -75,12 +84,17 @@ impl Arena {
         Self { stride, huge_pages, chunks: Vec::new() }
     }
 
+    /// Floats per row.
+    pub(crate) fn stride(&self) -> usize {
+        self.stride
+    }
+
     /// Slots the arena can hold without allocating.
     pub(crate) fn capacity(&self) -> usize {
-        if self.stride == 0 {
-            usize::MAX
-        } else {
-            self.chunks.len() * CHUNK_ROWS
+        match self.chunks.first() {
+            _ if self.stride == 0 => usize::MAX,
+            None => 0,
+            Some(first) => first.rows + (self.chunks.len() - 1) * CHUNK_ROWS,
         }
     }
 
@@ -89,23 +103,54 @@ impl Arena {
         self.chunks.iter().map(|c| c.bytes).sum()
     }
 
-    /// Makes room for slots `0..slots`; false when the memory cannot be had.
+    /// Makes room for slots `0..slots`; false when the memory cannot be had (the arena is then
+    /// as it was). The first chunk grows by 1.5× (or to `slots` when that is more) until it is
+    /// full-size; then whole chunks are added.
     pub(crate) fn ensure(&mut self, slots: usize) -> bool {
+        if self.stride == 0 {
+            return true;
+        }
         while self.capacity() < slots {
-            let Some(bytes) = CHUNK_ROWS.checked_mul(self.stride * 4) else { return false };
-            match Chunk::new(bytes, self.huge_pages) {
-                Some(chunk) => self.chunks.push(chunk),
-                None => return false,
+            let grown = match self.chunks.first() {
+                None => {
+                    Chunk::new(slots.clamp(FIRST_ROWS, CHUNK_ROWS), self.stride, self.huge_pages)
+                        .map(|c| self.chunks.push(c))
+                }
+                Some(first) if first.rows < CHUNK_ROWS => {
+                    let rows = (first.rows + first.rows / 2).max(slots).min(CHUNK_ROWS);
+                    self.regrow_first(rows)
+                }
+                Some(_) => Chunk::new(CHUNK_ROWS, self.stride, self.huge_pages)
+                    .map(|c| self.chunks.push(c)),
+            };
+            if grown.is_none() {
+                return false;
             }
         }
         true
     }
 
+    /// Moves the first (and only) chunk into a bigger one of `rows` rows.
+    fn regrow_first(&mut self, rows: usize) -> Option<()> {
+        debug_assert_eq!(self.chunks.len(), 1);
+        let bigger = Chunk::new(rows, self.stride, self.huge_pages)?;
+        let old = &self.chunks[0];
+        // SAFETY: both chunks are live, distinct allocations; the old one holds `old.bytes`
+        // bytes and the new one more.
+        unsafe {
+            std::ptr::copy_nonoverlapping(old.ptr.as_ptr(), bigger.ptr.as_ptr(), old.bytes / 4)
+        };
+        self.chunks[0] = bigger;
+        Some(())
+    }
+
     #[inline(always)]
     fn ptr(&self, slot: usize) -> *mut f32 {
         let chunk = &self.chunks[slot >> CHUNK_LOG2];
-        // SAFETY: the row index is below CHUNK_ROWS and the chunk holds CHUNK_ROWS rows of
-        // `stride` floats, so the offset stays inside the chunk's allocation.
+        debug_assert!(slot & (CHUNK_ROWS - 1) < chunk.rows);
+        // SAFETY: callers pass slots below `capacity()`: the row index is below the chunk's
+        // row count (CHUNK_ROWS for every chunk but a still-growing first one, which is then
+        // the only chunk), so the offset stays inside the chunk's allocation.
         unsafe { chunk.ptr.as_ptr().add((slot & (CHUNK_ROWS - 1)) * self.stride) }
     }
 
@@ -145,16 +190,25 @@ impl Arena {
         #[cfg(not(target_arch = "x86_64"))]
         let _ = slot;
     }
-
-    /// Releases every chunk.
-    pub(crate) fn clear(&mut self) {
-        self.chunks.clear();
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_chunk_grows_gradually() {
+        let mut a = Arena::new(64, true);
+        assert!(a.ensure(1));
+        assert_eq!((a.capacity(), a.bytes()), (FIRST_ROWS, FIRST_ROWS * 256));
+        a.row_mut(3).fill(7.0);
+        assert!(a.ensure(5));
+        assert_eq!(a.capacity(), 6);
+        assert!(a.ensure(100));
+        assert_eq!(a.capacity(), 100);
+        assert_eq!(a.row(3), &[7.0; 64]);
+        assert!(!a.chunks[0].mapped);
+    }
 
     #[test]
     fn rows_are_zeroed_distinct_and_stable_across_growth() {
@@ -180,8 +234,8 @@ mod tests {
     #[test]
     fn big_chunks_are_mapped() {
         let mut a = Arena::new(64, true);
-        assert!(a.ensure(1));
-        assert!(a.chunks[0].mapped);
-        assert_eq!(a.bytes(), CHUNK_ROWS * 256);
+        assert!(a.ensure(CHUNK_ROWS + 1));
+        assert!(a.chunks[0].mapped && a.chunks[1].mapped);
+        assert_eq!(a.bytes(), 2 * CHUNK_ROWS * 256);
     }
 }

@@ -51,8 +51,11 @@ impl Table {
                 return Err(e);
             }
         };
-        std::fs::rename(&tmp, path)
-            .map_err(|e| Error::io(format!("rename to {}", path.display()), e))?;
+        if let Err(e) = std::fs::rename(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(format!("rename to {}", path.display()), e));
+        }
+        sync_parent(path)?;
         Ok(rows)
     }
 
@@ -95,16 +98,10 @@ impl Table {
         let (mut r, file_len) = open(path)?;
         let (config, step) = parse_header(&mut r, path)?;
         same_layout(self, config.embedding_dim, config.optimizer.state_dim(config.embedding_dim))?;
-        if config.optimizer.name() != self.config().optimizer.name() {
-            return Err(Error::invalid(format!(
-                "optimizer mismatch for table '{}': expected {}, got {} in {}",
-                self.name(),
-                self.config().optimizer.name(),
-                config.optimizer.name(),
-                path.display()
-            )));
-        }
-        let fresh = Table::with_clock(self.config().clone(), self.clock().clone())?;
+        self.check_optimizer(config.optimizer.name())
+            .map_err(|e| Error::invalid(format!("{} in {}", e.message(), path.display())))?;
+        self.check_live()?;
+        let fresh = Table::with_clock(self.config().clone(), self.clock.clone())?;
         let rows = read_blocks(&mut r, file_len, path, self.dim(), self.state_dim(), |chunk| {
             fresh.import_saved(&chunk)
         })?;
@@ -112,6 +109,17 @@ impl Table {
         self.swap_rows(&fresh);
         Ok(rows)
     }
+}
+
+/// Syncs the directory holding `path`, so that a rename into it survives a crash.
+fn sync_parent(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(format!("sync directory {}", dir.display()), e))
 }
 
 /// The config stored in a table file.
@@ -130,9 +138,13 @@ fn tmp_path(path: &Path) -> PathBuf {
 }
 
 fn open(path: &Path) -> Result<(BufReader<File>, u64)> {
-    let file = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok((BufReader::with_capacity(1 << 20, file), len))
+    let ctx = |e| Error::io(format!("open {}", path.display()), e);
+    let file = File::open(path).map_err(ctx)?;
+    let meta = file.metadata().map_err(ctx)?;
+    if meta.is_dir() {
+        return Err(ctx(std::io::Error::from(std::io::ErrorKind::IsADirectory)));
+    }
+    Ok((BufReader::with_capacity(1 << 20, file), meta.len()))
 }
 
 fn header_text(t: &Table) -> String {
@@ -150,8 +162,8 @@ fn header_text(t: &Table) -> String {
         c.embedding_dim,
         c.num_shards,
         c.seed,
-        initializer_spec(&c.initializer),
-        optimizer_spec(&c.optimizer),
+        spec(c.initializer.name(), &c.initializer.params()),
+        spec(c.optimizer.name(), &c.optimizer.params()),
         c.admission_min_count,
         c.admission_sketch_width,
         c.huge_pages,
@@ -159,65 +171,49 @@ fn header_text(t: &Table) -> String {
     )
 }
 
-fn initializer_spec(i: &Initializer) -> String {
-    match *i {
-        Initializer::Zeros => "zeros".into(),
-        Initializer::Constant { value } => format!("constant {value:?}"),
-        Initializer::Uniform { low, high } => format!("uniform {low:?} {high:?}"),
-        Initializer::Normal { mean, std } => format!("normal {mean:?} {std:?}"),
+/// `name key=value ...`, each value the shortest decimal that reads back as the same f32.
+fn spec(name: &str, params: &[(&str, f32)]) -> String {
+    let mut out = name.to_owned();
+    for (key, value) in params {
+        out.push_str(&format!(" {key}={value:?}"));
     }
+    out
 }
 
-fn optimizer_spec(o: &Optimizer) -> String {
-    match *o {
-        Optimizer::Sgd { lr } => format!("sgd {lr:?}"),
-        Optimizer::Adagrad { lr, eps, initial_accumulator_value: a } => {
-            format!("adagrad {lr:?} {eps:?} {a:?}")
-        }
-        Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => {
-            format!("rowwise_adagrad {lr:?} {eps:?} {a:?}")
-        }
-        Optimizer::Adam { lr, beta1, beta2, eps } => {
-            format!("adam {lr:?} {beta1:?} {beta2:?} {eps:?}")
-        }
-        Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
-            format!("ftrl {lr:?} {beta:?} {l1:?} {l2:?} {a:?}")
-        }
-    }
-}
-
-fn parse_spec(spec: &str) -> Option<(&str, Vec<f32>)> {
-    let mut words = spec.split_whitespace();
+/// Parses a [`spec`] (or the positional form `name v1 v2 ...` of files written before the
+/// parameters were named) with `build` (`Optimizer::from_params` or `Initializer::from_params`).
+fn parse_spec<T>(
+    text: &str,
+    build: impl Fn(&str, &[&str], &dyn Fn(&str) -> Option<f32>) -> Result<T>,
+    names: impl Fn(&T) -> Vec<(&'static str, f32)>,
+) -> Option<T> {
+    let mut words = text.split_whitespace();
     let name = words.next()?;
-    let nums = words.map(|w| w.parse().ok()).collect::<Option<Vec<f32>>>()?;
-    Some((name, nums))
-}
-
-fn parse_initializer(spec: &str) -> Option<Initializer> {
-    let (name, n) = parse_spec(spec)?;
-    Some(match (name, n.as_slice()) {
-        ("zeros", []) => Initializer::Zeros,
-        ("constant", &[value]) => Initializer::Constant { value },
-        ("uniform", &[low, high]) => Initializer::Uniform { low, high },
-        ("normal", &[mean, std]) => Initializer::Normal { mean, std },
-        _ => return None,
-    })
-}
-
-fn parse_optimizer(spec: &str) -> Option<Optimizer> {
-    let (name, n) = parse_spec(spec)?;
-    Some(match (name, n.as_slice()) {
-        ("sgd", &[lr]) => Optimizer::Sgd { lr },
-        ("adagrad", &[lr, eps, a]) => Optimizer::Adagrad { lr, eps, initial_accumulator_value: a },
-        ("rowwise_adagrad", &[lr, eps, a]) => {
-            Optimizer::RowWiseAdagrad { lr, eps, initial_accumulator_value: a }
+    let words: Vec<&str> = words.collect();
+    let mut given: Vec<(&str, f32)> = Vec::new();
+    if words.iter().all(|w| w.contains('=')) {
+        for w in &words {
+            let (k, v) = w.split_once('=')?;
+            if given.iter().any(|(g, _)| *g == k) {
+                return None;
+            }
+            given.push((k, v.parse().ok()?));
         }
-        ("adam", &[lr, beta1, beta2, eps]) => Optimizer::Adam { lr, beta1, beta2, eps },
-        ("ftrl", &[lr, beta, l1, l2, a]) => {
-            Optimizer::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a }
+    } else {
+        // Positional: the parameters in their defined order, all of them.
+        let order = names(&build(name, &[], &|_| None).ok()?);
+        if order.len() != words.len() {
+            return None;
         }
-        _ => return None,
-    })
+        for ((k, _), w) in order.iter().zip(&words) {
+            given.push((k, w.parse().ok()?));
+        }
+    }
+    let keys: Vec<&str> = given.iter().map(|(k, _)| *k).collect();
+    let value = |k: &str| given.iter().find(|(g, _)| *g == k).map(|(_, v)| *v);
+    let built = build(name, &keys, &value).ok()?;
+    // Every parameter must be present: a missing one is not silently defaulted.
+    (names(&built).len() == given.len()).then_some(built)
 }
 
 fn read_exact(r: &mut impl Read, buf: &mut [u8], path: &Path) -> Result<()> {
@@ -254,41 +250,63 @@ fn parse_header(r: &mut impl Read, path: &Path) -> Result<(TableConfig, u64)> {
         return Err(bad("header checksum mismatch"));
     }
     let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8"))?;
-    let mut config = TableConfig::new("", 1);
-    let mut step = 0;
+    let mut fields: Vec<(&str, &str)> = Vec::new();
     for line in text.lines() {
         let (key, value) = line.split_once('=').ok_or_else(|| bad("header line without '='"))?;
-        let num = || value.parse::<u64>().map_err(|_| bad(&format!("bad {key}")));
-        match key {
-            "name" => config.name = value.to_owned(),
-            "embedding_dim" => config.embedding_dim = num()? as usize,
-            "num_shards" => config.num_shards = num()? as usize,
-            "seed" => config.seed = num()?,
-            "initializer" => {
-                config.initializer =
-                    parse_initializer(value).ok_or_else(|| bad("bad initializer"))?
-            }
-            "optimizer" => {
-                config.optimizer = parse_optimizer(value).ok_or_else(|| bad("bad optimizer"))?
-            }
-            "admission_min_count" => config.admission_min_count = num()? as u32,
-            "admission_sketch_width" => config.admission_sketch_width = num()? as usize,
-            "ttl_ms" => {
-                config.ttl =
-                    (value != "none").then(|| num().map(Duration::from_millis)).transpose()?
-            }
-            "non_finite" => {
-                config.non_finite = match value {
-                    "reject" => NonFinite::Reject,
-                    "skip" => NonFinite::Skip,
-                    _ => return Err(bad("bad non_finite")),
-                }
-            }
-            "huge_pages" => config.huge_pages = value == "true",
-            "step" => step = num()?,
-            _ => {} // Keys from later versions are ignored.
+        if fields.iter().any(|(k, _)| *k == key) {
+            return Err(bad(&format!("{key} given twice")));
         }
+        fields.push((key, value));
     }
+    let field = |key: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| bad(&format!("missing {key}")))
+    };
+    // Each integer is parsed as its own type: a value that does not fit is an error, never a
+    // truncation.
+    fn int<T: std::str::FromStr>(v: &str, key: &str, bad: &dyn Fn(&str) -> Error) -> Result<T> {
+        v.parse::<T>().map_err(|_| bad(&format!("bad {key}: {v:?}")))
+    }
+    let b = &bad;
+    let config = TableConfig {
+        name: field("name")?.to_owned(),
+        embedding_dim: int(field("embedding_dim")?, "embedding_dim", b)?,
+        num_shards: int(field("num_shards")?, "num_shards", b)?,
+        seed: int(field("seed")?, "seed", b)?,
+        initializer: parse_spec(
+            field("initializer")?,
+            |n, g, f| Initializer::from_params(n, g, f),
+            Initializer::params,
+        )
+        .ok_or_else(|| bad("bad initializer"))?,
+        optimizer: parse_spec(
+            field("optimizer")?,
+            |n, g, f| Optimizer::from_params(n, g, f),
+            Optimizer::params,
+        )
+        .ok_or_else(|| bad("bad optimizer"))?,
+        admission_min_count: int(field("admission_min_count")?, "admission_min_count", b)?,
+        admission_sketch_width: int(field("admission_sketch_width")?, "admission_sketch_width", b)?,
+        ttl: match field("ttl_ms")? {
+            "none" => None,
+            v => Some(Duration::from_millis(int(v, "ttl_ms", b)?)),
+        },
+        non_finite: match field("non_finite")? {
+            "reject" => NonFinite::Reject,
+            "skip" => NonFinite::Skip,
+            v => return Err(bad(&format!("bad non_finite: {v:?}"))),
+        },
+        huge_pages: match field("huge_pages")? {
+            "true" => true,
+            "false" => false,
+            v => return Err(bad(&format!("bad huge_pages: {v:?}"))),
+        },
+    };
+    let step = int(field("step")?, "step", b)?;
+    // Keys from later versions are ignored.
     config.validate().map_err(|e| bad(e.message()))?;
     Ok((config, step))
 }
@@ -329,6 +347,7 @@ fn decode_block(buf: &[u8], rows: usize, d: usize) -> RowChunk {
             .collect(),
         values: floats(values),
         state: floats(state),
+        ..RowChunk::default()
     }
 }
 

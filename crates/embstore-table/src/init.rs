@@ -48,19 +48,97 @@ fn unit(base: u64, col: u64) -> f64 {
     (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
+/// Each initializer's parameters, in order, with their defaults: the one definition of their
+/// names (bindings, table file, messages).
+const PARAMS: [(&str, &[(&str, f32)]); 4] = [
+    ("zeros", &[]),
+    ("constant", &[("value", 0.0)]),
+    ("uniform", &[("low", -0.01), ("high", 0.01)]),
+    ("normal", &[("mean", 0.0), ("std", 0.01)]),
+];
+
+/// How far from the mean a normal draw can land, in standard deviations: Box–Muller's radius
+/// with the smallest uniform (2^-53) is √(2·53·ln 2) ≈ 8.58.
+const NORMAL_MAX_SIGMAS: f64 = 8.6;
+
 impl Initializer {
-    /// Checks the parameters: finite, `low < high`, `std ≥ 0`.
-    pub fn validate(&self) -> crate::Result<()> {
-        let ok = match *self {
-            Self::Zeros => true,
-            Self::Constant { value } => value.is_finite(),
-            Self::Uniform { low, high } => low.is_finite() && high.is_finite() && low < high,
-            Self::Normal { mean, std } => mean.is_finite() && std.is_finite() && std >= 0.0,
+    /// Every initializer name, as the Python API spells it.
+    pub const NAMES: [&'static str; 4] = [PARAMS[0].0, PARAMS[1].0, PARAMS[2].0, PARAMS[3].0];
+
+    /// The initializer's name as the Python API spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Zeros => "zeros",
+            Self::Constant { .. } => "constant",
+            Self::Uniform { .. } => "uniform",
+            Self::Normal { .. } => "normal",
+        }
+    }
+
+    /// The parameters by name, in a fixed order.
+    pub fn params(&self) -> Vec<(&'static str, f32)> {
+        let values = match *self {
+            Self::Zeros => vec![],
+            Self::Constant { value } => vec![value],
+            Self::Uniform { low, high } => vec![low, high],
+            Self::Normal { mean, std } => vec![mean, std],
         };
-        if ok {
-            Ok(())
-        } else {
-            Err(crate::Error::invalid(format!("invalid initializer: {self:?}")))
+        let names = PARAMS.iter().find(|(n, _)| *n == self.name()).map_or(&[][..], |p| p.1);
+        names.iter().map(|(n, _)| *n).zip(values).collect()
+    }
+
+    /// The initializer called `name` with the parameters `get` gives (`None`: the default);
+    /// `given` names the parameters the caller passed, each of which must exist.
+    pub fn from_params(
+        name: &str,
+        given: &[&str],
+        get: impl Fn(&str) -> Option<f32>,
+    ) -> crate::Result<Self> {
+        let Some((_, params)) = PARAMS.iter().find(|(n, _)| *n == name) else {
+            return Err(crate::Error::invalid(format!(
+                "unknown initializer {name:?}; expected one of {:?}",
+                Self::NAMES
+            )));
+        };
+        if let Some(bad) = given.iter().find(|g| !params.iter().any(|(p, _)| p == *g)) {
+            return Err(crate::Error::invalid(format!(
+                "{name} has no parameter {bad:?}; its parameters are {:?}",
+                params.iter().map(|(p, _)| *p).collect::<Vec<_>>()
+            )));
+        }
+        let v: Vec<f32> = params.iter().map(|&(p, default)| get(p).unwrap_or(default)).collect();
+        Ok(match name {
+            "zeros" => Self::Zeros,
+            "constant" => Self::Constant { value: v[0] },
+            "uniform" => Self::Uniform { low: v[0], high: v[1] },
+            _ => Self::Normal { mean: v[0], std: v[1] },
+        })
+    }
+
+    /// Checks the parameters: finite, `low < high`, `std ≥ 0`, and every value it can draw
+    /// finite in float32 (a normal's `|mean| + 8.6·std` within float32's range).
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |msg: String| Err(crate::Error::invalid(format!("{}: {msg}", self.name())));
+        match *self {
+            Self::Zeros => Ok(()),
+            Self::Constant { value } if !value.is_finite() => {
+                bad(format!("value must be finite, got {value}"))
+            }
+            Self::Uniform { low, high } if !(low.is_finite() && high.is_finite() && low < high) => {
+                bad(format!("low and high must be finite with low < high, got {low} and {high}"))
+            }
+            Self::Normal { mean, std } if !(mean.is_finite() && std.is_finite() && std >= 0.0) => {
+                bad(format!("mean must be finite and std finite and >= 0, got {mean} and {std}"))
+            }
+            Self::Normal { mean, std }
+                if (mean as f64).abs() + NORMAL_MAX_SIGMAS * std as f64 > f32::MAX as f64 =>
+            {
+                bad(format!(
+                    "|mean| + 8.6 * std must fit in float32 (draws would be infinite), got mean \
+                     {mean} and std {std}"
+                ))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -141,5 +219,18 @@ mod tests {
         assert!(Initializer::Normal { mean: 0.0, std: -1.0 }.validate().is_err());
         assert!(Initializer::Constant { value: f32::NAN }.validate().is_err());
         assert!(Initializer::default().validate().is_ok());
+        assert!(Initializer::Normal { mean: 0.0, std: 3e38 }.validate().is_err());
+        assert!(Initializer::Normal { mean: 0.0, std: 3e37 }.validate().is_ok());
+    }
+
+    #[test]
+    fn normal_at_the_largest_std_stays_finite() {
+        let init = Initializer::Normal { mean: 0.0, std: 3.9e37 };
+        assert!(init.validate().is_ok());
+        let mut row = [0f32; 64];
+        for key in 0..10_000 {
+            init.fill(1, key, &mut row);
+            assert!(row.iter().all(|v| v.is_finite()));
+        }
     }
 }

@@ -4,13 +4,16 @@
 //! trained in place by server-side sparse optimizers.
 //!
 //! ## Parts
-//! - [`Store`] — named [`Table`]s in one process.
-//! - [`Table`] — `num_shards` shards, each a NeighborHash index from id to a slot in a row arena
-//!   (fixed stride, free list on delete) behind its own reader-writer lock. Batch calls group
-//!   ids by shard and run the shards in parallel: [`Table::lookup`] (with [`OnMiss`]),
-//!   [`Table::apply_gradients`], [`Table::assign`], [`Table::remove`], [`Table::contains`],
-//!   [`Table::export`]/[`Table::import`], [`Table::save`]/[`Table::load`],
-//!   [`Table::evict_expired`], [`Table::stats`].
+//! - [`Store`] — named [`Table`]s in one process (`store`).
+//! - [`Table`] — `num_shards` shards behind their own reader-writer locks (`table`). Each
+//!   shard (`shard`) is a NeighborHash index from id to a slot in two row arenas (`arena`:
+//!   values and optimizer state, grown gradually, huge pages once a chunk reaches 2 MiB) with
+//!   16-byte packed metadata per slot (`meta`) and a free list; sparse shards shrink.
+//! - Batch calls group ids by shard (`batch`) and run the shards on the caller plus a small
+//!   pool (`sched`): [`Table::lookup`] with [`OnMiss`] and [`Table::contains`] (`lookup`),
+//!   [`Table::apply_gradients`] (`apply`), [`Table::assign`], [`Table::import`],
+//!   [`Table::remove`] (`write`), [`Table::export`] (`export`), [`Table::save`]/[`Table::load`]
+//!   (`file`), [`Table::evict_expired`], [`Table::stats`] and [`Table::index_stats`] (`stats`).
 //! - [`Optimizer`] — SGD, Adagrad, row-wise Adagrad, Adam, FTRL, following torch's formulas.
 //! - [`Initializer`] — initial values as a pure function of (seed, key, column), so a row first
 //!   touched on any machine gets the same value with no coordination.
@@ -41,21 +44,35 @@
 //! # Ok::<(), embstore_table::Error>(())
 //! ```
 
+mod apply;
 mod arena;
+mod batch;
 mod config;
 mod error;
+mod export;
 mod file;
 mod init;
+mod lookup;
+mod meta;
 mod optim;
+mod sched;
+mod shard;
 mod sketch;
+mod stats;
 mod store;
 mod table;
 mod version;
+mod write;
 
 pub use config::{NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS};
 pub use error::{Error, ErrorKind, Result};
+pub use export::{Export, RowChunk};
 pub use init::Initializer;
-pub use optim::Optimizer;
+pub use lookup::OnMiss;
+pub use meta::{RowMeta, MAX_REPLICA};
+pub use optim::{Optimizer, Step};
+pub use sched::threads;
+pub use stats::{IndexStats, TableStats};
 pub use store::Store;
-pub use table::{threads, Export, OnMiss, RowChunk, RowMeta, Table, TableStats};
+pub use table::Table;
 pub use version::{now_ms, Version};

@@ -74,7 +74,35 @@ impl Default for Optimizer {
     }
 }
 
+/// The hyper-parameters of each optimizer, in order, with their defaults (the Python classes'
+/// defaults). The one definition of their names: the bindings, the table file and error
+/// messages all go through [`Optimizer::params`] and [`Optimizer::from_params`].
+const PARAMS: [(&str, &[(&str, f32)]); 5] = [
+    ("sgd", &[("lr", 0.01)]),
+    ("adagrad", &[("lr", 0.01), ("eps", 1e-10), ("initial_accumulator_value", 0.0)]),
+    ("rowwise_adagrad", &[("lr", 0.01), ("eps", 1e-8), ("initial_accumulator_value", 0.0)]),
+    ("adam", &[("lr", 0.001), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8)]),
+    (
+        "ftrl",
+        &[
+            ("lr", 0.05),
+            ("beta", 1.0),
+            ("l1", 0.0),
+            ("l2", 0.0),
+            ("initial_accumulator_value", 0.0),
+        ],
+    ),
+];
+
+/// The smallest learning rate FTRL accepts: it divides by `lr`, and `1 / lr` must be a normal
+/// float32.
+const FTRL_MIN_LR: f32 = 1.0 / (f32::MAX / 2.0);
+
 impl Optimizer {
+    /// Every optimizer name, as the Python API spells it.
+    pub const NAMES: [&'static str; 5] =
+        [PARAMS[0].0, PARAMS[1].0, PARAMS[2].0, PARAMS[3].0, PARAMS[4].0];
+
     /// The optimizer's name as the Python API spells it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -84,6 +112,63 @@ impl Optimizer {
             Self::Adam { .. } => "adam",
             Self::Ftrl { .. } => "ftrl",
         }
+    }
+
+    /// The hyper-parameters by name, in a fixed order (`lr` first).
+    pub fn params(&self) -> Vec<(&'static str, f32)> {
+        let values: Vec<f32> = match *self {
+            Self::Sgd { lr } => vec![lr],
+            Self::Adagrad { lr, eps, initial_accumulator_value: a }
+            | Self::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => vec![lr, eps, a],
+            Self::Adam { lr, beta1, beta2, eps } => vec![lr, beta1, beta2, eps],
+            Self::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
+                vec![lr, beta, l1, l2, a]
+            }
+        };
+        Self::param_names(self.name()).iter().map(|(n, _)| *n).zip(values).collect()
+    }
+
+    fn param_names(name: &str) -> &'static [(&'static str, f32)] {
+        PARAMS.iter().find(|(n, _)| *n == name).map_or(&[], |(_, p)| p)
+    }
+
+    /// The optimizer called `name` with the hyper-parameters `get` gives (by name; `None`: the
+    /// default). Fails on an unknown name, an unknown parameter in `given` (the names the caller
+    /// passed, checked when not empty) or a bad value; does not validate the values otherwise
+    /// (see [`Optimizer::validate`]).
+    pub fn from_params(
+        name: &str,
+        given: &[&str],
+        get: impl Fn(&str) -> Option<f32>,
+    ) -> crate::Result<Self> {
+        let Some((_, params)) = PARAMS.iter().find(|(n, _)| *n == name) else {
+            return Err(crate::Error::invalid(format!(
+                "unknown optimizer {name:?}; expected one of {:?}",
+                Self::NAMES
+            )));
+        };
+        if let Some(bad) = given.iter().find(|g| !params.iter().any(|(p, _)| p == *g)) {
+            return Err(crate::Error::invalid(format!(
+                "{name} has no parameter {bad:?}; its parameters are {:?}",
+                params.iter().map(|(p, _)| *p).collect::<Vec<_>>()
+            )));
+        }
+        let v: Vec<f32> = params.iter().map(|&(p, default)| get(p).unwrap_or(default)).collect();
+        Ok(match name {
+            "sgd" => Self::Sgd { lr: v[0] },
+            "adagrad" => Self::Adagrad { lr: v[0], eps: v[1], initial_accumulator_value: v[2] },
+            "rowwise_adagrad" => {
+                Self::RowWiseAdagrad { lr: v[0], eps: v[1], initial_accumulator_value: v[2] }
+            }
+            "adam" => Self::Adam { lr: v[0], beta1: v[1], beta2: v[2], eps: v[3] },
+            _ => Self::Ftrl {
+                lr: v[0],
+                beta: v[1],
+                l1: v[2],
+                l2: v[3],
+                initial_accumulator_value: v[4],
+            },
+        })
     }
 
     /// The configured learning rate.
@@ -107,38 +192,48 @@ impl Optimizer {
         }
     }
 
-    /// Checks the hyper-parameters: finite, `lr ≥ 0`, `eps > 0`, betas in `[0, 1)`, …
-    pub fn validate(&self) -> crate::Result<()> {
-        let ok = match *self {
-            Self::Sgd { lr } => lr.is_finite() && lr >= 0.0,
-            Self::Adagrad { lr, eps, initial_accumulator_value: a }
-            | Self::RowWiseAdagrad { lr, eps, initial_accumulator_value: a } => {
-                lr.is_finite()
-                    && lr >= 0.0
-                    && eps.is_finite()
-                    && eps > 0.0
-                    && a.is_finite()
-                    && a >= 0.0
-            }
-            Self::Adam { lr, beta1, beta2, eps } => {
-                lr.is_finite()
-                    && lr >= 0.0
-                    && (0.0..1.0).contains(&beta1)
-                    && (0.0..1.0).contains(&beta2)
-                    && eps.is_finite()
-                    && eps > 0.0
-            }
-            Self::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
-                lr.is_finite()
-                    && lr > 0.0
-                    && [beta, l1, l2, a].iter().all(|x| x.is_finite() && *x >= 0.0)
-            }
+    /// Checks a learning rate for this optimizer (the configured one or a per-call one):
+    /// finite and `≥ 0`; FTRL divides by it, so there it must be at least `2 / f32::MAX`.
+    pub fn validate_lr(&self, lr: f32) -> crate::Result<()> {
+        let ok = match self {
+            Self::Ftrl { .. } => lr.is_finite() && lr >= FTRL_MIN_LR,
+            _ => lr.is_finite() && lr >= 0.0,
         };
         if ok {
-            Ok(())
-        } else {
-            Err(crate::Error::invalid(format!("invalid optimizer hyper-parameters: {self:?}")))
+            return Ok(());
         }
+        let need = match self {
+            Self::Ftrl { .. } => "finite and > 0 (ftrl divides by it)",
+            _ => "finite and >= 0",
+        };
+        Err(crate::Error::invalid(format!("{}: lr must be {need}, got {lr}", self.name())))
+    }
+
+    /// Checks the hyper-parameters; the message names the optimizer, the field and the value.
+    pub fn validate(&self) -> crate::Result<()> {
+        self.validate_lr(self.lr())?;
+        let bad = |field: &str, need: &str, value: f32| {
+            Err(crate::Error::invalid(format!(
+                "{}: {field} must be {need}, got {value}",
+                self.name()
+            )))
+        };
+        for (field, value) in self.params().into_iter().skip(1) {
+            let ok = match field {
+                "eps" => value.is_finite() && value > 0.0,
+                "beta1" | "beta2" => (0.0..1.0).contains(&value),
+                _ => value.is_finite() && value >= 0.0,
+            };
+            if !ok {
+                let need = match field {
+                    "eps" => "finite and > 0",
+                    "beta1" | "beta2" => "in [0, 1)",
+                    _ => "finite and >= 0",
+                };
+                return bad(field, need, value);
+            }
+        }
+        Ok(())
     }
 
     /// Writes the state of a new row.
@@ -155,24 +250,85 @@ impl Optimizer {
         }
     }
 
-    /// One step on one row: `w` its values, `s` its state, `g` its (summed) gradient, `lr` the
-    /// learning rate of this call and `t` the table's step (1-based; Adam's bias correction).
+    /// The per-call part of a step: the learning rate and `t` (the table's step, 1-based;
+    /// Adam's bias correction, computed here once per call rather than once per row).
+    pub fn prepare(&self, lr: f32, t: u64) -> Step {
+        let (mut bc1, mut bc2_sqrt) = (1.0, 1.0);
+        if let Self::Adam { beta1, beta2, .. } = *self {
+            // powf, not powi: the step counter may pass 2^31 (i32) on a long-lived table.
+            let t = t.max(1) as f64;
+            bc1 = 1.0 - (beta1 as f64).powf(t);
+            bc2_sqrt = (1.0 - (beta2 as f64).powf(t)).sqrt();
+        }
+        Step {
+            opt: *self,
+            lr,
+            adam_step_size: (lr as f64 / bc1) as f32,
+            adam_bc2_sqrt: bc2_sqrt as f32,
+        }
+    }
+
+    /// One step on one row (see [`Step::apply`]); `lr` is this call's learning rate and `t`
+    /// the table's step (1-based). Returns false, leaving the row as it was, when the step
+    /// would make a value or the state non-finite.
+    pub fn step(&self, w: &mut [f32], s: &mut [f32], g: &[f32], lr: f32, t: u64) -> bool {
+        self.prepare(lr, t).apply(w, s, g, &mut Vec::new())
+    }
+}
+
+/// One call's step of an [`Optimizer`] (see [`Optimizer::prepare`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    opt: Optimizer,
+    lr: f32,
+    adam_step_size: f32,
+    adam_bc2_sqrt: f32,
+}
+
+/// The largest absolute bit pattern in `xs` (NaN and infinity sort above every finite value).
+/// An integer max vectorises; `f32::max` does not.
+#[inline]
+pub(crate) fn max_abs_bits(xs: &[f32]) -> u32 {
+    xs.iter().map(|x| x.to_bits() & 0x7fff_ffff).max().unwrap_or(0)
+}
+
+impl Step {
+    /// Steps one row in place: `w` its values, `s` its state, `g` its (summed) gradient.
+    /// Nothing non-finite is ever written: the row is saved to `scratch` first and restored,
+    /// and false returned, when the step would leave a NaN or infinity in `w` or `s` (a
+    /// gradient whose square overflows, an accumulator at the edge of float32's range).
     #[inline]
-    pub fn step(&self, w: &mut [f32], s: &mut [f32], g: &[f32], lr: f32, t: u64) {
+    pub fn apply(&self, w: &mut [f32], s: &mut [f32], g: &[f32], scratch: &mut Vec<f32>) -> bool {
+        scratch.clear();
+        scratch.extend_from_slice(w);
+        scratch.extend_from_slice(s);
+        self.apply_unchecked(w, s, g);
+        if max_abs_bits(w).max(max_abs_bits(s)) < f32::INFINITY.to_bits() {
+            return true;
+        }
+        let (old_w, old_s) = scratch.split_at(w.len());
+        w.copy_from_slice(old_w);
+        s.copy_from_slice(old_s);
+        false
+    }
+
+    #[inline]
+    fn apply_unchecked(&self, w: &mut [f32], s: &mut [f32], g: &[f32]) {
         debug_assert_eq!(w.len(), g.len());
-        match *self {
-            Self::Sgd { .. } => {
+        let lr = self.lr;
+        match self.opt {
+            Optimizer::Sgd { .. } => {
                 for (w, &g) in w.iter_mut().zip(g) {
                     *w += -lr * g;
                 }
             }
-            Self::Adagrad { eps, .. } => {
+            Optimizer::Adagrad { eps, .. } => {
                 for ((w, s), &g) in w.iter_mut().zip(s.iter_mut()).zip(g) {
                     *s += g * g;
                     *w += -lr * (g / (s.sqrt() + eps));
                 }
             }
-            Self::RowWiseAdagrad { eps, .. } => {
+            Optimizer::RowWiseAdagrad { eps, .. } => {
                 let mean_sq = g.iter().map(|g| g * g).sum::<f32>() / g.len() as f32;
                 s[0] += mean_sq;
                 let rate = lr / (s[0].sqrt() + eps);
@@ -180,11 +336,8 @@ impl Optimizer {
                     *w += -rate * g;
                 }
             }
-            Self::Adam { beta1, beta2, eps, .. } => {
-                let t = t.max(1) as i32;
-                let bc1 = 1.0 - (beta1 as f64).powi(t);
-                let bc2_sqrt = (1.0 - (beta2 as f64).powi(t)).sqrt() as f32;
-                let step_size = (lr as f64 / bc1) as f32;
+            Optimizer::Adam { beta1, beta2, eps, .. } => {
+                let (step_size, bc2_sqrt) = (self.adam_step_size, self.adam_bc2_sqrt);
                 let (m, v) = s.split_at_mut(w.len());
                 for (((w, m), v), &g) in w.iter_mut().zip(m).zip(v).zip(g) {
                     *m += (1.0 - beta1) * (g - *m);
@@ -193,7 +346,7 @@ impl Optimizer {
                     *w += -step_size * (*m / denom);
                 }
             }
-            Self::Ftrl { beta, l1, l2, .. } => {
+            Optimizer::Ftrl { beta, l1, l2, .. } => {
                 let (z, n) = s.split_at_mut(w.len());
                 for (((w, z), n), &g) in w.iter_mut().zip(z).zip(n).zip(g) {
                     let n_new = *n + g * g;
@@ -208,6 +361,14 @@ impl Optimizer {
                 }
             }
         }
+    }
+}
+
+impl std::fmt::Display for Optimizer {
+    /// `adam(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-8)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let params: Vec<String> = self.params().iter().map(|(n, v)| format!("{n}={v:?}")).collect();
+        write!(f, "{}({})", self.name(), params.join(", "))
     }
 }
 
@@ -265,5 +426,73 @@ mod tests {
             .validate()
             .is_err());
         assert!(Optimizer::default().validate().is_ok());
+    }
+
+    #[test]
+    fn adam_step_counter_past_i32_stays_finite() {
+        let opt = Optimizer::Adam { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+        let (mut w, mut s) = ([0.5f32], [0.0f32; 2]);
+        assert!(opt.step(&mut w, &mut s, &[1.0], 0.1, (1u64 << 31) + 5));
+        // Bias corrections are 1 by then: m = 0.1, v = 0.001, w -= 0.1 · m / √v.
+        let want = 0.5 - 0.1 * 0.1 / 0.001f32.sqrt();
+        assert!((w[0] - want).abs() < 1e-4, "{w:?} vs {want}");
+    }
+
+    #[test]
+    fn ftrl_zero_lr_is_refused() {
+        let opt = Optimizer::Ftrl {
+            lr: 0.1,
+            beta: 1.0,
+            l1: 0.0,
+            l2: 0.0,
+            initial_accumulator_value: 0.0,
+        };
+        assert!(opt.validate_lr(0.0).is_err());
+        assert!(opt.validate_lr(1e-39).is_err());
+        assert!(opt.validate_lr(1e-3).is_ok());
+        assert!(Optimizer::Sgd { lr: 0.1 }.validate_lr(0.0).is_ok());
+    }
+
+    #[test]
+    fn overflowing_square_leaves_row_unchanged() {
+        for opt in [
+            Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 },
+            Optimizer::RowWiseAdagrad { lr: 0.1, eps: 1e-8, initial_accumulator_value: 0.0 },
+            Optimizer::Adam { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+            Optimizer::Ftrl {
+                lr: 0.1,
+                beta: 1.0,
+                l1: 0.0,
+                l2: 0.0,
+                initial_accumulator_value: 0.0,
+            },
+        ] {
+            let mut w = [0.25f32, -0.5];
+            let mut s = vec![0.5f32; opt.state_dim(2)];
+            let (w0, s0) = (w, s.clone());
+            assert!(!opt.step(&mut w, &mut s, &[1e30, 1.0], 0.1, 1), "{opt}");
+            assert_eq!((w, s), (w0, s0), "{opt}");
+        }
+    }
+
+    #[test]
+    fn params_round_trip_and_name_bad_fields() {
+        for name in Optimizer::NAMES {
+            let opt = Optimizer::from_params(name, &[], |_| None).unwrap();
+            let params = opt.params();
+            let names: Vec<&str> = params.iter().map(|p| p.0).collect();
+            let back = Optimizer::from_params(name, &names, |p| {
+                params.iter().find(|(n, _)| *n == p).map(|(_, v)| *v)
+            })
+            .unwrap();
+            assert_eq!(back, opt);
+            assert!(opt.validate().is_ok(), "{opt}");
+        }
+        let err = Optimizer::from_params("adam", &["betas"], |_| None).unwrap_err();
+        assert!(err.message().contains("\"betas\""), "{err}");
+        let err =
+            Optimizer::Adam { lr: 0.1, beta1: 1.0, beta2: 0.9, eps: 1e-8 }.validate().unwrap_err();
+        assert_eq!(err.message(), "adam: beta1 must be in [0, 1), got 1");
+        assert!(Optimizer::from_params("adamw", &[], |_| None).is_err());
     }
 }

@@ -8,7 +8,7 @@ use parking_lot::RwLock;
 
 use crate::config::validate_name;
 use crate::version::Clock;
-use crate::{file, Error, ErrorKind, Result, Table, TableConfig};
+use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
 /// Named embedding tables held in memory. Cheap to share (`Arc<Table>` per table); every method
 /// takes `&self`.
@@ -27,12 +27,17 @@ impl Default for Store {
 impl Store {
     /// An empty store; its rows' versions carry replica id 0.
     pub fn new() -> Self {
-        Self::with_replica(0)
+        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(0)) }
     }
 
-    /// An empty store whose rows' versions carry `replica`.
-    pub fn with_replica(replica: u32) -> Self {
-        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(replica)) }
+    /// An empty store whose rows' versions carry `replica` (at most [`MAX_REPLICA`]).
+    pub fn with_replica(replica: u32) -> Result<Self> {
+        if replica > MAX_REPLICA {
+            return Err(Error::invalid(format!(
+                "replica_id must be in 0..=2^31 - 1, got {replica}"
+            )));
+        }
+        Ok(Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(replica)) })
     }
 
     /// Creates a table; fails if the name is taken or the config is invalid.
@@ -59,9 +64,12 @@ impl Store {
         self.tables.read().keys().cloned().collect()
     }
 
-    /// Removes the table called `name` (its memory is freed once no caller holds it).
+    /// Removes the table called `name`. Handles still held fail with `TableNotFound` from then
+    /// on; the memory is freed once the last one is dropped.
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        self.tables.write().remove(name).map(drop).ok_or_else(|| not_found(name))
+        let table = self.tables.write().remove(name).ok_or_else(|| not_found(name))?;
+        table.mark_dropped();
+        Ok(())
     }
 
     /// Creates a table from a file written by [`Table::save`], named as in the file or `name`.

@@ -122,7 +122,7 @@ proptest! {
                     }
                     for (k, s) in sums {
                         let r = m.rows.entry(k).or_insert_with(|| init(k));
-                        m.opt.step(&mut r.0, &mut r.1, &s, m.opt.lr(), m.step);
+                        assert!(m.opt.step(&mut r.0, &mut r.1, &s, m.opt.lr(), m.step));
                     }
                 }
                 Op::Assign(ks, v) => {
@@ -146,7 +146,7 @@ proptest! {
                     }
                 }
                 Op::Clear => {
-                    table.clear();
+                    table.clear().unwrap();
                     m.rows.clear();
                     m.step = 0;
                 }

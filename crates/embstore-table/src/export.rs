@@ -1,0 +1,99 @@
+//! [`Export`]: a table's rows in chunks, with their optimizer state and metadata.
+
+use crate::{RowMeta, Table};
+
+/// One chunk of [`Table::export`]: `n` rows, and what an import needs to check they fit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowChunk {
+    /// `[n]` ids.
+    pub ids: Vec<u64>,
+    /// `[n, D]` values, row-major.
+    pub values: Vec<f32>,
+    /// `[n, S]` optimizer state, row-major (`S` = [`Table::state_dim`]).
+    pub state: Vec<f32>,
+    /// `[n]` metadata.
+    pub meta: Vec<RowMeta>,
+    /// The exporting table's optimizer (its name), which the state belongs to.
+    pub optimizer: &'static str,
+    /// The exporting table's step counter when the chunk was read (Adam's `t`).
+    pub step: u64,
+}
+
+impl RowChunk {
+    /// Rows in the chunk.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the chunk holds no rows.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Iterator over a table's rows in chunks. Each row is copied under its shard's lock, so every
+/// row is consistent (values, state and metadata of one moment); the export as a whole is not a
+/// point-in-time snapshot: rows written while it runs may appear in their old or new state, rows
+/// removed meanwhile are skipped, and rows added to a shard already passed are not seen.
+///
+/// `T` is `&Table` from [`Table::export`], or an `Arc<Table>` for an export that owns its table.
+pub struct Export<T: std::ops::Deref<Target = Table>> {
+    table: T,
+    chunk_rows: usize,
+    shard: usize,
+    keys: Vec<u64>,
+    next: usize,
+}
+
+impl<T: std::ops::Deref<Target = Table>> Export<T> {
+    /// An export of `table`'s rows in chunks of up to `chunk_rows` (at least 1).
+    pub fn new(table: T, chunk_rows: usize) -> Self {
+        Self { table, chunk_rows: chunk_rows.max(1), shard: 0, keys: Vec::new(), next: 0 }
+    }
+}
+
+impl<T: std::ops::Deref<Target = Table>> std::fmt::Debug for Export<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export").field("shard", &self.shard).field("next", &self.next).finish()
+    }
+}
+
+impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
+    type Item = RowChunk;
+
+    fn next(&mut self) -> Option<RowChunk> {
+        let t = &*self.table;
+        loop {
+            if self.next >= self.keys.len() {
+                if self.shard >= t.shards.len() {
+                    return None;
+                }
+                self.keys = t.shards[self.shard].read().index.iter().map(|(k, _)| k).collect();
+                self.keys.sort_unstable();
+                self.next = 0;
+                self.shard += 1;
+                continue;
+            }
+            let end = (self.next + self.chunk_rows).min(self.keys.len());
+            let keys = &self.keys[self.next..end];
+            self.next = end;
+            let mut chunk = RowChunk {
+                optimizer: t.config().optimizer.name(),
+                step: t.step(),
+                ..RowChunk::default()
+            };
+            let shard = t.shards[t.shard_of(keys[0])].read();
+            for &k in keys {
+                if let Some(slot) = shard.slot(k) {
+                    chunk.ids.push(k);
+                    chunk.values.extend_from_slice(shard.values.row(slot));
+                    chunk.state.extend_from_slice(shard.state.row(slot));
+                    chunk.meta.push(shard.meta[slot].unpack());
+                }
+            }
+            if !chunk.is_empty() {
+                return Some(chunk);
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! [`Shard`]: one shard's rows — its NeighborHash index from id to slot, the value and state
+//! arenas, the packed metadata and the free list — and the row-level operations every batch
+//! call is built from. A shard lives behind its own lock in the [`Table`](crate::Table).
+//!
+//! Memory follows the rows both ways: the arenas grow gradually (see `arena`), and when
+//! removals leave a shard at under a quarter of its slots, [`Shard::shrink_if_sparse`] moves the
+//! live rows into storage sized for them and releases the rest.
+
+use embstore_index::NeighborHash;
+
+use crate::arena::Arena;
+use crate::meta::PackedMeta;
+use crate::{Error, ErrorKind, Optimizer, Result};
+
+/// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`.
+const SHRINK_BELOW: usize = 4;
+/// ... and only when it has at least this many slots (below it, the memory is not worth it).
+const SHRINK_MIN_SLOTS: usize = 4096;
+
+/// The rows of one shard.
+pub(crate) struct Shard {
+    pub(crate) index: NeighborHash,
+    pub(crate) values: Arena,
+    pub(crate) state: Arena,
+    pub(crate) meta: Vec<PackedMeta>,
+    free: Vec<usize>,
+    huge_pages: bool,
+}
+
+impl Shard {
+    pub(crate) fn new(dim: usize, state_dim: usize, huge_pages: bool) -> Result<Self> {
+        Self::with_rows(dim, state_dim, huge_pages, 0)
+    }
+
+    /// A shard with room for `rows` rows.
+    fn with_rows(dim: usize, state_dim: usize, huge_pages: bool, rows: usize) -> Result<Self> {
+        let mut index = NeighborHash::with_config(embstore_index::Config {
+            huge_pages,
+            ..embstore_index::Config::default()
+        })?;
+        index.reserve(rows)?;
+        let mut shard = Self {
+            index,
+            values: Arena::new(dim, huge_pages),
+            state: Arena::new(state_dim, huge_pages),
+            meta: Vec::new(),
+            free: Vec::new(),
+            huge_pages,
+        };
+        if rows > 0 {
+            shard.reserve_slots(rows)?;
+            shard.meta.reserve_exact(rows);
+        }
+        Ok(shard)
+    }
+
+    /// Rows stored.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The slot of `key`'s row.
+    #[inline]
+    pub(crate) fn slot(&self, key: u64) -> Option<usize> {
+        self.index.get(key).map(|s| s as usize)
+    }
+
+    fn reserve_slots(&mut self, slots: usize) -> Result<()> {
+        if self.values.ensure(slots) && self.state.ensure(slots) {
+            return Ok(());
+        }
+        Err(Error::new(ErrorKind::Capacity, "out of memory for rows"))
+    }
+
+    /// Stores a new row for `key` (which has none): allocates a slot, indexes it, writes the
+    /// optimizer's initial state and `meta`; returns the slot, whose values the caller writes.
+    pub(crate) fn insert(&mut self, key: u64, meta: PackedMeta, opt: &Optimizer) -> Result<usize> {
+        let slot = self.free.last().copied().unwrap_or(self.meta.len());
+        self.reserve_slots(slot + 1)?;
+        self.index.insert(key, slot as u64)?;
+        if self.free.pop().is_none() {
+            self.meta.push(meta);
+        } else {
+            self.meta[slot] = meta;
+        }
+        opt.init_state(self.state.row_mut(slot));
+        Ok(slot)
+    }
+
+    /// Removes `key`'s row; whether it had one. Call [`Shard::shrink_if_sparse`] after a batch.
+    pub(crate) fn remove(&mut self, key: u64) -> bool {
+        match self.index.remove(key) {
+            Some(slot) => {
+                self.meta[slot as usize] = PackedMeta::default();
+                self.free.push(slot as usize);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Slots in use or freed: the high-water mark of the rows (the index, which grows at load
+    /// 0.8, has at most 2.5 buckets per slot).
+    fn slots(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// When the live rows are under a quarter of the slots, moves them into a shard sized for
+    /// them and drops the old storage; returns whether it did. The rows keep their values,
+    /// state and metadata; their slots change (no slot is held across a lock).
+    pub(crate) fn shrink_if_sparse(&mut self) -> Result<bool> {
+        let slots = self.slots();
+        if slots < SHRINK_MIN_SLOTS || self.len() * SHRINK_BELOW >= slots {
+            return Ok(false);
+        }
+        let (dim, state_dim) = (self.values.stride(), self.state.stride());
+        let mut next = Self::with_rows(dim, state_dim, self.huge_pages, self.len())?;
+        for (key, slot) in self.index.iter() {
+            let (old, new) = (slot as usize, next.meta.len());
+            next.index.insert(key, new as u64)?;
+            next.meta.push(self.meta[old]);
+            next.values.row_mut(new).copy_from_slice(self.values.row(old));
+            next.state.row_mut(new).copy_from_slice(self.state.row(old));
+        }
+        *self = next;
+        Ok(true)
+    }
+
+    /// Drops every row and releases the memory.
+    pub(crate) fn clear(&mut self) -> Result<()> {
+        *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        Ok(())
+    }
+
+    /// Bytes allocated for this shard: index, arenas, metadata and free list.
+    pub(crate) fn bytes_reserved(&self) -> usize {
+        self.index.bytes()
+            + self.values.bytes()
+            + self.state.bytes()
+            + self.meta.capacity() * std::mem::size_of::<PackedMeta>()
+            + self.free.capacity() * std::mem::size_of::<usize>()
+    }
+
+    /// Bytes that hold live rows: their values, state, metadata and index buckets.
+    pub(crate) fn bytes_used(&self) -> usize {
+        let row = (self.values.stride() + self.state.stride()) * 4
+            + std::mem::size_of::<PackedMeta>()
+            + embstore_index::BUCKET_BYTES;
+        self.len() * row
+    }
+}

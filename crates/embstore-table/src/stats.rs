@@ -1,0 +1,126 @@
+//! Counters and sizes of a table: [`TableStats`] (O(shards), cheap enough to poll) and
+//! [`IndexStats`] (a full scan of every shard's index, for diagnosis).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::Table;
+
+/// Counters and sizes of a table (see [`Table::stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TableStats {
+    /// Rows stored.
+    pub rows: usize,
+    /// Bytes allocated: indexes, arenas, metadata, free lists, the admission sketch. An
+    /// upper bound on resident memory (zeroed pages that were never touched are not resident).
+    pub bytes_reserved: usize,
+    /// Bytes that hold live rows: their values, optimizer state, metadata (16 B) and index
+    /// bucket (16 B).
+    pub bytes_used: usize,
+    /// Looked-up ids that had a row.
+    pub hits: u64,
+    /// Looked-up ids that had no row.
+    pub misses: u64,
+    /// Rows created.
+    pub inserts: u64,
+    /// Row writes: optimizer steps and assignments.
+    pub updates: u64,
+    /// Rows removed by `remove`.
+    pub removed: u64,
+    /// Rows removed by `evict_expired`.
+    pub evicted: u64,
+    /// Gradients dropped because their id was not admitted yet.
+    pub dropped_unadmitted: u64,
+    /// Ids skipped for a non-finite gradient (with [`NonFinite::Skip`](crate::NonFinite)), or
+    /// whose step would have made their row non-finite.
+    pub skipped_non_finite: u64,
+    /// `apply_gradients` calls so far (Adam's `t`).
+    pub step: u64,
+    /// Rows per shard.
+    pub rows_per_shard: Vec<usize>,
+}
+
+/// The structure of a table's indexes, from a full scan (see [`Table::index_stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct IndexStats {
+    /// Keys over all shards.
+    pub len: usize,
+    /// Buckets over all shards.
+    pub capacity: usize,
+    /// Average probed cachelines per successful lookup, over every key (`None`: no key).
+    pub apcl: Option<f64>,
+    /// Keys in the longest chain of any shard.
+    pub longest_chain: usize,
+    /// Keys stored away from their home bucket.
+    pub displaced: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    pub(crate) inserts: AtomicU64,
+    pub(crate) updates: AtomicU64,
+    pub(crate) removed: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) dropped_unadmitted: AtomicU64,
+    pub(crate) skipped_non_finite: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: usize) {
+        if n > 0 {
+            counter.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Table {
+    /// Counters and sizes: O(shards), each shard's lock held only to read a few sizes.
+    pub fn stats(&self) -> TableStats {
+        let mut rows_per_shard = Vec::with_capacity(self.shards.len());
+        let mut reserved = self.sketch_bytes();
+        let mut used = 0;
+        for shard in self.shards.iter() {
+            let shard = shard.read();
+            rows_per_shard.push(shard.len());
+            reserved += shard.bytes_reserved();
+            used += shard.bytes_used();
+        }
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TableStats {
+            rows: rows_per_shard.iter().sum(),
+            bytes_reserved: reserved,
+            bytes_used: used,
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            inserts: get(&c.inserts),
+            updates: get(&c.updates),
+            removed: get(&c.removed),
+            evicted: get(&c.evicted),
+            dropped_unadmitted: get(&c.dropped_unadmitted),
+            skipped_non_finite: get(&c.skipped_non_finite),
+            step: self.step(),
+            rows_per_shard,
+        }
+    }
+
+    /// Scans every shard's index (O(capacity), each under its shard's read lock): load, exact
+    /// APCL, longest chain. For diagnosis; [`Table::stats`] is the one to poll.
+    pub fn index_stats(&self) -> IndexStats {
+        let mut out = IndexStats::default();
+        let mut lines = 0.0;
+        for shard in self.shards.iter() {
+            let s = shard.read().index.stats();
+            out.len += s.len;
+            out.capacity += s.capacity;
+            out.longest_chain = out.longest_chain.max(s.longest_chain);
+            out.displaced += s.displaced;
+            lines += s.apcl.unwrap_or(0.0) * s.len as f64;
+        }
+        out.apcl = (out.len > 0).then(|| lines / out.len as f64);
+        out
+    }
+}

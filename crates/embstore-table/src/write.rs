@@ -1,0 +1,214 @@
+//! Writes that are not optimizer steps: [`Table::assign`], [`Table::import`] (and
+//! [`Table::import_chunk`]), [`Table::remove`]; and [`Table::meta`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::meta::PackedMeta;
+use crate::stats::Counters;
+use crate::version::now_ms;
+use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table};
+
+/// How far ahead of this store's clock an imported version may be: one day.
+const MAX_CLOCK_AHEAD_MS: u64 = 24 * 3600 * 1000;
+
+/// The optimizer state that `write_rows` gives each row.
+#[derive(Clone, Copy)]
+enum StateIn<'a> {
+    /// Keep an existing row's state (a new row gets the initial state).
+    Keep,
+    /// The optimizer's initial state.
+    Init,
+    /// `[B, S]`, row-major.
+    Given(&'a [f32]),
+}
+
+impl Table {
+    /// Sets the values of `ids` (`[B, D]`); ids without a row get one (admission does not
+    /// apply). For a repeated id the last row wins. State of existing rows is kept.
+    pub fn assign(&self, ids: &[u64], values: &[f32]) -> Result<()> {
+        self.write_rows(ids, values, StateIn::Keep, None, true)
+    }
+
+    /// Writes rows exported from a table with the same `D` and optimizer: values `[B, D]`,
+    /// optimizer state `[B, S]` (or the optimizer's initial state when `None`) and metadata
+    /// (or a fresh version when `None`). Imported versions may not be more than a day ahead of
+    /// this store's clock, nor carry a replica id of 2^31 or more.
+    pub fn import(
+        &self,
+        ids: &[u64],
+        values: &[f32],
+        state: Option<&[f32]>,
+        meta: Option<&[RowMeta]>,
+    ) -> Result<()> {
+        let state = state.map_or(StateIn::Init, StateIn::Given);
+        self.write_rows(ids, values, state, meta, true)
+    }
+
+    /// Imports a chunk of [`Table::export`]: refuses one whose optimizer is not this table's
+    /// (its state would be misread even when the widths agree), writes the rows as
+    /// [`Table::import`] does, and raises the step counter to the chunk's if that is higher
+    /// (Adam's bias correction goes on where the exporting table left it).
+    pub fn import_chunk(&self, chunk: &RowChunk) -> Result<()> {
+        self.check_optimizer(chunk.optimizer)?;
+        self.import(&chunk.ids, &chunk.values, Some(&chunk.state), Some(&chunk.meta))?;
+        self.raise_step(chunk.step);
+        Ok(())
+    }
+
+    /// Fails unless `name` is this table's optimizer.
+    pub fn check_optimizer(&self, name: &str) -> Result<()> {
+        let mine = self.config.optimizer.name();
+        if name != mine {
+            return Err(Error::invalid(format!(
+                "optimizer mismatch for table '{}': expected {mine}, got {name}",
+                self.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Raises the step counter to `step` if it is lower.
+    pub fn raise_step(&self, step: u64) {
+        if step > self.step() {
+            self.set_step(step);
+        }
+    }
+
+    /// [`Table::import`] of rows read back from a checksummed file: whatever the table held
+    /// when it was saved (an optimizer can drive state to infinity from finite gradients in
+    /// older files) is restored as it was.
+    pub(crate) fn import_saved(&self, chunk: &RowChunk) -> Result<()> {
+        self.write_rows(
+            &chunk.ids,
+            &chunk.values,
+            StateIn::Given(&chunk.state),
+            Some(&chunk.meta),
+            false,
+        )
+    }
+
+    fn check_meta(&self, ids: &[u64], meta: &[RowMeta]) -> Result<()> {
+        if meta.len() != ids.len() {
+            return Err(Error::shape(format!(
+                "metadata must hold {} entries, got {}",
+                ids.len(),
+                meta.len()
+            )));
+        }
+        let horizon = (now_ms() + MAX_CLOCK_AHEAD_MS) << 16;
+        if let Some(i) = meta.iter().position(|m| m.version.timestamp > horizon) {
+            return Err(Error::invalid(format!(
+                "version of id {} is more than a day ahead of this clock ({} ms since the \
+                 epoch); nothing was written",
+                ids[i],
+                meta[i].version.millis()
+            )));
+        }
+        meta.iter().try_for_each(PackedMeta::check)
+    }
+
+    fn check_finite(&self, ids: &[u64], values: &[f32], state: StateIn<'_>) -> Result<()> {
+        let (d, sd) = (self.dim(), self.state_dim);
+        let bad = values.iter().position(|v| !v.is_finite()).map(|i| (i / d, "values"));
+        let bad = bad.or_else(|| match state {
+            StateIn::Given(st) => {
+                st.iter().position(|v| !v.is_finite()).map(|i| (i / sd.max(1), "state"))
+            }
+            _ => None,
+        });
+        match bad {
+            Some((row, what)) => Err(Error::new(
+                ErrorKind::NonFinite,
+                format!("{what} for id {} are not finite; nothing was written", ids[row]),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn write_rows(
+        &self,
+        ids: &[u64],
+        values: &[f32],
+        state: StateIn<'_>,
+        meta: Option<&[RowMeta]>,
+        check_finite: bool,
+    ) -> Result<()> {
+        let (d, sd) = (self.dim(), self.state_dim);
+        self.check_rows("values", ids.len(), values.len(), d)?;
+        if let StateIn::Given(state) = state {
+            self.check_rows("state", ids.len(), state.len(), sd)?;
+        }
+        if let Some(meta) = meta {
+            self.check_meta(ids, meta)?;
+        }
+        if check_finite {
+            self.check_finite(ids, values, state)?;
+        }
+        let groups = self.group(ids)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let version = self.clock.tick();
+        if let Some(meta) = meta {
+            meta.iter().for_each(|m| self.clock.observe(m.version));
+        }
+        let created = PackedMeta::created(now_ms());
+        self.run(&groups, |s, keys, pos| {
+            let mut shard = self.shards[s].write();
+            let mut inserted = 0;
+            for (&key, &p) in keys.iter().zip(pos) {
+                let p = p as usize;
+                let slot = match shard.slot(key) {
+                    Some(slot) => slot,
+                    None => {
+                        inserted += 1;
+                        shard.insert(key, created, &self.config.optimizer)?
+                    }
+                };
+                shard.values.row_mut(slot).copy_from_slice(&values[p * d..][..d]);
+                match state {
+                    StateIn::Keep => {}
+                    StateIn::Init => self.config.optimizer.init_state(shard.state.row_mut(slot)),
+                    StateIn::Given(st) => {
+                        shard.state.row_mut(slot).copy_from_slice(&st[p * sd..][..sd])
+                    }
+                }
+                match meta {
+                    Some(given) => shard.meta[slot] = PackedMeta::pack(&given[p]),
+                    None => shard.meta[slot].write(version),
+                }
+            }
+            Counters::add(&self.counters.updates, keys.len());
+            Counters::add(&self.counters.inserts, inserted);
+            Ok(())
+        })
+    }
+
+    /// Removes the rows of `ids`; returns how many were stored. Shards left sparse release
+    /// memory.
+    pub fn remove(&self, ids: &[u64]) -> Result<usize> {
+        let groups = self.group(ids)?;
+        let removed = AtomicU64::new(0);
+        self.run(&groups, |s, keys, _| {
+            let mut shard = self.shards[s].write();
+            let n = keys.iter().filter(|&&k| shard.remove(k)).count();
+            removed.fetch_add(n as u64, Ordering::Relaxed);
+            shard.shrink_if_sparse().map(drop)
+        })?;
+        let n = removed.into_inner() as usize;
+        Counters::add(&self.counters.removed, n);
+        Ok(n)
+    }
+
+    /// The metadata of each id's row, `None` for ids without one.
+    pub fn meta(&self, ids: &[u64]) -> Result<Vec<Option<RowMeta>>> {
+        self.check_live()?;
+        Ok(ids
+            .iter()
+            .map(|&k| {
+                let shard = self.shards[self.shard_of(k)].read();
+                shard.slot(k).map(|slot| shard.meta[slot].unpack())
+            })
+            .collect())
+    }
+}
