@@ -83,7 +83,9 @@ test-python: develop data ## pytest (unit, integration, doctests, examples)
 bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
 	$(CARGO) run --release -p embstore-bench -- index $(ARGS)
 
-bench-table: develop ## Table lookup/apply_gradients vs numpy and torch (ARGS="--rows 10000000")
+bench-table: setup ## Table lookup/apply_gradients vs numpy and torch (ARGS="--rows 10000000")
+	@echo "==> building the native module with the bench-hooks feature (timing hooks)"
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet --features bench-hooks
 	$(VPY) python/benchmarks/bench_table.py $(ARGS)
 
 fmt: setup ## Format Rust and Python sources

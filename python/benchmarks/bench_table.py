@@ -47,6 +47,12 @@ import torch
 
 import embstore
 
+if not embstore._native.BENCH_HOOKS:
+    sys.exit(
+        "bench_table.py needs the native module's timing hooks: run `make bench-table`, which "
+        "builds it with the bench-hooks feature (`make develop` builds it without)"
+    )
+
 ZIPF_A = 1.05
 LR = 0.01
 FILL_CHUNK = 1_000_000
