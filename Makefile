@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python ruff bench-index bench-table fmt clean
+        test-python ruff bench-index bench-table bench-memory fmt clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -85,6 +85,9 @@ bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--si
 
 bench-table: develop ## Table lookup/apply_gradients vs numpy and torch (ARGS="--rows 10000000")
 	$(VPY) python/benchmarks/bench_table.py $(ARGS)
+
+bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (ARGS="--quick --json")
+	$(VPY) python/benchmarks/bench_memory.py $(ARGS)
 
 fmt: setup ## Format Rust and Python sources
 	$(CARGO) fmt --all
