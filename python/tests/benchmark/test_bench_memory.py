@@ -1,0 +1,98 @@
+"""python/benchmarks/bench_memory.py runs at tiny sizes and reports consistent figures.
+
+Only the bookkeeping is checked (fields, raw bytes, ratios derived from the readings); the
+memory goals themselves are for the benchmark to report, not for a test to assert.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memory.py"
+
+TINY = ["--rows", "20000", "--dim", "32", "--shrink-rows", "20000"]
+TINY += ["--tables", "3", "--table-rows", "100"]
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def result():
+    p = run_bench(*TINY, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_header_records_config_and_machine(result):
+    assert result["benchmark"] == "memory"
+    c, m = result["config"], result["machine"]
+    assert (c["rows"], c["dim"], c["shrink_rows"]) == (20000, 32, 20000)
+    assert c["scenarios"] == ["rows", "small", "shrink"]
+    assert m["nproc"] >= 1 and m["cpu"] and m["commit"] and m["date"]
+
+
+def test_rows_scenario(result):
+    rows = result["scenarios"]["rows"]
+    assert {opt: r["state_dim"] for opt, r in rows.items()} == {"SGD": 0, "Adagrad": 32, "Adam": 64}
+    for r in rows.values():
+        assert r["rows"] == r["stats"]["rows"] == 20000
+        assert r["raw_bytes"] == 20000 * (32 + r["state_dim"]) * 4
+        assert r["rss_base"] > 0 and r["rss_after"] > 0 and r["rss_growth"] > 0
+        assert r["rss_growth"] == r["rss_after"] - r["rss_base"]
+        b = r["beyond_raw_per_row"]
+        assert b["rss"] == pytest.approx((r["rss_growth"] - r["raw_bytes"]) / 20000)
+        assert b["bytes"] == pytest.approx((r["stats"]["bytes"] - r["raw_bytes"]) / 20000)
+
+
+def test_small_scenario_runs_both_page_sizes(result):
+    small = result["scenarios"]["small"]
+    assert {r["huge_pages"] for r in small.values()} == {True, False}
+    for r in small.values():
+        assert r["rows"] == r["stats"]["rows"] == 3 * 100
+        assert r["state_dim"] == 64  # Adam: 2 x D
+        assert r["raw_bytes"] == 300 * (32 + 64) * 4
+        assert r["rss_growth"] > 0
+        assert r["rss_over_raw"] == pytest.approx(r["rss_growth"] / r["raw_bytes"])
+
+
+def test_shrink_scenario(result):
+    r = result["scenarios"]["shrink"]
+    assert r["rows_filled"] == 20000 and r["rows_removed"] == 18000 and r["rows_live"] == 2000
+    assert r["fresh"]["rows"] == r["after_remove"]["stats"]["rows"] == 2000
+    assert r["raw_bytes_live"] == 2000 * (32 + 32) * 4  # Adagrad: S = D
+    assert r["filled"]["rss_growth"] > 0 and r["fresh"]["rss_growth"] > 0
+    assert r["after_clear"]["stats"]["rows"] == 0
+    assert r["after_remove_over_fresh"] == pytest.approx(
+        r["after_remove"]["rss_growth"] / r["fresh"]["rss_growth"]
+    )
+
+
+def test_goals_listed_for_every_measurement(result):
+    goals = result["goals"]
+    assert [g["scenario"] for g in goals] == ["rows"] * 3 + ["small"] * 2 + ["shrink"]
+    for g in goals:
+        assert isinstance(g["met"], bool) and isinstance(g["value"], float) and g["goal"]
+
+
+def test_one_scenario_as_markdown():
+    p = run_bench(*TINY, "--scenario", "small")
+    assert p.returncode == 0, p.stderr
+    assert "| goal | measured | met |" in p.stdout
+    assert "huge pages on: RSS <= 1.5x raw" in p.stdout
+    assert "rows: bytes per row" not in p.stdout and "shrink: Adagrad" not in p.stdout
+    assert "small: 3 tables" in p.stderr  # progress goes to stderr
+
+
+def test_bad_size_is_refused():
+    p = run_bench("--rows", "0")
+    assert p.returncode == 2 and "--rows must be >= 1" in p.stderr
