@@ -3,7 +3,7 @@
 //! call is built from. A shard lives behind its own lock in the [`Table`](crate::Table).
 //!
 //! Memory follows the rows both ways: the arenas grow gradually (see `arena`), and when
-//! removals leave a shard at under a quarter of its slots, [`Shard::shrink_if_sparse`] moves the
+//! removals leave a shard at under half of its slots, [`Shard::shrink_if_sparse`] moves the
 //! live rows into storage sized for them and releases the rest.
 
 use embstore_index::NeighborHash;
@@ -12,8 +12,10 @@ use crate::arena::Arena;
 use crate::meta::PackedMeta;
 use crate::{Error, ErrorKind, Optimizer, Result};
 
-/// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`.
-const SHRINK_BELOW: usize = 4;
+/// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`: then its memory
+/// is at most about twice what its rows need, and each compaction (O(live rows)) is paid for by
+/// at least as many removals since the last one.
+const SHRINK_BELOW: usize = 2;
 /// ... and only when it has at least this many slots (below it, the memory is not worth it).
 const SHRINK_MIN_SLOTS: usize = 4096;
 
@@ -105,7 +107,7 @@ impl Shard {
         self.meta.len()
     }
 
-    /// When the live rows are under a quarter of the slots, moves them into a shard sized for
+    /// When the live rows are under half of the slots, moves them into a shard sized for
     /// them and drops the old storage; returns whether it did. The rows keep their values,
     /// state and metadata; their slots change (no slot is held across a lock).
     pub(crate) fn shrink_if_sparse(&mut self) -> Result<bool> {
