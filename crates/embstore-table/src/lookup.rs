@@ -109,8 +109,9 @@ impl Table {
             let slot = slots[i];
             out.set_found(i, slot != MISSING);
             if slot != MISSING {
-                // SAFETY (of `row`): see `ShardOut`.
-                unsafe { out.row(i) }.copy_from_slice(shard.values.row(slot as usize));
+                // SAFETY: see `ShardOut`; the row is dropped at the end of this statement.
+                let row = unsafe { out.row(i) };
+                row.copy_from_slice(shard.values.row(slot as usize));
                 continue;
             }
             // SAFETY: as above.
@@ -145,12 +146,15 @@ impl Table {
         mut missing: Vec<usize>,
         out: &ShardOut<'_>,
     ) -> Result<()> {
+        if missing.is_empty() {
+            return Ok(());
+        }
         if let Some(sketch) = self.sketch() {
             let min = self.config.admission_min_count;
             missing.retain(|&i| sketch.increment(keys[i]) >= min);
-        }
-        if missing.is_empty() {
-            return Ok(());
+            if missing.is_empty() {
+                return Ok(());
+            }
         }
         let mut shard = self.shards[s].write();
         let meta = PackedMeta::created(now_ms());

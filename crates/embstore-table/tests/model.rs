@@ -17,7 +17,14 @@ enum Op {
     Remove(Vec<u64>),
     Contains(Vec<u64>),
     Clear,
+    /// Creates the rows of ids `BULK + start..BULK + start + n` (a lookup): enough rows for a
+    /// one-shard table to pass the size at which sparse shards compact.
+    Fill(u64, u64),
+    /// Removes the ids `BULK + start..BULK + start + n`: may leave a shard sparse (compaction).
+    Drop(u64, u64),
 }
+
+const BULK: u64 = 1 << 32;
 
 fn ids() -> impl Strategy<Value = Vec<u64>> {
     // A small key space (many duplicates and re-hits) plus the extremes.
@@ -36,6 +43,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => ids().prop_map(Op::Remove),
         1 => ids().prop_map(Op::Contains),
         1 => Just(Op::Clear),
+        1 => (0u64..4000, 0u64..9000).prop_map(|(s, n)| Op::Fill(s, n)),
+        1 => (0u64..4000, 0u64..9000).prop_map(|(s, n)| Op::Drop(s, n)),
     ]
 }
 
@@ -149,6 +158,19 @@ proptest! {
                     table.clear().unwrap();
                     m.rows.clear();
                     m.step = 0;
+                }
+                Op::Fill(start, n) => {
+                    let ks: Vec<u64> = (BULK + start..BULK + start + n).collect();
+                    table.lookup(&ks, OnMiss::Init, &mut vec![0.0; ks.len() * D], None).unwrap();
+                    for k in ks {
+                        m.rows.entry(k).or_insert_with(|| init(k));
+                    }
+                }
+                Op::Drop(start, n) => {
+                    let ks: Vec<u64> = (BULK + start..BULK + start + n).collect();
+                    let removed = table.remove(&ks).unwrap();
+                    let expect = ks.iter().filter(|k| m.rows.remove(k).is_some()).count();
+                    prop_assert_eq!(removed, expect);
                 }
             }
             prop_assert_eq!(table.len(), m.rows.len());
