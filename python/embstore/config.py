@@ -141,7 +141,6 @@ class Constant:
         _check_floats(self)
 
 
-
 @dataclass(frozen=True)
 class Uniform:
     """Uniform on ``[low, high)``."""
@@ -154,7 +153,6 @@ class Uniform:
         _check_floats(self)
 
 
-
 @dataclass(frozen=True)
 class Normal:
     """Normal with ``mean`` and ``std`` (the default initializer is ``Normal(std=0.01)``)."""
@@ -165,7 +163,6 @@ class Normal:
 
     def __post_init__(self) -> None:
         _check_floats(self)
-
 
 
 Initializer = Zeros | Constant | Uniform | Normal

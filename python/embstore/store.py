@@ -22,12 +22,12 @@ import numpy as np
 
 from embstore import _native
 from embstore.config import (
+    _INITIALIZERS,
+    _OPTIMIZERS,
     SGD,
     Initializer,
     Normal,
     Optimizer,
-    _INITIALIZERS,
-    _OPTIMIZERS,
     from_params,
     to_params,
 )
@@ -126,7 +126,9 @@ def _check_out(out: Any, ids: np.ndarray, dim: int) -> None:
         kind = out.dtype if isinstance(out, np.ndarray) else type(out).__name__
         raise DTypeError(f"out must be a float32 numpy array, got {kind}")
     if out.shape != (len(ids), dim):
-        raise ShapeError(f"out must be [{len(ids)}, {dim}] for {len(ids)} ids, got {list(out.shape)}")
+        raise ShapeError(
+            f"out must be [{len(ids)}, {dim}] for {len(ids)} ids, got {list(out.shape)}"
+        )
     if not (out.flags.c_contiguous and out.flags.aligned):
         raise ShapeError("out must be a C-contiguous, aligned float32 [B, D] array")
     if not out.flags.writeable:
@@ -401,8 +403,11 @@ class Table:
             None if m is None else _uint_array(m, d, name, len(arr))
             for m, d, name in zip(meta, dtypes, names, strict=True)
         ]
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)
-                                 or not 0 <= step < 2**64):
+        if step is not None and (
+            isinstance(step, bool)
+            or not isinstance(step, int | np.integer)
+            or not 0 <= step < 2**64
+        ):
             raise InvalidArgumentError(f"step must be an int >= 0, got {step!r}")
         self._inner.import_(arr, rows, st, *meta, optimizer, None if step is None else int(step))
 
