@@ -7,6 +7,12 @@ import numpy.typing as npt
 
 __version__: str
 MAX_PAYLOAD: int
+ON_MISS: tuple[str, ...]  # lookup's on_miss modes, defined once in embstore_table::OnMiss
+OPTIMIZERS: tuple[str, ...]
+INITIALIZERS: tuple[str, ...]
+MAX_EMBEDDING_DIM: int
+MAX_REPLICA: int
+BENCH_HOOKS: bool  # built with the bench-hooks feature (make bench-table)
 
 def simd_available() -> bool: ...
 
@@ -40,8 +46,7 @@ class Store:
         name: str,
         embedding_dim: int,
         init_kind: str,
-        init_a: float,
-        init_b: float,
+        init_params: dict[str, float],
         opt_kind: str,
         opt_params: dict[str, float],
         num_shards: int,
@@ -89,6 +94,8 @@ class Table:
         replicas: npt.NDArray[np.uint32] | None = None,
         update_counts: npt.NDArray[np.uint64] | None = None,
         last_update_ms: npt.NDArray[np.uint64] | None = None,
+        optimizer: str | None = None,
+        step: int | None = None,
     ) -> None: ...
     def remove(self, ids: _Ids) -> int: ...
     def contains(self, ids: _Ids) -> npt.NDArray[np.bool_]: ...
@@ -101,6 +108,8 @@ class Table:
     def load(self, path: str | os.PathLike[str]) -> int: ...
     def export(self, chunk_rows: int) -> Export: ...
     def stats(self) -> dict[str, object]: ...
+    def index_stats(self) -> dict[str, object]: ...
+    # Only with the bench-hooks feature (BENCH_HOOKS):
     def _native_lookup_ns(self, ids: _Ids, iters: int) -> float: ...
     def _last_native_ns(self) -> int: ...
 
