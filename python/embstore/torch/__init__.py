@@ -252,9 +252,11 @@ class EmbeddingOptimizer:
         As with ``torch.optim``, gradients stay until :meth:`zero_grad`: a second ``step()``
         without ``zero_grad()`` (or a new backward pass) steps with them again.
         """
-        by_table: dict[int, tuple[Table, list[np.ndarray], list[torch.Tensor]]] = {}
+        # Keyed by the Table, which compares equal for every handle of one table: modules
+        # given two handles (``store.table(name)`` makes a new one per call) step it once.
+        by_table: dict[Table, tuple[Table, list[np.ndarray], list[torch.Tensor]]] = {}
         for m in self.modules:
-            entry = by_table.setdefault(id(m.table._inner), (m.table, [], []))
+            entry = by_table.setdefault(m.table, (m.table, [], []))
             for ids, grad in m._pending:
                 entry[1].append(ids)
                 entry[2].append(grad)
