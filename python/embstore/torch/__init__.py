@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embstore.errors import InvalidArgumentError, ShapeError
+from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
 from embstore.store import Table, _as_ids
 
 # Backward passes a module keeps before it warns that EmbeddingOptimizer.zero_grad() is not
@@ -132,6 +132,7 @@ class Embedding(_StoreModule):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        _check_input(input)
         rows = self._pull(input)
         return rows.view(*input.shape, self.embedding_dim)
 
@@ -147,9 +148,13 @@ class EmbeddingBag(_StoreModule):
 
     Shape:
         ``input``: int64 ``[B, L]`` (fixed-length bags, ``offsets`` must be None) or ``[N]``
-        with ``offsets`` int64 ``[B]`` (bag ``b`` is ``input[offsets[b]:offsets[b + 1]]``);
-        ``per_sample_weights``: float ``[B, L]`` or ``[N]`` like ``input``, ``mode="sum"``
-        only. Output: ``[B, D]``; an empty bag gives zeros.
+        with ``offsets`` int64 (or int32) ``[B]`` (bag ``b`` is
+        ``input[offsets[b]:offsets[b + 1]]``): non-decreasing, from 0, at most ``N``; with
+        ``include_last_offset``, ``[B + 1]`` ending at ``N``. ``per_sample_weights``: float
+        ``[B, L]`` or ``[N]`` like ``input``, ``mode="sum"`` only. Output: ``[B, D]``; an
+        empty bag gives zeros. Bad arguments raise :class:`~embstore.ShapeError`,
+        :class:`~embstore.DTypeError` or :class:`~embstore.InvalidArgumentError` before any
+        row is looked up: a rejected call stores nothing.
 
     Example::
 
@@ -180,30 +185,38 @@ class EmbeddingBag(_StoreModule):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # Every check comes before the lookup: a rejected call stores no row.
+        _check_input(input)
         if input.dim() == 2:
             if offsets is not None:
                 raise ShapeError("offsets must be None when input is 2-D [B, L]")
             b, length = input.shape
-            offsets = torch.arange(0, b * length, length, device=input.device)
+            offsets = torch.arange(b) * length
             include_last_offset = False  # as nn.EmbeddingBag: offsets are made here
-            input = input.reshape(-1)
-            if per_sample_weights is not None:
-                per_sample_weights = per_sample_weights.reshape(-1)
         elif input.dim() == 1:
-            if offsets is None or offsets.dim() != 1:
-                raise ShapeError("1-D input needs 1-D offsets")
+            offsets = _check_offsets(offsets, input.numel(), self.include_last_offset)
             include_last_offset = self.include_last_offset
         else:
-            raise ShapeError(f"input must be 1-D or 2-D, got {input.dim()}-D")
+            raise ShapeError(f"input must be 1-D [N] or 2-D [B, L], got {input.dim()}-D")
         if per_sample_weights is not None:
             if self.mode != "sum":
-                raise InvalidArgumentError("per_sample_weights needs mode='sum'")
+                raise InvalidArgumentError(
+                    f"per_sample_weights needs mode='sum', got mode={self.mode!r}"
+                )
+            if not isinstance(per_sample_weights, torch.Tensor) or not (
+                per_sample_weights.dtype.is_floating_point
+            ):
+                got = _describe(per_sample_weights)
+                raise DTypeError(f"per_sample_weights must be a float tensor, got {got}")
             if per_sample_weights.shape != input.shape:
                 raise ShapeError(
                     f"per_sample_weights must match input {list(input.shape)}, "
                     f"got {list(per_sample_weights.shape)}"
                 )
+            per_sample_weights = per_sample_weights.reshape(-1)
         rows = self._pull(input)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(device=rows.device, dtype=rows.dtype)
         # Pool with torch's own kernel over the pulled rows (row i is id i), so the semantics —
         # empty bags, include_last_offset, weights — are exactly nn.EmbeddingBag's.
         positions = torch.arange(input.numel(), device=rows.device)
@@ -215,6 +228,57 @@ class EmbeddingBag(_StoreModule):
             per_sample_weights=per_sample_weights,
             include_last_offset=include_last_offset,
         )
+
+
+def _describe(x: Any) -> str:
+    """``x``'s dtype and rank for an error message (``1-D float32``), or its type."""
+    if isinstance(x, torch.Tensor):
+        return f"{x.dim()}-D {str(x.dtype).removeprefix('torch.')}"
+    return type(x).__name__
+
+
+def _check_input(input: Any) -> None:
+    """Refuse an ``input`` that is not an integer tensor (before any row is looked up)."""
+    if not isinstance(input, torch.Tensor):
+        raise DTypeError(f"input must be an int64 tensor, got {type(input).__name__}")
+    if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
+        raise DTypeError(f"input must be an int64 tensor, got {_describe(input)}")
+
+
+def _check_offsets(offsets: Any, n: int, include_last_offset: bool) -> torch.Tensor:
+    """``offsets`` of a 1-D ``input`` of ``n`` ids, checked as ``nn.EmbeddingBag`` needs them,
+    as CPU int64."""
+    if offsets is None:
+        raise ShapeError("1-D input [N] needs offsets [B] (or give input as 2-D [B, L])")
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int64, torch.int32):
+        raise DTypeError(f"offsets must be a 1-D int64 tensor, got {_describe(offsets)}")
+    if offsets.dim() != 1:
+        raise ShapeError(f"offsets must be a 1-D int64 tensor, got {_describe(offsets)}")
+    off = offsets.detach().to(device="cpu", dtype=torch.int64)
+    if len(off) == 0:
+        if include_last_offset:
+            raise ShapeError("offsets must have B + 1 >= 1 entries with include_last_offset=True")
+        if n:
+            raise InvalidArgumentError(f"offsets is empty (no bag) but input has {n} ids")
+        return off
+    if off[0] != 0:
+        raise InvalidArgumentError(f"offsets[0] must be 0, got {int(off[0])}")
+    if len(off) > 1 and bool((dec := off[1:] < off[:-1]).any()):
+        i = int(dec.nonzero()[0]) + 1
+        raise InvalidArgumentError(
+            f"offsets must be non-decreasing, got offsets[{i}] = {int(off[i])} "
+            f"after offsets[{i - 1}] = {int(off[i - 1])}"
+        )
+    last = int(off[-1])
+    if include_last_offset and last != n:
+        raise InvalidArgumentError(
+            f"offsets[-1] must be the input's length {n} with include_last_offset=True, got {last}"
+        )
+    if last > n:
+        raise InvalidArgumentError(
+            f"offsets[-1] must be at most the input's length {n}, got {last}"
+        )
+    return off
 
 
 def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:

@@ -6,11 +6,13 @@ Each test is named after the defect it pins down; ``test_torch_parity.py`` check
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import embstore
 import embstore.torch as et
+from embstore import errors
 
 D = 4
 IDS = torch.tensor([7, 2**40 + 1, -3, 7])
@@ -42,3 +44,69 @@ def test_two_handles_of_one_table_step_it_once() -> None:
     ref_opt.step()
     assert table.step == 1
     torch.testing.assert_close(table.lookup(IDS[:3]), ref.weight.detach())
+
+
+BAD_OFFSETS = [
+    # (input, offsets, per_sample_weights, include_last_offset, error)
+    (IDS, torch.tensor([1, 2]), None, False, errors.InvalidArgumentError),  # offsets[0] != 0
+    (IDS, torch.tensor([0, 3, 2]), None, False, errors.InvalidArgumentError),  # decreasing
+    (IDS, torch.tensor([0, 5]), None, False, errors.InvalidArgumentError),  # past the end
+    (IDS, torch.tensor([0, 2]), None, True, errors.InvalidArgumentError),  # last != N
+    (IDS, torch.tensor([0, 2, 5]), None, True, errors.InvalidArgumentError),
+    (IDS, torch.tensor([], dtype=torch.int64), None, False, errors.InvalidArgumentError),
+    (IDS, torch.tensor([], dtype=torch.int64), None, True, errors.ShapeError),
+    (IDS, torch.tensor([0.0, 2.0]), None, False, errors.DTypeError),
+    (IDS, [0, 2], None, False, errors.DTypeError),
+    (IDS, torch.tensor([0, 2]), torch.ones(4, dtype=torch.int64), False, errors.DTypeError),
+]
+# Refused before this fix too; kept so that they stay refused before the lookup.
+BAD_SHAPES = [
+    (IDS, torch.tensor([[0, 2]]), None, False, errors.ShapeError),
+    (IDS, None, None, False, errors.ShapeError),
+    (IDS.reshape(2, 2), torch.tensor([0, 2]), None, False, errors.ShapeError),
+    (IDS.reshape(1, 1, 4), None, None, False, errors.ShapeError),
+    (IDS.float(), torch.tensor([0, 2]), None, False, errors.DTypeError),
+    (IDS, torch.tensor([0, 2]), torch.ones(3), False, errors.ShapeError),
+]
+
+
+def _rejected_bag_call_changes_nothing(input, offsets, psw, last, error, mode="sum") -> None:
+    table = make_store().table("t")
+    table.lookup(IDS[:1])  # one row already there
+    before = table.lookup(IDS[:1])
+    bag = et.EmbeddingBag(table, mode=mode, include_last_offset=last)
+    with pytest.raises(error):
+        bag(input, offsets, per_sample_weights=psw)
+    assert len(table) == 1
+    torch.testing.assert_close(table.lookup(IDS[:1], on_miss="error"), before)
+
+
+@pytest.mark.parametrize(("input", "offsets", "psw", "last", "error"), BAD_OFFSETS)
+def test_bad_bag_offsets_store_no_row(input, offsets, psw, last, error) -> None:
+    _rejected_bag_call_changes_nothing(input, offsets, psw, last, error)
+
+
+@pytest.mark.parametrize(("input", "offsets", "psw", "last", "error"), BAD_SHAPES)
+def test_bad_bag_shapes_store_no_row(input, offsets, psw, last, error) -> None:
+    _rejected_bag_call_changes_nothing(input, offsets, psw, last, error)
+    psw = torch.ones(4)  # weights need mode="sum"
+    args = (IDS, torch.tensor([0, 2]), psw, False, errors.InvalidArgumentError, "mean")
+    _rejected_bag_call_changes_nothing(*args)
+
+
+def test_bag_accepts_what_nn_embedding_bag_accepts() -> None:
+    # int32 offsets, include_last_offset in CSR form, empty bags, float64 weights, no bag at all.
+    table = make_store().table("t")
+    raw = torch.tensor([11, 12, 13, 14])
+    ref = nn.EmbeddingBag(4, D, mode="sum", include_last_offset=True)
+    with torch.no_grad():
+        ref.weight.copy_(table.initial_values(raw))
+    bag = et.EmbeddingBag(table, mode="sum", include_last_offset=True)
+    offsets = torch.tensor([0, 0, 3, 4], dtype=torch.int32)
+    psw = torch.rand(4, dtype=torch.float64)
+    torch.testing.assert_close(
+        bag(raw, offsets, psw), ref(torch.arange(4), offsets.long(), psw.float())
+    )
+    assert bag(raw[:0], torch.tensor([0])).shape == (0, D)
+    plain = et.EmbeddingBag(table, mode="mean")
+    assert plain(raw[:0], torch.tensor([], dtype=torch.int64)).shape == (0, D)
