@@ -65,7 +65,7 @@ class _Pull(torch.autograd.Function):
 class _StoreModule(nn.Module):
     """Shared parts of :class:`Embedding` and :class:`EmbeddingBag`."""
 
-    def __init__(self, table: Table, on_miss: str | None = None):
+    def __init__(self, table: Table, on_miss: str | None, nn_args: dict[str, Any]):
         super().__init__()
         if not isinstance(table, Table):
             raise InvalidArgumentError(f"table must be an embstore.Table, got {type(table)}")
@@ -73,11 +73,23 @@ class _StoreModule(nn.Module):
             raise InvalidArgumentError(
                 f"on_miss must be None, 'init', 'zeros' or 'error', got {on_miss!r}"
             )
+        dtype, device = _check_nn_args(type(self).__name__, table, nn_args)
         self.table = table
         self.on_miss = on_miss
         self.embedding_dim = table.embedding_dim
         self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
         self._warned = False
+        # The output's dtype: rows are float32 in the table, but model.half() / .double() /
+        # .to(torch.bfloat16) convert this empty buffer, and the output follows it.
+        # Not persistent: a state dict does not depend on it.
+        self.register_buffer(
+            "_out_like", torch.empty(0, dtype=dtype, device=device), persistent=False
+        )
+
+    def _cast(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (float32) in the module's dtype; autograd hands float32 gradients back."""
+        dtype = self._out_like.dtype
+        return out if out.dtype == dtype else out.to(dtype)
 
     def _mode(self) -> str:
         if self.on_miss is not None:
@@ -117,10 +129,19 @@ class Embedding(_StoreModule):
         table: the :class:`~embstore.Table` holding the rows.
         on_miss: for ids without a row; default ``None``: ``"init"`` (create the row) in
             training mode, ``"zeros"`` (store nothing) in eval mode.
+        **nn_args: ``nn.Embedding``'s other arguments, for ported code. ``dtype`` (the
+            output's, default float32) and ``device`` are honoured, ``embedding_dim`` must be
+            the table's, ``sparse`` may be either (the table always acts as ``sparse=True``);
+            ``num_embeddings``, ``padding_idx``, ``max_norm``, ``norm_type``,
+            ``scale_grad_by_freq``, ``_weight`` and ``_freeze`` are accepted only with their
+            defaults, and any other value raises :class:`~embstore.InvalidArgumentError`
+            naming the argument.
 
     Shape:
-        ``input``: int64 ``[*]`` of any shape (raw feature ids); output: ``[*, D]`` float32 on
-        the input's device.
+        ``input``: int64 ``[*]`` of any shape (raw feature ids); output: ``[*, D]`` on the
+        input's device, float32 or the module's dtype (``model.half()``, ``.double()`` and
+        ``.to(torch.bfloat16)`` convert it, as they convert ``nn.Embedding``'s weight; the
+        table keeps float32 rows and gets float32 gradients).
 
     Example::
 
@@ -131,10 +152,13 @@ class Embedding(_StoreModule):
         torch.Size([2, 2, 4])
     """
 
+    def __init__(self, table: Table, on_miss: str | None = None, **nn_args: Any):
+        super().__init__(table, on_miss, nn_args)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         _check_input(input)
         rows = self._pull(input)
-        return rows.view(*input.shape, self.embedding_dim)
+        return self._cast(rows.view(*input.shape, self.embedding_dim))
 
 
 class EmbeddingBag(_StoreModule):
@@ -145,16 +169,18 @@ class EmbeddingBag(_StoreModule):
         mode: ``"sum"``, ``"mean"`` (default, as ``nn.EmbeddingBag``) or ``"max"``.
         include_last_offset: as ``nn.EmbeddingBag``: ``offsets`` has ``B + 1`` entries.
         on_miss: as for :class:`Embedding`.
+        **nn_args: ``nn.EmbeddingBag``'s other arguments, as for :class:`Embedding`.
 
     Shape:
         ``input``: int64 ``[B, L]`` (fixed-length bags, ``offsets`` must be None) or ``[N]``
         with ``offsets`` int64 (or int32) ``[B]`` (bag ``b`` is
         ``input[offsets[b]:offsets[b + 1]]``): non-decreasing, from 0, at most ``N``; with
         ``include_last_offset``, ``[B + 1]`` ending at ``N``. ``per_sample_weights``: float
-        ``[B, L]`` or ``[N]`` like ``input``, ``mode="sum"`` only. Output: ``[B, D]``; an
-        empty bag gives zeros. Bad arguments raise :class:`~embstore.ShapeError`,
-        :class:`~embstore.DTypeError` or :class:`~embstore.InvalidArgumentError` before any
-        row is looked up: a rejected call stores nothing.
+        ``[B, L]`` or ``[N]`` like ``input``, ``mode="sum"`` only. Output: ``[B, D]`` in the
+        module's dtype (as for :class:`Embedding`); an empty bag gives zeros. Bad arguments
+        raise :class:`~embstore.ShapeError`, :class:`~embstore.DTypeError` or
+        :class:`~embstore.InvalidArgumentError` before any row is looked up: a rejected call
+        stores nothing.
 
     Example::
 
@@ -172,8 +198,9 @@ class EmbeddingBag(_StoreModule):
         *,
         include_last_offset: bool = False,
         on_miss: str | None = None,
+        **nn_args: Any,
     ):
-        super().__init__(table, on_miss)
+        super().__init__(table, on_miss, nn_args)
         if mode not in ("sum", "mean", "max"):
             raise InvalidArgumentError(f"mode must be 'sum', 'mean' or 'max', got {mode!r}")
         self.mode = mode
@@ -220,7 +247,7 @@ class EmbeddingBag(_StoreModule):
         # Pool with torch's own kernel over the pulled rows (row i is id i), so the semantics —
         # empty bags, include_last_offset, weights — are exactly nn.EmbeddingBag's.
         positions = torch.arange(input.numel(), device=rows.device)
-        return F.embedding_bag(
+        pooled = F.embedding_bag(
             positions,
             rows,
             offsets.to(rows.device),
@@ -228,6 +255,67 @@ class EmbeddingBag(_StoreModule):
             per_sample_weights=per_sample_weights,
             include_last_offset=include_last_offset,
         )
+        return self._cast(pooled)
+
+
+# nn.Embedding / nn.EmbeddingBag arguments without an embstore meaning: the values that change
+# nothing, and why any other value cannot be honoured.
+_NN_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "num_embeddings": (
+        (None,),
+        "a table takes any 64-bit id and holds as many rows as memory allows",
+    ),
+    "padding_idx": (
+        (None,),
+        "no id is special to a table; mask padded positions, or give them "
+        "per_sample_weights 0 in an EmbeddingBag",
+    ),
+    "max_norm": ((None,), "rows are not renormalized on lookup"),
+    "norm_type": ((2.0,), "it applies only with max_norm, which is not supported"),
+    "scale_grad_by_freq": (
+        (False,),
+        "the table sums the gradients of duplicate ids into one step",
+    ),
+    "sparse": ((False, True), "it must be a bool (the table always acts as sparse=True)"),
+    "_weight": (
+        (None,),
+        "rows live in the table; write them with table.assign(ids, rows) or table.import_()",
+    ),
+    "_freeze": ((False,), "to keep a table's rows fixed, leave it out of EmbeddingOptimizer"),
+}
+
+
+def _check_nn_args(cls: str, table: Table, nn_args: dict[str, Any]) -> tuple[torch.dtype, Any]:
+    """Check the ``nn.Embedding`` arguments a ported call passes; return (dtype, device)."""
+    dtype = nn_args.pop("dtype", None)
+    device = nn_args.pop("device", None)
+    dim = nn_args.pop("embedding_dim", None)
+    for name, value in nn_args.items():
+        if name not in _NN_ARGS:
+            raise TypeError(f"{cls}.__init__() got an unexpected keyword argument {name!r}")
+        harmless, why = _NN_ARGS[name]
+        if not any(_same(value, h) for h in harmless):
+            raise InvalidArgumentError(
+                f"{name} is not supported by embstore.torch.{cls}: {why} (got {value!r})"
+            )
+    if dim is not None and dim != table.embedding_dim:
+        raise ShapeError(
+            f"embedding_dim mismatch for table '{table.name}': "
+            f"expected {table.embedding_dim}, got {dim!r}"
+        )
+    if dtype is None:
+        dtype = torch.float32
+    elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise DTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype, device
+
+
+def _same(value: Any, harmless: Any) -> bool:
+    """``value`` is ``harmless`` (``None``, a bool) or equals it (a float such as 2.0)."""
+    if value is harmless:
+        return True
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and isinstance(harmless, float) and value == harmless
 
 
 def _describe(x: Any) -> str:

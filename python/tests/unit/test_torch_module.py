@@ -110,3 +110,74 @@ def test_bag_accepts_what_nn_embedding_bag_accepts() -> None:
     assert bag(raw[:0], torch.tensor([0])).shape == (0, D)
     plain = et.EmbeddingBag(table, mode="mean")
     assert plain(raw[:0], torch.tensor([], dtype=torch.int64)).shape == (0, D)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_model_half_returns_model_dtype_and_float32_grads(dtype: torch.dtype) -> None:
+    table = make_store(embstore.SGD(lr=0.5)).table("t")
+    before = table.lookup(IDS)
+    model = nn.ModuleDict(
+        {"emb": et.Embedding(table), "bag": et.EmbeddingBag(table), "mlp": nn.Linear(D, 1)}
+    ).to(dtype)
+    opt = et.EmbeddingOptimizer(model)
+    out = model["emb"](IDS)
+    bag = model["bag"](IDS, torch.tensor([0, 2]))
+    assert out.dtype == dtype and bag.dtype == dtype
+    assert model["mlp"](out).dtype == dtype  # the model's next layer takes it
+    out.sum().backward()
+    assert all(g.dtype == torch.float32 for _, g in model["emb"]._pending)
+    opt.step()
+    # one SGD step of lr 0.5 with gradient 1 per lookup (id 7 twice); exact in float32
+    want = before - 0.5 * torch.tensor([2.0, 1.0, 1.0, 2.0]).unsqueeze(1)
+    torch.testing.assert_close(table.lookup(IDS), want)
+    model.float()
+    assert model["emb"](IDS).dtype == torch.float32
+    half = et.Embedding(table, dtype=torch.float16)  # as nn.Embedding(..., dtype=)
+    assert half(IDS).dtype == torch.float16
+    with pytest.raises(errors.DTypeError):
+        et.Embedding(table, dtype=torch.int64)
+
+
+NN_ARGS = [
+    ("num_embeddings", 1000),
+    ("padding_idx", 0),
+    ("max_norm", 1.0),
+    ("norm_type", 1.0),
+    ("scale_grad_by_freq", True),
+    ("_weight", torch.zeros(3, D)),
+    ("_freeze", True),
+    ("sparse", "yes"),
+]
+
+
+@pytest.mark.parametrize("cls", [et.Embedding, et.EmbeddingBag])
+@pytest.mark.parametrize(("name", "value"), NN_ARGS, ids=[a for a, _ in NN_ARGS])
+def test_nn_embedding_arguments_name_what_is_not_supported(cls, name: str, value) -> None:
+    table = make_store().table("t")
+    with pytest.raises(errors.InvalidArgumentError) as e:
+        cls(table, **{name: value})
+    assert str(e.value).startswith(f"{name} is not supported by embstore.torch.{cls.__name__}: ")
+
+
+@pytest.mark.parametrize("cls", [et.Embedding, et.EmbeddingBag])
+def test_nn_embedding_arguments_with_harmless_values_are_accepted(cls) -> None:
+    table = make_store().table("t")
+    harmless = {
+        "num_embeddings": None,
+        "embedding_dim": D,
+        "padding_idx": None,
+        "max_norm": None,
+        "norm_type": 2,
+        "scale_grad_by_freq": False,
+        "sparse": True,
+        "_weight": None,
+        "_freeze": False,
+        "device": "cpu",
+        "dtype": torch.float32,
+    }
+    cls(table, **harmless)
+    cls(table, sparse=False)
+    with pytest.raises(errors.ShapeError, match="embedding_dim mismatch for table 't'"):
+        cls(table, embedding_dim=D + 1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'paddingidx'"):
+        cls(table, paddingidx=0)
