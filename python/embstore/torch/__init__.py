@@ -40,8 +40,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embstore.config import Optimizer
 from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
 from embstore.store import Table, _as_ids
+
+# Version of the dict get_extra_state returns.
+_STATE_FORMAT = 1
+
+
+def _state_fields(d: int, s: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The row arrays of an extra state, in ``ExportChunk`` order: shape (``n`` rows) and the
+    numpy dtype ``Table.import_`` takes."""
+    return {
+        "ids": ((0,), np.int64),
+        "values": ((0, d), np.float32),
+        "state": ((0, s), np.float32),
+        "versions": ((0,), np.uint64),
+        "replicas": ((0,), np.uint32),
+        "update_counts": ((0,), np.uint64),
+        "last_update_ms": ((0,), np.uint64),
+    }
+
+
+def _optimizer(table: Table) -> Optimizer:
+    """The table's optimizer (``SGD(lr=...)``, ...); ``._kind`` names it (``"adam"``)."""
+    return table.config["optimizer"]
+
 
 # Backward passes a module keeps before it warns that EmbeddingOptimizer.zero_grad() is not
 # called (the pending gradients would grow without bound).
@@ -65,7 +89,13 @@ class _Pull(torch.autograd.Function):
 class _StoreModule(nn.Module):
     """Shared parts of :class:`Embedding` and :class:`EmbeddingBag`."""
 
-    def __init__(self, table: Table, on_miss: str | None, nn_args: dict[str, Any]):
+    def __init__(
+        self,
+        table: Table,
+        on_miss: str | None,
+        rows_in_state_dict: bool,
+        nn_args: dict[str, Any],
+    ):
         super().__init__()
         if not isinstance(table, Table):
             raise InvalidArgumentError(f"table must be an embstore.Table, got {type(table)}")
@@ -76,6 +106,7 @@ class _StoreModule(nn.Module):
         dtype, device = _check_nn_args(type(self).__name__, table, nn_args)
         self.table = table
         self.on_miss = on_miss
+        self.rows_in_state_dict = bool(rows_in_state_dict)
         self.embedding_dim = table.embedding_dim
         self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
         self._warned = False
@@ -118,6 +149,111 @@ class _StoreModule(nn.Module):
                 stacklevel=2,
             )
 
+    def get_extra_state(self) -> dict[str, Any]:
+        """The table's rows, for ``state_dict()``: every row with its optimizer state and
+        metadata, and the table's step counter, copied into CPU tensors (``(D + S) * 4 + 40``
+        bytes a row); with ``rows_in_state_dict=False`` only the table's name, dims and
+        optimizer. Tensors, ints, strings and bools: ``torch.load(weights_only=True)``
+        reads them."""
+        table = self.table
+        step = table.step
+        chunks = list(table.export()) if self.rows_in_state_dict else []
+        d, s = table.embedding_dim, table.state_dim
+        out: dict[str, Any] = {
+            "format": _STATE_FORMAT,
+            "table": table.name,
+            "embedding_dim": d,
+            "optimizer": _optimizer(table)._kind,
+            "state_dim": s,
+            "step": step,
+            "rows": self.rows_in_state_dict,
+        }
+        if not self.rows_in_state_dict:
+            return out
+        for i, (key, (shape, dtype)) in enumerate(_state_fields(d, s).items()):
+            parts = [c[i] for c in chunks]
+            arr = np.concatenate(parts) if parts else np.empty(shape, dtype)
+            # Unsigned as int64 (uint64: the same bits), which every torch version stores.
+            if arr.dtype == np.uint64:
+                arr = arr.view(np.int64)
+            elif arr.dtype == np.uint32:
+                arr = arr.astype(np.int64)
+            out[key] = torch.from_numpy(np.ascontiguousarray(arr))
+        return out
+
+    def set_extra_state(self, state: Any) -> None:
+        """Replace the table's rows with those of ``get_extra_state`` (``load_state_dict``).
+
+        Everything is checked first (a table of another ``embedding_dim`` or optimizer state
+        width raises :class:`~embstore.ShapeError`, of another optimizer with the same width
+        :class:`~embstore.InvalidArgumentError`) and a refused state changes nothing; then
+        the rows are imported with their optimizer state and metadata, rows the state does
+        not hold are removed and the step counter is set. Admission counts are kept. Do not
+        train the table while it loads."""
+        table = self.table
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise InvalidArgumentError(
+                f"the state for table '{table.name}' is not from an embstore.torch module "
+                f"(format {_STATE_FORMAT})"
+            )
+        d, s = table.embedding_dim, table.state_dim
+        if state.get("embedding_dim") != d:
+            raise ShapeError(
+                f"embedding_dim mismatch for table '{table.name}': "
+                f"expected {d}, got {state.get('embedding_dim')!r}"
+            )
+        optimizer = _optimizer(table)._kind
+        if state.get("state_dim") != s:
+            raise ShapeError(
+                f"optimizer state width mismatch for table '{table.name}': expected {s} "
+                f"({optimizer}), got {state.get('state_dim')!r} ({state.get('optimizer')})"
+            )
+        if state.get("optimizer") != optimizer:
+            raise InvalidArgumentError(
+                f"optimizer mismatch for table '{table.name}': "
+                f"expected {optimizer}, got {state.get('optimizer')!r}"
+            )
+        if state.get("rows") is False:  # saved with rows_in_state_dict=False
+            return
+        step = state.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be an int >= 0, got {step!r}")
+        arrays = []
+        n = None
+        for key, (shape, dtype) in _state_fields(d, s).items():
+            t = state.get(key)
+            if not isinstance(t, torch.Tensor):
+                raise InvalidArgumentError(
+                    f"the state for table '{table.name}' has no tensor {key!r}"
+                )
+            if n is None:
+                n = t.shape[0] if t.dim() else -1
+            want = (n, *shape[1:])
+            if tuple(t.shape) != want:
+                raise ShapeError(
+                    f"{key} for table '{table.name}' must be {list(want)}, got {list(t.shape)}"
+                )
+            floating = np.dtype(dtype).kind == "f"
+            if t.dtype.is_floating_point != floating or t.dtype.is_complex or t.dtype == torch.bool:
+                kind = "float" if floating else "integer"
+                raise DTypeError(
+                    f"{key} for table '{table.name}' must be {kind}, got {_describe(t)}"
+                )
+            t = t.detach().cpu()
+            arr = (t.float() if floating else t).contiguous().numpy()
+            if dtype == np.uint64:  # stored as int64 with the same bits
+                arr = arr.astype(np.int64, copy=False).view(np.uint64)
+            arrays.append(arr.astype(dtype, copy=False))
+        # Not clear() and import: import_ checks every row before it writes one (non-finite
+        # values, versions from the future), so a refused state leaves the table as it was.
+        # Rows the state does not hold are removed after it.
+        stale = [c.ids[~np.isin(c.ids, arrays[0])] for c in table.export()] if len(table) else []
+        if n:
+            table.import_(*arrays)
+        if stale:
+            table.remove(np.concatenate(stale))
+        table.step = step
+
     def extra_repr(self) -> str:
         return f"table={self.table.name!r}, embedding_dim={self.embedding_dim}"
 
@@ -129,6 +265,9 @@ class Embedding(_StoreModule):
         table: the :class:`~embstore.Table` holding the rows.
         on_miss: for ids without a row; default ``None``: ``"init"`` (create the row) in
             training mode, ``"zeros"`` (store nothing) in eval mode.
+        rows_in_state_dict: whether ``state_dict()`` carries the table's rows (see the
+            module docs); ``False`` for a table saved on its own (:meth:`~embstore.Table.save`)
+            or already carried by another module.
         **nn_args: ``nn.Embedding``'s other arguments, for ported code. ``dtype`` (the
             output's, default float32) and ``device`` are honoured, ``embedding_dim`` must be
             the table's, ``sparse`` may be either (the table always acts as ``sparse=True``);
@@ -152,8 +291,15 @@ class Embedding(_StoreModule):
         torch.Size([2, 2, 4])
     """
 
-    def __init__(self, table: Table, on_miss: str | None = None, **nn_args: Any):
-        super().__init__(table, on_miss, nn_args)
+    def __init__(
+        self,
+        table: Table,
+        on_miss: str | None = None,
+        *,
+        rows_in_state_dict: bool = True,
+        **nn_args: Any,
+    ):
+        super().__init__(table, on_miss, rows_in_state_dict, nn_args)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         _check_input(input)
@@ -169,6 +315,7 @@ class EmbeddingBag(_StoreModule):
         mode: ``"sum"``, ``"mean"`` (default, as ``nn.EmbeddingBag``) or ``"max"``.
         include_last_offset: as ``nn.EmbeddingBag``: ``offsets`` has ``B + 1`` entries.
         on_miss: as for :class:`Embedding`.
+        rows_in_state_dict: as for :class:`Embedding`.
         **nn_args: ``nn.EmbeddingBag``'s other arguments, as for :class:`Embedding`.
 
     Shape:
@@ -198,9 +345,10 @@ class EmbeddingBag(_StoreModule):
         *,
         include_last_offset: bool = False,
         on_miss: str | None = None,
+        rows_in_state_dict: bool = True,
         **nn_args: Any,
     ):
-        super().__init__(table, on_miss, nn_args)
+        super().__init__(table, on_miss, rows_in_state_dict, nn_args)
         if mode not in ("sum", "mean", "max"):
             raise InvalidArgumentError(f"mode must be 'sum', 'mean' or 'max', got {mode!r}")
         self.mode = mode

@@ -6,6 +6,7 @@ Each test is named after the defect it pins down; ``test_torch_parity.py`` check
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -181,3 +182,127 @@ def test_nn_embedding_arguments_with_harmless_values_are_accepted(cls) -> None:
         cls(table, embedding_dim=D + 1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'paddingidx'"):
         cls(table, paddingidx=0)
+
+
+OPTIMIZERS = [
+    embstore.SGD(lr=0.1),
+    embstore.Adagrad(lr=0.1),
+    embstore.RowWiseAdagrad(lr=0.1),
+    embstore.Adam(lr=0.1),
+    embstore.FTRL(lr=0.1, l1=0.01),
+]
+
+
+class Tower(nn.Module):
+    """Two tables, one of them shared by two modules, and a dense layer."""
+
+    def __init__(self, store: embstore.Store):
+        super().__init__()
+        self.user = et.Embedding(store.table("t"))
+        self.user_again = et.Embedding(store.table("t"))  # shares table 't'
+        self.genres = et.EmbeddingBag(store.table("g"), mode="sum")
+        self.mlp = nn.Linear(D, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.user(ids) + self.user_again(ids.flip(0)) + self.genres(ids.reshape(2, 2)).sum(0)
+        return self.mlp(x).sum()
+
+
+def tower_store(optimizer: embstore.config.Optimizer) -> embstore.Store:
+    store = make_store(optimizer)
+    store.create_table("g", D, optimizer=optimizer)
+    return store
+
+
+def train(model: nn.Module, steps: int, seed: int) -> None:
+    opt = et.EmbeddingOptimizer(model)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        ids = torch.randint(0, 6, (4,), generator=gen) * 1_000_003
+        model(ids).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def rows(table: embstore.Table) -> dict[str, np.ndarray]:
+    """Every exported row array, sorted by id."""
+    chunks = list(table.export())
+    keys = ("ids", "values", "state", "versions", "replicas", "update_counts", "last_update_ms")
+    out = {k: np.concatenate([getattr(c, k) for c in chunks]) for k in keys}
+    order = np.argsort(out["ids"])
+    return {k: v[order] for k, v in out.items()}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: type(o).__name__)
+def test_state_dict_carries_rows_state_metadata_and_step(tmp_path, optimizer) -> None:
+    store = tower_store(optimizer)
+    model = Tower(store)
+    train(model, 3, seed=0)
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)
+    saved = {name: rows(store.table(name)) for name in ("t", "g")}
+    steps = {name: store.table(name).step for name in ("t", "g")}
+
+    fresh_store = tower_store(optimizer)
+    fresh_store.table("t").lookup([123456789])  # a row the checkpoint does not hold
+    fresh = Tower(fresh_store)
+    fresh.load_state_dict(torch.load(path))  # weights_only=True: tensors, ints, strings
+    for name in ("t", "g"):
+        got = rows(fresh_store.table(name))
+        for key, want in saved[name].items():
+            np.testing.assert_array_equal(got[key], want, err_msg=f"{name}.{key}")
+        assert fresh_store.table(name).step == steps[name]
+    # Training goes on identically (Adam's t and FTRL's accumulators came along).
+    train(model, 2, seed=1)
+    train(fresh, 2, seed=1)
+    for name in ("t", "g"):
+        a, b = rows(store.table(name)), rows(fresh_store.table(name))
+        np.testing.assert_array_equal(a["ids"], b["ids"])
+        np.testing.assert_allclose(a["values"], b["values"], rtol=0, atol=0)
+        np.testing.assert_allclose(a["state"], b["state"], rtol=0, atol=0)
+
+
+def test_state_dict_of_another_table_is_refused_and_changes_nothing() -> None:
+    store = make_store(embstore.Adam(lr=0.1))
+    emb = et.Embedding(store.table("t"))
+    emb(IDS).sum().backward()
+    et.EmbeddingOptimizer(emb).step()
+    state = emb.state_dict()
+
+    def target(optimizer, dim=D) -> tuple[embstore.Table, et.Embedding]:
+        table = embstore.Store().create_table("t", dim, optimizer=optimizer)
+        table.lookup([1, 2])
+        return table, et.Embedding(table)
+
+    cases = [
+        (target(embstore.Adam(), dim=D + 1), errors.ShapeError, "embedding_dim mismatch"),
+        (target(embstore.Adagrad()), errors.ShapeError, "optimizer state width mismatch"),
+        (target(embstore.FTRL()), errors.InvalidArgumentError, "optimizer mismatch"),
+    ]
+    bad_values = {**state["_extra_state"], "values": state["_extra_state"]["values"] * np.nan}
+    cases.append((target(embstore.Adam()), errors.NonFiniteError, "not finite"))
+    for i, ((table, module), error, match) in enumerate(cases):
+        before = rows(table)
+        sd = {"_extra_state": bad_values} if error is errors.NonFiniteError else state
+        with pytest.raises(error, match=match):
+            module.load_state_dict(sd)
+        after = rows(table)
+        for key in before:
+            np.testing.assert_array_equal(after[key], before[key], err_msg=f"case {i}")
+        assert table.step == 0
+
+
+def test_state_dict_without_rows_checks_the_table_and_leaves_it_alone() -> None:
+    store = make_store(embstore.Adagrad())
+    emb = et.Embedding(store.table("t"), rows_in_state_dict=False)
+    emb(IDS)
+    state = emb.state_dict()
+    assert set(state["_extra_state"]) == {
+        "format", "table", "embedding_dim", "optimizer", "state_dim", "step", "rows"
+    }  # fmt: skip
+    other = make_store(embstore.Adagrad()).table("t")
+    other.lookup([1])
+    et.Embedding(other).load_state_dict(state)
+    assert len(other) == 1
+    with pytest.raises(errors.ShapeError):
+        et.Embedding(embstore.Store().create_table("t", D + 1)).load_state_dict(state)
