@@ -17,6 +17,7 @@ KeyNotFoundError          KeyError              ``lookup(on_miss="error")`` meet
 StorageError              OSError               a file cannot be read or written
 CorruptionError           StorageError          a file fails its checks (magic, checksum, length)
 CapacityError             MemoryError           memory for rows or an index cannot be had
+NotCopyableError          TypeError             pickling or copying an object that holds a table
 ========================  ====================  ==================================================
 """
 
@@ -71,6 +72,12 @@ class CapacityError(EmbstoreError, MemoryError):
     """A structure would need more memory than can be addressed or allocated."""
 
 
+class NotCopyableError(EmbstoreError, TypeError):
+    """An object that holds a table by reference (an ``embstore.torch`` module) cannot be
+    pickled or copied: the copy could only share the table's rows. Save its ``state_dict()``
+    or the table (``Table.save``) instead."""
+
+
 __all__ = [
     "CapacityError",
     "CorruptionError",
@@ -79,6 +86,7 @@ __all__ = [
     "InvalidArgumentError",
     "KeyNotFoundError",
     "NonFiniteError",
+    "NotCopyableError",
     "ShapeError",
     "StorageError",
     "TableExistsError",

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embstore.config import Optimizer
-from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
+from embstore.errors import DTypeError, InvalidArgumentError, NotCopyableError, ShapeError
 from embstore.store import Table, _as_ids
 
 # Version of the dict get_extra_state returns.
@@ -253,6 +253,16 @@ class _StoreModule(nn.Module):
         if stale:
             table.remove(np.concatenate(stale))
         table.step = step
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickle, copy.copy and copy.deepcopy all come here. A copy could only share the table
+        # with this module — a "snapshot" that goes on training — so refuse, and say what works.
+        raise NotCopyableError(
+            f"embstore.torch.{type(self).__name__} over table '{self.table.name}' cannot be "
+            "pickled or copied: its rows live in the table, not in the module. Save "
+            "model.state_dict() (it carries the rows) or table.save(path), and load into a "
+            "model over its own table"
+        )
 
     def extra_repr(self) -> str:
         return f"table={self.table.name!r}, embedding_dim={self.embedding_dim}"

@@ -6,6 +6,10 @@ Each test is named after the defect it pins down; ``test_torch_parity.py`` check
 
 from __future__ import annotations
 
+import copy
+import io
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -306,3 +310,16 @@ def test_state_dict_without_rows_checks_the_table_and_leaves_it_alone() -> None:
     assert len(other) == 1
     with pytest.raises(errors.ShapeError):
         et.Embedding(embstore.Store().create_table("t", D + 1)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("how", [copy.deepcopy, copy.copy, pickle.dumps, torch.save])
+def test_copy_or_pickle_says_what_to_do(how) -> None:
+    model = nn.Sequential(et.Embedding(make_store().table("t")), nn.Linear(D, 1))
+    # copy.copy is shallow: a copied Sequential shares the module; copying the module refuses
+    obj = model[0] if how is copy.copy else model
+    args = (obj, io.BytesIO()) if how is torch.save else (obj,)
+    with pytest.raises(errors.NotCopyableError, match="table 't' cannot be pickled") as e:
+        how(*args)
+    assert isinstance(e.value, TypeError)  # what pickle and copy raise for other objects
+    assert "state_dict()" in str(e.value)
+    copy.deepcopy(model.state_dict())  # the way to take a snapshot
