@@ -323,3 +323,91 @@ def test_copy_or_pickle_says_what_to_do(how) -> None:
     assert isinstance(e.value, TypeError)  # what pickle and copy raise for other objects
     assert "state_dict()" in str(e.value)
     copy.deepcopy(model.state_dict())  # the way to take a snapshot
+
+
+SCHEDULERS = {
+    "StepLR": lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5),
+    "LambdaLR": lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 1 / (k + 1)),
+    "CosineAnnealingLR": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4),
+}
+
+
+def two_sgd_tables() -> tuple[embstore.Store, nn.ModuleDict]:
+    store = make_store(embstore.SGD(lr=0.1))
+    store.create_table("g", D, optimizer=embstore.SGD(lr=0.4))
+    model = nn.ModuleDict({"t": et.Embedding(store.table("t")), "g": et.Embedding(store["g"])})
+    return store, model
+
+
+@pytest.mark.parametrize("make_scheduler", SCHEDULERS.values(), ids=SCHEDULERS.keys())
+def test_lr_scheduler_schedules_each_tables_lr(make_scheduler) -> None:
+    # One param group per table, starting at the table's own lr; the scheduled lr is what
+    # apply_gradients gets. SGD with gradient 1 moves a row by exactly -lr.
+    store, model = two_sgd_tables()
+    opt = et.EmbeddingOptimizer(model)
+    assert [(g["table"], g["lr"]) for g in opt.param_groups] == [("t", 0.1), ("g", 0.4)]
+    sched = make_scheduler(opt)
+    ref_params = [nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))]
+    ref = torch.optim.SGD(
+        [{"params": [p], "lr": lr} for p, lr in zip(ref_params, (0.1, 0.4), strict=True)]
+    )
+    ref_sched = make_scheduler(ref)
+    x = IDS[:1]
+    for _ in range(5):
+        before = {n: store.table(n).lookup(x) for n in ("t", "g")}
+        (model["t"](x).sum() + model["g"](x).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        for name, group in zip(("t", "g"), ref.param_groups, strict=True):
+            want = before[name] - torch.tensor(group["lr"], dtype=torch.float32)
+            torch.testing.assert_close(store.table(name).lookup(x), want, rtol=0, atol=1e-6)
+        ref.step()
+        sched.step()
+        ref_sched.step()
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx(
+            [g["lr"] for g in ref.param_groups]
+        )
+
+
+def test_optimizer_step_closure_and_state_dict_follow_torch(tmp_path) -> None:
+    store, model = two_sgd_tables()
+    opt = et.EmbeddingOptimizer(model, lr=0.2)  # one lr for every table
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    assert opt.lr == 0.2
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model["t"](IDS).sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():  # the closure still gets gradients, as with torch.optim
+        loss = opt.step(closure)
+    assert isinstance(loss, torch.Tensor) and loss.requires_grad
+    assert store.table("t").step == 1
+    sched.step()
+    sched.step()
+    path = tmp_path / "opt.pt"
+    torch.save({"opt": opt.state_dict(), "sched": sched.state_dict()}, path)
+
+    _, model2 = two_sgd_tables()
+    opt2 = et.EmbeddingOptimizer(model2, lr=0.2)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    saved = torch.load(path)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    assert [g["lr"] for g in opt2.param_groups] == [0.05, 0.05]
+    sched2.step()
+    assert [g["lr"] for g in opt2.param_groups] == [0.025, 0.025]
+    opt2.lr = None  # back to each table's own lr
+    assert [g["lr"] for g in opt2.param_groups] == [0.1, 0.4] and opt2.lr is None
+
+    only_t = et.EmbeddingOptimizer(model2["t"])
+    with pytest.raises(errors.InvalidArgumentError, match="tables"):
+        only_t.load_state_dict(saved["opt"])
+    with pytest.raises(errors.InvalidArgumentError):
+        only_t.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+    with pytest.raises(errors.InvalidArgumentError):
+        et.EmbeddingOptimizer(model2, lr=-1.0)
+    with pytest.raises(errors.NotCopyableError):
+        copy.deepcopy(opt2)
