@@ -8,8 +8,7 @@ memory holds — and are trained by the table's own optimizer, not by ``torch.op
 The forward pass pulls rows from the table. The backward pass keeps the gradient of the pulled
 rows (accumulating over backward passes, as ``.grad`` does); :meth:`EmbeddingOptimizer.step`
 hands them to the tables (one ``apply_gradients`` per table, duplicate ids summed) and
-:meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers
-keep using ``torch.optim``::
+:meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers keep using ``torch.optim``::
 
     loss.backward()
     dense_opt.step(); sparse_opt.step()
@@ -20,10 +19,47 @@ Why on ``step()`` and not inside backward: it keeps torch's contract that nothin
 (both gradients summed into one step, as torch sums them into one ``.grad``), skipping a step
 on a NaN loss or an AMP overflow, and ``zero_grad()`` all behave as they do for
 ``nn.Embedding``; applying inside backward would take one optimizer step per module and per
-backward pass, which for Adagrad and Adam is a different update.
+backward pass, which for Adagrad and Adam is a different update. :class:`EmbeddingOptimizer`
+is a ``torch.optim.Optimizer`` with one param group per table, so ``torch.optim.lr_scheduler``
+schedules the tables' learning rates.
 
-Not supported (yet): ``padding_idx``, ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` —
-the gradient of the pulled rows is always handed to the table, which plays ``sparse=True``.
+Training and eval mode. In training mode a lookup stores the rows of new ids — also under
+``torch.no_grad()``: the mode decides, not autograd, so a no-grad forward in training mode
+(e.g. a validation pass without ``model.eval()``) fills the table with rows that nothing
+trains. Their values are what a later training lookup would store anyway (an initial row is a
+function of the table's seed and the id), but they take memory and count as inserts; call
+``model.eval()`` (unknown ids give zeros, nothing is stored) or pass ``on_miss="zeros"``. This
+is kept rather than tying storing to autograd: a training forward that stored nothing under
+no-grad would need a second table call for the initial values of its misses, and with
+admission (``admission_min_count``) the lookups that count towards admitting an id would
+depend on autograd state.
+
+dtypes. Rows are float32 in the table. The output has the module's dtype: float32, or what
+``model.half()``, ``.double()``, ``.to(torch.bfloat16)`` or ``dtype=`` made it, as for
+``nn.Embedding``'s weight; the gradients handed to the table are float32.
+
+Checkpoints. ``state_dict()`` carries each module's table under ``<module>._extra_state``:
+every row with its optimizer state and metadata, and the table's step counter (Adam's ``t``),
+**copied** into CPU tensors — a state dict takes as much memory as the table's rows,
+``(D + S) * 4 + 40`` bytes a row (``S`` optimizer state floats). ``load_state_dict`` into a
+model over a fresh table (same ``embedding_dim`` and optimizer; checked, with
+:class:`~embstore.ShapeError` / :class:`~embstore.InvalidArgumentError`) restores them and
+removes rows the checkpoint does not hold. A table used by two modules is copied once per
+module, and loading restores it once per module with the same rows; pass
+``rows_in_state_dict=False`` to all modules of the table but one — or to all of them, for a
+table too big to copy, and save it with :meth:`~embstore.Table.save` instead. Checkpoints
+from before embstore modules had extra state load with ``strict=False``.
+
+Copies. ``copy.deepcopy(module)``, ``copy.copy`` and ``pickle`` (also ``torch.save(model)``)
+raise :class:`~embstore.NotCopyableError`, a ``TypeError``: a copy could only share the table
+with the original — a "best model" snapshot that keeps training. Copy ``model.state_dict()``
+instead (``copy.deepcopy(model.state_dict())`` works), or save the table.
+
+Not supported: ``padding_idx``, ``max_norm`` (so ``norm_type``), ``scale_grad_by_freq``,
+``_weight``, ``_freeze`` and ``num_embeddings`` — the modules accept these ``nn.Embedding``
+arguments with their default values only, and raise :class:`~embstore.InvalidArgumentError`
+naming the argument otherwise. ``sparse`` may be either: the gradient of the pulled rows is
+always handed to the table, which plays ``sparse=True``.
 
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.
