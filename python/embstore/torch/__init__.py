@@ -206,9 +206,15 @@ class _StoreModule(nn.Module):
         }
         if not self.rows_in_state_dict:
             return out
+        # Field by field, dropping each field's chunks once joined: the peak is the rows once
+        # plus one field, not twice the rows.
+        fields: list[Any] = [list(f) for f in zip(*chunks, strict=True)] if chunks else []
+        del chunks
         for i, (key, (shape, dtype)) in enumerate(_state_fields(d, s).items()):
-            parts = [c[i] for c in chunks]
+            parts = fields[i] if fields else []
             arr = np.concatenate(parts) if parts else np.empty(shape, dtype)
+            if fields:
+                fields[i] = None
             # Unsigned as int64 (uint64: the same bits), which every torch version stores.
             if arr.dtype == np.uint64:
                 arr = arr.view(np.int64)
