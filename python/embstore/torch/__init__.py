@@ -76,6 +76,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embstore import _native
 from embstore.config import Optimizer
 from embstore.errors import DTypeError, InvalidArgumentError, NotCopyableError, ShapeError
 from embstore.store import Table, _as_ids
@@ -135,9 +136,9 @@ class _StoreModule(nn.Module):
         super().__init__()
         if not isinstance(table, Table):
             raise InvalidArgumentError(f"table must be an embstore.Table, got {type(table)}")
-        if on_miss not in (None, "init", "zeros", "error"):
+        if on_miss is not None and on_miss not in _native.ON_MISS:  # defined once, in Rust
             raise InvalidArgumentError(
-                f"on_miss must be None, 'init', 'zeros' or 'error', got {on_miss!r}"
+                f"on_miss must be None or one of {_native.ON_MISS}, got {on_miss!r}"
             )
         dtype, device = _check_nn_args(type(self).__name__, table, nn_args)
         self.table = table
