@@ -57,6 +57,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from _common import cpu_model, git_commit, log
 
 import embstore
 
@@ -68,13 +69,6 @@ GOAL_BEYOND_RAW_B = 48.0
 GOAL_SMALL_RATIO = 1.5
 GOAL_SHRINK_RATIO = 1.5
 MIB = 1 << 20
-
-_T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    """A progress line on stderr, with the seconds since start."""
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -485,26 +479,8 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
 # Report
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=pathlib.Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     try:
         thp = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
         thp = thp.split("[", 1)[1].split("]", 1)[0] if "[" in thp else thp.strip()

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,14 +43,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from _common import cpu_model, git_commit, log
 
 import embstore
-
-if not embstore._native.BENCH_HOOKS:
-    sys.exit(
-        "bench_table.py needs the native module's timing hooks: run `make bench-table`, which "
-        "builds it with the bench-hooks feature (`make develop` builds it without)"
-    )
 
 ZIPF_A = 1.05
 LR = 0.01
@@ -64,13 +58,6 @@ GOAL_OVERHEAD_US = 20.0
 # 2 x reps times in a section: a busy neighbour on a 2-core machine stalls the multi-threaded
 # peers (torch's OpenMP team, the table's rayon pool) far more than single-threaded numpy.
 MAX_OTHER_CORES = 0.25
-
-_T0 = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    """A progress line on stderr, with the seconds since start."""
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -477,20 +464,9 @@ def bench_overhead(
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "?"
+    commit = git_commit()
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "nproc": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         # Threads a table call may use, the caller's included (embstore_table::threads()).
@@ -640,6 +616,11 @@ def report(res: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if not embstore._native.BENCH_HOOKS:
+        sys.exit(
+            "bench_table.py needs the native module's timing hooks: run `make bench-table`, "
+            "which builds it with the bench-hooks feature (`make develop` builds it without)"
+        )
     # torch's sparse Adagrad builds sparse tensors; opting out of the invariant checks
     # explicitly (their default) silences a warning without changing what runs.
     torch.sparse.check_sparse_tensor_invariants.disable()

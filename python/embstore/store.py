@@ -462,7 +462,7 @@ class Store:
     """Named embedding tables held in this process (the embedded default: no server needed).
 
     Args:
-        replica_id: written into every row version (used by replication later).
+        replica_id: written into every row version (used by replication later); 0..=2**31 - 1.
 
     Example::
 

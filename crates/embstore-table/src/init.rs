@@ -6,6 +6,8 @@
 
 use embstore_index::hash::hash as fmix64;
 
+use crate::params::{self, Kinds};
+
 /// How a new row's values are drawn.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Initializer {
@@ -50,7 +52,7 @@ fn unit(base: u64, col: u64) -> f64 {
 
 /// Each initializer's parameters, in order, with their defaults: the one definition of their
 /// names (bindings, table file, messages).
-const PARAMS: [(&str, &[(&str, f32)]); 4] = [
+const PARAMS: &Kinds = &[
     ("zeros", &[]),
     ("constant", &[("value", 0.0)]),
     ("uniform", &[("low", -0.01), ("high", 0.01)]),
@@ -83,8 +85,7 @@ impl Initializer {
             Self::Uniform { low, high } => vec![low, high],
             Self::Normal { mean, std } => vec![mean, std],
         };
-        let names = PARAMS.iter().find(|(n, _)| *n == self.name()).map_or(&[][..], |p| p.1);
-        names.iter().map(|(n, _)| *n).zip(values).collect()
+        params::named(PARAMS, self.name(), values)
     }
 
     /// The initializer called `name` with the parameters `get` gives (`None`: the default);
@@ -94,19 +95,7 @@ impl Initializer {
         given: &[&str],
         get: impl Fn(&str) -> Option<f32>,
     ) -> crate::Result<Self> {
-        let Some((_, params)) = PARAMS.iter().find(|(n, _)| *n == name) else {
-            return Err(crate::Error::invalid(format!(
-                "unknown initializer {name:?}; expected one of {:?}",
-                Self::NAMES
-            )));
-        };
-        if let Some(bad) = given.iter().find(|g| !params.iter().any(|(p, _)| p == *g)) {
-            return Err(crate::Error::invalid(format!(
-                "{name} has no parameter {bad:?}; its parameters are {:?}",
-                params.iter().map(|(p, _)| *p).collect::<Vec<_>>()
-            )));
-        }
-        let v: Vec<f32> = params.iter().map(|&(p, default)| get(p).unwrap_or(default)).collect();
+        let v = params::resolve("initializer", PARAMS, name, given, get)?;
         Ok(match name {
             "zeros" => Self::Zeros,
             "constant" => Self::Constant { value: v[0] },

@@ -55,6 +55,7 @@ mod init;
 mod lookup;
 mod meta;
 mod optim;
+mod params;
 mod sched;
 mod shard;
 mod sketch;

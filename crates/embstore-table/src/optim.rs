@@ -13,6 +13,8 @@
 //! | Adam | `2D` (m, v) | torch `Adam`; `t` is the table's step counter |
 //! | FTRL-proximal | `2D` (z, n) | McMahan et al. 2013, per coordinate |
 
+use crate::params::{self, Kinds};
+
 /// An optimizer and its hyper-parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Optimizer {
@@ -77,7 +79,7 @@ impl Default for Optimizer {
 /// The hyper-parameters of each optimizer, in order, with their defaults (the Python classes'
 /// defaults). The one definition of their names: the bindings, the table file and error
 /// messages all go through [`Optimizer::params`] and [`Optimizer::from_params`].
-const PARAMS: [(&str, &[(&str, f32)]); 5] = [
+const PARAMS: &Kinds = &[
     ("sgd", &[("lr", 0.01)]),
     ("adagrad", &[("lr", 0.01), ("eps", 1e-10), ("initial_accumulator_value", 0.0)]),
     ("rowwise_adagrad", &[("lr", 0.01), ("eps", 1e-8), ("initial_accumulator_value", 0.0)]),
@@ -125,11 +127,7 @@ impl Optimizer {
                 vec![lr, beta, l1, l2, a]
             }
         };
-        Self::param_names(self.name()).iter().map(|(n, _)| *n).zip(values).collect()
-    }
-
-    fn param_names(name: &str) -> &'static [(&'static str, f32)] {
-        PARAMS.iter().find(|(n, _)| *n == name).map_or(&[], |(_, p)| p)
+        params::named(PARAMS, self.name(), values)
     }
 
     /// The optimizer called `name` with the hyper-parameters `get` gives (by name; `None`: the
@@ -141,19 +139,7 @@ impl Optimizer {
         given: &[&str],
         get: impl Fn(&str) -> Option<f32>,
     ) -> crate::Result<Self> {
-        let Some((_, params)) = PARAMS.iter().find(|(n, _)| *n == name) else {
-            return Err(crate::Error::invalid(format!(
-                "unknown optimizer {name:?}; expected one of {:?}",
-                Self::NAMES
-            )));
-        };
-        if let Some(bad) = given.iter().find(|g| !params.iter().any(|(p, _)| p == *g)) {
-            return Err(crate::Error::invalid(format!(
-                "{name} has no parameter {bad:?}; its parameters are {:?}",
-                params.iter().map(|(p, _)| *p).collect::<Vec<_>>()
-            )));
-        }
-        let v: Vec<f32> = params.iter().map(|&(p, default)| get(p).unwrap_or(default)).collect();
+        let v = params::resolve("optimizer", PARAMS, name, given, get)?;
         Ok(match name {
             "sgd" => Self::Sgd { lr: v[0] },
             "adagrad" => Self::Adagrad { lr: v[0], eps: v[1], initial_accumulator_value: v[2] },

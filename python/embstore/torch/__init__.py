@@ -569,24 +569,6 @@ def _check_offsets(offsets: Any, n: int, include_last_offset: bool) -> torch.Ten
             f"offsets[-1] must be at most the input's length {n}, got {last}"
         )
     return off
-    if off[0] != 0:
-        raise InvalidArgumentError(f"offsets[0] must be 0, got {int(off[0])}")
-    if len(off) > 1 and bool((dec := off[1:] < off[:-1]).any()):
-        i = int(dec.nonzero()[0]) + 1
-        raise InvalidArgumentError(
-            f"offsets must be non-decreasing, got offsets[{i}] = {int(off[i])} "
-            f"after offsets[{i - 1}] = {int(off[i - 1])}"
-        )
-    last = int(off[-1])
-    if include_last_offset and last != n:
-        raise InvalidArgumentError(
-            f"offsets[-1] must be the input's length {n} with include_last_offset=True, got {last}"
-        )
-    if last > n:
-        raise InvalidArgumentError(
-            f"offsets[-1] must be at most the input's length {n}, got {last}"
-        )
-    return off
 
 
 def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:

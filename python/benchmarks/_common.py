@@ -1,0 +1,40 @@
+"""Helpers shared by the benchmark scripts in this folder: progress lines, the commit and CPU
+model for the machine record."""
+
+from __future__ import annotations
+
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+_T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr, with the seconds since the script started."""
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def git_commit() -> str:
+    """The short commit of this checkout, or ``?``."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=pathlib.Path(__file__).resolve().parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "?"
