@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python ruff bench-index bench-table bench-memory fmt clean
+        test-python ruff bench-index bench-table bench-memory bench-interference fmt clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -90,6 +90,9 @@ bench-table: setup ## Table lookup/apply_gradients vs numpy and torch (ARGS="--r
 
 bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (ARGS="--quick --json")
 	$(VPY) python/benchmarks/bench_memory.py $(ARGS)
+
+bench-interference: develop ## Small calls under a stats() poller / another table's big calls
+	$(VPY) python/benchmarks/bench_interference.py $(ARGS)
 
 fmt: setup ## Format Rust and Python sources
 	$(CARGO) fmt --all
