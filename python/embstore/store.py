@@ -447,8 +447,9 @@ class Table:
         the admission sketch — an upper bound on resident memory) and ``bytes`` (the same);
         ``bytes_used`` (what live rows occupy: values, state, 16 B of metadata and a 16 B index
         bucket each); ``hits``, ``misses``, ``inserts``, ``updates``, ``removed``,
-        ``evicted``, ``dropped_unadmitted``, ``skipped_non_finite``, ``step``,
-        ``rows_per_shard``."""
+        ``evicted``, ``dropped_unadmitted``, ``skipped_non_finite``, ``repaired_on_load``
+        (rows read from a file whose values or state were not finite, written by an older
+        embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:

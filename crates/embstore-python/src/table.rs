@@ -272,8 +272,10 @@ impl PyTable {
         self.inner.step()
     }
 
-    fn set_step(&self, step: u64) {
-        self.inner.set_step(step)
+    fn set_step(&self, step: u64) -> PyResult<()> {
+        self.inner.check_live().map_err(to_py_err)?;
+        self.inner.set_step(step);
+        Ok(())
     }
 
     /// Identity of the underlying table: equal for every handle to one table, so that Python
@@ -507,6 +509,7 @@ impl PyTable {
         if chunk_rows == 0 {
             return Err(invalid("chunk_rows must be at least 1".into()));
         }
+        self.inner.check_live().map_err(to_py_err)?;
         Ok(PyExport { inner: parking_lot::Mutex::new(Export::new(self.inner.clone(), chunk_rows)) })
     }
 
@@ -526,6 +529,7 @@ impl PyTable {
         d.set_item("evicted", s.evicted)?;
         d.set_item("dropped_unadmitted", s.dropped_unadmitted)?;
         d.set_item("skipped_non_finite", s.skipped_non_finite)?;
+        d.set_item("repaired_on_load", s.repaired_on_load)?;
         d.set_item("step", s.step)?;
         d.set_item("rows_per_shard", s.rows_per_shard)?;
         Ok(d)

@@ -19,6 +19,14 @@ use crate::{Error, ErrorKind, Result, Table, Version};
 /// optimizer but SGD squares the gradient.
 const MAX_GRAD: f32 = 1.844_674_3e19;
 
+/// The largest gradient `optimizer` can take: [`MAX_GRAD`], or any finite one for SGD.
+fn max_grad(optimizer: &crate::Optimizer) -> f32 {
+    match optimizer {
+        crate::Optimizer::Sgd { .. } => f32::MAX,
+        _ => MAX_GRAD,
+    }
+}
+
 /// One shard's unique ids and their summed gradients (`[U, D]`, row-major).
 type Coalesced = (Vec<u64>, Vec<f32>);
 
@@ -44,7 +52,8 @@ impl Table {
     ///
     /// Nothing non-finite is ever written to a row or its state. With
     /// [`NonFinite::Reject`], a NaN or infinite gradient, a sum of duplicates that overflows, or
-    /// a gradient whose square overflows float32 (`|g| > 1.8e19`) rejects the whole call before
+    /// a gradient whose square overflows float32 (`|g| > 1.8e19`; SGD, which does not square
+    /// it, takes any finite gradient) rejects the whole call before
     /// anything changes; with [`NonFinite::Skip`] those ids are skipped. A step that would still
     /// leave a non-finite value (an accumulator already at the edge of float32's range) leaves
     /// that row unchanged and counts it in `skipped_non_finite`; with `Reject` the call then
@@ -70,7 +79,7 @@ impl Table {
         // each shard sums and steps in one pass; otherwise every sum is computed and checked
         // first, so that a rejected call writes nothing.
         let max_abs = f32::from_bits(max_abs.min(f32::MAX.to_bits())) as f64;
-        let summed = if reject && max_abs * ids.len() as f64 * 2.0 >= MAX_GRAD as f64 {
+        let summed = if reject && max_abs * ids.len() as f64 * 2.0 >= max_grad(&optimizer) as f64 {
             Some(self.coalesce_checked(&groups, grads)?)
         } else {
             None
@@ -143,7 +152,7 @@ impl Table {
                     sums[i],
                 ));
             }
-            if let Some(i) = sums.iter().position(|g| g.abs() > MAX_GRAD) {
+            if let Some(i) = sums.iter().position(|g| g.abs() > max_grad(&self.config.optimizer)) {
                 return Err(self.bad_gradient(
                     "gradient",
                     uniq[i / d],
@@ -166,6 +175,7 @@ impl Table {
         let (uniq, sums) = sums;
         let d = self.dim();
         let skip_non_finite = self.config.non_finite == NonFinite::Skip;
+        let max_grad_bits = max_grad(&self.config.optimizer).to_bits();
         let mut slots = vec![0u64; uniq.len()];
         let mut shard = self.shards[s].write();
         let shard = &mut *shard;
@@ -181,7 +191,7 @@ impl Table {
                 }
             }
             let g = &sums[u * d..][..d];
-            if skip_non_finite && max_abs_bits(g) > MAX_GRAD.to_bits() {
+            if skip_non_finite && max_abs_bits(g) > max_grad_bits {
                 tally.skipped += 1; // NaN, infinite, or a square that overflows
                 continue;
             }

@@ -148,11 +148,11 @@ impl Arena {
     #[inline(always)]
     fn ptr(&self, slot: usize) -> *mut f32 {
         let chunk = &self.chunks[slot >> CHUNK_LOG2];
-        debug_assert!(slot & (CHUNK_ROWS - 1) < chunk.rows);
-        // SAFETY: callers pass slots below `capacity()`: the row index is below the chunk's
-        // row count (CHUNK_ROWS for every chunk but a still-growing first one, which is then
-        // the only chunk), so the offset stays inside the chunk's allocation.
-        unsafe { chunk.ptr.as_ptr().add((slot & (CHUNK_ROWS - 1)) * self.stride) }
+        let row = slot & (CHUNK_ROWS - 1);
+        assert!(row < chunk.rows, "slot {slot} is past the arena's {} rows", self.capacity());
+        // SAFETY: the assert above keeps the row inside the chunk (the chunk lookup is bounds
+        // checked too), so the offset stays inside the chunk's allocation.
+        unsafe { chunk.ptr.as_ptr().add(row * self.stride) }
     }
 
     /// The row at `slot` (which must be below `capacity()`).

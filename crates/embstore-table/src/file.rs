@@ -22,9 +22,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::NonFinite;
+use crate::stats::Counters;
 use crate::table::same_layout;
 use crate::{
-    Error, Initializer, Optimizer, Result, RowChunk, RowMeta, Table, TableConfig, Version,
+    Error, ErrorKind, Initializer, Optimizer, Result, RowChunk, RowMeta, Table, TableConfig,
+    Version,
 };
 
 const MAGIC: &[u8; 8] = b"EMBSTBL1";
@@ -41,6 +43,7 @@ impl Table {
     /// atomically). Rows are copied shard by shard under the shard's lock (see
     /// [`Export`](crate::Export)).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<u64> {
+        self.check_live()?;
         let path = path.as_ref();
         let tmp = tmp_path(path);
         let result = self.save_to(&tmp);
@@ -102,11 +105,21 @@ impl Table {
             .map_err(|e| Error::invalid(format!("{} in {}", e.message(), path.display())))?;
         self.check_live()?;
         let fresh = Table::with_clock(self.config().clone(), self.clock.clone())?;
+        let mut repaired = 0;
         let rows = read_blocks(&mut r, file_len, path, self.dim(), self.state_dim(), |chunk| {
-            fresh.import_saved(&chunk)
+            repaired += fresh.import_saved(&chunk)?;
+            Ok(())
+        })
+        .map_err(|e| match e.kind() {
+            ErrorKind::Corruption if !e.message().contains(&*path.to_string_lossy()) => {
+                Error::new(ErrorKind::Corruption, format!("{} in {}", e.message(), path.display()))
+            }
+            _ => e,
         })?;
         fresh.set_step(step);
+        self.check_live()?;
         self.swap_rows(&fresh);
+        Counters::add(&self.counters.repaired_on_load, repaired as usize);
         Ok(rows)
     }
 }

@@ -52,10 +52,18 @@ impl PackedMeta {
         Self { stamp: now_ms << 16, replica: 0, writes: 0 }
     }
 
-    /// Records a write with `version`.
+    /// Records a write with `version` — or, when the row already holds a version at least as
+    /// new (one imported from a clock that runs ahead of ours), with one just past it, so that a
+    /// row's versions only ever increase (last writer wins stays right per row).
     #[inline]
     pub(crate) fn write(&mut self, version: Version) {
-        self.stamp = version.timestamp;
+        let held = (self.stamp, self.replica & !WRITTEN);
+        self.stamp = if self.replica & WRITTEN != 0 && held >= (version.timestamp, version.replica)
+        {
+            self.stamp.saturating_add(1)
+        } else {
+            version.timestamp
+        };
         self.replica = version.replica | WRITTEN;
         self.writes = self.writes.saturating_add(1);
     }
@@ -120,5 +128,19 @@ mod tests {
         assert_eq!(PackedMeta::pack(&given).unpack().version, v);
         let bad = RowMeta { version: Version { timestamp: 1, replica: 1 << 31 }, ..given };
         assert!(PackedMeta::check(&bad).is_err());
+    }
+
+    #[test]
+    fn a_write_never_lowers_a_rows_version() {
+        let ahead = Version { timestamp: 5_000 << 16, replica: 7 };
+        let mut m =
+            PackedMeta::pack(&RowMeta { version: ahead, update_count: 1, last_update_ms: 0 });
+        let local = Version { timestamp: 1_000 << 16, replica: 2 };
+        m.write(local);
+        let v = m.unpack().version;
+        assert!(v > ahead && v.replica == 2, "{v:?}");
+        let later = Version { timestamp: 9_000 << 16, replica: 2 };
+        m.write(later);
+        assert_eq!(m.unpack().version, later);
     }
 }

@@ -10,6 +10,8 @@
 //! lookup once stalled 301 ms behind another table's 4M-id lookups while its helper job sat in
 //! the queue). If the pool cannot be started, every call runs on its calling thread.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -82,9 +84,21 @@ impl Scheduler {
             Some(pool) if parallel && helpers > 0 && pool.current_thread_index().is_none() => pool,
             _ => return (0..n).try_for_each(task), // small call, no pool, or nested in a helper
         };
-        let call = Call { next: AtomicUsize::new(0), n, first_error: Mutex::new(None), task };
+        let call = Call {
+            next: AtomicUsize::new(0),
+            n,
+            first_error: Mutex::new(None),
+            panic: Mutex::new(None),
+            task,
+        };
         let open = Arc::new(RwLock::new(true));
-        let work: &(dyn Fn() + Sync) = &|| call.work();
+        // A helper catches a panic of the task (it would abort the process on a pool thread)
+        // and hands it to the caller, which re-raises it once the call is closed.
+        let work: &(dyn Fn() + Sync) = &|| {
+            if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(|| call.work())) {
+                call.panic.lock().get_or_insert(payload);
+            }
+        };
         // SAFETY: the `'static` lifetime is a promise kept by `Closer` below, not by the type
         // system: helpers call `work` only while holding `open`'s read lock and seeing `true`,
         // and `Closer` takes the write lock (waiting out every helper inside `work`) and sets
@@ -106,6 +120,9 @@ impl Scheduler {
             }
             call.work();
         }
+        if let Some(payload) = call.panic.into_inner() {
+            std::panic::resume_unwind(payload);
+        }
         call.first_error.into_inner().map_or(Ok(()), Err)
     }
 }
@@ -115,6 +132,8 @@ struct Call<F> {
     next: AtomicUsize,
     n: usize,
     first_error: Mutex<Option<Error>>,
+    /// A panic caught on a helper, re-raised on the caller.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
     task: F,
 }
 
@@ -175,6 +194,32 @@ mod tests {
             _ => Ok(()),
         });
         assert_eq!(err.unwrap_err().message(), "three");
+    }
+
+    #[test]
+    fn a_panic_on_a_helper_reaches_the_caller_and_the_pool_survives() {
+        let s = Scheduler::new(1, || named_pool(1));
+        let caller = std::thread::current().id();
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            s.run(64, true, |_| {
+                if std::thread::current().id() != caller {
+                    panic!("helper task failed");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                Ok(())
+            })
+        }));
+        // The caller is slow (64 × 5 ms), so the idle helper claims an index; its panic must come
+        // back to the caller as a panic instead of aborting the process.
+        let payload = result.expect_err("the helper's panic reached the caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"helper task failed"));
+        let ran = AtomicUsize::new(0);
+        s.run(64, true, |_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ran.into_inner(), 64);
     }
 
     #[test]

@@ -16,8 +16,11 @@ use crate::{Error, ErrorKind, Optimizer, Result};
 /// is at most about twice what its rows need, and each compaction (O(live rows)) is paid for by
 /// at least as many removals since the last one.
 const SHRINK_BELOW: usize = 2;
-/// ... and only when it has at least this many slots (below it, the memory is not worth it).
-const SHRINK_MIN_SLOTS: usize = 4096;
+/// ... and only when its slots hold at least this many bytes (values, state and metadata), or
+/// when no row is left at all. A floor in bytes, not slots, so that a table of many small
+/// shards still gives memory back: at most this much per shard stays sparse (64 MiB for a
+/// 1,024-shard table), whatever the row width.
+const SHRINK_MIN_BYTES: usize = 64 << 10;
 
 /// The rows of one shard.
 pub(crate) struct Shard {
@@ -112,7 +115,10 @@ impl Shard {
     /// state and metadata; their slots change (no slot is held across a lock).
     pub(crate) fn shrink_if_sparse(&mut self) -> Result<bool> {
         let slots = self.slots();
-        if slots < SHRINK_MIN_SLOTS || self.len() * SHRINK_BELOW >= slots {
+        let slot_bytes =
+            (self.values.stride() + self.state.stride()) * 4 + std::mem::size_of::<PackedMeta>();
+        let worth_it = slots * slot_bytes >= SHRINK_MIN_BYTES || (self.len() == 0 && slots > 0);
+        if !worth_it || self.len() * SHRINK_BELOW >= slots {
             return Ok(false);
         }
         let (dim, state_dim) = (self.values.stride(), self.state.stride());

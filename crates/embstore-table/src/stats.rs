@@ -34,6 +34,9 @@ pub struct TableStats {
     /// Ids skipped for a non-finite gradient (with [`NonFinite::Skip`](crate::NonFinite)), or
     /// whose step would have made their row non-finite.
     pub skipped_non_finite: u64,
+    /// Rows read by `load` whose values or optimizer state were not finite (written by an
+    /// older embstore): their state was reset and, for non-finite values, the row re-initialised.
+    pub repaired_on_load: u64,
     /// `apply_gradients` calls so far (Adam's `t`).
     pub step: u64,
     /// Rows per shard.
@@ -66,6 +69,7 @@ pub(crate) struct Counters {
     pub(crate) evicted: AtomicU64,
     pub(crate) dropped_unadmitted: AtomicU64,
     pub(crate) skipped_non_finite: AtomicU64,
+    pub(crate) repaired_on_load: AtomicU64,
 }
 
 impl Counters {
@@ -102,6 +106,7 @@ impl Table {
             evicted: get(&c.evicted),
             dropped_unadmitted: get(&c.dropped_unadmitted),
             skipped_non_finite: get(&c.skipped_non_finite),
+            repaired_on_load: get(&c.repaired_on_load),
             step: self.step(),
             rows_per_shard,
         }

@@ -148,9 +148,11 @@ impl Table {
         self.dropped.store(true, Ordering::Relaxed);
     }
 
-    /// Fails once the table has been dropped from its store (a handle kept past
-    /// `drop_table` must not keep training a table no store holds).
-    pub(crate) fn check_live(&self) -> Result<()> {
+    /// Fails with `TableNotFound` once the table has been dropped from its store (a handle
+    /// kept past `drop_table` must not keep training a table no store holds). Every call that
+    /// reads or writes rows checks it, except [`Table::export`] (an iterator; callers check
+    /// first), [`Table::stats`] and [`Table::set_step`].
+    pub fn check_live(&self) -> Result<()> {
         if self.dropped.load(Ordering::Relaxed) {
             return Err(Error::new(
                 ErrorKind::TableNotFound,

@@ -26,6 +26,10 @@ impl Version {
     }
 }
 
+/// How far past the wall clock an observed version may move a [`Clock`]: one second, more
+/// than the skew of NTP-synchronised machines.
+pub(crate) const MAX_OBSERVE_AHEAD_MS: u64 = 1000;
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -57,9 +61,14 @@ impl Clock {
         }
     }
 
-    /// Makes later ticks exceed `v` (after an import of newer rows).
+    /// Makes later ticks exceed `v` (after an import of newer rows) — but only up to
+    /// [`MAX_OBSERVE_AHEAD_MS`] past the wall clock. A version further ahead (imported from a
+    /// machine whose clock runs fast) would otherwise drag every later local write's timestamp,
+    /// and with it `last_update_ms` and TTL expiry, into the future; the rows that carry such a
+    /// version stay ordered because a write never lowers a row's version (see `PackedMeta::write`).
     pub(crate) fn observe(&self, v: Version) {
-        self.last.fetch_max(v.timestamp, Ordering::Relaxed);
+        let cap = (now_ms() + MAX_OBSERVE_AHEAD_MS) << 16;
+        self.last.fetch_max(v.timestamp.min(cap), Ordering::Relaxed);
     }
 }
 
@@ -78,7 +87,16 @@ mod tests {
             prev = v;
         }
         assert!(prev.millis() >= before && prev.millis() <= now_ms() + 1);
-        clock.observe(Version { timestamp: u64::MAX >> 1, replica: 0 });
-        assert!(clock.tick().timestamp > u64::MAX >> 1);
+        let near = Version { timestamp: (now_ms() + 500) << 16, replica: 0 };
+        clock.observe(near);
+        assert!(clock.tick() > near);
+    }
+
+    #[test]
+    fn a_version_far_ahead_does_not_drag_the_clock_into_the_future() {
+        let clock = Clock::new(1);
+        clock.observe(Version { timestamp: (now_ms() + 3_600_000) << 16, replica: 0 });
+        let v = clock.tick();
+        assert!(v.millis() <= now_ms() + MAX_OBSERVE_AHEAD_MS, "clock at {} ms", v.millis());
     }
 }

@@ -74,17 +74,52 @@ impl Table {
         }
     }
 
-    /// [`Table::import`] of rows read back from a checksummed file: whatever the table held
-    /// when it was saved (an optimizer can drive state to infinity from finite gradients in
-    /// older files) is restored as it was.
-    pub(crate) fn import_saved(&self, chunk: &RowChunk) -> Result<()> {
-        self.write_rows(
-            &chunk.ids,
-            &chunk.values,
-            StateIn::Given(&chunk.state),
-            Some(&chunk.meta),
-            false,
-        )
+    /// [`Table::import`] of rows read back from a checksummed file; returns how many rows it
+    /// repaired. Older embstore versions could write rows that are not finite (an optimizer
+    /// drove the state, or the values, to infinity or NaN from finite gradients); such a row
+    /// would refuse every later step. So a row whose state is not finite gets the optimizer's
+    /// initial state, and a row whose values are not finite is re-initialised as well (its
+    /// metadata is kept); [`TableStats::repaired_on_load`](crate::TableStats) counts them. A
+    /// replica id that no longer fits (2^31 or more, allowed by older versions) is refused as
+    /// a file this version cannot read.
+    pub(crate) fn import_saved(&self, chunk: &RowChunk) -> Result<u64> {
+        if let Some(m) = chunk.meta.iter().find(|m| m.version.replica > crate::MAX_REPLICA) {
+            return Err(Error::new(
+                ErrorKind::Corruption,
+                format!(
+                    "the file holds a row version from replica {}; this version of embstore                      stores replica ids up to 2^31 - 1 and cannot read it",
+                    m.version.replica
+                ),
+            ));
+        }
+        let (d, sd) = (self.dim(), self.state_dim);
+        let finite = |row: &[f32]| row.iter().all(|v| v.is_finite());
+        let bad_rows: Vec<usize> = (0..chunk.len())
+            .filter(|&i| {
+                !finite(&chunk.values[i * d..][..d]) || !finite(&chunk.state[i * sd..][..sd])
+            })
+            .collect();
+        if bad_rows.is_empty() {
+            self.write_rows(
+                &chunk.ids,
+                &chunk.values,
+                StateIn::Given(&chunk.state),
+                Some(&chunk.meta),
+                false,
+            )?;
+            return Ok(0);
+        }
+        let (mut values, mut state) = (chunk.values.clone(), chunk.state.clone());
+        for &i in &bad_rows {
+            let row = &mut values[i * d..][..d];
+            if !finite(row) {
+                self.initial_row(chunk.ids[i], row);
+            }
+            self.config.optimizer.init_state(&mut state[i * sd..][..sd]);
+        }
+        self.write_rows(&chunk.ids, &values, StateIn::Given(&state), Some(&chunk.meta), true)?;
+        Counters::add(&self.counters.repaired_on_load, bad_rows.len());
+        Ok(bad_rows.len() as u64)
     }
 
     fn check_meta(&self, ids: &[u64], meta: &[RowMeta]) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The table file's header: strict parsing (no truncated integers, no silent defaults), memory
-//! in proportion to the rows at load, and the save path's clean-up.
+//! in proportion to the rows at load, rows written by older versions, and the save path's
+//! clean-up.
 
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, TableConfig};
 
@@ -27,6 +28,34 @@ fn with_header(bytes: &[u8], edit: impl Fn(&str) -> String) -> Vec<u8> {
     out.extend_from_slice(&crc32fast::hash(new.as_bytes()).to_le_bytes());
     out.extend_from_slice(&bytes[12 + n + 4..]);
     out
+}
+
+/// The file with its `k`-th row passed through `edit(meta, values, state)` (block checksum
+/// recomputed). Rows of [`saved`]: 32 B of metadata, 4 values, 8 state floats.
+fn with_row(bytes: &[u8], k: usize, edit: impl Fn(&mut [u8], &mut [u8], &mut [u8])) -> Vec<u8> {
+    let n = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let mut out = bytes.to_vec();
+    let (mut at, mut first) = (12 + n + 4, 0); // magic, header length, header, checksum
+    loop {
+        let rows = u32::from_le_bytes(out[at..at + 4].try_into().unwrap()) as usize;
+        assert!(rows > 0, "the file has no row {k}");
+        let block = at + 4..at + 4 + rows * (8 + 32 + 16 + 32);
+        if k < first + rows {
+            let (i, b) = (k - first, &mut out[block.clone()]);
+            let (_, rest) = b.split_at_mut(rows * 8);
+            let (meta, rest) = rest.split_at_mut(rows * 32);
+            let (values, state) = rest.split_at_mut(rows * 16);
+            edit(
+                &mut meta[i * 32..][..32],
+                &mut values[i * 16..][..16],
+                &mut state[i * 32..][..32],
+            );
+            let crc = crc32fast::hash(&out[block.clone()]);
+            out[block.end..block.end + 4].copy_from_slice(&crc.to_le_bytes());
+            return out;
+        }
+        (at, first) = (block.end + 4, first + rows);
+    }
 }
 
 fn load(dir: &std::path::Path, bytes: &[u8]) -> embstore_table::Result<usize> {
@@ -144,4 +173,41 @@ fn a_failed_rename_leaves_no_temporary_file() {
     let names: Vec<_> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["taken"], "left behind: {names:?}");
+}
+
+#[test]
+fn rows_with_non_finite_state_or_values_from_older_files_are_repaired_on_load() {
+    // Older versions could store an Adagrad/Adam state (or values) at inf/NaN from finite
+    // gradients; such a row then refused every later step, forever.
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = with_row(&saved(dir.path()), 0, |_, _, state| {
+        state[..4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+    });
+    let bytes = with_row(&bytes, 1, |_, values, _| {
+        values[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
+    let path = dir.path().join("old.embt");
+    std::fs::write(&path, &bytes).unwrap();
+    let t = Store::new().load_table(&path, None).unwrap();
+    assert_eq!((t.len(), t.stats().repaired_on_load), (3, 2));
+    let mut out = vec![0.0; 12];
+    t.lookup(&[1, 2, 3], OnMiss::Error, &mut out, None).unwrap();
+    assert!(out.iter().all(|v| v.is_finite()), "{out:?}");
+    // The repaired rows train again; the row that was fine kept its values.
+    assert_eq!(out.iter().filter(|&&v| v == 0.5).count(), 8, "{out:?}");
+    assert_eq!(t.apply_gradients(&[1, 2, 3], &[0.1; 12], None).unwrap(), 3);
+    t.lookup(&[1, 2, 3], OnMiss::Error, &mut out, None).unwrap();
+    assert!(out.iter().all(|v| v.is_finite()), "{out:?}");
+}
+
+#[test]
+fn a_replica_id_from_an_older_file_that_no_longer_fits_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = with_row(&saved(dir.path()), 0, |meta, _, _| {
+        meta[8..12].copy_from_slice(&(1u32 << 31).to_le_bytes());
+    });
+    let err = load(dir.path(), &bytes).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corruption);
+    assert!(err.message().contains("replica 2147483648"), "{}", err.message());
+    assert!(err.message().contains("edited.embt"), "{}", err.message());
 }

@@ -504,6 +504,52 @@ fn memory_returns_after_removing_most_rows() {
 }
 
 #[test]
+fn many_small_shards_give_memory_back() {
+    // Shards under 4,096 slots never compacted: a 256-shard table kept all its memory after
+    // losing 90% of its rows.
+    let adam = Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 };
+    let t = Table::new(TableConfig::new("wide", 32).with_optimizer(adam).with_shards(256)).unwrap();
+    let ids: Vec<u64> = (0..256_000).collect();
+    t.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * 32], None).unwrap();
+    let full = t.stats().bytes_reserved;
+    let gone: Vec<u64> = ids.iter().copied().filter(|k| k % 10 != 0).collect();
+    t.remove(&gone).unwrap();
+    let after = t.stats().bytes_reserved;
+    assert!(after * 3 < full, "{after} of {full} bytes after removing 90% of the rows");
+    let rest: Vec<u64> = ids.iter().copied().filter(|k| k % 10 == 0).collect();
+    t.remove(&rest).unwrap();
+    assert!(t.stats().bytes_reserved * 20 < after, "{} bytes, no rows", t.stats().bytes_reserved);
+}
+
+#[test]
+fn an_imported_version_from_a_fast_clock_does_not_delay_expiry_of_local_writes() {
+    // Importing a row stamped an hour ahead pushed the table's clock an hour ahead: every later
+    // local write carried a last-update time in the future and expired an hour late.
+    let t = table(2, Optimizer::Sgd { lr: 0.1 });
+    let now = embstore_table::now_ms();
+    let ahead = embstore_table::Version { timestamp: (now + 3_600_000) << 16, replica: 9 };
+    let meta = embstore_table::RowMeta { version: ahead, update_count: 1, last_update_ms: 0 };
+    t.import(&[1], &[1.0, 1.0], None, Some(&[meta])).unwrap();
+    t.apply_gradients(&[2], &[1.0, 1.0], None).unwrap();
+    let local = t.meta(&[2]).unwrap()[0].unwrap();
+    assert!(local.last_update_ms <= embstore_table::now_ms() + 1000, "{local:?}");
+    // The imported row still only moves forward.
+    t.apply_gradients(&[1], &[1.0, 1.0], None).unwrap();
+    assert!(t.meta(&[1]).unwrap()[0].unwrap().version > ahead);
+    assert_eq!(t.evict_older_than(now + 60_000).unwrap(), 1);
+}
+
+#[test]
+fn sgd_takes_gradients_whose_square_would_overflow() {
+    // The 1.8e19 limit protects optimizers that square the gradient; SGD does not.
+    let t = table(2, Optimizer::Sgd { lr: 1e-20 });
+    t.assign(&[1], &[0.0, 0.0]).unwrap();
+    assert_eq!(t.apply_gradients(&[1], &[4e19, -4e19], None).unwrap(), 1);
+    let row = rows_of(&t, &[1]);
+    assert!((row[0] + 0.4).abs() < 1e-6 && (row[1] - 0.4).abs() < 1e-6, "{row:?}");
+}
+
+#[test]
 fn a_dropped_table_refuses_further_calls() {
     let store = Store::new();
     let t = store.create_table(TableConfig::new("gone", 2)).unwrap();
@@ -515,6 +561,9 @@ fn a_dropped_table_refuses_further_calls() {
         t.lookup(&[1], OnMiss::Zeros, &mut [0.0; 2], None).unwrap_err().kind(),
         ErrorKind::TableNotFound
     );
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(t.save(dir.path().join("gone.embt")).unwrap_err().kind(), ErrorKind::TableNotFound);
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "save left a file");
 }
 
 #[test]

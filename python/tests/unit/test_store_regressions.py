@@ -257,7 +257,7 @@ def test_evict_older_than_is_available_from_python(table):
         table.evict_older_than(dt.datetime(2020, 1, 1))  # naive: ambiguous
 
 
-def test_a_dropped_table_handle_stops_working():
+def test_a_dropped_table_handle_stops_working(tmp_path):
     store = embstore.Store()
     t = store.create_table("gone", 2)
     t.assign([1], [[1.0, 2.0]])
@@ -266,3 +266,11 @@ def test_a_dropped_table_handle_stops_working():
         t.apply_gradients([1], [[1.0, 1.0]])
     with pytest.raises(TableNotFoundError):
         t.lookup([1])
+    # Reads that would hand a dropped table's rows on, and step changes, are refused too.
+    with pytest.raises(TableNotFoundError):
+        t.export(10)
+    with pytest.raises(TableNotFoundError):
+        t.step = 3
+    with pytest.raises(TableNotFoundError):
+        t.save(tmp_path / "gone.embt")
+    assert not list(tmp_path.iterdir())
