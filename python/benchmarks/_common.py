@@ -3,6 +3,7 @@ model for the machine record."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import platform
 import subprocess
@@ -38,3 +39,15 @@ def cpu_model() -> str:
             return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or "?"
+
+
+def finish(res: dict, args, goals, report) -> int:
+    """The end of a benchmark's ``main``: judge the goals, then print JSON (``--json``) or the
+    human report; returns the exit status."""
+    res["goals"] = goals(res)
+    log("done")
+    if args.json:
+        print(json.dumps(res))
+    else:
+        report(res)
+    return 0

@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _common import cpu_model, git_commit, log
+from _common import cpu_model, finish, git_commit, log
 
 import embstore
 
@@ -671,13 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = {"rows": scenario_rows, "small": scenario_small, "shrink": scenario_shrink}
     for name in args.scenario:
         res["scenarios"][name] = run[name](args)
-    res["goals"] = goals(res)
-    log("done")
-    if args.json:
-        print(json.dumps(res))
-    else:
-        report(res)
-    return 0
+    return finish(res, args, goals, report)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import resource
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import cpu_model, git_commit, log
+from _common import cpu_model, finish, git_commit, log
 
 import embstore
 
@@ -690,13 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     del table, store
     gc.collect()
-    res["goals"] = goals(res)
-    log("done")
-    if args.json:
-        print(json.dumps(res))
-    else:
-        report(res)
-    return 0
+    return finish(res, args, goals, report)
 
 
 if __name__ == "__main__":
