@@ -16,6 +16,9 @@ TableExistsError          ValueError            a table with that name exists al
 KeyNotFoundError          KeyError              ``lookup(on_miss="error")`` meets an unknown id
 StorageError              OSError               a file cannot be read or written
 CorruptionError           StorageError          a file fails its checks (magic, checksum, length)
+NoSpaceError              StorageError          the disk is full; nothing acknowledged is lost
+StoreLockedError          StorageError          the store directory is open in another process
+UnsupportedFormatError    StorageError          a file was written by a newer format version
 CapacityError             MemoryError           memory for rows or an index cannot be had
 NotCopyableError          TypeError             pickling or copying an object that holds a table
 ========================  ====================  ==================================================
@@ -66,6 +69,21 @@ class StorageError(EmbstoreError, OSError):
 
 class CorruptionError(StorageError):
     """A file is not what it claims to be: bad magic, checksum mismatch, truncated."""
+
+
+class NoSpaceError(StorageError):
+    """The disk is full (or over quota). Nothing acknowledged was lost; the store stays readable
+    and writing (``flush``) succeeds again once space is freed."""
+
+
+class StoreLockedError(StorageError):
+    """The store directory is open in another process (one process opens a directory at a
+    time)."""
+
+
+class UnsupportedFormatError(StorageError):
+    """A store, checkpoint or file was written by a newer format version than this embstore
+    reads."""
 
 
 class CapacityError(EmbstoreError, MemoryError):

@@ -23,6 +23,9 @@ mod errors {
     pyo3::import_exception!(embstore.errors, NonFiniteError);
     pyo3::import_exception!(embstore.errors, StorageError);
     pyo3::import_exception!(embstore.errors, CorruptionError);
+    pyo3::import_exception!(embstore.errors, NoSpaceError);
+    pyo3::import_exception!(embstore.errors, StoreLockedError);
+    pyo3::import_exception!(embstore.errors, UnsupportedFormatError);
 }
 
 /// The one mapping from index errors to Python exception classes.

@@ -35,6 +35,9 @@ pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
         ErrorKind::Corruption => errors::CorruptionError::new_err(msg),
         ErrorKind::Io => errors::StorageError::new_err(msg),
         ErrorKind::Capacity => errors::CapacityError::new_err(msg),
+        ErrorKind::NoSpace => errors::NoSpaceError::new_err(msg),
+        ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
+        ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
         _ => errors::EmbstoreError::new_err(msg),
     }
 }

@@ -24,6 +24,13 @@ pub enum ErrorKind {
     Io,
     /// Memory for rows or the index could not be had.
     Capacity,
+    /// The disk is full (or over quota): nothing acknowledged was lost, and the store stays
+    /// readable; writing resumes once space is freed.
+    NoSpace,
+    /// The store directory is open in another process (or another `Store` of this one).
+    Locked,
+    /// A file was written by a newer format version than this build reads.
+    Unsupported,
 }
 
 /// An error from the table layer: a kind plus a lowercase, exact message.
@@ -64,8 +71,15 @@ impl Error {
         Self::new(ErrorKind::Corruption, message)
     }
 
+    /// An I/O error; a full disk or quota (`ENOSPC`, `EDQUOT`) becomes [`ErrorKind::NoSpace`].
     pub(crate) fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
-        Self { kind: ErrorKind::Io, message: format!("{context}: {err}"), source: Some(err) }
+        let kind = match err.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+                ErrorKind::NoSpace
+            }
+            _ => ErrorKind::Io,
+        };
+        Self { kind, message: format!("{context}: {err}"), source: Some(err) }
     }
 }
 

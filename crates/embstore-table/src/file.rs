@@ -161,7 +161,12 @@ fn open(path: &Path) -> Result<(BufReader<File>, u64)> {
 }
 
 fn header_text(t: &Table) -> String {
-    let c = t.config();
+    config_text(t.config(), t.step())
+}
+
+/// A table's config and step as `key=value` lines: the header of a table file, and the config
+/// a store's manifest keeps for each table.
+pub(crate) fn config_text(c: &TableConfig, step: u64) -> String {
     let ttl = c.ttl.map_or("none".to_owned(), |d| d.as_millis().to_string());
     let non_finite = match c.non_finite {
         NonFinite::Reject => "reject",
@@ -180,7 +185,7 @@ fn header_text(t: &Table) -> String {
         c.admission_min_count,
         c.admission_sketch_width,
         c.huge_pages,
-        t.step(),
+        step,
     )
 }
 
@@ -263,6 +268,15 @@ fn parse_header(r: &mut impl Read, path: &Path) -> Result<(TableConfig, u64)> {
         return Err(bad("header checksum mismatch"));
     }
     let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8"))?;
+    parse_config_text(&text, &bad)
+}
+
+/// Reads [`config_text`] back strictly (every key present once, integers of their own type);
+/// `bad` makes the error for a defect.
+pub(crate) fn parse_config_text(
+    text: &str,
+    bad: &dyn Fn(&str) -> Error,
+) -> Result<(TableConfig, u64)> {
     let mut fields: Vec<(&str, &str)> = Vec::new();
     for line in text.lines() {
         let (key, value) = line.split_once('=').ok_or_else(|| bad("header line without '='"))?;
@@ -283,7 +297,7 @@ fn parse_header(r: &mut impl Read, path: &Path) -> Result<(TableConfig, u64)> {
     fn int<T: std::str::FromStr>(v: &str, key: &str, bad: &dyn Fn(&str) -> Error) -> Result<T> {
         v.parse::<T>().map_err(|_| bad(&format!("bad {key}: {v:?}")))
     }
-    let b = &bad;
+    let b = bad;
     let config = TableConfig {
         name: field("name")?.to_owned(),
         embedding_dim: int(field("embedding_dim")?, "embedding_dim", b)?,

@@ -8,7 +8,8 @@
 //! stamp: u64    the version's timestamp (ms << 16 | counter); for a row never written, the
 //!               creation time in the same form
 //! replica: u32  bit 31: the row has been written (its version is not 0); bits 0..31: replica
-//! writes: u32   update count, saturating at 2^32 - 1
+//! writes: u32   bit 31: dirty (changed since the last flush of a durable store);
+//!               bits 0..31: update count, saturating at 2^31 - 1
 //! ```
 //!
 //! So the last-update time is not stored on its own: it is the millisecond part of the stamp —
@@ -21,13 +22,15 @@ use crate::{Error, Result, Version};
 pub const MAX_REPLICA: u32 = (1 << 31) - 1;
 
 const WRITTEN: u32 = 1 << 31;
+const DIRTY: u32 = 1 << 31;
+const MAX_WRITES: u32 = DIRTY - 1;
 
 /// A row's metadata.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RowMeta {
     /// Version of the last write (0 for a row that still holds its initial value).
     pub version: Version,
-    /// Writes to the row (optimizer steps and assignments), saturating at 2^32 − 1 when stored.
+    /// Writes to the row (optimizer steps and assignments), saturating at 2^31 − 1 when stored.
     pub update_count: u64,
     /// Time of the last write (the version's milliseconds), or of the row's creation for a row
     /// never written, in ms since the Unix epoch.
@@ -49,7 +52,7 @@ impl PackedMeta {
     /// A new row created at `now_ms`, never written.
     #[inline]
     pub(crate) fn created(now_ms: u64) -> Self {
-        Self { stamp: now_ms << 16, replica: 0, writes: 0 }
+        Self { stamp: now_ms << 16, replica: 0, writes: DIRTY }
     }
 
     /// Records a write with `version` — or, when the row already holds a version at least as
@@ -65,7 +68,19 @@ impl PackedMeta {
             version.timestamp
         };
         self.replica = version.replica | WRITTEN;
-        self.writes = self.writes.saturating_add(1);
+        self.writes = ((self.writes & MAX_WRITES) + 1).min(MAX_WRITES) | DIRTY;
+    }
+
+    /// Whether the row changed since the last flush (every change sets it).
+    #[inline]
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.writes & DIRTY != 0
+    }
+
+    /// Marks the row as flushed (or as changed).
+    #[inline]
+    pub(crate) fn set_dirty(&mut self, dirty: bool) {
+        self.writes = (self.writes & MAX_WRITES) | if dirty { DIRTY } else { 0 };
     }
 
     /// Milliseconds of the last write, or of the creation.
@@ -87,7 +102,7 @@ impl PackedMeta {
 
     /// The stored form of `m` (checked with [`PackedMeta::check`]).
     pub(crate) fn pack(m: &RowMeta) -> Self {
-        let writes = m.update_count.min(u32::MAX as u64) as u32;
+        let writes = m.update_count.min(MAX_WRITES as u64) as u32 | DIRTY;
         if m.version == Version::default() {
             Self { stamp: m.last_update_ms.min(u64::MAX >> 16) << 16, replica: 0, writes }
         } else {
@@ -101,7 +116,11 @@ impl PackedMeta {
         } else {
             Version::default()
         };
-        RowMeta { version, update_count: self.writes as u64, last_update_ms: self.last_update_ms() }
+        RowMeta {
+            version,
+            update_count: (self.writes & MAX_WRITES) as u64,
+            last_update_ms: self.last_update_ms(),
+        }
     }
 }
 
@@ -124,7 +143,13 @@ mod tests {
         m.write(v);
         assert_eq!(m.unpack(), RowMeta { version: v, update_count: 1, last_update_ms: v.millis() });
         let given = RowMeta { version: v, update_count: 1 << 40, last_update_ms: 0 };
-        assert_eq!(PackedMeta::pack(&given).unpack().update_count, u32::MAX as u64);
+        assert_eq!(PackedMeta::pack(&given).unpack().update_count, MAX_WRITES as u64);
+        let mut clean = PackedMeta::pack(&given);
+        assert!(clean.is_dirty());
+        clean.set_dirty(false);
+        assert!(!clean.is_dirty() && clean.unpack() == PackedMeta::pack(&given).unpack());
+        clean.write(v);
+        assert!(clean.is_dirty());
         assert_eq!(PackedMeta::pack(&given).unpack().version, v);
         let bad = RowMeta { version: Version { timestamp: 1, replica: 1 << 31 }, ..given };
         assert!(PackedMeta::check(&bad).is_err());

@@ -30,6 +30,9 @@ pub(crate) struct Shard {
     pub(crate) meta: Vec<PackedMeta>,
     free: Vec<usize>,
     huge_pages: bool,
+    /// In a durable store: the rows removed since the last flush (key and the row's version),
+    /// written as tombstones by the next one. `None` in a store held only in memory.
+    pub(crate) removed: Option<Vec<(u64, crate::Version)>>,
 }
 
 impl Shard {
@@ -51,6 +54,7 @@ impl Shard {
             meta: Vec::new(),
             free: Vec::new(),
             huge_pages,
+            removed: None,
         };
         if rows > 0 {
             shard.reserve_slots(rows)?;
@@ -96,6 +100,9 @@ impl Shard {
     pub(crate) fn remove(&mut self, key: u64) -> bool {
         match self.index.remove(key) {
             Some(slot) => {
+                if let Some(removed) = &mut self.removed {
+                    removed.push((key, self.meta[slot as usize].unpack().version));
+                }
                 self.meta[slot as usize] = PackedMeta::default();
                 self.free.push(slot as usize);
                 true
@@ -130,13 +137,16 @@ impl Shard {
             next.values.row_mut(new).copy_from_slice(self.values.row(old));
             next.state.row_mut(new).copy_from_slice(self.state.row(old));
         }
+        next.removed = self.removed.take();
         *self = next;
         Ok(true)
     }
 
     /// Drops every row and releases the memory.
     pub(crate) fn clear(&mut self) -> Result<()> {
+        let tracking = self.removed.is_some();
         *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        self.removed = tracking.then(Vec::new);
         Ok(())
     }
 

@@ -1,4 +1,4 @@
-//! [`Store`]: named tables in one process.
+//! [`Store`]: named tables in one process, held in memory or in a directory (`durable`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -7,15 +7,19 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::config::validate_name;
+use crate::disk::vfs::{RealFs, Vfs};
+use crate::durable::{Durable, FlushStats, RecoveryReport};
 use crate::version::Clock;
 use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
-/// Named embedding tables held in memory. Cheap to share (`Arc<Table>` per table); every method
-/// takes `&self`.
+/// Named embedding tables. Held in memory ([`Store::new`]) or kept in a directory
+/// ([`Store::open`]), where [`Store::flush`] makes every write so far durable. Cheap to share
+/// (`Arc<Table>` per table); every method takes `&self`.
 #[derive(Debug)]
 pub struct Store {
     tables: RwLock<BTreeMap<String, Arc<Table>>>,
     clock: Arc<Clock>,
+    durable: Option<Durable>,
 }
 
 impl Default for Store {
@@ -27,17 +31,47 @@ impl Default for Store {
 impl Store {
     /// An empty store; its rows' versions carry replica id 0.
     pub fn new() -> Self {
-        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(0)) }
+        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(0)), durable: None }
     }
 
     /// An empty store whose rows' versions carry `replica` (at most [`MAX_REPLICA`]).
     pub fn with_replica(replica: u32) -> Result<Self> {
-        if replica > MAX_REPLICA {
-            return Err(Error::invalid(format!(
-                "replica_id must be in 0..=2^31 - 1, got {replica}"
-            )));
-        }
-        Ok(Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(replica)) })
+        Ok(Self { clock: Arc::new(Clock::new(check_replica(replica)?)), ..Self::new() })
+    }
+
+    /// Opens the store kept in `dir`, creating it (and `dir`) if there is none, and rebuilds
+    /// its tables from the last flush. The directory stays locked until the store is dropped:
+    /// a second open fails with [`ErrorKind::Locked`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(dir, 0, Arc::new(RealFs))
+    }
+
+    /// [`Store::open`] with a replica id and a file layer (a fault-injecting one in tests).
+    pub fn open_with(dir: impl AsRef<Path>, replica: u32, vfs: Arc<dyn Vfs>) -> Result<Self> {
+        let clock = Arc::new(Clock::new(check_replica(replica)?));
+        let (durable, tables) = Durable::open(dir.as_ref(), vfs, &clock)?;
+        let tables = tables.into_iter().map(|t| (t.name().to_owned(), t)).collect();
+        Ok(Self { tables: RwLock::new(tables), clock, durable: Some(durable) })
+    }
+
+    /// The directory of a store opened with [`Store::open`]; `None` for one in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.durable.as_ref().map(|d| d.dir())
+    }
+
+    /// What [`Store::open`] found and repaired; `None` for a store in memory.
+    pub fn recovery(&self) -> Option<&RecoveryReport> {
+        self.durable.as_ref().map(|d| &d.report)
+    }
+
+    /// Makes every write acknowledged before this call durable (see `durable` for exactly what
+    /// that means); a no-op for a store in memory. On an error (a full disk:
+    /// [`ErrorKind::NoSpace`]) nothing is lost: the rows stay in memory, marked to be written,
+    /// and the next flush writes them.
+    pub fn flush(&self) -> Result<FlushStats> {
+        let Some(durable) = &self.durable else { return Ok(FlushStats::default()) };
+        let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
+        durable.flush(&tables)
     }
 
     /// Creates a table; fails if the name is taken or the config is invalid.
@@ -50,6 +84,9 @@ impl Store {
             ));
         }
         let table = Arc::new(Table::with_clock(config, self.clock.clone())?);
+        if let Some(durable) = &self.durable {
+            durable.create_table(&table)?;
+        }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
     }
@@ -67,7 +104,14 @@ impl Store {
     /// Removes the table called `name`. Handles still held fail with `TableNotFound` from then
     /// on; the memory is freed once the last one is dropped.
     pub fn drop_table(&self, name: &str) -> Result<()> {
-        let table = self.tables.write().remove(name).ok_or_else(|| not_found(name))?;
+        let mut tables = self.tables.write();
+        if !tables.contains_key(name) {
+            return Err(not_found(name));
+        }
+        if let Some(durable) = &self.durable {
+            durable.drop_table(name)?;
+        }
+        let table = tables.remove(name).ok_or_else(|| not_found(name))?;
         table.mark_dropped();
         Ok(())
     }
@@ -93,9 +137,19 @@ impl Store {
         if tables.contains_key(table.name()) {
             return Err(exists(table.name()));
         }
+        if let Some(durable) = &self.durable {
+            durable.create_table(&table)?;
+        }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
     }
+}
+
+fn check_replica(replica: u32) -> Result<u32> {
+    if replica > MAX_REPLICA {
+        return Err(Error::invalid(format!("replica_id must be in 0..=2^31 - 1, got {replica}")));
+    }
+    Ok(replica)
 }
 
 fn not_found(name: &str) -> Error {

@@ -42,6 +42,10 @@ pub struct Table {
     pub(crate) clock: Arc<Clock>,
     step: AtomicU64,
     dropped: AtomicBool,
+    /// In a durable store: shards record removals, and `clear`/`load` set `cleared`.
+    pub(crate) durable: AtomicBool,
+    /// Every row was replaced (`clear`, `load`) since the last flush.
+    pub(crate) cleared: AtomicBool,
 }
 
 impl std::fmt::Debug for Table {
@@ -73,6 +77,8 @@ impl Table {
             clock,
             step: AtomicU64::new(0),
             dropped: AtomicBool::new(false),
+            durable: AtomicBool::new(false),
+            cleared: AtomicBool::new(false),
             config,
         })
     }
@@ -206,6 +212,10 @@ impl Table {
     /// sketch.
     pub fn clear(&self) -> Result<()> {
         self.check_live()?;
+        if self.durable.load(Ordering::Relaxed) {
+            // Before the shards empty: a flush that runs meanwhile then drops every older file.
+            self.cleared.store(true, Ordering::Relaxed);
+        }
         self.each_shard_mut(|shard| shard.clear())?;
         if let Some(sketch) = self.sketch.get() {
             sketch.clear();
@@ -255,6 +265,12 @@ impl Table {
         }
         let step = other.step.swap(self.step(), Ordering::Relaxed);
         self.set_step(step);
+        if self.durable.load(Ordering::Relaxed) {
+            for shard in mine.iter_mut() {
+                shard.removed = Some(Vec::new());
+            }
+            self.cleared.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Every row, `chunk_rows` at a time (see [`Export`]).

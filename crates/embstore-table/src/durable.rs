@@ -1,0 +1,335 @@
+//! A store kept in a directory: open and recover, flush, compaction by rewrite.
+//!
+//! ```text
+//! DIR/LOCK              locked (flock) while a process has the store open
+//! DIR/MANIFEST          the edit log (disk::manifest)
+//! DIR/seg/<seq>.seg     segments (disk::segment), seq as 16 hex digits
+//! ```
+//!
+//! **What is durable when.** `create_table` and `drop_table` are durable when they return.
+//! Row writes (lookups that insert, `apply_gradients`, `assign`, `import`, `remove`,
+//! expiry, `clear`, `load`) live in memory until [`Store::flush`] returns: every write
+//! acknowledged before the call is then in a sealed, fsynced segment that an fsynced manifest
+//! record names. After a crash, reopening gives every row its value at the last completed
+//! flush or a value written after it — never a torn row (each record has its own checksum and
+//! is written whole) and never a row mixing two writes (a row is copied under its shard's
+//! lock). There is no write-ahead log: the work since the last flush can be lost.
+//!
+//! **Compaction.** Each flush appends only what changed, so the files hold stale copies of
+//! rows written more than once. When a table's records on disk pass twice its live rows (and
+//! [`COMPACT_MIN_RECORDS`]), the flush rewrites every row into a fresh segment and supersedes
+//! the older files, which are deleted: disk use stays within about 2× the live rows (plus the
+//! last flush), and each rewrite is paid for by as many records written since the last one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::disk::manifest::{Edit, Manifest, State};
+use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
+use crate::disk::vfs::Vfs;
+use crate::file::{config_text, parse_config_text};
+use crate::version::{now_ms, Clock};
+use crate::{Error, ErrorKind, Result, Table};
+
+/// A table is rewritten only once it has at least this many records on disk.
+pub const COMPACT_MIN_RECORDS: u64 = 64 * 1024;
+/// The lock file's name.
+const LOCK: &str = "LOCK";
+/// The folder of the segments.
+pub(crate) const SEG_DIR: &str = "seg";
+
+/// What opening a store directory found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryReport {
+    /// Whether the directory held no store (one was created).
+    pub created: bool,
+    /// Tables, segments read and records replayed.
+    pub tables: usize,
+    pub segments: usize,
+    pub records: u64,
+    /// Bytes of a torn manifest record dropped (an append a crash cut short).
+    pub torn_manifest_bytes: u64,
+    /// Segment files no manifest record names (from a flush a crash cut short), deleted.
+    pub orphan_segments: Vec<String>,
+}
+
+/// The disk side of a [`Store`](crate::Store) opened on a directory.
+pub(crate) struct Durable {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    _lock: std::fs::File,
+    /// The manifest and the state it describes; held for a whole flush, so flushes (and
+    /// table creation and removal) run one at a time.
+    inner: Mutex<(Manifest, State)>,
+    pub(crate) report: RecoveryReport,
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+/// The path of segment `seq` in `dir`.
+pub(crate) fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(SEG_DIR).join(format!("{seq:016x}.seg"))
+}
+
+impl Durable {
+    /// Opens (or creates) the store in `dir`, locks it, and rebuilds its tables; returns them
+    /// with the clock the store's tables share.
+    pub(crate) fn open(
+        dir: &Path,
+        vfs: Arc<dyn Vfs>,
+        clock: &Arc<Clock>,
+    ) -> Result<(Self, Vec<Arc<Table>>)> {
+        let io = |what: &str, p: &Path, e| Error::io(format!("{what} {}", p.display()), e);
+        vfs.create_dir_all(&dir.join(SEG_DIR)).map_err(|e| io("create", dir, e))?;
+        let lock = lock(dir)?;
+        let mut report = RecoveryReport::default();
+        let (manifest, state) = if vfs.open(&dir.join(crate::disk::manifest::MANIFEST)).is_ok() {
+            let (m, state, r) = Manifest::open(&*vfs, dir)?;
+            report.torn_manifest_bytes = r.torn_bytes;
+            (m, state)
+        } else {
+            let segs = vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))?;
+            if segs.iter().any(|n| n.ends_with(".seg")) {
+                return Err(Error::corrupt(format!(
+                    "{}: MANIFEST is missing but segments exist; refusing to start an empty \
+                     store over them",
+                    dir.display()
+                )));
+            }
+            report.created = true;
+            let state = State { next_table_id: 1, next_seq: 1, ..State::default() };
+            (Manifest::create(&*vfs, dir, &state)?, state)
+        };
+        let mut tables = Vec::new();
+        for (&id, entry) in &state.tables {
+            let bad = |what: &str| {
+                Error::corrupt(format!("{}: table id {id} in the manifest: {what}", dir.display()))
+            };
+            let (config, _) = parse_config_text(&entry.config, &bad)?;
+            let table = Arc::new(Table::with_clock(config, clock.clone())?);
+            for &seq in entry.files.keys() {
+                let path = segment_path(dir, seq);
+                let r = SegmentReader::open(&*vfs, &path)?;
+                let h = r.header();
+                if h.seq != seq
+                    || h.table_id != id
+                    || h.dim as usize != table.dim()
+                    || h.state_dim as usize != table.state_dim()
+                {
+                    return Err(Error::corrupt(format!(
+                        "{}: header does not match the manifest (seq {seq}, table {id})",
+                        path.display()
+                    )));
+                }
+                let (rows, tombstones) = table.replay(&r)?;
+                report.records += rows + tombstones;
+                report.segments += 1;
+            }
+            table.set_step(entry.step);
+            table.track_changes();
+            tables.push(table);
+        }
+        report.tables = tables.len();
+        // Segments no table names are what a crash left of a flush; a leftover manifest
+        // rewrite is dropped too.
+        let _ = vfs.remove(&dir.join("MANIFEST.tmp"));
+        let live: std::collections::HashSet<u64> =
+            state.tables.values().flat_map(|t| t.files.keys().copied()).collect();
+        for name in vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))? {
+            let seq = name.strip_suffix(".seg").and_then(|h| u64::from_str_radix(h, 16).ok());
+            if seq.is_some_and(|s| !live.contains(&s)) {
+                let path = dir.join(SEG_DIR).join(&name);
+                vfs.remove(&path).map_err(|e| io("remove", &path, e))?;
+                report.orphan_segments.push(name);
+            }
+        }
+        let durable = Self {
+            dir: dir.to_path_buf(),
+            vfs,
+            _lock: lock,
+            inner: Mutex::new((manifest, state)),
+            report,
+        };
+        Ok((durable, tables))
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records a new table (durable when this returns).
+    pub(crate) fn create_table(&self, table: &Table) -> Result<()> {
+        let mut guard = self.inner.lock();
+        let (manifest, state) = &mut *guard;
+        let id = state.next_table_id.max(1);
+        let edits = [
+            Edit::CreateTable {
+                id,
+                name: table.name().to_owned(),
+                config: config_text(table.config(), 0),
+            },
+            Edit::Step { table: id, step: table.step() },
+        ];
+        let mut next = state.clone();
+        edits.iter().try_for_each(|e| next.apply(e))?;
+        manifest.append(&*self.vfs, &edits, &next)?;
+        *state = next;
+        table.track_changes();
+        // Rows a table brings with it (`load_table`) are written by the next flush.
+        table.mark_all_dirty();
+        Ok(())
+    }
+
+    /// Records that `name` was dropped (durable when this returns) and deletes its files.
+    pub(crate) fn drop_table(&self, name: &str) -> Result<()> {
+        let mut guard = self.inner.lock();
+        let (manifest, state) = &mut *guard;
+        let Some(id) = state.table_id(name) else { return Ok(()) };
+        let files: Vec<u64> = state.tables[&id].files.keys().copied().collect();
+        let edits = [Edit::DropTable { id }];
+        let mut next = state.clone();
+        next.apply(&edits[0])?;
+        manifest.append(&*self.vfs, &edits, &next)?;
+        *state = next;
+        self.delete_segments(&files);
+        Ok(())
+    }
+
+    /// Unlinks segments no longer named; a failure leaves an orphan the next open deletes.
+    fn delete_segments(&self, seqs: &[u64]) {
+        for &seq in seqs {
+            let _ = self.vfs.remove(&segment_path(&self.dir, seq));
+        }
+    }
+
+    /// Writes what changed in `tables` since the last flush; see the module docs.
+    pub(crate) fn flush(&self, tables: &[Arc<Table>]) -> Result<FlushStats> {
+        let mut guard = self.inner.lock();
+        let mut stats = FlushStats::default();
+        for table in tables {
+            if table.dropped() {
+                continue;
+            }
+            self.flush_table(&mut guard, table, false, &mut stats)?;
+            let (_, state) = &*guard;
+            let Some(id) = state.table_id(table.name()) else { continue };
+            let on_disk: u64 = state.tables[&id].files.values().map(|f| f.records).sum();
+            if on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64 {
+                table.mark_all_dirty();
+                self.flush_table(&mut guard, table, true, &mut stats)?;
+                stats.compactions += 1;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// One table's part of a flush (or, with `rewrite`, a segment of every row that
+    /// supersedes the older ones).
+    fn flush_table(
+        &self,
+        guard: &mut (Manifest, State),
+        table: &Table,
+        rewrite: bool,
+        stats: &mut FlushStats,
+    ) -> Result<()> {
+        let (manifest, state) = guard;
+        let Some(id) = state.table_id(table.name()) else { return Ok(()) };
+        let seq = state.next_seq.max(1);
+        let cleared = table.take_cleared() || rewrite;
+        let header = SegmentHeader {
+            dim: table.dim() as u32,
+            state_dim: table.state_dim() as u32,
+            seq,
+            table_id: id,
+            kind: if rewrite { SegmentKind::Compaction } else { SegmentKind::Flush },
+            created_ms: now_ms(),
+        };
+        let path = segment_path(&self.dir, seq);
+        let fail = |e: Error| {
+            table.mark_all_dirty();
+            if cleared && !rewrite {
+                table.set_cleared();
+            }
+            let _ = self.vfs.remove(&path);
+            e
+        };
+        let mut w = SegmentWriter::create(&*self.vfs, &path, header).map_err(fail)?;
+        let written = table.write_changes(&mut w).map_err(fail)?;
+        if written == 0 && !cleared && state.tables[&id].step == table.step() {
+            drop(w);
+            let _ = self.vfs.remove(&path);
+            return Ok(()); // nothing changed
+        }
+        let superseded: Vec<u64> = match cleared {
+            true => state.tables[&id].files.keys().copied().filter(|&s| s < seq).collect(),
+            false => Vec::new(),
+        };
+        let mut edits = Vec::new();
+        if cleared {
+            edits.push(Edit::Supersede { table: id, below: seq });
+        }
+        if written > 0 {
+            let info = w.finish().map_err(fail)?;
+            edits.push(Edit::AddFile { table: id, seq, records: info.records, bytes: info.bytes });
+            stats.records += info.records;
+            stats.bytes += info.bytes;
+            stats.segments += 1;
+        } else {
+            drop(w);
+            let _ = self.vfs.remove(&path);
+        }
+        edits.push(Edit::Step { table: id, step: table.step() });
+        let mut next = state.clone();
+        edits.iter().try_for_each(|e| next.apply(e)).map_err(fail)?;
+        manifest.append(&*self.vfs, &edits, &next).map_err(fail)?;
+        *state = next;
+        self.delete_segments(&superseded);
+        Ok(())
+    }
+}
+
+/// What one flush wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FlushStats {
+    pub segments: u64,
+    pub records: u64,
+    pub bytes: u64,
+    /// Tables rewritten whole (see the module docs on compaction).
+    pub compactions: u64,
+}
+
+/// Locks `dir` for this process: one process (and one `Store`) opens a directory at a time.
+fn lock(dir: &Path) -> Result<std::fs::File> {
+    let path = dir.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::new(
+            ErrorKind::Locked,
+            format!("{} is open in another process (or another Store in this one)", dir.display()),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::io(format!("lock {}", path.display()), e))
+        }
+    }
+}
+
+impl Table {
+    /// Whether the table has been dropped from its store.
+    pub(crate) fn dropped(&self) -> bool {
+        self.check_live().is_err()
+    }
+}

@@ -1,0 +1,147 @@
+//! A table's side of durability: writing the rows changed since the last flush (and the
+//! removals) into a segment, and replaying segments at open.
+//!
+//! Every change to a row sets its dirty bit (`meta`); in a durable store each shard also lists
+//! the rows removed since the last flush. A flush writes, shard by shard, first the removals
+//! (as tombstones) and then the dirty rows, clearing each row's bit as it copies the row. So
+//! replaying the segments in seq order, and each segment front to back, reproduces every row
+//! as it was copied: a later record of a key is always a later state of it (a row removed and
+//! written again within one flush has its tombstone before its record).
+
+use std::sync::atomic::Ordering;
+
+use crate::disk::segment::{SegmentReader, SegmentWriter};
+use crate::{Result, RowMeta, Table, Version};
+
+/// Rows copied per shard lock while flushing: short enough that lookups barely wait.
+const FLUSH_CHUNK: usize = 4096;
+/// Rows per import batch while replaying.
+const REPLAY_BATCH: usize = 16 * 1024;
+
+impl Table {
+    /// Makes the table track its changes for a durable store: shards list their removals,
+    /// `clear` and `load` mark the table cleared. Every row present now counts as flushed.
+    pub(crate) fn track_changes(&self) {
+        self.durable.store(true, Ordering::Relaxed);
+        for shard in self.shards.iter() {
+            let mut shard = shard.write();
+            shard.removed = Some(Vec::new());
+            shard.meta.iter_mut().for_each(|m| m.set_dirty(false));
+        }
+    }
+
+    /// Whether every row was replaced (`clear`, `load`) since the last call; resets it.
+    pub(crate) fn take_cleared(&self) -> bool {
+        self.cleared.swap(false, Ordering::Relaxed)
+    }
+
+    /// Sets it again (after a flush that failed).
+    pub(crate) fn set_cleared(&self) {
+        self.cleared.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks every row as changed, so that the next flush writes it (after a failed flush, or
+    /// to rewrite every row).
+    pub(crate) fn mark_all_dirty(&self) {
+        for shard in self.shards.iter() {
+            shard.write().meta.iter_mut().for_each(|m| m.set_dirty(true));
+        }
+    }
+
+    /// Appends the removals and the dirty rows to `w`, clearing the rows' dirty bits; returns
+    /// the rows written (tombstones included). On an error the removals taken so far go back
+    /// to their shards; the caller must then [`Table::mark_all_dirty`], as some rows' bits
+    /// were cleared for a segment that will never count.
+    pub(crate) fn write_changes(&self, w: &mut SegmentWriter) -> Result<u64> {
+        let (d, sd) = (self.dim(), self.state_dim);
+        let mut taken: Vec<(usize, Vec<(u64, Version)>)> = Vec::new();
+        let result = (|| {
+            let mut written = 0u64;
+            let mut values = Vec::with_capacity(FLUSH_CHUNK * d);
+            let mut state = Vec::with_capacity(FLUSH_CHUNK * sd);
+            let mut rows: Vec<(u64, RowMeta)> = Vec::with_capacity(FLUSH_CHUNK);
+            for (s, lock) in self.shards.iter().enumerate() {
+                let removed = lock.write().removed.as_mut().map(std::mem::take).unwrap_or_default();
+                for &(key, version) in &removed {
+                    w.push_tombstone(key, version)?;
+                }
+                written += removed.len() as u64;
+                taken.push((s, removed));
+                let dirty: Vec<u64> = {
+                    let shard = lock.read();
+                    shard
+                        .index
+                        .iter()
+                        .filter(|&(_, slot)| shard.meta[slot as usize].is_dirty())
+                        .map(|(key, _)| key)
+                        .collect()
+                };
+                for keys in dirty.chunks(FLUSH_CHUNK) {
+                    values.clear();
+                    state.clear();
+                    rows.clear();
+                    {
+                        let mut shard = lock.write();
+                        for &key in keys {
+                            let Some(slot) = shard.slot(key) else { continue };
+                            if !shard.meta[slot].is_dirty() {
+                                continue;
+                            }
+                            values.extend_from_slice(shard.values.row(slot));
+                            state.extend_from_slice(shard.state.row(slot));
+                            rows.push((key, shard.meta[slot].unpack()));
+                            shard.meta[slot].set_dirty(false);
+                        }
+                    }
+                    for (i, (key, meta)) in rows.iter().enumerate() {
+                        w.push(*key, meta, &values[i * d..][..d], &state[i * sd..][..sd])?;
+                    }
+                    written += rows.len() as u64;
+                }
+            }
+            Ok(written)
+        })();
+        if result.is_err() {
+            for (s, removed) in taken {
+                if let Some(list) = self.shards[s].write().removed.as_mut() {
+                    list.extend(removed);
+                }
+            }
+        }
+        result
+    }
+
+    /// Applies one segment's records in order: rows are written as stored (repairing
+    /// non-finite ones, as `load` does), tombstones remove. Returns (rows, tombstones).
+    pub(crate) fn replay(&self, r: &SegmentReader) -> Result<(u64, u64)> {
+        let (d, sd) = (self.dim(), self.state_dim);
+        let mut batch = crate::RowChunk::default();
+        let (mut rows, mut tombstones) = (0u64, 0u64);
+        let flush = |batch: &mut crate::RowChunk| -> Result<()> {
+            if !batch.is_empty() {
+                self.import_saved(batch)?;
+                *batch = crate::RowChunk::default();
+            }
+            Ok(())
+        };
+        r.for_each(|rec| {
+            if rec.tombstone {
+                flush(&mut batch)?;
+                self.remove(&[rec.key])?;
+                tombstones += 1;
+            } else {
+                batch.ids.push(rec.key);
+                batch.values.extend_from_slice(&rec.values[..d]);
+                batch.state.extend_from_slice(&rec.state[..sd]);
+                batch.meta.push(rec.meta);
+                rows += 1;
+                if batch.len() >= REPLAY_BATCH {
+                    flush(&mut batch)?;
+                }
+            }
+            Ok(())
+        })?;
+        flush(&mut batch)?;
+        Ok((rows, tombstones))
+    }
+}

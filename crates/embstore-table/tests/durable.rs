@@ -1,0 +1,282 @@
+//! Durable stores: reopen gives back the last flush; crashes at every write, fsync, rename and
+//! unlink of a scripted workload reopen to what was acknowledged; compaction bounds disk use.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use embstore_table::disk::vfs::{FaultFs, RealFs, Vfs};
+use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, TableConfig};
+
+/// Every table's rows (sorted by id, with values, state and metadata) and step.
+type Snapshot = BTreeMap<String, (Vec<(u64, Vec<f32>, Vec<f32>, String)>, u64)>;
+
+fn snapshot(store: &Store) -> Snapshot {
+    let mut out = BTreeMap::new();
+    for name in store.tables() {
+        let t = store.table(&name).unwrap();
+        let mut rows = Vec::new();
+        for c in t.export(1000) {
+            let (d, s) = (t.dim(), t.state_dim());
+            for i in 0..c.len() {
+                rows.push((
+                    c.ids[i],
+                    c.values[i * d..][..d].to_vec(),
+                    c.state[i * s..][..s].to_vec(),
+                    format!("{:?}", c.meta[i]),
+                ));
+            }
+        }
+        rows.sort_by_key(|r| r.0);
+        out.insert(name, (rows, t.step()));
+    }
+    out
+}
+
+/// Asserts `got == want`, naming the first difference (whole snapshots are too long to print).
+fn assert_same(got: &Snapshot, want: &Snapshot, what: &str) {
+    let names = |s: &Snapshot| s.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(got), names(want), "{what}: tables differ");
+    for (name, (rows, step)) in want {
+        let (g, gstep) = &got[name];
+        assert_eq!(gstep, step, "{what}: step of {name}");
+        assert_eq!(g.len(), rows.len(), "{what}: rows of {name}");
+        if let Some((a, b)) = g.iter().zip(rows).find(|(a, b)| a != b) {
+            panic!("{what}: table {name}: got {a:?}, want {b:?}");
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), seeded per test.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn ids(&mut self, n: usize, range: u64) -> Vec<u64> {
+        (0..n).map(|_| self.next() % range).collect()
+    }
+}
+
+fn adam() -> Optimizer {
+    Optimizer::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+}
+
+/// One step of the scripted workload on `store` (no file I/O except create/drop/flush).
+fn work(store: &Store, rng: &mut Rng, step: usize) -> embstore_table::Result<()> {
+    let names = store.tables();
+    match step % 7 {
+        0 if names.len() < 3 => {
+            let name = format!("t{step}");
+            let opt = if step.is_multiple_of(2) { adam() } else { Optimizer::Sgd { lr: 0.1 } };
+            store.create_table(TableConfig::new(name, 4).with_optimizer(opt).with_shards(2))?;
+        }
+        6 if names.len() > 2 => store.drop_table(&names[0])?,
+        _ => {}
+    }
+    for name in store.tables() {
+        let t = store.table(&name)?;
+        let ids = rng.ids(40, 200);
+        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 40 * 4], None)?;
+        let grads: Vec<f32> =
+            (0..40 * 4).map(|i| ((i as u64 + rng.next()) % 7) as f32 * 0.1).collect();
+        t.apply_gradients(&ids, &grads, None)?;
+        t.remove(&rng.ids(5, 200))?;
+        if rng.next().is_multiple_of(11) {
+            t.clear()?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn reopen_gives_back_the_last_flush_and_a_second_open_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(0x5eed_0001);
+    println!("seed 0x5eed0001");
+    let flushed = {
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.recovery().unwrap().created);
+        let err = Store::open(dir.path()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Locked, "{err}");
+        for step in 0..20 {
+            work(&store, &mut rng, step).unwrap();
+            if step % 5 == 4 {
+                store.flush().unwrap();
+            }
+        }
+        store.flush().unwrap();
+        let flushed = snapshot(&store);
+        // Unflushed work is lost at close.
+        work(&store, &mut rng, 22).unwrap(); // 22 % 7: rows only (creates and drops are durable at once)
+        flushed
+    };
+    let store = Store::open(dir.path()).unwrap();
+    let report = store.recovery().unwrap();
+    assert!(!report.created && report.orphan_segments.is_empty(), "{report:?}");
+    assert_same(&snapshot(&store), &flushed, "reopened");
+    assert!(!flushed.is_empty());
+}
+
+#[test]
+fn a_crash_at_any_file_operation_reopens_to_what_was_flushed() {
+    // First run without faults to count the file operations of the workload.
+    let script = |vfs: Arc<dyn Vfs>, dir: &Path| -> (Vec<Snapshot>, Option<Snapshot>) {
+        // Returns the snapshots at each completed flush, and the state at a failed one.
+        let mut rng = Rng(0x5eed_0002);
+        let mut done = vec![Snapshot::new()];
+        let store = match Store::open_with(dir, 0, vfs) {
+            Ok(s) => s,
+            Err(_) => return (done, None),
+        };
+        for step in 0..24 {
+            if work(&store, &mut rng, step).is_err() {
+                return (done, Some(snapshot(&store)));
+            }
+            if step % 3 == 2 {
+                let at = snapshot(&store);
+                if store.flush().is_err() {
+                    return (done, Some(at));
+                }
+                done.push(at);
+            }
+        }
+        (done, None)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let counter = FaultFs::new(u64::MAX);
+    let (all, _) = script(Arc::new(counter.clone()), dir.path());
+    let total = counter.ops();
+    println!("seed 0x5eed0002: {total} file operations, {} flushes", all.len() - 1);
+    assert!(total > 50 && all.len() > 5);
+    for fail_at in 1..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new(fail_at);
+        let (done, failed) = script(Arc::new(fs.clone()), dir.path());
+        fs.crash().unwrap();
+        let store = Store::open_with(dir.path(), 0, Arc::new(RealFs))
+            .unwrap_or_else(|e| panic!("fault at op {fail_at}: reopen failed: {e}"));
+        let got = snapshot(&store);
+        let last = done.last().unwrap();
+        match &failed {
+            None => assert_same(&got, last, &format!("fault at op {fail_at}")),
+            // Creating and dropping tables is durable at once; a flush is durable table by
+            // table, so each table must hold its rows of the last flush or of the failed one
+            // (a table created since the last flush: no rows).
+            Some(at) => {
+                assert_eq!(
+                    got.keys().collect::<Vec<_>>(),
+                    at.keys().collect::<Vec<_>>(),
+                    "fault at op {fail_at}"
+                );
+                for (name, rows) in &got {
+                    let ok = Some(rows) == last.get(name)
+                        || Some(rows) == at.get(name)
+                        || (!last.contains_key(name) && rows.0.is_empty());
+                    assert!(
+                        ok,
+                        "fault at op {fail_at}: table {name} matches no acknowledged state"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn compaction_keeps_disk_use_within_twice_the_live_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = store
+        .create_table(TableConfig::new("churn", 8).with_optimizer(Optimizer::Sgd { lr: 0.1 }))
+        .unwrap();
+    let ids: Vec<u64> = (0..50_000).collect();
+    let mut rng = Rng(0x5eed_0003);
+    let mut worst: f64 = 0.0;
+    let mut compactions = 0;
+    for round in 0..20 {
+        let hot = rng.ids(30_000, 50_000);
+        if round == 0 {
+            t.assign(&ids, &vec![1.0; ids.len() * 8]).unwrap();
+        } else {
+            t.apply_gradients(&hot, &vec![0.5; hot.len() * 8], None).unwrap();
+        }
+        compactions += store.flush().unwrap().compactions;
+        let disk: u64 = std::fs::read_dir(dir.path().join("seg"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        let live = t.len() as u64 * embstore_table_record_bytes(8, 0);
+        worst = worst.max(disk as f64 / live as f64);
+    }
+    println!("worst disk / live: {worst:.2}, compactions: {compactions}");
+    assert!(compactions > 0);
+    // 2× live after a rewrite, plus at most the flush that triggered it.
+    assert!(worst <= 2.0 + 0.7, "disk reached {worst:.2}× the live rows");
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.table("churn").unwrap().len(), 50_000);
+}
+
+fn embstore_table_record_bytes(dim: u64, state: u64) -> u64 {
+    (40 + 4 * (dim + state) + 4).next_multiple_of(64)
+}
+
+#[test]
+fn clear_load_and_drop_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.embt");
+    {
+        let store = Store::open(dir.path().join("store")).unwrap();
+        let t = store.create_table(TableConfig::new("a", 2)).unwrap();
+        t.assign(&[1, 2, 3], &[1.0; 6]).unwrap();
+        store.flush().unwrap();
+        t.save(&file).unwrap();
+        t.clear().unwrap();
+        t.assign(&[9], &[9.0; 2]).unwrap();
+        store.create_table(TableConfig::new("gone", 2)).unwrap().assign(&[1], &[1.0; 2]).unwrap();
+        store.flush().unwrap();
+        store.drop_table("gone").unwrap();
+        store.load_table(&file, Some("copy")).unwrap();
+        store.flush().unwrap();
+    }
+    let store = Store::open(dir.path().join("store")).unwrap();
+    assert_eq!(store.tables(), vec!["a".to_owned(), "copy".to_owned()]);
+    let a = store.table("a").unwrap();
+    let mut found = [false];
+    a.contains(&[9], &mut found).unwrap();
+    assert_eq!((a.len(), found[0]), (1, true));
+    assert_eq!(store.table("copy").unwrap().len(), 3);
+    // Every superseded or dropped segment was deleted.
+    let files = std::fs::read_dir(dir.path().join("store/seg")).unwrap().count();
+    assert_eq!(files, 2);
+}
+
+#[test]
+fn a_missing_or_damaged_manifest_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.create_table(TableConfig::new("a", 2)).unwrap().assign(&[1], &[1.0; 2]).unwrap();
+        store.flush().unwrap();
+    }
+    let manifest = dir.path().join("MANIFEST");
+    let bytes = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
+    let err = Store::open(dir.path()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corruption);
+    assert!(err.message().contains("MANIFEST is missing"), "{err}");
+    let mut newer = bytes.clone();
+    newer[8..12].copy_from_slice(&99u32.to_le_bytes());
+    let crc = crc32fast::hash(&newer[..12]);
+    newer[12..16].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&manifest, &newer).unwrap();
+    assert_eq!(Store::open(dir.path()).unwrap_err().kind(), ErrorKind::Unsupported);
+    std::fs::write(&manifest, &bytes).unwrap();
+    assert_eq!(Store::open(dir.path()).unwrap().table("a").unwrap().len(), 1);
+}
