@@ -59,11 +59,11 @@ pub struct RecoveryReport {
 /// The disk side of a [`Store`](crate::Store) opened on a directory.
 pub(crate) struct Durable {
     dir: PathBuf,
-    vfs: Arc<dyn Vfs>,
+    pub(crate) vfs: Arc<dyn Vfs>,
     _lock: std::fs::File,
     /// The manifest and the state it describes; held for a whole flush, so flushes (and
     /// table creation and removal) run one at a time.
-    inner: Mutex<(Manifest, State)>,
+    pub(crate) inner: Mutex<(Manifest, State)>,
     pub(crate) report: RecoveryReport,
 }
 
@@ -104,7 +104,8 @@ impl Durable {
                 )));
             }
             report.created = true;
-            let state = State { next_table_id: 1, next_seq: 1, ..State::default() };
+            let state =
+                State { next_table_id: 1, next_seq: 1, store_id: random_id(), ..State::default() };
             (Manifest::create(&*vfs, dir, &state)?, state)
         };
         let mut tables = Vec::new();
@@ -211,19 +212,27 @@ impl Durable {
 
     /// Writes what changed in `tables` since the last flush; see the module docs.
     pub(crate) fn flush(&self, tables: &[Arc<Table>]) -> Result<FlushStats> {
-        let mut guard = self.inner.lock();
+        self.flush_locked(&mut self.inner.lock(), tables)
+    }
+
+    /// [`Durable::flush`] under the manifest lock the caller holds.
+    pub(crate) fn flush_locked(
+        &self,
+        guard: &mut (Manifest, State),
+        tables: &[Arc<Table>],
+    ) -> Result<FlushStats> {
         let mut stats = FlushStats::default();
         for table in tables {
             if table.dropped() {
                 continue;
             }
-            self.flush_table(&mut guard, table, false, &mut stats)?;
+            self.flush_table(guard, table, false, &mut stats)?;
             let (_, state) = &*guard;
             let Some(id) = state.table_id(table.name()) else { continue };
             let on_disk: u64 = state.tables[&id].files.values().map(|f| f.records).sum();
             if on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64 {
                 table.mark_all_dirty();
-                self.flush_table(&mut guard, table, true, &mut stats)?;
+                self.flush_table(guard, table, true, &mut stats)?;
                 stats.compactions += 1;
             }
         }
@@ -304,6 +313,19 @@ pub struct FlushStats {
     pub bytes: u64,
     /// Tables rewritten whole (see the module docs on compaction).
     pub compactions: u64,
+}
+
+/// A random non-zero id (store and checkpoint identities).
+pub(crate) fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
 }
 
 /// Locks `dir` for this process: one process (and one `Store`) opens a directory at a time.

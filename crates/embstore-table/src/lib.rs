@@ -47,6 +47,7 @@
 mod apply;
 mod arena;
 mod batch;
+mod checkpoint;
 mod config;
 pub mod disk;
 mod durable;
@@ -69,6 +70,7 @@ mod table;
 mod version;
 mod write;
 
+pub use checkpoint::CheckpointReport;
 pub use config::{NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS};
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 pub use error::{Error, ErrorKind, Result};

@@ -70,8 +70,7 @@ impl Store {
     /// and the next flush writes them.
     pub fn flush(&self) -> Result<FlushStats> {
         let Some(durable) = &self.durable else { return Ok(FlushStats::default()) };
-        let tables: Vec<Arc<Table>> = self.tables.read().values().cloned().collect();
-        durable.flush(&tables)
+        durable.flush(&self.all_tables())
     }
 
     /// Creates a table; fails if the name is taken or the config is invalid.
@@ -142,6 +141,36 @@ impl Store {
         }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
+    }
+}
+
+impl Store {
+    pub(crate) fn durable(&self) -> Option<&Durable> {
+        self.durable.as_ref()
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn all_tables(&self) -> Vec<Arc<Table>> {
+        self.tables.read().values().cloned().collect()
+    }
+
+    /// Adds a table built elsewhere (`restore`); its rows are written by the next flush.
+    pub(crate) fn adopt_table(&self, table: Arc<Table>) -> Result<()> {
+        let mut tables = self.tables.write();
+        if tables.contains_key(table.name()) {
+            return Err(Error::new(
+                ErrorKind::TableExists,
+                format!("table '{}' already exists", table.name()),
+            ));
+        }
+        if let Some(durable) = &self.durable {
+            durable.create_table(&table)?;
+        }
+        tables.insert(table.name().to_owned(), table);
+        Ok(())
     }
 }
 

@@ -280,3 +280,93 @@ fn a_missing_or_damaged_manifest_is_a_clear_error() {
     std::fs::write(&manifest, &bytes).unwrap();
     assert_eq!(Store::open(dir.path()).unwrap().table("a").unwrap().len(), 1);
 }
+
+#[test]
+fn checkpoints_full_and_incremental_restore_onto_another_shard_count() {
+    let root = tempfile::tempdir().unwrap();
+    let (dir, c1, c2, c3) = (
+        root.path().join("store"),
+        root.path().join("c1"),
+        root.path().join("c2"),
+        root.path().join("c3"),
+    );
+    let mut rng = Rng(0x5eed_0004);
+    println!("seed 0x5eed0004");
+    let store = Store::open(&dir).unwrap();
+    let mut at = Vec::new();
+    for step in 0..9 {
+        work(&store, &mut rng, step).unwrap();
+    }
+    let full = store.checkpoint(&c1, None).unwrap();
+    at.push(snapshot(&store));
+    for step in 9..15 {
+        work(&store, &mut rng, step).unwrap();
+    }
+    let inc = store.checkpoint(&c2, Some(&c1)).unwrap();
+    assert_eq!(inc.parent_id, full.id);
+    assert!(inc.segments < full.segments + 10);
+    at.push(snapshot(&store));
+    store.table(&store.tables()[0]).unwrap().clear().unwrap(); // supersedes the parent's files
+    for step in 15..20 {
+        work(&store, &mut rng, step).unwrap();
+    }
+    store.checkpoint(&c3, Some(&c2)).unwrap();
+    at.push(snapshot(&store));
+    // A checkpoint needs a new or empty directory.
+    assert_eq!(store.checkpoint(&c1, None).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    for (i, ckpt) in [&c1, &c2, &c3].into_iter().enumerate() {
+        for shards in [1, 16] {
+            let dest = root.path().join(format!("restored-{i}-{shards}"));
+            let mut calls = 0;
+            let restored = Store::restore(ckpt, &dest, Some(shards), |_, _| calls += 1).unwrap();
+            assert_same(
+                &snapshot(&restored),
+                &at[i],
+                &format!("restore of checkpoint {i} on {shards} shards"),
+            );
+            for name in restored.tables() {
+                assert_eq!(restored.table(&name).unwrap().config().num_shards, shards);
+            }
+            drop(restored);
+            // The restored store is a store: it reopens to the same rows.
+            assert_same(&snapshot(&Store::open(&dest).unwrap()), &at[i], "reopened restore");
+        }
+    }
+    // A chain with a gap: the middle checkpoint is gone.
+    std::fs::rename(&c2, root.path().join("elsewhere")).unwrap();
+    let err = Store::restore(&c3, root.path().join("r-gap"), None, |_, _| {}).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Corruption);
+    assert!(err.message().contains("gap"), "{err}");
+    // A store directory is not a checkpoint; a checkpoint of another store is not a parent.
+    let err = Store::restore(&dir, root.path().join("r-store"), None, |_, _| {}).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let other = Store::open(root.path().join("other")).unwrap();
+    let err = other.checkpoint(root.path().join("c-other"), Some(&c1)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    // Checkpoints verify clean.
+    let report = embstore_table::verify(&c3, |_, _| {}).unwrap();
+    assert!(report.damage.is_empty() && report.checkpoint.is_some(), "{report:?}");
+}
+
+#[test]
+fn verify_finds_a_flipped_byte_and_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let t = store.create_table(TableConfig::new("a", 4)).unwrap();
+        t.assign(&(0..1000).collect::<Vec<_>>(), &vec![0.5; 4000]).unwrap();
+        store.flush().unwrap();
+    }
+    let report = embstore_table::verify(dir.path(), |_, _| {}).unwrap();
+    assert!(report.damage.is_empty());
+    assert_eq!(report.tables[0].rows, Some(1000));
+    let seg = std::fs::read_dir(dir.path().join("seg")).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[4096 + 64 * 300 + 50] ^= 0x20; // inside a record's values
+    std::fs::write(&seg, &bytes).unwrap();
+    let report = embstore_table::verify(dir.path(), |_, _| {}).unwrap();
+    assert_eq!(report.damage.len(), 1, "{report:?}");
+    assert!(report.damage[0].contains("fails its checksum"), "{:?}", report.damage);
+    // Opening the store refuses the damaged file instead of serving a wrong value.
+    assert_eq!(Store::open(dir.path()).unwrap_err().kind(), ErrorKind::Corruption);
+}

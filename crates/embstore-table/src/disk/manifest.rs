@@ -75,6 +75,11 @@ pub(crate) enum Edit {
         parent_max_seq: u64,
         parent_path: String,
     },
+    /// The store's identity (random, made at creation): an incremental checkpoint must build on
+    /// a checkpoint of the same store, whose seqs it shares.
+    StoreId {
+        id: u64,
+    },
     /// Ids and seqs below these were handed out (kept in snapshots, so that a seq is never
     /// reused after its file is deleted).
     Counters {
@@ -120,6 +125,7 @@ pub(crate) struct State {
     pub(crate) next_table_id: u64,
     pub(crate) next_seq: u64,
     pub(crate) checkpoint: Option<CheckpointInfo>,
+    pub(crate) store_id: u64,
 }
 
 impl State {
@@ -159,6 +165,7 @@ impl State {
             Edit::Step { table, step } => {
                 self.tables.get_mut(table).ok_or_else(|| missing(*table))?.step = *step;
             }
+            Edit::StoreId { id } => self.store_id = *id,
             Edit::Counters { next_table_id, next_seq } => {
                 self.next_table_id = self.next_table_id.max(*next_table_id);
                 self.next_seq = self.next_seq.max(*next_seq);
@@ -180,6 +187,9 @@ impl State {
     pub(crate) fn snapshot(&self) -> Vec<Edit> {
         let mut edits =
             vec![Edit::Counters { next_table_id: self.next_table_id, next_seq: self.next_seq }];
+        if self.store_id != 0 {
+            edits.push(Edit::StoreId { id: self.store_id });
+        }
         if let Some(c) = &self.checkpoint {
             edits.push(Edit::Checkpoint {
                 id: c.id,
@@ -400,6 +410,10 @@ fn encode_record(edits: &[Edit]) -> Vec<u8> {
                 u64s(&mut p, &[*id, *max_seq, *parent_id, *parent_max_seq]);
                 string(&mut p, parent_path);
             }
+            Edit::StoreId { id } => {
+                p.push(9);
+                u64s(&mut p, &[*id]);
+            }
             Edit::Counters { next_table_id, next_seq } => {
                 p.push(8);
                 u64s(&mut p, &[*next_table_id, *next_seq]);
@@ -435,6 +449,7 @@ fn decode_record(p: &[u8]) -> std::result::Result<Vec<Edit>, String> {
                 parent_path: r.string()?,
             },
             8 => Edit::Counters { next_table_id: r.u64()?, next_seq: r.u64()? },
+            9 => Edit::StoreId { id: r.u64()? },
             t => return Err(format!("unknown edit tag {t}")),
         };
         edits.push(e);
@@ -554,6 +569,7 @@ mod tests {
         edits().iter().for_each(|e| s.apply(e).unwrap());
         s.apply(&Edit::AddFile { table: 1, seq: 9, records: 1, bytes: 1 }).unwrap();
         s.apply(&Edit::Supersede { table: 1, below: 9 }).unwrap();
+        s.apply(&Edit::StoreId { id: 77 }).unwrap();
         assert_eq!(s.tables[&1].files.keys().copied().collect::<Vec<_>>(), vec![9]);
         let mut again = State::default();
         s.snapshot().iter().for_each(|e| again.apply(e).unwrap());

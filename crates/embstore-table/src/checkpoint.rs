@@ -1,0 +1,262 @@
+//! Checkpoints: self-contained snapshots of a durable store, full or incremental, and restore
+//! (onto any number of shards).
+//!
+//! A checkpoint is a directory laid out as a store (`MANIFEST`, `seg/`), whose manifest also
+//! holds a `Checkpoint` edit: its id, the newest segment seq it covers, and — for an
+//! incremental one — its parent's id, newest seq and path. Taking one flushes the store and
+//! then, under the manifest lock (no flush can run meanwhile), hard-links the segments into
+//! the new directory (segments are immutable, so a link is a copy that costs nothing; across
+//! file systems the files are copied) and writes the manifest. A full checkpoint links every
+//! live segment; an incremental one only those newer than its parent's newest seq, plus each
+//! table's "superseded below" mark, so that a table cleared or rewritten since the parent
+//! drops the parent's files when the chain is restored.
+//!
+//! Each table is captured at the flush's moment, table by table: a checkpoint taken while
+//! other threads write is consistent per table; take it between training steps for one
+//! point in time across tables.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State};
+use crate::disk::segment::SegmentReader;
+use crate::disk::vfs::{RealFs, Vfs};
+use crate::durable::{random_id, segment_path, Durable, SEG_DIR};
+use crate::file::parse_config_text;
+use crate::{Error, ErrorKind, Result, Store, Table};
+
+/// What [`Store::checkpoint`] wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CheckpointReport {
+    pub path: PathBuf,
+    pub id: u64,
+    /// The checkpoint this one is an increment on (0: a full checkpoint).
+    pub parent_id: u64,
+    pub tables: usize,
+    /// Segments linked (or copied) into the checkpoint, and their bytes.
+    pub segments: usize,
+    pub bytes: u64,
+}
+
+impl Durable {
+    /// Flushes `tables` and writes a checkpoint of them into `dest` (see the module docs).
+    pub(crate) fn checkpoint(
+        &self,
+        tables: &[Arc<Table>],
+        dest: &Path,
+        since: Option<&Path>,
+    ) -> Result<CheckpointReport> {
+        let vfs = &*self.vfs;
+        let parent = since.map(read_checkpoint).transpose()?;
+        let mut guard = self.inner.lock();
+        self.flush_locked(&mut guard, tables)?;
+        let state = &guard.1;
+        let parent_info = match &parent {
+            Some((path, p)) => {
+                let info = p.checkpoint.clone().expect("read_checkpoint checks it");
+                if p.store_id != state.store_id || p.store_id == 0 {
+                    return Err(Error::invalid(format!(
+                        "{} is a checkpoint of another store; an incremental checkpoint builds on \
+                         one of the same store",
+                        path.display()
+                    )));
+                }
+                Some((path.clone(), info))
+            }
+            None => None,
+        };
+        let base_seq = parent_info.as_ref().map_or(0, |(_, p)| p.max_seq);
+        prepare_empty_dir(vfs, dest)?;
+        let mut out = State {
+            next_table_id: state.next_table_id,
+            next_seq: state.next_seq,
+            store_id: state.store_id,
+            ..State::default()
+        };
+        let mut report = CheckpointReport {
+            path: dest.to_path_buf(),
+            id: random_id(),
+            parent_id: parent_info.as_ref().map_or(0, |(_, p)| p.id),
+            tables: state.tables.len(),
+            ..CheckpointReport::default()
+        };
+        for (&id, t) in &state.tables {
+            let mut entry = t.clone();
+            entry.files = t
+                .files
+                .iter()
+                .filter(|(&seq, _)| seq > base_seq)
+                .map(|(&seq, f)| (seq, *f))
+                .collect::<BTreeMap<u64, FileEntry>>();
+            for (&seq, f) in &entry.files {
+                let (from, to) = (segment_path(self.dir(), seq), segment_path(dest, seq));
+                vfs.link(&from, &to).map_err(|e| {
+                    Error::io(format!("link {} to {}", from.display(), to.display()), e)
+                })?;
+                report.segments += 1;
+                report.bytes += f.bytes;
+            }
+            out.tables.insert(id, entry);
+        }
+        out.checkpoint = Some(CheckpointInfo {
+            id: report.id,
+            max_seq: state.next_seq.saturating_sub(1),
+            parent_id: report.parent_id,
+            parent_max_seq: base_seq,
+            parent_path: parent_info
+                .as_ref()
+                .map(|(p, _)| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+                .map_or(String::new(), |p| p.to_string_lossy().into_owned()),
+        });
+        let seg = dest.join(SEG_DIR);
+        vfs.sync_dir(&seg)
+            .map_err(|e| Error::io(format!("sync directory {}", seg.display()), e))?;
+        // The manifest last: a directory without one is not a checkpoint.
+        Manifest::create(vfs, dest, &out)?;
+        Ok(report)
+    }
+}
+
+/// Creates `dir` (and `dir/seg`), which must not exist or be empty.
+fn prepare_empty_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        if entries.count() > 0 {
+            return Err(Error::invalid(format!(
+                "{} is not empty; a checkpoint or a restore needs a new or empty directory",
+                dir.display()
+            )));
+        }
+    }
+    let seg = dir.join(SEG_DIR);
+    vfs.create_dir_all(&seg).map_err(|e| Error::io(format!("create {}", seg.display()), e))
+}
+
+/// The manifest of the checkpoint in `path`; fails if it is not a checkpoint.
+fn read_checkpoint(path: &Path) -> Result<(PathBuf, State)> {
+    let (state, _) = manifest::read(&RealFs, path)?;
+    if state.checkpoint.is_none() {
+        return Err(Error::invalid(format!(
+            "{} is a store directory, not a checkpoint (take one with Store::checkpoint)",
+            path.display()
+        )));
+    }
+    Ok((path.to_path_buf(), state))
+}
+
+/// The chain of checkpoints that ends at `path`, oldest first: each one's parent found at its
+/// recorded path or, failing that, beside the child (a folder of backups copied elsewhere).
+fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
+    let mut out = vec![read_checkpoint(path)?];
+    loop {
+        let (child_path, child) = out.last().expect("not empty");
+        let info = child.checkpoint.clone().expect("read_checkpoint checks it");
+        if info.parent_id == 0 {
+            break;
+        }
+        let recorded = PathBuf::from(&info.parent_path);
+        let beside = recorded.file_name().and_then(|n| child_path.parent().map(|d| d.join(n)));
+        let found = [Some(recorded.clone()), beside]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| read_checkpoint(&p).ok())
+            .find(|(_, s)| s.checkpoint.as_ref().is_some_and(|c| c.id == info.parent_id));
+        let Some(parent) = found else {
+            return Err(Error::new(
+                ErrorKind::Corruption,
+                format!(
+                    "checkpoint chain has a gap: {} builds on checkpoint {:016x}, which is not at \
+                     {} (nor beside it)",
+                    child_path.display(),
+                    info.parent_id,
+                    recorded.display()
+                ),
+            ));
+        };
+        let pinfo = parent.1.checkpoint.as_ref().expect("checked");
+        if pinfo.max_seq != info.parent_max_seq || parent.1.store_id != child.store_id {
+            return Err(Error::corrupt(format!(
+                "checkpoint chain has a gap: {} does not match the parent {} expects",
+                parent.0.display(),
+                child_path.display()
+            )));
+        }
+        out.push(parent);
+    }
+    out.reverse();
+    Ok(out)
+}
+
+impl Store {
+    /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
+    /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty
+    /// directory. With `since` (an earlier checkpoint of this store), writes only the segments
+    /// newer than it: restoring then needs the whole chain. Fails for a store in memory.
+    pub fn checkpoint(
+        &self,
+        dest: impl AsRef<Path>,
+        since: Option<&Path>,
+    ) -> Result<CheckpointReport> {
+        let durable = self.durable().ok_or_else(|| {
+            Error::invalid("checkpoints need a store kept in a directory (Store::open)")
+        })?;
+        let tables: Vec<Arc<Table>> = self.all_tables();
+        durable.checkpoint(&tables, dest.as_ref(), since)
+    }
+
+    /// Creates a store in `dest` (a new or empty directory) from the checkpoint in `ckpt` and
+    /// the chain of checkpoints it builds on, with every table on `num_shards` shards (or its
+    /// own), and opens it. `progress` is called after each segment read with (done, total).
+    pub fn restore(
+        ckpt: impl AsRef<Path>,
+        dest: impl AsRef<Path>,
+        num_shards: Option<usize>,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Store> {
+        let chain = chain(ckpt.as_ref())?;
+        // The tables of the newest checkpoint, with the files of the whole chain.
+        let newest = &chain.last().expect("not empty").1;
+        let mut files: BTreeMap<u64, BTreeMap<u64, PathBuf>> = BTreeMap::new();
+        for (path, state) in &chain {
+            for (&id, t) in &state.tables {
+                let set = files.entry(id).or_default();
+                set.retain(|&seq, _| seq >= t.superseded_below);
+                for &seq in t.files.keys() {
+                    set.insert(seq, segment_path(path, seq));
+                }
+            }
+        }
+        let dest = dest.as_ref();
+        prepare_empty_dir(&RealFs, dest)?;
+        let store = Store::open(dest)?;
+        let total: usize =
+            newest.tables.keys().map(|id| files.get(id).map_or(0, |f| f.len())).sum();
+        let mut done = 0;
+        for (&id, t) in &newest.tables {
+            let bad =
+                |w: &str| Error::corrupt(format!("table '{}' in the checkpoint: {w}", t.name));
+            let (mut config, _) = parse_config_text(&t.config, &bad)?;
+            if let Some(n) = num_shards {
+                config.num_shards = n;
+            }
+            let table = Arc::new(Table::with_clock(config, store.clock().clone())?);
+            for path in files.get(&id).map(|f| f.values().collect::<Vec<_>>()).unwrap_or_default() {
+                let r = SegmentReader::open(&RealFs, path)?;
+                if r.header().table_id != id || r.header().dim as usize != table.dim() {
+                    return Err(Error::corrupt(format!(
+                        "{}: header does not match the checkpoint's manifest",
+                        path.display()
+                    )));
+                }
+                table.replay(&r)?;
+                done += 1;
+                progress(done, total);
+            }
+            table.set_step(t.step);
+            store.adopt_table(table)?;
+        }
+        store.flush()?;
+        Ok(store)
+    }
+}
