@@ -1,6 +1,8 @@
 """Type stubs for the native module built from crates/embstore-python."""
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +42,19 @@ _Ids = npt.NDArray[np.uint64]
 _Rows = npt.NDArray[np.float32]
 
 class Store:
-    def __init__(self, replica: int = 0) -> None: ...
+    def __init__(self, replica: int = 0, path: str | None = None) -> None: ...
+    @staticmethod
+    def restore(
+        checkpoint: str,
+        path: str,
+        num_shards: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Store: ...
+    @property
+    def path(self) -> str | None: ...
+    def recovery(self) -> dict[str, Any] | None: ...
+    def flush(self) -> dict[str, int]: ...
+    def checkpoint(self, path: str, since: str | None = None) -> dict[str, Any]: ...
     def create_table(
         self,
         name: str,
@@ -116,3 +130,7 @@ class Table:
 class Export:
     def __iter__(self) -> Export: ...
     def __next__(self) -> tuple[npt.NDArray[np.generic], ...]: ...
+
+def inspect_dir(
+    path: str, verify: bool = False, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]: ...

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import pathlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -460,9 +462,14 @@ class Table:
 
 
 class Store:
-    """Named embedding tables held in this process (the embedded default: no server needed).
+    """Named embedding tables: held in memory (the default), or kept in a directory.
 
     Args:
+        path: a directory to keep the store in, opened if it holds one and created otherwise.
+            Writes live in memory until :meth:`flush` makes them durable; after a crash,
+            reopening gives every row its value at the last flush (or a later one). One
+            process opens a directory at a time (:class:`StoreLockedError`). ``None``: a store
+            held only in memory, exactly as fast as ever.
         replica_id: written into every row version (used by replication later); 0..=2**31 - 1.
 
     Example::
@@ -476,19 +483,104 @@ class Store:
         ['user']
         >>> store["user"].lookup([1, 2**40]).shape
         (2, 64)
+
+    A durable store, a checkpoint and a restore onto another shard count::
+
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> store = embstore.Store(root / "ctr")
+        >>> item = store.create_table("item", embedding_dim=8)
+        >>> _ = item.lookup([1, 2, 3])
+        >>> _ = store.flush()                       # every write so far is durable
+        >>> ckpt = store.checkpoint(root / "ckpt-1")
+        >>> _ = item.lookup([4])
+        >>> inc = store.checkpoint(root / "ckpt-2", since=ckpt)   # only what changed
+        >>> copy = embstore.Store.restore(inc, root / "copy", num_shards=2)
+        >>> len(copy["item"]), copy["item"].config["num_shards"]
+        (4, 2)
     """
 
-    def __init__(self, replica_id: int = 0):
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, replica_id: int = 0) -> None:
         if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
             raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
         if not 0 <= replica_id <= _native.MAX_REPLICA:
             raise InvalidArgumentError(
                 f"replica_id must be in 0..={_native.MAX_REPLICA}, got {replica_id}"
             )
-        self._inner = _native.Store(int(replica_id))
+        if path is not None and not isinstance(path, str | os.PathLike):
+            raise InvalidArgumentError(
+                f"path must be a directory (str or os.PathLike), got {path!r}"
+                " (replica_id is keyword-only)"
+            )
+        self._inner = _native.Store(int(replica_id), None if path is None else os.fspath(path))
+
+    @classmethod
+    def _wrap(cls, inner: Any) -> Store:
+        store = cls.__new__(cls)
+        store._inner = inner
+        return store
 
     def __repr__(self) -> str:
-        return f"Store(tables={self.tables()})"
+        where = f"path={str(self.path)!r}, " if self.path is not None else ""
+        return f"Store({where}tables={self.tables()})"
+
+    @property
+    def path(self) -> pathlib.Path | None:
+        """The store's directory, or ``None`` for a store held in memory."""
+        p = self._inner.path
+        return None if p is None else pathlib.Path(p)
+
+    def recovery(self) -> dict[str, Any] | None:
+        """What opening the directory found: ``created`` (no store was there), ``tables``,
+        ``segments`` and ``records`` replayed, ``torn_manifest_bytes`` (a manifest append a
+        crash cut short, dropped) and ``orphan_segments`` (files of a flush a crash cut
+        short, deleted). ``None`` for a store in memory."""
+        return self._inner.recovery()
+
+    def flush(self) -> dict[str, int]:
+        """Make every write acknowledged before this call durable; return what was written
+        (``segments``, ``records``, ``bytes``, ``compactions``). A no-op in memory. On a full
+        disk it raises :class:`NoSpaceError` and loses nothing: the rows stay in memory and
+        the next flush writes them."""
+        return self._inner.flush()
+
+    def checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        since: Checkpoint | str | os.PathLike[str] | None = None,
+    ) -> Checkpoint:
+        """Flush, then write a self-contained snapshot of every table (rows, optimizer state,
+        metadata, steps, configs) into ``path``, a new or empty directory. Segments are
+        immutable, so they are hard-linked (copied across file systems): a checkpoint costs
+        little. With ``since`` (an earlier checkpoint of this store) only what was written
+        after it is linked; restoring then needs the chain."""
+        since_path = None if since is None else os.fspath(since)
+        return Checkpoint(**self._inner.checkpoint(os.fspath(path), since_path))
+
+    @classmethod
+    def restore(
+        cls,
+        checkpoint: Checkpoint | str | os.PathLike[str],
+        path: str | os.PathLike[str],
+        *,
+        num_shards: int | None = None,
+        progress: bool | Callable[[int, int], None] = False,
+    ) -> Store:
+        """Create a store in ``path`` (a new or empty directory) from ``checkpoint`` and the
+        checkpoints it builds on, each table on ``num_shards`` shards (default: as saved), and
+        open it. ``progress=True`` prints segments read to stderr; a callable gets
+        ``(done, total)``."""
+        if num_shards is not None and (
+            isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer)
+        ):
+            raise InvalidArgumentError(f"num_shards must be an int, got {num_shards!r}")
+        inner = _native.Store.restore(
+            os.fspath(checkpoint),
+            os.fspath(path),
+            None if num_shards is None else int(num_shards),
+            _progress(progress, "restore"),
+        )
+        return cls._wrap(inner)
 
     def create_table(
         self,
@@ -609,4 +701,53 @@ class Store:
         return Table(self._inner.load_table(os.fspath(path), name))
 
 
-__all__ = ["ExportChunk", "Store", "Table"]
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint written by :meth:`Store.checkpoint`; usable wherever a path is
+    (``os.fspath(ckpt)``)."""
+
+    path: pathlib.Path
+    id: int
+    parent_id: int
+    tables: int
+    segments: int
+    bytes: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", pathlib.Path(self.path))
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+
+def _progress(progress: bool | Callable[[int, int], None], what: str) -> Any:
+    """The native progress callback for ``progress``: None, a printer, or the callable."""
+    if callable(progress):
+        return progress
+    if not progress:
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r{what}: {done}/{total} segments", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def inspect(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Describe the store or checkpoint in ``path`` from its manifest, without opening it
+    (works while another process has it open): formats, checkpoint identity, and per table
+    its dim, optimizer, step, segments, records and bytes on disk."""
+    return _native.inspect_dir(os.fspath(path), False, None)
+
+
+def verify(
+    path: str | os.PathLike[str], *, progress: bool | Callable[[int, int], None] = False
+) -> dict[str, Any]:
+    """:func:`inspect`, then read every record of every segment, checking each checksum;
+    ``damage`` lists what failed (empty: the store is intact), and each table gains its live
+    ``rows`` and the ``memory_bytes`` they take once opened."""
+    return _native.inspect_dir(os.fspath(path), True, _progress(progress, "verify"))
+
+
+__all__ = ["Checkpoint", "ExportChunk", "Store", "Table", "inspect", "verify"]

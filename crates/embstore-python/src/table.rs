@@ -117,9 +117,79 @@ pub(crate) struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (replica=0))]
-    fn new(replica: u32) -> PyResult<Self> {
-        Ok(Self { inner: Arc::new(Store::with_replica(replica).map_err(to_py_err)?) })
+    #[pyo3(signature = (replica=0, path=None))]
+    fn new(py: Python<'_>, replica: u32, path: Option<std::path::PathBuf>) -> PyResult<Self> {
+        let store = match path {
+            None => Store::with_replica(replica),
+            Some(path) => detached(py, || {
+                Store::open_with(&path, replica, Arc::new(embstore_table::disk::vfs::RealFs))
+            }),
+        };
+        Ok(Self { inner: Arc::new(store.map_err(to_py_err)?) })
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (checkpoint, path, num_shards=None, progress=None))]
+    fn restore(
+        py: Python<'_>,
+        checkpoint: std::path::PathBuf,
+        path: std::path::PathBuf,
+        num_shards: Option<usize>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let store = detached(py, || {
+            Store::restore(&checkpoint, &path, num_shards, |done, total| {
+                report(&progress, done, total)
+            })
+        });
+        Ok(Self { inner: Arc::new(store.map_err(to_py_err)?) })
+    }
+
+    #[getter]
+    fn path(&self) -> Option<std::path::PathBuf> {
+        self.inner.path().map(|p| p.to_path_buf())
+    }
+
+    fn recovery<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(r) = self.inner.recovery() else { return Ok(None) };
+        let d = PyDict::new(py);
+        d.set_item("created", r.created)?;
+        d.set_item("tables", r.tables)?;
+        d.set_item("segments", r.segments)?;
+        d.set_item("records", r.records)?;
+        d.set_item("torn_manifest_bytes", r.torn_manifest_bytes)?;
+        d.set_item("orphan_segments", r.orphan_segments.clone())?;
+        Ok(Some(d))
+    }
+
+    fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &self.inner;
+        let s = detached(py, || inner.flush()).map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("segments", s.segments)?;
+        d.set_item("records", s.records)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("compactions", s.compactions)?;
+        Ok(d)
+    }
+
+    #[pyo3(signature = (path, since=None))]
+    fn checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        path: std::path::PathBuf,
+        since: Option<std::path::PathBuf>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &self.inner;
+        let r = detached(py, || inner.checkpoint(&path, since.as_deref())).map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("path", r.path)?;
+        d.set_item("id", r.id)?;
+        d.set_item("parent_id", r.parent_id)?;
+        d.set_item("tables", r.tables)?;
+        d.set_item("segments", r.segments)?;
+        d.set_item("bytes", r.bytes)?;
+        Ok(d)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -192,6 +262,58 @@ impl PyStore {
             .map(PyTable::new)
             .map_err(to_py_err)
     }
+}
+
+/// Calls the Python `progress(done, total)` callback, if any, with the GIL; an exception in it
+/// is printed and otherwise ignored (progress output must not fail the work).
+fn report(progress: &Option<Py<PyAny>>, done: usize, total: usize) {
+    if let Some(cb) = progress {
+        Python::attach(|py| {
+            if let Err(e) = cb.call1(py, (done, total)) {
+                e.print(py);
+            }
+        });
+    }
+}
+
+/// Reads a store directory or checkpoint without opening it: `verify=False` reads the manifest,
+/// `verify=True` every record and checksum (see `embstore.inspect` / `embstore.verify`).
+#[pyfunction]
+#[pyo3(signature = (path, verify=false, progress=None))]
+pub(crate) fn inspect_dir<'py>(
+    py: Python<'py>,
+    path: std::path::PathBuf,
+    verify: bool,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let r = detached(py, || match verify {
+        true => embstore_table::verify(&path, |d, t| report(&progress, d, t)),
+        false => embstore_table::inspect(&path),
+    })
+    .map_err(to_py_err)?;
+    let d = PyDict::new(py);
+    d.set_item("manifest_format", r.manifest_format)?;
+    d.set_item("segment_format", r.segment_format)?;
+    d.set_item("checkpoint", r.checkpoint)?;
+    d.set_item("torn_manifest_bytes", r.torn_manifest_bytes)?;
+    d.set_item("orphan_segments", r.orphan_segments)?;
+    d.set_item("damage", r.damage)?;
+    let tables = pyo3::types::PyList::empty(py);
+    for t in r.tables {
+        let td = PyDict::new(py);
+        td.set_item("name", t.name)?;
+        td.set_item("embedding_dim", t.embedding_dim)?;
+        td.set_item("optimizer", t.optimizer)?;
+        td.set_item("step", t.step)?;
+        td.set_item("segments", t.segments)?;
+        td.set_item("records", t.records)?;
+        td.set_item("disk_bytes", t.disk_bytes)?;
+        td.set_item("rows", t.rows)?;
+        td.set_item("memory_bytes", t.memory_bytes)?;
+        tables.append(td)?;
+    }
+    d.set_item("tables", tables)?;
+    Ok(d)
 }
 
 /// Native table (see `embstore.Table`).

@@ -370,3 +370,27 @@ fn verify_finds_a_flipped_byte_and_names_the_file() {
     // Opening the store refuses the damaged file instead of serving a wrong value.
     assert_eq!(Store::open(dir.path()).unwrap_err().kind(), ErrorKind::Corruption);
 }
+
+#[test]
+fn a_full_disk_is_a_no_space_error_and_flushing_resumes_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FaultFs::new(u64::MAX);
+    let store = Store::open_with(dir.path(), 0, Arc::new(fs.clone())).unwrap();
+    let t = store.create_table(TableConfig::new("a", 4)).unwrap();
+    t.assign(&[1, 2, 3], &[1.0; 12]).unwrap();
+    store.flush().unwrap();
+    t.assign(&[4, 5], &[2.0; 8]).unwrap();
+    t.remove(&[1]).unwrap();
+    fs.set_full(true);
+    let err = store.flush().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoSpace, "{err}");
+    // Still serving, nothing lost in memory; a second attempt fails the same way.
+    assert_eq!(t.len(), 4);
+    assert_eq!(store.flush().unwrap_err().kind(), ErrorKind::NoSpace);
+    t.assign(&[6], &[3.0; 4]).unwrap();
+    fs.set_full(false);
+    store.flush().unwrap();
+    let want = snapshot(&store);
+    drop(store);
+    assert_same(&snapshot(&Store::open(dir.path()).unwrap()), &want, "after the disk was freed");
+}

@@ -133,9 +133,11 @@ def test_stats_is_cheap_and_index_stats_scans(table):
 def test_store_replica_id_out_of_range_is_a_typed_error():
     for bad in (-1, 2**31, 2**64):
         with pytest.raises(InvalidArgumentError):
-            embstore.Store(bad)
+            embstore.Store(replica_id=bad)
+        with pytest.raises(InvalidArgumentError, match="keyword-only"):
+            embstore.Store(bad)  # the first positional is the path
     with pytest.raises(InvalidArgumentError):
-        embstore.Store("0")
+        embstore.Store(replica_id="0")
 
 
 def test_export_chunk_rows_is_checked_at_the_call(table):

@@ -153,6 +153,8 @@ struct FaultState {
     ops: AtomicU64,
     fail_at: AtomicU64,
     stopped: AtomicBool,
+    /// While set, writes and file creation fail with "no space left on device".
+    full: AtomicBool,
     /// Durable length of every file written through this layer.
     synced: Mutex<HashMap<PathBuf, u64>>,
 }
@@ -174,9 +176,22 @@ impl FaultFs {
                 ops: AtomicU64::new(0),
                 fail_at: AtomicU64::new(fail_at),
                 stopped: AtomicBool::new(false),
+                full: AtomicBool::new(false),
                 synced: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Makes the disk full (writes and creations fail with `ENOSPC`) or frees it again.
+    pub fn set_full(&self, full: bool) {
+        self.inner.full.store(full, Ordering::Relaxed);
+    }
+
+    fn check_space(&self) -> io::Result<()> {
+        if self.inner.full.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        Ok(())
     }
 
     /// Mutating operations so far.
@@ -229,6 +244,7 @@ struct FaultWrite {
 
 impl WriteFile for FaultWrite {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.fs.check_space()?;
         if let Err(e) = self.fs.step("write") {
             // A torn write: half of the bytes reach the file before the stop.
             let _ = self.file.write_all(&buf[..buf.len() / 2]);
@@ -249,6 +265,7 @@ impl WriteFile for FaultWrite {
 
 impl Vfs for FaultFs {
     fn create(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
+        self.check_space()?;
         self.step("create")?;
         let file = OpenOptions::new().write(true).create_new(true).open(path)?;
         self.inner.synced.lock().entry(path.to_path_buf()).or_insert(0);

@@ -1,0 +1,103 @@
+"""The ``embstore`` command line: ``embstore inspect DIR`` and ``embstore verify DIR``.
+
+Run it as ``embstore ...`` (installed with the package) or ``python -m embstore ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from embstore.errors import EmbstoreError
+from embstore.store import inspect, verify
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _print_report(path: str, r: dict[str, Any]) -> None:
+    kind = "checkpoint" if r["checkpoint"] else "store"
+    print(
+        f"{path}: {kind}, manifest format {r['manifest_format']}, "
+        f"segment format {r['segment_format']}"
+    )
+    if r["checkpoint"]:
+        cid, parent = r["checkpoint"]
+        base = f"increment on {parent:016x}" if parent else "full"
+        print(f"  checkpoint {cid:016x} ({base})")
+    header = (
+        f"  {'table':<20} {'dim':>5} {'optimizer':<16} {'step':>10} {'rows':>12} "
+        f"{'memory':>10} {'segments':>8} {'records':>12} {'disk':>10}"
+    )
+    print(header)
+    for t in r["tables"]:
+        rows = "-" if t["rows"] is None else f"{t['rows']:,}"
+        print(
+            f"  {t['name']:<20} {t['embedding_dim']:>5} {t['optimizer']:<16} {t['step']:>10} "
+            f"{rows:>12} {_size(t['memory_bytes']):>10} {t['segments']:>8} "
+            f"{t['records']:>12,} {_size(t['disk_bytes']):>10}"
+        )
+    if r["torn_manifest_bytes"]:
+        print(f"  torn manifest tail: {r['torn_manifest_bytes']} bytes (dropped at the next open)")
+    if r["orphan_segments"]:
+        print(f"  orphan segments (deleted at the next open): {', '.join(r['orphan_segments'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="embstore",
+        description="Look at embstore store directories and checkpoints.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "inspect",
+        help="tables, rows, bytes and formats of a store or checkpoint (reads the manifest)",
+        description="Describe a store directory or checkpoint from its manifest, without "
+        "opening it (safe while another process has it open). Rows and memory are shown by "
+        "`verify`, which reads every record.",
+    )
+    p.add_argument("dir", help="a store directory or a checkpoint")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    v = sub.add_parser(
+        "verify",
+        help="read every record and check every checksum; exit 1 on damage",
+        description="Read every segment a store or checkpoint names, check every checksum and "
+        "header, count the live rows; print a summary and exit 1 if anything is damaged.",
+    )
+    v.add_argument("dir", help="a store directory or a checkpoint")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "inspect":
+            report = inspect(args.dir)
+        else:
+            report = verify(args.dir, progress=not args.quiet and not args.json)
+    except EmbstoreError as e:
+        print(f"embstore {args.command}: {args.dir}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_report(args.dir, report)
+        if args.command == "verify":
+            if report["damage"]:
+                print(f"  DAMAGED: {len(report['damage'])} problem(s):")
+                for line in report["damage"]:
+                    print(f"    {line}")
+            else:
+                print("  ok: every record and checksum verified")
+    return 1 if report["damage"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

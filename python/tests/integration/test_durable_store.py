@@ -1,0 +1,167 @@
+"""Durable stores from Python: flush and reopen, a real ``kill -9`` of a training process,
+checkpoints and restore, the lock, and the ``embstore inspect``/``verify`` commands."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import CorruptionError, InvalidArgumentError, StoreLockedError
+
+
+def rows_of(store: embstore.Store) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """Every table's ids (sorted), values, state and step."""
+    out = {}
+    for name in store.tables():
+        t = store[name]
+        chunks = list(t.export(1 << 16))
+        ids = np.concatenate([c.ids for c in chunks]) if chunks else np.zeros(0, np.uint64)
+        values = np.concatenate([c.values for c in chunks]) if chunks else np.zeros((0, t.dim))
+        state = np.concatenate([c.state for c in chunks]) if chunks else np.zeros((0, 0))
+        order = np.argsort(ids)
+        out[name] = (ids[order], values[order], state[order], t.step)
+    return out
+
+
+def assert_same(a, b) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        for x, y in zip(a[name][:3], b[name][:3], strict=True):
+            np.testing.assert_array_equal(x, y, err_msg=name)
+        assert a[name][3] == b[name][3], name
+
+
+def test_flush_reopen_and_lock(tmp_path):
+    store = embstore.Store(tmp_path / "s")
+    assert store.recovery()["created"]
+    t = store.create_table("user", 8, optimizer=embstore.Adam(lr=0.01))
+    ids = np.arange(5000, dtype=np.int64)
+    t.lookup(ids)
+    t.apply_gradients(ids[:3000], np.full((3000, 8), 0.5, np.float32))
+    t.remove(ids[:10])
+    written = store.flush()
+    assert written["records"] == 5000  # 10 tombstones + 4990 rows
+    with pytest.raises(StoreLockedError):
+        embstore.Store(tmp_path / "s")
+    want = rows_of(store)
+    t.apply_gradients(ids[:5], np.ones((5, 8), np.float32))  # not flushed: lost at close
+    del store, t
+    again = embstore.Store(tmp_path / "s")
+    assert not again.recovery()["created"]
+    assert_same(rows_of(again), want)
+    assert again.flush()["records"] == 0  # nothing changed since the open
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, numpy as np, embstore
+    path, acked = sys.argv[1], sys.argv[2]
+    store = embstore.Store(path)
+    t = store["t"] if "t" in store else store.create_table("t", 8, optimizer=embstore.Adagrad())
+    rng = np.random.default_rng(7)
+    for step in range(1_000_000):
+        ids = rng.integers(0, 20_000, 512)
+        t.lookup(ids)
+        t.apply_gradients(ids, rng.standard_normal((512, 8)).astype(np.float32))
+        if step % 20 == 19:
+            store.flush()
+            open(acked + ".tmp", "w").write(str(t.step))
+            os.replace(acked + ".tmp", acked)
+            print("flushed", t.step, flush=True)
+    """
+)
+
+
+def test_kill_9_mid_training_reopens_to_the_last_flush(tmp_path):
+    """A writer killed by SIGKILL while training and flushing reopens to a flushed state:
+    its step is the last acknowledged flush's or the next one's (killed inside a flush
+    whose manifest record was already durable), and every record checks out."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    acked = tmp_path / "acked"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "s"), str(acked)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        flushes = 0
+        deadline = time.monotonic() + 60
+        while flushes < 4 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            flushes += line.startswith("flushed")
+        assert flushes >= 4, "the writer did not flush 4 times within 60 s"
+        time.sleep(0.05)  # somewhere in the next steps or flush
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    last = int(acked.read_text())
+    report = embstore.verify(tmp_path / "s")
+    assert report["damage"] == []
+    store = embstore.Store(tmp_path / "s")
+    step = store["t"].step
+    assert step in (last, last + 20), (step, last)
+    values = rows_of(store)["t"][1]
+    assert len(values) > 0 and np.isfinite(values).all()
+
+
+def test_checkpoints_restore_onto_another_shard_count(tmp_path):
+    store = embstore.Store(tmp_path / "s")
+    t = store.create_table("item", 4, num_shards=4)
+    t.lookup(np.arange(1000))
+    c1 = store.checkpoint(tmp_path / "c1")
+    assert c1.parent_id == 0 and c1.segments == 1
+    t.apply_gradients(np.arange(100), np.ones((100, 4), np.float32))
+    c2 = store.checkpoint(tmp_path / "c2", since=c1)
+    assert c2.parent_id == c1.id
+    want = rows_of(store)
+    seen = []
+    restored = embstore.Store.restore(
+        c2, tmp_path / "r", num_shards=16, progress=lambda d, n: seen.append((d, n))
+    )
+    assert seen[-1] == (2, 2)
+    assert restored["item"].config["num_shards"] == 16
+    assert_same(rows_of(restored), want)
+    with pytest.raises(InvalidArgumentError, match="not empty"):
+        store.checkpoint(tmp_path / "c1")
+    with pytest.raises(InvalidArgumentError, match="directory"):
+        embstore.Store().checkpoint(tmp_path / "c9")
+
+
+def test_inspect_and_verify_commands(tmp_path):
+    store = embstore.Store(tmp_path / "s")
+    store.create_table("a", 4).lookup(np.arange(2000))
+    store.flush()
+    del store
+    cmd = [sys.executable, "-m", "embstore"]
+    out = subprocess.run([*cmd, "inspect", str(tmp_path / "s")], capture_output=True, text=True)
+    assert out.returncode == 0 and "a " in out.stdout and "2,000" in out.stdout, out
+    out = subprocess.run([*cmd, "verify", str(tmp_path / "s")], capture_output=True, text=True)
+    assert out.returncode == 0 and "ok" in out.stdout, out
+    seg = next((tmp_path / "s" / "seg").iterdir())
+    data = bytearray(seg.read_bytes())
+    data[4096 + 64 * 10 + 45] ^= 0x01
+    seg.write_bytes(bytes(data))
+    out = subprocess.run(
+        [*cmd, "verify", "--quiet", str(tmp_path / "s")], capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "DAMAGED" in out.stdout, out
+    with pytest.raises(CorruptionError):
+        embstore.Store(tmp_path / "s")
+    out = subprocess.run(
+        [*cmd, "verify", str(tmp_path / "nothing")], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "MANIFEST" in out.stderr, out
+    assert os.path.exists(seg)
