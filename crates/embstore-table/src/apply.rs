@@ -215,7 +215,7 @@ impl Table {
                 tally.first_refused.get_or_insert(key);
                 continue;
             }
-            shard.meta[slot].write(version);
+            shard.record_write(slot, key, version);
             tally.stepped += 1;
         }
         Ok(tally)

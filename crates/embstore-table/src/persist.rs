@@ -2,8 +2,10 @@
 //! removals) into a segment, and replaying segments at open.
 //!
 //! Every change to a row sets its dirty bit (`meta`); in a durable store each shard also lists
-//! the rows removed since the last flush. A flush writes, shard by shard, first the removals
-//! (as tombstones) and then the dirty rows, clearing each row's bit as it copies the row. So
+//! the rows removed since the last flush and the keys whose rows turned dirty (each once, on
+//! the clean → dirty change), so a flush costs what changed, not the table's size. A flush
+//! writes, shard by shard, first the removals (as tombstones) and then the dirty rows,
+//! clearing each row's bit as it copies the row. So
 //! replaying the segments in seq order, and each segment front to back, reproduces every row
 //! as it was copied: a later record of a key is always a later state of it (a row removed and
 //! written again within one flush has its tombstone before its record).
@@ -24,9 +26,7 @@ impl Table {
     pub(crate) fn track_changes(&self) {
         self.durable.store(true, Ordering::Relaxed);
         for shard in self.shards.iter() {
-            let mut shard = shard.write();
-            shard.removed = Some(Vec::new());
-            shard.meta.iter_mut().for_each(|m| m.set_dirty(false));
+            shard.write().track_changes();
         }
     }
 
@@ -44,7 +44,7 @@ impl Table {
     /// to rewrite every row).
     pub(crate) fn mark_all_dirty(&self) {
         for shard in self.shards.iter() {
-            shard.write().meta.iter_mut().for_each(|m| m.set_dirty(true));
+            shard.write().mark_all_dirty();
         }
     }
 
@@ -61,21 +61,16 @@ impl Table {
             let mut state = Vec::with_capacity(FLUSH_CHUNK * sd);
             let mut rows: Vec<(u64, RowMeta)> = Vec::with_capacity(FLUSH_CHUNK);
             for (s, lock) in self.shards.iter().enumerate() {
-                let removed = lock.write().removed.as_mut().map(std::mem::take).unwrap_or_default();
+                let (removed, dirty) = {
+                    let mut shard = lock.write();
+                    let removed = shard.removed.as_mut().map(std::mem::take).unwrap_or_default();
+                    (removed, shard.dirty_keys.as_mut().map(std::mem::take).unwrap_or_default())
+                };
                 for &(key, version) in &removed {
                     w.push_tombstone(key, version)?;
                 }
                 written += removed.len() as u64;
                 taken.push((s, removed));
-                let dirty: Vec<u64> = {
-                    let shard = lock.read();
-                    shard
-                        .index
-                        .iter()
-                        .filter(|&(_, slot)| shard.meta[slot as usize].is_dirty())
-                        .map(|(key, _)| key)
-                        .collect()
-                };
                 for keys in dirty.chunks(FLUSH_CHUNK) {
                     values.clear();
                     state.clear();

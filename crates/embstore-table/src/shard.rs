@@ -33,6 +33,9 @@ pub(crate) struct Shard {
     /// In a durable store: the rows removed since the last flush (key and the row's version),
     /// written as tombstones by the next one. `None` in a store held only in memory.
     pub(crate) removed: Option<Vec<(u64, crate::Version)>>,
+    /// In a durable store: the keys whose rows turned dirty since the last flush (each once,
+    /// when its row goes from clean to dirty), so that a flush needs no scan of the shard.
+    pub(crate) dirty_keys: Option<Vec<u64>>,
 }
 
 impl Shard {
@@ -55,6 +58,7 @@ impl Shard {
             free: Vec::new(),
             huge_pages,
             removed: None,
+            dirty_keys: None,
         };
         if rows > 0 {
             shard.reserve_slots(rows)?;
@@ -93,7 +97,50 @@ impl Shard {
             self.meta[slot] = meta;
         }
         opt.init_state(self.state.row_mut(slot));
+        if let Some(dirty) = &mut self.dirty_keys {
+            dirty.push(key);
+        }
         Ok(slot)
+    }
+
+    /// Records a write of `key`'s row (at `slot`) with `version`.
+    #[inline]
+    pub(crate) fn record_write(&mut self, slot: usize, key: u64, version: crate::Version) {
+        self.note_dirty(slot, key);
+        self.meta[slot].write(version);
+    }
+
+    /// Replaces the metadata of `key`'s row (at `slot`) with `meta` (an import).
+    #[inline]
+    pub(crate) fn set_meta(&mut self, slot: usize, key: u64, meta: PackedMeta) {
+        self.note_dirty(slot, key);
+        self.meta[slot] = meta;
+    }
+
+    /// Lists `key` as dirty if its row is clean now (it is about to change).
+    #[inline]
+    fn note_dirty(&mut self, slot: usize, key: u64) {
+        if let Some(dirty) = &mut self.dirty_keys {
+            if !self.meta[slot].is_dirty() {
+                dirty.push(key);
+            }
+        }
+    }
+
+    /// Marks every row dirty (and lists them all, in a durable store).
+    pub(crate) fn mark_all_dirty(&mut self) {
+        self.meta.iter_mut().for_each(|m| m.set_dirty(true));
+        if let Some(dirty) = &mut self.dirty_keys {
+            dirty.clear();
+            dirty.extend(self.index.iter().map(|(k, _)| k));
+        }
+    }
+
+    /// Turns on change tracking; every row present counts as flushed.
+    pub(crate) fn track_changes(&mut self) {
+        self.removed = Some(Vec::new());
+        self.dirty_keys = Some(Vec::new());
+        self.meta.iter_mut().for_each(|m| m.set_dirty(false));
     }
 
     /// Removes `key`'s row; whether it had one. Call [`Shard::shrink_if_sparse`] after a batch.
@@ -138,6 +185,7 @@ impl Shard {
             next.state.row_mut(new).copy_from_slice(self.state.row(old));
         }
         next.removed = self.removed.take();
+        next.dirty_keys = self.dirty_keys.take();
         *self = next;
         Ok(true)
     }
@@ -146,7 +194,9 @@ impl Shard {
     pub(crate) fn clear(&mut self) -> Result<()> {
         let tracking = self.removed.is_some();
         *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
-        self.removed = tracking.then(Vec::new);
+        if tracking {
+            self.track_changes();
+        }
         Ok(())
     }
 

@@ -267,7 +267,8 @@ impl Table {
         self.set_step(step);
         if self.durable.load(Ordering::Relaxed) {
             for shard in mine.iter_mut() {
-                shard.removed = Some(Vec::new());
+                shard.track_changes();
+                shard.mark_all_dirty(); // the loaded rows are written by the next flush
             }
             self.cleared.store(true, Ordering::Relaxed);
         }

@@ -209,8 +209,8 @@ impl Table {
                     }
                 }
                 match meta {
-                    Some(given) => shard.meta[slot] = PackedMeta::pack(&given[p]),
-                    None => shard.meta[slot].write(version),
+                    Some(given) => shard.set_meta(slot, key, PackedMeta::pack(&given[p])),
+                    None => shard.record_write(slot, key, version),
                 }
             }
             Counters::add(&self.counters.updates, keys.len());

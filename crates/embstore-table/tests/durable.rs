@@ -87,6 +87,13 @@ fn work(store: &Store, rng: &mut Rng, step: usize) -> embstore_table::Result<()>
             (0..40 * 4).map(|i| ((i as u64 + rng.next()) % 7) as f32 * 0.1).collect();
         t.apply_gradients(&ids, &grads, None)?;
         t.remove(&rng.ids(5, 200))?;
+        t.assign(&rng.ids(3, 200), &[0.25; 12])?;
+        let meta = embstore_table::RowMeta {
+            version: embstore_table::Version { timestamp: (1 << 40) + step as u64, replica: 3 },
+            update_count: 9,
+            last_update_ms: 0,
+        };
+        t.import(&rng.ids(2, 200), &[0.75; 8], None, Some(&[meta, meta]))?;
         if rng.next().is_multiple_of(11) {
             t.clear()?;
         }

@@ -217,7 +217,11 @@ impl SegmentWriter {
         self.buf.extend_from_slice(&flags.to_le_bytes());
         self.buf.extend_from_slice(&meta.update_count.to_le_bytes());
         self.buf.extend_from_slice(&meta.last_update_ms.to_le_bytes());
-        self.buf.extend(values.iter().chain(state).flat_map(|v| v.to_le_bytes()));
+        let floats = self.buf.len();
+        self.buf.resize(floats + 4 * (values.len() + state.len()), 0);
+        for (dst, v) in self.buf[floats..].chunks_exact_mut(4).zip(values.iter().chain(state)) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
         let crc = crc32fast::hash(&self.buf[start..]);
         self.buf.extend_from_slice(&crc.to_le_bytes());
         self.buf.resize(start + self.header.record_bytes(), 0);
