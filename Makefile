@@ -91,6 +91,9 @@ bench-table: setup ## Table lookup/apply_gradients vs numpy and torch (ARGS="--r
 bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (ARGS="--quick --json")
 	$(VPY) python/benchmarks/bench_memory.py $(ARGS)
 
+bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
+	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
+
 bench-interference: develop ## Small calls under a stats() poller / another table's big calls
 	$(VPY) python/benchmarks/bench_interference.py $(ARGS)
 

@@ -327,8 +327,13 @@ def run(
     lr: float = 3e-3,
     emb_lr: float = 0.05,
     quiet: bool = False,
+    store_dir: str | pathlib.Path | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
+
+    With ``store_dir`` (a new or empty directory) the tables live in a durable store there,
+    flushed at the end of every epoch: the numbers are the same as in memory, and the trained
+    tables stay on disk (``embstore.Store(store_dir)`` reopens them).
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
@@ -354,7 +359,11 @@ def run(
         f"test; click rate {train.labels.mean():.3f} train, {test.labels.mean():.3f} test"
     )
 
-    store = embstore.Store()
+    if store_dir is not None:
+        store_dir = pathlib.Path(store_dir)
+        if store_dir.exists() and any(store_dir.iterdir()):
+            raise FileExistsError(f"--store-dir {store_dir} is not empty; give a new directory")
+    store = embstore.Store(store_dir)
     tables = {
         field: store.create_table(
             field,
@@ -405,6 +414,10 @@ def run(
             "store_seconds": timer.seconds + step_seconds,
             "seconds": time.perf_counter() - epoch_start,
         }
+        if store_dir is not None:
+            flush_start = time.perf_counter()
+            flushed = store.flush()
+            stats["flush"] = {**flushed, "seconds": time.perf_counter() - flush_start}
         history.append(stats)
         say(
             f"epoch {epoch}/{epochs}: train log-loss {stats['train_logloss']:.4f} | "
@@ -415,6 +428,12 @@ def run(
             f"modules; {stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
             "(lookups + step)"
         )
+        if "flush" in stats:
+            f = stats["flush"]
+            say(
+                f"  flushed {f['records']:,} rows ({f['bytes'] / 1e6:.1f} MB) to {store_dir} in "
+                f"{f['seconds'] * 1e3:.0f} ms"
+            )
 
     last = history[-1]
     return {
@@ -483,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quiet", action="store_true", help="print only the summary: no progress, no epochs"
     )
+    parser.add_argument(
+        "--store-dir",
+        type=pathlib.Path,
+        default=None,
+        help="keep the tables in a durable store in this new directory, flushed every epoch "
+        "(default: in memory)",
+    )
     args = parser.parse_args(argv)
     try:
         result = run(
@@ -493,8 +519,9 @@ def main(argv: list[str] | None = None) -> int:
             lr=args.lr,
             emb_lr=args.emb_lr,
             quiet=args.quiet,
+            store_dir=args.store_dir,
         )
-    except FileNotFoundError as err:
+    except (FileNotFoundError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary(result))

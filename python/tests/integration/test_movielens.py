@@ -14,6 +14,8 @@ from types import ModuleType
 
 import pytest
 
+import embstore
+
 # Over 2 epochs, seeds 0-7 gave test AUC 0.7816-0.7833 against a popularity AUC of 0.7090
 # (margin 0.0726-0.0743); the bounds leave room for other CPUs' floating-point differences.
 MIN_AUC = 0.76
@@ -66,6 +68,19 @@ def test_same_seed_same_result(ctr: ModuleType, data_dir: pathlib.Path) -> None:
     first, second = (ctr.run(data_dir, epochs=1, seed=3, quiet=True) for _ in range(2))
     assert first["test_auc"] == second["test_auc"]
     assert first["epochs"][0]["train_logloss"] == second["epochs"][0]["train_logloss"]
+
+
+def test_a_durable_store_gives_the_same_numbers_and_keeps_the_tables(
+    ctr: ModuleType, data_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    memory = ctr.run(data_dir, epochs=1, seed=3, quiet=True)
+    durable = ctr.run(data_dir, epochs=1, seed=3, quiet=True, store_dir=tmp_path / "s")
+    assert durable["test_auc"] == memory["test_auc"]
+    assert durable["epochs"][0]["flush"]["records"] == durable["rows"]
+    reopened = embstore.Store(tmp_path / "s")
+    assert {t: len(reopened[t]) for t in reopened.tables()} == durable["rows_per_table"]
+    with pytest.raises(FileExistsError):
+        ctr.run(data_dir, epochs=1, seed=3, quiet=True, store_dir=tmp_path / "s")
 
 
 def test_missing_data_asks_for_make_data(
