@@ -38,6 +38,7 @@ import hashlib
 import math
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -328,12 +329,15 @@ def run(
     emb_lr: float = 0.05,
     quiet: bool = False,
     store_dir: str | pathlib.Path | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
     With ``store_dir`` (a new or empty directory) the tables live in a durable store there,
     flushed at the end of every epoch: the numbers are the same as in memory, and the trained
-    tables stay on disk (``embstore.Store(store_dir)`` reopens them).
+    tables stay on disk (``embstore.Store(store_dir)`` reopens them). ``memory_budget_bytes``
+    (with ``store_dir``) caps the memory the tables hold: the other rows live on disk and are
+    read back when a batch uses them — the numbers are still the same.
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
@@ -363,7 +367,7 @@ def run(
         store_dir = pathlib.Path(store_dir)
         if store_dir.exists() and any(store_dir.iterdir()):
             raise FileExistsError(f"--store-dir {store_dir} is not empty; give a new directory")
-    store = embstore.Store(store_dir)
+    store = embstore.Store(store_dir, memory_budget_bytes=memory_budget_bytes)
     tables = {
         field: store.create_table(
             field,
@@ -442,6 +446,9 @@ def run(
         "popularity_auc": auc(test.labels, popularity_scores(train, test)),
         "rows": last["rows"],
         "rows_per_table": {field: len(t) for field, t in tables.items()},
+        "memory_bytes": sum(t.stats()["bytes_reserved"] for t in tables.values()),
+        "rows_on_disk": sum(t.stats()["rows_on_disk"] for t in tables.values()),
+        "cold_reads": sum(t.stats()["cold_reads"] for t in tables.values()),
         "distinct_train_ids": train.distinct_ids(),
         "train_size": len(train),
         "test_size": len(test),
@@ -503,6 +510,18 @@ def main(argv: list[str] | None = None) -> int:
         "--quiet", action="store_true", help="print only the summary: no progress, no epochs"
     )
     parser.add_argument(
+        "--memory-budget",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="with --store-dir: bytes of memory the tables may hold; other rows live on disk",
+    )
+    parser.add_argument(
+        "--no-budget-run",
+        action="store_true",
+        help="skip the closing run with a 20%% memory budget (rows mostly on disk)",
+    )
+    parser.add_argument(
         "--store-dir",
         type=pathlib.Path,
         default=None,
@@ -520,12 +539,42 @@ def main(argv: list[str] | None = None) -> int:
             emb_lr=args.emb_lr,
             quiet=args.quiet,
             store_dir=args.store_dir,
+            memory_budget_bytes=args.memory_budget,
         )
-    except (FileNotFoundError, FileExistsError) as err:
+    except (FileNotFoundError, FileExistsError, embstore.InvalidArgumentError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary(result))
+    if args.memory_budget is None and not args.no_budget_run:
+        return budget_run(args, result)
     return 0
+
+
+def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
+    """The same training again with a memory budget of 20 % of what the tables took in memory
+    (so most rows live on disk, in a temporary store); one line: its AUC, which must equal the
+    in-memory run's, and how much went through the disk."""
+    budget = max(1, reference["memory_bytes"] // 5)
+    with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
+        tiered = run(
+            args.data_dir,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            lr=args.lr,
+            emb_lr=args.emb_lr,
+            quiet=True,
+            store_dir=pathlib.Path(tmp) / "store",
+            memory_budget_bytes=budget,
+        )
+    same = abs(tiered["test_auc"] - reference["test_auc"]) <= 1e-6
+    print(
+        f"with a 20% memory budget ({budget / 1024:.0f} KiB, {tiered['rows_on_disk']:,} of "
+        f"{tiered['rows']:,} rows on disk, {tiered['cold_reads']:,} rows read back): test AUC "
+        f"{tiered['test_auc']:.4f} ({'same as in memory' if same else 'DIFFERS from memory'}) "
+        f"in {tiered['seconds']:.1f}s"
+    )
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Every batch call releases the GIL, so threads can share a table.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import pathlib
@@ -331,6 +332,33 @@ class Table:
         arr, _ = _as_ids(ids)
         self._inner.assign(arr, _as_rows(values, len(arr), self, "values"))
 
+    @property
+    def tiered(self) -> bool:
+        """Whether rows may live on disk (the store has a ``memory_budget_bytes``)."""
+        return self._inner.tiered
+
+    def pin(self, ids: Any) -> None:
+        """Keep the rows of ``ids`` in memory until :meth:`unpin` (counted: pin twice, unpin
+        twice). Only matters with a memory budget; a no-op otherwise. Pinned rows may take at
+        most 60 % of the budget: beyond that :class:`CapacityError` says so (a working set too
+        large for the budget), instead of thrashing or blocking."""
+        self._inner.pin(_as_ids(ids)[0])
+
+    def unpin(self, ids: Any) -> None:
+        """Release pins taken by :meth:`pin`."""
+        self._inner.unpin(_as_ids(ids)[0])
+
+    @contextlib.contextmanager
+    def pinned(self, ids: Any) -> Iterator[None]:
+        """``with table.pinned(ids):`` keeps the rows of ``ids`` in memory for the block —
+        between a batch's lookup and its ``apply_gradients``, the working set of a step."""
+        arr = _as_ids(ids)[0]
+        self._inner.pin(arr)
+        try:
+            yield
+        finally:
+            self._inner.unpin(arr)
+
     def remove(self, ids: Any) -> int:
         """Remove the rows of ``ids``; return how many existed."""
         return self._inner.remove(_as_ids(ids)[0])
@@ -451,7 +479,9 @@ class Table:
         bucket each); ``hits``, ``misses``, ``inserts``, ``updates``, ``removed``,
         ``evicted``, ``dropped_unadmitted``, ``skipped_non_finite``, ``repaired_on_load``
         (rows read from a file whose values or state were not finite, written by an older
-        embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``."""
+        embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``;
+        with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
+        from disk) and ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:
@@ -471,6 +501,11 @@ class Store:
             process opens a directory at a time (:class:`StoreLockedError`). ``None``: a store
             held only in memory, exactly as fast as ever.
         replica_id: written into every row version (used by replication later); 0..=2**31 - 1.
+        memory_budget_bytes: with ``path``, the bytes of memory the tables may hold (indexes,
+            rows, metadata, all counted); rows beyond it live on disk only and are read back
+            when a call uses them, so tables may be many times larger than memory. Lookups of
+            rows in memory are as fast as ever; a row on disk costs one read. ``None`` (the
+            default): every row in memory.
 
     Example::
 
@@ -500,7 +535,13 @@ class Store:
         (4, 2)
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, replica_id: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        replica_id: int = 0,
+        memory_budget_bytes: int | None = None,
+    ) -> None:
         if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
             raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
         if not 0 <= replica_id <= _native.MAX_REPLICA:
@@ -512,7 +553,25 @@ class Store:
                 f"path must be a directory (str or os.PathLike), got {path!r}"
                 " (replica_id is keyword-only)"
             )
-        self._inner = _native.Store(int(replica_id), None if path is None else os.fspath(path))
+        if memory_budget_bytes is not None:
+            if path is None:
+                raise InvalidArgumentError(
+                    "memory_budget_bytes needs a path: rows beyond the budget live on disk"
+                )
+            if isinstance(memory_budget_bytes, bool) or not isinstance(
+                memory_budget_bytes, int | np.integer
+            ):
+                raise InvalidArgumentError(
+                    f"memory_budget_bytes must be an int, got {memory_budget_bytes!r}"
+                )
+            if not 1 <= memory_budget_bytes < 2**64:
+                raise InvalidArgumentError(
+                    f"memory_budget_bytes must be in 1..2**64, got {memory_budget_bytes}"
+                )
+            memory_budget_bytes = int(memory_budget_bytes)
+        self._inner = _native.Store(
+            int(replica_id), None if path is None else os.fspath(path), memory_budget_bytes
+        )
 
     @classmethod
     def _wrap(cls, inner: Any) -> Store:
@@ -523,6 +582,11 @@ class Store:
     def __repr__(self) -> str:
         where = f"path={str(self.path)!r}, " if self.path is not None else ""
         return f"Store({where}tables={self.tables()})"
+
+    @property
+    def memory_budget(self) -> tuple[int, int] | None:
+        """``(limit, in use)`` in bytes for a store with a memory budget, else ``None``."""
+        return self._inner.memory_budget
 
     @property
     def path(self) -> pathlib.Path | None:

@@ -117,12 +117,25 @@ pub(crate) struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (replica=0, path=None))]
-    fn new(py: Python<'_>, replica: u32, path: Option<std::path::PathBuf>) -> PyResult<Self> {
+    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        replica: u32,
+        path: Option<std::path::PathBuf>,
+        memory_budget_bytes: Option<u64>,
+    ) -> PyResult<Self> {
         let store = match path {
             None => Store::with_replica(replica),
             Some(path) => detached(py, || {
-                Store::open_with(&path, replica, Arc::new(embstore_table::disk::vfs::RealFs))
+                let mut options = embstore_table::StoreOptions::default().with_replica(replica);
+                if let Some(b) = memory_budget_bytes {
+                    options = options.with_memory_budget(b);
+                }
+                Store::open_with_options(
+                    &path,
+                    &options,
+                    Arc::new(embstore_table::disk::vfs::RealFs),
+                )
             }),
         };
         Ok(Self { inner: Arc::new(store.map_err(to_py_err)?) })
@@ -143,6 +156,12 @@ impl PyStore {
             })
         });
         Ok(Self { inner: Arc::new(store.map_err(to_py_err)?) })
+    }
+
+    /// (limit, bytes in use) of a store with a memory budget.
+    #[getter]
+    fn memory_budget(&self) -> Option<(u64, u64)> {
+        self.inner.memory_budget().map(|b| (b.limit(), b.used()))
     }
 
     #[getter]
@@ -550,6 +569,25 @@ impl PyTable {
         Ok(())
     }
 
+    fn pin(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        detached(py, || t.pin(keys)).map_err(to_py_err)
+    }
+
+    fn unpin(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        detached(py, || t.unpin(keys));
+        Ok(())
+    }
+
+    /// Whether the table has a memory tier (its store has a memory budget).
+    #[getter]
+    fn tiered(&self) -> bool {
+        self.inner.is_tiered()
+    }
+
     fn remove(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<usize> {
         let keys = slice(&ids, "ids")?;
         let t = &self.inner;
@@ -655,6 +693,9 @@ impl PyTable {
         d.set_item("dropped_unadmitted", s.dropped_unadmitted)?;
         d.set_item("skipped_non_finite", s.skipped_non_finite)?;
         d.set_item("repaired_on_load", s.repaired_on_load)?;
+        d.set_item("rows_on_disk", s.rows_on_disk)?;
+        d.set_item("cold_reads", s.cold_reads)?;
+        d.set_item("evicted_to_disk", s.evicted_to_disk)?;
         d.set_item("step", s.step)?;
         d.set_item("rows_per_shard", s.rows_per_shard)?;
         Ok(d)

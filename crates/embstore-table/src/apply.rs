@@ -72,6 +72,7 @@ impl Table {
             }
         }
         let groups = self.group(ids)?;
+        let _entered = self.enter(ids)?;
         if ids.is_empty() {
             return Ok(0);
         }

@@ -40,6 +40,13 @@ const LOCK: &str = "LOCK";
 /// The folder of the segments.
 pub(crate) const SEG_DIR: &str = "seg";
 
+/// A store's memory budget and the replacement policy its tables use.
+#[derive(Clone, Debug)]
+pub(crate) struct Tiering {
+    pub(crate) budget: Arc<crate::tier::Budget>,
+    pub(crate) eviction: crate::evict::EvictionConfig,
+}
+
 /// What opening a store directory found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -85,6 +92,7 @@ impl Durable {
         dir: &Path,
         vfs: Arc<dyn Vfs>,
         clock: &Arc<Clock>,
+        tiering: Option<&Tiering>,
     ) -> Result<(Self, Vec<Arc<Table>>)> {
         let io = |what: &str, p: &Path, e| Error::io(format!("{what} {}", p.display()), e);
         vfs.create_dir_all(&dir.join(SEG_DIR)).map_err(|e| io("create", dir, e))?;
@@ -114,7 +122,10 @@ impl Durable {
                 Error::corrupt(format!("{}: table id {id} in the manifest: {what}", dir.display()))
             };
             let (config, _) = parse_config_text(&entry.config, &bad)?;
-            let table = Arc::new(Table::with_clock(config, clock.clone())?);
+            let mut table = Table::with_clock(config, clock.clone())?;
+            if let Some(t) = tiering {
+                table.enable_tier(t.budget.clone(), t.eviction.clone())?;
+            }
             for &seq in entry.files.keys() {
                 let path = segment_path(dir, seq);
                 let r = SegmentReader::open(&*vfs, &path)?;
@@ -129,13 +140,24 @@ impl Durable {
                         path.display()
                     )));
                 }
-                let (rows, tombstones) = table.replay(&r)?;
-                report.records += rows + tombstones;
+                report.records += match &table.tier {
+                    // With a memory budget every row starts on disk: only the footers are read.
+                    Some(tier) => {
+                        let slot = tier.files.write().reserve()?;
+                        let n = table.replay_footer(slot, &r)?;
+                        tier.files.write().install(slot, seq, Arc::new(r));
+                        n
+                    }
+                    None => {
+                        let (rows, tombstones) = table.replay(&r)?;
+                        rows + tombstones
+                    }
+                };
                 report.segments += 1;
             }
             table.set_step(entry.step);
             table.track_changes();
-            tables.push(table);
+            tables.push(Arc::new(table));
         }
         report.tables = tables.len();
         // Segments no table names are what a crash left of a flush; a leftover manifest
@@ -248,8 +270,54 @@ impl Durable {
         rewrite: bool,
         stats: &mut FlushStats,
     ) -> Result<()> {
+        let kind = if rewrite { SegmentKind::Compaction } else { SegmentKind::Flush };
+        // A rewrite of a tiered table also copies its rows on disk; it holds the gate for
+        // reading meanwhile (no `clear` or `load` can interleave).
+        let _gate = if rewrite { table.shared_gate() } else { None };
+        self.write_segment(guard, table, kind, rewrite, stats, |w, file| {
+            let n = table.write_changes(w, file)?;
+            match (rewrite, file) {
+                (true, Some(file)) => {
+                    let moved = table.copy_cold(w, file)?;
+                    Ok((n + moved.len() as u64, moved))
+                }
+                _ => Ok((n, Vec::new())),
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Writes the dirty rows among `keys` of `table` to a new segment (eviction): durable when
+    /// this returns, their disk locations set.
+    pub(crate) fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
+        let mut guard = self.inner.lock();
+        let mut stats = FlushStats::default();
+        let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); table.shards.len()];
+        for &k in keys {
+            by_shard[table.shard_of(k)].push(k);
+        }
+        self.write_segment(&mut guard, table, SegmentKind::Flush, false, &mut stats, |w, file| {
+            Ok((table.write_changes_of(w, file, Some(&by_shard))?, Vec::new()))
+        })?;
+        Ok(())
+    }
+
+    /// Writes one segment of `table` with `body` (given the writer and, for a tiered table,
+    /// the file slot its rows' locations point into), then records it — with a `Supersede` of
+    /// the older segments when the table was cleared or this is a rewrite — and the step in one
+    /// manifest record. Returns the segment's seq if one was kept. On any failure the segment
+    /// is deleted and every row is marked dirty again.
+    fn write_segment(
+        &self,
+        guard: &mut (Manifest, State),
+        table: &Table,
+        kind: SegmentKind,
+        rewrite: bool,
+        stats: &mut FlushStats,
+        body: impl FnOnce(&mut SegmentWriter, Option<u32>) -> Result<(u64, Vec<Moved>)>,
+    ) -> Result<Option<u64>> {
         let (manifest, state) = guard;
-        let Some(id) = state.table_id(table.name()) else { return Ok(()) };
+        let Some(id) = state.table_id(table.name()) else { return Ok(None) };
         let seq = state.next_seq.max(1);
         let cleared = table.take_cleared() || rewrite;
         let header = SegmentHeader {
@@ -257,24 +325,32 @@ impl Durable {
             state_dim: table.state_dim() as u32,
             seq,
             table_id: id,
-            kind: if rewrite { SegmentKind::Compaction } else { SegmentKind::Flush },
+            kind,
             created_ms: now_ms(),
         };
         let path = segment_path(&self.dir, seq);
+        let file = table.tier.as_ref().map(|t| t.files.write().reserve()).transpose()?;
+        let release = || {
+            if let (Some(t), Some(f)) = (&table.tier, file) {
+                t.files.write().release(f);
+            }
+        };
         let fail = |e: Error| {
             table.mark_all_dirty();
             if cleared && !rewrite {
                 table.set_cleared();
             }
             let _ = self.vfs.remove(&path);
+            release();
             e
         };
         let mut w = SegmentWriter::create(&*self.vfs, &path, header).map_err(fail)?;
-        let written = table.write_changes(&mut w).map_err(fail)?;
+        let (written, moved) = body(&mut w, file).map_err(fail)?;
         if written == 0 && !cleared && state.tables[&id].step == table.step() {
             drop(w);
             let _ = self.vfs.remove(&path);
-            return Ok(()); // nothing changed
+            release();
+            return Ok(None); // nothing changed
         }
         let superseded: Vec<u64> = match cleared {
             true => state.tables[&id].files.keys().copied().filter(|&s| s < seq).collect(),
@@ -284,7 +360,8 @@ impl Durable {
         if cleared {
             edits.push(Edit::Supersede { table: id, below: seq });
         }
-        if written > 0 {
+        let kept = written > 0;
+        if kept {
             let info = w.finish().map_err(fail)?;
             edits.push(Edit::AddFile { table: id, seq, records: info.records, bytes: info.bytes });
             stats.records += info.records;
@@ -297,12 +374,35 @@ impl Durable {
         edits.push(Edit::Step { table: id, step: table.step() });
         let mut next = state.clone();
         edits.iter().try_for_each(|e| next.apply(e)).map_err(fail)?;
+        let reader = match (kept, &table.tier) {
+            (true, Some(_)) => {
+                Some(Arc::new(SegmentReader::open(&*self.vfs, &path).map_err(fail)?))
+            }
+            _ => None,
+        };
         manifest.append(&*self.vfs, &edits, &next).map_err(fail)?;
         *state = next;
+        if let (Some(t), Some(f)) = (&table.tier, file) {
+            match reader {
+                Some(r) => t.files.write().install(f, seq, r),
+                None => t.files.write().release(f),
+            }
+            if cleared {
+                // Rows on disk move to the new segment before the old ones' slots go; rows in
+                // memory whose clean copy was in an old segment become dirty.
+                let old = t.files.read().slots_below(seq);
+                table.relocate_cold(&moved, &old);
+                let mut files = t.files.write();
+                old.into_iter().for_each(|s| files.release(s));
+            }
+        }
         self.delete_segments(&superseded);
-        Ok(())
+        Ok(kept.then_some(seq))
     }
 }
+
+/// A row on disk copied by a rewrite: (key, old location, new location).
+pub(crate) type Moved = (u64, u64, u64);
 
 /// What one flush wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

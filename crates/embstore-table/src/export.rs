@@ -43,12 +43,28 @@ pub struct Export<T: std::ops::Deref<Target = Table>> {
     shard: usize,
     keys: Vec<u64>,
     next: usize,
+    error: Option<crate::Error>,
 }
 
 impl<T: std::ops::Deref<Target = Table>> Export<T> {
     /// An export of `table`'s rows in chunks of up to `chunk_rows` (at least 1).
     pub fn new(table: T, chunk_rows: usize) -> Self {
-        Self { table, chunk_rows: chunk_rows.max(1), shard: 0, keys: Vec::new(), next: 0 }
+        Self {
+            table,
+            chunk_rows: chunk_rows.max(1),
+            shard: 0,
+            keys: Vec::new(),
+            next: 0,
+            error: None,
+        }
+    }
+}
+
+impl<T: std::ops::Deref<Target = Table>> Export<T> {
+    /// Why the iteration ended early, if it did: a row on disk could not be read (a damaged
+    /// segment). Check it after the last chunk.
+    pub fn take_error(&mut self) -> Option<crate::Error> {
+        self.error.take()
     }
 }
 
@@ -68,7 +84,16 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 if self.shard >= t.shards.len() {
                     return None;
                 }
-                self.keys = t.shards[self.shard].read().index.iter().map(|(k, _)| k).collect();
+                self.keys = {
+                    let shard = t.shards[self.shard].read();
+                    let cold = shard.tier.as_ref().map(|t| &t.cold);
+                    shard
+                        .index
+                        .iter()
+                        .chain(cold.into_iter().flat_map(|c| c.iter()))
+                        .map(|(k, _)| k)
+                        .collect()
+                };
                 self.keys.sort_unstable();
                 self.next = 0;
                 self.shard += 1;
@@ -82,13 +107,29 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 step: t.step(),
                 ..RowChunk::default()
             };
-            let shard = t.shards[t.shard_of(keys[0])].read();
-            for &k in keys {
-                if let Some(slot) = shard.slot(k) {
-                    chunk.ids.push(k);
-                    chunk.values.extend_from_slice(shard.values.row(slot));
-                    chunk.state.extend_from_slice(shard.state.row(slot));
-                    chunk.meta.push(shard.meta[slot].unpack());
+            let s = t.shard_of(keys[0]);
+            let mut cold = Vec::new();
+            {
+                let shard = t.shards[s].read();
+                for &k in keys {
+                    if let Some(slot) = shard.slot(k) {
+                        chunk.ids.push(k);
+                        chunk.values.extend_from_slice(shard.values.row(slot));
+                        chunk.state.extend_from_slice(shard.state.row(slot));
+                        chunk.meta.push(shard.meta[slot].unpack());
+                    } else if shard.tier.is_some() {
+                        cold.push(k);
+                    }
+                }
+            }
+            // Rows on disk are read from their segments, not brought into memory. A read that
+            // fails (a damaged segment) ends the export early; `Table::save` checks the count.
+            if !cold.is_empty() {
+                if let Err(e) = t.export_cold(s, &cold, &mut chunk) {
+                    self.error = Some(e);
+                    self.next = self.keys.len();
+                    self.shard = t.shards.len();
+                    return None;
                 }
             }
             if !chunk.is_empty() {

@@ -74,13 +74,17 @@ impl Table {
         w.write_all(&crc32fast::hash(header.as_bytes()).to_le_bytes()).map_err(ctx)?;
         let mut total = 0u64;
         let mut buf = Vec::new();
-        for chunk in self.export(BLOCK_ROWS) {
+        let mut export = self.export(BLOCK_ROWS);
+        for chunk in &mut export {
             buf.clear();
             encode_block(&chunk, &mut buf);
             w.write_all(&(chunk.len() as u32).to_le_bytes()).map_err(ctx)?;
             w.write_all(&buf).map_err(ctx)?;
             w.write_all(&crc32fast::hash(&buf).to_le_bytes()).map_err(ctx)?;
             total += chunk.len() as u64;
+        }
+        if let Some(e) = export.take_error() {
+            return Err(e);
         }
         w.write_all(&0u32.to_le_bytes()).map_err(ctx)?;
         w.write_all(&total.to_le_bytes()).map_err(ctx)?;
@@ -118,6 +122,7 @@ impl Table {
         })?;
         fresh.set_step(step);
         self.check_live()?;
+        let _exclusive = self.exclusive();
         self.swap_rows(&fresh);
         Counters::add(&self.counters.repaired_on_load, repaired as usize);
         Ok(rows)

@@ -68,6 +68,7 @@ impl Table {
         if ids.is_empty() {
             return Ok(());
         }
+        let _entered = self.enter(ids)?;
         let out = SharedOut(out.as_mut_ptr());
         let found = found.map(|f| SharedOut(f.as_mut_ptr()));
         // (batch position, id) of the first missing id, for OnMiss::Error.
@@ -186,6 +187,7 @@ impl Table {
             )));
         }
         let groups = self.group(ids)?;
+        let _entered = self.enter(ids)?;
         let out_ptr = SharedOut(out.as_mut_ptr());
         self.run(&groups, |s, keys, pos| {
             let mut hit = vec![false; keys.len()];

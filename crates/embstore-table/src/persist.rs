@@ -20,6 +20,29 @@ const FLUSH_CHUNK: usize = 4096;
 /// Rows per import batch while replaying.
 const REPLAY_BATCH: usize = 16 * 1024;
 
+/// Rows copied out of a shard, reused between chunks.
+pub(crate) struct CopyBuf {
+    values: Vec<f32>,
+    state: Vec<f32>,
+    rows: Vec<(u64, RowMeta)>,
+}
+
+impl CopyBuf {
+    pub(crate) fn new(t: &Table) -> Self {
+        Self {
+            values: Vec::with_capacity(FLUSH_CHUNK * t.dim()),
+            state: Vec::with_capacity(FLUSH_CHUNK * t.state_dim()),
+            rows: Vec::with_capacity(FLUSH_CHUNK),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.values.clear();
+        self.state.clear();
+        self.rows.clear();
+    }
+}
+
 impl Table {
     /// Makes the table track its changes for a durable store: shards list their removals,
     /// `clear` and `load` mark the table cleared. Every row present now counts as flushed.
@@ -52,47 +75,41 @@ impl Table {
     /// the rows written (tombstones included). On an error the removals taken so far go back
     /// to their shards; the caller must then [`Table::mark_all_dirty`], as some rows' bits
     /// were cleared for a segment that will never count.
-    pub(crate) fn write_changes(&self, w: &mut SegmentWriter) -> Result<u64> {
-        let (d, sd) = (self.dim(), self.state_dim);
+    pub(crate) fn write_changes(&self, w: &mut SegmentWriter, file: Option<u32>) -> Result<u64> {
+        self.write_changes_of(w, file, None)
+    }
+
+    /// [`Table::write_changes`], writing of the dirty rows only those of `only` (keys by
+    /// shard; an eviction's victims) when given. The removals are always written first, all
+    /// of them: a row removed and then written again must have its tombstone before its record
+    /// on disk, whichever segment the record goes to.
+    pub(crate) fn write_changes_of(
+        &self,
+        w: &mut SegmentWriter,
+        file: Option<u32>,
+        only: Option<&[Vec<u64>]>,
+    ) -> Result<u64> {
         let mut taken: Vec<(usize, Vec<(u64, Version)>)> = Vec::new();
         let result = (|| {
             let mut written = 0u64;
-            let mut values = Vec::with_capacity(FLUSH_CHUNK * d);
-            let mut state = Vec::with_capacity(FLUSH_CHUNK * sd);
-            let mut rows: Vec<(u64, RowMeta)> = Vec::with_capacity(FLUSH_CHUNK);
+            let mut buf = CopyBuf::new(self);
             for (s, lock) in self.shards.iter().enumerate() {
                 let (removed, dirty) = {
                     let mut shard = lock.write();
                     let removed = shard.removed.as_mut().map(std::mem::take).unwrap_or_default();
-                    (removed, shard.dirty_keys.as_mut().map(std::mem::take).unwrap_or_default())
+                    let dirty = match only {
+                        Some(_) => Vec::new(),
+                        None => shard.dirty_keys.as_mut().map(std::mem::take).unwrap_or_default(),
+                    };
+                    (removed, dirty)
                 };
+                let dirty = only.map_or(&dirty[..], |o| &o[s][..]);
                 for &(key, version) in &removed {
                     w.push_tombstone(key, version)?;
                 }
                 written += removed.len() as u64;
                 taken.push((s, removed));
-                for keys in dirty.chunks(FLUSH_CHUNK) {
-                    values.clear();
-                    state.clear();
-                    rows.clear();
-                    {
-                        let mut shard = lock.write();
-                        for &key in keys {
-                            let Some(slot) = shard.slot(key) else { continue };
-                            if !shard.meta[slot].is_dirty() {
-                                continue;
-                            }
-                            values.extend_from_slice(shard.values.row(slot));
-                            state.extend_from_slice(shard.state.row(slot));
-                            rows.push((key, shard.meta[slot].unpack()));
-                            shard.meta[slot].set_dirty(false);
-                        }
-                    }
-                    for (i, (key, meta)) in rows.iter().enumerate() {
-                        w.push(*key, meta, &values[i * d..][..d], &state[i * sd..][..sd])?;
-                    }
-                    written += rows.len() as u64;
-                }
+                written += self.copy_dirty(s, dirty, w, file, &mut buf)?;
             }
             Ok(written)
         })();
@@ -104,6 +121,48 @@ impl Table {
             }
         }
         result
+    }
+
+    /// Appends the rows of `keys` (all in shard `s`) that are dirty to `w`, FLUSH_CHUNK at a
+    /// time under the shard's write lock, clearing their dirty bits and — with `file`, the
+    /// slot of the segment `w` writes in a tiered table — setting their disk location.
+    /// Returns the rows written. On an error the caller must [`Table::mark_all_dirty`].
+    pub(crate) fn copy_dirty(
+        &self,
+        s: usize,
+        keys: &[u64],
+        w: &mut SegmentWriter,
+        file: Option<u32>,
+        buf: &mut CopyBuf,
+    ) -> Result<u64> {
+        let (d, sd) = (self.dim(), self.state_dim);
+        let mut written = 0;
+        for keys in keys.chunks(FLUSH_CHUNK) {
+            buf.clear();
+            let base = w.records();
+            {
+                let mut shard = self.shards[s].write();
+                let shard = &mut *shard;
+                for &key in keys {
+                    let Some(slot) = shard.slot(key) else { continue };
+                    if !shard.meta[slot].is_dirty() {
+                        continue;
+                    }
+                    buf.values.extend_from_slice(shard.values.row(slot));
+                    buf.state.extend_from_slice(shard.state.row(slot));
+                    if let (Some(f), Some(t)) = (file, shard.tier.as_mut()) {
+                        t.disk_loc[slot] = crate::tier::loc(f, base + buf.rows.len() as u64);
+                    }
+                    buf.rows.push((key, shard.meta[slot].unpack()));
+                    shard.meta[slot].set_dirty(false);
+                }
+            }
+            for (i, (key, meta)) in buf.rows.iter().enumerate() {
+                w.push(*key, meta, &buf.values[i * d..][..d], &buf.state[i * sd..][..sd])?;
+            }
+            written += buf.rows.len() as u64;
+        }
+        Ok(written)
     }
 
     /// Applies one segment's records in order: rows are written as stored (repairing

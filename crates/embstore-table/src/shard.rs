@@ -36,6 +36,8 @@ pub(crate) struct Shard {
     /// In a durable store: the keys whose rows turned dirty since the last flush (each once,
     /// when its row goes from clean to dirty), so that a flush needs no scan of the shard.
     pub(crate) dirty_keys: Option<Vec<u64>>,
+    /// In a table with a memory budget: the cold index and per-slot tier state (`tier`).
+    pub(crate) tier: Option<Box<crate::tier::ShardTier>>,
 }
 
 impl Shard {
@@ -59,6 +61,7 @@ impl Shard {
             huge_pages,
             removed: None,
             dirty_keys: None,
+            tier: None,
         };
         if rows > 0 {
             shard.reserve_slots(rows)?;
@@ -88,6 +91,21 @@ impl Shard {
     /// Stores a new row for `key` (which has none): allocates a slot, indexes it, writes the
     /// optimizer's initial state and `meta`; returns the slot, whose values the caller writes.
     pub(crate) fn insert(&mut self, key: u64, meta: PackedMeta, opt: &Optimizer) -> Result<usize> {
+        let slot = self.insert_clean(key, meta)?;
+        opt.init_state(self.state.row_mut(slot));
+        if let Some(dirty) = &mut self.dirty_keys {
+            dirty.push(key);
+        }
+        if let Some(t) = &mut self.tier {
+            t.cold.remove(key); // a cold copy is older than this new row
+            t.on_insert(slot, key, crate::tier::NONE);
+        }
+        Ok(slot)
+    }
+
+    /// Allocates a slot for `key` (which has no row), indexes it and stores `meta`; the caller
+    /// writes the values and state.
+    pub(crate) fn insert_clean(&mut self, key: u64, meta: PackedMeta) -> Result<usize> {
         let slot = self.free.last().copied().unwrap_or(self.meta.len());
         self.reserve_slots(slot + 1)?;
         self.index.insert(key, slot as u64)?;
@@ -96,11 +114,15 @@ impl Shard {
         } else {
             self.meta[slot] = meta;
         }
-        opt.init_state(self.state.row_mut(slot));
-        if let Some(dirty) = &mut self.dirty_keys {
-            dirty.push(key);
-        }
         Ok(slot)
+    }
+
+    /// Gives the shard a tier state, registering every row it holds (all hot, none on disk).
+    pub(crate) fn attach_tier(&mut self, mut t: crate::tier::ShardTier) {
+        for (key, slot) in self.index.iter() {
+            t.on_insert(slot as usize, key, crate::tier::NONE);
+        }
+        self.tier = Some(Box::new(t));
     }
 
     /// Records a write of `key`'s row (at `slot`) with `version`.
@@ -115,6 +137,12 @@ impl Shard {
     pub(crate) fn set_meta(&mut self, slot: usize, key: u64, meta: PackedMeta) {
         self.note_dirty(slot, key);
         self.meta[slot] = meta;
+    }
+
+    /// Marks `key`'s row (at `slot`) dirty.
+    pub(crate) fn mark_dirty(&mut self, slot: usize, key: u64) {
+        self.note_dirty(slot, key);
+        self.meta[slot].set_dirty(true);
     }
 
     /// Lists `key` as dirty if its row is clean now (it is about to change).
@@ -145,16 +173,27 @@ impl Shard {
 
     /// Removes `key`'s row; whether it had one. Call [`Shard::shrink_if_sparse`] after a batch.
     pub(crate) fn remove(&mut self, key: u64) -> bool {
-        match self.index.remove(key) {
-            Some(slot) => {
-                if let Some(removed) = &mut self.removed {
-                    removed.push((key, self.meta[slot as usize].unpack().version));
-                }
-                self.meta[slot as usize] = PackedMeta::default();
-                self.free.push(slot as usize);
-                true
+        if let Some(t) = &mut self.tier {
+            t.cold.remove(key);
+        }
+        let Some(slot) = self.slot(key) else { return false };
+        if let Some(removed) = &mut self.removed {
+            removed.push((key, self.meta[slot].unpack().version));
+        }
+        self.drop_row(key);
+        true
+    }
+
+    /// Takes `key`'s row out of memory (no tombstone): the slot is freed.
+    pub(crate) fn drop_row(&mut self, key: u64) {
+        if let Some(slot) = self.index.remove(key) {
+            let slot = slot as usize;
+            self.meta[slot] = PackedMeta::default();
+            self.free.push(slot);
+            if let Some(t) = &mut self.tier {
+                t.policy.on_remove(slot);
+                t.disk_loc[slot] = crate::tier::NONE;
             }
-            None => false,
         }
     }
 
@@ -177,12 +216,24 @@ impl Shard {
         }
         let (dim, state_dim) = (self.values.stride(), self.state.stride());
         let mut next = Self::with_rows(dim, state_dim, self.huge_pages, self.len())?;
+        // The policy starts over for the moved rows (their access history is lost: compaction
+        // is rare, and every row re-enters the recency segment).
+        next.tier = match &mut self.tier {
+            Some(t) => Some(Box::new(t.emptied()?)),
+            None => None,
+        };
         for (key, slot) in self.index.iter() {
             let (old, new) = (slot as usize, next.meta.len());
             next.index.insert(key, new as u64)?;
             next.meta.push(self.meta[old]);
             next.values.row_mut(new).copy_from_slice(self.values.row(old));
             next.state.row_mut(new).copy_from_slice(self.state.row(old));
+            if let (Some(t), Some(old_t)) = (&mut next.tier, &self.tier) {
+                t.on_insert(new, key, old_t.disk_loc[old]);
+            }
+        }
+        if let (Some(t), Some(old_t)) = (&mut next.tier, &mut self.tier) {
+            std::mem::swap(&mut t.cold, &mut old_t.cold);
         }
         next.removed = self.removed.take();
         next.dirty_keys = self.dirty_keys.take();
@@ -193,7 +244,12 @@ impl Shard {
     /// Drops every row and releases the memory.
     pub(crate) fn clear(&mut self) -> Result<()> {
         let tracking = self.removed.is_some();
+        let tier = match &mut self.tier {
+            Some(t) => Some(Box::new(t.emptied()?)),
+            None => None,
+        };
         *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        self.tier = tier;
         if tracking {
             self.track_changes();
         }

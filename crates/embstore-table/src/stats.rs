@@ -9,8 +9,13 @@ use crate::Table;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TableStats {
-    /// Rows stored.
+    /// Rows stored (in memory and, with a memory budget, on disk).
     pub rows: usize,
+    /// Of those, rows held only on disk (0 without a memory budget).
+    pub rows_on_disk: usize,
+    /// Rows read back from disk, and rows moved from memory to disk, so far.
+    pub cold_reads: u64,
+    pub evicted_to_disk: u64,
     /// Bytes allocated: indexes, arenas, metadata, free lists, the admission sketch. An
     /// upper bound on resident memory (zeroed pages that were never touched are not resident).
     pub bytes_reserved: usize,
@@ -89,13 +94,14 @@ impl Table {
         for shard in self.shards.iter() {
             let shard = shard.read();
             rows_per_shard.push(shard.len());
-            reserved += shard.bytes_reserved();
+            reserved += shard.bytes_reserved() + shard.tier.as_ref().map_or(0, |t| t.bytes());
             used += shard.bytes_used();
         }
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rows_on_disk = self.cold_rows();
         TableStats {
-            rows: rows_per_shard.iter().sum(),
+            rows: rows_per_shard.iter().sum::<usize>() + rows_on_disk,
             bytes_reserved: reserved,
             bytes_used: used,
             hits: get(&c.hits),
@@ -107,6 +113,9 @@ impl Table {
             dropped_unadmitted: get(&c.dropped_unadmitted),
             skipped_non_finite: get(&c.skipped_non_finite),
             repaired_on_load: get(&c.repaired_on_load),
+            rows_on_disk,
+            cold_reads: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_reads)),
+            evicted_to_disk: self.tier.as_ref().map_or(0, |t| get(&t.counters.evicted_rows)),
             step: self.step(),
             rows_per_shard,
         }

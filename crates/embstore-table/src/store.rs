@@ -8,7 +8,7 @@ use parking_lot::RwLock;
 
 use crate::config::validate_name;
 use crate::disk::vfs::{RealFs, Vfs};
-use crate::durable::{Durable, FlushStats, RecoveryReport};
+use crate::durable::{Durable, FlushStats, RecoveryReport, Tiering};
 use crate::version::Clock;
 use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
@@ -19,7 +19,41 @@ use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 pub struct Store {
     tables: RwLock<BTreeMap<String, Arc<Table>>>,
     clock: Arc<Clock>,
-    durable: Option<Durable>,
+    durable: Option<Arc<Durable>>,
+    tiering: Option<Tiering>,
+}
+
+impl StoreOptions {
+    /// Options with a memory budget of `bytes` (see [`StoreOptions::memory_budget_bytes`]).
+    pub fn with_memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget_bytes = Some(bytes);
+        self
+    }
+
+    /// Options with the replica id `replica`.
+    pub fn with_replica(mut self, replica: u32) -> Self {
+        self.replica = replica;
+        self
+    }
+
+    /// Options with the replacement policy `eviction`.
+    pub fn with_eviction(mut self, eviction: crate::evict::EvictionConfig) -> Self {
+        self.eviction = eviction;
+        self
+    }
+}
+
+/// How [`Store::open_with_options`] opens a directory.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct StoreOptions {
+    /// The replica id written into row versions (at most [`MAX_REPLICA`]).
+    pub replica: u32,
+    /// Bytes of memory the tables may hold (indexes, rows, metadata); rows beyond it live on
+    /// disk and are read back on use. `None`: every row in memory.
+    pub memory_budget_bytes: Option<u64>,
+    /// The replacement policy of the memory tier.
+    pub eviction: crate::evict::EvictionConfig,
 }
 
 impl Default for Store {
@@ -31,7 +65,12 @@ impl Default for Store {
 impl Store {
     /// An empty store; its rows' versions carry replica id 0.
     pub fn new() -> Self {
-        Self { tables: RwLock::new(BTreeMap::new()), clock: Arc::new(Clock::new(0)), durable: None }
+        Self {
+            tables: RwLock::new(BTreeMap::new()),
+            clock: Arc::new(Clock::new(0)),
+            durable: None,
+            tiering: None,
+        }
     }
 
     /// An empty store whose rows' versions carry `replica` (at most [`MAX_REPLICA`]).
@@ -48,10 +87,47 @@ impl Store {
 
     /// [`Store::open`] with a replica id and a file layer (a fault-injecting one in tests).
     pub fn open_with(dir: impl AsRef<Path>, replica: u32, vfs: Arc<dyn Vfs>) -> Result<Self> {
-        let clock = Arc::new(Clock::new(check_replica(replica)?));
-        let (durable, tables) = Durable::open(dir.as_ref(), vfs, &clock)?;
+        let options = StoreOptions { replica, ..StoreOptions::default() };
+        Self::open_with_options(dir, &options, vfs)
+    }
+
+    /// [`Store::open`] with every option: a memory budget makes the tables larger than memory
+    /// (rows beyond it stay on disk, read back when used; see `tier`).
+    pub fn open_with_options(
+        dir: impl AsRef<Path>,
+        options: &StoreOptions,
+        vfs: Arc<dyn Vfs>,
+    ) -> Result<Self> {
+        let clock = Arc::new(Clock::new(check_replica(options.replica)?));
+        let tiering = match options.memory_budget_bytes {
+            Some(0) => return Err(Error::invalid("memory_budget_bytes must be at least 1")),
+            Some(b) => Some(Tiering {
+                budget: crate::tier::Budget::new(b),
+                eviction: options.eviction.clone(),
+            }),
+            None => None,
+        };
+        let (durable, tables) = Durable::open(dir.as_ref(), vfs, &clock, tiering.as_ref())?;
+        let durable = Arc::new(durable);
+        for t in &tables {
+            t.attach_durable(&durable);
+        }
         let tables = tables.into_iter().map(|t| (t.name().to_owned(), t)).collect();
-        Ok(Self { tables: RwLock::new(tables), clock, durable: Some(durable) })
+        Ok(Self { tables: RwLock::new(tables), clock, durable: Some(durable), tiering })
+    }
+
+    /// The memory budget of a store opened with one.
+    pub fn memory_budget(&self) -> Option<&crate::tier::Budget> {
+        self.tiering.as_ref().map(|t| &*t.budget)
+    }
+
+    /// Builds a table for this store: tiered under its budget, if it has one.
+    fn new_table(&self, config: TableConfig) -> Result<Table> {
+        let mut table = Table::with_clock(config, self.clock.clone())?;
+        if let Some(t) = &self.tiering {
+            table.enable_tier(t.budget.clone(), t.eviction.clone())?;
+        }
+        Ok(table)
     }
 
     /// The directory of a store opened with [`Store::open`]; `None` for one in memory.
@@ -82,9 +158,10 @@ impl Store {
                 format!("table '{}' already exists", config.name),
             ));
         }
-        let table = Arc::new(Table::with_clock(config, self.clock.clone())?);
+        let table = Arc::new(self.new_table(config)?);
         if let Some(durable) = &self.durable {
             durable.create_table(&table)?;
+            table.attach_durable(durable);
         }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
@@ -130,7 +207,7 @@ impl Store {
         if self.tables.read().contains_key(&config.name) {
             return Err(exists(&config.name));
         }
-        let table = Arc::new(Table::with_clock(config, self.clock.clone())?);
+        let table = Arc::new(self.new_table(config)?);
         table.load(path)?;
         let mut tables = self.tables.write();
         if tables.contains_key(table.name()) {
@@ -138,6 +215,7 @@ impl Store {
         }
         if let Some(durable) = &self.durable {
             durable.create_table(&table)?;
+            table.attach_durable(durable);
         }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
@@ -146,7 +224,7 @@ impl Store {
 
 impl Store {
     pub(crate) fn durable(&self) -> Option<&Durable> {
-        self.durable.as_ref()
+        self.durable.as_deref()
     }
 
     pub(crate) fn clock(&self) -> &Arc<Clock> {
@@ -168,6 +246,7 @@ impl Store {
         }
         if let Some(durable) = &self.durable {
             durable.create_table(&table)?;
+            table.attach_durable(durable);
         }
         tables.insert(table.name().to_owned(), table);
         Ok(())

@@ -46,6 +46,8 @@ pub struct Table {
     pub(crate) durable: AtomicBool,
     /// Every row was replaced (`clear`, `load`) since the last flush.
     pub(crate) cleared: AtomicBool,
+    /// In a durable store with a memory budget: the memory tier (`tier`).
+    pub(crate) tier: Option<Box<crate::tier::Tier>>,
 }
 
 impl std::fmt::Debug for Table {
@@ -79,6 +81,7 @@ impl Table {
             dropped: AtomicBool::new(false),
             durable: AtomicBool::new(false),
             cleared: AtomicBool::new(false),
+            tier: None,
             config,
         })
     }
@@ -121,7 +124,7 @@ impl Table {
 
     /// Rows stored.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards.iter().map(|s| s.read().len()).sum::<usize>() + self.cold_rows()
     }
 
     /// Whether no row is stored.
@@ -212,6 +215,7 @@ impl Table {
     /// sketch.
     pub fn clear(&self) -> Result<()> {
         self.check_live()?;
+        let _exclusive = self.exclusive();
         if self.durable.load(Ordering::Relaxed) {
             // Before the shards empty: a flush that runs meanwhile then drops every older file.
             self.cleared.store(true, Ordering::Relaxed);
@@ -265,6 +269,11 @@ impl Table {
         }
         let step = other.step.swap(self.step(), Ordering::Relaxed);
         self.set_step(step);
+        for (a, b) in mine.iter_mut().zip(theirs.iter()) {
+            if let Some(t) = &b.tier {
+                a.attach_tier(t.emptied().expect("a tier's empty state"));
+            }
+        }
         if self.durable.load(Ordering::Relaxed) {
             for shard in mine.iter_mut() {
                 shard.track_changes();

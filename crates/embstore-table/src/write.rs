@@ -26,6 +26,8 @@ impl Table {
     /// Sets the values of `ids` (`[B, D]`); ids without a row get one (admission does not
     /// apply). For a repeated id the last row wins. State of existing rows is kept.
     pub fn assign(&self, ids: &[u64], values: &[f32]) -> Result<()> {
+        self.check_live()?;
+        let _entered = self.enter(ids)?;
         self.write_rows(ids, values, StateIn::Keep, None, true)
     }
 
@@ -41,6 +43,8 @@ impl Table {
         meta: Option<&[RowMeta]>,
     ) -> Result<()> {
         let state = state.map_or(StateIn::Init, StateIn::Given);
+        self.check_live()?;
+        let _entered = self.enter(ids)?;
         self.write_rows(ids, values, state, meta, true)
     }
 
@@ -223,6 +227,7 @@ impl Table {
     /// memory.
     pub fn remove(&self, ids: &[u64]) -> Result<usize> {
         let groups = self.group(ids)?;
+        let _entered = self.enter(ids)?;
         let removed = AtomicU64::new(0);
         self.run(&groups, |s, keys, _| {
             let mut shard = self.shards[s].write();
@@ -238,6 +243,7 @@ impl Table {
     /// The metadata of each id's row, `None` for ids without one.
     pub fn meta(&self, ids: &[u64]) -> Result<Vec<Option<RowMeta>>> {
         self.check_live()?;
+        let _entered = self.enter(ids)?;
         Ok(ids
             .iter()
             .map(|&k| {

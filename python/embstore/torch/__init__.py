@@ -115,7 +115,12 @@ class _Pull(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray) -> Any:
         ctx.module, ctx.ids = module, ids
-        return torch.from_numpy(module.table.lookup(ids, module._mode()))
+        rows = torch.from_numpy(module.table.lookup(ids, module._mode()))
+        if module.training and torch.is_grad_enabled() and module.table.tiered:
+            # The step's working set stays in memory until EmbeddingOptimizer.zero_grad().
+            module.table.pin(ids)
+            module._pinned.append(ids)
+        return rows
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -146,6 +151,7 @@ class _StoreModule(nn.Module):
         self.rows_in_state_dict = bool(rows_in_state_dict)
         self.embedding_dim = table.embedding_dim
         self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._pinned: list[np.ndarray] = []
         self._warned = False
         # The output's dtype: rows are float32 in the table, but model.half() / .double() /
         # .to(torch.bfloat16) convert this empty buffer, and the output follows it.
@@ -697,10 +703,14 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         return loss if closure is not None else stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop every pending gradient (``set_to_none`` is accepted for torch's signature)."""
+        """Drop every pending gradient and release the rows pinned by the forward passes
+        (``set_to_none`` is accepted for torch's signature)."""
         for m in self.modules:
             m._pending.clear()
             m._warned = False
+            for ids in m._pinned:
+                m.table.unpin(ids)
+            m._pinned.clear()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the groups' ``lr`` (and a scheduler's ``initial_lr``) from

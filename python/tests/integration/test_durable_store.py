@@ -165,3 +165,33 @@ def test_inspect_and_verify_commands(tmp_path):
     )
     assert out.returncode == 2 and "MANIFEST" in out.stderr, out
     assert os.path.exists(seg)
+
+
+def test_a_memory_budget_keeps_most_rows_on_disk_with_the_same_numbers(tmp_path):
+    rng = np.random.default_rng(5)
+    memory = embstore.Store()
+    tiered = embstore.Store(tmp_path / "s", memory_budget_bytes=256 << 10)
+    tables = [s.create_table("t", 16, optimizer=embstore.Adagrad(lr=0.1)) for s in (memory, tiered)]
+    assert [t.tiered for t in tables] == [False, True]
+    for _ in range(30):
+        ids = rng.integers(0, 20_000, 512)
+        grads = rng.standard_normal((512, 16)).astype(np.float32)
+        rows = [t.lookup(ids) for t in tables]
+        np.testing.assert_array_equal(rows[0], rows[1])
+        for t in tables:
+            with t.pinned(ids):
+                t.apply_gradients(ids, grads)
+    stats = tables[1].stats()
+    assert stats["rows"] == len(tables[0]) and stats["rows_on_disk"] > stats["rows"] // 2
+    assert stats["cold_reads"] > 0 and stats["evicted_to_disk"] > 0
+    limit, used = tiered.memory_budget
+    assert limit == 256 << 10 and used < 2 * limit
+    ids = np.arange(20_000)
+    a, fa = tables[0].lookup(ids, on_miss="zeros", return_found=True)
+    b, fb = tables[1].lookup(ids, on_miss="zeros", return_found=True)
+    np.testing.assert_array_equal(fa, fb)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(embstore.CapacityError, match="memory budget"):
+        tables[1].pin(np.arange(100_000))
+    with pytest.raises(InvalidArgumentError, match="needs a path"):
+        embstore.Store(memory_budget_bytes=1 << 20)

@@ -181,6 +181,11 @@ impl SegmentWriter {
         Ok(w)
     }
 
+    /// Records so far (the next record's number).
+    pub(crate) fn records(&self) -> u64 {
+        self.info.records
+    }
+
     /// Appends a row.
     pub(crate) fn push(
         &mut self,
@@ -329,6 +334,31 @@ impl SegmentReader {
         self.len
     }
 
+    /// Calls `f(i, key, tombstone)` for every record in file order, from the footer alone
+    /// (checked against its CRC): what recovery needs to index a segment without reading rows.
+    pub(crate) fn for_each_footer(
+        &self,
+        mut f: impl FnMut(u64, u64, bool) -> Result<()>,
+    ) -> Result<()> {
+        let rb = self.header.record_bytes() as u64;
+        let off = HEADER_BYTES + self.records * rb;
+        let mut footer = vec![0u8; 8 + self.records as usize * FOOTER_ENTRY + 4];
+        self.file
+            .read_exact_at(&mut footer, off)
+            .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
+        let (body, crc) = footer.split_at(footer.len() - 4);
+        if u32_at(crc, 0) != crc32fast::hash(body) || u64_at(body, 0) != self.records {
+            return Err(Error::corrupt(format!(
+                "{}: footer fails its checksum",
+                self.path.display()
+            )));
+        }
+        for (i, e) in body[8..].chunks_exact(FOOTER_ENTRY).enumerate() {
+            f(i as u64, u64_at(e, 0), u32_at(e, 20) & TOMBSTONE != 0)?;
+        }
+        Ok(())
+    }
+
     /// Calls `f` with every record in file order, each checked against its checksum; then
     /// checks the footer against the records.
     pub(crate) fn for_each(&self, mut f: impl FnMut(&Record) -> Result<()>) -> Result<()> {
@@ -368,9 +398,15 @@ impl SegmentReader {
         Ok(())
     }
 
-    /// Record `i`, checked.
-    #[cfg(test)]
+    /// Record `i`, checked (one positioned read of `record_bytes`).
     pub(crate) fn read(&self, i: u64) -> Result<Record> {
+        if i >= self.records {
+            return Err(Error::corrupt(format!(
+                "{}: record {i} asked for, the segment holds {}",
+                self.path.display(),
+                self.records
+            )));
+        }
         let rb = self.header.record_bytes();
         let mut raw = vec![0u8; rb];
         self.file

@@ -1,0 +1,611 @@
+//! The memory tier of a durable store with a memory budget: hot rows in memory, cold rows in
+//! segments on disk, every key in memory (NeighborKV §2.1.2; Baidu MEM-PS §5, App. D).
+//!
+//! Each shard of a tiered table keeps, beside its hot index and arenas, a **cold index** (key →
+//! where the row's latest record lives: file slot and record number, see [`loc`]), and per hot
+//! slot its key, the location of its clean copy on disk ([`NONE`] if it has none) and the
+//! replacement policy's state ([`crate::evict`]).
+//!
+//! **A call** on a tiered table (lookup, contains, apply_gradients, assign, import, remove,
+//! meta) first takes the table's gate for reading, then *faults in* its ids: under each
+//! shard's read lock it notes an access for every hot id and collects the cold ones; it reads
+//! their records from the segments (each checked against its CRC and key) and promotes them
+//! under the shard's write lock (unless another call did first). The call then runs exactly as
+//! on an in-memory table, and every row it touches is in memory. After the call (gate released)
+//! the table reports its memory to the store's [`Budget`] and evicts if the store is over it.
+//!
+//! **Eviction** of `n` bytes: the policy picks victims per shard, never pinned ones; victims
+//! that are dirty are first written to a new segment (as a flush writes them: copied under the
+//! shard lock, their dirty bit cleared, their disk location set) and made durable in the
+//! manifest; then, under the gate for writing (no call in flight), every victim still clean and
+//! unpinned moves to the cold index — no I/O for a clean row. A dirty row is never dropped
+//! before its copy is durable; a pinned row is never evicted.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use embstore_index::NeighborHash;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::disk::segment::{Record, SegmentReader};
+use crate::durable::Durable;
+use crate::evict::{Eviction, EvictionConfig};
+use crate::meta::PackedMeta;
+use crate::{Error, ErrorKind, Result, RowChunk, Table};
+
+/// No disk copy.
+pub(crate) const NONE: u64 = u64::MAX;
+/// Record numbers take the low 31 bits of a location, file slots the 20 above them.
+const IDX_BITS: u32 = 31;
+const MAX_FILE_SLOTS: usize = 1 << 20;
+/// The store evicts down to this share of its budget once over it, so that eviction runs in
+/// batches rather than on every call.
+const LOW_WATERMARK: f64 = 0.9;
+/// Pinned rows may take at most this share of the budget (the rest is for the cache).
+const MAX_PINNED_FRACTION: f64 = 0.6;
+
+/// A disk location: file slot and record number.
+pub(crate) fn loc(file_slot: u32, record: u64) -> u64 {
+    debug_assert!(record < 1 << IDX_BITS);
+    (file_slot as u64) << IDX_BITS | record
+}
+
+fn loc_parts(loc: u64) -> (u32, u64) {
+    ((loc >> IDX_BITS) as u32, loc & ((1 << IDX_BITS) - 1))
+}
+
+/// The memory budget of a store, shared by its tables.
+#[derive(Debug)]
+pub struct Budget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: u64) -> Arc<Self> {
+        Arc::new(Self { limit, used: AtomicU64::new(0) })
+    }
+
+    /// The budget in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes the store's tables reported at their last call.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// A shard's tier state (see the module docs).
+pub(crate) struct ShardTier {
+    pub(crate) cold: NeighborHash,
+    pub(crate) disk_loc: Vec<u64>,
+    pub(crate) keys: Vec<u64>,
+    pub(crate) policy: Box<dyn Eviction>,
+    config: EvictionConfig,
+    seed: u64,
+}
+
+impl std::fmt::Debug for ShardTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardTier").field("cold", &self.cold.len()).finish_non_exhaustive()
+    }
+}
+
+impl ShardTier {
+    pub(crate) fn new(config: &EvictionConfig, seed: u64) -> Result<Self> {
+        Ok(Self {
+            cold: NeighborHash::new(),
+            disk_loc: Vec::new(),
+            keys: Vec::new(),
+            policy: config.build(seed),
+            config: config.clone(),
+            seed,
+        })
+    }
+
+    /// A fresh tier state of the same configuration (no rows, no cold index).
+    pub(crate) fn emptied(&self) -> Result<Self> {
+        Self::new(&self.config, self.seed)
+    }
+
+    /// Bytes beyond the hot rows' own: the cold index, and per hot slot its key, disk location
+    /// and policy state.
+    pub(crate) fn bytes(&self) -> usize {
+        self.cold.bytes() + self.keys.capacity() * (16 + self.policy.bytes_per_slot())
+    }
+
+    /// Notes `slot` (now holding `key`, with its disk copy at `disk`) as a new hot row.
+    pub(crate) fn on_insert(&mut self, slot: usize, key: u64, disk: u64) {
+        if slot >= self.keys.len() {
+            self.keys.resize(slot + 1, 0);
+            self.disk_loc.resize(slot + 1, NONE);
+        }
+        self.keys[slot] = key;
+        self.disk_loc[slot] = disk;
+        self.policy.on_insert(slot);
+    }
+}
+
+/// The segments a tiered table's locations point into, by file slot.
+#[derive(Debug, Default)]
+pub(crate) struct FileTable {
+    slots: Vec<Option<(u64, Arc<SegmentReader>)>>,
+    reserved: Vec<bool>,
+    free: Vec<u32>,
+}
+
+impl FileTable {
+    /// A free slot for a segment about to be written.
+    pub(crate) fn reserve(&mut self) -> Result<u32> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None if self.slots.len() < MAX_FILE_SLOTS => {
+                self.slots.push(None);
+                self.reserved.push(false);
+                (self.slots.len() - 1) as u32
+            }
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Capacity,
+                    "a table's segments exceed 2^20 files; compaction is behind",
+                ))
+            }
+        };
+        self.reserved[slot as usize] = true;
+        Ok(slot)
+    }
+
+    /// Puts the sealed segment `seq` in `slot`.
+    pub(crate) fn install(&mut self, slot: u32, seq: u64, reader: Arc<SegmentReader>) {
+        self.slots[slot as usize] = Some((seq, reader));
+        self.reserved[slot as usize] = false;
+    }
+
+    /// Frees `slot` (a reservation that was not used, or a segment no location points into).
+    pub(crate) fn release(&mut self, slot: u32) {
+        self.slots[slot as usize] = None;
+        self.reserved[slot as usize] = false;
+        self.free.push(slot);
+    }
+
+    /// The slots of segments with seq below `seq`.
+    pub(crate) fn slots_below(&self, seq: u64) -> Vec<u32> {
+        (0..self.slots.len() as u32)
+            .filter(|&s| self.slots[s as usize].as_ref().is_some_and(|(q, _)| *q < seq))
+            .collect()
+    }
+
+    fn reader(&self, slot: u32) -> Result<Arc<SegmentReader>> {
+        match self.slots.get(slot as usize) {
+            Some(Some((_, r))) => Ok(r.clone()),
+            _ => Err(Error::corrupt(format!(
+                "a row points into file slot {slot}, which holds no segment"
+            ))),
+        }
+    }
+}
+
+/// A tiered table's state (see the module docs).
+pub(crate) struct Tier {
+    gate: RwLock<()>,
+    pub(crate) files: RwLock<FileTable>,
+    pins: Mutex<HashMap<u64, u32>>,
+    budget: Arc<Budget>,
+    /// This table's bytes as last added to the budget.
+    reported: AtomicU64,
+    pub(crate) durable: OnceLock<Weak<Durable>>,
+    evicting: Mutex<()>,
+    pub(crate) counters: TierCounters,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier").field("budget", &self.budget).finish_non_exhaustive()
+    }
+}
+
+/// What the tier did, for `stats()`.
+#[derive(Debug, Default)]
+pub(crate) struct TierCounters {
+    pub(crate) cold_reads: AtomicU64,
+    pub(crate) evicted_rows: AtomicU64,
+    pub(crate) evicted_dirty: AtomicU64,
+    pub(crate) last_error: Mutex<Option<String>>,
+}
+
+/// A call in flight on a table: holds a tiered table's gate for reading; when dropped, reports
+/// the table's memory and evicts if the store is over budget.
+pub(crate) struct Entered<'a> {
+    table: &'a Table,
+    gate: Option<RwLockReadGuard<'a, ()>>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if self.gate.take().is_some() {
+            self.table.after_call();
+        }
+    }
+}
+
+impl Table {
+    /// Makes this table tiered under `budget` (before any row is stored or replayed).
+    pub(crate) fn enable_tier(
+        &mut self,
+        budget: Arc<Budget>,
+        config: EvictionConfig,
+    ) -> Result<()> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            shard.write().tier =
+                Some(Box::new(ShardTier::new(&config, self.config.seed ^ i as u64)?));
+        }
+        self.tier = Some(Box::new(Tier {
+            gate: RwLock::new(()),
+            files: RwLock::new(FileTable::default()),
+            pins: Mutex::new(HashMap::new()),
+            budget,
+            reported: AtomicU64::new(0),
+            durable: OnceLock::new(),
+            evicting: Mutex::new(()),
+            counters: TierCounters::default(),
+        }));
+        Ok(())
+    }
+
+    /// Whether the table has a memory tier (its store has a memory budget).
+    pub fn is_tiered(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// Lets a tiered table write evicted rows through its store's `durable`.
+    pub(crate) fn attach_durable(&self, durable: &Arc<Durable>) {
+        if let Some(t) = &self.tier {
+            let _ = t.durable.set(Arc::downgrade(durable));
+        }
+    }
+
+    /// Starts a call on `ids`: a tiered table brings their rows into memory first.
+    pub(crate) fn enter(&self, ids: &[u64]) -> Result<Entered<'_>> {
+        let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        let gate = tier.gate.read();
+        self.fault_in(tier, ids)?;
+        Ok(Entered { table: self, gate: Some(gate) })
+    }
+
+    /// Holds a tiered table's gate for writing: no call and no eviction runs meanwhile (for
+    /// `clear` and `load`, which replace every row).
+    pub(crate) fn exclusive(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
+        self.tier.as_ref().map(|t| t.gate.write())
+    }
+
+    /// Holds a tiered table's gate for reading (no `clear`, `load` or demotion meanwhile).
+    pub(crate) fn shared_gate(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        // Recursive: a flush that rewrites must not queue behind a `clear` waiting for an
+        // eviction that waits for this flush's manifest lock.
+        self.tier.as_ref().map(|t| t.gate.read_recursive())
+    }
+
+    /// Appends every row on disk to `w` (a rewrite into file slot `file`): returns each one's
+    /// key with its old and new location.
+    pub(crate) fn copy_cold(
+        &self,
+        w: &mut crate::disk::segment::SegmentWriter,
+        file: u32,
+    ) -> Result<Vec<crate::durable::Moved>> {
+        let Some(tier) = &self.tier else { return Ok(Vec::new()) };
+        let mut moved = Vec::new();
+        for lock in self.shards.iter() {
+            let mut cold: Vec<(u64, u64)> = {
+                let shard = lock.read();
+                shard.tier.as_ref().expect("tiered").cold.iter().collect()
+            };
+            cold.sort_unstable_by_key(|&(_, l)| l);
+            for part in cold.chunks(4096) {
+                for (&(key, old), rec) in part.iter().zip(self.read_records(tier, part)?) {
+                    let new = loc(file, w.records());
+                    w.push(key, &rec.meta, &rec.values, &rec.state)?;
+                    moved.push((key, old, new));
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// After a rewrite (or a clear) superseded the segments in `old`: rows on disk that did not
+    /// move since they were copied point to their new records, and rows in memory whose clean
+    /// copy was in an old segment become dirty (the next flush or eviction writes them).
+    pub(crate) fn relocate_cold(&self, moved: &[crate::durable::Moved], old: &[u32]) {
+        let old: std::collections::HashSet<u32> = old.iter().copied().collect();
+        let mut by_shard: Vec<Vec<&crate::durable::Moved>> = vec![Vec::new(); self.shards.len()];
+        for m in moved {
+            by_shard[self.shard_of(m.0)].push(m);
+        }
+        for (lock, moved) in self.shards.iter().zip(by_shard) {
+            let mut shard = lock.write();
+            let shard = &mut *shard;
+            let Some(t) = shard.tier.as_mut() else { continue };
+            for &&(key, from, to) in &moved {
+                if t.cold.get(key) == Some(from) {
+                    // Replacing a key's payload cannot fail for lack of room.
+                    let _ = t.cold.insert(key, to);
+                }
+            }
+            let stale: Vec<(u64, usize)> = shard
+                .index
+                .iter()
+                .map(|(k, s)| (k, s as usize))
+                .filter(|&(_, s)| {
+                    t.disk_loc[s] != NONE && old.contains(&loc_parts(t.disk_loc[s]).0)
+                })
+                .collect();
+            for (key, slot) in stale {
+                shard.tier.as_mut().expect("tiered").disk_loc[slot] = NONE;
+                shard.mark_dirty(slot, key);
+            }
+        }
+    }
+
+    /// Notes accesses to the hot ids among `ids` and promotes the cold ones.
+    fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<()> {
+        let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards.len()];
+        let mut any = false;
+        for &id in ids {
+            let s = self.shard_of(id);
+            let shard = self.shards[s].read();
+            let t = shard.tier.as_ref().expect("a tiered table's shards are tiered");
+            match shard.index.get(id) {
+                Some(slot) => t.policy.on_access(slot as usize),
+                None => {
+                    if let Some(l) = t.cold.get(id) {
+                        cold[s].push((id, l));
+                        any = true;
+                    }
+                }
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        for (s, wanted) in cold.iter_mut().enumerate() {
+            if wanted.is_empty() {
+                continue;
+            }
+            wanted.sort_unstable_by_key(|&(_, l)| l);
+            wanted.dedup();
+            let records = self.read_records(tier, wanted)?;
+            let mut shard = self.shards[s].write();
+            for ((key, l), rec) in wanted.iter().zip(records) {
+                let t = shard.tier.as_ref().expect("tiered");
+                if shard.index.get(*key).is_some() || t.cold.get(*key) != Some(*l) {
+                    continue; // another call promoted it (or it moved) meanwhile
+                }
+                shard.promote(*key, *l, &rec)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the records at `locs` (sorted by location), checking each one's key.
+    fn read_records(&self, tier: &Tier, wanted: &[(u64, u64)]) -> Result<Vec<Record>> {
+        let files = tier.files.read();
+        let mut out = Vec::with_capacity(wanted.len());
+        for &(key, l) in wanted {
+            let (slot, idx) = loc_parts(l);
+            let reader = files.reader(slot)?;
+            let rec = reader.read(idx)?;
+            if rec.key != key || rec.tombstone {
+                return Err(Error::corrupt(format!(
+                    "record {idx} of segment {} holds key {}, expected {key}",
+                    reader.header().seq,
+                    rec.key
+                )));
+            }
+            out.push(rec);
+        }
+        tier.counters.cold_reads.fetch_add(wanted.len() as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Bytes this table holds in memory (what the budget counts).
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        let mut b = 0;
+        for shard in self.shards.iter() {
+            let shard = shard.read();
+            b += shard.bytes_reserved() + shard.tier.as_ref().map_or(0, |t| t.bytes());
+        }
+        b as u64
+    }
+
+    /// After a call: reports this table's memory and, if the store is over its budget, evicts
+    /// this table's share of the excess.
+    fn after_call(&self) {
+        let Some(tier) = &self.tier else { return };
+        let mine = self.memory_bytes();
+        let before = tier.reported.swap(mine, Ordering::Relaxed);
+        let used = if mine >= before {
+            tier.budget.used.fetch_add(mine - before, Ordering::Relaxed) + (mine - before)
+        } else {
+            tier.budget.used.fetch_sub(before - mine, Ordering::Relaxed) - (before - mine)
+        };
+        if used <= tier.budget.limit || mine == 0 {
+            return;
+        }
+        let Some(_one) = tier.evicting.try_lock() else { return };
+        let excess = used - (tier.budget.limit as f64 * LOW_WATERMARK) as u64;
+        let share = (excess as f64 * mine as f64 / used.max(1) as f64).ceil() as u64;
+        if let Err(e) = self.evict_bytes(tier, share.max(1)) {
+            *tier.counters.last_error.lock() = Some(e.to_string());
+        }
+        let after = self.memory_bytes();
+        let before = tier.reported.swap(after, Ordering::Relaxed);
+        if after < before {
+            tier.budget.used.fetch_sub(before - after, Ordering::Relaxed);
+        } else {
+            tier.budget.used.fetch_add(after - before, Ordering::Relaxed);
+        }
+    }
+
+    /// Evicts about `bytes` of hot rows (see the module docs).
+    pub(crate) fn evict_bytes(&self, tier: &Tier, bytes: u64) -> Result<()> {
+        let row = ((self.dim() + self.state_dim) * 4 + 16 + 16 + 16) as u64;
+        let n = (bytes / row).max(1) as usize;
+        let per_shard = n.div_ceil(self.shards.len());
+        let pins = tier.pins.lock().clone();
+        // Steps 1 and 2 hold the gate for reading: `clear` and `load` (which take it for
+        // writing) cannot run between choosing victims and writing them.
+        let read_gate = tier.gate.read();
+        // 1. Victims, and the dirty ones among them.
+        let mut victims: Vec<Vec<u64>> = Vec::with_capacity(self.shards.len());
+        let mut dirty = Vec::new();
+        for lock in self.shards.iter() {
+            let mut shard = lock.write();
+            let shard = &mut *shard;
+            let t = shard.tier.as_mut().expect("tiered");
+            let mut slots = Vec::with_capacity(per_shard);
+            let keys = &t.keys;
+            t.policy.victims(per_shard, &|slot| pins.contains_key(&keys[slot]), &mut slots);
+            let keys: Vec<u64> = slots.iter().map(|&s| t.keys[s]).collect();
+            dirty.extend(
+                slots.iter().zip(&keys).filter(|(&s, _)| shard.meta[s].is_dirty()).map(|(_, &k)| k),
+            );
+            victims.push(keys);
+        }
+        // 2. Dirty victims to a durable segment first.
+        if !dirty.is_empty() {
+            let durable = tier.durable.get().and_then(Weak::upgrade).ok_or_else(|| {
+                Error::new(ErrorKind::Io, "the store of this table is closed; cannot evict")
+            })?;
+            durable.write_rows_of(self, &dirty)?;
+            tier.counters.evicted_dirty.fetch_add(dirty.len() as u64, Ordering::Relaxed);
+        }
+        // 3. Demote, with no call in flight.
+        drop(read_gate);
+        let _gate = tier.gate.write();
+        let pins = tier.pins.lock();
+        let mut moved = 0u64;
+        for (lock, keys) in self.shards.iter().zip(&victims) {
+            let mut shard = lock.write();
+            for &key in keys {
+                if !pins.contains_key(&key) && shard.demote(key)? {
+                    moved += 1;
+                }
+            }
+            shard.shrink_if_sparse()?;
+        }
+        tier.counters.evicted_rows.fetch_add(moved, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
+    /// twice). Fails with `Capacity` if the pinned rows would exceed 60 % of the budget.
+    pub fn pin(&self, ids: &[u64]) -> Result<()> {
+        let Some(tier) = &self.tier else { return Ok(()) };
+        let mut pins = tier.pins.lock();
+        let new = ids.iter().filter(|k| !pins.contains_key(k)).count();
+        let row = ((self.dim() + self.state_dim) * 4 + 48) as u64;
+        let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
+        if (pins.len() + new) as u64 * row > limit {
+            return Err(Error::new(
+                ErrorKind::Capacity,
+                format!(
+                    "pinning {} rows would take {} bytes, over 60 % of the memory budget ({} \
+                     bytes); raise memory_budget_bytes or use smaller batches",
+                    pins.len() + new,
+                    (pins.len() + new) as u64 * row,
+                    tier.budget.limit
+                ),
+            ));
+        }
+        for &k in ids {
+            *pins.entry(k).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    /// Releases pins taken by [`Table::pin`].
+    pub fn unpin(&self, ids: &[u64]) {
+        let Some(tier) = &self.tier else { return };
+        let mut pins = tier.pins.lock();
+        for k in ids {
+            if let Some(n) = pins.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    pins.remove(k);
+                }
+            }
+        }
+    }
+
+    /// Rows on disk only.
+    pub(crate) fn cold_rows(&self) -> usize {
+        self.shards.iter().map(|s| s.read().tier.as_ref().map_or(0, |t| t.cold.len())).sum()
+    }
+
+    /// Indexes the records of a sealed segment in `slot` (at open): a record makes its key
+    /// cold at that location, a tombstone removes the key.
+    pub(crate) fn replay_footer(&self, slot: u32, reader: &SegmentReader) -> Result<u64> {
+        let mut n = 0;
+        reader.for_each_footer(|i, key, tombstone| {
+            let mut shard = self.shards[self.shard_of(key)].write();
+            let t = shard.tier.as_mut().expect("tiered");
+            if tombstone {
+                t.cold.remove(key);
+            } else {
+                t.cold.insert(key, loc(slot, i))?;
+            }
+            n += 1;
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// The cold rows among `keys` of shard `s`, read from disk without promoting them (for
+    /// export): appended to `chunk`.
+    pub(crate) fn export_cold(&self, s: usize, keys: &[u64], chunk: &mut RowChunk) -> Result<()> {
+        let Some(tier) = &self.tier else { return Ok(()) };
+        let wanted: Vec<(u64, u64)> = {
+            let shard = self.shards[s].read();
+            let t = shard.tier.as_ref().expect("tiered");
+            keys.iter().filter_map(|&k| t.cold.get(k).map(|l| (k, l))).collect()
+        };
+        for ((key, _), rec) in wanted.iter().zip(self.read_records(tier, &wanted)?) {
+            chunk.ids.push(*key);
+            chunk.values.extend_from_slice(&rec.values);
+            chunk.state.extend_from_slice(&rec.state);
+            chunk.meta.push(rec.meta);
+        }
+        Ok(())
+    }
+}
+
+impl crate::shard::Shard {
+    /// Moves the cold row `key` (read from `l`) into memory, clean.
+    pub(crate) fn promote(&mut self, key: u64, l: u64, rec: &Record) -> Result<()> {
+        let mut meta = PackedMeta::pack(&rec.meta);
+        meta.set_dirty(false);
+        let slot = self.insert_clean(key, meta)?;
+        self.values.row_mut(slot).copy_from_slice(&rec.values);
+        self.state.row_mut(slot).copy_from_slice(&rec.state);
+        let t = self.tier.as_mut().expect("tiered");
+        t.cold.remove(key);
+        t.on_insert(slot, key, l);
+        Ok(())
+    }
+
+    /// Moves the hot row `key` to the cold index if it is clean with a disk copy; whether it
+    /// did.
+    pub(crate) fn demote(&mut self, key: u64) -> Result<bool> {
+        let Some(slot) = self.slot(key) else { return Ok(false) };
+        let t = self.tier.as_ref().expect("tiered");
+        let disk = t.disk_loc[slot];
+        if self.meta[slot].is_dirty() || disk == NONE {
+            return Ok(false);
+        }
+        self.tier.as_mut().expect("tiered").cold.insert(key, disk)?;
+        self.drop_row(key);
+        Ok(true)
+    }
+}

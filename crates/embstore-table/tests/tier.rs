@@ -1,0 +1,217 @@
+//! Tables larger than memory: a store with a tiny memory budget gives exactly the results of
+//! the all-in-memory store, through eviction, cold reads, flushes, rewrites and reopens; pinned
+//! rows stay in memory; memory stays near the budget.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use embstore_table::disk::vfs::RealFs;
+use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig};
+
+const D: usize = 8;
+const IDS: u64 = 3000;
+
+fn open(dir: &Path, budget: u64) -> Store {
+    let options = StoreOptions::default().with_memory_budget(budget);
+    Store::open_with_options(dir, &options, Arc::new(RealFs)).unwrap()
+}
+
+fn config() -> TableConfig {
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
+    TableConfig::new("t", D).with_optimizer(opt).with_shards(4)
+}
+
+/// Every id's row (zeros and `false` when absent), without storing anything.
+fn rows(t: &Table) -> (Vec<f32>, Vec<bool>) {
+    let ids: Vec<u64> = (0..IDS).collect();
+    let (mut out, mut found) = (vec![0.0; ids.len() * D], vec![false; ids.len()]);
+    t.lookup(&ids, OnMiss::Zeros, &mut out, Some(&mut found)).unwrap();
+    (out, found)
+}
+
+/// Every row with its state and update count, sorted by id (versions differ between two
+/// stores: each has its own clock).
+fn export(t: &Table) -> Vec<(u64, Vec<f32>, Vec<f32>, u64)> {
+    let mut all = Vec::new();
+    let mut e = t.export(500);
+    for c in &mut e {
+        for i in 0..c.len() {
+            let sd = t.state_dim();
+            all.push((
+                c.ids[i],
+                c.values[i * D..][..D].to_vec(),
+                c.state[i * sd..][..sd].to_vec(),
+                c.meta[i].update_count,
+            ));
+        }
+    }
+    assert!(e.take_error().is_none());
+    all.sort_by_key(|r| r.0);
+    all
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Ids skewed towards the low ones (a hot set and a long tail).
+    fn ids(&mut self, n: usize) -> Vec<u64> {
+        (0..n)
+            .map(|_| {
+                let r = self.next();
+                if r.is_multiple_of(4) {
+                    r % IDS
+                } else {
+                    (r >> 8) % (IDS / 10)
+                }
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_tiny_budget_gives_exactly_the_in_memory_results() {
+    for seed in [0x7e57_0001u64, 0x7e57_0002] {
+        println!("seed {seed:#x}");
+        let dir = tempfile::tempdir().unwrap();
+        let mut rng = Rng(seed);
+        let model = Store::new();
+        let m = model.create_table(config()).unwrap();
+        // About 150 rows' worth: almost every row lives on disk.
+        let budget = 40 << 10;
+        let mut store = open(dir.path(), budget);
+        let mut t = store.create_table(config()).unwrap();
+        let (mut evicted, mut cold_reads) = (0, 0);
+        for step in 0..60 {
+            let ids = rng.ids(64);
+            let mut a = vec![0.0; ids.len() * D];
+            let mut b = vec![0.0; ids.len() * D];
+            m.lookup(&ids, OnMiss::Init, &mut a, None).unwrap();
+            t.lookup(&ids, OnMiss::Init, &mut b, None).unwrap();
+            assert_eq!(a, b, "seed {seed:#x} step {step}: lookup");
+            let grads: Vec<f32> = (0..ids.len() * D).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+            m.apply_gradients(&ids, &grads, None).unwrap();
+            t.apply_gradients(&ids, &grads, None).unwrap();
+            let some = rng.ids(4);
+            m.assign(&some, &[0.5; 4 * D]).unwrap();
+            t.assign(&some, &[0.5; 4 * D]).unwrap();
+            let gone = rng.ids(3);
+            assert_eq!(m.remove(&gone).unwrap(), t.remove(&gone).unwrap(), "step {step}: remove");
+            match step % 10 {
+                3 => {
+                    store.flush().unwrap();
+                }
+                7 => {
+                    store.flush().unwrap();
+                    (evicted, cold_reads) =
+                        (evicted + t.stats().evicted_to_disk, cold_reads + t.stats().cold_reads);
+                    drop(t);
+                    drop(store);
+                    store = open(dir.path(), budget);
+                    t = store.table("t").unwrap();
+                    assert!(t.stats().rows_on_disk > 0);
+                }
+                _ => {}
+            }
+            assert_eq!(m.len(), t.len(), "step {step}: rows");
+        }
+        let s = t.stats();
+        let (evicted, cold_reads) = (evicted + s.evicted_to_disk, cold_reads + s.cold_reads);
+        println!(
+            "{} rows, {} on disk; {cold_reads} cold reads, {evicted} evicted",
+            s.rows, s.rows_on_disk
+        );
+        assert!(cold_reads > 0 && evicted > 0 && s.rows_on_disk > s.rows / 2, "{s:?}");
+        let ((mv, mf), (tv, tf)) = (rows(&m), rows(&t));
+        for id in 0..IDS as usize {
+            assert_eq!(mf[id], tf[id], "seed {seed:#x}: id {id} found");
+            assert_eq!(mv[id * D..][..D], tv[id * D..][..D], "seed {seed:#x}: id {id} values");
+        }
+        let (me, te) = (export(&m), export(&t));
+        assert_eq!(me.len(), te.len());
+        for (a, b) in me.iter().zip(&te) {
+            assert_eq!(a, b, "seed {seed:#x}: export");
+        }
+        // Memory stays near the budget (it may pass it by one call's rows before evicting).
+        let used = store.memory_budget().unwrap().used();
+        assert!(used < 3 * budget, "{used} bytes held for a budget of {budget}");
+    }
+}
+
+#[test]
+fn pinned_rows_stay_in_memory_and_too_many_pins_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), 64 << 10);
+    let t = store.create_table(config()).unwrap();
+    let pinned: Vec<u64> = (0..50).collect();
+    t.lookup(&pinned, OnMiss::Init, &mut vec![0.0; 50 * D], None).unwrap();
+    t.pin(&pinned).unwrap();
+    for start in (1000..2800).step_by(100) {
+        let ids: Vec<u64> = (start..start + 100).collect();
+        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 100 * D], None).unwrap();
+    }
+    assert!(t.stats().evicted_to_disk > 500);
+    let before = t.stats().cold_reads;
+    t.lookup(&pinned, OnMiss::Error, &mut vec![0.0; 50 * D], None).unwrap();
+    assert_eq!(t.stats().cold_reads, before, "a pinned row was read back from disk");
+    t.unpin(&pinned);
+    // Pins beyond 60 % of the budget are refused, not a deadlock.
+    let many: Vec<u64> = (0..5000).collect();
+    let err = t.pin(&many).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Capacity);
+    assert!(err.message().contains("memory budget"), "{err}");
+}
+
+#[test]
+fn a_reopened_tiered_store_reads_only_what_it_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = {
+        let store = Store::open(dir.path()).unwrap();
+        let t = store.create_table(config()).unwrap();
+        let ids: Vec<u64> = (0..IDS).collect();
+        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * D], None).unwrap();
+        t.apply_gradients(&ids, &vec![0.3; ids.len() * D], None).unwrap();
+        store.flush().unwrap();
+        export(&t)
+    };
+    let store = open(dir.path(), 1 << 20);
+    let t = store.table("t").unwrap();
+    let s = t.stats();
+    assert_eq!((s.rows, s.rows_on_disk, s.cold_reads), (IDS as usize, IDS as usize, 0));
+    let mut out = vec![0.0; 10 * D];
+    t.lookup(&(0..10).collect::<Vec<_>>(), OnMiss::Error, &mut out, None).unwrap();
+    assert_eq!(t.stats().cold_reads, 10);
+    assert_eq!(&out[..D], &want[0].1[..]);
+    assert_eq!(export(&t), want);
+}
+
+#[test]
+fn a_rewrite_moves_the_rows_on_disk_and_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 256 << 10;
+    let ids: Vec<u64> = (0..30_000).collect();
+    let want = {
+        let store = open(dir.path(), budget);
+        let t = store.create_table(config()).unwrap();
+        let mut compactions = 0;
+        for round in 0..8 {
+            let grads = vec![0.01 * round as f32; ids.len() * D];
+            t.apply_gradients(&ids, &grads, None).unwrap();
+            compactions += store.flush().unwrap().compactions;
+        }
+        assert!(compactions > 0, "no rewrite ran");
+        assert!(t.stats().rows_on_disk > 20_000);
+        export(&t)
+    };
+    let store = open(dir.path(), budget);
+    assert_eq!(export(&store.table("t").unwrap()), want);
+    let report = embstore_table::verify(dir.path(), |_, _| {}).unwrap();
+    assert!(report.damage.is_empty(), "{report:?}");
+    assert_eq!(report.tables[0].rows, Some(30_000));
+}
