@@ -348,34 +348,40 @@ impl Table {
         }
     }
 
-    /// Notes accesses to the hot ids among `ids` and promotes the cold ones.
+    /// Notes accesses to the hot ids among `ids` and promotes the cold ones: one read lock per
+    /// shard to sort them out, then the shards with cold rows read and promote them in
+    /// parallel (each shard's reads in location order).
     fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<()> {
+        let groups = self.group(ids)?;
         let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards.len()];
-        let mut any = false;
-        for &id in ids {
-            let s = self.shard_of(id);
+        for (s, wanted) in cold.iter_mut().enumerate() {
+            let (keys, _) = groups.shard(s);
+            if keys.is_empty() {
+                continue;
+            }
             let shard = self.shards[s].read();
             let t = shard.tier.as_ref().expect("a tiered table's shards are tiered");
-            match shard.index.get(id) {
-                Some(slot) => t.policy.on_access(slot as usize),
-                None => {
-                    if let Some(l) = t.cold.get(id) {
-                        cold[s].push((id, l));
-                        any = true;
+            for &id in keys {
+                match shard.index.get(id) {
+                    Some(slot) => t.policy.on_access(slot as usize),
+                    None => {
+                        if let Some(l) = t.cold.get(id) {
+                            wanted.push((id, l));
+                        }
                     }
                 }
             }
         }
-        if !any {
+        let busy: Vec<usize> = (0..cold.len()).filter(|&s| !cold[s].is_empty()).collect();
+        if busy.is_empty() {
             return Ok(());
         }
-        for (s, wanted) in cold.iter_mut().enumerate() {
-            if wanted.is_empty() {
-                continue;
-            }
+        crate::sched::Scheduler::global().run(busy.len(), busy.len() > 1, |i| {
+            let s = busy[i];
+            let mut wanted = cold[s].clone();
             wanted.sort_unstable_by_key(|&(_, l)| l);
             wanted.dedup();
-            let records = self.read_records(tier, wanted)?;
+            let records = self.read_records(tier, &wanted)?;
             let mut shard = self.shards[s].write();
             for ((key, l), rec) in wanted.iter().zip(records) {
                 let t = shard.tier.as_ref().expect("tiered");
@@ -384,8 +390,8 @@ impl Table {
                 }
                 shard.promote(*key, *l, &rec)?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Reads the records at `locs` (sorted by location), checking each one's key.

@@ -401,3 +401,88 @@ fn a_full_disk_is_a_no_space_error_and_flushing_resumes_once_space_is_freed() {
     drop(store);
     assert_same(&snapshot(&Store::open(dir.path()).unwrap()), &want, "after the disk was freed");
 }
+
+#[test]
+fn a_crash_with_a_memory_budget_keeps_every_row_at_a_flushed_or_later_value() {
+    // With a budget, evictions write segments between flushes, so after a crash a row may hold
+    // any value it had from the last flush on: each reopened row must equal that row (or its
+    // absence) in one of the states the store went through since the last completed flush.
+    use embstore_table::StoreOptions;
+    let options = StoreOptions::default().with_memory_budget(24 << 10);
+    let script = |vfs: Arc<dyn Vfs>, dir: &Path| -> Vec<Snapshot> {
+        // Rows change several times within a step, and an eviction after any call may make
+        // that value durable: the states are taken after every call.
+        let mut rng = Rng(0x5eed_0005);
+        let mut states = vec![Snapshot::new()];
+        let Ok(store) = Store::open_with_options(dir, &options, vfs) else { return states };
+        let Ok(t) =
+            store.create_table(TableConfig::new("t", 4).with_optimizer(adam()).with_shards(2))
+        else {
+            return states;
+        };
+        states.push(snapshot(&store));
+        for step in 0..30 {
+            let ids = rng.ids(30, 300);
+            let grads: Vec<f32> =
+                (0..30 * 4).map(|i| ((i as u64 + rng.next()) % 7) as f32 * 0.1).collect();
+            let calls: [&dyn Fn() -> embstore_table::Result<()>; 4] = [
+                &|| t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 30 * 4], None),
+                &|| t.apply_gradients(&ids, &grads, None).map(drop),
+                &|| t.remove(&ids[..3]).map(drop),
+                &|| t.assign(&ids[3..5], &[0.25; 8]),
+            ];
+            for call in calls {
+                call().unwrap();
+                states.push(snapshot(&store));
+            }
+            if step % 4 == 3 {
+                if store.flush().is_err() {
+                    return states;
+                }
+                states = vec![snapshot(&store)];
+            }
+        }
+        states
+    };
+    let counter = FaultFs::new(u64::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    script(Arc::new(counter.clone()), dir.path());
+    let total = counter.ops();
+    println!("seed 0x5eed0005: {total} file operations with a 24 KiB budget");
+    assert!(total > 100);
+    for fail_at in (1..=total).step_by(((total / 150) as usize).max(1)) {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new(fail_at);
+        let states = script(Arc::new(fs.clone()), dir.path());
+        fs.crash().unwrap();
+        let store = Store::open_with_options(dir.path(), &options, Arc::new(RealFs))
+            .unwrap_or_else(|e| panic!("fault at op {fail_at}: reopen failed: {e}"));
+        let got = snapshot(&store);
+        for (name, (rows, _)) in &got {
+            for row in rows {
+                let ok = states.iter().any(|s| s.get(name).is_some_and(|(r, _)| r.contains(row)));
+                assert!(
+                    ok,
+                    "fault at op {fail_at}: table {name} row {} holds a value it never had",
+                    row.0
+                );
+            }
+            // A row present in every state since the flush cannot have vanished.
+            let last = &states[0];
+            if let Some((rows0, _)) = last.get(name) {
+                for r in rows0 {
+                    let always = states
+                        .iter()
+                        .all(|s| s.get(name).is_some_and(|(rs, _)| rs.iter().any(|x| x.0 == r.0)));
+                    if always {
+                        assert!(
+                            rows.iter().any(|x| x.0 == r.0),
+                            "fault at op {fail_at}: row {} of {name} vanished",
+                            r.0
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
