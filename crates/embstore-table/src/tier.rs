@@ -114,7 +114,12 @@ impl ShardTier {
     /// Bytes beyond the hot rows' own: the cold index, and per hot slot its key, disk location
     /// and policy state.
     pub(crate) fn bytes(&self) -> usize {
-        self.cold.bytes() + self.keys.capacity() * (16 + self.policy.bytes_per_slot())
+        self.cold.bytes() + self.keys.capacity() * self.slot_bytes()
+    }
+
+    /// Tier bytes per hot slot: key, disk location, policy state.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        16 + self.policy.bytes_per_slot()
     }
 
     /// Notes `slot` (now holding `key`, with its disk copy at `disk`) as a new hot row.
@@ -415,12 +420,18 @@ impl Table {
         Ok(out)
     }
 
-    /// Bytes this table holds in memory (what the budget counts).
+    /// Bytes this table holds in memory, as the budget counts them: per hot row its values,
+    /// state, metadata and tier state, plus the hot and cold indexes at their capacity. Arena
+    /// slots freed by eviction are not counted: rows read back reuse them, and a shard gives
+    /// them back once it is under half full (`shard`), so resident memory can pass this by the
+    /// free slots of the arenas.
     pub(crate) fn memory_bytes(&self) -> u64 {
+        let row = (self.dim() + self.state_dim) * 4 + std::mem::size_of::<PackedMeta>();
         let mut b = 0;
         for shard in self.shards.iter() {
             let shard = shard.read();
-            b += shard.bytes_reserved() + shard.tier.as_ref().map_or(0, |t| t.bytes());
+            let t = shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + shard.len() * t.slot_bytes());
+            b += shard.len() * row + shard.index.bytes() + t;
         }
         b as u64
     }
