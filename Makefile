@@ -94,6 +94,9 @@ bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (A
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
 
+bench-tier: develop ## Tables larger than memory: training out of memory, lookups vs RocksDB (ARGS="--quick")
+	$(VPY) python/benchmarks/bench_tier.py $(ARGS)
+
 bench-interference: develop ## Small calls under a stats() poller / another table's big calls
 	$(VPY) python/benchmarks/bench_interference.py $(ARGS)
 

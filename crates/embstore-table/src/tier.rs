@@ -521,7 +521,11 @@ impl Table {
     pub fn pin(&self, ids: &[u64]) -> Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
         let mut pins = tier.pins.lock();
-        let new = ids.iter().filter(|k| !pins.contains_key(k)).count();
+        let new = ids
+            .iter()
+            .filter(|k| !pins.contains_key(k))
+            .collect::<std::collections::HashSet<_>>()
+            .len();
         let row = ((self.dim() + self.state_dim) * 4 + 48) as u64;
         let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
         if (pins.len() + new) as u64 * row > limit {

@@ -161,6 +161,10 @@ fn pinned_rows_stay_in_memory_and_too_many_pins_is_a_clear_error() {
     t.lookup(&pinned, OnMiss::Error, &mut vec![0.0; 50 * D], None).unwrap();
     assert_eq!(t.stats().cold_reads, before, "a pinned row was read back from disk");
     t.unpin(&pinned);
+    // A batch's duplicates count once.
+    let repeated: Vec<u64> = (0..20_000).map(|i| i % 20).collect();
+    t.pin(&repeated).unwrap();
+    t.unpin(&repeated);
     // Pins beyond 60 % of the budget are refused, not a deadlock.
     let many: Vec<u64> = (0..5000).collect();
     let err = t.pin(&many).unwrap_err();

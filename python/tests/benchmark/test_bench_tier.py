@@ -1,0 +1,49 @@
+"""python/benchmarks/bench_tier.py runs at tiny sizes and reports consistent figures.
+
+Only the bookkeeping is checked; latencies and ratios are for the benchmark to report.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_tier.py"
+
+
+def test_tiny_run_reports_both_benchmarks(tmp_path):
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--rows",
+            "20000",
+            "--warm",
+            "5",
+            "--batches",
+            "10",
+            "--kv-rows",
+            "5000",
+            "--kv-warm",
+            "5",
+            "--kv-batches",
+            "20",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    tr = r["training"]
+    assert 0 <= tr["hit_rate"] <= 1 and 0 <= tr["oracle_10pct"] <= 1
+    assert tr["oracle_same_rows"] <= tr["oracle_10pct"] + 1e-9 or tr["hot_rows_at_end"] > 2000
+    assert tr["bound_ms_per_batch"] >= tr["memory_ms_per_batch"]
+    regimes = r["kv"]["regimes"]
+    assert len(regimes) == 3
+    for res in regimes.values():
+        assert {"batch_10", "batch_100", "batch_500"} <= res.keys()
+    assert list(tmp_path.iterdir()) == []
