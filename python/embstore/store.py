@@ -608,6 +608,14 @@ class Store:
         the next flush writes them."""
         return self._inner.flush()
 
+    def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
+        """Rewrite every table's rows (from memory and from disk) into one fresh segment each
+        and delete the older segments, so disk use drops to the live rows; return what was
+        written. ``progress=True`` prints tables done to stderr. Flushes run this by themselves
+        for a table whose disk use passes twice its live rows; call it by hand before
+        archiving a directory, say. A no-op in memory."""
+        return self._inner.compact(_progress(progress, "compact"))
+
     def checkpoint(
         self,
         path: str | os.PathLike[str],
@@ -793,7 +801,8 @@ def _progress(progress: bool | Callable[[int, int], None], what: str) -> Any:
 
     def show(done: int, total: int) -> None:
         end = "\n" if done == total else ""
-        print(f"\r{what}: {done}/{total} segments", end=end, file=sys.stderr, flush=True)
+        unit = "tables" if what == "compact" else "segments"
+        print(f"\r{what}: {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
 
     return show
 

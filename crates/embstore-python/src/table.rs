@@ -192,6 +192,22 @@ impl PyStore {
         Ok(d)
     }
 
+    #[pyo3(signature = (progress=None))]
+    fn compact<'py>(
+        &self,
+        py: Python<'py>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let inner = &self.inner;
+        let s = detached(py, || inner.compact(|d, t| report(&progress, d, t))).map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("segments", s.segments)?;
+        d.set_item("records", s.records)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("compactions", s.compactions)?;
+        Ok(d)
+    }
+
     #[pyo3(signature = (path, since=None))]
     fn checkpoint<'py>(
         &self,

@@ -261,6 +261,26 @@ impl Durable {
         Ok(stats)
     }
 
+    /// Rewrites every table into one fresh segment each (its live rows, from memory and from
+    /// disk) and deletes the older segments: disk use drops to the live rows. `progress` is
+    /// called after each table with (done, total).
+    pub(crate) fn compact(
+        &self,
+        tables: &[Arc<Table>],
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<FlushStats> {
+        let mut guard = self.inner.lock();
+        let mut stats = FlushStats::default();
+        let live: Vec<&Arc<Table>> = tables.iter().filter(|t| !t.dropped()).collect();
+        for (i, table) in live.iter().enumerate() {
+            table.mark_all_dirty();
+            self.flush_table(&mut guard, table, true, &mut stats)?;
+            stats.compactions += 1;
+            progress(i + 1, live.len());
+        }
+        Ok(stats)
+    }
+
     /// One table's part of a flush (or, with `rewrite`, a segment of every row that
     /// supersedes the older ones).
     fn flush_table(

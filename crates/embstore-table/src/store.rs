@@ -116,6 +116,16 @@ impl Store {
         Ok(Self { tables: RwLock::new(tables), clock, durable: Some(durable), tiering })
     }
 
+    /// Rewrites every table's rows into one fresh segment each and deletes the older segments
+    /// (a flush happens as part of it); `progress(done, total)` after each table. Compaction
+    /// also runs by itself during flushes once a table's disk use passes twice its live rows.
+    pub fn compact(&self, progress: impl FnMut(usize, usize)) -> Result<FlushStats> {
+        match &self.durable {
+            Some(d) => d.compact(&self.all_tables(), progress),
+            None => Ok(FlushStats::default()),
+        }
+    }
+
     /// The memory budget of a store opened with one.
     pub fn memory_budget(&self) -> Option<&crate::tier::Budget> {
         self.tiering.as_ref().map(|t| &*t.budget)

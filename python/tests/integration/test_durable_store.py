@@ -195,3 +195,17 @@ def test_a_memory_budget_keeps_most_rows_on_disk_with_the_same_numbers(tmp_path)
         tables[1].pin(np.arange(100_000))
     with pytest.raises(InvalidArgumentError, match="needs a path"):
         embstore.Store(memory_budget_bytes=1 << 20)
+
+
+def test_compact_by_hand_shows_progress_and_keeps_the_rows(tmp_path, capsys):
+    store = embstore.Store(tmp_path / "s")
+    t = store.create_table("t", 8)
+    for _ in range(3):
+        t.apply_gradients(np.arange(5000), np.ones((5000, 8), np.float32))
+        store.flush()
+    want = rows_of(store)
+    out = store.compact(progress=True)
+    assert out["compactions"] == 1 and out["records"] == 5000
+    assert "compact: 1/1 tables" in capsys.readouterr().err
+    assert_same(rows_of(store), want)
+    assert embstore.Store().compact() == {"segments": 0, "records": 0, "bytes": 0, "compactions": 0}
