@@ -6,9 +6,11 @@
 //!
 //! Workloads:
 //! - `index` — NeighborHash batch and scalar lookups vs hashbrown and a random-access bound.
+//! - `cold-reads` — batches of cold records read with O_DIRECT by each I/O engine vs the disk bound
 
 use clap::{Parser, Subcommand};
 
+mod cold;
 mod huge;
 mod index;
 
@@ -27,6 +29,8 @@ struct Cli {
 enum Workload {
     /// NeighborHash lookups vs hashbrown and the random-access bound (MOPS, APCL).
     Index(index::IndexArgs),
+    /// Cold-record batch reads (O_DIRECT): pread threads vs io_uring depths vs the disk bound.
+    ColdReads(cold::ColdReadsArgs),
 }
 
 /// One line naming the machine: CPU model, cores, kernel THP setting.
@@ -51,6 +55,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.workload {
         Workload::Index(args) => index::run(args),
+        Workload::ColdReads(args) => cold::run(args),
     };
     if let Err(e) = result {
         eprintln!("embstore-bench: error: {e}");

@@ -22,6 +22,7 @@
 //! last flush), and each rewrite is paid for by as many records written since the last one.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -35,6 +36,9 @@ use crate::{Error, ErrorKind, Result, Table};
 
 /// A table is rewritten only once it has at least this many records on disk.
 pub const COMPACT_MIN_RECORDS: u64 = 64 * 1024;
+/// A table is rewritten once it has more segments than this (each stays open in a tiered
+/// table; evictions write small ones), whatever its disk use.
+pub const MAX_SEGMENTS: usize = 256;
 /// The lock file's name.
 const LOCK: &str = "LOCK";
 /// The folder of the segments.
@@ -156,6 +160,7 @@ impl Durable {
                 report.segments += 1;
             }
             table.set_step(entry.step);
+            table.disk_id.store(id, Ordering::Relaxed);
             table.track_changes();
             tables.push(Arc::new(table));
         }
@@ -204,6 +209,7 @@ impl Durable {
         edits.iter().try_for_each(|e| next.apply(e))?;
         manifest.append(&*self.vfs, &edits, &next)?;
         *state = next;
+        table.disk_id.store(id, Ordering::Relaxed);
         table.track_changes();
         // Rows a table brings with it (`load_table`) are written by the next flush.
         table.mark_all_dirty();
@@ -251,8 +257,10 @@ impl Durable {
             self.flush_table(guard, table, false, &mut stats)?;
             let (_, state) = &*guard;
             let Some(id) = state.table_id(table.name()) else { continue };
-            let on_disk: u64 = state.tables[&id].files.values().map(|f| f.records).sum();
-            if on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64 {
+            let files = &state.tables[&id].files;
+            let on_disk: u64 = files.values().map(|f| f.records).sum();
+            let too_many = files.len() > MAX_SEGMENTS;
+            if too_many || (on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64) {
                 table.mark_all_dirty();
                 self.flush_table(guard, table, true, &mut stats)?;
                 stats.compactions += 1;
@@ -337,8 +345,16 @@ impl Durable {
         body: impl FnOnce(&mut SegmentWriter, Option<u32>) -> Result<(u64, Vec<Moved>)>,
     ) -> Result<Option<u64>> {
         let (manifest, state) = guard;
-        let Some(id) = state.table_id(table.name()) else { return Ok(None) };
+        // The table this handle was created as: a handle of a dropped table (an eviction still
+        // in flight) must never write into a new table of the same name.
+        let id = table.disk_id.load(Ordering::Relaxed);
+        if table.dropped() || !state.tables.contains_key(&id) {
+            return Ok(None);
+        }
         let seq = state.next_seq.max(1);
+        // A `clear` or `load` that overlaps this segment (the epoch is odd while one runs, and
+        // moves on each) leaves it holding rows from both sides: see below.
+        let epoch = table.clear_epoch.load(Ordering::Acquire);
         let cleared = table.take_cleared() || rewrite;
         let header = SegmentHeader {
             dim: table.dim() as u32,
@@ -355,6 +371,7 @@ impl Durable {
                 t.files.write().release(f);
             }
         };
+        // Before the manifest record: the segment goes, and every row is written again later.
         let fail = |e: Error| {
             table.mark_all_dirty();
             if cleared && !rewrite {
@@ -400,7 +417,28 @@ impl Durable {
             }
             _ => None,
         };
-        manifest.append(&*self.vfs, &edits, &next).map_err(fail)?;
+        // The commit: no `clear`, `load` or demotion of this table runs from here to the end.
+        let _gate = table.shared_gate();
+        if epoch % 2 == 1 || table.clear_epoch.load(Ordering::Acquire) != epoch {
+            // Rows copied before the clear and rows written after it share this segment: keep
+            // every row dirty (so none is evicted pointing into it) and make the next segment
+            // supersede it.
+            table.mark_all_dirty();
+            table.set_cleared();
+        }
+        if let Err(e) = manifest.append(&*self.vfs, &edits, &next) {
+            // The record may have reached the disk in part or whole: keep the segment (an
+            // orphan the next open deletes if the record did not make it) and never reuse its
+            // seq, write every row again later, and let the manifest rewrite itself before its
+            // next append.
+            state.next_seq = state.next_seq.max(seq + 1);
+            table.mark_all_dirty();
+            if cleared && !rewrite {
+                table.set_cleared();
+            }
+            release();
+            return Err(e);
+        }
         *state = next;
         if let (Some(t), Some(f)) = (&table.tier, file) {
             match reader {

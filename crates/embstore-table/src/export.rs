@@ -108,24 +108,29 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 ..RowChunk::default()
             };
             let s = t.shard_of(keys[0]);
+            // With a memory tier, the file table is held from classifying each key (in memory,
+            // or on disk at a location) to reading the rows on disk, so no rewrite moves them
+            // in between; each key is classified under one shard lock.
+            let files = t.tier.as_ref().map(|tier| tier.files.read());
             let mut cold = Vec::new();
             {
                 let shard = t.shards[s].read();
+                let on_disk = shard.tier.as_ref().map(|tier| &tier.cold);
                 for &k in keys {
                     if let Some(slot) = shard.slot(k) {
                         chunk.ids.push(k);
                         chunk.values.extend_from_slice(shard.values.row(slot));
                         chunk.state.extend_from_slice(shard.state.row(slot));
                         chunk.meta.push(shard.meta[slot].unpack());
-                    } else if shard.tier.is_some() {
-                        cold.push(k);
+                    } else if let Some(l) = on_disk.and_then(|c| c.get(k)) {
+                        cold.push((k, l));
                     }
                 }
             }
             // Rows on disk are read from their segments, not brought into memory. A read that
-            // fails (a damaged segment) ends the export early; `Table::save` checks the count.
-            if !cold.is_empty() {
-                if let Err(e) = t.export_cold(s, &cold, &mut chunk) {
+            // fails (a damaged segment) ends the export with an error (`take_error`).
+            if let (false, Some(files)) = (cold.is_empty(), &files) {
+                if let Err(e) = t.export_cold(files, &cold, &mut chunk) {
                     self.error = Some(e);
                     self.next = self.keys.len();
                     self.shard = t.shards.len();

@@ -151,6 +151,14 @@ impl Shard {
         if let Some(dirty) = &mut self.dirty_keys {
             if !self.meta[slot].is_dirty() {
                 dirty.push(key);
+                // Rows that evictions wrote out (clean again) and that changed once more are
+                // listed twice: keep the list within twice the rows (amortised O(1) a push).
+                if dirty.len() > 2 * self.index.len() + 4096 {
+                    let (index, meta) = (&self.index, &self.meta);
+                    dirty.retain(|&k| index.get(k).is_some_and(|s| meta[s as usize].is_dirty()));
+                    dirty.sort_unstable();
+                    dirty.dedup();
+                }
             }
         }
     }

@@ -48,6 +48,11 @@ pub struct Table {
     pub(crate) cleared: AtomicBool,
     /// In a durable store with a memory budget: the memory tier (`tier`).
     pub(crate) tier: Option<Box<crate::tier::Tier>>,
+    /// In a durable store: the table's id in the manifest.
+    pub(crate) disk_id: AtomicU64,
+    /// Moves on at the start and at the end of every `clear` and `load` (odd while one runs),
+    /// so that a flush can tell it overlapped one.
+    pub(crate) clear_epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for Table {
@@ -82,6 +87,8 @@ impl Table {
             durable: AtomicBool::new(false),
             cleared: AtomicBool::new(false),
             tier: None,
+            disk_id: AtomicU64::new(0),
+            clear_epoch: AtomicU64::new(0),
             config,
         })
     }
@@ -216,11 +223,14 @@ impl Table {
     pub fn clear(&self) -> Result<()> {
         self.check_live()?;
         let _exclusive = self.exclusive();
+        self.clear_epoch.fetch_add(1, Ordering::AcqRel);
         if self.durable.load(Ordering::Relaxed) {
             // Before the shards empty: a flush that runs meanwhile then drops every older file.
             self.cleared.store(true, Ordering::Relaxed);
         }
-        self.each_shard_mut(|shard| shard.clear())?;
+        let result = self.each_shard_mut(|shard| shard.clear());
+        self.clear_epoch.fetch_add(1, Ordering::AcqRel);
+        result?;
         if let Some(sketch) = self.sketch.get() {
             sketch.clear();
         }
@@ -262,6 +272,7 @@ impl Table {
     /// all shard locks of both: readers see all of the old rows or all of the new.
     pub(crate) fn swap_rows(&self, other: &Table) {
         debug_assert_eq!(self.shards.len(), other.shards.len());
+        self.clear_epoch.fetch_add(1, Ordering::AcqRel);
         let mut mine: Vec<_> = self.shards.iter().map(|s| s.write()).collect();
         let mut theirs: Vec<_> = other.shards.iter().map(|s| s.write()).collect();
         for (a, b) in mine.iter_mut().zip(theirs.iter_mut()) {
@@ -281,6 +292,7 @@ impl Table {
             }
             self.cleared.store(true, Ordering::Relaxed);
         }
+        self.clear_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Every row, `chunk_rows` at a time (see [`Export`]).

@@ -67,6 +67,13 @@ impl Budget {
         Arc::new(Self { limit, used: AtomicU64::new(0) })
     }
 
+    /// Replaces a table's `before` bytes by `after` in the total; returns the new total.
+    fn adjust(&self, before: u64, after: u64) -> u64 {
+        let update = |used: u64| Some(used.saturating_sub(before).saturating_add(after));
+        let prev = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
+        update(prev.unwrap_or_else(|v| v)).unwrap_or(0)
+    }
+
     /// The budget in bytes.
     pub fn limit(&self) -> u64 {
         self.limit
@@ -181,6 +188,11 @@ impl FileTable {
         (0..self.slots.len() as u32)
             .filter(|&s| self.slots[s as usize].as_ref().is_some_and(|(q, _)| *q < seq))
             .collect()
+    }
+
+    /// Whether `slot` holds a sealed, recorded segment.
+    pub(crate) fn installed(&self, slot: u32) -> bool {
+        matches!(self.slots.get(slot as usize), Some(Some(_)))
     }
 
     fn reader(&self, slot: u32) -> Result<Arc<SegmentReader>> {
@@ -301,6 +313,9 @@ impl Table {
         file: u32,
     ) -> Result<Vec<crate::durable::Moved>> {
         let Some(tier) = &self.tier else { return Ok(Vec::new()) };
+        let old: std::collections::HashSet<u32> =
+            tier.files.read().slots_below(w.seq()).into_iter().collect();
+        let (d, sd) = (self.dim(), self.state_dim);
         let mut moved = Vec::new();
         for lock in self.shards.iter() {
             let mut cold: Vec<(u64, u64)> = {
@@ -309,11 +324,29 @@ impl Table {
             };
             cold.sort_unstable_by_key(|&(_, l)| l);
             for part in cold.chunks(4096) {
-                for (&(key, old), rec) in part.iter().zip(self.read_records(tier, part)?) {
+                let records = self.read_records(&tier.files.read(), tier, part)?;
+                for (&(key, old), rec) in part.iter().zip(records) {
                     let new = loc(file, w.records());
                     w.push(key, &rec.meta, &rec.values, &rec.state)?;
                     moved.push((key, old, new));
                 }
+            }
+            // Rows read back since the rows in memory were written (they are clean, with their
+            // only copy in a segment this rewrite drops): from memory, under the shard's lock.
+            let mut shard = lock.write();
+            let shard = &mut *shard;
+            let keys: Vec<(u64, usize)> =
+                shard.index.iter().map(|(k, s)| (k, s as usize)).collect();
+            for (key, slot) in keys {
+                let t = shard.tier.as_mut().expect("tiered");
+                let disk = t.disk_loc[slot];
+                if shard.meta[slot].is_dirty() || disk == NONE || !old.contains(&loc_parts(disk).0)
+                {
+                    continue;
+                }
+                t.disk_loc[slot] = loc(file, w.records());
+                let meta = shard.meta[slot].unpack();
+                w.push(key, &meta, &shard.values.row(slot)[..d], &shard.state.row(slot)[..sd])?;
             }
         }
         Ok(moved)
@@ -358,6 +391,10 @@ impl Table {
     /// parallel (each shard's reads in location order).
     fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<()> {
         let groups = self.group(ids)?;
+        // Held from capturing locations to reading them: a rewrite cannot release the slots
+        // they point into meanwhile (it takes the file table for writing).
+        let files = tier.files.read();
+        let files = &*files;
         let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards.len()];
         for (s, wanted) in cold.iter_mut().enumerate() {
             let (keys, _) = groups.shard(s);
@@ -386,7 +423,7 @@ impl Table {
             let mut wanted = cold[s].clone();
             wanted.sort_unstable_by_key(|&(_, l)| l);
             wanted.dedup();
-            let records = self.read_records(tier, &wanted)?;
+            let records = self.read_records(files, tier, &wanted)?;
             let mut shard = self.shards[s].write();
             for ((key, l), rec) in wanted.iter().zip(records) {
                 let t = shard.tier.as_ref().expect("tiered");
@@ -400,8 +437,12 @@ impl Table {
     }
 
     /// Reads the records at `locs` (sorted by location), checking each one's key.
-    fn read_records(&self, tier: &Tier, wanted: &[(u64, u64)]) -> Result<Vec<Record>> {
-        let files = tier.files.read();
+    fn read_records(
+        &self,
+        files: &FileTable,
+        tier: &Tier,
+        wanted: &[(u64, u64)],
+    ) -> Result<Vec<Record>> {
         let mut out = Vec::with_capacity(wanted.len());
         for &(key, l) in wanted {
             let (slot, idx) = loc_parts(l);
@@ -430,7 +471,8 @@ impl Table {
         let mut b = 0;
         for shard in self.shards.iter() {
             let shard = shard.read();
-            let t = shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + shard.len() * t.slot_bytes());
+            let t =
+                shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + shard.len() * t.slot_bytes());
             b += shard.len() * row + shard.index.bytes() + t;
         }
         b as u64
@@ -442,11 +484,7 @@ impl Table {
         let Some(tier) = &self.tier else { return };
         let mine = self.memory_bytes();
         let before = tier.reported.swap(mine, Ordering::Relaxed);
-        let used = if mine >= before {
-            tier.budget.used.fetch_add(mine - before, Ordering::Relaxed) + (mine - before)
-        } else {
-            tier.budget.used.fetch_sub(before - mine, Ordering::Relaxed) - (before - mine)
-        };
+        let used = tier.budget.adjust(before, mine);
         if used <= tier.budget.limit || mine == 0 {
             return;
         }
@@ -458,11 +496,7 @@ impl Table {
         }
         let after = self.memory_bytes();
         let before = tier.reported.swap(after, Ordering::Relaxed);
-        if after < before {
-            tier.budget.used.fetch_sub(before - after, Ordering::Relaxed);
-        } else {
-            tier.budget.used.fetch_add(after - before, Ordering::Relaxed);
-        }
+        tier.budget.adjust(before, after);
     }
 
     /// Evicts about `bytes` of hot rows (see the module docs).
@@ -502,11 +536,16 @@ impl Table {
         drop(read_gate);
         let _gate = tier.gate.write();
         let pins = tier.pins.lock();
+        // A disk location in a slot not installed yet belongs to a segment a flush is still
+        // writing: such a row stays in memory until that segment is durable.
+        let files = tier.files.read();
         let mut moved = 0u64;
         for (lock, keys) in self.shards.iter().zip(&victims) {
             let mut shard = lock.write();
             for &key in keys {
-                if !pins.contains_key(&key) && shard.demote(key)? {
+                if !pins.contains_key(&key)
+                    && shard.demote(key, |l| files.installed(loc_parts(l).0))?
+                {
                     moved += 1;
                 }
             }
@@ -569,7 +608,8 @@ impl Table {
     /// cold at that location, a tombstone removes the key.
     pub(crate) fn replay_footer(&self, slot: u32, reader: &SegmentReader) -> Result<u64> {
         let mut n = 0;
-        reader.for_each_footer(|i, key, tombstone| {
+        reader.for_each_footer(|i, key, tombstone, version| {
+            self.clock.observe(version);
             let mut shard = self.shards[self.shard_of(key)].write();
             let t = shard.tier.as_mut().expect("tiered");
             if tombstone {
@@ -583,16 +623,16 @@ impl Table {
         Ok(n)
     }
 
-    /// The cold rows among `keys` of shard `s`, read from disk without promoting them (for
-    /// export): appended to `chunk`.
-    pub(crate) fn export_cold(&self, s: usize, keys: &[u64], chunk: &mut RowChunk) -> Result<()> {
+    /// The rows `wanted` (key and disk location, captured with `files` held) read from disk
+    /// without promoting them (for export): appended to `chunk`.
+    pub(crate) fn export_cold(
+        &self,
+        files: &FileTable,
+        wanted: &[(u64, u64)],
+        chunk: &mut RowChunk,
+    ) -> Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
-        let wanted: Vec<(u64, u64)> = {
-            let shard = self.shards[s].read();
-            let t = shard.tier.as_ref().expect("tiered");
-            keys.iter().filter_map(|&k| t.cold.get(k).map(|l| (k, l))).collect()
-        };
-        for ((key, _), rec) in wanted.iter().zip(self.read_records(tier, &wanted)?) {
+        for ((key, _), rec) in wanted.iter().zip(self.read_records(files, tier, wanted)?) {
             chunk.ids.push(*key);
             chunk.values.extend_from_slice(&rec.values);
             chunk.state.extend_from_slice(&rec.state);
@@ -618,11 +658,11 @@ impl crate::shard::Shard {
 
     /// Moves the hot row `key` to the cold index if it is clean with a disk copy; whether it
     /// did.
-    pub(crate) fn demote(&mut self, key: u64) -> Result<bool> {
+    pub(crate) fn demote(&mut self, key: u64, durable: impl Fn(u64) -> bool) -> Result<bool> {
         let Some(slot) = self.slot(key) else { return Ok(false) };
         let t = self.tier.as_ref().expect("tiered");
         let disk = t.disk_loc[slot];
-        if self.meta[slot].is_dirty() || disk == NONE {
+        if self.meta[slot].is_dirty() || disk == NONE || !durable(disk) {
             return Ok(false);
         }
         self.tier.as_mut().expect("tiered").cold.insert(key, disk)?;

@@ -408,7 +408,7 @@ fn a_crash_with_a_memory_budget_keeps_every_row_at_a_flushed_or_later_value() {
     // any value it had from the last flush on: each reopened row must equal that row (or its
     // absence) in one of the states the store went through since the last completed flush.
     use embstore_table::StoreOptions;
-    let options = StoreOptions::default().with_memory_budget(24 << 10);
+    let options = StoreOptions::default().with_memory_budget(12 << 10);
     let script = |vfs: Arc<dyn Vfs>, dir: &Path| -> Vec<Snapshot> {
         // Rows change several times within a step, and an eviction after any call may make
         // that value durable: the states are taken after every call.
@@ -448,9 +448,10 @@ fn a_crash_with_a_memory_budget_keeps_every_row_at_a_flushed_or_later_value() {
     let dir = tempfile::tempdir().unwrap();
     script(Arc::new(counter.clone()), dir.path());
     let total = counter.ops();
-    println!("seed 0x5eed0005: {total} file operations with a 24 KiB budget");
-    assert!(total > 100);
-    for fail_at in (1..=total).step_by(((total / 150) as usize).max(1)) {
+    println!("seed 0x5eed0005: {total} file operations with a 12 KiB budget");
+    // Flushes alone take ~40: the rest are evictions writing segments.
+    assert!(total > 80, "only {total} file operations: the budget does not make rows leave");
+    for fail_at in 1..=total {
         let dir = tempfile::tempdir().unwrap();
         let fs = FaultFs::new(fail_at);
         let states = script(Arc::new(fs.clone()), dir.path());

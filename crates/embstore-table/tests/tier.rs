@@ -232,7 +232,10 @@ fn compaction_by_hand_keeps_every_row_and_frees_the_stale_copies() {
     }
     let want = export(&t);
     let disk = |p: &Path| -> u64 {
-        std::fs::read_dir(p.join("seg")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+        std::fs::read_dir(p.join("seg"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum()
     };
     let before = disk(dir.path());
     let mut calls = Vec::new();

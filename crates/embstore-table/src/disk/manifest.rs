@@ -232,6 +232,9 @@ pub(crate) struct Manifest {
     dir: PathBuf,
     file: Box<dyn WriteFile>,
     len: u64,
+    /// An append failed part-way (a full disk): the file may end in part of a record, so the
+    /// next append rewrites the whole manifest instead of adding to it.
+    poisoned: bool,
 }
 
 impl std::fmt::Debug for Manifest {
@@ -258,7 +261,7 @@ impl Manifest {
         vfs.sync_dir(dir).map_err(|e| Error::io(format!("sync directory {}", dir.display()), e))?;
         let file =
             vfs.append(&path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        Ok(Self { dir: dir.to_path_buf(), file, len: bytes.len() as u64 })
+        Ok(Self { dir: dir.to_path_buf(), file, len: bytes.len() as u64, poisoned: false })
     }
 
     /// Reads the manifest in `dir`; with a torn tail, rewrites it without the tail.
@@ -275,22 +278,26 @@ impl Manifest {
             .open(&path)
             .and_then(|f| f.size())
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        Ok((Self { dir: dir.to_path_buf(), file, len }, state, report))
+        Ok((Self { dir: dir.to_path_buf(), file, len, poisoned: false }, state, report))
     }
 
     /// Appends `edits` as one record and fsyncs it; they are durable when this returns.
     /// `state` (with the edits applied) is written out as a fresh snapshot instead when the
     /// log has grown long.
     pub(crate) fn append(&mut self, vfs: &dyn Vfs, edits: &[Edit], state: &State) -> Result<()> {
-        if self.len > REWRITE_BYTES {
+        if self.len > REWRITE_BYTES || self.poisoned {
             *self = Self::create(vfs, &self.dir, state)?;
             return Ok(());
         }
         let rec = encode_record(edits);
         let path = self.dir.join(MANIFEST);
         let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
-        self.file.write_all(&rec).map_err(|e| io("write", e))?;
-        self.file.sync().map_err(|e| io("fsync", e))?;
+        let written = self.file.write_all(&rec).map_err(|e| io("write", e));
+        let synced = written.and_then(|()| self.file.sync().map_err(|e| io("fsync", e)));
+        if let Err(e) = synced {
+            self.poisoned = true;
+            return Err(e);
+        }
         self.len += rec.len() as u64;
         Ok(())
     }

@@ -38,6 +38,8 @@ const FOOTER_ENTRY: usize = 24;
 const TRAILER_BYTES: u64 = 32;
 /// Records are buffered and written in pieces of about this size.
 const WRITE_CHUNK: usize = 1 << 20;
+/// Records one segment may hold: a row's disk location keeps the record number in 31 bits.
+pub(crate) const MAX_RECORDS: u64 = 1 << 31;
 /// Record flag: the row was removed.
 pub(crate) const TOMBSTONE: u32 = 1;
 
@@ -181,6 +183,11 @@ impl SegmentWriter {
         Ok(w)
     }
 
+    /// The segment's seq.
+    pub(crate) fn seq(&self) -> u64 {
+        self.header.seq
+    }
+
     /// Records so far (the next record's number).
     pub(crate) fn records(&self) -> u64 {
         self.info.records
@@ -215,6 +222,12 @@ impl SegmentWriter {
         values: &[f32],
         state: &[f32],
     ) -> Result<()> {
+        if self.info.records >= MAX_RECORDS {
+            return Err(Error::new(
+                ErrorKind::Capacity,
+                format!("a segment holds at most {MAX_RECORDS} records"),
+            ));
+        }
         let start = self.buf.len();
         self.buf.extend_from_slice(&key.to_le_bytes());
         self.buf.extend_from_slice(&meta.version.timestamp.to_le_bytes());
@@ -313,8 +326,8 @@ impl SegmentReader {
         let expect_footer = records.checked_mul(rb).and_then(|b| b.checked_add(HEADER_BYTES));
         let expect_len = records
             .checked_mul(FOOTER_ENTRY as u64)
-            .and_then(|f| f.checked_add(footer_off + 12 + TRAILER_BYTES));
-        if expect_footer != Some(footer_off) || expect_len != Some(len) {
+            .and_then(|f| f.checked_add(footer_off.checked_add(12 + TRAILER_BYTES)?));
+        if expect_footer != Some(footer_off) || expect_len != Some(len) || records > MAX_RECORDS {
             return Err(bad("trailer does not match the file's length"));
         }
         Ok(Self { file, path: path.to_path_buf(), header, records, len })
@@ -338,7 +351,7 @@ impl SegmentReader {
     /// (checked against its CRC): what recovery needs to index a segment without reading rows.
     pub(crate) fn for_each_footer(
         &self,
-        mut f: impl FnMut(u64, u64, bool) -> Result<()>,
+        mut f: impl FnMut(u64, u64, bool, Version) -> Result<()>,
     ) -> Result<()> {
         let rb = self.header.record_bytes() as u64;
         let off = HEADER_BYTES + self.records * rb;
@@ -354,7 +367,8 @@ impl SegmentReader {
             )));
         }
         for (i, e) in body[8..].chunks_exact(FOOTER_ENTRY).enumerate() {
-            f(i as u64, u64_at(e, 0), u32_at(e, 20) & TOMBSTONE != 0)?;
+            let version = Version { timestamp: u64_at(e, 8), replica: u32_at(e, 16) };
+            f(i as u64, u64_at(e, 0), u32_at(e, 20) & TOMBSTONE != 0, version)?;
         }
         Ok(())
     }
