@@ -132,7 +132,10 @@ impl Durable {
             }
             for &seq in entry.files.keys() {
                 let path = segment_path(dir, seq);
-                let r = SegmentReader::open(&*vfs, &path)?;
+                let r = match tiering {
+                    Some(_) => SegmentReader::open_for_reads(&*vfs, &path)?,
+                    None => SegmentReader::open(&*vfs, &path)?,
+                };
                 let h = r.header();
                 if h.seq != seq
                     || h.table_id != id
@@ -413,7 +416,7 @@ impl Durable {
         edits.iter().try_for_each(|e| next.apply(e)).map_err(fail)?;
         let reader = match (kept, &table.tier) {
             (true, Some(_)) => {
-                Some(Arc::new(SegmentReader::open(&*self.vfs, &path).map_err(fail)?))
+                Some(Arc::new(SegmentReader::open_for_reads(&*self.vfs, &path).map_err(fail)?))
             }
             _ => None,
         };

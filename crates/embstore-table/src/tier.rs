@@ -45,6 +45,12 @@ const LOW_WATERMARK: f64 = 0.9;
 /// Pinned rows may take at most this share of the budget (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
 
+/// The process's engine for batched cold reads (io_uring where the kernel has it).
+fn engine() -> &'static dyn crate::disk::io::ReadEngine {
+    static ENGINE: OnceLock<Box<dyn crate::disk::io::ReadEngine>> = OnceLock::new();
+    &**ENGINE.get_or_init(crate::disk::io::default_engine)
+}
+
 /// A disk location: file slot and record number.
 pub(crate) fn loc(file_slot: u32, record: u64) -> u64 {
     debug_assert!(record < 1 << IDX_BITS);
@@ -443,11 +449,38 @@ impl Table {
         tier: &Tier,
         wanted: &[(u64, u64)],
     ) -> Result<Vec<Record>> {
-        let mut out = Vec::with_capacity(wanted.len());
-        for &(key, l) in wanted {
+        // All records whose pages can be read directly go to the I/O engine in one batch (one
+        // request of 1–2 aligned pages each, all in flight together); the rest are read one by
+        // one through the file layer.
+        let mut out: Vec<Option<Record>> = vec![None; wanted.len()];
+        let mut reqs = Vec::new();
+        let mut at = Vec::new();
+        for (n, &(_, l)) in wanted.iter().enumerate() {
+            let (slot, idx) = loc_parts(l);
+            if let Some((fd, offset, len, skip)) = files.reader(slot)?.direct_range(idx) {
+                reqs.push(crate::disk::io::PageRead { fd, offset, len });
+                at.push((n, skip));
+            }
+        }
+        if !reqs.is_empty() {
+            let mut bufs: Vec<_> =
+                reqs.iter().map(|r| crate::disk::io::AlignedBuf::new(r.len)).collect();
+            engine()
+                .read_all(&reqs, &mut bufs)
+                .map_err(|e| Error::io("read records of the memory tier", e))?;
+            for ((n, skip), buf) in at.into_iter().zip(&bufs) {
+                let (slot, idx) = loc_parts(wanted[n].1);
+                out[n] = Some(files.reader(slot)?.decode(&buf[skip..], idx)?);
+            }
+        }
+        let mut records = Vec::with_capacity(wanted.len());
+        for (&(key, l), got) in wanted.iter().zip(out) {
             let (slot, idx) = loc_parts(l);
             let reader = files.reader(slot)?;
-            let rec = reader.read(idx)?;
+            let rec = match got {
+                Some(rec) => rec,
+                None => reader.read(idx)?,
+            };
             if rec.key != key || rec.tombstone {
                 return Err(Error::corrupt(format!(
                     "record {idx} of segment {} holds key {}, expected {key}",
@@ -455,10 +488,10 @@ impl Table {
                     rec.key
                 )));
             }
-            out.push(rec);
+            records.push(rec);
         }
         tier.counters.cold_reads.fetch_add(wanted.len() as u64, Ordering::Relaxed);
-        Ok(out)
+        Ok(records)
     }
 
     /// Bytes this table holds in memory, as the budget counts them: per hot row its values,

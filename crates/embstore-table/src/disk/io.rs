@@ -25,7 +25,6 @@
 
 // The memory tier's cold reads are the user to come; until then the tests here and
 // `embstore-bench cold-reads` (which includes this file) are the only callers.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::fmt;

@@ -288,6 +288,9 @@ impl SegmentWriter {
 /// A sealed segment, open for reading.
 pub(crate) struct SegmentReader {
     file: Box<dyn ReadFile>,
+    /// The same file opened for batched O_DIRECT reads (`disk::io`), where the file layer
+    /// offers it.
+    direct: Option<std::fs::File>,
     path: PathBuf,
     header: SegmentHeader,
     records: u64,
@@ -330,7 +333,41 @@ impl SegmentReader {
         if expect_footer != Some(footer_off) || expect_len != Some(len) || records > MAX_RECORDS {
             return Err(bad("trailer does not match the file's length"));
         }
-        Ok(Self { file, path: path.to_path_buf(), header, records, len })
+        Ok(Self { file, direct: None, path: path.to_path_buf(), header, records, len })
+    }
+
+    /// [`SegmentReader::open`], with the file also opened for batched direct reads where `vfs`
+    /// offers them (the memory tier's cold reads).
+    pub(crate) fn open_for_reads(vfs: &dyn Vfs, path: &Path) -> Result<Self> {
+        let mut r = Self::open(vfs, path)?;
+        r.direct =
+            vfs.open_direct(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        Ok(r)
+    }
+
+    /// Where record `i` is: the 4 KiB-aligned byte range that holds it, and its offset in that
+    /// range; `None` without a direct descriptor, or when the range would pass the end of the
+    /// file (the last record's page, when the footer does not fill it).
+    pub(crate) fn direct_range(&self, i: u64) -> Option<(std::os::fd::RawFd, u64, usize, usize)> {
+        use std::os::fd::AsRawFd;
+        let fd = self.direct.as_ref()?.as_raw_fd();
+        let rb = self.header.record_bytes() as u64;
+        let at = HEADER_BYTES + i * rb;
+        let start = at & !4095;
+        let end = (at + rb).next_multiple_of(4096);
+        (i < self.records && end <= self.len).then_some((
+            fd,
+            start,
+            (end - start) as usize,
+            (at - start) as usize,
+        ))
+    }
+
+    /// Decodes record `i` from its bytes `raw` (read by the caller), checked.
+    pub(crate) fn decode(&self, raw: &[u8], i: u64) -> Result<Record> {
+        let mut rec = Record::default();
+        self.decode_record(&raw[..self.header.record_bytes()], i, &mut rec)?;
+        Ok(rec)
     }
 
     pub(crate) fn header(&self) -> &SegmentHeader {

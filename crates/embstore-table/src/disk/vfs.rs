@@ -52,6 +52,11 @@ pub trait Vfs: Send + Sync + fmt::Debug {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// The names of the files in `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// `path` opened for batched reads that bypass the page cache (`O_DIRECT`), if this file
+    /// layer offers them; `None` (the default): every read goes through [`Vfs::open`].
+    fn open_direct(&self, _path: &Path) -> io::Result<Option<File>> {
+        Ok(None)
+    }
 }
 
 /// The real file system.
@@ -122,6 +127,10 @@ impl Vfs for RealFs {
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)
+    }
+
+    fn open_direct(&self, path: &Path) -> io::Result<Option<File>> {
+        crate::disk::io::open_direct(path).map(|(file, _)| Some(file))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
