@@ -94,6 +94,9 @@ bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (A
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
 
+bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
+	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)
+
 bench-tier: develop ## Tables larger than memory: training out of memory, lookups vs RocksDB (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_tier.py $(ARGS)
 

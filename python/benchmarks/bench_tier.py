@@ -152,10 +152,20 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
     counts = np.bincount(np.concatenate(batches), minlength=rows)
     order = np.argsort(-counts, kind="stable")
 
-    def oracle(k: int) -> float:
+    def oracle(k: int, online: bool = False) -> float:
+        # The k most frequent ids of the trace held in memory; `online`: an id still misses on
+        # its first use in the trace (warm-up included), as it must for any cache that starts
+        # cold — the compulsory misses a static oracle does not pay.
         top = np.zeros(rows, bool)
         top[order[:k]] = True
-        hits = sum(int(top[np.unique(ids)].sum()) for ids in batches[args.warm :])
+        seen = np.zeros(rows, bool)
+        for ids in batches[: args.warm]:
+            seen[ids] = True
+        hits = 0
+        for ids in batches[args.warm :]:
+            u = np.unique(ids)
+            hits += int((top[u] & seen[u]).sum()) if online else int(top[u].sum())
+            seen[u] = True
         return hits / unique
 
     hit = 1 - cold / unique
@@ -173,6 +183,8 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
         "hot_rows_at_end": hot_rows,
         "oracle_same_rows": oracle(hot_rows),
         "oracle_10pct": oracle(rows // 10),
+        "oracle_same_rows_online": oracle(hot_rows, online=True),
+        "compulsory_bound": oracle(rows, online=True),
         "cold_rows_per_batch": cold / args.batches,
         "ios_per_cold_row": 1.0,
         "iops_assumed": args.iops,
@@ -304,6 +316,13 @@ def goals(res: dict) -> list[dict]:
         )
         g.append(
             {
+                "goal": "training: hit rate >= 0.95 x oracle with compulsory misses (same rows)",
+                "value": tr["hit_rate"] / tr["oracle_same_rows_online"],
+                "met": tr["hit_rate"] >= 0.95 * tr["oracle_same_rows_online"],
+            }
+        )
+        g.append(
+            {
                 "goal": "training: hit rate >= 0.95 x oracle (10 % most frequent)",
                 "value": tr["hit_rate"] / tr["oracle_10pct"],
                 "met": tr["hit_rate"] >= 0.95 * tr["oracle_10pct"],
@@ -340,6 +359,8 @@ def report(res: dict) -> None:
             "hit_rate",
             "oracle_same_rows",
             "oracle_10pct",
+            "oracle_same_rows_online",
+            "compulsory_bound",
             "hot_rows_at_end",
             "cold_rows_per_batch",
             "bound_ms_per_batch",
