@@ -447,6 +447,10 @@ def run(
         "rows": last["rows"],
         "rows_per_table": {field: len(t) for field, t in tables.items()},
         "memory_bytes": sum(t.stats()["bytes_reserved"] for t in tables.values()),
+        # What the rows themselves take (values, optimizer state, metadata, index bucket) and
+        # what every key's index takes (hot and cold indexes, 16 B a bucket).
+        "row_bytes": sum(t.stats()["bytes_used"] for t in tables.values()),
+        "index_bytes": sum(2 * 16 * t.index_stats()["capacity"] for t in tables.values()),
         "rows_on_disk": sum(t.stats()["rows_on_disk"] for t in tables.values()),
         "cold_reads": sum(t.stats()["cold_reads"] for t in tables.values()),
         "distinct_train_ids": train.distinct_ids(),
@@ -551,10 +555,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
-    """The same training again with a memory budget of 20 % of what the tables took in memory
-    (so most rows live on disk, in a temporary store); one line: its AUC, which must equal the
-    in-memory run's, and how much went through the disk."""
-    budget = max(1, reference["memory_bytes"] // 5)
+    """The same training again with a memory budget that holds the index of every key plus 20 %
+    of the rows' bytes (so most rows live on disk, in a temporary store); one line: its AUC,
+    which must equal the in-memory run's, its time, and how much went through the disk."""
+    budget = max(1, reference["index_bytes"] + reference["row_bytes"] // 5)
     with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
         tiered = run(
             args.data_dir,
@@ -569,10 +573,11 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
         )
     same = abs(tiered["test_auc"] - reference["test_auc"]) <= 1e-6
     print(
-        f"with a 20% memory budget ({budget / 1024:.0f} KiB, {tiered['rows_on_disk']:,} of "
-        f"{tiered['rows']:,} rows on disk, {tiered['cold_reads']:,} rows read back): test AUC "
-        f"{tiered['test_auc']:.4f} ({'same as in memory' if same else 'DIFFERS from memory'}) "
-        f"in {tiered['seconds']:.1f}s"
+        f"with a memory budget for 20% of the rows ({budget / 1024:.0f} KiB incl. the index; "
+        f"{tiered['rows_on_disk']:,} of {tiered['rows']:,} rows on disk at the end, "
+        f"{tiered['cold_reads']:,} rows read back): AUC {tiered['test_auc']:.4f} "
+        f"({'same as in memory' if same else 'DIFFERS from memory'}) in {tiered['seconds']:.1f}s "
+        f"({reference['seconds'] / tiered['seconds']:.0%} of the in-memory throughput)"
     )
     return 0 if same else 1
 
