@@ -199,7 +199,8 @@ impl PyStore {
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        let s = detached(py, || inner.compact(|d, t| report(&progress, d, t))).map_err(to_py_err)?;
+        let s =
+            detached(py, || inner.compact(|d, t| report(&progress, d, t))).map_err(to_py_err)?;
         let d = PyDict::new(py);
         d.set_item("segments", s.segments)?;
         d.set_item("records", s.records)?;
