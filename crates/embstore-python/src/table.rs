@@ -183,13 +183,7 @@ impl PyStore {
 
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        let s = detached(py, || inner.flush()).map_err(to_py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("segments", s.segments)?;
-        d.set_item("records", s.records)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("compactions", s.compactions)?;
-        Ok(d)
+        flush_dict(py, detached(py, || inner.flush()).map_err(to_py_err)?)
     }
 
     #[pyo3(signature = (progress=None))]
@@ -199,14 +193,8 @@ impl PyStore {
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        let s =
-            detached(py, || inner.compact(|d, t| report(&progress, d, t))).map_err(to_py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("segments", s.segments)?;
-        d.set_item("records", s.records)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("compactions", s.compactions)?;
-        Ok(d)
+        let s = detached(py, || inner.compact(|d, t| report(&progress, d, t)));
+        flush_dict(py, s.map_err(to_py_err)?)
     }
 
     #[pyo3(signature = (path, since=None))]
@@ -298,6 +286,16 @@ impl PyStore {
             .map(PyTable::new)
             .map_err(to_py_err)
     }
+}
+
+/// What a flush or a compaction wrote, as the dict `Store.flush`/`Store.compact` return.
+fn flush_dict(py: Python<'_>, s: embstore_table::FlushStats) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("segments", s.segments)?;
+    d.set_item("records", s.records)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("compactions", s.compactions)?;
+    Ok(d)
 }
 
 /// Calls the Python `progress(done, total)` callback, if any, with the GIL; an exception in it
