@@ -411,3 +411,25 @@ def test_optimizer_step_closure_and_state_dict_follow_torch(tmp_path) -> None:
         et.EmbeddingOptimizer(model2, lr=-1.0)
     with pytest.raises(errors.NotCopyableError):
         copy.deepcopy(opt2)
+
+
+def test_training_forwards_pin_their_rows_until_zero_grad(tmp_path) -> None:
+    # With a memory budget, a training forward pins the rows it looked up, so eviction cannot
+    # drop the step's working set before EmbeddingOptimizer.step(); zero_grad() releases them.
+    store = embstore.Store(tmp_path / "s", memory_budget_bytes=256 << 10)
+    table = store.create_table("t", D, optimizer=embstore.SGD(lr=0.1))
+    emb = et.Embedding(table)
+    opt = et.EmbeddingOptimizer(emb)
+    ids = torch.arange(1500)
+    emb(ids).sum().backward()
+    # The 1,500 rows are pinned: pinning as many again passes 60 % of the budget.
+    with pytest.raises(errors.CapacityError):
+        table.pin(np.arange(10_000, 11_500))
+    opt.step()
+    opt.zero_grad()
+    table.pin(np.arange(10_000, 11_500))  # released: fits now
+    table.unpin(np.arange(10_000, 11_500))
+    # Eval and no-grad forwards pin nothing.
+    emb.eval()
+    emb(ids)
+    table.pin(np.arange(10_000, 11_500))
