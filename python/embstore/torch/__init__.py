@@ -115,12 +115,7 @@ class _Pull(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray) -> Any:
         ctx.module, ctx.ids = module, ids
-        rows = torch.from_numpy(module.table.lookup(ids, module._mode()))
-        if module.training and torch.is_grad_enabled() and module.table.tiered:
-            # The step's working set stays in memory until EmbeddingOptimizer.zero_grad().
-            module.table.pin(ids)
-            module._pinned.append(ids)
-        return rows
+        return torch.from_numpy(module.table.lookup(ids, module._mode()))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -176,6 +171,11 @@ class _StoreModule(nn.Module):
         # tensor's memory before backward or step().
         arr = np.array(_as_ids(ids.reshape(-1))[0], copy=True)
         track = torch.is_grad_enabled() and self.training
+        if track and self.table.tiered:
+            # The step's working set stays in memory until EmbeddingOptimizer.zero_grad()
+            # (pinned before the lookup brings it in, so no eviction in between drops it).
+            self.table.pin(arr)
+            self._pinned.append(arr)
         anchor = torch.empty(0, requires_grad=track)
         rows = _Pull.apply(anchor, self, arr)
         return rows if ids.device.type == "cpu" else rows.to(ids.device)
