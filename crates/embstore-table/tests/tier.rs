@@ -248,3 +248,84 @@ fn compaction_by_hand_keeps_every_row_and_frees_the_stale_copies() {
     drop(store);
     assert_eq!(export(&open(dir.path(), 128 << 10).table("t").unwrap()), want);
 }
+
+#[test]
+fn random_sequences_with_checkpoints_restores_and_compactions_match_the_model() {
+    // Every operation of a durable store with a tiny budget, in random order, against the
+    // all-in-memory store: after each step the rows must be the model's.
+    for seed in [0x7e57_0101u64, 0x7e57_0102, 0x7e57_0103] {
+        println!("seed {seed:#x}");
+        let root = tempfile::tempdir().unwrap();
+        let mut rng = Rng(seed);
+        let model = Store::new();
+        let m = model.create_table(config()).unwrap();
+        let budget = 32 << 10;
+        let mut dir = root.path().join("s0");
+        let mut store = open(&dir, budget);
+        let mut t = store.create_table(config()).unwrap();
+        let mut checkpoints = Vec::new();
+        for step in 0..80 {
+            let what = rng.next() % 10;
+            match what {
+                0..=3 => {
+                    let ids = rng.ids(48);
+                    let grads: Vec<f32> =
+                        (0..ids.len() * D).map(|i| (i % 7) as f32 * 0.05).collect();
+                    for x in [&m, &t] {
+                        x.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * D], None).unwrap();
+                        x.apply_gradients(&ids, &grads, None).unwrap();
+                    }
+                }
+                4 => {
+                    let ids = rng.ids(6);
+                    m.assign(&ids, &vec![step as f32; ids.len() * D]).unwrap();
+                    t.assign(&ids, &vec![step as f32; ids.len() * D]).unwrap();
+                }
+                5 => {
+                    let ids = rng.ids(5);
+                    assert_eq!(m.remove(&ids).unwrap(), t.remove(&ids).unwrap(), "step {step}");
+                }
+                6 => {
+                    store.flush().unwrap();
+                }
+                7 => {
+                    let n = checkpoints.len();
+                    let path = root.path().join(format!("c{step}"));
+                    let since = checkpoints.last().map(|p: &std::path::PathBuf| p.as_path());
+                    store.checkpoint(&path, if n % 3 == 0 { None } else { since }).unwrap();
+                    checkpoints.push(path);
+                }
+                8 => {
+                    store.compact(|_, _| {}).unwrap();
+                }
+                _ => {
+                    // Reopen — or, once there is a checkpoint, restore the latest into a new
+                    // directory (after a checkpoint of the current state) and go on there.
+                    if rng.next() % 2 == 0 || checkpoints.is_empty() {
+                        store.flush().unwrap();
+                        drop(t);
+                        drop(store);
+                    } else {
+                        let path = root.path().join(format!("c{step}"));
+                        store.checkpoint(&path, checkpoints.last().map(|p| p.as_path())).unwrap();
+                        drop(t);
+                        drop(store);
+                        let next = root.path().join(format!("s{step}"));
+                        drop(Store::restore(&path, &next, Some(2), |_, _| {}).unwrap());
+                        dir = next;
+                        // A new store: later increments build on its own checkpoints.
+                        checkpoints.clear();
+                    }
+                    store = open(&dir, budget);
+                    t = store.table("t").unwrap();
+                }
+            }
+            assert_eq!(m.len(), t.len(), "seed {seed:#x} step {step} (op {what}): rows");
+            if step % 8 == 7 {
+                assert_eq!(rows(&m), rows(&t), "seed {seed:#x} step {step}: values");
+            }
+        }
+        assert_eq!(export(&m), export(&t), "seed {seed:#x}: export");
+        assert!(embstore_table::verify(&dir, |_, _| {}).unwrap().damage.is_empty());
+    }
+}
