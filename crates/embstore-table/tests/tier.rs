@@ -301,7 +301,7 @@ fn random_sequences_with_checkpoints_restores_and_compactions_match_the_model() 
                 _ => {
                     // Reopen — or, once there is a checkpoint, restore the latest into a new
                     // directory (after a checkpoint of the current state) and go on there.
-                    if rng.next() % 2 == 0 || checkpoints.is_empty() {
+                    if rng.next().is_multiple_of(2) || checkpoints.is_empty() {
                         store.flush().unwrap();
                         drop(t);
                         drop(store);
