@@ -393,8 +393,8 @@ impl Table {
     }
 
     /// Notes accesses to the hot ids among `ids` and promotes the cold ones: one read lock per
-    /// shard to sort them out, then the shards with cold rows read and promote them in
-    /// parallel (each shard's reads in location order).
+    /// shard to sort them out, one batch of reads for all of them, then the shards promote
+    /// their rows in parallel.
     fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<()> {
         let groups = self.group(ids)?;
         // Held from capturing locations to reading them: a rewrite cannot release the slots
@@ -420,23 +420,31 @@ impl Table {
                 }
             }
         }
-        let busy: Vec<usize> = (0..cold.len()).filter(|&s| !cold[s].is_empty()).collect();
-        if busy.is_empty() {
+        // Every shard's cold rows in one batch of reads (so the engine keeps the whole batch in
+        // flight, up to its queue depth), then each shard promotes its rows.
+        let mut wanted: Vec<(u64, u64)> = Vec::new();
+        let mut bounds = vec![0usize];
+        for c in &mut cold {
+            c.sort_unstable_by_key(|&(_, l)| l);
+            c.dedup();
+            wanted.extend_from_slice(c);
+            bounds.push(wanted.len());
+        }
+        if wanted.is_empty() {
             return Ok(());
         }
+        let records = self.read_records(files, tier, &wanted)?;
+        let busy: Vec<usize> = (0..cold.len()).filter(|&s| !cold[s].is_empty()).collect();
         crate::sched::Scheduler::global().run(busy.len(), busy.len() > 1, |i| {
             let s = busy[i];
-            let mut wanted = cold[s].clone();
-            wanted.sort_unstable_by_key(|&(_, l)| l);
-            wanted.dedup();
-            let records = self.read_records(files, tier, &wanted)?;
+            let (a, b) = (bounds[s], bounds[s + 1]);
             let mut shard = self.shards[s].write();
-            for ((key, l), rec) in wanted.iter().zip(records) {
+            for ((key, l), rec) in wanted[a..b].iter().zip(&records[a..b]) {
                 let t = shard.tier.as_ref().expect("tiered");
                 if shard.index.get(*key).is_some() || t.cold.get(*key) != Some(*l) {
                     continue; // another call promoted it (or it moved) meanwhile
                 }
-                shard.promote(*key, *l, &rec)?;
+                shard.promote(*key, *l, rec)?;
             }
             Ok(())
         })
