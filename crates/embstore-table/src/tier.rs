@@ -402,6 +402,7 @@ impl Table {
         let files = tier.files.read();
         let files = &*files;
         let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards.len()];
+        let (mut slots, mut misses) = (Vec::new(), Vec::new());
         for (s, wanted) in cold.iter_mut().enumerate() {
             let (keys, _) = groups.shard(s);
             if keys.is_empty() {
@@ -409,14 +410,27 @@ impl Table {
             }
             let shard = self.shards[s].read();
             let t = shard.tier.as_ref().expect("a tiered table's shards are tiered");
-            for &id in keys {
-                match shard.index.get(id) {
-                    Some(slot) => t.policy.on_access(slot as usize),
-                    None => {
-                        if let Some(l) = t.cold.get(id) {
-                            wanted.push((id, l));
-                        }
-                    }
+            // Batched probes (the index prefetches ahead) of the hot index, then of the cold
+            // index for the misses.
+            slots.clear();
+            slots.resize(keys.len(), 0);
+            shard.index.get_batch(keys, &mut slots)?;
+            misses.clear();
+            for (&id, &slot) in keys.iter().zip(&slots) {
+                match slot {
+                    embstore_index::MISSING => misses.push(id),
+                    slot => t.policy.on_access(slot as usize),
+                }
+            }
+            if misses.is_empty() || t.cold.is_empty() {
+                continue;
+            }
+            slots.clear();
+            slots.resize(misses.len(), 0);
+            t.cold.get_batch(&misses, &mut slots)?;
+            for (&id, &l) in misses.iter().zip(&slots) {
+                if l != embstore_index::MISSING {
+                    wanted.push((id, l));
                 }
             }
         }
