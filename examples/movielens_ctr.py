@@ -535,12 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = run(
-            args.data_dir,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            lr=args.lr,
-            emb_lr=args.emb_lr,
+            **training_args(args),
             quiet=args.quiet,
             store_dir=args.store_dir,
             memory_budget_bytes=args.memory_budget,
@@ -554,6 +549,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def training_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments of :func:`run` that the command line sets, by name."""
+    return {
+        "data_dir": args.data_dir,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "lr": args.lr,
+        "emb_lr": args.emb_lr,
+    }
+
+
 def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
     """The same training again with a memory budget that holds the index of every key plus 20 %
     of the rows' bytes (so most rows live on disk, in a temporary store); one line: its AUC,
@@ -561,12 +568,7 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
     budget = max(1, reference["index_bytes"] + reference["row_bytes"] // 5)
     with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
         tiered = run(
-            args.data_dir,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            lr=args.lr,
-            emb_lr=args.emb_lr,
+            **training_args(args),
             quiet=True,
             store_dir=pathlib.Path(tmp) / "store",
             memory_budget_bytes=budget,
