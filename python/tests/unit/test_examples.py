@@ -1,5 +1,6 @@
 """The examples in examples/ run as users would run them."""
 
+import re
 import subprocess
 import sys
 
@@ -26,3 +27,11 @@ def test_table_basics_runs(repo_root):
     assert "rows (4, 8) stored 3" in out
     assert "found [ True False]" in out
     assert "genre rows 4, step 20" in out
+
+
+def test_durable_store_runs(repo_root):
+    out = run_example(repo_root, "durable_store.py")
+    assert "same: True" in out and "on 16 shards" in out
+    assert "ok: every record and checksum verified" in out
+    rows = re.search(r"^rows ([\d,]+),", out, re.M).group(1).replace(",", "")
+    assert f"reopened {rows} rows" in out
