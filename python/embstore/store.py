@@ -34,7 +34,7 @@ from embstore.config import (
     from_params,
     to_params,
 )
-from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
+from embstore.errors import DTypeError, InvalidArgumentError, ShapeError, StorageError
 
 
 def _torch_tensor(x: Any) -> Any:
@@ -569,17 +569,44 @@ class Store:
                     f"memory_budget_bytes must be in 1..2**64, got {memory_budget_bytes}"
                 )
             memory_budget_bytes = int(memory_budget_bytes)
-        self._inner = _native.Store(
+        self._store: Any = _native.Store(
             int(replica_id), None if path is None else os.fspath(path), memory_budget_bytes
         )
 
     @classmethod
     def _wrap(cls, inner: Any) -> Store:
         store = cls.__new__(cls)
-        store._inner = inner
+        store._store = inner
         return store
 
+    @property
+    def _inner(self) -> Any:
+        if self._store is None:
+            raise StorageError("the store is closed")
+        return self._store
+
+    def close(self) -> None:
+        """Flush (for a store in a directory) and let go of the store: its directory is
+        unlocked once no table handle of it is left, and every later call on this object
+        raises :class:`StorageError`. Handles of its tables obtained before must not be used
+        after ``close()``. ``with embstore.Store(path) as store:`` closes at the end of the
+        block. Closing twice is a no-op."""
+        if self._store is None:
+            return
+        try:
+            self._store.flush()
+        finally:
+            self._store = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
+        if self._store is None:
+            return "Store(closed)"
         where = f"path={str(self.path)!r}, " if self.path is not None else ""
         return f"Store({where}tables={self.tables()})"
 

@@ -209,3 +209,16 @@ def test_compact_by_hand_shows_progress_and_keeps_the_rows(tmp_path, capsys):
     assert "compact: 1/1 tables" in capsys.readouterr().err
     assert_same(rows_of(store), want)
     assert embstore.Store().compact() == {"segments": 0, "records": 0, "bytes": 0, "compactions": 0}
+
+
+def test_a_store_closes_with_a_flush_and_unlocks_its_directory(tmp_path):
+    with embstore.Store(tmp_path / "s") as store:
+        t = store.create_table("t", 4)
+        t.lookup(np.arange(100))
+        del t
+    with pytest.raises(embstore.StorageError, match="closed"):
+        store.tables()
+    assert repr(store) == "Store(closed)"
+    store.close()  # twice: a no-op
+    again = embstore.Store(tmp_path / "s")  # unlocked, and the rows were flushed
+    assert len(again["t"]) == 100
