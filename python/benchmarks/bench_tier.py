@@ -235,6 +235,7 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
         ("b: 25%, Zipf(0.99)", 0.25, "zipf"),
         ("c: 25%, uniform", 0.25, "uniform"),
     ]
+    regimes = [r for r in regimes if r[0][0] in args.kv_regimes]
     perm = rng.permutation(rows).astype(np.int64)
     for name, share, dist in regimes:
         budget = int(data_bytes * share)
@@ -404,6 +405,7 @@ def main() -> int:
         help="the device's 4 KiB random-read IOPS (fio, QD 32), for the disk bound",
     )
     p.add_argument("--kv-rows", type=int, default=2_000_000, help="rows of 1 KB (2M)")
+    p.add_argument("--kv-regimes", default="abc", help="which regimes of benchmark 2 to run (abc)")
     p.add_argument("--kv-warm", type=int, default=200, help="warm-up batches per size")
     p.add_argument("--kv-batches", type=int, default=500, help="timed batches per size")
     p.add_argument("--seed", type=int, default=1)
