@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "inspect",
         help="tables, rows, bytes and formats of a store or checkpoint (reads the manifest)",
         description="Describe a store directory or checkpoint from its manifest, without "
-        "opening it (safe while another process has it open). Rows and memory are shown by "
-        "`verify`, which reads every record.",
+        "opening it (safe while another process has it open): per table its dim, optimizer, "
+        "step, live rows (as of its last flush), the memory they take with every row in memory, "
+        "segments, records and bytes on disk. `verify` counts the rows from every record.",
     )
     p.add_argument("dir", help="a store directory or a checkpoint")
     p.add_argument("--json", action="store_true", help="print one JSON object")

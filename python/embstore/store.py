@@ -837,7 +837,8 @@ def _progress(progress: bool | Callable[[int, int], None], what: str) -> Any:
 def inspect(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Describe the store or checkpoint in ``path`` from its manifest, without opening it
     (works while another process has it open): formats, checkpoint identity, and per table
-    its dim, optimizer, step, segments, records and bytes on disk."""
+    its dim, optimizer, step, live ``rows`` (as of the table's last flush), ``memory_bytes``
+    (those rows with every row in memory), segments, records and bytes on disk."""
     return _native.inspect_dir(os.fspath(path), False, None)
 
 

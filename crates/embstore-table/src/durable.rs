@@ -412,6 +412,7 @@ impl Durable {
             let _ = self.vfs.remove(&path);
         }
         edits.push(Edit::Step { table: id, step: table.step() });
+        edits.push(Edit::Rows { table: id, rows: table.len() as u64 });
         let mut next = state.clone();
         edits.iter().try_for_each(|e| next.apply(e)).map_err(fail)?;
         let reader = match (kept, &table.tier) {

@@ -24,10 +24,11 @@ pub struct TableReport {
     pub segments: usize,
     pub records: u64,
     pub disk_bytes: u64,
-    /// Live rows (filled in by [`verify`], which reads every record).
+    /// Live rows: as the manifest recorded them at the table's last segment ([`inspect`]), or
+    /// counted from every record ([`verify`]).
     pub rows: Option<u64>,
-    /// Bytes the rows take in memory once opened: values, optimizer state, 16 B of metadata
-    /// and about 27 B of index each (filled in by [`verify`]).
+    /// Bytes the rows take with every row in memory: values, optimizer state, 16 B of
+    /// metadata and about 27 B of index each.
     pub memory_bytes: Option<u64>,
 }
 
@@ -46,6 +47,12 @@ pub struct StoreReport {
     pub orphan_segments: Vec<String>,
     /// Damage found: one line per damaged file or record ([`verify`] only).
     pub damage: Vec<String>,
+}
+
+/// Bytes `rows` rows of a table of `config` take with every row in memory.
+fn memory_bytes(config: &crate::TableConfig, rows: u64) -> u64 {
+    let state_dim = config.optimizer.state_dim(config.embedding_dim);
+    rows * (4 * (config.embedding_dim + state_dim) as u64 + 16 + 27)
 }
 
 /// Reads the manifest of `dir` and sums its files.
@@ -73,8 +80,8 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<StoreReport> {
             segments: t.files.len(),
             records: sum(|f| f.records),
             disk_bytes: sum(|f| f.bytes),
-            rows: None,
-            memory_bytes: None,
+            rows: Some(t.rows),
+            memory_bytes: Some(memory_bytes(&config, t.rows)),
         });
     }
     if let Ok(names) = RealFs.list(&dir.join(SEG_DIR)) {
@@ -139,7 +146,7 @@ pub fn verify(
         }
         let rows = live.len() as u64;
         out.rows = Some(rows);
-        out.memory_bytes = Some(rows * (4 * (config.embedding_dim + state_dim) as u64 + 16 + 27));
+        out.memory_bytes = Some(memory_bytes(&config, rows));
     }
     Ok(report)
 }

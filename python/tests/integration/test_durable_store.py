@@ -148,6 +148,7 @@ def test_inspect_and_verify_commands(tmp_path):
     cmd = [sys.executable, "-m", "embstore"]
     out = subprocess.run([*cmd, "inspect", str(tmp_path / "s")], capture_output=True, text=True)
     assert out.returncode == 0 and "a " in out.stdout and "2,000" in out.stdout, out
+    assert embstore.inspect(tmp_path / "s")["tables"][0]["rows"] == 2000
     out = subprocess.run([*cmd, "verify", str(tmp_path / "s")], capture_output=True, text=True)
     assert out.returncode == 0 and "ok" in out.stdout, out
     seg = next((tmp_path / "s" / "seg").iterdir())

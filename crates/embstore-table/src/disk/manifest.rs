@@ -66,6 +66,11 @@ pub(crate) enum Edit {
         table: u64,
         step: u64,
     },
+    /// The table's live rows as of this record (for `inspect`; recovery counts them itself).
+    Rows {
+        table: u64,
+        rows: u64,
+    },
     /// This directory is a checkpoint: its id, the newest segment seq it holds, and the
     /// checkpoint it is an increment on (`parent_id` 0: a full checkpoint).
     Checkpoint {
@@ -101,6 +106,8 @@ pub(crate) struct TableEntry {
     pub(crate) name: String,
     pub(crate) config: String,
     pub(crate) step: u64,
+    /// Live rows at the last record that said (`Edit::Rows`).
+    pub(crate) rows: u64,
     /// Files by seq; replayed in this order.
     pub(crate) files: BTreeMap<u64, FileEntry>,
     /// Files below this seq were superseded (0: none).
@@ -165,6 +172,9 @@ impl State {
             Edit::Step { table, step } => {
                 self.tables.get_mut(table).ok_or_else(|| missing(*table))?.step = *step;
             }
+            Edit::Rows { table, rows } => {
+                self.tables.get_mut(table).ok_or_else(|| missing(*table))?.rows = *rows;
+            }
             Edit::StoreId { id } => self.store_id = *id,
             Edit::Counters { next_table_id, next_seq } => {
                 self.next_table_id = self.next_table_id.max(*next_table_id);
@@ -202,6 +212,7 @@ impl State {
         for (&id, t) in &self.tables {
             edits.push(Edit::CreateTable { id, name: t.name.clone(), config: t.config.clone() });
             edits.push(Edit::Step { table: id, step: t.step });
+            edits.push(Edit::Rows { table: id, rows: t.rows });
             if t.superseded_below > 0 {
                 edits.push(Edit::Supersede { table: id, below: t.superseded_below });
             }
@@ -412,6 +423,10 @@ fn encode_record(edits: &[Edit]) -> Vec<u8> {
                 p.push(6);
                 u64s(&mut p, &[*table, *step]);
             }
+            Edit::Rows { table, rows } => {
+                p.push(10);
+                u64s(&mut p, &[*table, *rows]);
+            }
             Edit::Checkpoint { id, max_seq, parent_id, parent_max_seq, parent_path } => {
                 p.push(7);
                 u64s(&mut p, &[*id, *max_seq, *parent_id, *parent_max_seq]);
@@ -457,6 +472,7 @@ fn decode_record(p: &[u8]) -> std::result::Result<Vec<Edit>, String> {
             },
             8 => Edit::Counters { next_table_id: r.u64()?, next_seq: r.u64()? },
             9 => Edit::StoreId { id: r.u64()? },
+            10 => Edit::Rows { table: r.u64()?, rows: r.u64()? },
             t => return Err(format!("unknown edit tag {t}")),
         };
         edits.push(e);
