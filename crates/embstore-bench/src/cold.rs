@@ -28,12 +28,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
+use embstore_table::disk::io::{self, AlignedBuf, PageRead, PreadPool, ReadEngine, Uring, PAGE};
 
-// embstore-table keeps `disk::io` crate-private; the bench compiles the same file into itself.
-#[path = "../../embstore-table/src/disk/io.rs"]
-mod io;
-
-use io::{AlignedBuf, PageRead, PreadPool, ReadEngine, Uring, PAGE};
+use crate::index::SplitMix;
 
 #[derive(Args, Debug)]
 pub struct ColdReadsArgs {
@@ -189,18 +186,6 @@ fn write_file(path: &Path, f: usize, bytes: u64) -> std::io::Result<()> {
     // SAFETY: a plain system call on an fd that `out` keeps open; no memory is passed.
     unsafe { libc::posix_fadvise(out.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     Ok(())
-}
-
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }
 
 /// One batch: the records (file, byte offset) and the page reads that hold them.

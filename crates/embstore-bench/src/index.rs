@@ -116,11 +116,11 @@ impl Hasher for Fmix {
 
 type Brown = hashbrown::HashMap<u64, u64, BuildHasherDefault<Fmix>, PageAlloc>;
 
-/// SplitMix64, for keys and query choices.
-struct SplitMix(u64);
+/// SplitMix64, for keys and query choices (also the cold-read benchmark's offsets).
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -368,10 +368,17 @@ impl LruLfu {
     /// recency segment holds at most `recency_fraction` of the live rows.
     fn sweep(&mut self, pinned: &dyn Fn(usize) -> bool) {
         let limit = (self.recency_fraction * self.len() as f64) as usize;
-        // Steps since the hand last cleared a bit or moved a row: past a whole revolution
-        // every row left is pinned.
+        while self.recency.len() > limit && self.clock_step(pinned).is_some() {}
+    }
+
+    /// Advances the CLOCK hand over the recency list until it moves one unpinned row whose
+    /// bit is clear to the end of the frequency list (returned), clearing set bits on the
+    /// way; `None` once a whole revolution met only pinned rows (or the list is empty).
+    fn clock_step(&mut self, pinned: &dyn Fn(usize) -> bool) -> Option<usize> {
+        // Steps since the hand last cleared a bit: past a whole revolution every row left is
+        // pinned.
         let mut idle = 0;
-        while self.recency.len() > limit && idle <= self.recency.len() {
+        while !self.recency.is_empty() && idle <= self.recency.len() {
             if self.hand >= self.recency.len() {
                 self.hand = 0;
             }
@@ -388,9 +395,10 @@ impl LruLfu {
                 // The last entry fills the hole under the hand; the hand stays to look at it.
                 self.unlink(slot);
                 self.link(slot, Seg::Frequency);
-                idle = 0;
+                return Some(slot);
             }
         }
+        None
     }
 
     /// One sampled-LFU victim from the frequency range `[0, k)`, or `None` once the range is
@@ -432,27 +440,10 @@ impl LruLfu {
     /// Up to `m` victims from the recency segment by CLOCK; each moves to the end of the
     /// frequency list (past any sampled range).
     fn clock_victims(&mut self, m: usize, pinned: &dyn Fn(usize) -> bool, out: &mut Vec<usize>) {
-        let mut taken = 0;
-        let mut idle = 0;
-        while taken < m && !self.recency.is_empty() && idle <= self.recency.len() {
-            if self.hand >= self.recency.len() {
-                self.hand = 0;
-            }
-            let slot = self.recency[self.hand] as usize;
-            let bit = self.bit[slot].get_mut();
-            if *bit != 0 {
-                *bit = 0;
-                self.hand += 1;
-                idle = 0;
-            } else if pinned(slot) {
-                self.hand += 1;
-                idle += 1;
-            } else {
-                self.unlink(slot);
-                self.link(slot, Seg::Frequency);
-                out.push(slot);
-                taken += 1;
-                idle = 0;
+        for _ in 0..m {
+            match self.clock_step(pinned) {
+                Some(slot) => out.push(slot),
+                None => break,
             }
         }
     }

@@ -41,7 +41,7 @@ use std::sync::Mutex;
 use io_uring::{opcode, types, IoUring, Probe};
 
 /// The unit of every read: offsets, lengths and buffer addresses are multiples of it.
-pub(crate) const PAGE: usize = 4096;
+pub const PAGE: usize = 4096;
 
 /// The longest single read accepted (1 GiB): io_uring takes a `u32` length, and a cold read is
 /// one or two pages.
@@ -51,20 +51,20 @@ const MAX_READ: usize = 1 << 30;
 /// development VM took 52 ms at depth 32, 47 ms at 64, 41 ms at 128 and 42 ms at 256
 /// (`embstore-bench cold-reads`; the disk bound is 45 ms): 128 is where the device saturates.
 /// A smaller batch keeps only as many reads in flight as it has.
-pub(crate) const DEFAULT_DEPTH: u32 = 128;
+pub const DEFAULT_DEPTH: u32 = 128;
 
 /// The threads of [`default_engine`]'s fallback: blocking reads need one thread per read in
 /// flight; 16 threads read a batch of 4,096 records in 53 ms, against 41 ms for io_uring at
 /// depth 128 (32 threads: 48 ms, on a 2-core VM).
-pub(crate) const DEFAULT_THREADS: usize = 16;
+pub const DEFAULT_THREADS: usize = 16;
 
 /// One read: bytes `[offset, offset + len)` of the file `fd` (`offset` and `len` multiples of
 /// [`PAGE`]). The caller keeps the file open until `read_all` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PageRead {
-    pub(crate) fd: RawFd,
-    pub(crate) offset: u64,
-    pub(crate) len: usize,
+pub struct PageRead {
+    pub fd: RawFd,
+    pub offset: u64,
+    pub len: usize,
 }
 
 /// A zero-sized type with the alignment of a page, for the dangling pointer of an empty buffer.
@@ -72,7 +72,7 @@ pub(crate) struct PageRead {
 struct PageAligned([u8; 0]);
 
 /// A buffer aligned to [`PAGE`] (as `O_DIRECT` requires), zeroed, of a multiple of `PAGE` bytes.
-pub(crate) struct AlignedBuf {
+pub struct AlignedBuf {
     /// Start of `len` bytes from `alloc_zeroed` with [`AlignedBuf::layout`], or a dangling
     /// page-aligned pointer when `len` is 0.
     ptr: NonNull<u8>,
@@ -91,7 +91,7 @@ impl AlignedBuf {
     /// # Panics
     /// If `len` is not a multiple of [`PAGE`] (a caller's bug: buffers are sized from
     /// [`PageRead::len`], which `read_all` also checks).
-    pub(crate) fn new(len: usize) -> AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
         assert!(len.is_multiple_of(PAGE), "buffer length {len} is not a multiple of {PAGE}");
         if len == 0 {
             return AlignedBuf { ptr: NonNull::<PageAligned>::dangling().cast(), len: 0 };
@@ -147,7 +147,7 @@ impl fmt::Debug for AlignedBuf {
 }
 
 /// Performs batches of page reads.
-pub(crate) trait ReadEngine: Send + Sync + fmt::Debug {
+pub trait ReadEngine: Send + Sync + fmt::Debug {
     /// Performs every read of `reqs` into `bufs[i]` (`bufs[i].len() == reqs[i].len`), all in
     /// flight together up to the engine's queue depth; returns when all are done. The first
     /// error wins (a short read is an `UnexpectedEof` error); a malformed batch (lengths that
@@ -212,7 +212,7 @@ fn is_transient(errno: i32) -> bool {
 ///
 /// Rings are kept in a pool so that concurrent callers each get their own (a ring is not shared
 /// by two threads at once); the pool grows to the largest number of concurrent callers.
-pub(crate) struct Uring {
+pub struct Uring {
     depth: u32,
     rings: Mutex<Vec<IoUring>>,
 }
@@ -221,7 +221,7 @@ impl Uring {
     /// An engine with `depth` reads in flight per call (clamped to 1..=4096). Fails where the
     /// kernel has no io_uring (older than 5.6, or disabled by `kernel.io_uring_disabled` or a
     /// seccomp filter).
-    pub(crate) fn new(depth: u32) -> io::Result<Uring> {
+    pub fn new(depth: u32) -> io::Result<Uring> {
         let depth = depth.clamp(1, 4096);
         let ring = Self::ring(depth)?;
         let mut probe = Probe::new();
@@ -406,13 +406,13 @@ fn run_ring(
 /// Threads are spawned per call: little next to a batch of thousands of reads, but on the
 /// development VM a batch of 32 reads took 0.88 ms from 16 threads and 0.44 ms with io_uring.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PreadPool {
+pub struct PreadPool {
     threads: usize,
 }
 
 impl PreadPool {
     /// An engine reading from `threads` threads (at least 1).
-    pub(crate) fn new(threads: usize) -> PreadPool {
+    pub fn new(threads: usize) -> PreadPool {
         PreadPool { threads: threads.max(1) }
     }
 }
@@ -503,7 +503,7 @@ fn pread_exact(r: &PageRead, buf: &mut AlignedBuf) -> io::Result<()> {
 /// Opens `path` for reading with `O_DIRECT` (the page cache kept out). Where the file system
 /// refuses `O_DIRECT` (`EINVAL`, e.g. tmpfs before Linux 6.6), opens it buffered instead. The
 /// flag is `true` when the file is open with `O_DIRECT`.
-pub(crate) fn open_direct(path: &Path) -> io::Result<(File, bool)> {
+pub fn open_direct(path: &Path) -> io::Result<(File, bool)> {
     match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
         Ok(file) => Ok((file, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok((File::open(path)?, false)),
@@ -513,7 +513,7 @@ pub(crate) fn open_direct(path: &Path) -> io::Result<(File, bool)> {
 
 /// The engine for this kernel: [`Uring`] at depth [`DEFAULT_DEPTH`] where io_uring works, else
 /// [`PreadPool`] with [`DEFAULT_THREADS`].
-pub(crate) fn default_engine() -> Box<dyn ReadEngine> {
+pub fn default_engine() -> Box<dyn ReadEngine> {
     match Uring::new(DEFAULT_DEPTH) {
         Ok(uring) => Box::new(uring),
         Err(_) => Box::new(PreadPool::new(DEFAULT_THREADS)),
