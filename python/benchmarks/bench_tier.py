@@ -186,7 +186,6 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
         "oracle_same_rows_online": oracle(hot_rows, online=True),
         "compulsory_bound": oracle(rows, online=True),
         "cold_rows_per_batch": cold / args.batches,
-        "ios_per_cold_row": 1.0,
         "iops_assumed": args.iops,
         "bound_ms_per_batch": bound * 1e3,
         "time_over_bound": tier_s / bound,

@@ -641,7 +641,7 @@ class Store:
         written. ``progress=True`` prints tables done to stderr. Flushes run this by themselves
         for a table whose disk use passes twice its live rows; call it by hand before
         archiving a directory, say. A no-op in memory."""
-        return self._inner.compact(_progress(progress, "compact"))
+        return self._inner.compact(_progress(progress, "compact", "tables"))
 
     def checkpoint(
         self,
@@ -819,8 +819,11 @@ class Checkpoint:
         return os.fspath(self.path)
 
 
-def _progress(progress: bool | Callable[[int, int], None], what: str) -> Any:
-    """The native progress callback for ``progress``: None, a printer, or the callable."""
+def _progress(
+    progress: bool | Callable[[int, int], None], what: str, unit: str = "segments"
+) -> Any:
+    """The native progress callback for ``progress``: None, a printer of ``what: done/total
+    unit`` on stderr, or the callable itself."""
     if callable(progress):
         return progress
     if not progress:
@@ -828,7 +831,6 @@ def _progress(progress: bool | Callable[[int, int], None], what: str) -> Any:
 
     def show(done: int, total: int) -> None:
         end = "\n" if done == total else ""
-        unit = "tables" if what == "compact" else "segments"
         print(f"\r{what}: {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
 
     return show

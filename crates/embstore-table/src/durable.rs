@@ -510,10 +510,3 @@ fn lock(dir: &Path) -> Result<std::fs::File> {
         }
     }
 }
-
-impl Table {
-    /// Whether the table has been dropped from its store.
-    pub(crate) fn dropped(&self) -> bool {
-        self.check_live().is_err()
-    }
-}

@@ -159,6 +159,11 @@ impl Table {
         self.sketch.get().map_or(0, CountMin::bytes)
     }
 
+    /// Whether the table has been dropped from its store.
+    pub(crate) fn dropped(&self) -> bool {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
     /// Marks the table as dropped from its store: later calls fail with `TableNotFound`.
     pub(crate) fn mark_dropped(&self) {
         self.dropped.store(true, Ordering::Relaxed);
@@ -169,7 +174,7 @@ impl Table {
     /// reads or writes rows checks it, except [`Table::export`] (an iterator; callers check
     /// first), [`Table::stats`] and [`Table::set_step`].
     pub fn check_live(&self) -> Result<()> {
-        if self.dropped.load(Ordering::Relaxed) {
+        if self.dropped() {
             return Err(Error::new(
                 ErrorKind::TableNotFound,
                 format!("table '{}' was dropped from its store", self.name()),

@@ -150,42 +150,35 @@ impl ShardTier {
 /// The segments a tiered table's locations point into, by file slot.
 #[derive(Debug, Default)]
 pub(crate) struct FileTable {
+    /// A reserved slot (a segment being written) holds `None` until it is installed.
     slots: Vec<Option<(u64, Arc<SegmentReader>)>>,
-    reserved: Vec<bool>,
     free: Vec<u32>,
 }
 
 impl FileTable {
     /// A free slot for a segment about to be written.
     pub(crate) fn reserve(&mut self) -> Result<u32> {
-        let slot = match self.free.pop() {
-            Some(s) => s,
+        match self.free.pop() {
+            Some(s) => Ok(s),
             None if self.slots.len() < MAX_FILE_SLOTS => {
                 self.slots.push(None);
-                self.reserved.push(false);
-                (self.slots.len() - 1) as u32
+                Ok((self.slots.len() - 1) as u32)
             }
-            None => {
-                return Err(Error::new(
-                    ErrorKind::Capacity,
-                    "a table's segments exceed 2^20 files; compaction is behind",
-                ))
-            }
-        };
-        self.reserved[slot as usize] = true;
-        Ok(slot)
+            None => Err(Error::new(
+                ErrorKind::Capacity,
+                "a table's segments exceed 2^20 files; compaction is behind",
+            )),
+        }
     }
 
     /// Puts the sealed segment `seq` in `slot`.
     pub(crate) fn install(&mut self, slot: u32, seq: u64, reader: Arc<SegmentReader>) {
         self.slots[slot as usize] = Some((seq, reader));
-        self.reserved[slot as usize] = false;
     }
 
     /// Frees `slot` (a reservation that was not used, or a segment no location points into).
     pub(crate) fn release(&mut self, slot: u32) {
         self.slots[slot as usize] = None;
-        self.reserved[slot as usize] = false;
         self.free.push(slot);
     }
 
