@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+mod common;
+
+use common::Rng;
 use embstore_table::disk::vfs::{FaultFs, RealFs, Vfs};
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, TableConfig};
 
@@ -44,22 +47,6 @@ fn assert_same(got: &Snapshot, want: &Snapshot, what: &str) {
         if let Some((a, b)) = g.iter().zip(rows).find(|(a, b)| a != b) {
             panic!("{what}: table {name}: got {a:?}, want {b:?}");
         }
-    }
-}
-
-/// A small deterministic generator (xorshift64*), seeded per test.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn ids(&mut self, n: usize, range: u64) -> Vec<u64> {
-        (0..n).map(|_| self.next() % range).collect()
     }
 }
 

@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+mod common;
+
+use common::Rng;
 use embstore_table::disk::vfs::RealFs;
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig};
 
@@ -50,31 +53,6 @@ fn export(t: &Table) -> Vec<(u64, Vec<f32>, Vec<f32>, u64)> {
     all
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Ids skewed towards the low ones (a hot set and a long tail).
-    fn ids(&mut self, n: usize) -> Vec<u64> {
-        (0..n)
-            .map(|_| {
-                let r = self.next();
-                if r.is_multiple_of(4) {
-                    r % IDS
-                } else {
-                    (r >> 8) % (IDS / 10)
-                }
-            })
-            .collect()
-    }
-}
-
 #[test]
 fn a_tiny_budget_gives_exactly_the_in_memory_results() {
     for seed in [0x7e57_0001u64, 0x7e57_0002] {
@@ -89,7 +67,7 @@ fn a_tiny_budget_gives_exactly_the_in_memory_results() {
         let mut t = store.create_table(config()).unwrap();
         let (mut evicted, mut cold_reads) = (0, 0);
         for step in 0..60 {
-            let ids = rng.ids(64);
+            let ids = rng.skewed_ids(64, IDS);
             let mut a = vec![0.0; ids.len() * D];
             let mut b = vec![0.0; ids.len() * D];
             m.lookup(&ids, OnMiss::Init, &mut a, None).unwrap();
@@ -98,10 +76,10 @@ fn a_tiny_budget_gives_exactly_the_in_memory_results() {
             let grads: Vec<f32> = (0..ids.len() * D).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
             m.apply_gradients(&ids, &grads, None).unwrap();
             t.apply_gradients(&ids, &grads, None).unwrap();
-            let some = rng.ids(4);
+            let some = rng.skewed_ids(4, IDS);
             m.assign(&some, &[0.5; 4 * D]).unwrap();
             t.assign(&some, &[0.5; 4 * D]).unwrap();
-            let gone = rng.ids(3);
+            let gone = rng.skewed_ids(3, IDS);
             assert_eq!(m.remove(&gone).unwrap(), t.remove(&gone).unwrap(), "step {step}: remove");
             match step % 10 {
                 3 => {
@@ -268,7 +246,7 @@ fn random_sequences_with_checkpoints_restores_and_compactions_match_the_model() 
             let what = rng.next() % 10;
             match what {
                 0..=3 => {
-                    let ids = rng.ids(48);
+                    let ids = rng.skewed_ids(48, IDS);
                     let grads: Vec<f32> =
                         (0..ids.len() * D).map(|i| (i % 7) as f32 * 0.05).collect();
                     for x in [&m, &t] {
@@ -277,12 +255,12 @@ fn random_sequences_with_checkpoints_restores_and_compactions_match_the_model() 
                     }
                 }
                 4 => {
-                    let ids = rng.ids(6);
+                    let ids = rng.skewed_ids(6, IDS);
                     m.assign(&ids, &vec![step as f32; ids.len() * D]).unwrap();
                     t.assign(&ids, &vec![step as f32; ids.len() * D]).unwrap();
                 }
                 5 => {
-                    let ids = rng.ids(5);
+                    let ids = rng.skewed_ids(5, IDS);
                     assert_eq!(m.remove(&ids).unwrap(), t.remove(&ids).unwrap(), "step {step}");
                 }
                 6 => {
