@@ -453,6 +453,7 @@ def run(
         "index_bytes": sum(2 * 16 * t.index_stats()["capacity"] for t in tables.values()),
         "rows_on_disk": sum(t.stats()["rows_on_disk"] for t in tables.values()),
         "cold_reads": sum(t.stats()["cold_reads"] for t in tables.values()),
+        "cold_read_ios": sum(t.stats()["cold_read_ios"] for t in tables.values()),
         "distinct_train_ids": train.distinct_ids(),
         "train_size": len(train),
         "test_size": len(test),

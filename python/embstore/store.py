@@ -481,7 +481,8 @@ class Table:
         (rows read from a file whose values or state were not finite, written by an older
         embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``;
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
-        from disk) and ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
+        from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
+        or lie within 16 KiB of each other in a file are read together) and ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:

@@ -13,8 +13,10 @@ pub struct TableStats {
     pub rows: usize,
     /// Of those, rows held only on disk (0 without a memory budget).
     pub rows_on_disk: usize,
-    /// Rows read back from disk, and rows moved from memory to disk, so far.
+    /// Rows read back from disk, the reads that brought them (records that share a page or
+    /// lie close are read together), and rows moved from memory to disk, so far.
     pub cold_reads: u64,
+    pub cold_read_ios: u64,
     pub evicted_to_disk: u64,
     /// Bytes allocated: indexes, arenas, metadata, free lists, the admission sketch. An
     /// upper bound on resident memory (zeroed pages that were never touched are not resident).
@@ -115,6 +117,7 @@ impl Table {
             repaired_on_load: get(&c.repaired_on_load),
             rows_on_disk,
             cold_reads: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_reads)),
+            cold_read_ios: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_ios)),
             evicted_to_disk: self.tier.as_ref().map_or(0, |t| get(&t.counters.evicted_rows)),
             step: self.step(),
             rows_per_shard,

@@ -61,6 +61,52 @@ fn loc_parts(loc: u64) -> (u32, u64) {
     ((loc >> IDX_BITS) as u32, loc & ((1 << IDX_BITS) - 1))
 }
 
+/// Records whose pages lie at most this many bytes apart in one file are read together: one
+/// more request costs this disk about as long as moving ~20 KiB more in a larger one (fio:
+/// 81k IOPS of 4 KiB at queue depth 32, 1.6 GB/s sequential), so a gap below that is cheaper
+/// to read through than to skip.
+const MERGE_GAP: u64 = 16 << 10;
+/// The longest merged read.
+const MAX_READ: u64 = 256 << 10;
+
+/// A record's aligned pages in a file opened for direct reads: the record is at `offset +
+/// skip`, and is entry `n` of the caller's list.
+#[derive(Clone, Copy, Debug)]
+struct DirectRange {
+    fd: std::os::fd::RawFd,
+    offset: u64,
+    len: usize,
+    skip: usize,
+    n: usize,
+}
+
+/// The reads that cover `ranges` (sorted here by file and offset): records that share a page,
+/// or lie within [`MERGE_GAP`] of the previous one in the same file, join one read of at most
+/// [`MAX_READ`] bytes. Returns the reads and, per record, `(n, read, byte offset in it)`.
+fn merged_reads(
+    ranges: &mut [DirectRange],
+) -> (Vec<crate::disk::io::PageRead>, Vec<(usize, usize, usize)>) {
+    ranges.sort_unstable_by_key(|r| (r.fd, r.offset));
+    let mut reqs: Vec<crate::disk::io::PageRead> = Vec::new();
+    let mut at = Vec::with_capacity(ranges.len());
+    for r in ranges.iter() {
+        let end = r.offset + r.len as u64;
+        let joins = reqs.last().is_some_and(|q| {
+            let q_end = q.offset + q.len as u64;
+            q.fd == r.fd && r.offset <= q_end + MERGE_GAP && end.max(q_end) - q.offset <= MAX_READ
+        });
+        if joins {
+            let q = reqs.last_mut().expect("joins a read");
+            q.len = (end.max(q.offset + q.len as u64) - q.offset) as usize;
+        } else {
+            reqs.push(crate::disk::io::PageRead { fd: r.fd, offset: r.offset, len: r.len });
+        }
+        let q = reqs.last().expect("a read");
+        at.push((r.n, reqs.len() - 1, (r.offset - q.offset) as usize + r.skip));
+    }
+    (reqs, at)
+}
+
 /// The memory budget of a store, shared by its tables.
 #[derive(Debug)]
 pub struct Budget {
@@ -227,6 +273,7 @@ impl std::fmt::Debug for Tier {
 #[derive(Debug, Default)]
 pub(crate) struct TierCounters {
     pub(crate) cold_reads: AtomicU64,
+    pub(crate) cold_ios: AtomicU64,
     pub(crate) evicted_rows: AtomicU64,
     pub(crate) evicted_dirty: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
@@ -464,29 +511,30 @@ impl Table {
         tier: &Tier,
         wanted: &[(u64, u64)],
     ) -> Result<Vec<Record>> {
-        // All records whose pages can be read directly go to the I/O engine in one batch (one
-        // request of 1–2 aligned pages each, all in flight together); the rest are read one by
-        // one through the file layer.
+        // All records whose pages can be read directly go to the I/O engine in one batch, all
+        // in flight together: each record's 1–2 aligned pages, merged with its neighbours' in
+        // the same file when they share a page or lie close ([`merged_reads`]). The rest are
+        // read one by one through the file layer.
         let mut out: Vec<Option<Record>> = vec![None; wanted.len()];
-        let mut reqs = Vec::new();
-        let mut at = Vec::new();
+        let mut ranges = Vec::new();
         for (n, &(_, l)) in wanted.iter().enumerate() {
             let (slot, idx) = loc_parts(l);
             if let Some((fd, offset, len, skip)) = files.reader(slot)?.direct_range(idx) {
-                reqs.push(crate::disk::io::PageRead { fd, offset, len });
-                at.push((n, skip));
+                ranges.push(DirectRange { fd, offset, len, skip, n });
             }
         }
-        if !reqs.is_empty() {
+        if !ranges.is_empty() {
+            let (reqs, at) = merged_reads(&mut ranges);
             let mut bufs: Vec<_> =
                 reqs.iter().map(|r| crate::disk::io::AlignedBuf::new(r.len)).collect();
             engine()
                 .read_all(&reqs, &mut bufs)
                 .map_err(|e| Error::io("read records of the memory tier", e))?;
-            for ((n, skip), buf) in at.into_iter().zip(&bufs) {
+            for (n, req, from) in at {
                 let (slot, idx) = loc_parts(wanted[n].1);
-                out[n] = Some(files.reader(slot)?.decode(&buf[skip..], idx)?);
+                out[n] = Some(files.reader(slot)?.decode(&bufs[req][from..], idx)?);
             }
+            tier.counters.cold_ios.fetch_add(reqs.len() as u64, Ordering::Relaxed);
         }
         let mut records = Vec::with_capacity(wanted.len());
         for (&(key, l), got) in wanted.iter().zip(out) {
@@ -716,5 +764,69 @@ impl crate::shard::Shard {
         self.tier.as_mut().expect("tiered").cold.insert(key, disk)?;
         self.drop_row(key);
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every record's pages lie inside its read, reads stay page-aligned and within
+        /// MAX_READ, two reads never overlap in one file, and records that share a page (or lie
+        /// within MERGE_GAP) share a read.
+        #[test]
+        fn merged_reads_cover_every_record_once(
+            recs in proptest::collection::vec((0i32..3, 0u64..400, 1usize..3, 0usize..4096), 0..300)
+        ) {
+            let mut ranges: Vec<DirectRange> = recs
+                .iter()
+                .enumerate()
+                .map(|(n, &(fd, page, pages, skip))| DirectRange {
+                    fd,
+                    offset: page * 4096,
+                    len: pages * 4096,
+                    skip: skip.min(pages * 4096 - 1),
+                    n,
+                })
+                .collect();
+            let by_n: Vec<DirectRange> = ranges.clone();
+            let (reqs, at) = merged_reads(&mut ranges);
+            prop_assert_eq!(at.len(), recs.len());
+            for q in &reqs {
+                prop_assert!(q.offset % 4096 == 0 && q.len % 4096 == 0);
+                prop_assert!(q.len as u64 <= MAX_READ);
+            }
+            for (i, a) in reqs.iter().enumerate() {
+                for b in &reqs[i + 1..] {
+                    let disjoint = a.fd != b.fd
+                        || a.offset + a.len as u64 <= b.offset
+                        || b.offset + b.len as u64 <= a.offset;
+                    prop_assert!(disjoint, "{:?} and {:?} overlap", (a.fd, a.offset, a.len), (b.fd, b.offset, b.len));
+                }
+            }
+            let mut seen = vec![false; recs.len()];
+            for &(n, req, from) in &at {
+                let (r, q) = (by_n[n], &reqs[req]);
+                seen[n] = true;
+                prop_assert_eq!(q.fd, r.fd);
+                prop_assert_eq!(q.offset + from as u64, r.offset + r.skip as u64);
+                prop_assert!(r.offset >= q.offset);
+                prop_assert!(r.offset + r.len as u64 <= q.offset + q.len as u64);
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+            // Adjacent reads of one file are apart by more than MERGE_GAP, or the second
+            // would have made the first longer than MAX_READ.
+            let mut sorted: Vec<_> = reqs.iter().collect();
+            sorted.sort_by_key(|q| (q.fd, q.offset));
+            for w in sorted.windows(2) {
+                if w[0].fd == w[1].fd {
+                    let gap = w[1].offset - (w[0].offset + w[0].len as u64);
+                    let merged = w[1].offset + w[1].len as u64 - w[0].offset;
+                    prop_assert!(gap > MERGE_GAP || merged > MAX_READ);
+                }
+            }
+        }
     }
 }
