@@ -117,17 +117,20 @@ pub(crate) struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None))]
+    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None, background_eviction=true))]
     fn new(
         py: Python<'_>,
         replica: u32,
         path: Option<std::path::PathBuf>,
         memory_budget_bytes: Option<u64>,
+        background_eviction: bool,
     ) -> PyResult<Self> {
         let store = match path {
             None => Store::with_replica(replica),
             Some(path) => detached(py, || {
-                let mut options = embstore_table::StoreOptions::default().with_replica(replica);
+                let mut options = embstore_table::StoreOptions::default()
+                    .with_replica(replica)
+                    .with_background_eviction(background_eviction);
                 if let Some(b) = memory_budget_bytes {
                     options = options.with_memory_budget(b);
                 }
@@ -588,6 +591,12 @@ impl PyTable {
         let keys = slice(&ids, "ids")?;
         let t = &self.inner;
         detached(py, || t.pin(keys)).map_err(to_py_err)
+    }
+
+    fn prefetch(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<usize> {
+        let keys = slice(&ids, "ids")?;
+        let t = &self.inner;
+        detached(py, || t.prefetch(keys)).map_err(to_py_err)
     }
 
     fn unpin(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<()> {

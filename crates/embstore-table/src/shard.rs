@@ -150,15 +150,17 @@ impl Shard {
     fn note_dirty(&mut self, slot: usize, key: u64) {
         if let Some(dirty) = &mut self.dirty_keys {
             if !self.meta[slot].is_dirty() {
-                dirty.push(key);
                 // Rows that evictions wrote out (clean again) and that changed once more are
                 // listed twice: keep the list within twice the rows (amortised O(1) a push).
-                if dirty.len() > 2 * self.index.len() + 4096 {
+                // Trimmed before `key` joins: its dirty bit is set only after this returns, so
+                // a trim after the push would drop it, and the next flush would miss its row.
+                if dirty.len() >= 2 * self.index.len() + 4096 {
                     let (index, meta) = (&self.index, &self.meta);
                     dirty.retain(|&k| index.get(k).is_some_and(|s| meta[s as usize].is_dirty()));
                     dirty.sort_unstable();
                     dirty.dedup();
                 }
+                dirty.push(key);
             }
         }
     }

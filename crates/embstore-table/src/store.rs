@@ -36,6 +36,14 @@ impl StoreOptions {
         self
     }
 
+    /// Options with eviction on the store's evictor thread (`true`, the default) or on the
+    /// thread of each call that leaves the store over its budget (`false`: deterministic, for
+    /// tests that replay file operations).
+    pub fn with_background_eviction(mut self, background: bool) -> Self {
+        self.background_eviction = background;
+        self
+    }
+
     /// Options with the replacement policy `eviction`.
     pub fn with_eviction(mut self, eviction: crate::evict::EvictionConfig) -> Self {
         self.eviction = eviction;
@@ -44,7 +52,7 @@ impl StoreOptions {
 }
 
 /// How [`Store::open_with_options`] opens a directory.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct StoreOptions {
     /// The replica id written into row versions (at most [`MAX_REPLICA`]).
@@ -54,6 +62,30 @@ pub struct StoreOptions {
     pub memory_budget_bytes: Option<u64>,
     /// The replacement policy of the memory tier.
     pub eviction: crate::evict::EvictionConfig,
+    /// Whether a thread of the store evicts once its tables pass 95 % of the budget (the
+    /// default), so that calls do not wait for evictions; calls evict themselves only when
+    /// the store is over its budget. `false`: every eviction runs on the calling thread.
+    pub background_eviction: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            replica: 0,
+            memory_budget_bytes: None,
+            eviction: crate::evict::EvictionConfig::default(),
+            background_eviction: true,
+        }
+    }
+}
+
+impl Drop for Store {
+    /// Stops the store's evictor (it finishes the eviction in flight first).
+    fn drop(&mut self) {
+        if let Some(t) = &self.tiering {
+            t.budget.stop();
+        }
+    }
 }
 
 impl Default for Store {
@@ -75,7 +107,9 @@ impl Store {
 
     /// An empty store whose rows' versions carry `replica` (at most [`MAX_REPLICA`]).
     pub fn with_replica(replica: u32) -> Result<Self> {
-        Ok(Self { clock: Arc::new(Clock::new(check_replica(replica)?)), ..Self::new() })
+        let mut store = Self::new();
+        store.clock = Arc::new(Clock::new(check_replica(replica)?));
+        Ok(store)
     }
 
     /// Opens the store kept in `dir`, creating it (and `dir`) if there is none, and rebuilds
@@ -102,7 +136,7 @@ impl Store {
         let tiering = match options.memory_budget_bytes {
             Some(0) => return Err(Error::invalid("memory_budget_bytes must be at least 1")),
             Some(b) => Some(Tiering {
-                budget: crate::tier::Budget::new(b),
+                budget: crate::tier::Budget::new(b, options.background_eviction),
                 eviction: options.eviction.clone(),
             }),
             None => None,

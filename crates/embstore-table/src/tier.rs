@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use embstore_index::NeighborHash;
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
 use crate::disk::segment::{Record, SegmentReader};
 use crate::durable::Durable;
@@ -39,9 +39,13 @@ pub(crate) const NONE: u64 = u64::MAX;
 /// Record numbers take the low 31 bits of a location, file slots the 20 above them.
 const IDX_BITS: u32 = 31;
 const MAX_FILE_SLOTS: usize = 1 << 20;
-/// The store evicts down to this share of its budget once over it, so that eviction runs in
-/// batches rather than on every call.
-const LOW_WATERMARK: f64 = 0.9;
+/// Eviction brings the store down to this share of its budget, so that it runs in batches
+/// rather than after every call.
+const LOW_WATERMARK: f64 = 0.85;
+/// With background eviction, a call that leaves the store above this share of its budget
+/// hands the eviction to the store's evictor thread and returns; only a call that leaves it
+/// over the whole budget (the evictor fell behind) evicts on the caller's thread.
+const BACKGROUND_MARK: f64 = 0.95;
 /// Pinned rows may take at most this share of the budget (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
 
@@ -107,16 +111,45 @@ fn merged_reads(
     (reqs, at)
 }
 
-/// The memory budget of a store, shared by its tables.
+/// The memory budget of a store, shared by its tables, and its evictor.
 #[derive(Debug)]
 pub struct Budget {
     limit: u64,
     used: AtomicU64,
+    /// `None`: tables evict on the caller's thread after each call that leaves the store over
+    /// its budget.
+    evictor: Option<Evictor>,
+}
+
+/// The thread that evicts for the tables of a store whose calls left it above
+/// [`BACKGROUND_MARK`] of its budget (NeighborKV §2.1.2: eviction off the lookup path). It
+/// starts with the first such call and stops when the store is dropped ([`Budget::stop`]).
+#[derive(Debug, Default)]
+struct Evictor {
+    shared: Arc<EvictorShared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Debug, Default)]
+struct EvictorShared {
+    queue: Mutex<EvictQueue>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct EvictQueue {
+    tables: std::collections::VecDeque<Weak<Table>>,
+    busy: bool,
+    stop: bool,
 }
 
 impl Budget {
-    pub(crate) fn new(limit: u64) -> Arc<Self> {
-        Arc::new(Self { limit, used: AtomicU64::new(0) })
+    pub(crate) fn new(limit: u64, background: bool) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            used: AtomicU64::new(0),
+            evictor: background.then(Evictor::default),
+        })
     }
 
     /// Replaces a table's `before` bytes by `after` in the total; returns the new total.
@@ -134,6 +167,88 @@ impl Budget {
     /// Bytes the store's tables reported at their last call.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether evictions run on the store's evictor thread.
+    pub fn background(&self) -> bool {
+        self.evictor.is_some()
+    }
+
+    /// Hands `table` to the evictor (starting it if need be); false if there is no evictor,
+    /// it is stopped, or it could not be started (the caller then evicts itself).
+    fn queue(&self, table: Weak<Table>, queued: &std::sync::atomic::AtomicBool) -> bool {
+        let Some(ev) = &self.evictor else { return false };
+        let mut thread = ev.thread.lock();
+        if thread.is_none() {
+            let shared = ev.shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("embstore-evict".into())
+                .spawn(move || evictor_loop(&shared));
+            match spawned {
+                Ok(handle) => *thread = Some(handle),
+                Err(_) => return false,
+            }
+        }
+        drop(thread);
+        let mut q = ev.shared.queue.lock();
+        if q.stop {
+            return false;
+        }
+        if !queued.swap(true, Ordering::AcqRel) {
+            q.tables.push_back(table);
+            ev.shared.wake.notify_all();
+        }
+        true
+    }
+
+    /// Waits until the evictor has nothing queued or running (for tests and benchmarks that
+    /// read memory figures).
+    pub fn settle(&self) {
+        let Some(ev) = &self.evictor else { return };
+        let mut q = ev.shared.queue.lock();
+        while !q.stop && (q.busy || !q.tables.is_empty()) {
+            ev.shared.wake.wait(&mut q);
+        }
+    }
+
+    /// Stops the evictor and waits for its thread (when the store is dropped).
+    pub(crate) fn stop(&self) {
+        let Some(ev) = &self.evictor else { return };
+        ev.shared.queue.lock().stop = true;
+        ev.shared.wake.notify_all();
+        if let Some(handle) = ev.thread.lock().take() {
+            // Not on the evictor itself: it holds no store, so it never drops one.
+            let _ = handle.join();
+        }
+    }
+}
+
+fn evictor_loop(shared: &EvictorShared) {
+    loop {
+        let table = {
+            let mut q = shared.queue.lock();
+            loop {
+                if q.stop {
+                    q.tables.clear();
+                    shared.wake.notify_all();
+                    return;
+                }
+                if let Some(t) = q.tables.pop_front() {
+                    q.busy = true;
+                    break t;
+                }
+                shared.wake.wait(&mut q);
+            }
+        };
+        if let Some(table) = table.upgrade() {
+            if let Some(tier) = &table.tier {
+                tier.queued.store(false, Ordering::Release);
+                table.evict_share(tier, true);
+            }
+        }
+        let mut q = shared.queue.lock();
+        q.busy = false;
+        shared.wake.notify_all();
     }
 }
 
@@ -259,6 +374,10 @@ pub(crate) struct Tier {
     /// This table's bytes as last added to the budget.
     reported: AtomicU64,
     pub(crate) durable: OnceLock<Weak<Durable>>,
+    /// This table, for the evictor (set when its store attaches it).
+    me: OnceLock<Weak<Table>>,
+    /// Whether the table waits in the evictor's queue.
+    queued: std::sync::atomic::AtomicBool,
     evicting: Mutex<()>,
     pub(crate) counters: TierCounters,
 }
@@ -312,6 +431,8 @@ impl Table {
             budget,
             reported: AtomicU64::new(0),
             durable: OnceLock::new(),
+            me: OnceLock::new(),
+            queued: std::sync::atomic::AtomicBool::new(false),
             evicting: Mutex::new(()),
             counters: TierCounters::default(),
         }));
@@ -323,10 +444,12 @@ impl Table {
         self.tier.is_some()
     }
 
-    /// Lets a tiered table write evicted rows through its store's `durable`.
-    pub(crate) fn attach_durable(&self, durable: &Arc<Durable>) {
+    /// Lets a tiered table write evicted rows through its store's `durable` (and its store's
+    /// evictor reach it).
+    pub(crate) fn attach_durable(self: &Arc<Self>, durable: &Arc<Durable>) {
         if let Some(t) = &self.tier {
             let _ = t.durable.set(Arc::downgrade(durable));
+            let _ = t.me.set(Arc::downgrade(self));
         }
     }
 
@@ -435,7 +558,7 @@ impl Table {
     /// Notes accesses to the hot ids among `ids` and promotes the cold ones: one read lock per
     /// shard to sort them out, one batch of reads for all of them, then the shards promote
     /// their rows in parallel.
-    fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<()> {
+    fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<usize> {
         let groups = self.group(ids)?;
         // Held from capturing locations to reading them: a rewrite cannot release the slots
         // they point into meanwhile (it takes the file table for writing).
@@ -485,7 +608,7 @@ impl Table {
             bounds.push(wanted.len());
         }
         if wanted.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let records = self.read_records(files, tier, &wanted)?;
         let busy: Vec<usize> = (0..cold.len()).filter(|&s| !cold[s].is_empty()).collect();
@@ -501,7 +624,8 @@ impl Table {
                 shard.promote(*key, *l, rec)?;
             }
             Ok(())
-        })
+        })?;
+        Ok(wanted.len())
     }
 
     /// Reads the records at `locs` (sorted by location), checking each one's key.
@@ -574,29 +698,63 @@ impl Table {
         b as u64
     }
 
-    /// After a call: reports this table's memory and, if the store is over its budget, evicts
-    /// this table's share of the excess.
-    fn after_call(&self) {
-        let Some(tier) = &self.tier else { return };
+    /// Reports this table's memory to the budget; returns the store's total.
+    fn report(&self, tier: &Tier) -> u64 {
         let mine = self.memory_bytes();
         let before = tier.reported.swap(mine, Ordering::Relaxed);
-        let used = tier.budget.adjust(before, mine);
-        if used <= tier.budget.limit || mine == 0 {
+        tier.budget.adjust(before, mine)
+    }
+
+    /// After a call: reports this table's memory. Above [`BACKGROUND_MARK`] of the budget the
+    /// store's evictor takes over; over the budget (or without an evictor), this table evicts
+    /// its share of the excess here.
+    fn after_call(&self) {
+        let Some(tier) = &self.tier else { return };
+        let used = self.report(tier);
+        let limit = tier.budget.limit as f64;
+        if tier.budget.background() {
+            if used as f64 <= limit * BACKGROUND_MARK {
+                return;
+            }
+            let me = tier.me.get().cloned().unwrap_or_default();
+            if used <= tier.budget.limit && tier.budget.queue(me, &tier.queued) {
+                return;
+            }
+            // Over the budget: the evictor fell behind. Wait for its eviction of this table
+            // (if one runs), then evict what is still over.
+            self.evict_share(tier, true);
+        } else if used > tier.budget.limit {
+            self.evict_share(tier, false);
+        }
+    }
+
+    /// Evicts this table's share of the store's excess over [`LOW_WATERMARK`] of its budget;
+    /// `wait`: behind an eviction of this table in flight, else none if one is.
+    fn evict_share(&self, tier: &Tier, wait: bool) {
+        let _one = if wait {
+            tier.evicting.lock()
+        } else {
+            match tier.evicting.try_lock() {
+                Some(g) => g,
+                None => return,
+            }
+        };
+        let used = self.report(tier);
+        let mine = tier.reported.load(Ordering::Relaxed);
+        let low = (tier.budget.limit as f64 * LOW_WATERMARK) as u64;
+        if used <= low || mine == 0 {
             return;
         }
-        let Some(_one) = tier.evicting.try_lock() else { return };
-        let excess = used - (tier.budget.limit as f64 * LOW_WATERMARK) as u64;
+        let excess = used - low;
         let share = (excess as f64 * mine as f64 / used.max(1) as f64).ceil() as u64;
-        if let Err(e) = self.evict_bytes(tier, share.max(1)) {
+        if let Err(e) = self.evict_bytes(tier, share.max(1), wait) {
             *tier.counters.last_error.lock() = Some(e.to_string());
         }
-        let after = self.memory_bytes();
-        let before = tier.reported.swap(after, Ordering::Relaxed);
-        tier.budget.adjust(before, after);
+        self.report(tier);
     }
 
     /// Evicts about `bytes` of hot rows (see the module docs).
-    pub(crate) fn evict_bytes(&self, tier: &Tier, bytes: u64) -> Result<()> {
+    pub(crate) fn evict_bytes(&self, tier: &Tier, bytes: u64, background: bool) -> Result<()> {
         let row = ((self.dim() + self.state_dim) * 4 + 16 + 16 + 16) as u64;
         let n = (bytes / row).max(1) as usize;
         let per_shard = n.div_ceil(self.shards.len());
@@ -630,7 +788,7 @@ impl Table {
         }
         // 3. Demote, with no call in flight.
         drop(read_gate);
-        let _gate = tier.gate.write();
+        let _gate = if background { Self::gate_when_idle(tier) } else { tier.gate.write() };
         let pins = tier.pins.lock();
         // A disk location in a slot not installed yet belongs to a segment a flush is still
         // writing: such a row stays in memory until that segment is durable.
@@ -649,6 +807,36 @@ impl Table {
         }
         tier.counters.evicted_rows.fetch_add(moved, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Brings the rows of `ids` that are on disk into memory, as a call on them would, and
+    /// returns how many it read; rows in memory count as used, ids with no row are ignored,
+    /// and no value changes. For a pipeline that reads batch n+1's rows while batch n trains
+    /// (pin them first, with [`Table::pin`], so that no eviction drops them before their
+    /// batch). A no-op (0) on a table without a memory budget.
+    pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
+        let Some(tier) = &self.tier else { return Ok(0) };
+        let gate = tier.gate.read();
+        let read = self.fault_in(tier, ids);
+        drop(Entered { table: self, gate: Some(gate) });
+        read
+    }
+
+    /// The gate for writing, for the evictor: taken only while no call holds it, so that a
+    /// waiting evictor never holds up the calls behind it (a writer waiting on a fair lock
+    /// would); after ~5 ms of calls back to back it queues like any writer.
+    fn gate_when_idle(tier: &Tier) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        for i in 0..200u32 {
+            if let Some(g) = tier.gate.try_write() {
+                return g;
+            }
+            if i < 20 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(25));
+            }
+        }
+        tier.gate.write()
     }
 
     /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin

@@ -154,7 +154,8 @@ fn config() -> TableConfig {
     TableConfig::new("t", D).with_optimizer(opt).with_shards(4)
 }
 fn open(dir: &Path, budget: Option<u64>, fs: &BFs) -> Store {
-    let mut o = StoreOptions::default();
+    // Evictions on the calling thread, where each test schedules them.
+    let mut o = StoreOptions::default().with_background_eviction(false);
     if let Some(b) = budget {
         o = o.with_memory_budget(b);
     }
