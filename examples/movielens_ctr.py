@@ -379,6 +379,14 @@ def run(
         for field in FIELDS
     }
     model = DLRM(tables)
+
+    def batch_ids(batch: Batch) -> dict[embstore.Table, torch.Tensor]:
+        """The ids each table is looked up with in ``batch`` (for the prefetch thread)."""
+        ids, genre_ids = batch[0], batch[1]
+        return {tables[f]: ids[:, k] for k, f in enumerate(SINGLE_FIELDS)} | {
+            tables["genres"]: genre_ids
+        }
+
     dense_opt = torch.optim.Adam(model.parameters(), lr=lr)
     sparse_opt = et.EmbeddingOptimizer(model)
     timer = LookupTimer(model)
@@ -392,9 +400,12 @@ def run(
         timer.ids, timer.seconds = 0, 0.0
         step_seconds = 0.0
         epoch_start = time.perf_counter()
-        for ids, genre_ids, genre_offsets, labels in batches(
-            train, batch_size, rng.permutation(len(train))
-        ):
+        epoch_batches = batches(train, batch_size, rng.permutation(len(train)))
+        if memory_budget_bytes is not None:
+            # Rows beyond the budget live on disk: a background thread reads the next batch's
+            # rows (and pins them) while this one trains.
+            epoch_batches = embstore.prefetch(epoch_batches, batch_ids)
+        for ids, genre_ids, genre_offsets, labels in epoch_batches:
             loss = loss_fn(model(ids, genre_ids, genre_offsets), labels)
             loss.backward()
             dense_opt.step()

@@ -51,6 +51,7 @@ from embstore.errors import (
     UnsupportedFormatError,
 )
 from embstore.index import NeighborHash
+from embstore.prefetch import prefetch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "__version__",
     "errors",
     "inspect",
+    "prefetch",
     "simd_available",
     "verify",
 ]

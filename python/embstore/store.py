@@ -344,6 +344,14 @@ class Table:
         large for the budget), instead of thrashing or blocking."""
         self._inner.pin(_as_ids(ids)[0])
 
+    def prefetch(self, ids: Any) -> int:
+        """Bring the rows of ``ids`` that are on disk into memory now, as a lookup would,
+        without reading or changing any value; return how many rows were read from disk.
+        Meant for a thread that reads the next batch's rows while this one trains (see
+        :func:`embstore.prefetch`, which also pins them until their batch is done); ids with
+        no row are ignored. Without a memory budget it does nothing and returns 0."""
+        return self._inner.prefetch(_as_ids(ids)[0])
+
     def unpin(self, ids: Any) -> None:
         """Release pins taken by :meth:`pin`."""
         self._inner.unpin(_as_ids(ids)[0])
@@ -482,7 +490,8 @@ class Table:
         embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``;
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
         from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
-        or lie within 16 KiB of each other in a file are read together) and ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
+        or lie within 16 KiB of each other in a file are read together) and
+        ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:
@@ -507,6 +516,10 @@ class Store:
             when a call uses them, so tables may be many times larger than memory. Lookups of
             rows in memory are as fast as ever; a row on disk costs one read. ``None`` (the
             default): every row in memory.
+        background_eviction: with a memory budget, whether a thread of the store evicts
+            rows once the tables pass 95 % of the budget (the default), so that calls rarely
+            wait for an eviction; a call evicts on its own thread only when the store is over
+            its budget. ``False``: every eviction runs on the thread of the call that needed it.
 
     Example::
 
@@ -542,6 +555,7 @@ class Store:
         *,
         replica_id: int = 0,
         memory_budget_bytes: int | None = None,
+        background_eviction: bool = True,
     ) -> None:
         if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
             raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
@@ -571,7 +585,10 @@ class Store:
                 )
             memory_budget_bytes = int(memory_budget_bytes)
         self._store: Any = _native.Store(
-            int(replica_id), None if path is None else os.fspath(path), memory_budget_bytes
+            int(replica_id),
+            None if path is None else os.fspath(path),
+            memory_budget_bytes,
+            bool(background_eviction),
         )
 
     @classmethod

@@ -1,0 +1,141 @@
+"""A training pipeline for tables larger than memory: while the caller trains on batch n, a
+background thread brings the rows of the next batches into memory and pins them
+(Baidu's MEM-PS prepares the next batches' working sets the same way, hierarchical-gpu-ps §3,
+App. B and D).
+
+    >>> import tempfile, numpy as np, embstore
+    >>> store = embstore.Store(tempfile.mkdtemp(), memory_budget_bytes=64 << 10)
+    >>> user = store.create_table("user", embedding_dim=8)
+    >>> batches = [np.arange(i * 100, i * 100 + 100) for i in range(20)]
+    >>> _ = [user.lookup(ids) for ids in batches]           # 2,000 rows, most now on disk
+    >>> for ids in embstore.prefetch(batches, lambda ids: {user: ids}):
+    ...     rows = user.lookup(ids)                             # found in memory
+    ...     _ = user.apply_gradients(ids, np.ones_like(rows))
+    >>> user.stats()["rows"]
+    2000
+
+Values never change by prefetching: a prefetched row is the row a lookup would have read, and
+a batch's updates land before the batch after it is handed out, so training is the same, to
+the bit, with or without the pipeline.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from embstore.errors import CapacityError, InvalidArgumentError
+from embstore.store import Table, _as_ids
+
+B = TypeVar("B")
+
+__all__ = ["prefetch"]
+
+
+def prefetch(
+    batches: Iterable[B],
+    ids: Callable[[B], Mapping[Table, Any]],
+    *,
+    depth: int = 1,
+) -> Iterator[B]:
+    """Yield the batches of ``batches`` in order; while the caller works on one, a background
+    thread brings into memory the rows that the next ``depth`` batches use.
+
+    Args:
+        batches: any iterable (a ``DataLoader``, a generator).
+        ids: maps a batch to ``{table: ids}``, the ids (numpy, torch or a sequence of
+            ints) each table will be looked up with. Tables without a memory budget are
+            skipped.
+        depth: batches read ahead (1 or more).
+
+    A batch is handed out once its rows are in memory. Its rows stay pinned until the caller
+    asks for the next batch (so no eviction drops them between its lookups and
+    ``apply_gradients``); where pinning the rows of the batches in flight would pass 60 % of
+    the memory budget, its rows are read ahead unpinned (a ``RuntimeWarning`` says so once).
+    An error of the background thread is raised where the batch is handed out; closing the
+    generator early (``break``) releases every pin.
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise InvalidArgumentError(f"depth must be an int >= 1, got {depth!r}")
+    return _pipeline(iter(batches), ids, depth)
+
+
+def _pipeline(
+    it: Iterator[B], ids_of: Callable[[B], Mapping[Table, Any]], depth: int
+) -> Iterator[B]:
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embstore-prefetch")
+    ahead: collections.deque[tuple[B, concurrent.futures.Future[list[tuple[Table, Any]]]]]
+    ahead = collections.deque()
+    unpinned = [False]
+    warned = False
+    held: list[tuple[Table, Any]] = []
+
+    def fetch(work: list[tuple[Table, Any]]) -> list[tuple[Table, Any]]:
+        pinned = []
+        try:
+            for table, arr in work:
+                try:
+                    table.pin(arr)
+                    pinned.append((table, arr))
+                except CapacityError:
+                    unpinned[0] = True
+                table.prefetch(arr)
+        except BaseException:
+            _release(pinned)
+            raise
+        return pinned
+
+    def fill() -> None:
+        while len(ahead) <= depth:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            work = []
+            for table, raw in ids_of(batch).items():
+                if not isinstance(table, Table):
+                    raise InvalidArgumentError(
+                        f"ids() must map embstore.Table to ids, got a key {type(table).__name__}"
+                    )
+                if table.tiered:
+                    work.append((table, np.unique(_as_ids(raw)[0])))
+            ahead.append((batch, pool.submit(fetch, work)))
+
+    try:
+        fill()
+        while ahead:
+            batch, done = ahead.popleft()
+            held = done.result()
+            fill()
+            if unpinned[0] and not warned:
+                warned = True
+                warnings.warn(
+                    "embstore.prefetch: the rows of the batches in flight pass 60 % of the "
+                    "memory budget; some are read ahead without a pin",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            yield batch
+            _release(held)
+            held = []
+    finally:
+        _release(held)
+        for _, done in ahead:
+            done.cancel()
+        for _, done in ahead:
+            if not done.cancelled():
+                try:
+                    _release(done.result())
+                except BaseException:  # its pins were released by fetch()
+                    pass
+        pool.shutdown(wait=True)
+
+
+def _release(pinned: list[tuple[Table, Any]]) -> None:
+    for table, arr in pinned:
+        table.unpin(arr)
