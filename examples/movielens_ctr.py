@@ -350,7 +350,9 @@ def run(
         epoch's batch losses), ``test_logloss``, ``test_auc``, ``rows``, ``lookups`` (ids
         looked up in training), ``lookups_per_s`` (per second of training wall time),
         ``lookups_per_s_in_store`` (per second spent in the embstore modules' forward),
-        ``store_seconds`` (in those forwards and in ``EmbeddingOptimizer.step``), ``seconds``.
+        ``store_seconds`` (in those forwards and in ``EmbeddingOptimizer.step``), ``seconds``;
+        with a memory budget, ``peak_memory_bytes`` (the most the tables held after a step:
+        with batches that touch more rows than the budget, their pinned rows exceed it).
     """
     started = time.perf_counter()
     torch.set_num_threads(1)
@@ -393,6 +395,7 @@ def run(
     loss_fn = nn.BCEWithLogitsLoss()
 
     history: list[dict[str, Any]] = []
+    peak_memory = 0  # bytes the tables held, at most, after a training step (with a budget)
     steps = math.ceil(len(train) / batch_size)
     for epoch in range(1, epochs + 1):
         model.train()
@@ -414,6 +417,8 @@ def run(
             step_seconds += time.perf_counter() - step_start
             dense_opt.zero_grad()
             sparse_opt.zero_grad()
+            if store.memory_budget is not None:
+                peak_memory = max(peak_memory, store.memory_budget[1])
             progress.update(len(labels), loss.item())
         train_seconds = time.perf_counter() - epoch_start
         test_logloss, test_auc = evaluate(model, test)
@@ -464,6 +469,7 @@ def run(
         "index_bytes": sum(2 * 16 * t.index_stats()["capacity"] for t in tables.values()),
         "rows_on_disk": sum(t.stats()["rows_on_disk"] for t in tables.values()),
         "cold_reads": sum(t.stats()["cold_reads"] for t in tables.values()),
+        "peak_memory_bytes": peak_memory,
         "cold_read_ios": sum(t.stats()["cold_read_ios"] for t in tables.values()),
         "distinct_train_ids": train.distinct_ids(),
         "train_size": len(train),
@@ -589,7 +595,9 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
     print(
         f"with a memory budget for 20% of the rows ({budget / 1024:.0f} KiB incl. the index; "
         f"{tiered['rows_on_disk']:,} of {tiered['rows']:,} rows on disk at the end, "
-        f"{tiered['cold_reads']:,} rows read back): AUC {tiered['test_auc']:.4f} "
+        f"{tiered['cold_reads']:,} rows read back, at most "
+        f"{tiered['peak_memory_bytes'] / 1024:.0f} KiB held: a batch's rows are pinned while "
+        f"it trains and while it is read ahead): AUC {tiered['test_auc']:.4f} "
         f"({'same as in memory' if same else 'DIFFERS from memory'}) in {tiered['seconds']:.1f}s "
         f"({reference['seconds'] / tiered['seconds']:.0%} of the in-memory throughput)"
     )

@@ -518,8 +518,10 @@ class Store:
             default): every row in memory.
         background_eviction: with a memory budget, whether a thread of the store evicts
             rows once the tables pass 95 % of the budget (the default), so that calls rarely
-            wait for an eviction; a call evicts on its own thread only when the store is over
-            its budget. ``False``: every eviction runs on the thread of the call that needed it.
+            wait for an eviction; a call evicts on its own thread only when it brought rows in
+            and left the store over its budget. ``False``: every eviction runs on the thread
+            of the call that needed it. Indexes and pinned rows are never evicted: when they
+            alone pass the budget, other rows may take 5 % of it (``docs/storage.md``).
 
     Example::
 

@@ -39,12 +39,12 @@ pub(crate) const NONE: u64 = u64::MAX;
 /// Record numbers take the low 31 bits of a location, file slots the 20 above them.
 const IDX_BITS: u32 = 31;
 const MAX_FILE_SLOTS: usize = 1 << 20;
-/// Eviction brings the store down to this share of its budget, so that it runs in batches
-/// rather than after every call.
+/// Eviction brings the rows it can free down to this share of the room the budget leaves them
+/// ([`Budget::marks`]), so that it runs in batches rather than after every call.
 const LOW_WATERMARK: f64 = 0.85;
-/// With background eviction, a call that leaves the store above this share of its budget
-/// hands the eviction to the store's evictor thread and returns; only a call that leaves it
-/// over the whole budget (the evictor fell behind) evicts on the caller's thread.
+/// With background eviction, a call that leaves those rows above this share of their room
+/// hands the eviction to the store's evictor thread and returns; only a call that leaves the
+/// store over its budget (the evictor fell behind) evicts on the caller's thread.
 const BACKGROUND_MARK: f64 = 0.95;
 /// Pinned rows may take at most this share of the budget (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
@@ -116,6 +116,8 @@ fn merged_reads(
 pub struct Budget {
     limit: u64,
     used: AtomicU64,
+    /// Of `used`, the bytes no eviction can free: indexes and pinned rows.
+    fixed: AtomicU64,
     /// `None`: tables evict on the caller's thread after each call that leaves the store over
     /// its budget.
     evictor: Option<Evictor>,
@@ -148,15 +150,29 @@ impl Budget {
         Arc::new(Self {
             limit,
             used: AtomicU64::new(0),
+            fixed: AtomicU64::new(0),
             evictor: background.then(Evictor::default),
         })
     }
 
-    /// Replaces a table's `before` bytes by `after` in the total; returns the new total.
-    fn adjust(&self, before: u64, after: u64) -> u64 {
+    /// Replaces a table's `before` bytes by `after` in the total `of`; returns the new total.
+    fn adjust(of: &AtomicU64, before: u64, after: u64) -> u64 {
         let update = |used: u64| Some(used.saturating_sub(before).saturating_add(after));
-        let prev = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
+        let prev = of.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
         update(prev.unwrap_or_else(|v| v)).unwrap_or(0)
+    }
+
+    /// The eviction marks for the store's current bytes: `(background, over, low)`. The rows
+    /// eviction can free (hot and unpinned) may take what the indexes and pinned rows leave of
+    /// the budget — at least 5 % of it, so that a pinned working set larger than the budget
+    /// leaves a small cache rather than an eviction after every call that frees nothing.
+    /// Past `background` the evictor starts, past `over` calls evict themselves, and either
+    /// evicts down to `low`.
+    fn marks(&self) -> (u64, u64, u64) {
+        let fixed = self.fixed.load(Ordering::Relaxed);
+        let room = self.limit.saturating_sub(fixed).max(self.limit / 20) as f64;
+        let at = |share: f64| fixed.saturating_add((room * share) as u64);
+        (at(BACKGROUND_MARK), at(1.0), at(LOW_WATERMARK))
     }
 
     /// The budget in bytes.
@@ -167,6 +183,13 @@ impl Budget {
     /// Bytes the store's tables reported at their last call.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
+    }
+
+    /// Of [`Budget::used`], the bytes no eviction can free: indexes and pinned rows. When they
+    /// pass the budget (a pinned working set larger than it), the store holds them plus at
+    /// most 5 % of the budget of other rows.
+    pub fn fixed(&self) -> u64 {
+        self.fixed.load(Ordering::Relaxed)
     }
 
     /// Whether evictions run on the store's evictor thread.
@@ -371,8 +394,10 @@ pub(crate) struct Tier {
     pub(crate) files: RwLock<FileTable>,
     pins: Mutex<HashMap<u64, u32>>,
     budget: Arc<Budget>,
-    /// This table's bytes as last added to the budget.
+    /// This table's bytes, and of those the ones no eviction can free, as last added to the
+    /// budget.
     reported: AtomicU64,
+    reported_fixed: AtomicU64,
     pub(crate) durable: OnceLock<Weak<Durable>>,
     /// This table, for the evictor (set when its store attaches it).
     me: OnceLock<Weak<Table>>,
@@ -430,6 +455,7 @@ impl Table {
             pins: Mutex::new(HashMap::new()),
             budget,
             reported: AtomicU64::new(0),
+            reported_fixed: AtomicU64::new(0),
             durable: OnceLock::new(),
             me: OnceLock::new(),
             queued: std::sync::atomic::AtomicBool::new(false),
@@ -686,49 +712,61 @@ impl Table {
     /// slots freed by eviction are not counted: rows read back reuse them, and a shard gives
     /// them back once it is under half full (`shard`), so resident memory can pass this by the
     /// free slots of the arenas.
-    pub(crate) fn memory_bytes(&self) -> u64 {
+    /// Returns them with the number of rows in memory.
+    fn memory_and_rows(&self) -> (u64, usize) {
         let row = (self.dim() + self.state_dim) * 4 + std::mem::size_of::<PackedMeta>();
-        let mut b = 0;
+        let (mut b, mut rows) = (0, 0);
         for shard in self.shards.iter() {
             let shard = shard.read();
             let t =
                 shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + shard.len() * t.slot_bytes());
             b += shard.len() * row + shard.index.bytes() + t;
+            rows += shard.len();
         }
-        b as u64
+        (b as u64, rows)
     }
 
-    /// Reports this table's memory to the budget; returns the store's total.
-    fn report(&self, tier: &Tier) -> u64 {
-        let mine = self.memory_bytes();
+    /// Reports this table's memory to the budget; returns the store's total and whether this
+    /// table grew since its last report.
+    fn report(&self, tier: &Tier) -> (u64, bool) {
+        let (mine, hot) = self.memory_and_rows();
+        let pinned = tier.pins.lock().len().min(hot) as u64;
+        let evictable = (hot as u64 - pinned) * self.evict_row_bytes();
+        let fixed = mine.saturating_sub(evictable);
+        let before = tier.reported_fixed.swap(fixed, Ordering::Relaxed);
+        Budget::adjust(&tier.budget.fixed, before, fixed);
         let before = tier.reported.swap(mine, Ordering::Relaxed);
-        tier.budget.adjust(before, mine)
+        (Budget::adjust(&tier.budget.used, before, mine), mine > before)
     }
 
-    /// After a call: reports this table's memory. Above [`BACKGROUND_MARK`] of the budget the
-    /// store's evictor takes over; over the budget (or without an evictor), this table evicts
-    /// its share of the excess here.
+    /// After a call: reports this table's memory. Past the budget's background mark
+    /// ([`Budget::marks`]) the store's evictor takes over. A call that leaves the store past
+    /// the budget evicts its table's share of the excess here — without an evictor, unless an
+    /// eviction of the table runs already; with one, only if the table grew (the call brought
+    /// rows in), after waiting for the evictor's eviction of the table if one runs. A call that
+    /// added nothing (its rows were in, read ahead by `prefetch`, say) leaves the work to the
+    /// evictor and returns.
     fn after_call(&self) {
         let Some(tier) = &self.tier else { return };
-        let used = self.report(tier);
-        let limit = tier.budget.limit as f64;
+        let (used, grew) = self.report(tier);
+        let (background, over, _) = tier.budget.marks();
         if tier.budget.background() {
-            if used as f64 <= limit * BACKGROUND_MARK {
+            if used <= background {
                 return;
             }
             let me = tier.me.get().cloned().unwrap_or_default();
-            if used <= tier.budget.limit && tier.budget.queue(me, &tier.queued) {
+            if (used <= over || !grew) && tier.budget.queue(me, &tier.queued) {
                 return;
             }
-            // Over the budget: the evictor fell behind. Wait for its eviction of this table
-            // (if one runs), then evict what is still over.
+            // Over the budget and growing: wait for the evictor's eviction of this table (if
+            // one runs), then evict what is still over — backpressure on whoever adds rows.
             self.evict_share(tier, true);
-        } else if used > tier.budget.limit {
+        } else if used > over {
             self.evict_share(tier, false);
         }
     }
 
-    /// Evicts this table's share of the store's excess over [`LOW_WATERMARK`] of its budget;
+    /// Evicts this table's share of the store's excess over its low mark ([`Budget::marks`]);
     /// `wait`: behind an eviction of this table in flight, else none if one is.
     fn evict_share(&self, tier: &Tier, wait: bool) {
         let _one = if wait {
@@ -739,23 +777,34 @@ impl Table {
                 None => return,
             }
         };
-        let used = self.report(tier);
-        let mine = tier.reported.load(Ordering::Relaxed);
-        let low = (tier.budget.limit as f64 * LOW_WATERMARK) as u64;
+        let (used, _) = self.report(tier);
+        // Shares of the excess by what each table can free (its hot, unpinned rows).
+        let mine = tier.reported.load(Ordering::Relaxed)
+            - tier
+                .reported_fixed
+                .load(Ordering::Relaxed)
+                .min(tier.reported.load(Ordering::Relaxed));
+        let all = used.saturating_sub(tier.budget.fixed());
+        let (_, _, low) = tier.budget.marks();
         if used <= low || mine == 0 {
             return;
         }
         let excess = used - low;
-        let share = (excess as f64 * mine as f64 / used.max(1) as f64).ceil() as u64;
+        let share = (excess as f64 * (mine as f64 / all.max(mine) as f64)).ceil() as u64;
         if let Err(e) = self.evict_bytes(tier, share.max(1), wait) {
             *tier.counters.last_error.lock() = Some(e.to_string());
         }
         self.report(tier);
     }
 
+    /// What evicting one hot row frees, as [`Table::evict_bytes`] counts it.
+    fn evict_row_bytes(&self) -> u64 {
+        ((self.dim() + self.state_dim) * 4 + 16 + 16 + 16) as u64
+    }
+
     /// Evicts about `bytes` of hot rows (see the module docs).
     pub(crate) fn evict_bytes(&self, tier: &Tier, bytes: u64, background: bool) -> Result<()> {
-        let row = ((self.dim() + self.state_dim) * 4 + 16 + 16 + 16) as u64;
+        let row = self.evict_row_bytes();
         let n = (bytes / row).max(1) as usize;
         let per_shard = n.div_ceil(self.shards.len());
         let pins = tier.pins.lock().clone();
