@@ -29,14 +29,16 @@ batch for embstore (``lookup(ids, on_miss="zeros")``) and RocksDB (``rocksdict``
 1,024-byte values under 8-byte keys, block cache of the same bytes as embstore's budget, bloom
 filters of 10 bits per key, ``get`` of a list of keys = ``MultiGet``, compression off), in three
 regimes: (a) everything fits (budget = the data; RocksDB's cache the same); (b) budget 25 % of
-the data, Zipf(0.99) ids; (c) the same budget, uniform ids.
+the data, Zipf(0.99) ids; (c) the same budget, uniform ids. Both systems get the same batches,
+one system at a time (embstore, then RocksDB): at the issue's 8M rows each needs ~10 GB in
+regime (a), too much for both at once on a 24 GiB machine.
 
 **The page cache** is kept out of the cold figures: before each timed phase every file of both
-stores is written back and dropped from the page cache with ``posix_fadvise(DONTNEED)``; pages
-read back during a phase may be cached again by the kernel (embstore's reads are buffered
-``pread``s today), which favours both systems alike. The stores live under ``--dir`` (default
-``target/`` of the repository, on the same disk as fio's measurement) and are deleted at the
-end.
+stores is written back and dropped from the page cache with ``posix_fadvise(DONTNEED)``.
+embstore's cold reads are ``O_DIRECT`` (never cached); RocksDB's are buffered, so pages it reads
+back during a phase may be cached again by the kernel, which favours RocksDB. The stores live
+under ``--dir`` (default ``target/`` of the repository, on the same disk as fio's measurement)
+and are deleted at the end.
 """
 
 from __future__ import annotations
@@ -122,7 +124,9 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
     index_bytes = rows * 27
     budget = int(index_bytes + (table_bytes - index_bytes) * args.budget_share)
     path = root / "training"
-    store = embstore.Store(path, memory_budget_bytes=budget)
+    store = embstore.Store(
+        path, memory_budget_bytes=budget, background_eviction=not args.sync_eviction
+    )
     t = store.create_table("t", dim, optimizer=embstore.Adagrad(lr=0.05))
     fill_s = fill(t, rows)
     store.flush()
@@ -147,6 +151,7 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
     tier_s = (time.perf_counter() - t0) / args.batches
     s1 = t.stats()
     cold = s1["cold_reads"] - s0["cold_reads"]
+    ios = s1["cold_read_ios"] - s0["cold_read_ios"]
     hot_rows = s1["rows"] - s1["rows_on_disk"]
     # Oracles: the most frequent ids of the whole trace kept in memory.
     counts = np.bincount(np.concatenate(batches), minlength=rows)
@@ -186,6 +191,7 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
         "oracle_same_rows_online": oracle(hot_rows, online=True),
         "compulsory_bound": oracle(rows, online=True),
         "cold_rows_per_batch": cold / args.batches,
+        "ios_per_cold_row": ios / max(cold, 1),
         "iops_assumed": args.iops,
         "bound_ms_per_batch": bound * 1e3,
         "time_over_bound": tier_s / bound,
@@ -227,7 +233,6 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
     rows, dim = args.kv_rows, 256
     data_bytes = rows * dim * 4
     rng = np.random.default_rng(args.seed + 1)
-    values = lambda n: rng.standard_normal((n, dim)).astype(np.float32)  # noqa: E731
     out: dict[str, Any] = {"rows": rows, "value_bytes": dim * 4, "regimes": {}}
     regimes = [
         ("a: fits", 1.25, "uniform"),
@@ -238,16 +243,43 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
     perm = rng.permutation(rows).astype(np.int64)
     for name, share, dist in regimes:
         budget = int(data_bytes * share)
+        make = (
+            (lambda n: zipf_ids(rng, 0.99, rows, n, perm))
+            if dist == "zipf"
+            else (lambda n: rng.integers(0, rows, n))
+        )
+        # The same batches for both systems; one system at a time holds its data and cache
+        # (at 8M rows each needs ~10 GB in regime a), embstore first, then RocksDB.
+        sizes = {
+            bsz: (
+                [make(bsz) for _ in range(args.kv_warm)],
+                [make(bsz) for _ in range(args.kv_batches)],
+            )
+            for bsz in (10, 100, 500)
+        }
+        res: dict[str, Any] = {"budget_bytes": budget}
+        for bsz in sizes:
+            res[f"batch_{bsz}"] = {}
         path = root / "kv-embstore"
         store = embstore.Store(path, memory_budget_bytes=budget)
         t = store.create_table("t", dim, optimizer=embstore.SGD())
+        vals = np.random.default_rng(args.seed + 2)
         for start in range(0, rows, 1 << 15):
             ids = np.arange(start, min(rows, start + (1 << 15)))
-            t.assign(ids, values(len(ids)))
+            t.assign(ids, vals.standard_normal((len(ids), dim)).astype(np.float32))
         store.flush()
-        rpath = root / "kv-rocksdb"
-        db = None
+        drop_page_cache(root)
+        for bsz, (warm, timed) in sizes.items():
+            for ids in warm:
+                t.lookup(ids, on_miss="zeros")
+            lat = latencies(lambda ids, t=t: t.lookup(ids, on_miss="zeros"), timed)
+            res[f"batch_{bsz}"]["embstore"] = lat
+            log(f"kv {name} batch {bsz}: embstore {lat['avg_ms']:.3f} ms avg")
+        res["rows_on_disk_at_end"] = t.stats()["rows_on_disk"]
+        del t, store
+        shutil.rmtree(path)
         if rocksdict is not None:
+            rpath = root / "kv-rocksdb"
             opts = rocksdict.Options(raw_mode=True)
             opts.create_if_missing(True)
             opts.set_compression_type(rocksdict.DBCompressionType.none())
@@ -256,48 +288,37 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
             table.set_bloom_filter(10, False)
             opts.set_block_based_table_factory(table)
             db = rocksdict.Rdict(str(rpath), opts)
+            vals = np.random.default_rng(args.seed + 2)
+            rb = dim * 4
             for start in range(0, rows, 1 << 15):
                 n = min(rows, start + (1 << 15)) - start
-                blob = values(n).tobytes()
+                blob = vals.standard_normal((n, dim)).astype(np.float32).tobytes()
                 wb = rocksdict.WriteBatch(raw_mode=True)
-                rb = dim * 4
                 for i in range(n):
                     wb.put((start + i).to_bytes(8, "little"), blob[i * rb : (i + 1) * rb])
                 db.write(wb)
             db.flush(True)
             db.compact_range(None, None)
-        drop_page_cache(root)
-        res: dict[str, Any] = {"budget_bytes": budget}
-        for bsz in (10, 100, 500):
-            make = (
-                (lambda n: zipf_ids(rng, 0.99, rows, n, perm))
-                if dist == "zipf"
-                else (lambda n: rng.integers(0, rows, n))
-            )
-            warm = [make(bsz) for _ in range(args.kv_warm)]
-            timed = [make(bsz) for _ in range(args.kv_batches)]
-            for ids in warm:
-                t.lookup(ids, on_miss="zeros")
-            r = {"embstore": latencies(lambda ids, t=t: t.lookup(ids, on_miss="zeros"), timed)}
-            if db is not None:
+            drop_page_cache(root)
+            if share >= 1:
+                # Regime (a): everything fits, so RocksDB gets its whole data set in its block
+                # cache first (embstore's rows are all in memory since they were written).
+                for start in range(0, rows, 1 << 14):
+                    db.get(kv_keys(np.arange(start, min(rows, start + (1 << 14)))))
+            for bsz, (warm, timed) in sizes.items():
                 for ids in warm:
                     db.get(kv_keys(ids))
+                r = res[f"batch_{bsz}"]
                 r["rocksdb"] = latencies(lambda ids, db=db: db.get(kv_keys(ids)), timed)
                 r["rocksdb_over_embstore_avg"] = r["rocksdb"]["avg_ms"] / r["embstore"]["avg_ms"]
-            res[f"batch_{bsz}"] = r
-            log(
-                f"kv {name} batch {bsz}: embstore {r['embstore']['avg_ms']:.3f} ms avg"
-                + (f", RocksDB {r['rocksdb']['avg_ms']:.3f} ms" if db is not None else "")
-            )
-        s = t.stats()
-        res["rows_on_disk_at_end"] = s["rows_on_disk"]
-        out["regimes"][name] = res
-        del t, store
-        shutil.rmtree(path)
-        if db is not None:
+                log(
+                    f"kv {name} batch {bsz}: RocksDB {r['rocksdb']['avg_ms']:.3f} ms avg "
+                    f"({r['rocksdb_over_embstore_avg']:.1f}x embstore)"
+                )
             db.close()
             del db
             rocksdict.Rdict.destroy(str(rpath))
+        out["regimes"][name] = res
     if rocksdict is not None:
         out["rocksdict"] = importlib.metadata.version("rocksdict")
     return out
@@ -312,6 +333,13 @@ def goals(res: dict) -> list[dict]:
                 "goal": "training: time per batch <= 1.25 x disk bound",
                 "value": tr["time_over_bound"],
                 "met": tr["time_over_bound"] <= 1.25,
+            }
+        )
+        g.append(
+            {
+                "goal": "training: <= 1.2 I/Os per cold row",
+                "value": tr["ios_per_cold_row"],
+                "met": tr["ios_per_cold_row"] <= 1.2,
             }
         )
         g.append(
@@ -363,6 +391,7 @@ def report(res: dict) -> None:
             "compulsory_bound",
             "hot_rows_at_end",
             "cold_rows_per_batch",
+            "ios_per_cold_row",
             "bound_ms_per_batch",
             "time_over_bound",
         ):
@@ -407,6 +436,11 @@ def main() -> int:
     p.add_argument("--kv-regimes", default="abc", help="which regimes of benchmark 2 to run (abc)")
     p.add_argument("--kv-warm", type=int, default=200, help="warm-up batches per size")
     p.add_argument("--kv-batches", type=int, default=500, help="timed batches per size")
+    p.add_argument(
+        "--sync-eviction",
+        action="store_true",
+        help="training: evict on the calling thread (no evictor thread), for an A/B",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--dir", type=pathlib.Path, default=None)
     p.add_argument("--quick", action="store_true", help="1M training rows, 200k kv rows")

@@ -47,7 +47,7 @@ class Store:
         replica: int = 0,
         path: str | None = None,
         memory_budget_bytes: int | None = None,
-        background_eviction: bool = True,
+        background_eviction: bool = False,
     ) -> None: ...
     @property
     def memory_budget(self) -> tuple[int, int] | None: ...

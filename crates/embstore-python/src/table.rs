@@ -117,7 +117,7 @@ pub(crate) struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None, background_eviction=true))]
+    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None, background_eviction=false))]
     fn new(
         py: Python<'_>,
         replica: u32,

@@ -36,9 +36,9 @@ impl StoreOptions {
         self
     }
 
-    /// Options with eviction on the store's evictor thread (`true`, the default) or on the
-    /// thread of each call that leaves the store over its budget (`false`: deterministic, for
-    /// tests that replay file operations).
+    /// Options with eviction on the store's evictor thread (`true`) or on the thread of each
+    /// call that brings rows in and leaves the store over its budget (`false`, the default;
+    /// deterministic, as tests that replay file operations need).
     pub fn with_background_eviction(mut self, background: bool) -> Self {
         self.background_eviction = background;
         self
@@ -52,7 +52,7 @@ impl StoreOptions {
 }
 
 /// How [`Store::open_with_options`] opens a directory.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct StoreOptions {
     /// The replica id written into row versions (at most [`MAX_REPLICA`]).
@@ -62,21 +62,13 @@ pub struct StoreOptions {
     pub memory_budget_bytes: Option<u64>,
     /// The replacement policy of the memory tier.
     pub eviction: crate::evict::EvictionConfig,
-    /// Whether a thread of the store evicts once its tables pass 95 % of the budget (the
-    /// default), so that calls do not wait for evictions; calls evict themselves only when
-    /// the store is over its budget. `false`: every eviction runs on the calling thread.
+    /// Whether a thread of the store evicts once its tables pass 95 % of the budget, so that
+    /// calls do not wait for evictions (calls that bring rows in evict themselves only when
+    /// the store is over its budget). `false` (the default): evictions run on the thread of a
+    /// call that brought rows in and left the store over its budget — measured faster for the
+    /// demo's training under a budget and no slower at 10M rows (docs/benchmarks.md, issue 8,
+    /// round 3).
     pub background_eviction: bool,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            replica: 0,
-            memory_budget_bytes: None,
-            eviction: crate::evict::EvictionConfig::default(),
-            background_eviction: true,
-        }
-    }
 }
 
 impl Drop for Store {

@@ -46,6 +46,10 @@ const LOW_WATERMARK: f64 = 0.85;
 /// hands the eviction to the store's evictor thread and returns; only a call that leaves the
 /// store over its budget (the evictor fell behind) evicts on the caller's thread.
 const BACKGROUND_MARK: f64 = 0.95;
+/// The most the evictor frees in one round (~50k rows of D 32 with Adagrad): it lets go of
+/// the shard locks it takes to choose and copy victims between rounds, so that a call waits for
+/// one round at most, not for a whole large eviction (10 % of the room is ~120 MB at 50M rows).
+const EVICTOR_ROUND: u64 = 16 << 20;
 /// Pinned rows may take at most this share of the budget (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
 
@@ -266,7 +270,14 @@ fn evictor_loop(shared: &EvictorShared) {
         if let Some(table) = table.upgrade() {
             if let Some(tier) = &table.tier {
                 tier.queued.store(false, Ordering::Release);
-                table.evict_share(tier, true);
+                // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between
+                // them: calls wait for one round at most, never for a whole large eviction.
+                for _ in 0..1024 {
+                    if !table.evict_share(tier, true, EVICTOR_ROUND) {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
             }
         }
         let mut q = shared.queue.lock();
@@ -739,13 +750,12 @@ impl Table {
         (Budget::adjust(&tier.budget.used, before, mine), mine > before)
     }
 
-    /// After a call: reports this table's memory. Past the budget's background mark
-    /// ([`Budget::marks`]) the store's evictor takes over. A call that leaves the store past
-    /// the budget evicts its table's share of the excess here — without an evictor, unless an
-    /// eviction of the table runs already; with one, only if the table grew (the call brought
-    /// rows in), after waiting for the evictor's eviction of the table if one runs. A call that
-    /// added nothing (its rows were in, read ahead by `prefetch`, say) leaves the work to the
-    /// evictor and returns.
+    /// After a call: reports this table's memory. A call that brought rows in and left the
+    /// store past its budget ([`Budget::marks`]) evicts its table's share of the excess here —
+    /// without an evictor, unless an eviction of the table runs already; with one, after
+    /// waiting for the evictor's eviction of the table if one runs. A call that added nothing
+    /// (its rows were in, read ahead by `prefetch`, say) never evicts: the next call that adds
+    /// rows does, or the evictor, which takes over past the background mark.
     fn after_call(&self) {
         let Some(tier) = &self.tier else { return };
         let (used, grew) = self.report(tier);
@@ -760,21 +770,22 @@ impl Table {
             }
             // Over the budget and growing: wait for the evictor's eviction of this table (if
             // one runs), then evict what is still over — backpressure on whoever adds rows.
-            self.evict_share(tier, true);
-        } else if used > over {
-            self.evict_share(tier, false);
+            self.evict_share(tier, true, u64::MAX);
+        } else if used > over && grew {
+            self.evict_share(tier, false, u64::MAX);
         }
     }
 
-    /// Evicts this table's share of the store's excess over its low mark ([`Budget::marks`]);
-    /// `wait`: behind an eviction of this table in flight, else none if one is.
-    fn evict_share(&self, tier: &Tier, wait: bool) {
+    /// Evicts this table's share of the store's excess over its low mark ([`Budget::marks`]),
+    /// at most `cap` bytes of it; `wait`: behind an eviction of this table in flight, else
+    /// none if one is. Whether the cap left some of the share for another round.
+    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64) -> bool {
         let _one = if wait {
             tier.evicting.lock()
         } else {
             match tier.evicting.try_lock() {
                 Some(g) => g,
-                None => return,
+                None => return false,
             }
         };
         let (used, _) = self.report(tier);
@@ -787,14 +798,16 @@ impl Table {
         let all = used.saturating_sub(tier.budget.fixed());
         let (_, _, low) = tier.budget.marks();
         if used <= low || mine == 0 {
-            return;
+            return false;
         }
         let excess = used - low;
         let share = (excess as f64 * (mine as f64 / all.max(mine) as f64)).ceil() as u64;
-        if let Err(e) = self.evict_bytes(tier, share.max(1), wait) {
+        if let Err(e) = self.evict_bytes(tier, share.clamp(1, cap), wait) {
             *tier.counters.last_error.lock() = Some(e.to_string());
+            return false;
         }
         self.report(tier);
+        share > cap
     }
 
     /// What evicting one hot row frees, as [`Table::evict_bytes`] counts it.

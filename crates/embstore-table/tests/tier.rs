@@ -15,7 +15,7 @@ const D: usize = 8;
 const IDS: u64 = 3000;
 
 fn open(dir: &Path, budget: u64) -> Store {
-    open_with(dir, budget, true)
+    open_with(dir, budget, false)
 }
 
 fn open_with(dir: &Path, budget: u64, background: bool) -> Store {

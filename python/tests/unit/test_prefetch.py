@@ -6,8 +6,10 @@ import pytest
 import embstore
 
 
-def _train(tmp_path, name, pipeline):
-    store = embstore.Store(tmp_path / name, memory_budget_bytes=96 << 10)
+def _train(tmp_path, name, pipeline, background=False):
+    store = embstore.Store(
+        tmp_path / name, memory_budget_bytes=96 << 10, background_eviction=background
+    )
     t = store.create_table("t", embedding_dim=8, optimizer=embstore.Adagrad(lr=0.1), seed=3)
     rng = np.random.default_rng(7)
     batches = [rng.integers(0, 3000, 150) for _ in range(60)]
@@ -21,8 +23,10 @@ def _train(tmp_path, name, pipeline):
 def test_prefetch_trains_to_the_same_rows_and_reads_ahead(tmp_path):
     _, plain = _train(tmp_path, "plain", False)
     _store, piped = _train(tmp_path, "piped", True)
+    _, evictor = _train(tmp_path, "evictor", True, background=True)
     ids = np.arange(3000)
     assert np.array_equal(plain.lookup(ids), piped.lookup(ids))
+    assert np.array_equal(plain.lookup(ids), evictor.lookup(ids))
     assert piped.stats()["cold_reads"] > 0
     # Every pin taken for the batches in flight is released at the end: 500 more rows fit
     # under the 60 % of the budget that pins may take (112 B each: ~526) only if none is left.
