@@ -241,6 +241,14 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
     ]
     regimes = [r for r in regimes if r[0][0] in args.kv_regimes]
     perm = rng.permutation(rows).astype(np.int64)
+
+    def value_blocks() -> Any:
+        """``(first id, float32[n, D])`` blocks of every row's value, the same for both."""
+        vals = np.random.default_rng(args.seed + 2)
+        for start in range(0, rows, 1 << 15):
+            n = min(rows, start + (1 << 15)) - start
+            yield start, vals.standard_normal((n, dim)).astype(np.float32)
+
     for name, share, dist in regimes:
         budget = int(data_bytes * share)
         make = (
@@ -257,16 +265,12 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
             )
             for bsz in (10, 100, 500)
         }
-        res: dict[str, Any] = {"budget_bytes": budget}
-        for bsz in sizes:
-            res[f"batch_{bsz}"] = {}
+        res: dict[str, Any] = {"budget_bytes": budget} | {f"batch_{b}": {} for b in sizes}
         path = root / "kv-embstore"
         store = embstore.Store(path, memory_budget_bytes=budget)
         t = store.create_table("t", dim, optimizer=embstore.SGD())
-        vals = np.random.default_rng(args.seed + 2)
-        for start in range(0, rows, 1 << 15):
-            ids = np.arange(start, min(rows, start + (1 << 15)))
-            t.assign(ids, vals.standard_normal((len(ids), dim)).astype(np.float32))
+        for start, block in value_blocks():
+            t.assign(np.arange(start, start + len(block)), block)
         store.flush()
         drop_page_cache(root)
         for bsz, (warm, timed) in sizes.items():
@@ -288,14 +292,10 @@ def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:
             table.set_bloom_filter(10, False)
             opts.set_block_based_table_factory(table)
             db = rocksdict.Rdict(str(rpath), opts)
-            vals = np.random.default_rng(args.seed + 2)
-            rb = dim * 4
-            for start in range(0, rows, 1 << 15):
-                n = min(rows, start + (1 << 15)) - start
-                blob = vals.standard_normal((n, dim)).astype(np.float32).tobytes()
+            for start, block in value_blocks():
                 wb = rocksdict.WriteBatch(raw_mode=True)
-                for i in range(n):
-                    wb.put((start + i).to_bytes(8, "little"), blob[i * rb : (i + 1) * rb])
+                for i, row in enumerate(block):
+                    wb.put((start + i).to_bytes(8, "little"), row.tobytes())
                 db.write(wb)
             db.flush(True)
             db.compact_range(None, None)

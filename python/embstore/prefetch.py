@@ -33,6 +33,7 @@ from embstore.errors import CapacityError, InvalidArgumentError
 from embstore.store import Table, _as_ids
 
 B = TypeVar("B")
+_Fetched = tuple[list[tuple[Table, Any]], bool]
 
 __all__ = ["prefetch"]
 
@@ -69,26 +70,25 @@ def _pipeline(
     it: Iterator[B], ids_of: Callable[[B], Mapping[Table, Any]], depth: int
 ) -> Iterator[B]:
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embstore-prefetch")
-    ahead: collections.deque[tuple[B, concurrent.futures.Future[list[tuple[Table, Any]]]]]
-    ahead = collections.deque()
-    unpinned = [False]
+    # Per batch ahead: the batch, and its fetch: (the pins it took, whether a pin was refused).
+    ahead: collections.deque[tuple[B, concurrent.futures.Future[_Fetched]]] = collections.deque()
     warned = False
     held: list[tuple[Table, Any]] = []
 
-    def fetch(work: list[tuple[Table, Any]]) -> list[tuple[Table, Any]]:
-        pinned = []
+    def fetch(work: list[tuple[Table, Any]]) -> _Fetched:
+        pinned, refused = [], False
         try:
             for table, arr in work:
                 try:
                     table.pin(arr)
                     pinned.append((table, arr))
                 except CapacityError:
-                    unpinned[0] = True
+                    refused = True
                 table.prefetch(arr)
         except BaseException:
             _release(pinned)
             raise
-        return pinned
+        return pinned, refused
 
     def fill() -> None:
         while len(ahead) <= depth:
@@ -110,9 +110,9 @@ def _pipeline(
         fill()
         while ahead:
             batch, done = ahead.popleft()
-            held = done.result()
+            held, refused = done.result()
             fill()
-            if unpinned[0] and not warned:
+            if refused and not warned:
                 warned = True
                 warnings.warn(
                     "embstore.prefetch: the rows of the batches in flight pass 60 % of the "
@@ -130,7 +130,7 @@ def _pipeline(
         for _, done in ahead:
             if not done.cancelled():
                 try:
-                    _release(done.result())
+                    _release(done.result()[0])
                 except BaseException:  # its pins were released by fetch()
                     pass
         pool.shutdown(wait=True)

@@ -490,8 +490,8 @@ class Table:
         embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``;
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
         from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
-        or lie within 16 KiB of each other in a file are read together) and
-        ``evicted_to_disk`` (rows moved out of memory) since the store opened."""
+        or lie within 16 KiB of each other in a file are read together), ``evicted_to_disk``
+        (rows moved out of memory) and ``eviction_rounds`` since the store opened."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:
@@ -518,7 +518,8 @@ class Store:
             default): every row in memory.
         background_eviction: with a memory budget, ``True`` has a thread of the store evict
             rows once the tables pass 95 % of the budget, so that calls rarely wait for an
-            eviction. ``False`` (the default, measured faster for training at scale): a call
+            eviction. ``False`` (the default; measured faster in the demo's training and no
+            slower at 10M rows, docs/benchmarks.md): a call
             that brought rows in and left the store over its budget evicts on its own thread;
             calls that brought none never wait for an eviction (with :func:`embstore.prefetch`
             the evictions happen on its thread). Indexes and pinned rows are never evicted:
@@ -588,11 +589,15 @@ class Store:
                     f"memory_budget_bytes must be in 1..2**64, got {memory_budget_bytes}"
                 )
             memory_budget_bytes = int(memory_budget_bytes)
+        if not isinstance(background_eviction, bool):
+            raise InvalidArgumentError(
+                f"background_eviction must be a bool, got {background_eviction!r}"
+            )
         self._store: Any = _native.Store(
             int(replica_id),
             None if path is None else os.fspath(path),
             memory_budget_bytes,
-            bool(background_eviction),
+            background_eviction,
         )
 
     @classmethod

@@ -721,6 +721,7 @@ impl PyTable {
         d.set_item("cold_reads", s.cold_reads)?;
         d.set_item("cold_read_ios", s.cold_read_ios)?;
         d.set_item("evicted_to_disk", s.evicted_to_disk)?;
+        d.set_item("eviction_rounds", s.eviction_rounds)?;
         d.set_item("step", s.step)?;
         d.set_item("rows_per_shard", s.rows_per_shard)?;
         Ok(d)

@@ -14,10 +14,12 @@ pub struct TableStats {
     /// Of those, rows held only on disk (0 without a memory budget).
     pub rows_on_disk: usize,
     /// Rows read back from disk, the reads that brought them (records that share a page or
-    /// lie close are read together), and rows moved from memory to disk, so far.
+    /// lie close are read together), rows moved from memory to disk, and the eviction rounds
+    /// that ran (each may move none: its victims turned out pinned or dirty again), so far.
     pub cold_reads: u64,
     pub cold_read_ios: u64,
     pub evicted_to_disk: u64,
+    pub eviction_rounds: u64,
     /// Bytes allocated: indexes, arenas, metadata, free lists, the admission sketch. An
     /// upper bound on resident memory (zeroed pages that were never touched are not resident).
     pub bytes_reserved: usize,
@@ -119,6 +121,7 @@ impl Table {
             cold_reads: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_reads)),
             cold_read_ios: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_ios)),
             evicted_to_disk: self.tier.as_ref().map_or(0, |t| get(&t.counters.evicted_rows)),
+            eviction_rounds: self.tier.as_ref().map_or(0, |t| get(&t.counters.eviction_rounds)),
             step: self.step(),
             rows_per_shard,
         }

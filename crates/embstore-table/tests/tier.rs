@@ -182,7 +182,7 @@ fn a_reopened_tiered_store_reads_only_what_it_uses() {
 #[test]
 fn a_rewrite_moves_the_rows_on_disk_and_loses_none() {
     let dir = tempfile::tempdir().unwrap();
-    let budget = 2 << 20;
+    let budget = 256 << 10;
     let ids: Vec<u64> = (0..30_000).collect();
     let want = {
         let store = open(dir.path(), budget);
@@ -333,16 +333,18 @@ fn flushed_rows_survive_reopen_under_steady_eviction_on_either_thread() {
                 let ids: Vec<u64> = (start..start + 500).collect();
                 t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 500 * D], None).unwrap();
                 t.apply_gradients(&ids, &vec![0.5; 500 * D], None).unwrap();
-                // A call that brings rows in evicts on its own thread once over the budget
-                // (waiting for the evictor if it is evicting that table): at most one call's
-                // rows beyond it (two with the evictor: a lookup and the apply behind it).
-                // Indexes are never evicted: past the budget, the store keeps them and 5 % of
-                // it for rows.
+                // On the calling thread, a call that brings rows in evicts once over the
+                // budget: at most one call's rows beyond it (indexes are never evicted: past
+                // the budget, the store keeps them and 5 % of it for rows). With the evictor,
+                // calls run on while it evicts and victims they change stay in memory, so
+                // only the settled figure below is bounded.
                 let b = store.memory_budget().unwrap();
                 let (used, fixed) = (b.used(), b.fixed());
-                let slack = if background { 2 * 500 * 112 } else { 500 * 112 };
-                let cap = budget.max(fixed + budget / 20) + slack;
-                assert!(used <= cap, "{used} bytes ({fixed} fixed) for a budget of {budget}");
+                let cap = budget.max(fixed + budget / 20) + 500 * 112;
+                assert!(
+                    background || used <= cap,
+                    "{used} bytes ({fixed} fixed) for a budget of {budget}"
+                );
             }
             store.memory_budget().unwrap().settle();
             let b = store.memory_budget().unwrap();
@@ -386,15 +388,17 @@ fn pins_past_the_budget_leave_a_small_cache_and_no_eviction_after_every_call() {
             t.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * D], None).unwrap();
         }
         store.memory_budget().unwrap().settle();
-        let evicted = a.stats().evicted_to_disk + b.stats().evicted_to_disk;
+        let rounds = || a.stats().eviction_rounds + b.stats().eviction_rounds;
+        let before = rounds();
+        let fixed = store.memory_budget().unwrap().fixed();
+        assert!(fixed > budget, "the pins ({fixed} fixed bytes) must pass the budget");
         for _ in 0..20 {
             for t in [&a, &b] {
                 t.apply_gradients(&ids, &vec![0.1; ids.len() * D], None).unwrap();
             }
         }
         store.memory_budget().unwrap().settle();
-        let after = a.stats().evicted_to_disk + b.stats().evicted_to_disk;
-        assert_eq!(after, evicted, "background {background}: evicted with nothing to evict");
+        assert_eq!(rounds(), before, "background {background}: evictions with nothing to evict");
         assert_eq!(a.stats().cold_reads + b.stats().cold_reads, 0);
         // Unpinned rows beyond 5 % of the budget go to disk.
         let more: Vec<u64> = (n..n + 2000).collect();

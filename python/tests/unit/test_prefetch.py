@@ -58,3 +58,21 @@ def test_breaking_out_releases_pins_and_bad_arguments_are_refused(tmp_path):
     mem = embstore.Store().create_table("m", embedding_dim=4)
     assert [len(b) for b in embstore.prefetch(batches, lambda ids: {mem: ids})] == [100] * 10
     assert mem.prefetch(np.arange(5)) == 0
+    with pytest.raises(embstore.InvalidArgumentError, match="background_eviction"):
+        embstore.Store(tmp_path / "b", memory_budget_bytes=1 << 20, background_eviction="yes")
+
+
+def test_batches_too_large_to_pin_are_read_ahead_unpinned_with_a_warning(tmp_path):
+    store = embstore.Store(tmp_path / "s", memory_budget_bytes=64 << 10)
+    t = store.create_table("t", embedding_dim=8)
+    # 80 B a pinned row: 60 % of the budget is ~490 rows; two batches of 400 in flight are not.
+    batches = [np.arange(i * 400, i * 400 + 400) for i in range(4)]
+    for ids in batches:
+        t.lookup(ids)
+    seen = []
+    with pytest.warns(RuntimeWarning, match="without a pin"):
+        for ids in embstore.prefetch(batches, lambda ids: {t: ids}):
+            seen.append(len(ids))
+            t.lookup(ids)
+    assert seen == [400] * 4
+    t.pin(np.arange(10_000, 10_450))  # no pin of the pipeline is left
