@@ -20,6 +20,16 @@ def _train(tmp_path, name, pipeline, background=False):
     return store, t
 
 
+def _stored(tmp_path, size, count):
+    """A table under a 64 KiB budget (SGD, D 8) holding ``count`` batches of ``size`` ids."""
+    store = embstore.Store(tmp_path / "s", memory_budget_bytes=64 << 10)
+    t = store.create_table("t", embedding_dim=8)
+    batches = [np.arange(i * size, (i + 1) * size) for i in range(count)]
+    for ids in batches:
+        t.lookup(ids)
+    return t, batches
+
+
 def test_prefetch_trains_to_the_same_rows_and_reads_ahead(tmp_path):
     _, plain = _train(tmp_path, "plain", False)
     _store, piped = _train(tmp_path, "piped", True)
@@ -38,11 +48,7 @@ def test_prefetch_trains_to_the_same_rows_and_reads_ahead(tmp_path):
 
 
 def test_breaking_out_releases_pins_and_bad_arguments_are_refused(tmp_path):
-    store = embstore.Store(tmp_path / "s", memory_budget_bytes=64 << 10)
-    t = store.create_table("t", embedding_dim=8)
-    batches = [np.arange(i * 100, i * 100 + 100) for i in range(10)]
-    for ids in batches:
-        t.lookup(ids)
+    t, batches = _stored(tmp_path, size=100, count=10)
     gen = embstore.prefetch(batches, lambda ids: {t: ids}, depth=2)
     next(gen)
     gen.close()
@@ -63,12 +69,8 @@ def test_breaking_out_releases_pins_and_bad_arguments_are_refused(tmp_path):
 
 
 def test_batches_too_large_to_pin_are_read_ahead_unpinned_with_a_warning(tmp_path):
-    store = embstore.Store(tmp_path / "s", memory_budget_bytes=64 << 10)
-    t = store.create_table("t", embedding_dim=8)
     # 80 B a pinned row: 60 % of the budget is ~490 rows; two batches of 400 in flight are not.
-    batches = [np.arange(i * 400, i * 400 + 400) for i in range(4)]
-    for ids in batches:
-        t.lookup(ids)
+    t, batches = _stored(tmp_path, size=400, count=4)
     seen = []
     with pytest.warns(RuntimeWarning, match="without a pin"):
         for ids in embstore.prefetch(batches, lambda ids: {t: ids}):
