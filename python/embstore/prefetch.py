@@ -27,8 +27,6 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-import numpy as np
-
 from embstore.errors import CapacityError, InvalidArgumentError
 from embstore.store import Table, _as_ids
 
@@ -103,7 +101,7 @@ def _pipeline(
                         f"ids() must map embstore.Table to ids, got a key {type(table).__name__}"
                     )
                 if table.tiered:
-                    work.append((table, np.unique(_as_ids(raw)[0])))
+                    work.append((table, _as_ids(raw)[0]))
             ahead.append((batch, pool.submit(fetch, work)))
 
     try:

@@ -72,7 +72,7 @@ impl Table {
             }
         }
         let groups = self.group(ids)?;
-        let _entered = self.enter(ids)?;
+        let _entered = self.enter_grouped(&groups)?;
         if ids.is_empty() {
             return Ok(0);
         }
@@ -181,6 +181,7 @@ impl Table {
         let mut shard = self.shards[s].write();
         let shard = &mut *shard;
         shard.index.get_batch(uniq, &mut slots)?;
+        shard.note_accesses(&slots);
         let mut tally = Tally::default();
         let mut scratch = Vec::with_capacity(d + self.state_dim);
         let created = PackedMeta::created(now_ms());

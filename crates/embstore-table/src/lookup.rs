@@ -68,7 +68,7 @@ impl Table {
         if ids.is_empty() {
             return Ok(());
         }
-        let _entered = self.enter(ids)?;
+        let _entered = self.enter_grouped(&groups)?;
         let out = SharedOut(out.as_mut_ptr());
         let found = found.map(|f| SharedOut(f.as_mut_ptr()));
         // (batch position, id) of the first missing id, for OnMiss::Error.
@@ -101,6 +101,7 @@ impl Table {
         let mut missing = Vec::new();
         let shard = self.shards[s].read();
         shard.index.get_batch(keys, &mut slots)?;
+        shard.note_accesses(&slots);
         for i in 0..keys.len() {
             if let Some(&ahead) = slots.get(i + PREFETCH_AHEAD) {
                 if ahead != MISSING {

@@ -81,6 +81,17 @@ impl Shard {
         self.index.get(key).map(|s| s as usize)
     }
 
+    /// Tells a tiered shard's replacement policy that the rows at `slots` (as an index probe
+    /// returned them: `MISSING` for no row) were used; a no-op without a memory tier.
+    #[inline]
+    pub(crate) fn note_accesses(&self, slots: &[u64]) {
+        if let Some(t) = &self.tier {
+            for &s in slots.iter().filter(|&&s| s != embstore_index::MISSING) {
+                t.policy.on_access(s as usize);
+            }
+        }
+    }
+
     fn reserve_slots(&mut self, slots: usize) -> Result<()> {
         if self.values.ensure(slots) && self.state.ensure(slots) {
             return Ok(());

@@ -25,9 +25,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use embstore_index::NeighborHash;
+use embstore_index::{NeighborHash, MISSING};
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
+use crate::batch::Groups;
 use crate::disk::segment::{Record, SegmentReader};
 use crate::durable::Durable;
 use crate::evict::{Eviction, EvictionConfig};
@@ -416,7 +417,7 @@ impl FileTable {
 pub(crate) struct Tier {
     gate: RwLock<()>,
     pub(crate) files: RwLock<FileTable>,
-    pins: Mutex<HashMap<u64, u32>>,
+    pins: Mutex<Pins>,
     budget: Arc<Budget>,
     /// This table's bytes, and of those the ones no eviction can free, as last added to the
     /// budget.
@@ -435,6 +436,51 @@ impl std::fmt::Debug for Tier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tier").field("budget", &self.budget).finish_non_exhaustive()
     }
+}
+
+/// Pin counts by key. Ids are hashed with the index's mixer, not SipHash: a training step pins
+/// and unpins every id of its batch, and ids come from the trainer, not from an adversary
+/// (a caller that could choose colliding ids could as well pin the whole budget).
+type Pins = HashMap<u64, u32, KeyHash>;
+type KeyHash = std::hash::BuildHasherDefault<Fmix>;
+
+/// A `Hasher` for `u64` keys: the index's 64-bit finaliser (murmur3's fmix64).
+#[derive(Default)]
+struct Fmix(u64);
+
+impl std::hash::Hasher for Fmix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = embstore_index::hash::hash(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        self.0 = embstore_index::hash::hash(self.0 ^ key);
+    }
+}
+
+/// Takes one pin of each of `ids` (counts that reach 0 leave the map).
+fn unpin_locked(pins: &mut Pins, ids: &[u64]) {
+    for k in ids {
+        if let Some(n) = pins.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(k);
+            }
+        }
+    }
+}
+
+/// Who notes a call's accesses to rows already in memory, for the replacement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// `fault_in`, which probes the hot index for them.
+    Noted,
+    /// The call itself, in its shard pass ([`Table::note_accesses`]).
+    ByCaller,
 }
 
 /// What the tier did, for `stats()`.
@@ -477,7 +523,7 @@ impl Table {
         self.tier = Some(Box::new(Tier {
             gate: RwLock::new(()),
             files: RwLock::new(FileTable::default()),
-            pins: Mutex::new(HashMap::new()),
+            pins: Mutex::new(Pins::default()),
             budget,
             reported: AtomicU64::new(0),
             reported_fixed: AtomicU64::new(0),
@@ -504,11 +550,24 @@ impl Table {
         }
     }
 
-    /// Starts a call on `ids`: a tiered table brings their rows into memory first.
+    /// Starts a call on `ids`: a tiered table brings their rows into memory first, and notes
+    /// an access to each of them.
     pub(crate) fn enter(&self, ids: &[u64]) -> Result<Entered<'_>> {
         let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
         let gate = tier.gate.read();
-        self.fault_in(tier, ids)?;
+        self.fault_in(tier, &self.group(ids)?, Access::Noted)?;
+        Ok(Entered { table: self, gate: Some(gate) })
+    }
+
+    /// [`Table::enter`] for a call that has grouped its ids already and probes every one of
+    /// them in its shard pass, noting the accesses there ([`Table::note_accesses`]): only the
+    /// cold index is probed here, and only in shards with rows on disk. Lookups and
+    /// `apply_gradients` take this path, so that a table whose rows are all in memory pays one
+    /// probe per id, not two.
+    pub(crate) fn enter_grouped(&self, groups: &Groups) -> Result<Entered<'_>> {
+        let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        let gate = tier.gate.read();
+        self.fault_in(tier, groups, Access::ByCaller)?;
         Ok(Entered { table: self, gate: Some(gate) })
     }
 
@@ -606,11 +665,10 @@ impl Table {
         }
     }
 
-    /// Notes accesses to the hot ids among `ids` and promotes the cold ones: one read lock per
-    /// shard to sort them out, one batch of reads for all of them, then the shards promote
-    /// their rows in parallel.
-    fn fault_in(&self, tier: &Tier, ids: &[u64]) -> Result<usize> {
-        let groups = self.group(ids)?;
+    /// Promotes the cold ids among `groups` (and with [`Access::Noted`], notes accesses to the
+    /// hot ones): one read lock per shard to sort them out, one batch of reads for all of them,
+    /// then the shards promote their rows in parallel.
+    fn fault_in(&self, tier: &Tier, groups: &Groups, access: Access) -> Result<usize> {
         // Held from capturing locations to reading them: a rewrite cannot release the slots
         // they point into meanwhile (it takes the file table for writing).
         let files = tier.files.read();
@@ -624,6 +682,18 @@ impl Table {
             }
             let shard = self.shards[s].read();
             let t = shard.tier.as_ref().expect("a tiered table's shards are tiered");
+            if access == Access::ByCaller {
+                // Hot and cold indexes hold disjoint keys: the cold probe alone finds the rows
+                // to read (the caller's own probe notes the accesses).
+                if !t.cold.is_empty() {
+                    slots.clear();
+                    slots.resize(keys.len(), 0);
+                    t.cold.get_batch(keys, &mut slots)?;
+                    let found = keys.iter().zip(&slots).filter(|(_, &l)| l != MISSING);
+                    wanted.extend(found.map(|(&id, &l)| (id, l)));
+                }
+                continue;
+            }
             // Batched probes (the index prefetches ahead) of the hot index, then of the cold
             // index for the misses.
             slots.clear();
@@ -632,7 +702,7 @@ impl Table {
             misses.clear();
             for (&id, &slot) in keys.iter().zip(&slots) {
                 match slot {
-                    embstore_index::MISSING => misses.push(id),
+                    MISSING => misses.push(id),
                     slot => t.policy.on_access(slot as usize),
                 }
             }
@@ -643,7 +713,7 @@ impl Table {
             slots.resize(misses.len(), 0);
             t.cold.get_batch(&misses, &mut slots)?;
             for (&id, &l) in misses.iter().zip(&slots) {
-                if l != embstore_index::MISSING {
+                if l != MISSING {
                     wanted.push((id, l));
                 }
             }
@@ -891,8 +961,9 @@ impl Table {
     /// batch). A no-op (0) on a table without a memory budget.
     pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
         let Some(tier) = &self.tier else { return Ok(0) };
+        let groups = self.group(ids)?;
         let gate = tier.gate.read();
-        let read = self.fault_in(tier, ids);
+        let read = self.fault_in(tier, &groups, Access::Noted);
         drop(Entered { table: self, gate: Some(gate) });
         read
     }
@@ -919,42 +990,34 @@ impl Table {
     pub fn pin(&self, ids: &[u64]) -> Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
         let mut pins = tier.pins.lock();
-        let new = ids
-            .iter()
-            .filter(|k| !pins.contains_key(k))
-            .collect::<std::collections::HashSet<_>>()
-            .len();
+        // Optimistic: count every id in (one hash probe each, the common case), and take the
+        // counts back out if the pinned rows would pass the limit.
+        let before = pins.len();
+        for &k in ids {
+            *pins.entry(k).or_insert(0) += 1;
+        }
         let row = self.evict_row_bytes();
         let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
-        if (pins.len() + new) as u64 * row > limit {
+        let wanted = pins.len() as u64 * row;
+        if pins.len() > before && wanted > limit {
+            let rows = pins.len();
+            unpin_locked(&mut pins, ids);
             return Err(Error::new(
                 ErrorKind::Capacity,
                 format!(
-                    "pinning {} rows would take {} bytes, over 60 % of the memory budget ({} \
-                     bytes); raise memory_budget_bytes or use smaller batches",
-                    pins.len() + new,
-                    (pins.len() + new) as u64 * row,
+                    "pinning {rows} rows would take {wanted} bytes, over 60 % of the memory \
+                     budget ({} bytes); raise memory_budget_bytes or use smaller batches",
                     tier.budget.limit
                 ),
             ));
-        }
-        for &k in ids {
-            *pins.entry(k).or_insert(0) += 1;
         }
         Ok(())
     }
 
     /// Releases pins taken by [`Table::pin`].
     pub fn unpin(&self, ids: &[u64]) {
-        let Some(tier) = &self.tier else { return };
-        let mut pins = tier.pins.lock();
-        for k in ids {
-            if let Some(n) = pins.get_mut(k) {
-                *n -= 1;
-                if *n == 0 {
-                    pins.remove(k);
-                }
-            }
+        if let Some(tier) = &self.tier {
+            unpin_locked(&mut tier.pins.lock(), ids);
         }
     }
 

@@ -410,3 +410,31 @@ fn pins_past_the_budget_leave_a_small_cache_and_no_eviction_after_every_call() {
         assert!(a.stats().rows_on_disk > 1000, "{:?}", a.stats());
     }
 }
+
+#[test]
+fn rows_that_lookups_and_steps_use_stay_in_memory_under_a_scan() {
+    // Lookups and steps note their accesses in their own shard pass (they probe the hot index
+    // once, not twice): rows used every step must outlast a scan of rows used once.
+    let dir = tempfile::tempdir().unwrap();
+    // The indexes of ~8,000 rows take ~300 KiB: room for ~1,500 rows beside them.
+    let store = open(dir.path(), 480 << 10);
+    let t = store.create_table(config()).unwrap();
+    let hot: Vec<u64> = (0..64).collect();
+    let (mut out, grads) = (vec![0.0; hot.len() * D], vec![0.01; hot.len() * D]);
+    let mut warm_reads = 0;
+    for step in 0..200u64 {
+        let scan: Vec<u64> = (1000 + step * 40..1000 + step * 40 + 40).collect();
+        let mut scan_out = vec![0.0; scan.len() * D];
+        t.lookup(&scan, OnMiss::Init, &mut scan_out, None).unwrap();
+        t.apply_gradients(&scan, &vec![0.01; scan.len() * D], None).unwrap();
+        let before = t.stats().cold_reads;
+        t.lookup(&hot, OnMiss::Init, &mut out, None).unwrap();
+        t.apply_gradients(&hot, &grads, None).unwrap();
+        if step >= 50 {
+            warm_reads += t.stats().cold_reads - before;
+        }
+    }
+    let s = t.stats();
+    assert!(s.rows_on_disk > 4000, "the scan must go to disk: {s:?}");
+    assert!(warm_reads <= 16, "{warm_reads} reads of rows used every step");
+}
