@@ -543,7 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-budget-run",
         action="store_true",
-        help="skip the closing run with a 20%% memory budget (rows mostly on disk)",
+        help="skip the closing run with a memory budget (rows mostly on disk)",
+    )
+    parser.add_argument(
+        "--budget-share",
+        type=float,
+        default=0.2,
+        metavar="SHARE",
+        help="the closing run's memory budget: every key's index plus this share of the rows' "
+        "bytes, in (0, 1]",
     )
     parser.add_argument(
         "--store-dir",
@@ -553,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         "(default: in memory)",
     )
     args = parser.parse_args(argv)
+    if not 0 < args.budget_share <= 1:
+        parser.error(f"--budget-share must be in (0, 1], got {args.budget_share}")
     try:
         result = run(
             **training_args(args),
@@ -590,10 +600,12 @@ def train_seconds(result: dict[str, Any]) -> float:
 
 
 def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
-    """The same training again with a memory budget that holds the index of every key plus 20 %
-    of the rows' bytes (so most rows live on disk, in a temporary store); one line: its AUC,
-    which must equal the in-memory run's, its time, and how much went through the disk."""
-    budget = max(1, reference["index_bytes"] + reference["row_bytes"] // 5)
+    """The same training again with a memory budget that holds the index of every key plus
+    ``--budget-share`` (20 %) of the rows' bytes (so most rows live on disk, in a temporary
+    store); one line: its AUC, which must equal the in-memory run's, its time, and how much went
+    through the disk."""
+    share = args.budget_share
+    budget = max(1, reference["index_bytes"] + int(reference["row_bytes"] * share))
     with tempfile.TemporaryDirectory(prefix="embstore-demo-") as tmp:
         tiered = run(
             **training_args(args),
@@ -603,7 +615,7 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
         )
     same = abs(tiered["test_auc"] - reference["test_auc"]) <= 1e-6
     print(
-        f"with a memory budget for 20% of the rows ({budget / 1024:.0f} KiB incl. the index; "
+        f"with a memory budget for {share:.0%} of the rows ({budget / 1024:.0f} KiB incl. the index; "
         f"{tiered['rows_on_disk']:,} of {tiered['rows']:,} rows on disk at the end, "
         f"{tiered['cold_reads']:,} rows read back, at most "
         f"{tiered['peak_memory_bytes'] / 1024:.0f} KiB held: a batch's rows are pinned while "
