@@ -615,7 +615,8 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
         )
     same = abs(tiered["test_auc"] - reference["test_auc"]) <= 1e-6
     print(
-        f"with a memory budget for {share:.0%} of the rows ({budget / 1024:.0f} KiB incl. the index; "
+        f"with a memory budget for {share:.0%} of the rows ({budget / 1024:.0f} KiB incl. the "
+        f"index; "
         f"{tiered['rows_on_disk']:,} of {tiered['rows']:,} rows on disk at the end, "
         f"{tiered['cold_reads']:,} rows read back, at most "
         f"{tiered['peak_memory_bytes'] / 1024:.0f} KiB held: a batch's rows are pinned while "
