@@ -40,8 +40,9 @@
 //! - **Frequency → recency** (lazy): an access to a frequency row only sets its bit. When
 //!   sampling draws a frequency row whose bit is set, the row goes back to the recency list
 //!   instead of being a candidate, so a row used since it was demoted is never evicted.
-//! - **Victims**: sampled LFU. Draw `sample` rows from the frequency list (seeded xorshift),
-//!   skipping pinned rows; the least `freq`, then the oldest `born`, is a victim. Repeat until
+//! - **Victims**: sampled LFU. Draw `sample` rows from the frequency list (seeded xorshift);
+//!   the least `freq`, then the oldest `born`, is a victim unless it is pinned (then it
+//!   leaves the range and the draw is made again). Repeat until
 //!   `n`. Pinned and chosen rows are swapped past the end of the sampled range for the rest
 //!   of the call, so they are drawn at most once and the range only shrinks. When the range is
 //!   empty (frequency segment empty or all pinned), the hand takes victims from the recency
@@ -423,8 +424,6 @@ impl LruLfu {
                     self.exclude(i, k);
                     self.unlink(slot);
                     self.link(slot, Seg::Recency);
-                } else if pinned(slot) {
-                    self.exclude(i, k);
                 } else {
                     let age = self.inserts.wrapping_sub(self.born[slot]);
                     let key = (*self.freq[slot].get_mut(), Reverse(age), slot);
@@ -433,9 +432,14 @@ impl LruLfu {
                     }
                 }
             }
+            // Only the least of the draws is checked for a pin (a hash probe, paid once per
+            // victim rather than per draw); a pinned one leaves the range and the draw is
+            // made again.
             if let Some((_, _, slot)) = best {
                 self.exclude(self.pos[slot] as usize, k);
-                return Some(slot);
+                if !pinned(slot) {
+                    return Some(slot);
+                }
             }
         }
         None

@@ -51,6 +51,8 @@ const BACKGROUND_MARK: f64 = 0.95;
 /// the shard locks it takes to choose and copy victims between rounds, so that a call waits for
 /// one round at most, not for a whole large eviction (10 % of the room is ~120 MB at 50M rows).
 const EVICTOR_ROUND: u64 = 16 << 20;
+/// Victims chosen per hold of a shard's write lock.
+const VICTIM_CHUNK: usize = 1024;
 /// Pinned rows may take at most this share of the budget (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
 
@@ -771,7 +773,7 @@ impl Table {
         if !ranges.is_empty() {
             let (reqs, at) = merged_reads(&mut ranges);
             let mut bufs: Vec<_> =
-                reqs.iter().map(|r| crate::disk::io::AlignedBuf::new(r.len)).collect();
+                reqs.iter().map(|r| crate::disk::io::AlignedBuf::pooled(r.len)).collect();
             engine()
                 .read_all(&reqs, &mut bufs)
                 .map_err(|e| Error::io("read records of the memory tier", e))?;
@@ -779,6 +781,7 @@ impl Table {
                 let (slot, idx) = loc_parts(wanted[n].1);
                 out[n] = Some(files.reader(slot)?.decode(&bufs[req][from..], idx)?);
             }
+            crate::disk::io::AlignedBuf::recycle(bufs);
             tier.counters.cold_ios.fetch_add(reqs.len() as u64, Ordering::Relaxed);
         }
         let mut records = Vec::with_capacity(wanted.len());
@@ -911,16 +914,33 @@ impl Table {
         let mut victims: Vec<Vec<u64>> = Vec::with_capacity(self.shards.len());
         let mut dirty = Vec::new();
         for lock in self.shards.iter() {
-            let mut shard = lock.write();
-            let shard = &mut *shard;
-            let t = shard.tier.as_mut().expect("tiered");
-            let mut slots = Vec::with_capacity(per_shard);
-            let keys = &t.keys;
-            t.policy.victims(per_shard, &|slot| pins.contains_key(&keys[slot]), &mut slots);
-            let keys: Vec<u64> = slots.iter().map(|&s| t.keys[s]).collect();
-            dirty.extend(
-                slots.iter().zip(&keys).filter(|(&s, _)| shard.meta[s].is_dirty()).map(|(_, &k)| k),
-            );
+            let mut keys = Vec::with_capacity(per_shard);
+            let mut slots = Vec::new();
+            // Slots chosen by earlier chunks: still in the policy's lists until step 3.
+            let mut chosen: std::collections::HashSet<u64, KeyHash> = Default::default();
+            // In chunks, each under the shard's write lock: a call on the shard waits for one
+            // chunk at most (each draw of a victim is a few cache misses).
+            while keys.len() < per_shard {
+                let want = (per_shard - keys.len()).min(VICTIM_CHUNK);
+                let mut shard = lock.write();
+                let shard = &mut *shard;
+                let t = shard.tier.as_mut().expect("tiered");
+                slots.clear();
+                let (tk, ch) = (&t.keys, &chosen);
+                let held =
+                    |slot: usize| pins.contains_key(&tk[slot]) || ch.contains(&(slot as u64));
+                t.policy.victims(want, &held, &mut slots);
+                for &s in &slots {
+                    chosen.insert(s as u64);
+                    keys.push(t.keys[s]);
+                    if shard.meta[s].is_dirty() {
+                        dirty.push(t.keys[s]);
+                    }
+                }
+                if slots.len() < want {
+                    break; // everything left is pinned
+                }
+            }
             victims.push(keys);
         }
         // 2. Dirty victims to a durable segment first.
