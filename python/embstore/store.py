@@ -518,13 +518,13 @@ class Store:
             default): every row in memory.
         background_eviction: with a memory budget, ``True`` has a thread of the store evict
             rows once the tables pass 95 % of the budget, so that calls rarely wait for an
-            eviction: use it when training calls the store directly (1.19–1.21 × the disk
-            bound at 50M rows vs 1.36 × without, docs/benchmarks.md). ``False`` (the default;
+            eviction: use it when training calls the store directly (1.2 times the disk
+            bound at 50M rows vs 1.36 without, docs/benchmarks.md). ``False`` (the default;
             faster with :func:`embstore.prefetch`, whose thread then does the evictions): a
             call that brought rows in and left the store over its budget evicts on its own
-            thread; calls that brought none never wait for an eviction. Indexes and pinned rows are never evicted:
-            when they alone pass the budget, other rows may take 5 % of it
-            (``docs/storage.md``).
+            thread; calls that brought none never wait for an eviction. Indexes and pinned
+            rows are never evicted: when they alone pass the budget, other rows may take 5 %
+            of it (``docs/storage.md``).
 
     Example::
 
