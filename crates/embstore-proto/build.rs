@@ -1,0 +1,12 @@
+//! Compiles `proto/` with protox (a protobuf compiler in Rust: no `protoc` to install) and
+//! generates the prost messages and tonic services.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/embstore/v1/serving.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}
