@@ -31,6 +31,9 @@ pub enum ErrorKind {
     Locked,
     /// A file was written by a newer format version than this build reads.
     Unsupported,
+    /// A server could not be reached or could not serve the request (no replica holds the
+    /// version, a deadline passed); retrying later may succeed.
+    Unavailable,
 }
 
 /// An error from the table layer: a kind plus a lowercase, exact message.

@@ -85,6 +85,6 @@ pub use optim::{Optimizer, Step};
 pub use sched::threads;
 pub use stats::{IndexStats, TableStats};
 pub use store::{Store, StoreOptions};
-pub use table::Table;
+pub use table::{shard_of_key, Table};
 pub use tier::Budget;
 pub use version::{now_ms, Version};

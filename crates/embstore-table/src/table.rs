@@ -148,7 +148,18 @@ impl Table {
     pub(crate) fn shard_of(&self, key: u64) -> usize {
         (fmix64(key ^ SHARD_SALT) & self.mask) as usize
     }
+}
 
+/// The shard of `key` among `num_shards` (a power of two), as a table of that many shards
+/// places it. Serving splits a table version the same way: with `num_shards` ≤ a table's own
+/// shard count, serving shard `s` holds exactly the table's shards `i` with
+/// `i & (num_shards - 1) == s`.
+pub fn shard_of_key(key: u64, num_shards: usize) -> usize {
+    debug_assert!(num_shards.is_power_of_two());
+    (fmix64(key ^ SHARD_SALT) & (num_shards as u64).wrapping_sub(1)) as usize
+}
+
+impl Table {
     /// The admission sketch (made on first use), or `None` when admission is off.
     pub(crate) fn sketch(&self) -> Option<&CountMin> {
         (self.config.admission_min_count > 1)

@@ -1,0 +1,445 @@
+//! The Rust client of the batch-query service (docs/serving.md): a batch lookup reads every row
+//! at ONE table version, fanned out to the shards of that version in parallel.
+//!
+//! ## Parts
+//! - [`Client`] — the servers it knows (address, newest `ServerInfo`, health, requests in
+//!   flight) and, per table, the version it pinned last.
+//! - [`Rows`] — a lookup's answer: `values` `[B, D]`, `found` `[B]`, and the `version`.
+//! - [`ClientOptions`] — the call deadline and the restart limit.
+//! - [`from_status`] — the one mapping from gRPC statuses to table errors.
+//!
+//! ## How a lookup runs
+//! 1. **Pick a version** from the view: the newest *complete* one (every shard has a READY or
+//!    DRAINING replica) whose *capacity* (the least number of READY replicas over its shards)
+//!    is at least the pinned version's, so that clients move to v+1 only once it can carry the
+//!    load. If the pinned version is no longer complete, the client takes the newest complete
+//!    one.
+//! 2. **Split the ids by shard** of that version (`shard_of_key`) and send each shard's ids to
+//!    its READY replica with the fewest requests in flight (DRAINING ones only when no READY one
+//!    is left), all shards at once.
+//! 3. **Every answer updates the view** (each carries the server's `ServerInfo`). A
+//!    "version not held here" answer (`FAILED_PRECONDITION`) or a transport error tries the
+//!    next replica of that shard; when none is left, the whole batch starts again with a fresh
+//!    pick, at most `max_restarts` times. Partial results are thrown away: **a batch never mixes
+//!    two versions**.
+//!
+//! Not yet here (issue 9): etcd discovery, TLS, tokens.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use embstore_proto::v1::serving_client::ServingClient;
+use embstore_proto::v1::{DescribeRequest, LookupRequest, LookupResponse, ServerInfo, State};
+use embstore_table::{shard_of_key, Error, ErrorKind, Result};
+use parking_lot::Mutex;
+use prost::Message;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// How a [`Client`] calls.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// The longest a lookup may take, all tries included.
+    pub deadline: Duration,
+    /// Times a batch starts again with a fresh version pick before failing with `Unavailable`.
+    pub max_restarts: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self { deadline: Duration::from_secs(5), max_restarts: 2 }
+    }
+}
+
+/// A lookup's answer: one version for every row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rows {
+    /// `[B, D]`, row-major; zeros for ids without a row.
+    pub values: Vec<f32>,
+    /// `[B]`: whether each id has a row.
+    pub found: Vec<bool>,
+    /// `D`.
+    pub embedding_dim: usize,
+    /// The table version every row was read at.
+    pub version: u64,
+}
+
+#[derive(Debug)]
+struct Endpoint {
+    addr: String,
+    rpc: ServingClient<Channel>,
+    healthy: AtomicBool,
+    outstanding: AtomicUsize,
+}
+
+/// A client of a fixed set of servers (see the crate docs).
+#[derive(Debug)]
+pub struct Client {
+    endpoints: Vec<Arc<Endpoint>>,
+    /// Per endpoint, the newest `ServerInfo` seen (by `gen`).
+    infos: Mutex<Vec<Option<ServerInfo>>>,
+    /// Per table, the version of its last batch.
+    pinned: Mutex<HashMap<String, u64>>,
+    options: ClientOptions,
+}
+
+/// Where a version's shards are: per shard, the endpoints holding it READY and DRAINING.
+#[derive(Debug)]
+struct Placement {
+    version: u64,
+    num_shards: u32,
+    embedding_dim: u32,
+    replicas: Vec<(Vec<usize>, Vec<usize>)>,
+}
+
+impl Client {
+    /// A client of the servers at `addrs` (`host:port`), which asks each what it holds. Fails
+    /// with `Unavailable` when none answers, `InvalidArgument` for a malformed address.
+    pub async fn connect(addrs: &[String], options: ClientOptions) -> Result<Self> {
+        if addrs.is_empty() {
+            return Err(Error::new(ErrorKind::InvalidArgument, "no server address given"));
+        }
+        let mut endpoints = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let uri = if addr.contains("://") { addr.clone() } else { format!("http://{addr}") };
+            let channel = Channel::from_shared(uri)
+                .map_err(|e| {
+                    Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}"))
+                })?
+                .connect_timeout(options.deadline)
+                .connect_lazy();
+            endpoints.push(Arc::new(Endpoint {
+                addr: addr.clone(),
+                rpc: ServingClient::new(channel),
+                healthy: AtomicBool::new(true),
+                outstanding: AtomicUsize::new(0),
+            }));
+        }
+        let client = Self {
+            infos: Mutex::new(vec![None; endpoints.len()]),
+            endpoints,
+            pinned: Mutex::new(HashMap::new()),
+            options,
+        };
+        if client.refresh().await == 0 {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no server answered: {}", addrs.join(", ")),
+            ));
+        }
+        Ok(client)
+    }
+
+    /// Asks every server what it holds; returns how many answered (the others are marked
+    /// unhealthy until they answer again).
+    pub async fn refresh(&self) -> usize {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, ep) in self.endpoints.iter().enumerate() {
+            let mut rpc = ep.rpc.clone();
+            let deadline = self.options.deadline;
+            tasks.spawn(async move {
+                let call = rpc.describe(DescribeRequest {});
+                (i, tokio::time::timeout(deadline, call).await)
+            });
+        }
+        let mut answered = 0;
+        while let Some(done) = tasks.join_next().await {
+            let Ok((i, result)) = done else { continue };
+            match result {
+                Ok(Ok(info)) => {
+                    answered += 1;
+                    self.endpoints[i].healthy.store(true, Ordering::Relaxed);
+                    self.learn(i, info.into_inner());
+                }
+                _ => self.endpoints[i].healthy.store(false, Ordering::Relaxed),
+            }
+        }
+        answered
+    }
+
+    /// The servers' addresses and the newest `ServerInfo` seen from each.
+    pub fn view(&self) -> Vec<(String, Option<ServerInfo>)> {
+        let infos = self.infos.lock();
+        self.endpoints.iter().zip(infos.iter()).map(|(e, i)| (e.addr.clone(), i.clone())).collect()
+    }
+
+    fn learn(&self, endpoint: usize, info: ServerInfo) {
+        let mut infos = self.infos.lock();
+        if infos[endpoint].as_ref().is_none_or(|old| info.gen >= old.gen) {
+            infos[endpoint] = Some(info);
+        }
+    }
+
+    /// The version to read `table` at (see the crate docs), with its placement.
+    fn pick(&self, table: &str) -> Result<Placement> {
+        let infos = self.infos.lock();
+        // version → (num_shards, dim, per shard: (ready endpoints, draining endpoints))
+        type Shards = Vec<(Vec<usize>, Vec<usize>)>;
+        let mut versions: BTreeMap<u64, (u32, u32, Shards)> = BTreeMap::new();
+        for (i, info) in infos.iter().enumerate() {
+            let Some(info) = info else { continue };
+            if !self.endpoints[i].healthy.load(Ordering::Relaxed) {
+                continue;
+            }
+            for h in info.held.iter().filter(|h| h.table == table) {
+                let state = h.state();
+                if !matches!(state, State::Ready | State::Draining) || h.shard >= h.num_shards {
+                    continue;
+                }
+                let entry = versions.entry(h.version).or_insert_with(|| {
+                    (h.num_shards, h.embedding_dim, vec![(vec![], vec![]); h.num_shards as usize])
+                });
+                if entry.0 != h.num_shards {
+                    continue; // a server disagreeing on the shard count is not used
+                }
+                let slot = &mut entry.2[h.shard as usize];
+                if state == State::Ready {
+                    slot.0.push(i);
+                } else {
+                    slot.1.push(i);
+                }
+            }
+        }
+        let complete = |shards: &Shards| shards.iter().all(|(r, d)| !r.is_empty() || !d.is_empty());
+        let capacity = |shards: &Shards| shards.iter().map(|(r, _)| r.len()).min().unwrap_or(0);
+        let pinned = self.pinned.lock().get(table).copied();
+        let floor = pinned
+            .and_then(|v| versions.get(&v))
+            .filter(|(_, _, s)| complete(s))
+            .map(|(_, _, s)| capacity(s));
+        let chosen = versions
+            .iter()
+            .rev()
+            .filter(|(_, (_, _, s))| complete(s))
+            .find(|(_, (_, _, s))| floor.is_none_or(|f| capacity(s) >= f))
+            .or_else(|| pinned.and_then(|v| versions.get_key_value(&v)));
+        let Some((&version, (num_shards, dim, shards))) = chosen else {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no complete version of table '{table}' is served by a healthy server"),
+            ));
+        };
+        Ok(Placement {
+            version,
+            num_shards: *num_shards,
+            embedding_dim: *dim,
+            replicas: shards.clone(),
+        })
+    }
+
+    /// The rows of `ids` in `table`, all at one version (see the crate docs). Fails with
+    /// `TableNotFound` when no server holds the table, `Unavailable` when no complete version
+    /// can be read within the deadline and the restarts, and with the server's error for a bad
+    /// request.
+    pub async fn lookup(&self, table: &str, ids: &[u64]) -> Result<Rows> {
+        let deadline = self.options.deadline;
+        match tokio::time::timeout(deadline, self.lookup_inner(table, ids)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("lookup in table '{table}' passed its deadline of {deadline:?}"),
+            )),
+        }
+    }
+
+    async fn lookup_inner(&self, table: &str, ids: &[u64]) -> Result<Rows> {
+        let mut last = None;
+        for attempt in 0..=self.options.max_restarts {
+            if attempt > 0 {
+                self.refresh().await;
+            }
+            let place = match self.pick(table) {
+                Ok(p) => p,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            match self.read_at(table, ids, &place).await {
+                Ok(rows) => {
+                    self.pinned.lock().insert(table.to_string(), place.version);
+                    return Ok(rows);
+                }
+                Err(Retry::Restart(e)) => last = Some(e),
+                Err(Retry::Fail(e)) => return Err(e),
+            }
+        }
+        if !self.known(table) {
+            return Err(Error::new(
+                ErrorKind::TableNotFound,
+                format!("no server holds table '{table}'"),
+            ));
+        }
+        Err(last.unwrap_or_else(|| Error::new(ErrorKind::Unavailable, "lookup failed")))
+    }
+
+    /// Whether some server's info names `table`.
+    fn known(&self, table: &str) -> bool {
+        self.infos.lock().iter().flatten().any(|i| i.held.iter().any(|h| h.table == table))
+    }
+
+    /// One attempt at version `place.version`: every shard's ids at once.
+    async fn read_at(
+        &self,
+        table: &str,
+        ids: &[u64],
+        place: &Placement,
+    ) -> std::result::Result<Rows, Retry> {
+        let d = place.embedding_dim as usize;
+        let mut by_shard: Vec<(Vec<u64>, Vec<usize>)> =
+            vec![(Vec::new(), Vec::new()); place.num_shards as usize];
+        for (pos, &id) in ids.iter().enumerate() {
+            let s = shard_of_key(id, place.num_shards as usize);
+            by_shard[s].0.push(id);
+            by_shard[s].1.push(pos);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (s, (keys, _)) in by_shard.iter().enumerate() {
+            if keys.is_empty() {
+                continue;
+            }
+            // READY replicas by fewest requests in flight, then the DRAINING ones.
+            let (ready, draining) = &place.replicas[s];
+            let mut order = ready.clone();
+            order.sort_by_key(|&i| self.endpoints[i].outstanding.load(Ordering::Relaxed));
+            order.extend(draining);
+            let req = LookupRequest {
+                table: table.to_string(),
+                version: place.version,
+                shard: s as u32,
+                num_shards: place.num_shards,
+                ids: keys.clone(),
+            };
+            let endpoints: Vec<Arc<Endpoint>> =
+                order.iter().map(|&i| self.endpoints[i].clone()).collect();
+            tasks.spawn(async move { (s, order, shard_call(endpoints, req).await) });
+        }
+        let mut values = vec![0f32; ids.len() * d];
+        let mut found = vec![false; ids.len()];
+        let mut outcome = Ok(());
+        while let Some(done) = tasks.join_next().await {
+            let (s, order, result) = done.map_err(|e| {
+                Retry::Fail(Error::new(ErrorKind::Unavailable, format!("lookup task: {e}")))
+            })?;
+            for (i, info) in &result.infos {
+                self.learn(order[*i], info.clone());
+            }
+            for &i in &result.failed {
+                self.endpoints[order[i]].healthy.store(false, Ordering::Relaxed);
+            }
+            let resp = match result.outcome {
+                Ok(resp) => resp,
+                Err(e) => {
+                    if outcome.is_ok() || matches!(e, Retry::Fail(_)) {
+                        outcome = Err(e);
+                    }
+                    continue;
+                }
+            };
+            let positions = &by_shard[s].1;
+            let rows = match embstore_proto::decode_rows(&resp.values, positions.len(), d) {
+                Some(rows)
+                    if resp.version == place.version && resp.found.len() == positions.len() =>
+                {
+                    rows
+                }
+                _ => {
+                    outcome = Err(Retry::Fail(Error::new(
+                        ErrorKind::Corruption,
+                        format!("a malformed answer for shard {s} of table '{table}'"),
+                    )));
+                    continue;
+                }
+            };
+            for (j, &pos) in positions.iter().enumerate() {
+                values[pos * d..][..d].copy_from_slice(&rows[j * d..][..d]);
+                found[pos] = resp.found[j] != 0;
+            }
+        }
+        outcome?;
+        Ok(Rows { values, found, embedding_dim: d, version: place.version })
+    }
+}
+
+/// What a failed attempt means for the batch.
+#[derive(Debug)]
+enum Retry {
+    /// No replica of a shard could answer for the version: start again with a fresh pick.
+    Restart(Error),
+    /// The request itself is bad (or the answer malformed): no retry helps.
+    Fail(Error),
+}
+
+/// What one shard's tries gave: the answer or why not, the infos learnt (by index into the
+/// replica order) and the replicas that failed at the transport.
+struct ShardResult {
+    outcome: std::result::Result<LookupResponse, Retry>,
+    infos: Vec<(usize, ServerInfo)>,
+    failed: Vec<usize>,
+}
+
+/// Tries the replicas of one shard in order until one answers.
+async fn shard_call(replicas: Vec<Arc<Endpoint>>, req: LookupRequest) -> ShardResult {
+    let mut out = ShardResult {
+        outcome: Err(Retry::Restart(Error::new(ErrorKind::Unavailable, "no replica"))),
+        infos: Vec::new(),
+        failed: Vec::new(),
+    };
+    for (i, ep) in replicas.iter().enumerate() {
+        ep.outstanding.fetch_add(1, Ordering::Relaxed);
+        let answer = ep.rpc.clone().lookup(req.clone()).await;
+        ep.outstanding.fetch_sub(1, Ordering::Relaxed);
+        match answer {
+            Ok(resp) => {
+                let resp = resp.into_inner();
+                if let Some(info) = &resp.info {
+                    out.infos.push((i, info.clone()));
+                }
+                out.outcome = Ok(resp);
+                return out;
+            }
+            Err(status) => {
+                if let Ok(info) = ServerInfo::decode(status.details()) {
+                    if !info.instance.is_empty() {
+                        out.infos.push((i, info));
+                    }
+                }
+                match status.code() {
+                    // Not (or no longer) held there: the view was stale.
+                    Code::FailedPrecondition | Code::NotFound => {
+                        out.outcome = Err(Retry::Restart(from_status(&status)));
+                    }
+                    Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Unknown
+                    | Code::Cancelled => {
+                        out.failed.push(i);
+                        out.outcome = Err(Retry::Restart(from_status(&status)));
+                    }
+                    _ => {
+                        out.outcome = Err(Retry::Fail(from_status(&status)));
+                        return out;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The table error for a gRPC status (the one mapping of this boundary; the server's
+/// `to_status` is its inverse where one exists).
+pub fn from_status(status: &tonic::Status) -> Error {
+    let kind = match status.code() {
+        Code::InvalidArgument => ErrorKind::InvalidArgument,
+        Code::NotFound => ErrorKind::TableNotFound,
+        Code::AlreadyExists => ErrorKind::TableExists,
+        Code::ResourceExhausted => ErrorKind::Capacity,
+        Code::DataLoss => ErrorKind::Corruption,
+        Code::Unimplemented => ErrorKind::Unsupported,
+        _ => ErrorKind::Unavailable,
+    };
+    Error::new(kind, status.message())
+}

@@ -1,0 +1,212 @@
+//! Servers on loopback, in this process: lookups through the client equal the tables' rows, a
+//! batch never mixes two versions while versions roll through the replicas one column at a
+//! time, and a replica that goes away is routed around.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use embstore_client::{Client, ClientOptions};
+use embstore_server::Server;
+use embstore_table::{shard_of_key, ErrorKind, OnMiss, Store, Table, TableConfig};
+use tokio::sync::oneshot;
+
+const D: usize = 4;
+
+/// A running server: its address and what stops it.
+struct Running {
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+async fn start(server: Arc<Server>) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        embstore_server::serve(server, listener, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running { addr, stop: Some(tx), task }
+}
+
+/// The rows of shard `shard` of `num_shards` among `ids`, each `[version, id, id % 7, 1]`.
+fn shard_table(ids: &[u64], shard: usize, num_shards: usize, version: u64) -> Arc<Table> {
+    let store = Store::new();
+    let t = store.create_table(TableConfig::new("user", D)).unwrap();
+    let mine: Vec<u64> =
+        ids.iter().copied().filter(|&k| shard_of_key(k, num_shards) == shard).collect();
+    let values: Vec<f32> =
+        mine.iter().flat_map(|&k| [version as f32, k as f32, (k % 7) as f32, 1.0]).collect();
+    t.assign(&mine, &values).unwrap();
+    t
+}
+
+fn options() -> ClientOptions {
+    ClientOptions { deadline: Duration::from_secs(10), max_restarts: 3 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_fan_out_to_the_shards_and_equal_the_tables_rows() {
+    let ids: Vec<u64> = (0..2000u64).map(|i| i * 7919 % 100_003).collect();
+    // The reference: every row in one table.
+    let whole = shard_table(&ids, 0, 1, 1);
+    let mut running = Vec::new();
+    for s in 0..2 {
+        let server = Server::new(format!("s{s}"), 1 << 16);
+        server.host("user", 1, s as u32, 2, shard_table(&ids, s, 2, 1)).unwrap();
+        running.push(start(server).await);
+    }
+    let addrs: Vec<String> = running.iter().map(|r| r.addr.clone()).collect();
+    let client = Client::connect(&addrs, options()).await.unwrap();
+    // Ids present and absent, repeated, in any order.
+    let mut query: Vec<u64> = ids.iter().step_by(3).copied().collect();
+    query.extend([5, 6, u64::MAX, 0, ids[10], ids[10]]);
+    let rows = client.lookup("user", &query).await.unwrap();
+    let mut want = vec![0f32; query.len() * D];
+    let mut found = vec![false; query.len()];
+    whole.lookup(&query, OnMiss::Zeros, &mut want, Some(&mut found)).unwrap();
+    assert_eq!((rows.values, rows.found, rows.version, rows.embedding_dim), (want, found, 1, D));
+    // An empty batch, an unknown table, a batch over the servers' limit.
+    assert!(client.lookup("user", &[]).await.unwrap().values.is_empty());
+    let e = client.lookup("item", &[1]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TableNotFound, "{e}");
+    let e = client.lookup("user", &vec![1u64; (1 << 17) + 5]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    // The servers still serve after the bad requests.
+    assert!(client.lookup("user", &query[..5]).await.is_ok());
+    for r in running {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_never_mixes_versions_while_versions_roll_through_the_replicas() {
+    // 2 shards × 2 replicas (columns a, b) and a spare column, as docs/serving.md rolls them.
+    let ids: Vec<u64> = (0..400u64).collect();
+    let col = |name: &str| -> Vec<Arc<Server>> {
+        (0..2).map(|s| Server::new(format!("{name}{s}"), 1 << 16)).collect()
+    };
+    let (a, b, spare) = (col("a"), col("b"), col("spare"));
+    for column in [&a, &b] {
+        for (s, server) in column.iter().enumerate() {
+            server.host("user", 1, s as u32, 2, shard_table(&ids, s, 2, 1)).unwrap();
+        }
+    }
+    let mut running = Vec::new();
+    for server in a.iter().chain(&b).chain(&spare) {
+        running.push(start(server.clone()).await);
+    }
+    let addrs: Vec<String> = running.iter().map(|r| r.addr.clone()).collect();
+    let client = Arc::new(Client::connect(&addrs, options()).await.unwrap());
+
+    let done = Arc::new(AtomicBool::new(false));
+    let (batches, mixed, newest) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (client, done) = (client.clone(), done.clone());
+        let (batches, mixed, newest) = (batches.clone(), mixed.clone(), newest.clone());
+        let ids = ids.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut last = 0;
+            let mut i = 0u64;
+            while !done.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60) {
+                let batch: Vec<u64> = (0..64).map(|j| ids[((i * 64 + j) % 400) as usize]).collect();
+                i += 1;
+                let rows = client.lookup("user", &batch).await.expect("no failed batch");
+                let versions: std::collections::HashSet<u32> =
+                    rows.values.chunks(D).map(|r| r[0] as u32).collect();
+                if versions.len() != 1 || !versions.contains(&(rows.version as u32)) {
+                    mixed.fetch_add(1, Ordering::Relaxed);
+                }
+                assert!(rows.version >= last, "versions went back: {last} → {}", rows.version);
+                last = rows.version;
+                newest.store(last, Ordering::Relaxed);
+                batches.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    // Roll v → v + 1 three times: the spare column loads v + 1; then each column in turn
+    // drains v, waits, unloads v and loads v + 1; the spare column unloads.
+    let drain = Duration::from_millis(40);
+    for v in 1..=3u64 {
+        for (s, server) in spare.iter().enumerate() {
+            server.host("user", v + 1, s as u32, 2, shard_table(&ids, s, 2, v + 1)).unwrap();
+        }
+        tokio::time::sleep(drain).await;
+        for column in [&a, &b] {
+            for server in column.iter() {
+                server.drain("user", v);
+            }
+            tokio::time::sleep(drain).await;
+            for (s, server) in column.iter().enumerate() {
+                server.unload("user", v);
+                server.host("user", v + 1, s as u32, 2, shard_table(&ids, s, 2, v + 1)).unwrap();
+            }
+            tokio::time::sleep(drain).await;
+        }
+        for server in spare.iter() {
+            server.unload("user", v + 1);
+        }
+        tokio::time::sleep(drain).await;
+    }
+    // Let the reader see the last version, then stop it.
+    let wait = Instant::now();
+    while newest.load(Ordering::Relaxed) < 4 && wait.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    done.store(true, Ordering::Relaxed);
+    reader.await.unwrap();
+    let n = batches.load(Ordering::Relaxed);
+    println!("{n} batches during three rolls");
+    assert!(n >= 20, "only {n} batches ran");
+    assert_eq!(mixed.load(Ordering::Relaxed), 0, "batches mixing versions");
+    assert_eq!(newest.load(Ordering::Relaxed), 4, "the client must reach the last version");
+    for r in running {
+        r.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_goes_away_is_routed_around() {
+    let ids: Vec<u64> = (0..100u64).collect();
+    let mut running = Vec::new();
+    for r in 0..2 {
+        let server = Server::new(format!("r{r}"), 1 << 16);
+        server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+        running.push(start(server).await);
+    }
+    let addrs: Vec<String> = running.iter().map(|r| r.addr.clone()).collect();
+    let client = Client::connect(&addrs, options()).await.unwrap();
+    assert_eq!(client.lookup("user", &ids).await.unwrap().found, vec![true; 100]);
+    running.remove(0).stop().await;
+    for _ in 0..10 {
+        let rows = client.lookup("user", &ids).await.unwrap();
+        assert_eq!(rows.found, vec![true; 100]);
+    }
+    running.remove(0).stop().await;
+    let e = client.lookup("user", &ids).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    // Connecting to no live server at all is a clear error.
+    let e = Client::connect(
+        &addrs,
+        ClientOptions { deadline: Duration::from_secs(2), max_restarts: 1 },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}

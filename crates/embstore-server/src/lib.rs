@@ -1,0 +1,366 @@
+//! The batch-query server (docs/serving.md): it hosts shards of table versions and answers
+//! `Lookup` for exactly the (table, version, shard) a request names, with its [`ServerInfo`]
+//! on every answer, OK or not, so that shard and version facts travel in the protocol.
+//!
+//! ## Parts
+//! - [`Server`] — what this process hosts: per table, the versions and shards it holds
+//!   ([`Hosted`]), each in a [`State`]; `host`, `drain`, `unload` change it and raise `gen`.
+//! - [`Serving`] — the tonic service over a `Server` (`Lookup`, `Describe`).
+//! - [`serve`] — runs the service on a listener until a shutdown future resolves.
+//! - [`to_status`] — the one mapping from table errors to gRPC codes.
+//!
+//! ## Invariants
+//! - A lookup is answered from the named version only; no answer mixes versions, and a server
+//!   that lacks the version (or holds it under another shard count or shard) answers
+//!   `FAILED_PRECONDITION` with its `ServerInfo` encoded in the status details.
+//! - Missing ids get zero rows and `found = 0`; serving never inserts.
+//! - A bad request gets a typed status; the server keeps serving.
+//!
+//! Not yet here (issue 9): loading versions from checkpoints by shard, etcd membership and
+//! control, TLS and tokens, metrics.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use embstore_proto::v1::serving_server::ServingServer;
+use embstore_proto::v1::{
+    DescribeRequest, Held, LookupRequest, LookupResponse, ServerInfo, State as WireState,
+};
+use embstore_table::{now_ms, ErrorKind, OnMiss, Table};
+use parking_lot::RwLock;
+use prost::Message;
+use tonic::{Code, Request, Response, Status};
+
+/// Ids one lookup may carry, by default (the issue's "a batch above the configured maximum"
+/// gets `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
+pub const DEFAULT_MAX_BATCH: usize = 1 << 20;
+
+/// The state of a hosted (table, version, shard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Being loaded: not served.
+    Loading,
+    /// Served.
+    Ready,
+    /// Still served; clients prefer other replicas; unloaded once quiet.
+    Draining,
+}
+
+impl State {
+    fn wire(self) -> WireState {
+        match self {
+            State::Loading => WireState::Loading,
+            State::Ready => WireState::Ready,
+            State::Draining => WireState::Draining,
+        }
+    }
+}
+
+/// One shard of one table version held by this server.
+#[derive(Debug)]
+pub struct Hosted {
+    /// The table version.
+    pub version: u64,
+    /// Which shard of `num_shards` this is.
+    pub shard: u32,
+    /// The version's shard count (a power of two).
+    pub num_shards: u32,
+    /// Served or not (see [`State`]).
+    pub state: State,
+    /// The rows: the table holds exactly the ids of this shard.
+    pub table: Arc<Table>,
+    /// When a request last named this version (ms since the epoch), for draining.
+    pub last_request_ms: AtomicU64,
+}
+
+/// What this server hosts, per table name (see the crate docs).
+#[derive(Debug)]
+pub struct Server {
+    instance: String,
+    gen: AtomicU64,
+    max_batch: usize,
+    tables: RwLock<HashMap<String, Vec<Arc<Hosted>>>>,
+}
+
+impl Server {
+    /// An empty server named `instance` (its address, usually), answering batches of at most
+    /// `max_batch` ids.
+    pub fn new(instance: impl Into<String>, max_batch: usize) -> Arc<Self> {
+        Arc::new(Self {
+            instance: instance.into(),
+            gen: AtomicU64::new(1),
+            max_batch: max_batch.max(1),
+            tables: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Hosts `table` as shard `shard` of `num_shards` of version `version` of `name`, READY
+    /// (replacing what this server held for that version). Fails with `InvalidArgument` for a
+    /// shard count that is not a power of two or a shard past it.
+    pub fn host(
+        &self,
+        name: &str,
+        version: u64,
+        shard: u32,
+        num_shards: u32,
+        table: Arc<Table>,
+    ) -> embstore_table::Result<()> {
+        if !num_shards.is_power_of_two() || shard >= num_shards {
+            return Err(embstore_table::Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "shard {shard} of {num_shards}: the shard count must be a power of two above \
+                 the shard"
+                ),
+            ));
+        }
+        let hosted = Arc::new(Hosted {
+            version,
+            shard,
+            num_shards,
+            state: State::Ready,
+            table,
+            last_request_ms: AtomicU64::new(0),
+        });
+        let mut tables = self.tables.write();
+        let held = tables.entry(name.to_string()).or_default();
+        held.retain(|h| h.version != version);
+        held.push(hosted);
+        held.sort_by_key(|h| h.version);
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Marks version `version` of `name` DRAINING; whether this server held it.
+    pub fn drain(&self, name: &str, version: u64) -> bool {
+        self.set_state(name, version, State::Draining)
+    }
+
+    fn set_state(&self, name: &str, version: u64, state: State) -> bool {
+        let mut tables = self.tables.write();
+        let Some(held) = tables.get_mut(name) else { return false };
+        let Some(i) = held.iter().position(|h| h.version == version) else { return false };
+        let h = &held[i];
+        held[i] = Arc::new(Hosted {
+            version: h.version,
+            shard: h.shard,
+            num_shards: h.num_shards,
+            state,
+            table: h.table.clone(),
+            last_request_ms: AtomicU64::new(h.last_request_ms.load(Ordering::Relaxed)),
+        });
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Stops hosting version `version` of `name`; whether this server held it.
+    pub fn unload(&self, name: &str, version: u64) -> bool {
+        let mut tables = self.tables.write();
+        let Some(held) = tables.get_mut(name) else { return false };
+        let before = held.len();
+        held.retain(|h| h.version != version);
+        let removed = held.len() < before;
+        if held.is_empty() {
+            tables.remove(name);
+        }
+        if removed {
+            self.gen.fetch_add(1, Ordering::AcqRel);
+        }
+        removed
+    }
+
+    /// What this server holds, as every response carries it.
+    pub fn info(&self) -> ServerInfo {
+        let tables = self.tables.read();
+        let mut held: Vec<Held> = tables
+            .iter()
+            .flat_map(|(name, hs)| {
+                hs.iter().map(move |h| Held {
+                    table: name.clone(),
+                    version: h.version,
+                    shard: h.shard,
+                    num_shards: h.num_shards,
+                    state: h.state.wire() as i32,
+                    embedding_dim: h.table.dim() as u32,
+                    rows: h.table.len() as u64,
+                })
+            })
+            .collect();
+        held.sort_by(|a, b| (&a.table, a.version).cmp(&(&b.table, b.version)));
+        ServerInfo { instance: self.instance.clone(), gen: self.gen.load(Ordering::Acquire), held }
+    }
+
+    /// The hosted shard a request names, if this server serves it.
+    fn find(&self, req: &LookupRequest) -> Result<Arc<Hosted>, Status> {
+        let tables = self.tables.read();
+        let Some(held) = tables.get(&req.table) else {
+            return Err(
+                self.status(Code::NotFound, format!("table '{}' is not served here", req.table))
+            );
+        };
+        let hosted = held.iter().find(|h| h.version == req.version).cloned();
+        match hosted {
+            Some(h)
+                if h.state != State::Loading
+                    && h.shard == req.shard
+                    && h.num_shards == req.num_shards =>
+            {
+                h.last_request_ms.store(now_ms(), Ordering::Relaxed);
+                Ok(h)
+            }
+            _ => Err(self.status(
+                Code::FailedPrecondition,
+                format!(
+                    "version {} shard {} of {} of table '{}' is not served here",
+                    req.version, req.shard, req.num_shards, req.table
+                ),
+            )),
+        }
+    }
+
+    /// A status of `code` carrying this server's `ServerInfo` in its details.
+    fn status(&self, code: Code, message: String) -> Status {
+        Status::with_details(code, message, self.info().encode_to_vec().into())
+    }
+
+    fn lookup(&self, req: &LookupRequest) -> Result<LookupResponse, Status> {
+        if req.ids.len() > self.max_batch {
+            return Err(self.status(
+                Code::ResourceExhausted,
+                format!("a lookup holds at most {} ids, got {}", self.max_batch, req.ids.len()),
+            ));
+        }
+        let hosted = self.find(req)?;
+        let t = &hosted.table;
+        let mut values = vec![0f32; req.ids.len() * t.dim()];
+        let mut found = vec![false; req.ids.len()];
+        t.lookup(&req.ids, OnMiss::Zeros, &mut values, Some(&mut found))
+            .map_err(|e| self.status(to_status(e.kind()), e.to_string()))?;
+        Ok(LookupResponse {
+            info: Some(self.info()),
+            version: hosted.version,
+            embedding_dim: t.dim() as u32,
+            values: embstore_proto::encode_rows(&values),
+            found: found.into_iter().map(u8::from).collect(),
+        })
+    }
+}
+
+/// The gRPC code for a table error (the one mapping of this boundary; the client maps back).
+pub fn to_status(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::ShapeMismatch | ErrorKind::NonFinite => {
+            Code::InvalidArgument
+        }
+        ErrorKind::TableNotFound | ErrorKind::KeyNotFound => Code::NotFound,
+        ErrorKind::TableExists => Code::AlreadyExists,
+        ErrorKind::Capacity | ErrorKind::NoSpace => Code::ResourceExhausted,
+        ErrorKind::Corruption => Code::DataLoss,
+        ErrorKind::Unavailable | ErrorKind::Locked => Code::Unavailable,
+        ErrorKind::Unsupported => Code::Unimplemented,
+        _ => Code::Internal,
+    }
+}
+
+/// The `Serving` service over a [`Server`].
+#[derive(Debug, Clone)]
+pub struct Serving(pub Arc<Server>);
+
+#[tonic::async_trait]
+impl embstore_proto::v1::serving_server::Serving for Serving {
+    async fn lookup(
+        &self,
+        request: Request<LookupRequest>,
+    ) -> Result<Response<LookupResponse>, Status> {
+        let server = self.0.clone();
+        let req = request.into_inner();
+        // Lookups are CPU (and, for a tiered table, disk) work: off the I/O threads.
+        tokio::task::spawn_blocking(move || server.lookup(&req))
+            .await
+            .map_err(|e| Status::internal(format!("lookup task failed: {e}")))?
+            .map(Response::new)
+    }
+
+    async fn describe(
+        &self,
+        _request: Request<DescribeRequest>,
+    ) -> Result<Response<ServerInfo>, Status> {
+        Ok(Response::new(self.0.info()))
+    }
+}
+
+/// Serves `server` on `listener` until `shutdown` resolves (then stops accepting and finishes
+/// the requests in flight).
+pub async fn serve(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    use tokio_stream::StreamExt;
+    // No Nagle: a small answer would otherwise wait for the client's delayed ACK (~40 ms).
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        conn.inspect(|c| {
+            let _ = c.set_nodelay(true);
+        })
+    });
+    tonic::transport::Server::builder()
+        .add_service(ServingServer::new(Serving(server)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embstore_table::{Store, TableConfig};
+
+    fn table(ids: &[u64]) -> Arc<Table> {
+        let store = Store::new();
+        let t = store.create_table(TableConfig::new("t", 2)).unwrap();
+        let values: Vec<f32> = ids.iter().flat_map(|&k| [k as f32, 0.5]).collect();
+        t.assign(ids, &values).unwrap();
+        t
+    }
+
+    fn req(version: u64, ids: Vec<u64>) -> LookupRequest {
+        LookupRequest { table: "user".into(), version, shard: 0, num_shards: 1, ids }
+    }
+
+    #[test]
+    fn lookups_answer_the_named_version_and_say_what_is_held_otherwise() {
+        let s = Server::new("test", 4);
+        s.host("user", 7, 0, 1, table(&[1, 2])).unwrap();
+        let gen = s.info().gen;
+        let r = s.lookup(&req(7, vec![2, 9])).unwrap();
+        assert_eq!(r.version, 7);
+        assert_eq!(embstore_proto::decode_rows(&r.values, 2, 2).unwrap(), [2.0, 0.5, 0.0, 0.0]);
+        assert_eq!(r.found, [1, 0]);
+        assert_eq!(r.info.unwrap().held[0].rows, 2);
+        // A version not held: FAILED_PRECONDITION, with the ServerInfo in the details.
+        let e = s.lookup(&req(8, vec![1])).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        let info = ServerInfo::decode(e.details()).unwrap();
+        assert_eq!((info.held[0].version, info.gen), (7, gen));
+        // Another shard count: refused too.
+        let mut r2 = req(7, vec![1]);
+        r2.num_shards = 2;
+        assert_eq!(s.lookup(&r2).unwrap_err().code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.lookup(&LookupRequest { table: "x".into(), ..req(7, vec![]) }).unwrap_err().code(),
+            Code::NotFound
+        );
+        assert_eq!(s.lookup(&req(7, vec![1; 5])).unwrap_err().code(), Code::ResourceExhausted);
+        assert!(s.lookup(&req(7, vec![])).unwrap().values.is_empty());
+        // Draining still serves; unloading does not; each change raises gen.
+        assert!(s.drain("user", 7));
+        assert_eq!(s.info().held[0].state(), WireState::Draining);
+        assert!(s.lookup(&req(7, vec![1])).is_ok());
+        assert!(s.unload("user", 7) && !s.unload("user", 7));
+        assert_eq!(s.lookup(&req(7, vec![1])).unwrap_err().code(), Code::NotFound);
+        assert!(s.info().gen >= gen + 2);
+        assert!(s.host("user", 1, 2, 2, table(&[])).is_err());
+        assert!(s.host("user", 1, 0, 3, table(&[])).is_err());
+    }
+}
