@@ -48,10 +48,12 @@ from embstore.errors import (
     StoreLockedError,
     TableExistsError,
     TableNotFoundError,
+    UnavailableError,
     UnsupportedFormatError,
 )
 from embstore.index import NeighborHash
 from embstore.prefetch import prefetch
+from embstore.serving import RemoteClient, connect
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "NonFiniteError",
     "Normal",
     "NotCopyableError",
+    "RemoteClient",
     "RowWiseAdagrad",
     "ShapeError",
     "StorageError",
@@ -82,10 +85,12 @@ __all__ = [
     "Table",
     "TableExistsError",
     "TableNotFoundError",
+    "UnavailableError",
     "Uniform",
     "UnsupportedFormatError",
     "Zeros",
     "__version__",
+    "connect",
     "errors",
     "inspect",
     "prefetch",

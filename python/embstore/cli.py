@@ -1,4 +1,5 @@
-"""The ``embstore`` command line: ``embstore inspect DIR`` and ``embstore verify DIR``.
+"""The ``embstore`` command line: ``embstore inspect DIR``, ``embstore verify DIR``,
+``embstore serve --store DIR --listen HOST:PORT`` and ``embstore status HOST:PORT ...``.
 
 Run it as ``embstore ...`` (installed with the package) or ``python -m embstore ...``.
 """
@@ -55,7 +56,7 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="embstore",
-        description="Look at embstore store directories and checkpoints.",
+        description="Look at embstore store directories and checkpoints; serve them.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
@@ -77,7 +78,47 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("dir", help="a store directory or a checkpoint")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    srv = sub.add_parser(
+        "serve",
+        help="serve every table of a store directory over gRPC (batch lookups)",
+        description="Serve every table of a store directory as version 1 (one process, no etcd; "
+        "docs/serving.md). Lookups of missing ids return zeros and never insert. Stops on "
+        "Ctrl-C or SIGTERM: no new connections, requests in flight finish.",
+    )
+    srv.add_argument("--store", required=True, metavar="DIR", help="the store directory")
+    srv.add_argument(
+        "--listen",
+        default="127.0.0.1:7000",
+        metavar="HOST:PORT",
+        help="address to listen on (port 0: any free port, printed) (default: %(default)s)",
+    )
+    srv.add_argument(
+        "--memory-budget",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="hold at most this much of the tables in memory; other rows are read from disk "
+        "(default: every row in memory)",
+    )
+    srv.add_argument(
+        "--max-batch",
+        type=int,
+        default=1 << 20,
+        metavar="N",
+        help="most ids one lookup may carry (default: %(default)s)",
+    )
+    st = sub.add_parser(
+        "status",
+        help="what each server holds: tables, versions, shards, states",
+        description="Ask each server what it holds and print it (exit 1 if none answers).",
+    )
+    st.add_argument("servers", nargs="+", metavar="HOST:PORT", help="server addresses")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "status":
+        return _status(args)
     try:
         if args.command == "inspect":
             report = inspect(args.dir)
@@ -98,6 +139,47 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print("  ok: every record and checksum verified")
     return 1 if report["damage"] else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from embstore import _native
+
+    try:
+        server = _native.Server(args.store, args.listen, args.memory_budget, args.max_batch)
+    except EmbstoreError as e:
+        print(f"embstore serve: {e}", file=sys.stderr)
+        return 2
+    tables = ", ".join(server.tables) or "none"
+    print(
+        f"embstore serve: {args.store} on {server.address}: tables {tables} (version 1); "
+        "Ctrl-C or SIGTERM stops",
+        flush=True,
+    )
+    try:
+        server.run()
+    except EmbstoreError as e:
+        print(f"embstore serve: {e}", file=sys.stderr)
+        return 1
+    print("embstore serve: stopped", flush=True)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from embstore.serving import connect
+
+    try:
+        view = connect(args.servers, deadline_s=3.0, max_restarts=0).view()
+    except EmbstoreError as e:
+        print(f"embstore status: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({addr: [list(h) for h in held] for addr, held in view}))
+        return 0
+    for addr, held in view:
+        print(f"{addr}: {'no answer' if not held else ''}".rstrip())
+        for table, version, shard, num_shards, state in held:
+            print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -86,6 +86,11 @@ class UnsupportedFormatError(StorageError):
     reads."""
 
 
+class UnavailableError(EmbstoreError, ConnectionError):
+    """No server could answer: none reachable, none holding a complete version of the table, or
+    the call's deadline passed. Retrying later may succeed."""
+
+
 class CapacityError(EmbstoreError, MemoryError):
     """A structure would need more memory than can be addressed or allocated."""
 
@@ -109,4 +114,5 @@ __all__ = [
     "StorageError",
     "TableExistsError",
     "TableNotFoundError",
+    "UnavailableError",
 ]

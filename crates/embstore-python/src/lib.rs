@@ -10,6 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod serving;
 mod table;
 
 mod errors {
@@ -26,6 +27,7 @@ mod errors {
     pyo3::import_exception!(embstore.errors, NoSpaceError);
     pyo3::import_exception!(embstore.errors, StoreLockedError);
     pyo3::import_exception!(embstore.errors, UnsupportedFormatError);
+    pyo3::import_exception!(embstore.errors, UnavailableError);
 }
 
 /// The one mapping from index errors to Python exception classes.
@@ -146,6 +148,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyStore>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<table::PyExport>()?;
+    m.add_class::<serving::PyServer>()?;
+    m.add_class::<serving::PyClient>()?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
     m.add_function(wrap_pyfunction!(table::inspect_dir, m)?)?;
     m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;

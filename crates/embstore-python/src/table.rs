@@ -38,6 +38,7 @@ pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
         ErrorKind::NoSpace => errors::NoSpaceError::new_err(msg),
         ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
         ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
+        ErrorKind::Unavailable => errors::UnavailableError::new_err(msg),
         _ => errors::EmbstoreError::new_err(msg),
     }
 }
@@ -46,7 +47,10 @@ fn invalid(msg: String) -> PyErr {
     errors::InvalidArgumentError::new_err(msg)
 }
 
-fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+pub(crate) fn slice<'a, T: numpy::Element>(
+    a: &'a PyReadonlyArray1<'_, T>,
+    what: &str,
+) -> PyResult<&'a [T]> {
     a.as_slice().map_err(|_| errors::ShapeError::new_err(format!("{what} must be contiguous")))
 }
 

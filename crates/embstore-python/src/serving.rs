@@ -1,0 +1,227 @@
+//! The batch-query service from Python: `Server` (what `embstore serve` runs) and `Client`
+//! (what `embstore.connect` returns). Each owns a tokio runtime; every blocking call releases
+//! the GIL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use embstore_client::{Client, ClientOptions};
+use embstore_server::Server;
+use embstore_table::{Error, ErrorKind, Store, StoreOptions};
+use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use tokio::sync::watch;
+
+use crate::detached;
+use crate::table::{slice, to_py_err};
+
+fn runtime(threads: usize) -> PyResult<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("start a tokio runtime: {e}"))))
+}
+
+/// A server of every table of a store directory (static mode): each table is version 1,
+/// shard 0 of 1. `run()` serves until SIGINT, SIGTERM or `stop()`.
+#[pyclass(module = "embstore._native", name = "Server", frozen)]
+pub(crate) struct PyServer {
+    runtime: tokio::runtime::Runtime,
+    server: Arc<Server>,
+    listener: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
+    address: String,
+    stop: watch::Sender<bool>,
+    _store: Arc<Store>,
+}
+
+#[pymethods]
+impl PyServer {
+    #[new]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH))]
+    fn new(
+        py: Python<'_>,
+        store_dir: std::path::PathBuf,
+        listen: String,
+        memory_budget_bytes: Option<u64>,
+        max_batch: usize,
+    ) -> PyResult<Self> {
+        if !store_dir.join("MANIFEST").is_file() {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{} holds no store (no MANIFEST)", store_dir.display()),
+            )));
+        }
+        let runtime = runtime(2)?;
+        let (store, listener) = detached(py, || -> embstore_table::Result<_> {
+            let mut options = StoreOptions::default();
+            if let Some(b) = memory_budget_bytes {
+                options = options.with_memory_budget(b);
+            }
+            let store = Arc::new(Store::open_with_options(
+                &store_dir,
+                &options,
+                Arc::new(embstore_table::disk::vfs::RealFs),
+            )?);
+            let listener =
+                runtime.block_on(tokio::net::TcpListener::bind(&listen)).map_err(|e| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("cannot listen on {listen}: {e}"),
+                    )
+                })?;
+            Ok((store, listener))
+        })
+        .map_err(to_py_err)?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?
+            .to_string();
+        let server = Server::new(address.clone(), max_batch);
+        for name in store.tables() {
+            let table = store.table(&name).map_err(to_py_err)?;
+            server.host(&name, 1, 0, 1, table).map_err(to_py_err)?;
+        }
+        let (stop, _) = watch::channel(false);
+        Ok(Self {
+            runtime,
+            server,
+            listener: parking_lot::Mutex::new(Some(listener)),
+            address,
+            stop,
+            _store: store,
+        })
+    }
+
+    /// `host:port` the server listens on (the port the OS chose for port 0).
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    /// Names of the tables served (each as version 1).
+    #[getter]
+    fn tables(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.server.info().held.into_iter().map(|h| h.table).collect();
+        names.dedup();
+        names
+    }
+
+    /// Serves until SIGINT, SIGTERM or `stop()`; then stops accepting, finishes the requests
+    /// in flight and returns. Once only.
+    fn run(&self, py: Python<'_>) -> PyResult<()> {
+        let listener = self.listener.lock().take().ok_or_else(|| {
+            to_py_err(Error::new(ErrorKind::InvalidArgument, "this server has run already"))
+        })?;
+        let server = self.server.clone();
+        let mut stop = self.stop.subscribe();
+        detached(py, || {
+            self.runtime.block_on(async move {
+                let shutdown = async move {
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .ok();
+                    let term = async {
+                        match term.as_mut() {
+                            Some(t) => {
+                                t.recv().await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                };
+                embstore_server::serve(server, listener, shutdown).await
+            })
+        })
+        .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("serving failed: {e}"))))
+    }
+
+    /// Asks `run()` to return (from another thread).
+    fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// `(table, version, shard, num_shards, state)`, as `Client.view` lists what a server holds.
+type HeldRow = (String, u64, u32, u32, String);
+
+/// A client of a fixed set of servers (see `embstore.connect`).
+#[pyclass(module = "embstore._native", name = "Client", frozen)]
+pub(crate) struct PyClient {
+    runtime: tokio::runtime::Runtime,
+    inner: Client,
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2))]
+    fn new(
+        py: Python<'_>,
+        addresses: Vec<String>,
+        deadline_s: f64,
+        max_restarts: usize,
+    ) -> PyResult<Self> {
+        if !(deadline_s.is_finite() && deadline_s > 0.0) {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("deadline_s must be a positive number of seconds, got {deadline_s}"),
+            )));
+        }
+        let runtime = runtime(1)?;
+        let options = ClientOptions { deadline: Duration::from_secs_f64(deadline_s), max_restarts };
+        let inner = detached(py, || runtime.block_on(Client::connect(&addresses, options)))
+            .map_err(to_py_err)?;
+        Ok(Self { runtime, inner })
+    }
+
+    /// `(values float32[B, D], found bool[B], version)` for `ids` in `table`.
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        table: &str,
+        ids: PyReadonlyArray1<'py, u64>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let keys = slice(&ids, "ids")?;
+        let rows = detached(py, || self.runtime.block_on(self.inner.lookup(table, keys)))
+            .map_err(to_py_err)?;
+        let (b, d) = (rows.found.len(), rows.embedding_dim);
+        let values = rows.values.into_pyarray(py).reshape([b, d])?;
+        PyTuple::new(
+            py,
+            [
+                values.into_any(),
+                rows.found.into_pyarray(py).into_any(),
+                rows.version.into_pyobject(py)?.into_any(),
+            ],
+        )
+    }
+
+    /// Per server: `(address, [(table, version, shard, num_shards, state), ...])` as last seen.
+    fn view(&self) -> Vec<(String, Vec<HeldRow>)> {
+        self.inner
+            .view()
+            .into_iter()
+            .map(|(addr, info)| {
+                let held = info
+                    .map(|i| {
+                        i.held
+                            .into_iter()
+                            .map(|h| {
+                                let state = h.state().as_str_name().to_lowercase();
+                                (h.table, h.version, h.shard, h.num_shards, state)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (addr, held)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,95 @@
+"""The batch-query service's Python client: ``embstore.connect``.
+
+A server runs with ``embstore serve --store DIR --listen HOST:PORT`` (every table of the store,
+served as version 1). A client reads every row of a batch at ONE table version, fanned out to
+the shards of that version (docs/serving.md):
+
+    >>> import tempfile, numpy as np, embstore
+    >>> from embstore import _native
+    >>> path = tempfile.mkdtemp()
+    >>> store = embstore.Store(path)
+    >>> user = store.create_table("user", embedding_dim=4)
+    >>> user.assign([1, 2], np.ones((2, 4), np.float32))
+    >>> _ = store.flush(); del user, store              # the server opens the directory
+    >>> server = _native.Server(path, "127.0.0.1:0")    # what `embstore serve` runs
+    >>> import threading; t = threading.Thread(target=server.run); t.start()
+    >>> client = embstore.connect(server.address)
+    >>> rows, version = client.lookup("user", [1, 3], return_version=True)
+    >>> rows.tolist(), version                          # a missing id gets zeros
+    ([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], 1)
+    >>> server.stop(); t.join()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embstore import _native
+from embstore.errors import InvalidArgumentError
+from embstore.store import _as_ids
+
+__all__ = ["RemoteClient", "connect"]
+
+
+class RemoteClient:
+    """A client of a fixed set of batch-query servers (see :func:`connect`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def lookup(
+        self,
+        table: str,
+        ids: Any,
+        *,
+        return_version: bool = False,
+        return_found: bool = False,
+    ) -> Any:
+        """``float32[B, D]``: the rows of ``ids`` (int64 ``[B]``) in ``table``, every one read at
+        the same table version; ids without a row get zeros. With ``return_found`` also a
+        ``bool[B]`` mask of the ids that have a row, with ``return_version`` also the version:
+        ``rows``, ``(rows, version)``, ``(rows, found)`` or ``(rows, found, version)``.
+
+        Raises :class:`TableNotFoundError` when no server holds ``table``,
+        :class:`UnavailableError` when no complete version can be read before the deadline,
+        :class:`CapacityError` for a batch above the servers' maximum."""
+        if not isinstance(table, str):
+            raise InvalidArgumentError(f"table must be a str, got {type(table).__name__}")
+        arr = _as_ids(ids)[0]
+        values, found, version = self._inner.lookup(table, arr)
+        out: tuple[Any, ...] = (values,)
+        if return_found:
+            out += (found,)
+        if return_version:
+            out += (version,)
+        return out[0] if len(out) == 1 else out
+
+    def view(self) -> list[tuple[str, list[tuple[str, int, int, int, str]]]]:
+        """Per server: its address and what it held when last heard from, as
+        ``(table, version, shard, num_shards, state)``."""
+        return self._inner.view()
+
+    def __repr__(self) -> str:
+        return f"RemoteClient({[addr for addr, _ in self.view()]!r})"
+
+
+def connect(
+    address: str | list[str],
+    *,
+    deadline_s: float = 5.0,
+    max_restarts: int = 2,
+) -> RemoteClient:
+    """A client of the server at ``address`` (``"host:port"``), or of every server in a list
+    (the replicas and shards of a fixed cluster). It asks each what it holds; a lookup then
+    fans out to the shards of one version, tries another replica on failure, and gives up
+    after ``deadline_s`` seconds or ``max_restarts`` fresh starts.
+
+    Raises :class:`UnavailableError` if no server answers."""
+    addresses = [address] if isinstance(address, str) else list(address)
+    if not addresses or not all(isinstance(a, str) and a for a in addresses):
+        raise InvalidArgumentError(
+            f"address must be 'host:port' or a list of them, got {address!r}"
+        )
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts))

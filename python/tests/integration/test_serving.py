@@ -1,0 +1,178 @@
+"""`embstore serve` as a separate process on loopback, and `embstore.connect`: lookups equal the
+store's rows; bad requests get typed errors and the server keeps serving; SIGTERM stops it
+cleanly; a second server on the same store is refused."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import embstore
+
+D = 8
+
+
+def _make_store(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """Two tables with known rows; returns each one's rows for ids 0..99 (zeros where none)."""
+    store = embstore.Store(path)
+    rng = np.random.default_rng(7)
+    expected = {}
+    for name, n in (("user", 60), ("item", 30)):
+        t = store.create_table(name, embedding_dim=D)
+        ids = np.arange(n, dtype=np.int64) * 3 % 100
+        values = rng.standard_normal((n, D)).astype(np.float32)
+        t.assign(ids, values)
+        full = np.zeros((100, D), np.float32)
+        full[ids] = values
+        expected[name] = full
+    store.flush()
+    del store
+    return expected
+
+
+class _Served:
+    """`python -m embstore serve` on a free port, stopped by PID at the end."""
+
+    def __init__(self, store: pathlib.Path) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "serve",
+                "--store",
+                str(store),
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the first line names the address
+        m = re.search(r" on (127\.0\.0\.1:\d+):", line)
+        if m is None:
+            self.stop()
+            raise AssertionError(f"no address in {line!r}: {self.proc.stderr.read()!r}")
+        self.address = m.group(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def served(tmp_path: pathlib.Path):
+    expected = _make_store(tmp_path / "s")
+    server = _Served(tmp_path / "s")
+    try:
+        yield server, expected, tmp_path / "s"
+    finally:
+        server.stop()
+
+
+def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served) -> None:
+    server, expected, _ = served
+    client = embstore.connect(server.address)
+    ids = np.array([0, 3, 1, 99, 57, 3], dtype=np.int64)
+    for name in ("user", "item"):
+        rows, found, version = client.lookup(name, ids, return_found=True, return_version=True)
+        assert rows.dtype == np.float32 and rows.shape == (len(ids), D)
+        np.testing.assert_array_equal(rows, expected[name][ids])
+        np.testing.assert_array_equal(found, expected[name][ids].any(axis=1))
+        assert version == 1
+    assert client.lookup("user", np.array([], dtype=np.int64)).shape == (0, D)
+    with pytest.raises(embstore.TableNotFoundError, match="no server holds table 'nope'"):
+        client.lookup("nope", ids)
+    with pytest.raises(embstore.DTypeError):
+        client.lookup("user", np.array([1.5]))
+    with pytest.raises(embstore.ShapeError):
+        client.lookup("user", np.zeros((2, 2), dtype=np.int64))
+    # Garbage bytes on the port: the server drops that connection and serves on.
+    import socket
+
+    with socket.create_connection(tuple(server.address.rsplit(":", 1)), timeout=5) as s:
+        s.sendall(b"\x00\x01GET / HTTP/1.1\r\n\r\n" + os.urandom(256))
+        s.settimeout(5)
+        try:
+            s.recv(1024)
+        except OSError:
+            pass
+    np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+    # Status names what the server holds.
+    out = subprocess.run(
+        [sys.executable, "-m", "embstore", "status", server.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"user\s+version 1\s+shard 0/1\s+ready", out.stdout), out.stdout
+
+
+def test_sigterm_stops_the_server_and_a_second_server_on_the_store_is_refused(served) -> None:
+    server, _, store_dir = served
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embstore",
+            "serve",
+            "--store",
+            str(store_dir),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert second.returncode == 2
+    assert "open in another process" in second.stderr
+    # A directory without a store is refused, not created.
+    empty = store_dir.parent / "empty"
+    third = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embstore",
+            "serve",
+            "--store",
+            str(empty),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert third.returncode == 2 and "holds no store" in third.stderr, third
+    assert not empty.exists()
+    server.proc.send_signal(signal.SIGTERM)
+    out, err = server.proc.communicate(timeout=15)
+    assert server.proc.returncode == 0, err
+    assert "stopped" in out
+    # Nothing listens any more: a clear error, not a hang.
+    start = time.monotonic()
+    with pytest.raises(embstore.UnavailableError):
+        embstore.connect(server.address, deadline_s=2.0)
+    assert time.monotonic() - start < 10
+
+
+def test_connect_checks_its_arguments() -> None:
+    with pytest.raises(embstore.InvalidArgumentError):
+        embstore.connect([])
+    with pytest.raises(embstore.InvalidArgumentError):
+        embstore.connect("127.0.0.1:1", max_restarts=-1)
+    with pytest.raises(embstore.InvalidArgumentError):
+        embstore.connect("127.0.0.1:1", deadline_s=0)
