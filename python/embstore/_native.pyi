@@ -152,10 +152,11 @@ def inspect_dir(
 class Server:
     def __init__(
         self,
-        store_dir: str | os.PathLike[str],
+        store_dir: str | os.PathLike[str] | None,
         listen: str,
         memory_budget_bytes: int | None = None,
         max_batch: int = ...,
+        admin: bool = False,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -172,3 +173,14 @@ class Client:
         self, table: str, ids: npt.NDArray[np.uint64]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], int]: ...
     def view(self) -> list[tuple[str, list[tuple[str, int, int, int, str]]]]: ...
+
+def admin(
+    address: str,
+    op: str,
+    table: str,
+    version: int,
+    shard: int = 0,
+    num_shards: int = 1,
+    checkpoint: str | None = None,
+    timeout_s: float = 600.0,
+) -> list[tuple[str, int, int, int, str]]: ...

@@ -1,5 +1,6 @@
 """The ``embstore`` command line: ``embstore inspect DIR``, ``embstore verify DIR``,
-``embstore serve --store DIR --listen HOST:PORT`` and ``embstore status HOST:PORT ...``.
+``embstore serve [--store DIR] --listen HOST:PORT [--admin]``, ``embstore status HOST:PORT ...``
+and the admin calls ``embstore load|drain|unload --server HOST:PORT ...``.
 
 Run it as ``embstore ...`` (installed with the package) or ``python -m embstore ...``.
 """
@@ -82,10 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         "serve",
         help="serve every table of a store directory over gRPC (batch lookups)",
         description="Serve every table of a store directory as version 1 (one process, no etcd; "
-        "docs/serving.md). Lookups of missing ids return zeros and never insert. Stops on "
-        "Ctrl-C or SIGTERM: no new connections, requests in flight finish.",
+        "docs/serving.md), or start empty and take versions through admin calls "
+        "(`embstore load`, with --admin). Lookups of missing ids return zeros and never insert. "
+        "Stops on Ctrl-C or SIGTERM: no new connections, requests in flight finish.",
     )
-    srv.add_argument("--store", required=True, metavar="DIR", help="the store directory")
+    srv.add_argument(
+        "--store", metavar="DIR", help="serve every table of this store directory as version 1"
+    )
+    srv.add_argument(
+        "--admin",
+        action="store_true",
+        help="take admin calls (load, drain, unload); no tokens yet: trusted networks only",
+    )
     srv.add_argument(
         "--listen",
         default="127.0.0.1:7000",
@@ -114,7 +123,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     st.add_argument("servers", nargs="+", metavar="HOST:PORT", help="server addresses")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    for name, what in (
+        ("load", "load a shard of a table version from a checkpoint; returns once it is ready"),
+        ("drain", "mark a table version draining (still served; clients prefer others)"),
+        ("unload", "stop serving a table version"),
+    ):
+        a = sub.add_parser(name, help=what, description=what.capitalize() + ".")
+        a.add_argument("--server", required=True, metavar="HOST:PORT", help="a server (--admin)")
+        a.add_argument("--table", required=True, help="the table's name")
+        a.add_argument("--version", required=True, type=int, help="the table version")
+        if name == "load":
+            a.add_argument(
+                "--checkpoint", required=True, help="the checkpoint (a path on the server)"
+            )
+            a.add_argument("--shard", type=int, default=0, help="which shard (default: 0)")
+            a.add_argument(
+                "--num-shards", type=int, default=1, help="shards of the version (default: 1)"
+            )
     args = parser.parse_args(argv)
+    if args.command in ("load", "drain", "unload"):
+        return _admin(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "status":
@@ -145,13 +173,17 @@ def _serve(args: argparse.Namespace) -> int:
     from embstore import _native
 
     try:
-        server = _native.Server(args.store, args.listen, args.memory_budget, args.max_batch)
+        server = _native.Server(
+            args.store, args.listen, args.memory_budget, args.max_batch, args.admin
+        )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2
     tables = ", ".join(server.tables) or "none"
+    source = args.store or "no store"
+    admin = ", admin calls on" if args.admin else ""
     print(
-        f"embstore serve: {args.store} on {server.address}: tables {tables} (version 1); "
+        f"embstore serve: {source} on {server.address}: tables {tables} (version 1){admin}; "
         "Ctrl-C or SIGTERM stops",
         flush=True,
     )
@@ -161,6 +193,27 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 1
     print("embstore serve: stopped", flush=True)
+    return 0
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from embstore import _native
+
+    extra = {}
+    if args.command == "load":
+        extra = {
+            "shard": args.shard,
+            "num_shards": args.num_shards,
+            "checkpoint": str(args.checkpoint),
+        }
+    try:
+        held = _native.admin(args.server, args.command, args.table, args.version, **extra)
+    except EmbstoreError as e:
+        print(f"embstore {args.command}: {args.server}: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.server}:")
+    for table, version, shard, num_shards, state in held:
+        print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
     return 0
 
 

@@ -45,11 +45,19 @@ pub struct ClientOptions {
     pub deadline: Duration,
     /// Times a batch starts again with a fresh version pick before failing with `Unavailable`.
     pub max_restarts: usize,
+    /// A lookup first asks every server what it holds when the view is older than this, so
+    /// that the client moves to a new version soon after it is complete even when the servers
+    /// it reads from have not changed.
+    pub refresh_every: Duration,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        Self { deadline: Duration::from_secs(5), max_restarts: 2 }
+        Self {
+            deadline: Duration::from_secs(5),
+            max_restarts: 2,
+            refresh_every: Duration::from_secs(1),
+        }
     }
 }
 
@@ -82,6 +90,8 @@ pub struct Client {
     infos: Mutex<Vec<Option<ServerInfo>>>,
     /// Per table, the version of its last batch.
     pinned: Mutex<HashMap<String, u64>>,
+    /// When every server was last asked what it holds.
+    refreshed: Mutex<std::time::Instant>,
     options: ClientOptions,
 }
 
@@ -121,6 +131,7 @@ impl Client {
             infos: Mutex::new(vec![None; endpoints.len()]),
             endpoints,
             pinned: Mutex::new(HashMap::new()),
+            refreshed: Mutex::new(std::time::Instant::now()),
             options,
         };
         if client.refresh().await == 0 {
@@ -135,6 +146,7 @@ impl Client {
     /// Asks every server what it holds; returns how many answered (the others are marked
     /// unhealthy until they answer again).
     pub async fn refresh(&self) -> usize {
+        *self.refreshed.lock() = std::time::Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for (i, ep) in self.endpoints.iter().enumerate() {
             let mut rpc = ep.rpc.clone();
@@ -247,7 +259,8 @@ impl Client {
     async fn lookup_inner(&self, table: &str, ids: &[u64]) -> Result<Rows> {
         let mut last = None;
         for attempt in 0..=self.options.max_restarts {
-            if attempt > 0 {
+            let stale = self.refreshed.lock().elapsed() >= self.options.refresh_every;
+            if attempt > 0 || stale {
                 self.refresh().await;
             }
             let place = match self.pick(table) {
@@ -442,4 +455,57 @@ pub fn from_status(status: &tonic::Status) -> Error {
         _ => ErrorKind::Unavailable,
     };
     Error::new(kind, status.message())
+}
+
+/// The calls a roll's coordinator makes to one server's `Admin` service (served only by a
+/// server started with admin calls enabled). Each returns the server's `ServerInfo` after
+/// the change.
+#[derive(Clone, Debug)]
+pub enum AdminCall {
+    /// Load shard `shard` of `num_shards` of `table` from the checkpoint at `checkpoint` (a
+    /// path on the server's machine) as `version`.
+    Load { table: String, version: u64, shard: u32, num_shards: u32, checkpoint: String },
+    /// Mark `version` of `table` DRAINING.
+    Drain { table: String, version: u64 },
+    /// Stop serving `version` of `table`.
+    Unload { table: String, version: u64 },
+}
+
+/// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard).
+pub async fn admin(addr: &str, call: AdminCall, timeout: Duration) -> Result<ServerInfo> {
+    use embstore_proto::v1::admin_client::AdminClient;
+    use embstore_proto::v1::{LoadRequest, VersionRequest};
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let channel = Channel::from_shared(uri)
+        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}")))?
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("cannot reach {addr}: {e}")))?;
+    let mut rpc = AdminClient::new(channel);
+    let call = async move {
+        match call {
+            AdminCall::Load { table, version, shard, num_shards, checkpoint } => {
+                rpc.load(LoadRequest { table, version, shard, num_shards, checkpoint }).await
+            }
+            AdminCall::Drain { table, version } => {
+                rpc.drain(VersionRequest { table, version }).await
+            }
+            AdminCall::Unload { table, version } => {
+                rpc.unload(VersionRequest { table, version }).await
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(info)) => Ok(info.into_inner()),
+        Ok(Err(status)) if status.code() == Code::Unimplemented => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{addr} does not take admin calls (start it with --admin)"),
+        )),
+        Ok(Err(status)) => Err(from_status(&status)),
+        Err(_) => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("admin call to {addr} passed its timeout of {timeout:?}"),
+        )),
+    }
 }

@@ -34,7 +34,7 @@ async fn start(server: Arc<Server>) -> Running {
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        embstore_server::serve(server, listener, async {
+        embstore_server::serve(server, listener, false, async {
             let _ = rx.await;
         })
         .await
@@ -56,7 +56,7 @@ fn shard_table(ids: &[u64], shard: usize, num_shards: usize, version: u64) -> Ar
 }
 
 fn options() -> ClientOptions {
-    ClientOptions { deadline: Duration::from_secs(10), max_restarts: 3 }
+    ClientOptions { deadline: Duration::from_secs(10), max_restarts: 3, ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +204,7 @@ async fn a_replica_that_goes_away_is_routed_around() {
     // Connecting to no live server at all is a clear error.
     let e = Client::connect(
         &addrs,
-        ClientOptions { deadline: Duration::from_secs(2), max_restarts: 1 },
+        ClientOptions { deadline: Duration::from_secs(2), max_restarts: 1, ..Default::default() },
     )
     .await
     .unwrap_err();

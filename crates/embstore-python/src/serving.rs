@@ -24,8 +24,9 @@ fn runtime(threads: usize) -> PyResult<tokio::runtime::Runtime> {
         .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("start a tokio runtime: {e}"))))
 }
 
-/// A server of every table of a store directory (static mode): each table is version 1,
-/// shard 0 of 1. `run()` serves until SIGINT, SIGTERM or `stop()`.
+/// A server: of every table of a store directory (static mode: each table is version 1, shard
+/// 0 of 1), or empty, to be loaded through admin calls. `run()` serves until SIGINT, SIGTERM or
+/// `stop()`.
 #[pyclass(module = "embstore._native", name = "Server", frozen)]
 pub(crate) struct PyServer {
     runtime: tokio::runtime::Runtime,
@@ -33,25 +34,29 @@ pub(crate) struct PyServer {
     listener: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
     address: String,
     stop: watch::Sender<bool>,
-    _store: Arc<Store>,
+    admin: bool,
+    _store: Option<Arc<Store>>,
 }
 
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false))]
     fn new(
         py: Python<'_>,
-        store_dir: std::path::PathBuf,
+        store_dir: Option<std::path::PathBuf>,
         listen: String,
         memory_budget_bytes: Option<u64>,
         max_batch: usize,
+        admin: bool,
     ) -> PyResult<Self> {
-        if !store_dir.join("MANIFEST").is_file() {
-            return Err(to_py_err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{} holds no store (no MANIFEST)", store_dir.display()),
-            )));
+        if let Some(dir) = &store_dir {
+            if !dir.join("MANIFEST").is_file() {
+                return Err(to_py_err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{} holds no store (no MANIFEST)", dir.display()),
+                )));
+            }
         }
         let runtime = runtime(2)?;
         let (store, listener) = detached(py, || -> embstore_table::Result<_> {
@@ -59,11 +64,14 @@ impl PyServer {
             if let Some(b) = memory_budget_bytes {
                 options = options.with_memory_budget(b);
             }
-            let store = Arc::new(Store::open_with_options(
-                &store_dir,
-                &options,
-                Arc::new(embstore_table::disk::vfs::RealFs),
-            )?);
+            let store = match &store_dir {
+                Some(dir) => Some(Arc::new(Store::open_with_options(
+                    dir,
+                    &options,
+                    Arc::new(embstore_table::disk::vfs::RealFs),
+                )?)),
+                None => None,
+            };
             let listener =
                 runtime.block_on(tokio::net::TcpListener::bind(&listen)).map_err(|e| {
                     Error::new(
@@ -79,8 +87,8 @@ impl PyServer {
             .map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?
             .to_string();
         let server = Server::new(address.clone(), max_batch);
-        for name in store.tables() {
-            let table = store.table(&name).map_err(to_py_err)?;
+        for name in store.as_ref().map(|s| s.tables()).unwrap_or_default() {
+            let table = store.as_ref().expect("listed").table(&name).map_err(to_py_err)?;
             server.host(&name, 1, 0, 1, table).map_err(to_py_err)?;
         }
         let (stop, _) = watch::channel(false);
@@ -90,6 +98,7 @@ impl PyServer {
             listener: parking_lot::Mutex::new(Some(listener)),
             address,
             stop,
+            admin,
             _store: store,
         })
     }
@@ -136,7 +145,7 @@ impl PyServer {
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 };
-                embstore_server::serve(server, listener, shutdown).await
+                embstore_server::serve(server, listener, self.admin, shutdown).await
             })
         })
         .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("serving failed: {e}"))))
@@ -175,7 +184,11 @@ impl PyClient {
             )));
         }
         let runtime = runtime(1)?;
-        let options = ClientOptions { deadline: Duration::from_secs_f64(deadline_s), max_restarts };
+        let options = ClientOptions {
+            deadline: Duration::from_secs_f64(deadline_s),
+            max_restarts,
+            ..Default::default()
+        };
         let inner = detached(py, || runtime.block_on(Client::connect(&addresses, options)))
             .map_err(to_py_err)?;
         Ok(Self { runtime, inner })
@@ -208,20 +221,66 @@ impl PyClient {
         self.inner
             .view()
             .into_iter()
-            .map(|(addr, info)| {
-                let held = info
-                    .map(|i| {
-                        i.held
-                            .into_iter()
-                            .map(|h| {
-                                let state = h.state().as_str_name().to_lowercase();
-                                (h.table, h.version, h.shard, h.num_shards, state)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                (addr, held)
-            })
+            .map(|(addr, info)| (addr, info.map(held_rows).unwrap_or_default()))
             .collect()
     }
+}
+
+/// Makes an admin call (`op`: "load", "drain" or "unload") to the server at `address`; returns
+/// what it holds afterwards, as `Client.view` lists it.
+#[pyfunction]
+#[pyo3(signature = (address, op, table, version, shard=0, num_shards=1, checkpoint=None, timeout_s=600.0))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn admin(
+    py: Python<'_>,
+    address: String,
+    op: &str,
+    table: String,
+    version: u64,
+    shard: u32,
+    num_shards: u32,
+    checkpoint: Option<String>,
+    timeout_s: f64,
+) -> PyResult<Vec<HeldRow>> {
+    use embstore_client::AdminCall;
+    let call = match (op, checkpoint) {
+        ("load", Some(checkpoint)) => {
+            AdminCall::Load { table, version, shard, num_shards, checkpoint }
+        }
+        ("load", None) => {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                "load needs a checkpoint",
+            )))
+        }
+        ("drain", _) => AdminCall::Drain { table, version },
+        ("unload", _) => AdminCall::Unload { table, version },
+        (other, _) => {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("unknown admin call '{other}': load, drain or unload"),
+            )))
+        }
+    };
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        return Err(to_py_err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("timeout_s must be a positive number of seconds, got {timeout_s}"),
+        )));
+    }
+    let rt = runtime(1)?;
+    let timeout = Duration::from_secs_f64(timeout_s);
+    let info = detached(py, || rt.block_on(embstore_client::admin(&address, call, timeout)))
+        .map_err(to_py_err)?;
+    Ok(held_rows(info))
+}
+
+fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
+    info.held
+        .into_iter()
+        .map(|h| {
+            let state = h.state().as_str_name().to_lowercase();
+            (h.table, h.version, h.shard, h.num_shards, state)
+        })
+        .collect()
 }

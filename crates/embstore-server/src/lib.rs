@@ -6,7 +6,9 @@
 //! - [`Server`] — what this process hosts: per table, the versions and shards it holds
 //!   ([`Hosted`]), each in a [`State`]; `host`, `drain`, `unload` change it and raise `gen`.
 //! - [`Serving`] — the tonic service over a `Server` (`Lookup`, `Describe`).
-//! - [`serve`] — runs the service on a listener until a shutdown future resolves.
+//! - [`Admin`] — the tonic service a roll's coordinator calls (`Load` from a checkpoint,
+//!   `Drain`, `Unload`), served only when asked for.
+//! - [`serve`] — runs the services on a listener until a shutdown future resolves.
 //! - [`to_status`] — the one mapping from table errors to gRPC codes.
 //!
 //! ## Invariants
@@ -16,17 +18,18 @@
 //! - Missing ids get zero rows and `found = 0`; serving never inserts.
 //! - A bad request gets a typed status; the server keeps serving.
 //!
-//! Not yet here (issue 9): loading versions from checkpoints by shard, etcd membership and
-//! control, TLS and tokens, metrics.
+//! Not yet here (issue 9): etcd membership and control, TLS and tokens, metrics.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
 use embstore_proto::v1::{
-    DescribeRequest, Held, LookupRequest, LookupResponse, ServerInfo, State as WireState,
+    DescribeRequest, Held, LoadRequest, LookupRequest, LookupResponse, ServerInfo,
+    State as WireState, VersionRequest,
 };
 use embstore_table::{now_ms, ErrorKind, OnMiss, Table};
 use parking_lot::RwLock;
@@ -82,6 +85,8 @@ pub struct Server {
     gen: AtomicU64,
     max_batch: usize,
     tables: RwLock<HashMap<String, Vec<Arc<Hosted>>>>,
+    /// (table, version, shard, num_shards) being loaded: LOADING in the ServerInfo.
+    loading: RwLock<Vec<(String, u64, u32, u32)>>,
 }
 
 impl Server {
@@ -93,7 +98,29 @@ impl Server {
             gen: AtomicU64::new(1),
             max_batch: max_batch.max(1),
             tables: RwLock::new(HashMap::new()),
+            loading: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Loads shard `shard` of `num_shards` of table `name` from the checkpoint at `ckpt` and
+    /// hosts it as version `version` (LOADING meanwhile, READY when this returns). On failure
+    /// the server holds what it held before. Blocking: the whole shard is read.
+    pub fn load(
+        &self,
+        name: &str,
+        version: u64,
+        shard: u32,
+        num_shards: u32,
+        ckpt: &std::path::Path,
+    ) -> embstore_table::Result<()> {
+        let key = (name.to_string(), version, shard, num_shards);
+        self.loading.write().push(key.clone());
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        let loaded =
+            embstore_table::load_checkpoint_shard(ckpt, name, shard as usize, num_shards as usize);
+        self.loading.write().retain(|k| k != &key);
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.host(name, version, shard, num_shards, loaded?)
     }
 
     /// Hosts `table` as shard `shard` of `num_shards` of version `version` of `name`, READY
@@ -188,6 +215,15 @@ impl Server {
                 })
             })
             .collect();
+        held.extend(self.loading.read().iter().map(|(table, version, shard, num_shards)| Held {
+            table: table.clone(),
+            version: *version,
+            shard: *shard,
+            num_shards: *num_shards,
+            state: WireState::Loading as i32,
+            embedding_dim: 0,
+            rows: 0,
+        }));
         held.sort_by(|a, b| (&a.table, a.version).cmp(&(&b.table, b.version)));
         ServerInfo { instance: self.instance.clone(), gen: self.gen.load(Ordering::Acquire), held }
     }
@@ -291,11 +327,61 @@ impl embstore_proto::v1::serving_server::Serving for Serving {
     }
 }
 
+/// The `Admin` service over a [`Server`]: what a roll's coordinator calls.
+#[derive(Debug, Clone)]
+pub struct Admin(pub Arc<Server>);
+
+#[tonic::async_trait]
+impl embstore_proto::v1::admin_server::Admin for Admin {
+    async fn load(&self, request: Request<LoadRequest>) -> Result<Response<ServerInfo>, Status> {
+        let server = self.0.clone();
+        let r = request.into_inner();
+        tokio::task::spawn_blocking(move || {
+            let ckpt = std::path::Path::new(&r.checkpoint);
+            server.load(&r.table, r.version, r.shard, r.num_shards, ckpt).map_err(|e| {
+                server.status(to_status(e.kind()), format!("load of '{}': {e}", r.table))
+            })?;
+            Ok(Response::new(server.info()))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("load task failed: {e}")))?
+    }
+
+    async fn drain(
+        &self,
+        request: Request<VersionRequest>,
+    ) -> Result<Response<ServerInfo>, Status> {
+        let r = request.into_inner();
+        if !self.0.drain(&r.table, r.version) {
+            return Err(self.0.status(
+                Code::NotFound,
+                format!("version {} of table '{}' is not held here", r.version, r.table),
+            ));
+        }
+        Ok(Response::new(self.0.info()))
+    }
+
+    async fn unload(
+        &self,
+        request: Request<VersionRequest>,
+    ) -> Result<Response<ServerInfo>, Status> {
+        let r = request.into_inner();
+        if !self.0.unload(&r.table, r.version) {
+            return Err(self.0.status(
+                Code::NotFound,
+                format!("version {} of table '{}' is not held here", r.version, r.table),
+            ));
+        }
+        Ok(Response::new(self.0.info()))
+    }
+}
+
 /// Serves `server` on `listener` until `shutdown` resolves (then stops accepting and finishes
-/// the requests in flight).
+/// the requests in flight); with `admin`, the [`Admin`] service too.
 pub async fn serve(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
+    admin: bool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     use tokio_stream::StreamExt;
@@ -305,8 +391,10 @@ pub async fn serve(
             let _ = c.set_nodelay(true);
         })
     });
+    let admin = admin.then(|| AdminServer::new(Admin(server.clone())));
     tonic::transport::Server::builder()
         .add_service(ServingServer::new(Serving(server)))
+        .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

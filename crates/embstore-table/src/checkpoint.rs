@@ -188,6 +188,80 @@ fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
     Ok(out)
 }
 
+/// Reads table `name` of the checkpoint in `ckpt` (with the chain it builds on) into a new
+/// table in memory that holds only the rows of serving shard `shard` of `num_shards` (a power
+/// of two; [`crate::shard_of_key`]), with their optimizer state, metadata and the table's
+/// step: what a server of one shard of a table version loads. The whole table passes through
+/// memory once, chunk by chunk after the replay (a budgeted load is not done yet).
+pub fn load_checkpoint_shard(
+    ckpt: &Path,
+    name: &str,
+    shard: usize,
+    num_shards: usize,
+) -> Result<Arc<Table>> {
+    if !num_shards.is_power_of_two() || shard >= num_shards {
+        return Err(Error::invalid(format!(
+            "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
+        )));
+    }
+    let chain = chain(ckpt)?;
+    let newest = &chain.last().expect("not empty").1;
+    let Some((&id, t)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
+        return Err(Error::new(
+            ErrorKind::TableNotFound,
+            format!("no table '{name}' in the checkpoint {}", ckpt.display()),
+        ));
+    };
+    let mut files: BTreeMap<u64, PathBuf> = BTreeMap::new();
+    for (path, state) in &chain {
+        if let Some(t) = state.tables.get(&id) {
+            files.retain(|&seq, _| seq >= t.superseded_below);
+            for &seq in t.files.keys() {
+                files.insert(seq, segment_path(path, seq));
+            }
+        }
+    }
+    let bad = |w: &str| Error::corrupt(format!("table '{name}' in the checkpoint: {w}"));
+    let (config, _) = parse_config_text(&t.config, &bad)?;
+    let clock = Arc::new(crate::version::Clock::new(0));
+    let whole = Table::with_clock(config.clone(), clock.clone())?;
+    for path in files.values() {
+        let r = SegmentReader::open(&RealFs, path)?;
+        if r.header().table_id != id || r.header().dim as usize != whole.dim() {
+            return Err(Error::corrupt(format!(
+                "{}: header does not match the checkpoint's manifest",
+                path.display()
+            )));
+        }
+        whole.replay(&r)?;
+    }
+    whole.set_step(t.step);
+    if num_shards == 1 {
+        return Ok(Arc::new(whole));
+    }
+    let part = Table::with_clock(config, clock)?;
+    let mut export = whole.export(1 << 14);
+    for chunk in &mut export {
+        let keep: Vec<usize> = (0..chunk.len())
+            .filter(|&i| crate::shard_of_key(chunk.ids[i], num_shards) == shard)
+            .collect();
+        let (d, sd) = (whole.dim(), whole.state_dim());
+        let mine = crate::RowChunk {
+            ids: keep.iter().map(|&i| chunk.ids[i]).collect(),
+            values: keep.iter().flat_map(|&i| chunk.values[i * d..][..d].iter().copied()).collect(),
+            state: keep.iter().flat_map(|&i| chunk.state[i * sd..][..sd].iter().copied()).collect(),
+            meta: keep.iter().map(|&i| chunk.meta[i]).collect(),
+            ..chunk
+        };
+        part.import_chunk(&mine)?;
+    }
+    if let Some(e) = export.take_error() {
+        return Err(e);
+    }
+    part.set_step(t.step);
+    Ok(Arc::new(part))
+}
+
 impl Store {
     /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
     /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty

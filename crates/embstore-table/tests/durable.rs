@@ -18,20 +18,7 @@ fn snapshot(store: &Store) -> Snapshot {
     let mut out = BTreeMap::new();
     for name in store.tables() {
         let t = store.table(&name).unwrap();
-        let mut rows = Vec::new();
-        for c in t.export(1000) {
-            let (d, s) = (t.dim(), t.state_dim());
-            for i in 0..c.len() {
-                rows.push((
-                    c.ids[i],
-                    c.values[i * d..][..d].to_vec(),
-                    c.state[i * s..][..s].to_vec(),
-                    format!("{:?}", c.meta[i]),
-                ));
-            }
-        }
-        rows.sort_by_key(|r| r.0);
-        out.insert(name, (rows, t.step()));
+        out.insert(name, (snapshot_of(&t), t.step()));
     }
     out
 }
@@ -340,6 +327,48 @@ fn checkpoints_full_and_incremental_restore_onto_another_shard_count() {
     // Checkpoints verify clean.
     let report = embstore_table::verify(&c3, |_, _| {}).unwrap();
     assert!(report.damage.is_empty() && report.checkpoint.is_some(), "{report:?}");
+    // A serving shard of a table of a checkpoint chain: exactly the table's rows of that shard
+    // (values, state, metadata) and its step; together the shards hold every row once.
+    std::fs::rename(root.path().join("elsewhere"), &c2).unwrap();
+    for (name, (rows, step)) in &at[2] {
+        let mut union = Vec::new();
+        for shard in 0..4 {
+            let t = embstore_table::load_checkpoint_shard(&c3, name, shard, 4).unwrap();
+            assert_eq!(t.step(), *step, "step of {name}");
+            let got = snapshot_of(&t);
+            assert!(got.iter().all(|r| embstore_table::shard_of_key(r.0, 4) == shard));
+            union.extend(got);
+        }
+        union.sort_by_key(|r| r.0);
+        assert_eq!(&union, rows, "the shards of {name} together");
+        let whole = embstore_table::load_checkpoint_shard(&c3, name, 0, 1).unwrap();
+        assert_eq!(&snapshot_of(&whole), rows, "{name} as one shard");
+    }
+    let name = &store.tables()[0];
+    let err = embstore_table::load_checkpoint_shard(&c3, "nope", 0, 1).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::TableNotFound);
+    for (shard, of) in [(0, 3), (4, 4)] {
+        let err = embstore_table::load_checkpoint_shard(&c3, name, shard, of).err().unwrap();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "shard {shard} of {of}");
+    }
+}
+
+/// A table's rows as `snapshot` lists them.
+fn snapshot_of(t: &embstore_table::Table) -> Vec<(u64, Vec<f32>, Vec<f32>, String)> {
+    let (d, s) = (t.dim(), t.state_dim());
+    let mut rows = Vec::new();
+    for c in t.export(1000) {
+        for i in 0..c.len() {
+            rows.push((
+                c.ids[i],
+                c.values[i * d..][..d].to_vec(),
+                c.state[i * s..][..s].to_vec(),
+                format!("{:?}", c.meta[i]),
+            ));
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    rows
 }
 
 #[test]

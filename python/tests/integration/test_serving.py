@@ -176,3 +176,133 @@ def test_connect_checks_its_arguments() -> None:
         embstore.connect("127.0.0.1:1", max_restarts=-1)
     with pytest.raises(embstore.InvalidArgumentError):
         embstore.connect("127.0.0.1:1", deadline_s=0)
+
+
+def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.Path) -> None:
+    """2 shards x 2 replicas and a spare column, six `embstore serve --admin` processes, all
+    loaded from checkpoints through admin calls: version 1, then a roll to version 2 (column
+    by column, as docs/serving.md describes) while a client reads batches; every batch is read
+    at one version, and the client ends on version 2."""
+    import threading
+
+    from embstore import _native
+
+    store = embstore.Store(tmp_path / "s")
+    user = store.create_table("user", embedding_dim=4)
+    ids = np.arange(1000, dtype=np.int64)
+
+    def rows_of(version: int) -> np.ndarray:
+        return np.stack([np.full(1000, version), ids, ids % 7, np.ones(1000)], 1).astype(np.float32)
+
+    user.assign(ids, rows_of(1))
+    c1 = store.checkpoint(tmp_path / "c1")
+    user.assign(ids, rows_of(2))
+    store.checkpoint(tmp_path / "c2", since=c1)
+    del user, store
+
+    procs = []
+    try:
+        for _ in range(6):
+            p = subprocess.Popen(
+                [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0", "--admin"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(p)
+        addrs = []
+        for p in procs:
+            m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
+            assert m, p.stderr.read()
+            addrs.append(m.group(1))
+        col_a, col_b, spare = addrs[0:2], addrs[2:4], addrs[4:6]
+
+        def load(column: list[str], version: int, ckpt: pathlib.Path) -> None:
+            for shard, addr in enumerate(column):
+                _native.admin(addr, "load", "user", version, shard, 2, str(ckpt))
+
+        load(col_a, 1, tmp_path / "c1")
+        # The CLI's admin call, once.
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "load",
+                "--server",
+                col_b[0],
+                "--table",
+                "user",
+                "--version",
+                "1",
+                "--checkpoint",
+                str(tmp_path / "c1"),
+                "--shard",
+                "0",
+                "--num-shards",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and "version 1" in out.stdout, out
+        _native.admin(col_b[1], "load", "user", 1, 1, 2, str(tmp_path / "c1"))
+
+        client = embstore.connect(addrs, deadline_s=10.0, max_restarts=3)
+        rows, version = client.lookup("user", ids, return_version=True)
+        np.testing.assert_array_equal(rows, rows_of(1))
+        assert version == 1
+
+        stop, stats, errors = threading.Event(), {"batches": 0, "mixed": 0, "last": 0}, []
+
+        def read() -> None:
+            rng = np.random.default_rng(3)
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                batch = rng.choice(ids, 64)
+                try:
+                    got, v = client.lookup("user", batch, return_version=True)
+                except Exception as e:  # recorded, asserted below
+                    errors.append(e)
+                    return
+                if not (got[:, 0] == v).all() or not (got[:, 1] == batch).all():
+                    stats["mixed"] += 1
+                assert v >= stats["last"]
+                stats["last"] = v
+                stats["batches"] += 1
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.2)
+        load(spare, 2, tmp_path / "c2")
+        for column in (col_a, col_b):
+            for addr in column:
+                _native.admin(addr, "drain", "user", 1)
+            time.sleep(0.3)
+            for shard, addr in enumerate(column):
+                _native.admin(addr, "unload", "user", 1)
+                _native.admin(addr, "load", "user", 2, shard, 2, str(tmp_path / "c2"))
+            time.sleep(0.3)
+        for addr in spare:
+            _native.admin(addr, "unload", "user", 2)
+        wait = time.monotonic() + 10
+        while stats["last"] < 2 and time.monotonic() < wait:
+            time.sleep(0.05)
+        stop.set()
+        reader.join(timeout=30)
+        assert not errors, errors
+        assert stats["mixed"] == 0, stats
+        assert stats["batches"] >= 20, stats
+        assert stats["last"] == 2, stats
+        # A version that fails to load leaves the server as it was.
+        with pytest.raises(embstore.TableNotFoundError):
+            _native.admin(spare[0], "load", "nope", 3, 0, 2, str(tmp_path / "c2"))
+        with pytest.raises(embstore.EmbstoreError):
+            _native.admin(spare[0], "load", "user", 3, 0, 2, str(tmp_path / "missing"))
+        np.testing.assert_array_equal(client.lookup("user", ids), rows_of(2))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
