@@ -740,4 +740,47 @@ def _check_lr(lr: Any) -> float:
     return value
 
 
-__all__ = ["Embedding", "EmbeddingBag", "EmbeddingOptimizer"]
+class RemoteEmbedding(nn.Module):
+    """An inference-side ``nn.Embedding`` whose rows live on batch-query servers
+    (``embstore serve``): ``forward(input)`` (int64 ids of any shape ``[*]``) returns
+    ``[*, D]`` rows, every one read at the same table version; ids without a row give zeros.
+    It has no parameters and trains nothing (the servers' tables are read-only); the output is
+    on ``input``'s device, with the module's ``dtype`` (float32 unless given).
+
+    Args:
+        client: an :func:`embstore.connect` client.
+        table: the table's name on the servers.
+        dtype: the output dtype (default float32).
+
+    ``last_version`` is the table version of the last forward pass."""
+
+    def __init__(self, client: Any, table: str, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if not isinstance(table, str) or not table:
+            raise InvalidArgumentError(f"table must be a non-empty str, got {table!r}")
+        if not hasattr(client, "lookup"):
+            raise InvalidArgumentError(
+                f"client must come from embstore.connect(), got {type(client).__name__}"
+            )
+        self.client = client
+        self.table = table
+        self.dtype = dtype
+        self.last_version: int | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        _check_input(input)
+        rows, version = self.client.lookup(self.table, input.reshape(-1), return_version=True)
+        self.last_version = version
+        out = torch.from_numpy(rows).reshape(*input.shape, rows.shape[1])
+        return out.to(device=input.device, dtype=self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}"
+
+    def __reduce__(self) -> Any:
+        raise NotCopyableError(
+            "RemoteEmbedding holds a connection; build one per process with embstore.connect()"
+        )
+
+
+__all__ = ["Embedding", "EmbeddingBag", "EmbeddingOptimizer", "RemoteEmbedding"]

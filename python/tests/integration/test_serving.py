@@ -306,3 +306,28 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+
+
+def test_remote_embedding_reads_rows_of_any_shape(served) -> None:
+    import pickle
+
+    import torch
+
+    import embstore.torch as et
+
+    server, expected, _ = served
+    emb = et.RemoteEmbedding(embstore.connect(server.address), "user")
+    ids = torch.tensor([[0, 3, 5], [99, 3, 42]])
+    out = emb(ids)
+    assert out.shape == (2, 3, D) and out.dtype == torch.float32
+    np.testing.assert_array_equal(out.numpy(), expected["user"][ids.numpy()])
+    assert emb.last_version == 1 and list(emb.parameters()) == []
+    half = et.RemoteEmbedding(embstore.connect(server.address), "user", dtype=torch.float16)
+    assert half(ids).dtype == torch.float16
+    assert emb(torch.zeros(0, dtype=torch.int64)).shape == (0, D)
+    with pytest.raises(embstore.DTypeError):
+        emb(torch.tensor([1.0]))
+    with pytest.raises(embstore.NotCopyableError):
+        pickle.dumps(emb)
+    with pytest.raises(embstore.InvalidArgumentError):
+        et.RemoteEmbedding(object(), "user")
