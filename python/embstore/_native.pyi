@@ -184,3 +184,14 @@ def admin(
     checkpoint: str | None = None,
     timeout_s: float = 600.0,
 ) -> list[tuple[str, int, int, int, str]]: ...
+def roll(
+    table: str,
+    version: int,
+    checkpoint: str,
+    columns: list[list[str]],
+    spare: list[str],
+    old_version: int | None = None,
+    drain_quiet_s: float = 2.0,
+    drain_max_s: float = 30.0,
+    load_timeout_s: float = 600.0,
+) -> None: ...

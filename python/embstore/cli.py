@@ -140,7 +140,46 @@ def main(argv: list[str] | None = None) -> int:
             a.add_argument(
                 "--num-shards", type=int, default=1, help="shards of the version (default: 1)"
             )
+    pub = sub.add_parser(
+        "publish",
+        help="roll a table to a new version over a fixed cluster, one column at a time",
+        description="Roll a table to a new version (docs/serving.md): the spare column loads it; "
+        "then each column in turn drains the old version, waits until no lookup names it, "
+        "unloads it and loads the new one; then the spare column unloads. Clients read one "
+        "complete version throughout. Every server needs --admin. On an error the roll stops "
+        "and names the step; the columns not yet moved still serve the old version.",
+    )
+    pub.add_argument("--table", required=True, help="the table's name")
+    pub.add_argument("--version", required=True, type=int, help="the new version")
+    pub.add_argument("--checkpoint", required=True, help="its checkpoint (a path on the servers)")
+    pub.add_argument("--old-version", type=int, default=None, help="the version served now")
+    pub.add_argument(
+        "--column",
+        action="append",
+        required=True,
+        metavar="HOST:PORT,...",
+        help="one replica of every shard, shard 0 first (repeat per replica)",
+    )
+    pub.add_argument(
+        "--spare", required=True, metavar="HOST:PORT,...", help="the spare column, shard 0 first"
+    )
+    pub.add_argument(
+        "--drain-quiet",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="unload a draining replica once no lookup named it for S seconds (default: 2)",
+    )
+    pub.add_argument(
+        "--drain-max",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="or after S seconds in all (default: 30)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "publish":
+        return _publish(args)
     if args.command in ("load", "drain", "unload"):
         return _admin(args)
     if args.command == "serve":
@@ -214,6 +253,27 @@ def _admin(args: argparse.Namespace) -> int:
     print(f"{args.server}:")
     for table, version, shard, num_shards, state in held:
         print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from embstore import _native
+
+    columns = [c.split(",") for c in args.column]
+    try:
+        _native.roll(
+            args.table,
+            args.version,
+            str(args.checkpoint),
+            columns,
+            args.spare.split(","),
+            args.old_version,
+            args.drain_quiet,
+            args.drain_max,
+        )
+    except EmbstoreError as e:
+        print(f"embstore publish: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -509,3 +509,126 @@ pub async fn admin(addr: &str, call: AdminCall, timeout: Duration) -> Result<Ser
         )),
     }
 }
+
+/// A roll of one table to a new version over a fixed cluster (docs/serving.md, "A roll"):
+/// `columns[r][s]` is the server of replica `r` of shard `s`, `spare[s]` the spare column's.
+#[derive(Clone, Debug)]
+pub struct RollPlan {
+    pub table: String,
+    /// The version to serve, and the checkpoint (a path on the servers) it comes from.
+    pub version: u64,
+    pub checkpoint: String,
+    /// The version the columns serve now (unloaded as each column moves); `None`: nothing.
+    pub old_version: Option<u64>,
+    pub columns: Vec<Vec<String>>,
+    pub spare: Vec<String>,
+    /// A draining replica is unloaded once no lookup named the old version there for this
+    /// long, or after `drain_max` in all.
+    pub drain_quiet: Duration,
+    pub drain_max: Duration,
+    /// The longest one load may take.
+    pub load_timeout: Duration,
+}
+
+/// Runs `plan`: the spare column loads the new version; then, column by column, each server
+/// drains the old version, waits until it is quiet, unloads it and loads the new one; then the
+/// spare column unloads. `progress` gets a line per step. On an error the roll stops where it
+/// is and says which step failed: every column not yet moved still serves the old version, so
+/// clients keep reading one complete version throughout.
+pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()> {
+    let shards = plan.spare.len();
+    if shards == 0 || !shards.is_power_of_two() {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("the spare column must have a power-of-two number of servers, got {shards}"),
+        ));
+    }
+    if let Some(bad) = plan.columns.iter().find(|c| c.len() != shards) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("every column needs {shards} servers (one per shard), got {bad:?}"),
+        ));
+    }
+    let at = |what: String| move |e: Error| Error::new(e.kind(), format!("{what}: {e}"));
+    let load = |shard: usize| AdminCall::Load {
+        table: plan.table.clone(),
+        version: plan.version,
+        shard: shard as u32,
+        num_shards: shards as u32,
+        checkpoint: plan.checkpoint.clone(),
+    };
+    for (s, addr) in plan.spare.iter().enumerate() {
+        progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
+        admin(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
+    }
+    let quick = Duration::from_secs(10);
+    for (r, column) in plan.columns.iter().enumerate() {
+        if let Some(old) = plan.old_version {
+            for addr in column {
+                progress(&format!("column {r} {addr}: drain version {old}"));
+                let call = AdminCall::Drain { table: plan.table.clone(), version: old };
+                match admin(addr, call, quick).await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
+                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
+                }
+            }
+            wait_quiet(&plan.table, old, column, plan.drain_quiet, plan.drain_max).await;
+        }
+        for (s, addr) in column.iter().enumerate() {
+            if let Some(old) = plan.old_version {
+                let call = AdminCall::Unload { table: plan.table.clone(), version: old };
+                match admin(addr, call, quick).await {
+                    Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
+                    Err(e) if e.kind() == ErrorKind::TableNotFound => {}
+                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
+                }
+            }
+            progress(&format!(
+                "column {r} {addr}: load version {} shard {s}/{shards}",
+                plan.version
+            ));
+            admin(addr, load(s), plan.load_timeout)
+                .await
+                .map_err(at(format!("column {r} {addr}")))?;
+        }
+    }
+    for addr in &plan.spare {
+        progress(&format!("spare {addr}: unload version {}", plan.version));
+        let call = AdminCall::Unload { table: plan.table.clone(), version: plan.version };
+        admin(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
+    }
+    progress(&format!("done: table '{}' at version {}", plan.table, plan.version));
+    Ok(())
+}
+
+/// Waits until no lookup named `version` of `table` on any of `servers` for `quiet`, or
+/// `max` has passed.
+async fn wait_quiet(table: &str, version: u64, servers: &[String], quiet: Duration, max: Duration) {
+    let start = std::time::Instant::now();
+    let quiet_ms = quiet.as_millis() as u64;
+    while start.elapsed() < max {
+        let mut busy = false;
+        for addr in servers {
+            let uri = format!("http://{addr}");
+            let Ok(ch) = Channel::from_shared(uri) else { continue };
+            let Ok(ch) = ch.connect_timeout(Duration::from_secs(2)).connect().await else {
+                continue;
+            };
+            let Ok(info) = ServingClient::new(ch).describe(DescribeRequest {}).await else {
+                continue;
+            };
+            let now = embstore_table::now_ms();
+            busy |= info.into_inner().held.iter().any(|h| {
+                h.table == table
+                    && h.version == version
+                    && h.last_request_ms > 0
+                    && now.saturating_sub(h.last_request_ms) < quiet_ms
+            });
+        }
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

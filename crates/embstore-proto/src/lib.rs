@@ -59,6 +59,7 @@ mod tests {
                 state: State::Draining as i32,
                 embedding_dim: 2,
                 rows: 10,
+                last_request_ms: 1_700_000_000_000,
             }],
         };
         let resp = LookupResponse {

@@ -284,3 +284,53 @@ fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
         })
         .collect()
 }
+
+/// Rolls `table` to `version` over a fixed cluster (`embstore_client::roll`), printing a line
+/// per step.
+#[pyfunction]
+#[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn roll(
+    py: Python<'_>,
+    table: String,
+    version: u64,
+    checkpoint: String,
+    columns: Vec<Vec<String>>,
+    spare: Vec<String>,
+    old_version: Option<u64>,
+    drain_quiet_s: f64,
+    drain_max_s: f64,
+    load_timeout_s: f64,
+) -> PyResult<()> {
+    let secs = |what: &str, s: f64| -> PyResult<Duration> {
+        if s.is_finite() && s >= 0.0 {
+            Ok(Duration::from_secs_f64(s))
+        } else {
+            Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{what} must be a number of seconds >= 0, got {s}"),
+            )))
+        }
+    };
+    let plan = embstore_client::RollPlan {
+        table,
+        version,
+        checkpoint,
+        old_version,
+        columns,
+        spare,
+        drain_quiet: secs("drain_quiet_s", drain_quiet_s)?,
+        drain_max: secs("drain_max_s", drain_max_s)?,
+        load_timeout: secs("load_timeout_s", load_timeout_s)?,
+    };
+    let rt = runtime(1)?;
+    detached(py, || {
+        rt.block_on(embstore_client::roll(&plan, |line| {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "embstore publish: {line}");
+            let _ = out.flush();
+        }))
+    })
+    .map_err(to_py_err)
+}

@@ -212,6 +212,7 @@ impl Server {
                     state: h.state.wire() as i32,
                     embedding_dim: h.table.dim() as u32,
                     rows: h.table.len() as u64,
+                    last_request_ms: h.last_request_ms.load(Ordering::Relaxed),
                 })
             })
             .collect();
@@ -223,6 +224,7 @@ impl Server {
             state: WireState::Loading as i32,
             embedding_dim: 0,
             rows: 0,
+            last_request_ms: 0,
         }));
         held.sort_by(|a, b| (&a.table, a.version).cmp(&(&b.table, b.version)));
         ServerInfo { instance: self.instance.clone(), gen: self.gen.load(Ordering::Acquire), held }

@@ -197,7 +197,9 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
     user.assign(ids, rows_of(1))
     c1 = store.checkpoint(tmp_path / "c1")
     user.assign(ids, rows_of(2))
-    store.checkpoint(tmp_path / "c2", since=c1)
+    c2 = store.checkpoint(tmp_path / "c2", since=c1)
+    user.assign(ids, rows_of(3))
+    store.checkpoint(tmp_path / "c3", since=c2)
     del user, store
 
     procs = []
@@ -289,18 +291,80 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
         wait = time.monotonic() + 10
         while stats["last"] < 2 and time.monotonic() < wait:
             time.sleep(0.05)
+        assert stats["last"] == 2, stats
+        # The next version through `embstore publish`, the same steps as above.
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "publish",
+                "--table",
+                "user",
+                "--version",
+                "3",
+                "--old-version",
+                "2",
+                "--checkpoint",
+                str(tmp_path / "c3"),
+                "--column",
+                ",".join(col_a),
+                "--column",
+                ",".join(col_b),
+                "--spare",
+                ",".join(spare),
+                "--drain-quiet",
+                "0.2",
+                "--drain-max",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out
+        assert "done: table 'user' at version 3" in out.stdout, out.stdout
+        wait = time.monotonic() + 10
+        while stats["last"] < 3 and time.monotonic() < wait:
+            time.sleep(0.05)
         stop.set()
         reader.join(timeout=30)
         assert not errors, errors
         assert stats["mixed"] == 0, stats
         assert stats["batches"] >= 20, stats
-        assert stats["last"] == 2, stats
+        assert stats["last"] == 3, stats
+        for addr in col_a + col_b:
+            held = _native.admin(addr, "drain", "user", 3)
+            assert [(t, v, s) for t, v, s, _, _ in held] == [("user", 3, addrs.index(addr) % 2)]
+        # A publish with a bad layout is refused before any change.
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "publish",
+                "--table",
+                "user",
+                "--version",
+                "4",
+                "--checkpoint",
+                str(tmp_path / "c3"),
+                "--column",
+                col_a[0],
+                "--spare",
+                ",".join(spare),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bad.returncode == 1 and "every column needs 2 servers" in bad.stderr, bad
         # A version that fails to load leaves the server as it was.
         with pytest.raises(embstore.TableNotFoundError):
             _native.admin(spare[0], "load", "nope", 3, 0, 2, str(tmp_path / "c2"))
         with pytest.raises(embstore.EmbstoreError):
             _native.admin(spare[0], "load", "user", 3, 0, 2, str(tmp_path / "missing"))
-        np.testing.assert_array_equal(client.lookup("user", ids), rows_of(2))
+        np.testing.assert_array_equal(client.lookup("user", ids), rows_of(3))
     finally:
         for p in procs:
             if p.poll() is None:
