@@ -395,3 +395,62 @@ def test_remote_embedding_reads_rows_of_any_shape(served) -> None:
         pickle.dumps(emb)
     with pytest.raises(embstore.InvalidArgumentError):
         et.RemoteEmbedding(object(), "user")
+
+
+def test_kill_9_of_a_replica_under_load_gives_no_client_visible_error(tmp_path) -> None:
+    """Two replicas of one shard; a client reads in a loop while one replica is killed with
+    SIGKILL: every batch still succeeds (the other replica answers) and equals the rows."""
+    import threading
+
+    expected = _make_store(tmp_path / "s")
+    store = embstore.Store(tmp_path / "s")
+    store.checkpoint(tmp_path / "c")
+    del store
+    procs, addrs = [], []
+    try:
+        for _ in range(2):
+            p = subprocess.Popen(
+                [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0", "--admin"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(p)
+            m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
+            assert m, p.stderr.read()
+            addrs.append(m.group(1))
+        from embstore import _native
+
+        for addr in addrs:
+            _native.admin(addr, "load", "user", 1, 0, 1, str(tmp_path / "c"))
+        client = embstore.connect(addrs, deadline_s=10.0)
+        ids = np.arange(100, dtype=np.int64)
+        done, count, errors = threading.Event(), [0], []
+
+        def read() -> None:
+            deadline = time.monotonic() + 30
+            while not done.is_set() and time.monotonic() < deadline:
+                try:
+                    rows = client.lookup("user", ids)
+                except Exception as e:  # recorded, asserted below
+                    errors.append(e)
+                    return
+                if not np.array_equal(rows, expected["user"][ids]):
+                    errors.append(AssertionError("wrong rows"))
+                count[0] += 1
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        procs[0].kill()  # SIGKILL: no goodbye
+        before = count[0]
+        time.sleep(0.5)
+        done.set()
+        reader.join(timeout=30)
+        assert not errors, errors
+        assert count[0] > before + 5, (before, count[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
