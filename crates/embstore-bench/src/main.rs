@@ -7,12 +7,14 @@
 //! Workloads:
 //! - `index` — NeighborHash batch and scalar lookups vs hashbrown and a random-access bound.
 //! - `cold-reads` — batches of cold records read with O_DIRECT by each I/O engine vs the disk bound
+//! - `serving` — batch lookups through the batch-query service vs Redis `MGET`, on loopback
 
 use clap::{Parser, Subcommand};
 
 mod cold;
 mod huge;
 mod index;
+mod serving;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,6 +33,8 @@ enum Workload {
     Index(index::IndexArgs),
     /// Cold-record batch reads (O_DIRECT): pread threads vs io_uring depths vs the disk bound.
     ColdReads(cold::ColdReadsArgs),
+    /// Batch lookups through the batch-query service (2 shards × 2 replicas) vs Redis MGET.
+    Serving(serving::ServingArgs),
 }
 
 /// One line naming the machine: CPU model, cores, kernel THP setting.
@@ -56,6 +60,7 @@ fn main() {
     let result = match cli.workload {
         Workload::Index(args) => index::run(args),
         Workload::ColdReads(args) => cold::run(args),
+        Workload::Serving(args) => serving::run(args),
     };
     if let Err(e) = result {
         eprintln!("embstore-bench: error: {e}");

@@ -16,7 +16,11 @@ pub mod v1 {
 
 /// Rows as a [`v1::LookupResponse`] carries them: float32, little-endian, row-major.
 pub fn encode_rows(rows: &[f32]) -> Vec<u8> {
-    rows.iter().flat_map(|x| x.to_le_bytes()).collect()
+    let mut out = Vec::with_capacity(rows.len() * 4);
+    for x in rows {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
 }
 
 /// The floats of [`v1::LookupResponse::values`]; `None` if the byte count is not `rows × dim`
@@ -26,7 +30,9 @@ pub fn decode_rows(bytes: &[u8], rows: usize, dim: usize) -> Option<Vec<f32>> {
     if bytes.len() != want {
         return None;
     }
-    Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    let mut out = Vec::with_capacity(rows * dim);
+    out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    Some(out)
 }
 
 #[cfg(test)]
