@@ -14,7 +14,8 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python ruff bench-index bench-table bench-memory bench-interference fmt clean
+        test-python ruff bench-index bench-table bench-memory bench-interference bench-serving \
+        fmt clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -96,6 +97,11 @@ bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB 
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
 	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)
+
+bench-serving: toolchain ## Batch lookups via the serving stack vs Redis MGET, loopback (ARGS="--seconds 3")
+	@command -v redis-server >/dev/null || { echo "==> installing redis-server (Debian) for the peer"; \
+		apt-get install -y -q redis-server >/dev/null || echo "warning: no redis-server: run with ARGS='--redis-server \"\"'"; }
+	$(CARGO) run --release -p embstore-bench -- serving $(ARGS)
 
 bench-tier: develop ## Tables larger than memory: training out of memory, lookups vs RocksDB (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_tier.py $(ARGS)
