@@ -49,6 +49,10 @@ pub struct ClientOptions {
     /// that the client moves to a new version soon after it is complete even when the servers
     /// it reads from have not changed.
     pub refresh_every: Duration,
+    /// Read every shard of a batch at one version (the protocol). `false` switches it off:
+    /// each server answers with the newest version it holds, so a batch may mix versions —
+    /// only for tests and benchmarks that measure what the protocol prevents.
+    pub consistent: bool,
 }
 
 impl Default for ClientOptions {
@@ -57,6 +61,7 @@ impl Default for ClientOptions {
             deadline: Duration::from_secs(5),
             max_restarts: 2,
             refresh_every: Duration::from_secs(1),
+            consistent: true,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct Client {
     pinned: Mutex<HashMap<String, u64>>,
     /// When every server was last asked what it holds.
     refreshed: Mutex<std::time::Instant>,
+    /// Round-robin position with the protocol off.
+    turn: AtomicUsize,
     options: ClientOptions,
 }
 
@@ -132,6 +139,7 @@ impl Client {
             endpoints,
             pinned: Mutex::new(HashMap::new()),
             refreshed: Mutex::new(std::time::Instant::now()),
+            turn: AtomicUsize::new(0),
             options,
         };
         if client.refresh().await == 0 {
@@ -288,6 +296,29 @@ impl Client {
         Err(last.unwrap_or_else(|| Error::new(ErrorKind::Unavailable, "lookup failed")))
     }
 
+    /// Servers that hold shard `shard` of `num_shards` of `table` at any version, rotated by
+    /// one on every call (the placement of a client with the protocol off).
+    fn any_version(&self, table: &str, shard: u32, num_shards: u32) -> Vec<usize> {
+        let infos = self.infos.lock();
+        let mut order: Vec<usize> = (0..infos.len())
+            .filter(|&i| {
+                infos[i].as_ref().is_some_and(|info| {
+                    info.held.iter().any(|h| {
+                        h.table == table
+                            && h.shard == shard
+                            && h.num_shards == num_shards
+                            && matches!(h.state(), State::Ready | State::Draining)
+                    })
+                })
+            })
+            .collect();
+        if !order.is_empty() {
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed) % order.len();
+            order.rotate_left(turn);
+        }
+        order
+    }
+
     /// Whether some server's info names `table`.
     fn known(&self, table: &str) -> bool {
         self.infos.lock().iter().flatten().any(|i| i.held.iter().any(|h| h.table == table))
@@ -313,14 +344,21 @@ impl Client {
             if keys.is_empty() {
                 continue;
             }
-            // READY replicas by fewest requests in flight, then the DRAINING ones.
-            let (ready, draining) = &place.replicas[s];
-            let mut order = ready.clone();
-            order.sort_by_key(|&i| self.endpoints[i].outstanding.load(Ordering::Relaxed));
-            order.extend(draining);
+            // READY replicas by fewest requests in flight, then the DRAINING ones. With the
+            // protocol off: every server holding the shard at any version, in turn (a client
+            // that knows shards but not versions).
+            let order = if self.options.consistent {
+                let (ready, draining) = &place.replicas[s];
+                let mut order = ready.clone();
+                order.sort_by_key(|&i| self.endpoints[i].outstanding.load(Ordering::Relaxed));
+                order.extend(draining);
+                order
+            } else {
+                self.any_version(table, s as u32, place.num_shards)
+            };
             let req = LookupRequest {
                 table: table.to_string(),
-                version: place.version,
+                version: if self.options.consistent { place.version } else { 0 },
                 shard: s as u32,
                 num_shards: place.num_shards,
                 ids: keys.clone(),
@@ -354,7 +392,8 @@ impl Client {
             let positions = &by_shard[s].1;
             let rows = match embstore_proto::decode_rows(&resp.values, positions.len(), d) {
                 Some(rows)
-                    if resp.version == place.version && resp.found.len() == positions.len() =>
+                    if (resp.version == place.version || !self.options.consistent)
+                        && resp.found.len() == positions.len() =>
                 {
                     rows
                 }
