@@ -362,10 +362,15 @@ impl Client {
                 shard: s as u32,
                 num_shards: place.num_shards,
                 ids: keys.clone(),
+                known_gen: 0,
+            };
+            let known: Vec<u64> = {
+                let infos = self.infos.lock();
+                order.iter().map(|&i| infos[i].as_ref().map_or(0, |x| x.gen)).collect()
             };
             let endpoints: Vec<Arc<Endpoint>> =
                 order.iter().map(|&i| self.endpoints[i].clone()).collect();
-            tasks.spawn(async move { (s, order, shard_call(endpoints, req).await) });
+            tasks.spawn(async move { (s, order, shard_call(endpoints, known, req).await) });
         }
         let mut values = vec![0f32; ids.len() * d];
         let mut found = vec![false; ids.len()];
@@ -432,22 +437,28 @@ struct ShardResult {
     failed: Vec<usize>,
 }
 
-/// Tries the replicas of one shard in order until one answers.
-async fn shard_call(replicas: Vec<Arc<Endpoint>>, req: LookupRequest) -> ShardResult {
+/// Tries the replicas of one shard in order until one answers; `known[i]` is the `gen` of
+/// replica `i`'s info the client holds (it answers without its info when that is current).
+async fn shard_call(
+    replicas: Vec<Arc<Endpoint>>,
+    known: Vec<u64>,
+    mut req: LookupRequest,
+) -> ShardResult {
     let mut out = ShardResult {
         outcome: Err(Retry::Restart(Error::new(ErrorKind::Unavailable, "no replica"))),
         infos: Vec::new(),
         failed: Vec::new(),
     };
     for (i, ep) in replicas.iter().enumerate() {
+        req.known_gen = known[i];
         ep.outstanding.fetch_add(1, Ordering::Relaxed);
         let answer = ep.rpc.clone().lookup(req.clone()).await;
         ep.outstanding.fetch_sub(1, Ordering::Relaxed);
         match answer {
             Ok(resp) => {
-                let resp = resp.into_inner();
-                if let Some(info) = &resp.info {
-                    out.infos.push((i, info.clone()));
+                let mut resp = resp.into_inner();
+                if let Some(info) = resp.info.take() {
+                    out.infos.push((i, info));
                 }
                 out.outcome = Ok(resp);
                 return out;

@@ -49,6 +49,7 @@ mod tests {
             shard: 1,
             num_shards: 4,
             ids: vec![0, 7, u64::MAX],
+            known_gen: 3,
         };
         let back = LookupRequest::decode(req.encode_to_vec().as_slice()).unwrap();
         assert_eq!(back, req);

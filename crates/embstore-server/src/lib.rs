@@ -290,8 +290,9 @@ impl Server {
         let mut found = vec![false; req.ids.len()];
         t.lookup(&req.ids, OnMiss::Zeros, &mut values, Some(&mut found))
             .map_err(|e| self.status(to_status(e.kind()), e.to_string()))?;
+        let current = self.gen.load(Ordering::Acquire);
         Ok(LookupResponse {
-            info: Some(self.info()),
+            info: (req.known_gen != current).then(|| self.info()),
             version: hosted.version,
             embedding_dim: t.dim() as u32,
             values: embstore_proto::encode_rows(&values),
@@ -439,7 +440,7 @@ mod tests {
     }
 
     fn req(version: u64, ids: Vec<u64>) -> LookupRequest {
-        LookupRequest { table: "user".into(), version, shard: 0, num_shards: 1, ids }
+        LookupRequest { table: "user".into(), version, shard: 0, num_shards: 1, ids, known_gen: 0 }
     }
 
     /// The request decoder and the lookup path take any bytes: a decode error, a typed status
@@ -492,6 +493,11 @@ mod tests {
         assert_eq!(embstore_proto::decode_rows(&r.values, 2, 2).unwrap(), [2.0, 0.5, 0.0, 0.0]);
         assert_eq!(r.found, [1, 0]);
         assert_eq!(r.info.unwrap().held[0].rows, 2);
+        // A client that holds the current info gets none back; a stale one gets it.
+        let current = LookupRequest { known_gen: gen, ..req(7, vec![1]) };
+        assert!(s.lookup(&current).unwrap().info.is_none());
+        let stale = LookupRequest { known_gen: gen - 1, ..req(7, vec![1]) };
+        assert_eq!(s.lookup(&stale).unwrap().info.unwrap().gen, gen);
         // A version not held: FAILED_PRECONDITION, with the ServerInfo in the details.
         let e = s.lookup(&req(8, vec![1])).unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition);
