@@ -110,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         "(default: every row in memory)",
     )
     srv.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve GET /metrics (Prometheus text format) there (default: off)",
+    )
+    srv.add_argument(
         "--max-batch",
         type=int,
         default=1 << 20,
@@ -213,7 +219,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         server = _native.Server(
-            args.store, args.listen, args.memory_budget, args.max_batch, args.admin
+            args.store, args.listen, args.memory_budget, args.max_batch, args.admin, args.metrics
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -221,6 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
     tables = ", ".join(server.tables) or "none"
     source = args.store or "no store"
     admin = ", admin calls on" if args.admin else ""
+    if server.metrics_address:
+        admin += f", metrics on http://{server.metrics_address}/metrics"
     print(
         f"embstore serve: {source} on {server.address}: tables {tables} (version 1){admin}; "
         "Ctrl-C or SIGTERM stops",

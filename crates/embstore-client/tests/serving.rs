@@ -230,3 +230,41 @@ async fn a_replica_that_goes_away_is_routed_around() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_lookups_by_outcome_and_say_what_is_held() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ids: Vec<u64> = (0..50u64).collect();
+    let server = Server::new("m", 64);
+    server.host("user", 3, 0, 1, shard_table(&ids, 0, 1, 3)).unwrap();
+    let running = start(server.clone()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let metrics = tokio::spawn(embstore_server::serve_metrics(server, listener, async {
+        let _ = rx.await;
+    }));
+    let client = Client::connect(std::slice::from_ref(&running.addr), options()).await.unwrap();
+    for _ in 0..3 {
+        client.lookup("user", &ids[..10]).await.unwrap();
+    }
+    assert!(client.lookup("user", &[1; 65]).await.is_err()); // over the limit of 64
+    let mut conn = tokio::net::TcpStream::connect(metrics_addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for line in [
+        r#"embstore_lookups_total{table="user",outcome="ok"} 3"#,
+        r#"embstore_lookups_total{table="user",outcome="resourceexhausted"} 1"#,
+        r#"embstore_lookup_ids_total{table="user"} 30"#,
+        r#"embstore_lookup_seconds_count{table="user"} 3"#,
+        r#"embstore_versions_held{table="user",state="ready"} 1"#,
+        r#"embstore_rows_held{table="user",version="3"} 50"#,
+    ] {
+        assert!(text.contains(line), "no `{line}` in\n{text}");
+    }
+    let _ = tx.send(());
+    metrics.await.unwrap().unwrap();
+    running.stop().await;
+}

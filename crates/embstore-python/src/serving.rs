@@ -32,7 +32,9 @@ pub(crate) struct PyServer {
     runtime: tokio::runtime::Runtime,
     server: Arc<Server>,
     listener: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
+    metrics: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
     address: String,
+    metrics_address: Option<String>,
     stop: watch::Sender<bool>,
     admin: bool,
     _store: Option<Arc<Store>>,
@@ -41,7 +43,8 @@ pub(crate) struct PyServer {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store_dir: Option<std::path::PathBuf>,
@@ -49,6 +52,7 @@ impl PyServer {
         memory_budget_bytes: Option<u64>,
         max_batch: usize,
         admin: bool,
+        metrics: Option<String>,
     ) -> PyResult<Self> {
         if let Some(dir) = &store_dir {
             if !dir.join("MANIFEST").is_file() {
@@ -72,16 +76,19 @@ impl PyServer {
                 )?)),
                 None => None,
             };
-            let listener =
-                runtime.block_on(tokio::net::TcpListener::bind(&listen)).map_err(|e| {
-                    Error::new(
-                        ErrorKind::InvalidArgument,
-                        format!("cannot listen on {listen}: {e}"),
-                    )
-                })?;
-            Ok((store, listener))
+            let bind = |addr: &str| {
+                runtime.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| {
+                    Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {addr}: {e}"))
+                })
+            };
+            let listener = bind(&listen)?;
+            let metrics = metrics.as_deref().map(bind).transpose()?;
+            Ok((store, (listener, metrics)))
         })
         .map_err(to_py_err)?;
+        let (listener, metrics) = listener;
+        let metrics_address =
+            metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
         let address = listener
             .local_addr()
             .map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?
@@ -96,7 +103,9 @@ impl PyServer {
             runtime,
             server,
             listener: parking_lot::Mutex::new(Some(listener)),
+            metrics: parking_lot::Mutex::new(metrics),
             address,
+            metrics_address,
             stop,
             admin,
             _store: store,
@@ -107,6 +116,12 @@ impl PyServer {
     #[getter]
     fn address(&self) -> String {
         self.address.clone()
+    }
+
+    /// `host:port` of `GET /metrics`, if asked for.
+    #[getter]
+    fn metrics_address(&self) -> Option<String> {
+        self.metrics_address.clone()
     }
 
     /// Names of the tables served (each as version 1).
@@ -125,9 +140,23 @@ impl PyServer {
         })?;
         let server = self.server.clone();
         let mut stop = self.stop.subscribe();
+        let metrics = self.metrics.lock().take();
         detached(py, || {
             self.runtime.block_on(async move {
-                let shutdown = async move {
+                let (quit_tx, quit_rx) = watch::channel(false);
+                let quit_tx = Arc::new(quit_tx);
+                let quit_on_return = quit_tx.clone();
+                let quit = |mut rx: watch::Receiver<bool>| async move {
+                    let _ = rx.wait_for(|q| *q).await;
+                };
+                let metrics = metrics.map(|l| {
+                    tokio::spawn(embstore_server::serve_metrics(
+                        server.clone(),
+                        l,
+                        quit(quit_rx.clone()),
+                    ))
+                });
+                let signals = async move {
                     let mut term =
                         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                             .ok();
@@ -144,8 +173,18 @@ impl PyServer {
                         _ = term => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
+                    let _ = quit_tx.send(true);
                 };
-                embstore_server::serve(server, listener, self.admin, shutdown).await
+                let signals = tokio::spawn(signals);
+                let served =
+                    embstore_server::serve(server, listener, self.admin, quit(quit_rx)).await;
+                signals.abort();
+                // Also when serving failed: the metrics endpoint stops with it.
+                let _ = quit_on_return.send(true);
+                if let Some(m) = metrics {
+                    let _ = m.await;
+                }
+                served
             })
         })
         .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("serving failed: {e}"))))

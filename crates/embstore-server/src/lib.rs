@@ -9,6 +9,7 @@
 //! - [`Admin`] — the tonic service a roll's coordinator calls (`Load` from a checkpoint,
 //!   `Drain`, `Unload`), served only when asked for.
 //! - [`serve`] — runs the services on a listener until a shutdown future resolves.
+//! - [`serve_metrics`] — `GET /metrics` in Prometheus' text format.
 //! - [`to_status`] — the one mapping from table errors to gRPC codes.
 //!
 //! ## Invariants
@@ -18,7 +19,7 @@
 //! - Missing ids get zero rows and `found = 0`; serving never inserts.
 //! - A bad request gets a typed status; the server keeps serving.
 //!
-//! Not yet here (issue 9): etcd membership and control, TLS and tokens, metrics.
+//! Not yet here (issue 9): etcd membership and control, TLS and tokens.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,6 +34,11 @@ use embstore_proto::v1::{
 };
 use embstore_table::{now_ms, ErrorKind, OnMiss, Table};
 use parking_lot::RwLock;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
@@ -83,10 +89,57 @@ pub struct Hosted {
     pub last_request_ms: AtomicU64,
 }
 
+/// Labels of a metric: (name, value) pairs.
+type Labels = Vec<(String, String)>;
+
+/// The server's Prometheus metrics (`/metrics`, see [`serve_metrics`]).
+#[derive(Debug)]
+struct Metrics {
+    /// Lookups by table and outcome (`ok` or the gRPC code's name).
+    lookups: Family<Labels, Counter>,
+    /// Ids looked up, by table.
+    ids: Family<Labels, Counter>,
+    /// Seconds a lookup took on the server, by table.
+    seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Set at each scrape from what the server holds.
+    held: Family<Labels, Gauge>,
+    rows: Family<Labels, Gauge>,
+    bytes: Family<Labels, Gauge>,
+    registry: Registry,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to ~0.3 s.
+    Histogram::new(exponential_buckets(1e-5, 2.0, 16))
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut m = Self {
+            lookups: Family::default(),
+            ids: Family::default(),
+            seconds: Family::new_with_constructor(latency_histogram),
+            held: Family::default(),
+            rows: Family::default(),
+            bytes: Family::default(),
+            registry: Registry::with_prefix("embstore"),
+        };
+        let r = &mut m.registry;
+        r.register("lookups", "Lookups by table and outcome", m.lookups.clone());
+        r.register("lookup_ids", "Ids looked up, by table", m.ids.clone());
+        r.register("lookup_seconds", "Server time of a lookup, by table", m.seconds.clone());
+        r.register("versions_held", "Table versions held, by table and state", m.held.clone());
+        r.register("rows_held", "Rows held, by table and version", m.rows.clone());
+        r.register("bytes_in_memory", "Bytes of rows held in memory, by table", m.bytes.clone());
+        m
+    }
+}
+
 /// What this server hosts, per table name (see the crate docs).
 #[derive(Debug)]
 pub struct Server {
     instance: String,
+    metrics: Metrics,
     gen: AtomicU64,
     max_batch: usize,
     tables: RwLock<HashMap<String, Vec<Arc<Hosted>>>>,
@@ -100,6 +153,7 @@ impl Server {
     pub fn new(instance: impl Into<String>, max_batch: usize) -> Arc<Self> {
         Arc::new(Self {
             instance: instance.into(),
+            metrics: Metrics::new(),
             gen: AtomicU64::new(1),
             max_batch: max_batch.max(1),
             tables: RwLock::new(HashMap::new()),
@@ -278,6 +332,50 @@ impl Server {
     }
 
     fn lookup(&self, req: &LookupRequest) -> Result<LookupResponse, Status> {
+        let start = std::time::Instant::now();
+        let result = self.lookup_inner(req);
+        let table = vec![("table".to_string(), req.table.clone())];
+        let outcome = match &result {
+            Ok(_) => "ok".to_string(),
+            Err(s) => format!("{:?}", s.code()).to_lowercase(),
+        };
+        let mut labels = table.clone();
+        labels.push(("outcome".to_string(), outcome));
+        self.metrics.lookups.get_or_create(&labels).inc();
+        if result.is_ok() {
+            self.metrics.ids.get_or_create(&table).inc_by(req.ids.len() as u64);
+            self.metrics.seconds.get_or_create(&table).observe(start.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    /// The metrics in Prometheus' text format, with the gauges of what is held set now.
+    pub fn metrics_text(&self) -> String {
+        let m = &self.metrics;
+        m.held.clear();
+        m.rows.clear();
+        m.bytes.clear();
+        for (name, held) in self.tables.read().iter() {
+            for h in held {
+                let state = format!("{:?}", h.state).to_lowercase();
+                let l = vec![("table".to_string(), name.clone()), ("state".to_string(), state)];
+                m.held.get_or_create(&l).inc();
+                let l = vec![
+                    ("table".to_string(), name.clone()),
+                    ("version".to_string(), h.version.to_string()),
+                ];
+                m.rows.get_or_create(&l).set(h.table.len() as i64);
+                let bytes = h.table.stats().bytes_used as i64;
+                m.bytes.get_or_create(&vec![("table".to_string(), name.clone())]).inc_by(bytes);
+            }
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
+        out
+    }
+
+    fn lookup_inner(&self, req: &LookupRequest) -> Result<LookupResponse, Status> {
         if req.ids.len() > self.max_batch {
             return Err(self.status(
                 Code::ResourceExhausted,
@@ -401,6 +499,28 @@ impl embstore_proto::v1::admin_server::Admin for Admin {
         }
         Ok(Response::new(self.0.info()))
     }
+}
+
+/// Serves `GET /metrics` (Prometheus text format: lookups by table and outcome, ids, a latency
+/// histogram, versions, rows and bytes held) on `listener` until `shutdown` resolves.
+pub async fn serve_metrics(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let server = server.clone();
+            async move {
+                (
+                    [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                    server.metrics_text(),
+                )
+            }
+        }),
+    );
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
 /// Serves `server` on `listener` until `shutdown` resolves (then stops accepting and finishes

@@ -52,6 +52,8 @@ class _Served:
                 str(store),
                 "--listen",
                 "127.0.0.1:0",
+                "--metrics",
+                "127.0.0.1:0",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -60,10 +62,12 @@ class _Served:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the first line names the address
         m = re.search(r" on (127\.0\.0\.1:\d+):", line)
-        if m is None:
+        metrics = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
+        if m is None or metrics is None:
             self.stop()
             raise AssertionError(f"no address in {line!r}: {self.proc.stderr.read()!r}")
         self.address = m.group(1)
+        self.metrics_url = metrics.group(1)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -109,6 +113,12 @@ def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served)
         except OSError:
             pass
     np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+    # Metrics count the lookups (the 4 tables' reads above, by outcome) and what is held.
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    assert re.search(r'embstore_lookups_total\{table="user",outcome="ok"\} \d+', text), text
+    assert 'embstore_rows_held{table="item",version="1"} 30' in text, text
     # Status names what the server holds.
     out = subprocess.run(
         [sys.executable, "-m", "embstore", "status", server.address],
