@@ -158,6 +158,8 @@ class Server:
         max_batch: int = ...,
         admin: bool = False,
         metrics: str | None = None,
+        read_token: str | None = None,
+        admin_token: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -170,7 +172,11 @@ class Server:
 
 class Client:
     def __init__(
-        self, addresses: list[str], deadline_s: float = 5.0, max_restarts: int = 2
+        self,
+        addresses: list[str],
+        deadline_s: float = 5.0,
+        max_restarts: int = 2,
+        token: str | None = None,
     ) -> None: ...
     def lookup(
         self, table: str, ids: npt.NDArray[np.uint64]
@@ -186,6 +192,7 @@ def admin(
     num_shards: int = 1,
     checkpoint: str | None = None,
     timeout_s: float = 600.0,
+    token: str | None = None,
 ) -> list[tuple[str, int, int, int, str]]: ...
 def roll(
     table: str,
@@ -197,4 +204,5 @@ def roll(
     drain_quiet_s: float = 2.0,
     drain_max_s: float = 30.0,
     load_timeout_s: float = 600.0,
+    token: str | None = None,
 ) -> None: ...

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 from typing import Any
 
@@ -110,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         "(default: every row in memory)",
     )
     srv.add_argument(
+        "--read-token-file",
+        metavar="FILE",
+        help="lookups need the token in FILE (or the admin token) (default: none needed)",
+    )
+    srv.add_argument(
+        "--admin-token-file",
+        metavar="FILE",
+        help="admin calls need the token in FILE (default: the read token, else none)",
+    )
+    srv.add_argument(
         "--metrics",
         default=None,
         metavar="HOST:PORT",
@@ -129,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     st.add_argument("servers", nargs="+", metavar="HOST:PORT", help="server addresses")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.add_argument("--token-file", metavar="FILE", help="a read or admin token, if one is needed")
     for name, what in (
         ("load", "load a shard of a table version from a checkpoint; returns once it is ready"),
         ("drain", "mark a table version draining (still served; clients prefer others)"),
@@ -136,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         a = sub.add_parser(name, help=what, description=what.capitalize() + ".")
         a.add_argument("--server", required=True, metavar="HOST:PORT", help="a server (--admin)")
+        a.add_argument("--token-file", metavar="FILE", help="the admin token, if one is needed")
         a.add_argument("--table", required=True, help="the table's name")
         a.add_argument("--version", required=True, type=int, help="the table version")
         if name == "load":
@@ -169,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument(
         "--spare", required=True, metavar="HOST:PORT,...", help="the spare column, shard 0 first"
     )
+    pub.add_argument("--token-file", metavar="FILE", help="the admin token, if one is needed")
     pub.add_argument(
         "--drain-quiet",
         type=float,
@@ -214,12 +228,34 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report["damage"] else 0
 
 
+def _token(path: str | None) -> str | None:
+    """The token in the file at ``path`` (surrounding whitespace dropped), or None."""
+    if path is None:
+        return None
+    from embstore.errors import InvalidArgumentError
+
+    try:
+        token = pathlib.Path(path).read_text().strip()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read the token file {path}: {e}") from e
+    if not token:
+        raise InvalidArgumentError(f"the token file {path} is empty")
+    return token
+
+
 def _serve(args: argparse.Namespace) -> int:
     from embstore import _native
 
     try:
         server = _native.Server(
-            args.store, args.listen, args.memory_budget, args.max_batch, args.admin, args.metrics
+            args.store,
+            args.listen,
+            args.memory_budget,
+            args.max_batch,
+            args.admin,
+            args.metrics,
+            _token(args.read_token_file),
+            _token(args.admin_token_file),
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -254,7 +290,10 @@ def _admin(args: argparse.Namespace) -> int:
             "checkpoint": str(args.checkpoint),
         }
     try:
-        held = _native.admin(args.server, args.command, args.table, args.version, **extra)
+        token = _token(args.token_file)
+        held = _native.admin(
+            args.server, args.command, args.table, args.version, **extra, token=token
+        )
     except EmbstoreError as e:
         print(f"embstore {args.command}: {args.server}: {e}", file=sys.stderr)
         return 1
@@ -269,6 +308,7 @@ def _publish(args: argparse.Namespace) -> int:
 
     columns = [c.split(",") for c in args.column]
     try:
+        token = _token(args.token_file)
         _native.roll(
             args.table,
             args.version,
@@ -278,6 +318,7 @@ def _publish(args: argparse.Namespace) -> int:
             args.old_version,
             args.drain_quiet,
             args.drain_max,
+            token=token,
         )
     except EmbstoreError as e:
         print(f"embstore publish: {e}", file=sys.stderr)
@@ -289,7 +330,8 @@ def _status(args: argparse.Namespace) -> int:
     from embstore.serving import connect
 
     try:
-        view = connect(args.servers, deadline_s=3.0, max_restarts=0).view()
+        token = _token(args.token_file)
+        view = connect(args.servers, deadline_s=3.0, max_restarts=0, token=token).view()
     except EmbstoreError as e:
         print(f"embstore status: {e}", file=sys.stderr)
         return 1

@@ -91,6 +91,11 @@ class UnavailableError(EmbstoreError, ConnectionError):
     the call's deadline passed. Retrying later may succeed."""
 
 
+class PermissionDeniedError(EmbstoreError, PermissionError):
+    """A server refused the call: no token, a wrong one, or a read-only token for an admin
+    call."""
+
+
 class CapacityError(EmbstoreError, MemoryError):
     """A structure would need more memory than can be addressed or allocated."""
 
@@ -110,6 +115,7 @@ __all__ = [
     "KeyNotFoundError",
     "NonFiniteError",
     "NotCopyableError",
+    "PermissionDeniedError",
     "ShapeError",
     "StorageError",
     "TableExistsError",

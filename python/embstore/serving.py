@@ -78,13 +78,16 @@ def connect(
     *,
     deadline_s: float = 5.0,
     max_restarts: int = 2,
+    token: str | None = None,
 ) -> RemoteClient:
     """A client of the server at ``address`` (``"host:port"``), or of every server in a list
     (the replicas and shards of a fixed cluster). It asks each what it holds; a lookup then
     fans out to the shards of one version, tries another replica on failure, and gives up
-    after ``deadline_s`` seconds or ``max_restarts`` fresh starts.
+    after ``deadline_s`` seconds or ``max_restarts`` fresh starts. ``token`` is sent with
+    every call to servers started with a read token (``embstore serve --read-token-file``).
 
-    Raises :class:`UnavailableError` if no server answers."""
+    Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
+    they refuse the token (or its absence)."""
     addresses = [address] if isinstance(address, str) else list(address)
     if not addresses or not all(isinstance(a, str) and a for a in addresses):
         raise InvalidArgumentError(
@@ -92,4 +95,6 @@ def connect(
         )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts))
+    if token is not None and (not isinstance(token, str) or not token):
+        raise InvalidArgumentError("token must be a non-empty str")
+    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts, token))

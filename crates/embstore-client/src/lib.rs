@@ -53,6 +53,9 @@ pub struct ClientOptions {
     /// each server answers with the newest version it holds, so a batch may mix versions —
     /// only for tests and benchmarks that measure what the protocol prevents.
     pub consistent: bool,
+    /// Sent as `authorization: Bearer <token>` on every call (a server with a read token
+    /// refuses calls without it).
+    pub token: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -62,6 +65,7 @@ impl Default for ClientOptions {
             max_restarts: 2,
             refresh_every: Duration::from_secs(1),
             consistent: true,
+            token: None,
         }
     }
 }
@@ -143,6 +147,15 @@ impl Client {
             options,
         };
         if client.refresh().await == 0 {
+            // A refusal (a missing or wrong token) says more than "no answer".
+            let req = request(DescribeRequest {}, client.options.token.as_deref());
+            let mut rpc = client.endpoints[0].rpc.clone();
+            let first = rpc.describe(req);
+            if let Ok(Err(status)) = tokio::time::timeout(client.options.deadline, first).await {
+                if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) {
+                    return Err(from_status(&status));
+                }
+            }
             return Err(Error::new(
                 ErrorKind::Unavailable,
                 format!("no server answered: {}", addrs.join(", ")),
@@ -159,8 +172,9 @@ impl Client {
         for (i, ep) in self.endpoints.iter().enumerate() {
             let mut rpc = ep.rpc.clone();
             let deadline = self.options.deadline;
+            let req = request(DescribeRequest {}, self.options.token.as_deref());
             tasks.spawn(async move {
-                let call = rpc.describe(DescribeRequest {});
+                let call = rpc.describe(req);
                 (i, tokio::time::timeout(deadline, call).await)
             });
         }
@@ -370,7 +384,10 @@ impl Client {
             };
             let endpoints: Vec<Arc<Endpoint>> =
                 order.iter().map(|&i| self.endpoints[i].clone()).collect();
-            tasks.spawn(async move { (s, order, shard_call(endpoints, known, req).await) });
+            let token = self.options.token.clone();
+            tasks.spawn(async move {
+                (s, order, shard_call(endpoints, known, req, token.as_deref()).await)
+            });
         }
         let mut values = vec![0f32; ids.len() * d];
         let mut found = vec![false; ids.len()];
@@ -443,6 +460,7 @@ async fn shard_call(
     replicas: Vec<Arc<Endpoint>>,
     known: Vec<u64>,
     mut req: LookupRequest,
+    token: Option<&str>,
 ) -> ShardResult {
     let mut out = ShardResult {
         outcome: Err(Retry::Restart(Error::new(ErrorKind::Unavailable, "no replica"))),
@@ -452,7 +470,7 @@ async fn shard_call(
     for (i, ep) in replicas.iter().enumerate() {
         req.known_gen = known[i];
         ep.outstanding.fetch_add(1, Ordering::Relaxed);
-        let answer = ep.rpc.clone().lookup(req.clone()).await;
+        let answer = ep.rpc.clone().lookup(request(req.clone(), token)).await;
         ep.outstanding.fetch_sub(1, Ordering::Relaxed);
         match answer {
             Ok(resp) => {
@@ -502,9 +520,21 @@ pub fn from_status(status: &tonic::Status) -> Error {
         Code::ResourceExhausted => ErrorKind::Capacity,
         Code::DataLoss => ErrorKind::Corruption,
         Code::Unimplemented => ErrorKind::Unsupported,
+        Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
         _ => ErrorKind::Unavailable,
     };
     Error::new(kind, status.message())
+}
+
+/// `msg` as a request, with `authorization: Bearer <token>` when there is a token.
+fn request<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Some(t) = token {
+        if let Ok(v) = format!("Bearer {t}").parse() {
+            req.metadata_mut().insert("authorization", v);
+        }
+    }
+    req
 }
 
 /// The calls a roll's coordinator makes to one server's `Admin` service (served only by a
@@ -521,8 +551,14 @@ pub enum AdminCall {
     Unload { table: String, version: u64 },
 }
 
-/// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard).
-pub async fn admin(addr: &str, call: AdminCall, timeout: Duration) -> Result<ServerInfo> {
+/// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard), with
+/// `token` if the server asks for one.
+pub async fn admin(
+    addr: &str,
+    call: AdminCall,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Result<ServerInfo> {
     use embstore_proto::v1::admin_client::AdminClient;
     use embstore_proto::v1::{LoadRequest, VersionRequest};
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
@@ -536,13 +572,14 @@ pub async fn admin(addr: &str, call: AdminCall, timeout: Duration) -> Result<Ser
     let call = async move {
         match call {
             AdminCall::Load { table, version, shard, num_shards, checkpoint } => {
-                rpc.load(LoadRequest { table, version, shard, num_shards, checkpoint }).await
+                let msg = LoadRequest { table, version, shard, num_shards, checkpoint };
+                rpc.load(request(msg, token)).await
             }
             AdminCall::Drain { table, version } => {
-                rpc.drain(VersionRequest { table, version }).await
+                rpc.drain(request(VersionRequest { table, version }, token)).await
             }
             AdminCall::Unload { table, version } => {
-                rpc.unload(VersionRequest { table, version }).await
+                rpc.unload(request(VersionRequest { table, version }, token)).await
             }
         }
     };
@@ -578,6 +615,8 @@ pub struct RollPlan {
     pub drain_max: Duration,
     /// The longest one load may take.
     pub load_timeout: Duration,
+    /// The admin token, if the servers ask for one.
+    pub token: Option<String>,
 }
 
 /// Runs `plan`: the spare column loads the new version; then, column by column, each server
@@ -609,7 +648,9 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     };
     for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
-        admin(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
+        admin(addr, load(s), plan.load_timeout, plan.token.as_deref())
+            .await
+            .map_err(at(format!("spare {addr}")))?;
     }
     let quick = Duration::from_secs(10);
     for (r, column) in plan.columns.iter().enumerate() {
@@ -617,18 +658,19 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
             for addr in column {
                 progress(&format!("column {r} {addr}: drain version {old}"));
                 let call = AdminCall::Drain { table: plan.table.clone(), version: old };
-                match admin(addr, call, quick).await {
+                match admin(addr, call, quick, plan.token.as_deref()).await {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
                 }
             }
-            wait_quiet(&plan.table, old, column, plan.drain_quiet, plan.drain_max).await;
+            let token = plan.token.as_deref();
+            wait_quiet(&plan.table, old, column, plan.drain_quiet, plan.drain_max, token).await;
         }
         for (s, addr) in column.iter().enumerate() {
             if let Some(old) = plan.old_version {
                 let call = AdminCall::Unload { table: plan.table.clone(), version: old };
-                match admin(addr, call, quick).await {
+                match admin(addr, call, quick, plan.token.as_deref()).await {
                     Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
                     Err(e) if e.kind() == ErrorKind::TableNotFound => {}
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
@@ -638,7 +680,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
                 "column {r} {addr}: load version {} shard {s}/{shards}",
                 plan.version
             ));
-            admin(addr, load(s), plan.load_timeout)
+            admin(addr, load(s), plan.load_timeout, plan.token.as_deref())
                 .await
                 .map_err(at(format!("column {r} {addr}")))?;
         }
@@ -646,7 +688,9 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     for addr in &plan.spare {
         progress(&format!("spare {addr}: unload version {}", plan.version));
         let call = AdminCall::Unload { table: plan.table.clone(), version: plan.version };
-        admin(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
+        admin(addr, call, quick, plan.token.as_deref())
+            .await
+            .map_err(at(format!("spare {addr}")))?;
     }
     progress(&format!("done: table '{}' at version {}", plan.table, plan.version));
     Ok(())
@@ -654,7 +698,14 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
 
 /// Waits until no lookup named `version` of `table` on any of `servers` for `quiet`, or
 /// `max` has passed.
-async fn wait_quiet(table: &str, version: u64, servers: &[String], quiet: Duration, max: Duration) {
+async fn wait_quiet(
+    table: &str,
+    version: u64,
+    servers: &[String],
+    quiet: Duration,
+    max: Duration,
+    token: Option<&str>,
+) {
     let start = std::time::Instant::now();
     let quiet_ms = quiet.as_millis() as u64;
     while start.elapsed() < max {
@@ -665,7 +716,8 @@ async fn wait_quiet(table: &str, version: u64, servers: &[String], quiet: Durati
             let Ok(ch) = ch.connect_timeout(Duration::from_secs(2)).connect().await else {
                 continue;
             };
-            let Ok(info) = ServingClient::new(ch).describe(DescribeRequest {}).await else {
+            let req = request(DescribeRequest {}, token);
+            let Ok(info) = ServingClient::new(ch).describe(req).await else {
                 continue;
             };
             let now = embstore_table::now_ms();

@@ -268,3 +268,41 @@ async fn metrics_count_lookups_by_outcome_and_say_what_is_held() {
     metrics.await.unwrap().unwrap();
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_guard_lookups_and_admin_calls() {
+    use embstore_client::{admin, AdminCall};
+    let ids: Vec<u64> = (0..10u64).collect();
+    let server = Server::new("t", 64);
+    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (tx, rx) = oneshot::channel::<()>();
+    let tokens = embstore_server::Tokens { read: Some("r3ad".into()), admin: Some("adm1n".into()) };
+    let task =
+        tokio::spawn(embstore_server::serve_with_tokens(server, listener, true, tokens, async {
+            let _ = rx.await;
+        }));
+    let addrs = vec![addr.clone()];
+    let with = |token: Option<&str>| ClientOptions { token: token.map(String::from), ..options() };
+    // No token, a wrong one: refused with PermissionDenied (not "unavailable").
+    for token in [None, Some("nope")] {
+        let e = Client::connect(&addrs, with(token)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{token:?}: {e}");
+    }
+    // The read token and the admin token both look up.
+    for token in ["r3ad", "adm1n"] {
+        let c = Client::connect(&addrs, with(Some(token))).await.unwrap();
+        assert_eq!(c.lookup("user", &ids).await.unwrap().found, vec![true; 10]);
+    }
+    // Admin calls take only the admin token.
+    let drain = || AdminCall::Drain { table: "user".into(), version: 1 };
+    let t = Duration::from_secs(5);
+    for token in [None, Some("r3ad"), Some("nope")] {
+        let e = admin(&addr, drain(), t, token).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{token:?}: {e}");
+    }
+    assert!(admin(&addr, drain(), t, Some("adm1n")).await.is_ok());
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}

@@ -28,6 +28,7 @@ mod errors {
     pyo3::import_exception!(embstore.errors, StoreLockedError);
     pyo3::import_exception!(embstore.errors, UnsupportedFormatError);
     pyo3::import_exception!(embstore.errors, UnavailableError);
+    pyo3::import_exception!(embstore.errors, PermissionDeniedError);
 }
 
 /// The one mapping from index errors to Python exception classes.

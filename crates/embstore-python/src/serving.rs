@@ -37,13 +37,14 @@ pub(crate) struct PyServer {
     metrics_address: Option<String>,
     stop: watch::Sender<bool>,
     admin: bool,
+    tokens: embstore_server::Tokens,
     _store: Option<Arc<Store>>,
 }
 
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -53,6 +54,8 @@ impl PyServer {
         max_batch: usize,
         admin: bool,
         metrics: Option<String>,
+        read_token: Option<String>,
+        admin_token: Option<String>,
     ) -> PyResult<Self> {
         if let Some(dir) = &store_dir {
             if !dir.join("MANIFEST").is_file() {
@@ -108,6 +111,7 @@ impl PyServer {
             metrics_address,
             stop,
             admin,
+            tokens: embstore_server::Tokens { read: read_token, admin: admin_token },
             _store: store,
         })
     }
@@ -176,8 +180,14 @@ impl PyServer {
                     let _ = quit_tx.send(true);
                 };
                 let signals = tokio::spawn(signals);
-                let served =
-                    embstore_server::serve(server, listener, self.admin, quit(quit_rx)).await;
+                let served = embstore_server::serve_with_tokens(
+                    server,
+                    listener,
+                    self.admin,
+                    self.tokens.clone(),
+                    quit(quit_rx),
+                )
+                .await;
                 signals.abort();
                 // Also when serving failed: the metrics endpoint stops with it.
                 let _ = quit_on_return.send(true);
@@ -209,12 +219,13 @@ pub(crate) struct PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2))]
+    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None))]
     fn new(
         py: Python<'_>,
         addresses: Vec<String>,
         deadline_s: f64,
         max_restarts: usize,
+        token: Option<String>,
     ) -> PyResult<Self> {
         if !(deadline_s.is_finite() && deadline_s > 0.0) {
             return Err(to_py_err(Error::new(
@@ -226,6 +237,7 @@ impl PyClient {
         let options = ClientOptions {
             deadline: Duration::from_secs_f64(deadline_s),
             max_restarts,
+            token,
             ..Default::default()
         };
         let inner = detached(py, || runtime.block_on(Client::connect(&addresses, options)))
@@ -268,7 +280,7 @@ impl PyClient {
 /// Makes an admin call (`op`: "load", "drain" or "unload") to the server at `address`; returns
 /// what it holds afterwards, as `Client.view` lists it.
 #[pyfunction]
-#[pyo3(signature = (address, op, table, version, shard=0, num_shards=1, checkpoint=None, timeout_s=600.0))]
+#[pyo3(signature = (address, op, table, version, shard=0, num_shards=1, checkpoint=None, timeout_s=600.0, token=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn admin(
     py: Python<'_>,
@@ -280,6 +292,7 @@ pub(crate) fn admin(
     num_shards: u32,
     checkpoint: Option<String>,
     timeout_s: f64,
+    token: Option<String>,
 ) -> PyResult<Vec<HeldRow>> {
     use embstore_client::AdminCall;
     let call = match (op, checkpoint) {
@@ -309,8 +322,10 @@ pub(crate) fn admin(
     }
     let rt = runtime(1)?;
     let timeout = Duration::from_secs_f64(timeout_s);
-    let info = detached(py, || rt.block_on(embstore_client::admin(&address, call, timeout)))
-        .map_err(to_py_err)?;
+    let info = detached(py, || {
+        rt.block_on(embstore_client::admin(&address, call, timeout, token.as_deref()))
+    })
+    .map_err(to_py_err)?;
     Ok(held_rows(info))
 }
 
@@ -327,7 +342,7 @@ fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
 /// Rolls `table` to `version` over a fixed cluster (`embstore_client::roll`), printing a line
 /// per step.
 #[pyfunction]
-#[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0))]
+#[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn roll(
     py: Python<'_>,
@@ -340,6 +355,7 @@ pub(crate) fn roll(
     drain_quiet_s: f64,
     drain_max_s: f64,
     load_timeout_s: f64,
+    token: Option<String>,
 ) -> PyResult<()> {
     let secs = |what: &str, s: f64| -> PyResult<Duration> {
         if s.is_finite() && s >= 0.0 {
@@ -361,6 +377,7 @@ pub(crate) fn roll(
         drain_quiet: secs("drain_quiet_s", drain_quiet_s)?,
         drain_max: secs("drain_max_s", drain_max_s)?,
         load_timeout: secs("load_timeout_s", load_timeout_s)?,
+        token,
     };
     let rt = runtime(1)?;
     detached(py, || {

@@ -39,6 +39,7 @@ pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
         ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
         ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
         ErrorKind::Unavailable => errors::UnavailableError::new_err(msg),
+        ErrorKind::PermissionDenied => errors::PermissionDeniedError::new_err(msg),
         _ => errors::EmbstoreError::new_err(msg),
     }
 }

@@ -411,6 +411,7 @@ pub fn to_status(kind: ErrorKind) -> Code {
         ErrorKind::Corruption => Code::DataLoss,
         ErrorKind::Unavailable | ErrorKind::Locked => Code::Unavailable,
         ErrorKind::Unsupported => Code::Unimplemented,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         _ => Code::Internal,
     }
 }
@@ -523,12 +524,72 @@ pub async fn serve_metrics(
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
+/// Tokens a server asks for, sent by clients as `authorization: Bearer <token>`. Without a
+/// read token, lookups need none; without an admin token, admin calls need none (trusted
+/// networks only). The admin token is also good for lookups.
+#[derive(Clone, Debug, Default)]
+pub struct Tokens {
+    pub read: Option<String>,
+    pub admin: Option<String>,
+}
+
+/// Whether `a` equals `b`, in time that depends only on their lengths.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Tokens {
+    /// Whether a call carrying `req`'s metadata may go on, given the tokens that allow it
+    /// (none: anyone may call).
+    fn check(req: &Request<()>, accepted: &[&String]) -> Result<(), Status> {
+        if accepted.is_empty() {
+            return Ok(());
+        }
+        let Some(got) = req.metadata().get("authorization") else {
+            return Err(Status::unauthenticated(
+                "this server needs a token (authorization: Bearer <token>)",
+            ));
+        };
+        let got = got.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"");
+        if accepted.iter().any(|w| same(got, w.as_bytes())) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied("the token does not allow this call"))
+        }
+    }
+
+    /// Tokens that allow a lookup: the read token and the admin token, if a read token is set.
+    fn for_lookups(&self) -> Vec<&String> {
+        match &self.read {
+            None => Vec::new(),
+            Some(r) => std::iter::once(r).chain(&self.admin).collect(),
+        }
+    }
+
+    /// Tokens that allow an admin call: the admin token; without one, the read token (so that
+    /// a reader-protected server does not leave admin calls open).
+    fn for_admin(&self) -> Vec<&String> {
+        self.admin.as_ref().or(self.read.as_ref()).into_iter().collect()
+    }
+}
+
 /// Serves `server` on `listener` until `shutdown` resolves (then stops accepting and finishes
 /// the requests in flight); with `admin`, the [`Admin`] service too.
 pub async fn serve(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
     admin: bool,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    serve_with_tokens(server, listener, admin, Tokens::default(), shutdown).await
+}
+
+/// [`serve`], asking for `tokens`.
+pub async fn serve_with_tokens(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    admin: bool,
+    tokens: Tokens,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     use tokio_stream::StreamExt;
@@ -538,9 +599,18 @@ pub async fn serve(
             let _ = c.set_nodelay(true);
         })
     });
-    let admin = admin.then(|| AdminServer::new(Admin(server.clone())));
+    let t = tokens.clone();
+    let admin = admin.then(|| {
+        AdminServer::with_interceptor(Admin(server.clone()), move |req: Request<()>| {
+            Tokens::check(&req, &t.for_admin()).map(|()| req)
+        })
+    });
+    let t = tokens;
+    let serving = ServingServer::with_interceptor(Serving(server), move |req: Request<()>| {
+        Tokens::check(&req, &t.for_lookups()).map(|()| req)
+    });
     tonic::transport::Server::builder()
-        .add_service(ServingServer::new(Serving(server)))
+        .add_service(serving)
         .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -34,6 +34,9 @@ pub enum ErrorKind {
     /// A server could not be reached or could not serve the request (no replica holds the
     /// version, a deadline passed); retrying later may succeed.
     Unavailable,
+    /// A server refused the call: no token, a wrong one, or a read-only token for an admin
+    /// call.
+    PermissionDenied,
 }
 
 /// An error from the table layer: a kind plus a lowercase, exact message.

@@ -464,3 +464,85 @@ def test_kill_9_of_a_replica_under_load_gives_no_client_visible_error(tmp_path) 
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+
+
+def test_tokens_guard_lookups_and_admin_calls(tmp_path: pathlib.Path) -> None:
+    expected = _make_store(tmp_path / "s")
+    (tmp_path / "read").write_text("r3ad-token\n")
+    (tmp_path / "admin").write_text("adm1n-token")
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "embstore",
+            "serve",
+            "--store",
+            str(tmp_path / "s"),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "--read-token-file",
+            str(tmp_path / "read"),
+            "--admin-token-file",
+            str(tmp_path / "admin"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
+        assert m, p.stderr.read()
+        addr = m.group(1)
+        with pytest.raises(embstore.PermissionDeniedError):
+            embstore.connect(addr)
+        with pytest.raises(embstore.PermissionDeniedError):
+            embstore.connect(addr, token="wrong")
+        ids = np.array([0, 3], dtype=np.int64)
+        for token in ("r3ad-token", "adm1n-token"):
+            rows = embstore.connect(addr, token=token).lookup("user", ids)
+            np.testing.assert_array_equal(rows, expected["user"][ids])
+        base = [
+            sys.executable,
+            "-m",
+            "embstore",
+            "drain",
+            "--server",
+            addr,
+            "--table",
+            "user",
+            "--version",
+            "1",
+        ]
+        refused = subprocess.run(
+            [*base, "--token-file", str(tmp_path / "read")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode == 1 and "token" in refused.stderr, refused
+        ok = subprocess.run(
+            [*base, "--token-file", str(tmp_path / "admin")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert ok.returncode == 0 and "draining" in ok.stdout, ok
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "status",
+                addr,
+                "--token-file",
+                str(tmp_path / "read"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert status.returncode == 0 and "user" in status.stdout, status
+    finally:
+        p.kill()
+        p.wait(timeout=10)
