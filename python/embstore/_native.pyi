@@ -160,6 +160,9 @@ class Server:
         metrics: str | None = None,
         read_token: str | None = None,
         admin_token: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -177,6 +180,7 @@ class Client:
         deadline_s: float = 5.0,
         max_restarts: int = 2,
         token: str | None = None,
+        tls: tuple[str, str | None, str | None, str | None] | None = None,
     ) -> None: ...
     def lookup(
         self, table: str, ids: npt.NDArray[np.uint64]
@@ -193,6 +197,7 @@ def admin(
     checkpoint: str | None = None,
     timeout_s: float = 600.0,
     token: str | None = None,
+    tls: tuple[str, str | None, str | None, str | None] | None = None,
 ) -> list[tuple[str, int, int, int, str]]: ...
 def roll(
     table: str,
@@ -205,4 +210,5 @@ def roll(
     drain_max_s: float = 30.0,
     load_timeout_s: float = 600.0,
     token: str | None = None,
+    tls: tuple[str, str | None, str | None, str | None] | None = None,
 ) -> None: ...

@@ -120,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="admin calls need the token in FILE (default: the read token, else none)",
     )
+    srv.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    srv.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    srv.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="mutual TLS: clients need a certificate from this CA",
+    )
     srv.add_argument(
         "--metrics",
         default=None,
@@ -141,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("servers", nargs="+", metavar="HOST:PORT", help="server addresses")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.add_argument("--token-file", metavar="FILE", help="a read or admin token, if one is needed")
+    _tls_args(st)
     for name, what in (
         ("load", "load a shard of a table version from a checkpoint; returns once it is ready"),
         ("drain", "mark a table version draining (still served; clients prefer others)"),
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         a = sub.add_parser(name, help=what, description=what.capitalize() + ".")
         a.add_argument("--server", required=True, metavar="HOST:PORT", help="a server (--admin)")
         a.add_argument("--token-file", metavar="FILE", help="the admin token, if one is needed")
+        _tls_args(a)
         a.add_argument("--table", required=True, help="the table's name")
         a.add_argument("--version", required=True, type=int, help="the table version")
         if name == "load":
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "--spare", required=True, metavar="HOST:PORT,...", help="the spare column, shard 0 first"
     )
     pub.add_argument("--token-file", metavar="FILE", help="the admin token, if one is needed")
+    _tls_args(pub)
     pub.add_argument(
         "--drain-quiet",
         type=float,
@@ -228,6 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report["damage"] else 0
 
 
+def _tls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", metavar="PEM", help="talk TLS; the servers' CA")
+    p.add_argument("--tls-cert", metavar="PEM", help="a client certificate (mutual TLS)")
+    p.add_argument("--tls-key", metavar="PEM", help="the client certificate's key")
+    p.add_argument("--tls-domain", help="the name the servers' certificates carry")
+
+
+def _client_tls(args: argparse.Namespace) -> Any:
+    from embstore.serving import _tls
+
+    return _tls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_domain)
+
+
 def _token(path: str | None) -> str | None:
     """The token in the file at ``path`` (surrounding whitespace dropped), or None."""
     if path is None:
@@ -256,6 +279,9 @@ def _serve(args: argparse.Namespace) -> int:
             args.metrics,
             _token(args.read_token_file),
             _token(args.admin_token_file),
+            args.tls_cert,
+            args.tls_key,
+            args.tls_client_ca,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -292,7 +318,13 @@ def _admin(args: argparse.Namespace) -> int:
     try:
         token = _token(args.token_file)
         held = _native.admin(
-            args.server, args.command, args.table, args.version, **extra, token=token
+            args.server,
+            args.command,
+            args.table,
+            args.version,
+            **extra,
+            token=token,
+            tls=_client_tls(args),
         )
     except EmbstoreError as e:
         print(f"embstore {args.command}: {args.server}: {e}", file=sys.stderr)
@@ -319,6 +351,7 @@ def _publish(args: argparse.Namespace) -> int:
             args.drain_quiet,
             args.drain_max,
             token=token,
+            tls=_client_tls(args),
         )
     except EmbstoreError as e:
         print(f"embstore publish: {e}", file=sys.stderr)
@@ -331,7 +364,16 @@ def _status(args: argparse.Namespace) -> int:
 
     try:
         token = _token(args.token_file)
-        view = connect(args.servers, deadline_s=3.0, max_restarts=0, token=token).view()
+        view = connect(
+            args.servers,
+            deadline_s=3.0,
+            max_restarts=0,
+            token=token,
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_domain=args.tls_domain,
+        ).view()
     except EmbstoreError as e:
         print(f"embstore status: {e}", file=sys.stderr)
         return 1

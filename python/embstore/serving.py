@@ -22,6 +22,7 @@ the shards of that version (docs/serving.md):
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from embstore import _native
@@ -79,12 +80,19 @@ def connect(
     deadline_s: float = 5.0,
     max_restarts: int = 2,
     token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    tls_domain: str | None = None,
 ) -> RemoteClient:
     """A client of the server at ``address`` (``"host:port"``), or of every server in a list
     (the replicas and shards of a fixed cluster). It asks each what it holds; a lookup then
     fans out to the shards of one version, tries another replica on failure, and gives up
     after ``deadline_s`` seconds or ``max_restarts`` fresh starts. ``token`` is sent with
     every call to servers started with a read token (``embstore serve --read-token-file``).
+    With ``tls_ca`` (a PEM file of the CA the servers' certificates chain to) the client
+    talks TLS, checking the certificates against ``tls_domain`` (default: the address's host);
+    ``tls_cert`` and ``tls_key`` add a client certificate for servers that ask for one.
 
     Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
     they refuse the token (or its absence)."""
@@ -97,4 +105,17 @@ def connect(
         raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if token is not None and (not isinstance(token, str) or not token):
         raise InvalidArgumentError("token must be a non-empty str")
-    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts, token))
+    tls = _tls(tls_ca, tls_cert, tls_key, tls_domain)
+    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts, token, tls))
+
+
+def _tls(ca: Any, cert: Any, key: Any, domain: str | None) -> tuple[Any, ...] | None:
+    """The native TLS tuple ``(ca, cert, key, domain)``, or None without a CA."""
+    if ca is None:
+        if cert is not None or key is not None or domain is not None:
+            raise InvalidArgumentError("tls_cert, tls_key and tls_domain need tls_ca")
+        return None
+    if (cert is None) != (key is None):
+        raise InvalidArgumentError("tls_cert and tls_key go together")
+    paths = [os.fspath(p) if p is not None else None for p in (ca, cert, key)]
+    return (*paths, domain)

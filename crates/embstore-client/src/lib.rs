@@ -56,6 +56,39 @@ pub struct ClientOptions {
     /// Sent as `authorization: Bearer <token>` on every call (a server with a read token
     /// refuses calls without it).
     pub token: Option<String>,
+    /// Talk TLS to the servers.
+    pub tls: Option<ClientTls>,
+}
+
+/// TLS towards the servers: the CA their certificates chain to, the name to check them
+/// against (default: the address's host), and a client certificate for mutual TLS.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub ca_pem: Vec<u8>,
+    pub domain: Option<String>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// A channel to `addr` (lazy: it connects on first use).
+fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result<Channel> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}"))
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
+    let mut ep = Channel::from_shared(uri).map_err(|e| bad(&e))?.connect_timeout(timeout);
+    if let Some(t) = tls {
+        let mut config = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem));
+        if let Some(d) = &t.domain {
+            config = config.domain_name(d.clone());
+        }
+        if let Some((cert, key)) = &t.identity {
+            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        ep = ep.tls_config(config).map_err(|e| bad(&e))?;
+    }
+    Ok(ep.connect_lazy())
 }
 
 impl Default for ClientOptions {
@@ -66,6 +99,7 @@ impl Default for ClientOptions {
             refresh_every: Duration::from_secs(1),
             consistent: true,
             token: None,
+            tls: None,
         }
     }
 }
@@ -124,13 +158,7 @@ impl Client {
         }
         let mut endpoints = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let uri = if addr.contains("://") { addr.clone() } else { format!("http://{addr}") };
-            let channel = Channel::from_shared(uri)
-                .map_err(|e| {
-                    Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}"))
-                })?
-                .connect_timeout(options.deadline)
-                .connect_lazy();
+            let channel = channel(addr, options.deadline, options.tls.as_ref())?;
             endpoints.push(Arc::new(Endpoint {
                 addr: addr.clone(),
                 rpc: ServingClient::new(channel),
@@ -559,16 +587,20 @@ pub async fn admin(
     timeout: Duration,
     token: Option<&str>,
 ) -> Result<ServerInfo> {
+    admin_with(addr, call, timeout, token, None).await
+}
+
+/// [`admin`] over TLS when `tls` is given.
+pub async fn admin_with(
+    addr: &str,
+    call: AdminCall,
+    timeout: Duration,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+) -> Result<ServerInfo> {
     use embstore_proto::v1::admin_client::AdminClient;
     use embstore_proto::v1::{LoadRequest, VersionRequest};
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let channel = Channel::from_shared(uri)
-        .map_err(|e| Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}")))?
-        .connect_timeout(timeout)
-        .connect()
-        .await
-        .map_err(|e| Error::new(ErrorKind::Unavailable, format!("cannot reach {addr}: {e}")))?;
-    let mut rpc = AdminClient::new(channel);
+    let mut rpc = AdminClient::new(channel(addr, timeout, tls)?);
     let call = async move {
         match call {
             AdminCall::Load { table, version, shard, num_shards, checkpoint } => {
@@ -617,6 +649,8 @@ pub struct RollPlan {
     pub load_timeout: Duration,
     /// The admin token, if the servers ask for one.
     pub token: Option<String>,
+    /// TLS towards the servers, if they serve it.
+    pub tls: Option<ClientTls>,
 }
 
 /// Runs `plan`: the spare column loads the new version; then, column by column, each server
@@ -648,7 +682,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     };
     for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
-        admin(addr, load(s), plan.load_timeout, plan.token.as_deref())
+        admin_with(addr, load(s), plan.load_timeout, plan.token.as_deref(), plan.tls.as_ref())
             .await
             .map_err(at(format!("spare {addr}")))?;
     }
@@ -658,19 +692,22 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
             for addr in column {
                 progress(&format!("column {r} {addr}: drain version {old}"));
                 let call = AdminCall::Drain { table: plan.table.clone(), version: old };
-                match admin(addr, call, quick, plan.token.as_deref()).await {
+                match admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref()).await
+                {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
                 }
             }
             let token = plan.token.as_deref();
-            wait_quiet(&plan.table, old, column, plan.drain_quiet, plan.drain_max, token).await;
+            let (quiet, max, tls) = (plan.drain_quiet, plan.drain_max, plan.tls.as_ref());
+            wait_quiet(&plan.table, old, column, quiet, max, token, tls).await;
         }
         for (s, addr) in column.iter().enumerate() {
             if let Some(old) = plan.old_version {
                 let call = AdminCall::Unload { table: plan.table.clone(), version: old };
-                match admin(addr, call, quick, plan.token.as_deref()).await {
+                match admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref()).await
+                {
                     Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
                     Err(e) if e.kind() == ErrorKind::TableNotFound => {}
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
@@ -680,7 +717,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
                 "column {r} {addr}: load version {} shard {s}/{shards}",
                 plan.version
             ));
-            admin(addr, load(s), plan.load_timeout, plan.token.as_deref())
+            admin_with(addr, load(s), plan.load_timeout, plan.token.as_deref(), plan.tls.as_ref())
                 .await
                 .map_err(at(format!("column {r} {addr}")))?;
         }
@@ -688,7 +725,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     for addr in &plan.spare {
         progress(&format!("spare {addr}: unload version {}", plan.version));
         let call = AdminCall::Unload { table: plan.table.clone(), version: plan.version };
-        admin(addr, call, quick, plan.token.as_deref())
+        admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref())
             .await
             .map_err(at(format!("spare {addr}")))?;
     }
@@ -705,17 +742,14 @@ async fn wait_quiet(
     quiet: Duration,
     max: Duration,
     token: Option<&str>,
+    tls: Option<&ClientTls>,
 ) {
     let start = std::time::Instant::now();
     let quiet_ms = quiet.as_millis() as u64;
     while start.elapsed() < max {
         let mut busy = false;
         for addr in servers {
-            let uri = format!("http://{addr}");
-            let Ok(ch) = Channel::from_shared(uri) else { continue };
-            let Ok(ch) = ch.connect_timeout(Duration::from_secs(2)).connect().await else {
-                continue;
-            };
+            let Ok(ch) = channel(addr, Duration::from_secs(2), tls) else { continue };
             let req = request(DescribeRequest {}, token);
             let Ok(info) = ServingClient::new(ch).describe(req).await else {
                 continue;

@@ -306,3 +306,85 @@ async fn tokens_guard_lookups_and_admin_calls() {
     let _ = tx.send(());
     task.await.unwrap().unwrap();
 }
+
+/// A CA, a server certificate for "localhost" and a client certificate, all PEM.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki() -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki { ca: ca.pem(), server: leaf("localhost"), client: leaf("client") }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
+    use embstore_client::ClientTls;
+    let p = pki();
+    let ids: Vec<u64> = (0..10u64).collect();
+    for mutual in [false, true] {
+        let server = Server::new("tls", 64);
+        server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tls = embstore_server::Tls {
+            cert_pem: p.server.0.clone().into_bytes(),
+            key_pem: p.server.1.clone().into_bytes(),
+            client_ca_pem: mutual.then(|| p.ca.clone().into_bytes()),
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(embstore_server::serve_with(
+            server,
+            listener,
+            false,
+            Default::default(),
+            Some(tls),
+            async {
+                let _ = rx.await;
+            },
+        ));
+        let addrs = vec![format!("localhost:{port}")];
+        let quick = |tls: Option<ClientTls>| ClientOptions {
+            deadline: Duration::from_secs(3),
+            max_restarts: 0,
+            tls,
+            ..Default::default()
+        };
+        let trusting = |identity: bool| ClientTls {
+            ca_pem: p.ca.clone().into_bytes(),
+            domain: None,
+            identity: identity
+                .then(|| (p.client.0.clone().into_bytes(), p.client.1.clone().into_bytes())),
+        };
+        // Plaintext against a TLS port: no answer, a clear error.
+        let e = Client::connect(&addrs, quick(None)).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        // A client that does not trust the CA (it trusts the server's own leaf as a CA).
+        let wrong =
+            ClientTls { ca_pem: p.client.0.clone().into_bytes(), domain: None, identity: None };
+        assert!(Client::connect(&addrs, quick(Some(wrong))).await.is_err());
+        // Trusting the CA: served; with mutual TLS, only with a client certificate.
+        let c = Client::connect(&addrs, quick(Some(trusting(mutual)))).await.unwrap();
+        assert_eq!(c.lookup("user", &ids).await.unwrap().found, vec![true; 10]);
+        if mutual {
+            assert!(Client::connect(&addrs, quick(Some(trusting(false)))).await.is_err());
+        }
+        let _ = tx.send(());
+        task.await.unwrap().unwrap();
+    }
+}

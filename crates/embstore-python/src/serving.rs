@@ -38,13 +38,14 @@ pub(crate) struct PyServer {
     stop: watch::Sender<bool>,
     admin: bool,
     tokens: embstore_server::Tokens,
+    tls: Option<embstore_server::Tls>,
     _store: Option<Arc<Store>>,
 }
 
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -56,7 +57,24 @@ impl PyServer {
         metrics: Option<String>,
         read_token: Option<String>,
         admin_token: Option<String>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
+        tls_client_ca: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
+        let tls = match (tls_cert, tls_key) {
+            (Some(cert), Some(key)) => Some(embstore_server::Tls {
+                cert_pem: read_pem(&cert)?,
+                key_pem: read_pem(&key)?,
+                client_ca_pem: tls_client_ca.as_deref().map(read_pem).transpose()?,
+            }),
+            (None, None) if tls_client_ca.is_none() => None,
+            _ => {
+                return Err(to_py_err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "TLS needs both a certificate and its key (a client CA only with them)",
+                )))
+            }
+        };
         if let Some(dir) = &store_dir {
             if !dir.join("MANIFEST").is_file() {
                 return Err(to_py_err(Error::new(
@@ -112,6 +130,7 @@ impl PyServer {
             stop,
             admin,
             tokens: embstore_server::Tokens { read: read_token, admin: admin_token },
+            tls,
             _store: store,
         })
     }
@@ -180,11 +199,12 @@ impl PyServer {
                     let _ = quit_tx.send(true);
                 };
                 let signals = tokio::spawn(signals);
-                let served = embstore_server::serve_with_tokens(
+                let served = embstore_server::serve_with(
                     server,
                     listener,
                     self.admin,
                     self.tokens.clone(),
+                    self.tls.clone(),
                     quit(quit_rx),
                 )
                 .await;
@@ -219,13 +239,14 @@ pub(crate) struct PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None))]
+    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None, tls=None))]
     fn new(
         py: Python<'_>,
         addresses: Vec<String>,
         deadline_s: f64,
         max_restarts: usize,
         token: Option<String>,
+        tls: Option<TlsPaths>,
     ) -> PyResult<Self> {
         if !(deadline_s.is_finite() && deadline_s > 0.0) {
             return Err(to_py_err(Error::new(
@@ -238,6 +259,7 @@ impl PyClient {
             deadline: Duration::from_secs_f64(deadline_s),
             max_restarts,
             token,
+            tls: client_tls(tls)?,
             ..Default::default()
         };
         let inner = detached(py, || runtime.block_on(Client::connect(&addresses, options)))
@@ -280,7 +302,7 @@ impl PyClient {
 /// Makes an admin call (`op`: "load", "drain" or "unload") to the server at `address`; returns
 /// what it holds afterwards, as `Client.view` lists it.
 #[pyfunction]
-#[pyo3(signature = (address, op, table, version, shard=0, num_shards=1, checkpoint=None, timeout_s=600.0, token=None))]
+#[pyo3(signature = (address, op, table, version, shard=0, num_shards=1, checkpoint=None, timeout_s=600.0, token=None, tls=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn admin(
     py: Python<'_>,
@@ -293,7 +315,9 @@ pub(crate) fn admin(
     checkpoint: Option<String>,
     timeout_s: f64,
     token: Option<String>,
+    tls: Option<TlsPaths>,
 ) -> PyResult<Vec<HeldRow>> {
+    let tls = client_tls(tls)?;
     use embstore_client::AdminCall;
     let call = match (op, checkpoint) {
         ("load", Some(checkpoint)) => {
@@ -323,7 +347,13 @@ pub(crate) fn admin(
     let rt = runtime(1)?;
     let timeout = Duration::from_secs_f64(timeout_s);
     let info = detached(py, || {
-        rt.block_on(embstore_client::admin(&address, call, timeout, token.as_deref()))
+        rt.block_on(embstore_client::admin_with(
+            &address,
+            call,
+            timeout,
+            token.as_deref(),
+            tls.as_ref(),
+        ))
     })
     .map_err(to_py_err)?;
     Ok(held_rows(info))
@@ -342,7 +372,7 @@ fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
 /// Rolls `table` to `version` over a fixed cluster (`embstore_client::roll`), printing a line
 /// per step.
 #[pyfunction]
-#[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None))]
+#[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn roll(
     py: Python<'_>,
@@ -356,6 +386,7 @@ pub(crate) fn roll(
     drain_max_s: f64,
     load_timeout_s: f64,
     token: Option<String>,
+    tls: Option<TlsPaths>,
 ) -> PyResult<()> {
     let secs = |what: &str, s: f64| -> PyResult<Duration> {
         if s.is_finite() && s >= 0.0 {
@@ -378,6 +409,7 @@ pub(crate) fn roll(
         drain_max: secs("drain_max_s", drain_max_s)?,
         load_timeout: secs("load_timeout_s", load_timeout_s)?,
         token,
+        tls: client_tls(tls)?,
     };
     let rt = runtime(1)?;
     detached(py, || {
@@ -389,4 +421,33 @@ pub(crate) fn roll(
         }))
     })
     .map_err(to_py_err)
+}
+
+/// `(ca, cert, key, domain)`: a CA file, an optional client certificate and key (mutual TLS)
+/// and an optional name to check the servers' certificates against.
+type TlsPaths =
+    (std::path::PathBuf, Option<std::path::PathBuf>, Option<std::path::PathBuf>, Option<String>);
+
+fn read_pem(path: &std::path::Path) -> PyResult<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        to_py_err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("cannot read {}: {e}", path.display()),
+        ))
+    })
+}
+
+fn client_tls(tls: Option<TlsPaths>) -> PyResult<Option<embstore_client::ClientTls>> {
+    let Some((ca, cert, key, domain)) = tls else { return Ok(None) };
+    let identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((read_pem(&c)?, read_pem(&k)?)),
+        (None, None) => None,
+        _ => {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a client certificate needs its key, and a key its certificate",
+            )))
+        }
+    };
+    Ok(Some(embstore_client::ClientTls { ca_pem: read_pem(&ca)?, domain, identity }))
 }

@@ -584,12 +584,34 @@ pub async fn serve(
     serve_with_tokens(server, listener, admin, Tokens::default(), shutdown).await
 }
 
+/// TLS for the serving port: the server's certificate chain and key (PEM), and with
+/// `client_ca`, the CA that client certificates must chain to (mutual TLS: a client without one
+/// is refused during the handshake).
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+    pub client_ca_pem: Option<Vec<u8>>,
+}
+
 /// [`serve`], asking for `tokens`.
 pub async fn serve_with_tokens(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
     admin: bool,
     tokens: Tokens,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    serve_with(server, listener, admin, tokens, None, shutdown).await
+}
+
+/// [`serve`], asking for `tokens`, over TLS when `tls` is given.
+pub async fn serve_with(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    admin: bool,
+    tokens: Tokens,
+    tls: Option<Tls>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     use tokio_stream::StreamExt;
@@ -609,7 +631,16 @@ pub async fn serve_with_tokens(
     let serving = ServingServer::with_interceptor(Serving(server), move |req: Request<()>| {
         Tokens::check(&req, &t.for_lookups()).map(|()| req)
     });
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        let mut config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(tls.cert_pem, tls.key_pem));
+        if let Some(ca) = tls.client_ca_pem {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+        }
+        builder = builder.tls_config(config)?;
+    }
+    builder
         .add_service(serving)
         .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -546,3 +546,115 @@ def test_tokens_guard_lookups_and_admin_calls(tmp_path: pathlib.Path) -> None:
     finally:
         p.kill()
         p.wait(timeout=10)
+
+
+def _pki(d: pathlib.Path) -> None:
+    """ca.pem, server.{pem,key} for localhost and client.{pem,key}, by Debian's openssl."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=embstore test CA",
+    )
+    for name in ("server", "client"):
+        run(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.csr"),
+            "-subj",
+            f"/CN={name}",
+        )
+        ext = d / f"{name}.ext"
+        ext.write_text(
+            "subjectAltName=DNS:localhost\n"
+            if name == "server"
+            else "extendedKeyUsage=clientAuth\n"
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            str(d / f"{name}.csr"),
+            "-CA",
+            str(d / "ca.pem"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            str(d / f"{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            str(ext),
+        )
+
+
+def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_path) -> None:
+    expected = _make_store(tmp_path / "s")
+    _pki(tmp_path)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "embstore",
+            "serve",
+            "--store",
+            str(tmp_path / "s"),
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            str(tmp_path / "server.pem"),
+            "--tls-key",
+            str(tmp_path / "server.key"),
+            "--tls-client-ca",
+            str(tmp_path / "ca.pem"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        m = re.search(r" on 127\.0\.0\.1:(\d+):", p.stdout.readline())
+        assert m, p.stderr.read()
+        addr = f"localhost:{m.group(1)}"
+        ids = np.array([0, 3], dtype=np.int64)
+        client = embstore.connect(
+            addr,
+            tls_ca=tmp_path / "ca.pem",
+            tls_cert=tmp_path / "client.pem",
+            tls_key=tmp_path / "client.key",
+        )
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+        # No client certificate, or plaintext: refused, a clear error, the server serves on.
+        with pytest.raises(embstore.UnavailableError):
+            embstore.connect(addr, tls_ca=tmp_path / "ca.pem", deadline_s=3.0)
+        with pytest.raises(embstore.UnavailableError):
+            embstore.connect(addr, deadline_s=3.0)
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+        with pytest.raises(embstore.InvalidArgumentError):
+            embstore.connect(addr, tls_cert=tmp_path / "client.pem")
+    finally:
+        p.kill()
+        p.wait(timeout=10)
