@@ -329,9 +329,7 @@ def _admin(args: argparse.Namespace) -> int:
     except EmbstoreError as e:
         print(f"embstore {args.command}: {args.server}: {e}", file=sys.stderr)
         return 1
-    print(f"{args.server}:")
-    for table, version, shard, num_shards, state in held:
-        print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
+    _print_held(args.server, held)
     return 0
 
 
@@ -378,13 +376,18 @@ def _status(args: argparse.Namespace) -> int:
         print(f"embstore status: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({addr: [list(h) for h in held] for addr, held in view}))
+        print(json.dumps({a: None if h is None else [list(x) for x in h] for a, h in view}))
         return 0
     for addr, held in view:
-        print(f"{addr}: {'no answer' if not held else ''}".rstrip())
-        for table, version, shard, num_shards, state in held:
-            print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
+        _print_held(addr, held)
     return 0
+
+
+def _print_held(addr: str, held: list[tuple[str, int, int, int, str]] | None) -> None:
+    """What a server holds, a line per table version (None: it did not answer)."""
+    print(f"{addr}: no answer" if held is None else f"{addr}:{'' if held else ' nothing held'}")
+    for table, version, shard, num_shards, state in held or []:
+        print(f"  {table:<20} version {version:<8} shard {shard}/{num_shards}  {state}")
 
 
 if __name__ == "__main__":

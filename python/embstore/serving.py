@@ -65,9 +65,10 @@ class RemoteClient:
             out += (version,)
         return out[0] if len(out) == 1 else out
 
-    def view(self) -> list[tuple[str, list[tuple[str, int, int, int, str]]]]:
+    def view(self) -> list[tuple[str, list[tuple[str, int, int, int, str]] | None]]:
         """Per server: its address and what it held when last heard from, as
-        ``(table, version, shard, num_shards, state)``."""
+        ``(table, version, shard, num_shards, state)``; None for a server that has not
+        answered."""
         return self._inner.view()
 
     def __repr__(self) -> str:

@@ -114,7 +114,7 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
             stops.push(tx);
             let srv = server.clone();
             servers.push(tokio::spawn(async move {
-                let _ = embstore_server::serve(srv, listener, false, async {
+                let _ = embstore_server::serve(srv, listener, Default::default(), async {
                     let _ = rx.await;
                 })
                 .await;

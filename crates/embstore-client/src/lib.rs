@@ -580,18 +580,8 @@ pub enum AdminCall {
 }
 
 /// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard), with
-/// `token` if the server asks for one.
+/// `token` if the server asks for one, over TLS when `tls` is given.
 pub async fn admin(
-    addr: &str,
-    call: AdminCall,
-    timeout: Duration,
-    token: Option<&str>,
-) -> Result<ServerInfo> {
-    admin_with(addr, call, timeout, token, None).await
-}
-
-/// [`admin`] over TLS when `tls` is given.
-pub async fn admin_with(
     addr: &str,
     call: AdminCall,
     timeout: Duration,
@@ -653,6 +643,13 @@ pub struct RollPlan {
     pub tls: Option<ClientTls>,
 }
 
+impl RollPlan {
+    /// An admin call to `addr` with the plan's token and TLS.
+    async fn call(&self, addr: &str, call: AdminCall, timeout: Duration) -> Result<ServerInfo> {
+        admin(addr, call, timeout, self.token.as_deref(), self.tls.as_ref()).await
+    }
+}
+
 /// Runs `plan`: the spare column loads the new version; then, column by column, each server
 /// drains the old version, waits until it is quiet, unloads it and loads the new one; then the
 /// spare column unloads. `progress` gets a line per step. On an error the roll stops where it
@@ -682,9 +679,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     };
     for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
-        admin_with(addr, load(s), plan.load_timeout, plan.token.as_deref(), plan.tls.as_ref())
-            .await
-            .map_err(at(format!("spare {addr}")))?;
+        plan.call(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
     }
     let quick = Duration::from_secs(10);
     for (r, column) in plan.columns.iter().enumerate() {
@@ -692,8 +687,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
             for addr in column {
                 progress(&format!("column {r} {addr}: drain version {old}"));
                 let call = AdminCall::Drain { table: plan.table.clone(), version: old };
-                match admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref()).await
-                {
+                match plan.call(addr, call, quick).await {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
@@ -706,8 +700,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
         for (s, addr) in column.iter().enumerate() {
             if let Some(old) = plan.old_version {
                 let call = AdminCall::Unload { table: plan.table.clone(), version: old };
-                match admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref()).await
-                {
+                match plan.call(addr, call, quick).await {
                     Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
                     Err(e) if e.kind() == ErrorKind::TableNotFound => {}
                     Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
@@ -717,7 +710,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
                 "column {r} {addr}: load version {} shard {s}/{shards}",
                 plan.version
             ));
-            admin_with(addr, load(s), plan.load_timeout, plan.token.as_deref(), plan.tls.as_ref())
+            plan.call(addr, load(s), plan.load_timeout)
                 .await
                 .map_err(at(format!("column {r} {addr}")))?;
         }
@@ -725,9 +718,7 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
     for addr in &plan.spare {
         progress(&format!("spare {addr}: unload version {}", plan.version));
         let call = AdminCall::Unload { table: plan.table.clone(), version: plan.version };
-        admin_with(addr, call, quick, plan.token.as_deref(), plan.tls.as_ref())
-            .await
-            .map_err(at(format!("spare {addr}")))?;
+        plan.call(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
     }
     progress(&format!("done: table '{}' at version {}", plan.table, plan.version));
     Ok(())

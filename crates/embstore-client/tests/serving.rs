@@ -34,7 +34,7 @@ async fn start(server: Arc<Server>) -> Running {
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        embstore_server::serve(server, listener, false, async {
+        embstore_server::serve(server, listener, Default::default(), async {
             let _ = rx.await;
         })
         .await
@@ -279,10 +279,10 @@ async fn tokens_guard_lookups_and_admin_calls() {
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = oneshot::channel::<()>();
     let tokens = embstore_server::Tokens { read: Some("r3ad".into()), admin: Some("adm1n".into()) };
-    let task =
-        tokio::spawn(embstore_server::serve_with_tokens(server, listener, true, tokens, async {
-            let _ = rx.await;
-        }));
+    let serve_options = embstore_server::ServeOptions { admin: true, tokens, tls: None };
+    let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
+        let _ = rx.await;
+    }));
     let addrs = vec![addr.clone()];
     let with = |token: Option<&str>| ClientOptions { token: token.map(String::from), ..options() };
     // No token, a wrong one: refused with PermissionDenied (not "unavailable").
@@ -299,10 +299,10 @@ async fn tokens_guard_lookups_and_admin_calls() {
     let drain = || AdminCall::Drain { table: "user".into(), version: 1 };
     let t = Duration::from_secs(5);
     for token in [None, Some("r3ad"), Some("nope")] {
-        let e = admin(&addr, drain(), t, token).await.unwrap_err();
+        let e = admin(&addr, drain(), t, token, None).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{token:?}: {e}");
     }
-    assert!(admin(&addr, drain(), t, Some("adm1n")).await.is_ok());
+    assert!(admin(&addr, drain(), t, Some("adm1n"), None).await.is_ok());
     let _ = tx.send(());
     task.await.unwrap().unwrap();
 }
@@ -348,16 +348,10 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
             client_ca_pem: mutual.then(|| p.ca.clone().into_bytes()),
         };
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(embstore_server::serve_with(
-            server,
-            listener,
-            false,
-            Default::default(),
-            Some(tls),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let serve_options = embstore_server::ServeOptions { tls: Some(tls), ..Default::default() };
+        let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
+            let _ = rx.await;
+        }));
         let addrs = vec![format!("localhost:{port}")];
         let quick = |tls: Option<ClientTls>| ClientOptions {
             deadline: Duration::from_secs(3),

@@ -36,9 +36,7 @@ pub(crate) struct PyServer {
     address: String,
     metrics_address: Option<String>,
     stop: watch::Sender<bool>,
-    admin: bool,
-    tokens: embstore_server::Tokens,
-    tls: Option<embstore_server::Tls>,
+    options: embstore_server::ServeOptions,
     _store: Option<Arc<Store>>,
 }
 
@@ -128,9 +126,11 @@ impl PyServer {
             address,
             metrics_address,
             stop,
-            admin,
-            tokens: embstore_server::Tokens { read: read_token, admin: admin_token },
-            tls,
+            options: embstore_server::ServeOptions {
+                admin,
+                tokens: embstore_server::Tokens { read: read_token, admin: admin_token },
+                tls,
+            },
             _store: store,
         })
     }
@@ -199,15 +199,9 @@ impl PyServer {
                     let _ = quit_tx.send(true);
                 };
                 let signals = tokio::spawn(signals);
-                let served = embstore_server::serve_with(
-                    server,
-                    listener,
-                    self.admin,
-                    self.tokens.clone(),
-                    self.tls.clone(),
-                    quit(quit_rx),
-                )
-                .await;
+                let served =
+                    embstore_server::serve(server, listener, self.options.clone(), quit(quit_rx))
+                        .await;
                 signals.abort();
                 // Also when serving failed: the metrics endpoint stops with it.
                 let _ = quit_on_return.send(true);
@@ -289,13 +283,10 @@ impl PyClient {
         )
     }
 
-    /// Per server: `(address, [(table, version, shard, num_shards, state), ...])` as last seen.
-    fn view(&self) -> Vec<(String, Vec<HeldRow>)> {
-        self.inner
-            .view()
-            .into_iter()
-            .map(|(addr, info)| (addr, info.map(held_rows).unwrap_or_default()))
-            .collect()
+    /// Per server: `(address, [(table, version, shard, num_shards, state), ...])` as last seen,
+    /// or `None` for a server that has not answered.
+    fn view(&self) -> Vec<(String, Option<Vec<HeldRow>>)> {
+        self.inner.view().into_iter().map(|(addr, info)| (addr, info.map(held_rows))).collect()
     }
 }
 
@@ -347,13 +338,7 @@ pub(crate) fn admin(
     let rt = runtime(1)?;
     let timeout = Duration::from_secs_f64(timeout_s);
     let info = detached(py, || {
-        rt.block_on(embstore_client::admin_with(
-            &address,
-            call,
-            timeout,
-            token.as_deref(),
-            tls.as_ref(),
-        ))
+        rt.block_on(embstore_client::admin(&address, call, timeout, token.as_deref(), tls.as_ref()))
     })
     .map_err(to_py_err)?;
     Ok(held_rows(info))

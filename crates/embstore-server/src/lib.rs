@@ -331,9 +331,31 @@ impl Server {
         Status::with_details(code, message, self.info().encode_to_vec().into())
     }
 
+    /// A lookup as the service answers it (for the tests, which call it without the service).
+    #[cfg(test)]
     fn lookup(&self, req: &LookupRequest) -> Result<LookupResponse, Status> {
+        self.lookup_in(req, self.target(req))
+    }
+
+    /// The hosted shard a lookup reads, after checking its size.
+    fn target(&self, req: &LookupRequest) -> Result<Arc<Hosted>, Status> {
+        if req.ids.len() > self.max_batch {
+            return Err(self.status(
+                Code::ResourceExhausted,
+                format!("a lookup holds at most {} ids, got {}", self.max_batch, req.ids.len()),
+            ));
+        }
+        self.find(req)
+    }
+
+    /// Answers `req` from `target` (what [`Server::target`] gave for it) and counts it.
+    fn lookup_in(
+        &self,
+        req: &LookupRequest,
+        target: Result<Arc<Hosted>, Status>,
+    ) -> Result<LookupResponse, Status> {
         let start = std::time::Instant::now();
-        let result = self.lookup_inner(req);
+        let result = target.and_then(|hosted| self.read(req, &hosted));
         let table = vec![("table".to_string(), req.table.clone())];
         let outcome = match &result {
             Ok(_) => "ok".to_string(),
@@ -375,14 +397,7 @@ impl Server {
         out
     }
 
-    fn lookup_inner(&self, req: &LookupRequest) -> Result<LookupResponse, Status> {
-        if req.ids.len() > self.max_batch {
-            return Err(self.status(
-                Code::ResourceExhausted,
-                format!("a lookup holds at most {} ids, got {}", self.max_batch, req.ids.len()),
-            ));
-        }
-        let hosted = self.find(req)?;
+    fn read(&self, req: &LookupRequest, hosted: &Hosted) -> Result<LookupResponse, Status> {
         let t = &hosted.table;
         let mut values = vec![0f32; req.ids.len() * t.dim()];
         let mut found = vec![false; req.ids.len()];
@@ -431,15 +446,14 @@ impl embstore_proto::v1::serving_server::Serving for Serving {
         // A small lookup of rows in memory takes microseconds: on this thread (a hand-off to
         // the blocking pool costs more). A large one, or one that may read from disk, goes off
         // the I/O threads.
-        let tiered = server
-            .tables
-            .read()
-            .get(&req.table)
-            .is_some_and(|h| h.iter().any(|h| h.version == req.version && h.table.is_tiered()));
-        if req.ids.len() <= INLINE_LOOKUP_IDS && !tiered {
-            return server.lookup(&req).map(Response::new);
+        let target = server.target(&req);
+        let inline = target
+            .as_ref()
+            .map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.is_tiered());
+        if inline {
+            return server.lookup_in(&req, target).map(Response::new);
         }
-        tokio::task::spawn_blocking(move || server.lookup(&req))
+        tokio::task::spawn_blocking(move || server.lookup_in(&req, target))
             .await
             .map_err(|e| Status::internal(format!("lookup task failed: {e}")))?
             .map(Response::new)
@@ -477,22 +491,26 @@ impl embstore_proto::v1::admin_server::Admin for Admin {
         &self,
         request: Request<VersionRequest>,
     ) -> Result<Response<ServerInfo>, Status> {
-        let r = request.into_inner();
-        if !self.0.drain(&r.table, r.version) {
-            return Err(self.0.status(
-                Code::NotFound,
-                format!("version {} of table '{}' is not held here", r.version, r.table),
-            ));
-        }
-        Ok(Response::new(self.0.info()))
+        self.change(request.into_inner(), Server::drain)
     }
 
     async fn unload(
         &self,
         request: Request<VersionRequest>,
     ) -> Result<Response<ServerInfo>, Status> {
-        let r = request.into_inner();
-        if !self.0.unload(&r.table, r.version) {
+        self.change(request.into_inner(), Server::unload)
+    }
+}
+
+impl Admin {
+    /// Applies `change` to the version `r` names; NOT_FOUND (with the ServerInfo) if this
+    /// server does not hold it.
+    fn change(
+        &self,
+        r: VersionRequest,
+        change: fn(&Server, &str, u64) -> bool,
+    ) -> Result<Response<ServerInfo>, Status> {
+        if !change(&self.0, &r.table, r.version) {
             return Err(self.0.status(
                 Code::NotFound,
                 format!("version {} of table '{}' is not held here", r.version, r.table),
@@ -573,17 +591,6 @@ impl Tokens {
     }
 }
 
-/// Serves `server` on `listener` until `shutdown` resolves (then stops accepting and finishes
-/// the requests in flight); with `admin`, the [`Admin`] service too.
-pub async fn serve(
-    server: Arc<Server>,
-    listener: tokio::net::TcpListener,
-    admin: bool,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), tonic::transport::Error> {
-    serve_with_tokens(server, listener, admin, Tokens::default(), shutdown).await
-}
-
 /// TLS for the serving port: the server's certificate chain and key (PEM), and with
 /// `client_ca`, the CA that client certificates must chain to (mutual TLS: a client without one
 /// is refused during the handshake).
@@ -594,26 +601,24 @@ pub struct Tls {
     pub client_ca_pem: Option<Vec<u8>>,
 }
 
-/// [`serve`], asking for `tokens`.
-pub async fn serve_with_tokens(
-    server: Arc<Server>,
-    listener: tokio::net::TcpListener,
-    admin: bool,
-    tokens: Tokens,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), tonic::transport::Error> {
-    serve_with(server, listener, admin, tokens, None, shutdown).await
+/// How [`serve`] serves: with `admin`, the [`Admin`] service too; the `tokens` it asks for;
+/// TLS when `tls` is given. The default: lookups only, no tokens, plaintext.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    pub admin: bool,
+    pub tokens: Tokens,
+    pub tls: Option<Tls>,
 }
 
-/// [`serve`], asking for `tokens`, over TLS when `tls` is given.
-pub async fn serve_with(
+/// Serves `server` on `listener` as `options` say until `shutdown` resolves (then stops
+/// accepting and finishes the requests in flight).
+pub async fn serve(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
-    admin: bool,
-    tokens: Tokens,
-    tls: Option<Tls>,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let ServeOptions { admin, tokens, tls } = options;
     use tokio_stream::StreamExt;
     // No Nagle: a small answer would otherwise wait for the client's delayed ACK (~40 ms).
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {

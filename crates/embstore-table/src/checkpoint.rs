@@ -188,6 +188,40 @@ fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
     Ok(out)
 }
 
+/// Per table id, the segments of a checkpoint chain that hold its rows (by seq): each
+/// checkpoint adds its files and drops those its table superseded.
+fn chain_files(chain: &[(PathBuf, State)]) -> BTreeMap<u64, BTreeMap<u64, PathBuf>> {
+    let mut files: BTreeMap<u64, BTreeMap<u64, PathBuf>> = BTreeMap::new();
+    for (path, state) in chain {
+        for (&id, t) in &state.tables {
+            let set = files.entry(id).or_default();
+            set.retain(|&seq, _| seq >= t.superseded_below);
+            for &seq in t.files.keys() {
+                set.insert(seq, segment_path(path, seq));
+            }
+        }
+    }
+    files
+}
+
+/// The config a checkpoint's manifest records for table `t`.
+fn table_config(t: &manifest::TableEntry) -> Result<crate::TableConfig> {
+    let bad = |w: &str| Error::corrupt(format!("table '{}' in the checkpoint: {w}", t.name));
+    parse_config_text(&t.config, &bad).map(|(config, _)| config)
+}
+
+/// Replays the segment at `path` into `table`, after checking that it belongs to table `id`.
+fn replay_segment(table: &Table, id: u64, path: &Path) -> Result<()> {
+    let r = SegmentReader::open(&RealFs, path)?;
+    if r.header().table_id != id || r.header().dim as usize != table.dim() {
+        return Err(Error::corrupt(format!(
+            "{}: header does not match the checkpoint's manifest",
+            path.display()
+        )));
+    }
+    table.replay(&r).map(drop)
+}
+
 /// Reads table `name` of the checkpoint in `ckpt` (with the chain it builds on) into a new
 /// table in memory that holds only the rows of serving shard `shard` of `num_shards` (a power
 /// of two; [`crate::shard_of_key`]), with their optimizer state, metadata and the table's
@@ -212,34 +246,17 @@ pub fn load_checkpoint_shard(
             format!("no table '{name}' in the checkpoint {}", ckpt.display()),
         ));
     };
-    let mut files: BTreeMap<u64, PathBuf> = BTreeMap::new();
-    for (path, state) in &chain {
-        if let Some(t) = state.tables.get(&id) {
-            files.retain(|&seq, _| seq >= t.superseded_below);
-            for &seq in t.files.keys() {
-                files.insert(seq, segment_path(path, seq));
-            }
-        }
-    }
-    let bad = |w: &str| Error::corrupt(format!("table '{name}' in the checkpoint: {w}"));
-    let (config, _) = parse_config_text(&t.config, &bad)?;
+    let files = chain_files(&chain).remove(&id).unwrap_or_default();
     let clock = Arc::new(crate::version::Clock::new(0));
-    let whole = Table::with_clock(config.clone(), clock.clone())?;
+    let whole = Table::with_clock(table_config(t)?, clock.clone())?;
     for path in files.values() {
-        let r = SegmentReader::open(&RealFs, path)?;
-        if r.header().table_id != id || r.header().dim as usize != whole.dim() {
-            return Err(Error::corrupt(format!(
-                "{}: header does not match the checkpoint's manifest",
-                path.display()
-            )));
-        }
-        whole.replay(&r)?;
+        replay_segment(&whole, id, path)?;
     }
     whole.set_step(t.step);
     if num_shards == 1 {
         return Ok(Arc::new(whole));
     }
-    let part = Table::with_clock(config, clock)?;
+    let part = Table::with_clock(whole.config().clone(), clock)?;
     let mut export = whole.export(1 << 14);
     for chunk in &mut export {
         let keep: Vec<usize> = (0..chunk.len())
@@ -291,16 +308,7 @@ impl Store {
         let chain = chain(ckpt.as_ref())?;
         // The tables of the newest checkpoint, with the files of the whole chain.
         let newest = &chain.last().expect("not empty").1;
-        let mut files: BTreeMap<u64, BTreeMap<u64, PathBuf>> = BTreeMap::new();
-        for (path, state) in &chain {
-            for (&id, t) in &state.tables {
-                let set = files.entry(id).or_default();
-                set.retain(|&seq, _| seq >= t.superseded_below);
-                for &seq in t.files.keys() {
-                    set.insert(seq, segment_path(path, seq));
-                }
-            }
-        }
+        let files = chain_files(&chain);
         let dest = dest.as_ref();
         prepare_empty_dir(&RealFs, dest)?;
         let store = Store::open(dest)?;
@@ -308,22 +316,13 @@ impl Store {
             newest.tables.keys().map(|id| files.get(id).map_or(0, |f| f.len())).sum();
         let mut done = 0;
         for (&id, t) in &newest.tables {
-            let bad =
-                |w: &str| Error::corrupt(format!("table '{}' in the checkpoint: {w}", t.name));
-            let (mut config, _) = parse_config_text(&t.config, &bad)?;
+            let mut config = table_config(t)?;
             if let Some(n) = num_shards {
                 config.num_shards = n;
             }
             let table = Arc::new(Table::with_clock(config, store.clock().clone())?);
             for path in files.get(&id).map(|f| f.values().collect::<Vec<_>>()).unwrap_or_default() {
-                let r = SegmentReader::open(&RealFs, path)?;
-                if r.header().table_id != id || r.header().dim as usize != table.dim() {
-                    return Err(Error::corrupt(format!(
-                        "{}: header does not match the checkpoint's manifest",
-                        path.display()
-                    )));
-                }
-                table.replay(&r)?;
+                replay_segment(&table, id, path)?;
                 done += 1;
                 progress(done, total);
             }

@@ -38,36 +38,33 @@ def _make_store(path: pathlib.Path) -> dict[str, np.ndarray]:
     return expected
 
 
-class _Served:
-    """`python -m embstore serve` on a free port, stopped by PID at the end."""
+def _embstore(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m embstore ARGS``, run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "embstore", *args], capture_output=True, text=True, timeout=timeout
+    )
 
-    def __init__(self, store: pathlib.Path) -> None:
+
+class _Served:
+    """`python -m embstore serve --listen 127.0.0.1:0 ARGS` on a free port, stopped by PID."""
+
+    def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "embstore",
-                "serve",
-                "--store",
-                str(store),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics",
-                "127.0.0.1:0",
-            ],
+            [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the first line names the address
-        m = re.search(r" on (127\.0\.0\.1:\d+):", line)
-        metrics = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
-        if m is None or metrics is None:
+        m = re.search(r" on 127\.0\.0\.1:(\d+):", line)
+        if m is None:
             self.stop()
             raise AssertionError(f"no address in {line!r}: {self.proc.stderr.read()!r}")
-        self.address = m.group(1)
-        self.metrics_url = metrics.group(1)
+        self.port = m.group(1)
+        self.address = f"127.0.0.1:{self.port}"
+        metrics = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", line)
+        self.metrics_url = metrics.group(1) if metrics else None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -78,7 +75,7 @@ class _Served:
 @pytest.fixture
 def served(tmp_path: pathlib.Path):
     expected = _make_store(tmp_path / "s")
-    server = _Served(tmp_path / "s")
+    server = _Served("--store", str(tmp_path / "s"), "--metrics", "127.0.0.1:0")
     try:
         yield server, expected, tmp_path / "s"
     finally:
@@ -120,52 +117,19 @@ def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served)
     assert re.search(r'embstore_lookups_total\{table="user",outcome="ok"\} \d+', text), text
     assert 'embstore_rows_held{table="item",version="1"} 30' in text, text
     # Status names what the server holds.
-    out = subprocess.run(
-        [sys.executable, "-m", "embstore", "status", server.address],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    out = _embstore("status", server.address, timeout=30)
     assert out.returncode == 0, out.stderr
     assert re.search(r"user\s+version 1\s+shard 0/1\s+ready", out.stdout), out.stdout
 
 
 def test_sigterm_stops_the_server_and_a_second_server_on_the_store_is_refused(served) -> None:
     server, _, store_dir = served
-    second = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embstore",
-            "serve",
-            "--store",
-            str(store_dir),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    second = _embstore("serve", "--store", str(store_dir), "--listen", "127.0.0.1:0", timeout=30)
     assert second.returncode == 2
     assert "open in another process" in second.stderr
     # A directory without a store is refused, not created.
     empty = store_dir.parent / "empty"
-    third = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embstore",
-            "serve",
-            "--store",
-            str(empty),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    third = _embstore("serve", "--store", str(empty), "--listen", "127.0.0.1:0", timeout=30)
     assert third.returncode == 2 and "holds no store" in third.stderr, third
     assert not empty.exists()
     server.proc.send_signal(signal.SIGTERM)
@@ -212,21 +176,11 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
     store.checkpoint(tmp_path / "c3", since=c2)
     del user, store
 
-    procs = []
+    servers: list[_Served] = []
     try:
         for _ in range(6):
-            p = subprocess.Popen(
-                [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0", "--admin"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            procs.append(p)
-        addrs = []
-        for p in procs:
-            m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
-            assert m, p.stderr.read()
-            addrs.append(m.group(1))
+            servers.append(_Served("--admin"))
+        addrs = [s.address for s in servers]
         col_a, col_b, spare = addrs[0:2], addrs[2:4], addrs[4:6]
 
         def load(column: list[str], version: int, ckpt: pathlib.Path) -> None:
@@ -235,27 +189,20 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
 
         load(col_a, 1, tmp_path / "c1")
         # The CLI's admin call, once.
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embstore",
-                "load",
-                "--server",
-                col_b[0],
-                "--table",
-                "user",
-                "--version",
-                "1",
-                "--checkpoint",
-                str(tmp_path / "c1"),
-                "--shard",
-                "0",
-                "--num-shards",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
+        out = _embstore(
+            "load",
+            "--server",
+            col_b[0],
+            "--table",
+            "user",
+            "--version",
+            "1",
+            "--checkpoint",
+            str(tmp_path / "c1"),
+            "--shard",
+            "0",
+            "--num-shards",
+            "2",
             timeout=60,
         )
         assert out.returncode == 0 and "version 1" in out.stdout, out
@@ -303,33 +250,26 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
             time.sleep(0.05)
         assert stats["last"] == 2, stats
         # The next version through `embstore publish`, the same steps as above.
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embstore",
-                "publish",
-                "--table",
-                "user",
-                "--version",
-                "3",
-                "--old-version",
-                "2",
-                "--checkpoint",
-                str(tmp_path / "c3"),
-                "--column",
-                ",".join(col_a),
-                "--column",
-                ",".join(col_b),
-                "--spare",
-                ",".join(spare),
-                "--drain-quiet",
-                "0.2",
-                "--drain-max",
-                "2",
-            ],
-            capture_output=True,
-            text=True,
+        out = _embstore(
+            "publish",
+            "--table",
+            "user",
+            "--version",
+            "3",
+            "--old-version",
+            "2",
+            "--checkpoint",
+            str(tmp_path / "c3"),
+            "--column",
+            ",".join(col_a),
+            "--column",
+            ",".join(col_b),
+            "--spare",
+            ",".join(spare),
+            "--drain-quiet",
+            "0.2",
+            "--drain-max",
+            "2",
             timeout=120,
         )
         assert out.returncode == 0, out
@@ -347,25 +287,18 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
             held = _native.admin(addr, "drain", "user", 3)
             assert [(t, v, s) for t, v, s, _, _ in held] == [("user", 3, addrs.index(addr) % 2)]
         # A publish with a bad layout is refused before any change.
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embstore",
-                "publish",
-                "--table",
-                "user",
-                "--version",
-                "4",
-                "--checkpoint",
-                str(tmp_path / "c3"),
-                "--column",
-                col_a[0],
-                "--spare",
-                ",".join(spare),
-            ],
-            capture_output=True,
-            text=True,
+        bad = _embstore(
+            "publish",
+            "--table",
+            "user",
+            "--version",
+            "4",
+            "--checkpoint",
+            str(tmp_path / "c3"),
+            "--column",
+            col_a[0],
+            "--spare",
+            ",".join(spare),
             timeout=60,
         )
         assert bad.returncode == 1 and "every column needs 2 servers" in bad.stderr, bad
@@ -376,10 +309,8 @@ def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.P
             _native.admin(spare[0], "load", "user", 3, 0, 2, str(tmp_path / "missing"))
         np.testing.assert_array_equal(client.lookup("user", ids), rows_of(3))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+        for server in servers:
+            server.stop()
 
 
 def test_remote_embedding_reads_rows_of_any_shape(served) -> None:
@@ -416,19 +347,11 @@ def test_kill_9_of_a_replica_under_load_gives_no_client_visible_error(tmp_path) 
     store = embstore.Store(tmp_path / "s")
     store.checkpoint(tmp_path / "c")
     del store
-    procs, addrs = [], []
+    servers: list[_Served] = []
     try:
         for _ in range(2):
-            p = subprocess.Popen(
-                [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0", "--admin"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            procs.append(p)
-            m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
-            assert m, p.stderr.read()
-            addrs.append(m.group(1))
+            servers.append(_Served("--admin"))
+        addrs = [s.address for s in servers]
         from embstore import _native
 
         for addr in addrs:
@@ -452,7 +375,7 @@ def test_kill_9_of_a_replica_under_load_gives_no_client_visible_error(tmp_path) 
         reader = threading.Thread(target=read)
         reader.start()
         time.sleep(0.3)
-        procs[0].kill()  # SIGKILL: no goodbye
+        servers[0].proc.kill()  # SIGKILL: no goodbye
         before = count[0]
         time.sleep(0.5)
         done.set()
@@ -460,40 +383,25 @@ def test_kill_9_of_a_replica_under_load_gives_no_client_visible_error(tmp_path) 
         assert not errors, errors
         assert count[0] > before + 5, (before, count[0])
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+        for server in servers:
+            server.stop()
 
 
 def test_tokens_guard_lookups_and_admin_calls(tmp_path: pathlib.Path) -> None:
     expected = _make_store(tmp_path / "s")
     (tmp_path / "read").write_text("r3ad-token\n")
     (tmp_path / "admin").write_text("adm1n-token")
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "embstore",
-            "serve",
-            "--store",
-            str(tmp_path / "s"),
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "--read-token-file",
-            str(tmp_path / "read"),
-            "--admin-token-file",
-            str(tmp_path / "admin"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    server = _Served(
+        "--store",
+        str(tmp_path / "s"),
+        "--admin",
+        "--read-token-file",
+        str(tmp_path / "read"),
+        "--admin-token-file",
+        str(tmp_path / "admin"),
     )
     try:
-        m = re.search(r" on (127\.0\.0\.1:\d+):", p.stdout.readline())
-        assert m, p.stderr.read()
-        addr = m.group(1)
+        addr = server.address
         with pytest.raises(embstore.PermissionDeniedError):
             embstore.connect(addr)
         with pytest.raises(embstore.PermissionDeniedError):
@@ -502,50 +410,15 @@ def test_tokens_guard_lookups_and_admin_calls(tmp_path: pathlib.Path) -> None:
         for token in ("r3ad-token", "adm1n-token"):
             rows = embstore.connect(addr, token=token).lookup("user", ids)
             np.testing.assert_array_equal(rows, expected["user"][ids])
-        base = [
-            sys.executable,
-            "-m",
-            "embstore",
-            "drain",
-            "--server",
-            addr,
-            "--table",
-            "user",
-            "--version",
-            "1",
-        ]
-        refused = subprocess.run(
-            [*base, "--token-file", str(tmp_path / "read")],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        drain = ("drain", "--server", addr, "--table", "user", "--version", "1")
+        refused = _embstore(*drain, "--token-file", str(tmp_path / "read"), timeout=30)
         assert refused.returncode == 1 and "token" in refused.stderr, refused
-        ok = subprocess.run(
-            [*base, "--token-file", str(tmp_path / "admin")],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        ok = _embstore(*drain, "--token-file", str(tmp_path / "admin"), timeout=30)
         assert ok.returncode == 0 and "draining" in ok.stdout, ok
-        status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embstore",
-                "status",
-                addr,
-                "--token-file",
-                str(tmp_path / "read"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        status = _embstore("status", addr, "--token-file", str(tmp_path / "read"), timeout=30)
         assert status.returncode == 0 and "user" in status.stdout, status
     finally:
-        p.kill()
-        p.wait(timeout=10)
+        server.stop()
 
 
 def _pki(d: pathlib.Path) -> None:
@@ -554,14 +427,11 @@ def _pki(d: pathlib.Path) -> None:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
+    new_key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
     run(
         "req",
         "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
+        *new_key,
         "-keyout",
         str(d / "ca.key"),
         "-out",
@@ -574,11 +444,7 @@ def _pki(d: pathlib.Path) -> None:
     for name in ("server", "client"):
         run(
             "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
+            *new_key,
             "-keyout",
             str(d / f"{name}.key"),
             "-out",
@@ -614,31 +480,18 @@ def _pki(d: pathlib.Path) -> None:
 def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_path) -> None:
     expected = _make_store(tmp_path / "s")
     _pki(tmp_path)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "embstore",
-            "serve",
-            "--store",
-            str(tmp_path / "s"),
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            str(tmp_path / "server.pem"),
-            "--tls-key",
-            str(tmp_path / "server.key"),
-            "--tls-client-ca",
-            str(tmp_path / "ca.pem"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    server = _Served(
+        "--store",
+        str(tmp_path / "s"),
+        "--tls-cert",
+        str(tmp_path / "server.pem"),
+        "--tls-key",
+        str(tmp_path / "server.key"),
+        "--tls-client-ca",
+        str(tmp_path / "ca.pem"),
     )
     try:
-        m = re.search(r" on 127\.0\.0\.1:(\d+):", p.stdout.readline())
-        assert m, p.stderr.read()
-        addr = f"localhost:{m.group(1)}"
+        addr = f"localhost:{server.port}"
         ids = np.array([0, 3], dtype=np.int64)
         client = embstore.connect(
             addr,
@@ -656,5 +509,4 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_pat
         with pytest.raises(embstore.InvalidArgumentError):
             embstore.connect(addr, tls_cert=tmp_path / "client.pem")
     finally:
-        p.kill()
-        p.wait(timeout=10)
+        server.stop()
