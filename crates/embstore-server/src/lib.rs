@@ -72,6 +72,50 @@ impl State {
     }
 }
 
+/// Where a hosted shard's rows come from: an embstore [`Table`] (in memory or tiered), or, for
+/// the benchmark's side-by-side peer, another store behind the same server.
+pub trait Rows: Send + Sync + std::fmt::Debug {
+    /// Floats per row.
+    fn dim(&self) -> usize;
+    /// Rows held.
+    fn len(&self) -> usize;
+    /// Bytes of memory the rows take.
+    fn bytes(&self) -> u64;
+    /// Whether a lookup may wait on a disk (then it runs on the blocking pool).
+    fn may_block(&self) -> bool;
+    /// Writes the rows of `ids` into `out` (`ids.len() × dim`), zeros and `found = false` for
+    /// ids not held.
+    fn lookup(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> embstore_table::Result<()>;
+}
+
+impl Rows for Table {
+    fn dim(&self) -> usize {
+        Table::dim(self)
+    }
+    fn len(&self) -> usize {
+        Table::len(self)
+    }
+    fn bytes(&self) -> u64 {
+        self.stats().bytes_used as u64
+    }
+    fn may_block(&self) -> bool {
+        self.is_tiered()
+    }
+    fn lookup(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> embstore_table::Result<()> {
+        Table::lookup(self, ids, OnMiss::Zeros, out, Some(found))
+    }
+}
+
 /// One shard of one table version held by this server.
 #[derive(Debug)]
 pub struct Hosted {
@@ -83,8 +127,8 @@ pub struct Hosted {
     pub num_shards: u32,
     /// Served or not (see [`State`]).
     pub state: State,
-    /// The rows: the table holds exactly the ids of this shard.
-    pub table: Arc<Table>,
+    /// The rows: exactly the ids of this shard.
+    pub table: Arc<dyn Rows>,
     /// When a request last named this version (ms since the epoch), for draining.
     pub last_request_ms: AtomicU64,
 }
@@ -191,7 +235,7 @@ impl Server {
         version: u64,
         shard: u32,
         num_shards: u32,
-        table: Arc<Table>,
+        table: Arc<dyn Rows>,
     ) -> embstore_table::Result<()> {
         if !num_shards.is_power_of_two() || shard >= num_shards {
             return Err(embstore_table::Error::new(
@@ -387,7 +431,7 @@ impl Server {
                     ("version".to_string(), h.version.to_string()),
                 ];
                 m.rows.get_or_create(&l).set(h.table.len() as i64);
-                let bytes = h.table.stats().bytes_used as i64;
+                let bytes = h.table.bytes() as i64;
                 m.bytes.get_or_create(&vec![("table".to_string(), name.clone())]).inc_by(bytes);
             }
         }
@@ -401,7 +445,7 @@ impl Server {
         let t = &hosted.table;
         let mut values = vec![0f32; req.ids.len() * t.dim()];
         let mut found = vec![false; req.ids.len()];
-        t.lookup(&req.ids, OnMiss::Zeros, &mut values, Some(&mut found))
+        t.lookup(&req.ids, &mut values, &mut found)
             .map_err(|e| self.status(to_status(e.kind()), e.to_string()))?;
         let current = self.gen.load(Ordering::Acquire);
         Ok(LookupResponse {
@@ -449,7 +493,7 @@ impl embstore_proto::v1::serving_server::Serving for Serving {
         let target = server.target(&req);
         let inline = target
             .as_ref()
-            .map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.is_tiered());
+            .map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.may_block());
         if inline {
             return server.lookup_in(&req, target).map(Response::new);
         }
