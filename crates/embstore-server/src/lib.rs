@@ -79,6 +79,10 @@ pub trait Rows: Send + Sync + std::fmt::Debug {
     fn dim(&self) -> usize;
     /// Rows held.
     fn len(&self) -> usize;
+    /// Whether no row is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Bytes of memory the rows take.
     fn bytes(&self) -> u64;
     /// Whether a lookup may wait on a disk (then it runs on the blocking pool).
