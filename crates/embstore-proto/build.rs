@@ -2,7 +2,7 @@
 //! generates the prost messages and tonic services.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/embstore/v1/serving.proto"];
+    let protos = ["proto/embstore/v1/serving.proto", "proto/etcd/rpc.proto"];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }

@@ -14,6 +14,13 @@ pub mod v1 {
     tonic::include_proto!("embstore.v1");
 }
 
+/// The part of etcd's v3 API that cluster coordination uses (package `etcdserverpb`; see
+/// `proto/etcd/rpc.proto`): `KV` (range, put, delete, transactions) and `Lease`.
+#[allow(missing_docs, missing_debug_implementations, clippy::all)]
+pub mod etcd {
+    tonic::include_proto!("etcdserverpb");
+}
+
 /// Rows as a [`v1::LookupResponse`] carries them: float32, little-endian, row-major.
 pub fn encode_rows(rows: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(rows.len() * 4);

@@ -231,7 +231,7 @@ impl Server {
     }
 
     /// Hosts `table` as shard `shard` of `num_shards` of version `version` of `name`, READY
-    /// (replacing what this server held for that version). Fails with `InvalidArgument` for a
+    /// (replacing what this server held for that version and shard). Fails with `InvalidArgument` for a
     /// shard count that is not a power of two or a shard past it.
     pub fn host(
         &self,
@@ -260,41 +260,47 @@ impl Server {
         });
         let mut tables = self.tables.write();
         let held = tables.entry(name.to_string()).or_default();
-        held.retain(|h| h.version != version);
+        held.retain(|h| !(h.version == version && h.shard == shard));
         held.push(hosted);
-        held.sort_by_key(|h| h.version);
+        held.sort_by_key(|h| (h.version, h.shard));
         self.gen.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
-    /// Marks version `version` of `name` DRAINING; whether this server held it.
-    pub fn drain(&self, name: &str, version: u64) -> bool {
-        self.set_state(name, version, State::Draining)
-    }
-
-    fn set_state(&self, name: &str, version: u64, state: State) -> bool {
+    /// Marks version `version` of `name` DRAINING (only its shard `shard`, if given); whether
+    /// this server held it.
+    pub fn drain(&self, name: &str, version: u64, shard: Option<u32>) -> bool {
         let mut tables = self.tables.write();
         let Some(held) = tables.get_mut(name) else { return false };
-        let Some(i) = held.iter().position(|h| h.version == version) else { return false };
-        let h = &held[i];
-        held[i] = Arc::new(Hosted {
-            version: h.version,
-            shard: h.shard,
-            num_shards: h.num_shards,
-            state,
-            table: h.table.clone(),
-            last_request_ms: AtomicU64::new(h.last_request_ms.load(Ordering::Relaxed)),
-        });
-        self.gen.fetch_add(1, Ordering::AcqRel);
-        true
+        let mut changed = false;
+        for h in held.iter_mut().filter(|h| Self::named(h, version, shard)) {
+            *h = Arc::new(Hosted {
+                version: h.version,
+                shard: h.shard,
+                num_shards: h.num_shards,
+                state: State::Draining,
+                table: h.table.clone(),
+                last_request_ms: AtomicU64::new(h.last_request_ms.load(Ordering::Relaxed)),
+            });
+            changed = true;
+        }
+        if changed {
+            self.gen.fetch_add(1, Ordering::AcqRel);
+        }
+        changed
     }
 
-    /// Stops hosting version `version` of `name`; whether this server held it.
-    pub fn unload(&self, name: &str, version: u64) -> bool {
+    fn named(h: &Hosted, version: u64, shard: Option<u32>) -> bool {
+        h.version == version && shard.is_none_or(|s| s == h.shard)
+    }
+
+    /// Stops hosting version `version` of `name` (only its shard `shard`, if given); whether
+    /// this server held it.
+    pub fn unload(&self, name: &str, version: u64, shard: Option<u32>) -> bool {
         let mut tables = self.tables.write();
         let Some(held) = tables.get_mut(name) else { return false };
         let before = held.len();
-        held.retain(|h| h.version != version);
+        held.retain(|h| !Self::named(h, version, shard));
         let removed = held.len() < before;
         if held.is_empty() {
             tables.remove(name);
@@ -303,6 +309,21 @@ impl Server {
             self.gen.fetch_add(1, Ordering::AcqRel);
         }
         removed
+    }
+
+    /// Whether shard `shard` of `version` of `name` is held here (loading or not).
+    pub fn holds(&self, name: &str, version: u64, shard: u32) -> bool {
+        let loading = self
+            .loading
+            .read()
+            .iter()
+            .any(|(t, v, s, _)| t == name && *v == version && *s == shard);
+        loading
+            || self
+                .tables
+                .read()
+                .get(name)
+                .is_some_and(|held| held.iter().any(|h| h.version == version && h.shard == shard))
     }
 
     /// What this server holds, as every response carries it.
@@ -353,7 +374,7 @@ impl Server {
                 .rev()
                 .find(|h| h.state != State::Loading && h.shard == req.shard)
                 .cloned(),
-            v => held.iter().find(|h| h.version == v).cloned(),
+            v => held.iter().find(|h| h.version == v && h.shard == req.shard).cloned(),
         };
         match hosted {
             Some(h)
@@ -556,9 +577,9 @@ impl Admin {
     fn change(
         &self,
         r: VersionRequest,
-        change: fn(&Server, &str, u64) -> bool,
+        change: fn(&Server, &str, u64, Option<u32>) -> bool,
     ) -> Result<Response<ServerInfo>, Status> {
-        if !change(&self.0, &r.table, r.version) {
+        if !change(&self.0, &r.table, r.version, r.shard) {
             return Err(self.0.status(
                 Code::NotFound,
                 format!("version {} of table '{}' is not held here", r.version, r.table),
