@@ -25,6 +25,10 @@
 //!
 //! Not yet here (issue 9): etcd discovery, TLS, tokens.
 
+mod publish;
+
+pub use publish::{publish, shards_for, Publish};
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -125,10 +129,41 @@ struct Endpoint {
     outstanding: AtomicUsize,
 }
 
-/// A client of a fixed set of servers (see the crate docs).
+impl Endpoint {
+    fn new(addr: &str, options: &ClientOptions) -> Result<Self> {
+        let channel = channel(addr, options.deadline, options.tls.as_ref())?;
+        Ok(Self {
+            addr: addr.to_string(),
+            rpc: ServingClient::new(channel),
+            healthy: AtomicBool::new(true),
+            outstanding: AtomicUsize::new(0),
+        })
+    }
+}
+
+/// How often a client that found its servers through etcd re-reads the registered ones.
+const DISCOVER_EVERY: Duration = Duration::from_secs(2);
+
+/// A client's view of etcd's naming: the addresses registered there, re-read by a task every
+/// [`DISCOVER_EVERY`] (kept as they were while etcd is away).
+#[derive(Debug)]
+struct Discovery {
+    addrs: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Discovery {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A client of a set of servers, fixed or found through etcd (see the crate docs).
 #[derive(Debug)]
 pub struct Client {
-    endpoints: Vec<Arc<Endpoint>>,
+    /// Only ever grows (indices stay valid); servers that went away are unhealthy.
+    endpoints: parking_lot::RwLock<Vec<Arc<Endpoint>>>,
+    discovery: Option<Discovery>,
     /// Per endpoint, the newest `ServerInfo` seen (by `gen`).
     infos: Mutex<Vec<Option<ServerInfo>>>,
     /// Per table, the version of its last batch.
@@ -158,17 +193,12 @@ impl Client {
         }
         let mut endpoints = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let channel = channel(addr, options.deadline, options.tls.as_ref())?;
-            endpoints.push(Arc::new(Endpoint {
-                addr: addr.clone(),
-                rpc: ServingClient::new(channel),
-                healthy: AtomicBool::new(true),
-                outstanding: AtomicUsize::new(0),
-            }));
+            endpoints.push(Arc::new(Endpoint::new(addr, &options)?));
         }
         let client = Self {
             infos: Mutex::new(vec![None; endpoints.len()]),
-            endpoints,
+            endpoints: parking_lot::RwLock::new(endpoints),
+            discovery: None,
             pinned: Mutex::new(HashMap::new()),
             refreshed: Mutex::new(std::time::Instant::now()),
             turn: AtomicUsize::new(0),
@@ -177,7 +207,7 @@ impl Client {
         if client.refresh().await == 0 {
             // A refusal (a missing or wrong token) says more than "no answer".
             let req = request(DescribeRequest {}, client.options.token.as_deref());
-            let mut rpc = client.endpoints[0].rpc.clone();
+            let mut rpc = client.endpoint(0).rpc.clone();
             let first = rpc.describe(req);
             if let Ok(Err(status)) = tokio::time::timeout(client.options.deadline, first).await {
                 if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) {
@@ -192,12 +222,70 @@ impl Client {
         Ok(client)
     }
 
+    /// A client of the servers registered in etcd at `etcd` (see [`Client::connect`]). It
+    /// keeps re-reading the registrations, so servers that join later are used; while etcd is
+    /// away it goes on with the servers it knows. Fails with `Unavailable` when etcd does not
+    /// answer or no server is registered.
+    pub async fn connect_etcd(etcd: &[String], options: ClientOptions) -> Result<Self> {
+        let etcd = Arc::new(embstore_cluster::Etcd::connect(etcd, Duration::from_secs(2))?);
+        let addrs: Vec<String> =
+            embstore_cluster::members(&etcd).await?.into_iter().map(|(_, a)| a).collect();
+        if addrs.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no server is registered in etcd at {}", etcd.endpoints().join(",")),
+            ));
+        }
+        let mut client = Self::connect(&addrs, options).await?;
+        let found = Arc::new(Mutex::new(addrs));
+        let shared = found.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(DISCOVER_EVERY).await;
+                if let Ok(m) = embstore_cluster::members(&etcd).await {
+                    *shared.lock() = m.into_iter().map(|(_, a)| a).collect();
+                }
+            }
+        });
+        client.discovery = Some(Discovery { addrs: found, task });
+        Ok(client)
+    }
+
+    /// Every server known now (a snapshot).
+    fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        self.endpoints.read().clone()
+    }
+
+    fn endpoint(&self, i: usize) -> Arc<Endpoint> {
+        self.endpoints.read()[i].clone()
+    }
+
+    /// Adds the servers of `addrs` not known yet.
+    fn add(&self, addrs: &[String]) {
+        // The lock order everywhere: infos, then endpoints.
+        let mut infos = self.infos.lock();
+        let mut eps = self.endpoints.write();
+        for addr in addrs {
+            if eps.iter().any(|e| &e.addr == addr) {
+                continue;
+            }
+            let Ok(ep) = Endpoint::new(addr, &self.options) else { continue };
+            eps.push(Arc::new(ep));
+            infos.push(None);
+        }
+    }
+
     /// Asks every server what it holds; returns how many answered (the others are marked
-    /// unhealthy until they answer again).
+    /// unhealthy until they answer again). A client found through etcd first adds the servers
+    /// registered since.
     pub async fn refresh(&self) -> usize {
         *self.refreshed.lock() = std::time::Instant::now();
+        if let Some(d) = &self.discovery {
+            let addrs = d.addrs.lock().clone();
+            self.add(&addrs);
+        }
         let mut tasks = tokio::task::JoinSet::new();
-        for (i, ep) in self.endpoints.iter().enumerate() {
+        for (i, ep) in self.endpoints().iter().enumerate() {
             let mut rpc = ep.rpc.clone();
             let deadline = self.options.deadline;
             let req = request(DescribeRequest {}, self.options.token.as_deref());
@@ -212,10 +300,10 @@ impl Client {
             match result {
                 Ok(Ok(info)) => {
                     answered += 1;
-                    self.endpoints[i].healthy.store(true, Ordering::Relaxed);
+                    self.endpoint(i).healthy.store(true, Ordering::Relaxed);
                     self.learn(i, info.into_inner());
                 }
-                _ => self.endpoints[i].healthy.store(false, Ordering::Relaxed),
+                _ => self.endpoint(i).healthy.store(false, Ordering::Relaxed),
             }
         }
         answered
@@ -224,7 +312,11 @@ impl Client {
     /// The servers' addresses and the newest `ServerInfo` seen from each.
     pub fn view(&self) -> Vec<(String, Option<ServerInfo>)> {
         let infos = self.infos.lock();
-        self.endpoints.iter().zip(infos.iter()).map(|(e, i)| (e.addr.clone(), i.clone())).collect()
+        self.endpoints()
+            .iter()
+            .zip(infos.iter())
+            .map(|(e, i)| (e.addr.clone(), i.clone()))
+            .collect()
     }
 
     fn learn(&self, endpoint: usize, info: ServerInfo) {
@@ -242,7 +334,7 @@ impl Client {
         let mut versions: BTreeMap<u64, (u32, u32, Shards)> = BTreeMap::new();
         for (i, info) in infos.iter().enumerate() {
             let Some(info) = info else { continue };
-            if !self.endpoints[i].healthy.load(Ordering::Relaxed) {
+            if !self.endpoint(i).healthy.load(Ordering::Relaxed) {
                 continue;
             }
             for h in info.held.iter().filter(|h| h.table == table) {
@@ -392,7 +484,7 @@ impl Client {
             let order = if self.options.consistent {
                 let (ready, draining) = &place.replicas[s];
                 let mut order = ready.clone();
-                order.sort_by_key(|&i| self.endpoints[i].outstanding.load(Ordering::Relaxed));
+                order.sort_by_key(|&i| self.endpoint(i).outstanding.load(Ordering::Relaxed));
                 order.extend(draining);
                 order
             } else {
@@ -411,7 +503,7 @@ impl Client {
                 order.iter().map(|&i| infos[i].as_ref().map_or(0, |x| x.gen)).collect()
             };
             let endpoints: Vec<Arc<Endpoint>> =
-                order.iter().map(|&i| self.endpoints[i].clone()).collect();
+                order.iter().map(|&i| self.endpoint(i).clone()).collect();
             let token = self.options.token.clone();
             tasks.spawn(async move {
                 (s, order, shard_call(endpoints, known, req, token.as_deref()).await)
@@ -428,7 +520,7 @@ impl Client {
                 self.learn(order[*i], info.clone());
             }
             for &i in &result.failed {
-                self.endpoints[order[i]].healthy.store(false, Ordering::Relaxed);
+                self.endpoint(order[i]).healthy.store(false, Ordering::Relaxed);
             }
             let resp = match result.outcome {
                 Ok(resp) => resp,
@@ -573,10 +665,10 @@ pub enum AdminCall {
     /// Load shard `shard` of `num_shards` of `table` from the checkpoint at `checkpoint` (a
     /// path on the server's machine) as `version`.
     Load { table: String, version: u64, shard: u32, num_shards: u32, checkpoint: String },
-    /// Mark `version` of `table` DRAINING.
-    Drain { table: String, version: u64 },
-    /// Stop serving `version` of `table`.
-    Unload { table: String, version: u64 },
+    /// Mark `version` of `table` DRAINING (only shard `shard`, if given).
+    Drain { table: String, version: u64, shard: Option<u32> },
+    /// Stop serving `version` of `table` (only shard `shard`, if given).
+    Unload { table: String, version: u64, shard: Option<u32> },
 }
 
 /// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard), with
@@ -597,11 +689,11 @@ pub async fn admin(
                 let msg = LoadRequest { table, version, shard, num_shards, checkpoint };
                 rpc.load(request(msg, token)).await
             }
-            AdminCall::Drain { table, version } => {
-                rpc.drain(request(VersionRequest { table, version }, token)).await
+            AdminCall::Drain { table, version, shard } => {
+                rpc.drain(request(VersionRequest { table, version, shard }, token)).await
             }
-            AdminCall::Unload { table, version } => {
-                rpc.unload(request(VersionRequest { table, version }, token)).await
+            AdminCall::Unload { table, version, shard } => {
+                rpc.unload(request(VersionRequest { table, version, shard }, token)).await
             }
         }
     };
@@ -629,7 +721,14 @@ pub struct RollPlan {
     pub checkpoint: String,
     /// The version the columns serve now (unloaded as each column moves); `None`: nothing.
     pub old_version: Option<u64>,
+    /// The old version's shard count, when known: a column's server then drains and unloads
+    /// only its own shard of it (it may hold others, taken over from a dead server); `None`
+    /// (unknown, or a re-sharding roll): the whole old version there.
+    pub old_num_shards: Option<u32>,
     pub columns: Vec<Vec<String>>,
+    /// One server per shard that holds the new version while the columns move (1/R extra
+    /// memory, no loss of capacity); empty: no spare column (the first version of a table, or
+    /// too few servers — capacity then drops by one replica while a column moves).
     pub spare: Vec<String>,
     /// A draining replica is unloaded once no lookup named the old version there for this
     /// long, or after `drain_max` in all.
@@ -656,17 +755,26 @@ impl RollPlan {
 /// is and says which step failed: every column not yet moved still serves the old version, so
 /// clients keep reading one complete version throughout.
 pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()> {
-    let shards = plan.spare.len();
+    let shards = plan.columns.first().map_or(plan.spare.len(), Vec::len);
     if shards == 0 || !shards.is_power_of_two() {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("the spare column must have a power-of-two number of servers, got {shards}"),
+            format!("a column must have a power-of-two number of servers, got {shards}"),
         ));
     }
     if let Some(bad) = plan.columns.iter().find(|c| c.len() != shards) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!("every column needs {shards} servers (one per shard), got {bad:?}"),
+        ));
+    }
+    if !plan.spare.is_empty() && plan.spare.len() != shards {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "the spare column needs {shards} servers (one per shard), got {:?}",
+                plan.spare
+            ),
         ));
     }
     let at = |what: String| move |e: Error| Error::new(e.kind(), format!("{what}: {e}"));
@@ -682,11 +790,18 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
         plan.call(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
     }
     let quick = Duration::from_secs(10);
+    // The old version's shard a column's server holds at position `s`, if the count is known.
+    let old_shard =
+        |s: usize| plan.old_num_shards.filter(|&n| n as usize == shards).map(|_| s as u32);
     for (r, column) in plan.columns.iter().enumerate() {
         if let Some(old) = plan.old_version {
-            for addr in column {
+            for (s, addr) in column.iter().enumerate() {
                 progress(&format!("column {r} {addr}: drain version {old}"));
-                let call = AdminCall::Drain { table: plan.table.clone(), version: old };
+                let call = AdminCall::Drain {
+                    table: plan.table.clone(),
+                    version: old,
+                    shard: old_shard(s),
+                };
                 match plan.call(addr, call, quick).await {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
@@ -699,7 +814,11 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
         }
         for (s, addr) in column.iter().enumerate() {
             if let Some(old) = plan.old_version {
-                let call = AdminCall::Unload { table: plan.table.clone(), version: old };
+                let call = AdminCall::Unload {
+                    table: plan.table.clone(),
+                    version: old,
+                    shard: old_shard(s),
+                };
                 match plan.call(addr, call, quick).await {
                     Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
                     Err(e) if e.kind() == ErrorKind::TableNotFound => {}
@@ -715,9 +834,13 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
                 .map_err(at(format!("column {r} {addr}")))?;
         }
     }
-    for addr in &plan.spare {
+    for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: unload version {}", plan.version));
-        let call = AdminCall::Unload { table: plan.table.clone(), version: plan.version };
+        let call = AdminCall::Unload {
+            table: plan.table.clone(),
+            version: plan.version,
+            shard: Some(s as u32),
+        };
         plan.call(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
     }
     progress(&format!("done: table '{}' at version {}", plan.table, plan.version));

@@ -169,11 +169,11 @@ async fn roll_under_reads(consistent: bool) -> (u64, u64) {
         tokio::time::sleep(drain).await;
         for column in [&a, &b] {
             for server in column.iter() {
-                server.drain("user", v);
+                server.drain("user", v, None);
             }
             tokio::time::sleep(drain).await;
             for (s, server) in column.iter().enumerate() {
-                server.unload("user", v);
+                server.unload("user", v, None);
                 // A load takes a while: the column's shards move one after the other.
                 tokio::time::sleep(drain).await;
                 server.host("user", v + 1, s as u32, 2, shard_table(&ids, s, 2, v + 1)).unwrap();
@@ -181,7 +181,7 @@ async fn roll_under_reads(consistent: bool) -> (u64, u64) {
             tokio::time::sleep(drain).await;
         }
         for server in spare.iter() {
-            server.unload("user", v + 1);
+            server.unload("user", v + 1, None);
         }
         tokio::time::sleep(drain).await;
     }
@@ -296,7 +296,7 @@ async fn tokens_guard_lookups_and_admin_calls() {
         assert_eq!(c.lookup("user", &ids).await.unwrap().found, vec![true; 10]);
     }
     // Admin calls take only the admin token.
-    let drain = || AdminCall::Drain { table: "user".into(), version: 1 };
+    let drain = || AdminCall::Drain { table: "user".into(), version: 1, shard: None };
     let t = Duration::from_secs(5);
     for token in [None, Some("r3ad"), Some("nope")] {
         let e = admin(&addr, drain(), t, token, None).await.unwrap_err();

@@ -394,7 +394,8 @@ impl TestEtcd {
                 )
             })?;
         let etcd = TestEtcd { child, dir, endpoint };
-        let client = Etcd::connect(&[etcd.endpoint.clone()], Duration::from_millis(500))?;
+        let client =
+            Etcd::connect(std::slice::from_ref(&etcd.endpoint), Duration::from_millis(500))?;
         let start = std::time::Instant::now();
         while client.get("/embstore/ping").await.is_err() {
             if start.elapsed() > Duration::from_secs(20) {
@@ -488,8 +489,9 @@ mod tests {
     #[tokio::test]
     async fn etcd_keys_leases_and_compare_and_swap() {
         let server = TestEtcd::start().await.unwrap();
-        let etcd =
-            Arc::new(Etcd::connect(&[server.endpoint.clone()], Duration::from_secs(2)).unwrap());
+        let etcd = Arc::new(
+            Etcd::connect(std::slice::from_ref(&server.endpoint), Duration::from_secs(2)).unwrap(),
+        );
         assert!(etcd.put_if("/t/a", b"1", 0, 0).await.unwrap());
         assert!(!etcd.put_if("/t/a", b"2", 0, 0).await.unwrap(), "created twice");
         let rev = etcd.get("/t/a").await.unwrap().unwrap().mod_revision;

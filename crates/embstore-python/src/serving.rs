@@ -320,8 +320,8 @@ pub(crate) fn admin(
                 "load needs a checkpoint",
             )))
         }
-        ("drain", _) => AdminCall::Drain { table, version },
-        ("unload", _) => AdminCall::Unload { table, version },
+        ("drain", _) => AdminCall::Drain { table, version, shard: None },
+        ("unload", _) => AdminCall::Unload { table, version, shard: None },
         (other, _) => {
             return Err(to_py_err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -388,6 +388,7 @@ pub(crate) fn roll(
         version,
         checkpoint,
         old_version,
+        old_num_shards: None,
         columns,
         spare,
         drain_quiet: secs("drain_quiet_s", drain_quiet_s)?,

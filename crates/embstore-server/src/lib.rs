@@ -19,7 +19,10 @@
 //! - Missing ids get zero rows and `found = 0`; serving never inserts.
 //! - A bad request gets a typed status; the server keeps serving.
 //!
-//! Not yet here (issue 9): etcd membership and control, TLS and tokens.
+//! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
+//!   reconciler that loads what the control records assign here.
+
+pub mod member;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -809,10 +812,10 @@ mod tests {
         assert_eq!(s.lookup(&req(7, vec![1; 5])).unwrap_err().code(), Code::ResourceExhausted);
         assert!(s.lookup(&req(7, vec![])).unwrap().values.is_empty());
         // Draining still serves; unloading does not; each change raises gen.
-        assert!(s.drain("user", 7));
+        assert!(s.drain("user", 7, None));
         assert_eq!(s.info().held[0].state(), WireState::Draining);
         assert!(s.lookup(&req(7, vec![1])).is_ok());
-        assert!(s.unload("user", 7) && !s.unload("user", 7));
+        assert!(s.unload("user", 7, None) && !s.unload("user", 7, None));
         assert_eq!(s.lookup(&req(7, vec![1])).unwrap_err().code(), Code::NotFound);
         assert!(s.info().gen >= gen + 2);
         assert!(s.host("user", 1, 2, 2, table(&[])).is_err());

@@ -222,6 +222,26 @@ fn replay_segment(table: &Table, id: u64, path: &Path) -> Result<()> {
     table.replay(&r).map(drop)
 }
 
+/// The bytes of table `name`'s segments in the checkpoint at `ckpt` and the chain it builds on
+/// (rows and optimizer state as stored; rows rewritten along the chain count once per
+/// segment): the size serving's automatic shard count is computed from.
+pub fn checkpoint_table_bytes(ckpt: &Path, name: &str) -> Result<u64> {
+    let chain = chain(ckpt)?;
+    let newest = &chain.last().expect("not empty").1;
+    let Some((&id, _)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
+        return Err(Error::new(
+            ErrorKind::TableNotFound,
+            format!("no table '{name}' in the checkpoint {}", ckpt.display()),
+        ));
+    };
+    let files = chain_files(&chain).remove(&id).unwrap_or_default();
+    files.values().try_fold(0u64, |sum, path| {
+        let len = std::fs::metadata(path)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))?;
+        Ok(sum + len.len())
+    })
+}
+
 /// Reads table `name` of the checkpoint in `ckpt` (with the chain it builds on) into a new
 /// table in memory that holds only the rows of serving shard `shard` of `num_shards` (a power
 /// of two; [`crate::shard_of_key`]), with their optimizer state, metadata and the table's
