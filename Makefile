@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python ruff bench-index bench-table bench-memory bench-interference bench-serving \
+        test-python services ruff bench-index bench-table bench-memory bench-interference bench-serving \
         fmt clean
 
 help: ## List the targets
@@ -75,10 +75,18 @@ ruff: setup
 	$(VENV)/bin/ruff check python examples
 	$(VENV)/bin/ruff format --check python examples
 
-test-rust: toolchain ## Rust unit, property and doc tests
+services: ## Install etcd (Debian's etcd-server) for the cluster tests, if it is missing
+	@command -v etcd >/dev/null || { \
+		echo "==> installing etcd-server (Debian) for the cluster tests"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -q etcd-server >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q etcd-server >/dev/null; } || \
+		{ echo "error: cannot install etcd-server: apt-get install etcd-server, then retry"; exit 1; }; }
+
+test-rust: toolchain services ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
 
-test-python: develop data ## pytest (unit, integration, doctests, examples)
+test-python: develop data services ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
 
 bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
@@ -98,10 +106,12 @@ bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
 	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)
 
-bench-serving: toolchain ## Batch lookups via the serving stack vs Redis MGET, loopback (ARGS="--seconds 3")
+bench-serving: toolchain ## Serving: latency vs a RocksDB-backed server and Redis, SLO throughput, rolls (ARGS="--seconds 3")
 	@command -v redis-server >/dev/null || { echo "==> installing redis-server (Debian) for the peer"; \
 		apt-get install -y -q redis-server >/dev/null || echo "warning: no redis-server: run with ARGS='--redis-server \"\"'"; }
-	$(CARGO) run --release -p embstore-bench -- serving $(ARGS)
+	@[ -f /usr/include/rocksdb/c.h ] || { echo "==> installing librocksdb-dev (Debian) for the RocksDB-backed server"; \
+		apt-get install -y -q librocksdb-dev >/dev/null || echo "warning: no librocksdb-dev: the RocksDB-backed server is skipped"; }
+	$(CARGO) run --release -p embstore-bench $$([ -f /usr/include/rocksdb/c.h ] && echo --features rocksdb) -- serving $(ARGS)
 
 bench-tier: develop ## Tables larger than memory: training out of memory, lookups vs RocksDB (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_tier.py $(ARGS)

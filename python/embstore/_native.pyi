@@ -163,6 +163,9 @@ class Server:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        etcd: list[str] | None = None,
+        advertise: str | None = None,
+        lease_ttl_s: float = 10.0,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -181,6 +184,7 @@ class Client:
         max_restarts: int = 2,
         token: str | None = None,
         tls: tuple[str, str | None, str | None, str | None] | None = None,
+        etcd: list[str] | None = None,
     ) -> None: ...
     def lookup(
         self, table: str, ids: npt.NDArray[np.uint64]
@@ -212,3 +216,17 @@ def roll(
     token: str | None = None,
     tls: tuple[str, str | None, str | None, str | None] | None = None,
 ) -> None: ...
+def publish(
+    etcd: list[str],
+    table: str,
+    checkpoint: str,
+    num_shards: int | None = None,
+    max_shard_bytes: int = ...,
+    replicas: int | None = None,
+    drain_quiet_s: float = 2.0,
+    drain_max_s: float = 30.0,
+    load_timeout_s: float = 600.0,
+    token: str | None = None,
+    tls: tuple[str, str | None, str | None, str | None] | None = None,
+) -> int: ...
+def cluster(etcd: list[str]) -> tuple[list[tuple[str, str]], list[str]]: ...

@@ -1,6 +1,7 @@
 """The ``embstore`` command line: ``embstore inspect DIR``, ``embstore verify DIR``,
-``embstore serve [--store DIR] --listen HOST:PORT [--admin]``, ``embstore status HOST:PORT ...``
-and the admin calls ``embstore load|drain|unload --server HOST:PORT ...``.
+``embstore serve [--store DIR] [--etcd URL] --listen HOST:PORT [--admin]``,
+``embstore status HOST:PORT ... | --etcd URL``, ``embstore publish`` and the admin calls
+``embstore load|drain|unload --server HOST:PORT ...``.
 
 Run it as ``embstore ...`` (installed with the package) or ``python -m embstore ...``.
 """
@@ -85,8 +86,28 @@ def main(argv: list[str] | None = None) -> int:
         help="serve every table of a store directory over gRPC (batch lookups)",
         description="Serve every table of a store directory as version 1 (one process, no etcd; "
         "docs/serving.md), or start empty and take versions through admin calls "
-        "(`embstore load`, with --admin). Lookups of missing ids return zeros and never insert. "
-        "Stops on Ctrl-C or SIGTERM: no new connections, requests in flight finish.",
+        "(`embstore load`, with --admin), or join a cluster in etcd (--etcd): register under "
+        "a lease and load what `embstore publish --etcd` assigns here. Lookups of missing ids "
+        "return zeros and never insert. Stops on Ctrl-C or SIGTERM: no new connections, "
+        "requests in flight finish, and a cluster member deregisters.",
+    )
+    srv.add_argument(
+        "--etcd",
+        metavar="URL[,URL...]",
+        help="join the cluster in this etcd (e.g. http://127.0.0.1:2379); implies --admin",
+    )
+    srv.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="the address clients dial, registered in etcd (default: the --listen address)",
+    )
+    srv.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="a dead member's slots move to others this long after its last renewal "
+        "(default: %(default)s)",
     )
     srv.add_argument(
         "--store", metavar="DIR", help="serve every table of this store directory as version 1"
@@ -143,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser(
         "status",
         help="what each server holds: tables, versions, shards, states",
-        description="Ask each server what it holds and print it (exit 1 if none answers).",
+        description="Ask each server what it holds and print it (exit 1 if none answers). With "
+        "--etcd: the cluster's tables (version, shards, replicas, assignment, the last roll "
+        "and its progress) and its registered servers, each asked what it holds.",
     )
-    st.add_argument("servers", nargs="+", metavar="HOST:PORT", help="server addresses")
+    st.add_argument("servers", nargs="*", metavar="HOST:PORT", help="server addresses")
+    st.add_argument("--etcd", metavar="URL[,URL...]", help="the cluster in this etcd")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.add_argument("--token-file", metavar="FILE", help="a read or admin token, if one is needed")
     _tls_args(st)
@@ -170,26 +194,55 @@ def main(argv: list[str] | None = None) -> int:
             )
     pub = sub.add_parser(
         "publish",
-        help="roll a table to a new version over a fixed cluster, one column at a time",
+        help="roll a table to a new version, one column of replicas at a time",
         description="Roll a table to a new version (docs/serving.md): the spare column loads it; "
         "then each column in turn drains the old version, waits until no lookup names it, "
         "unloads it and loads the new one; then the spare column unloads. Clients read one "
-        "complete version throughout. Every server needs --admin. On an error the roll stops "
-        "and names the step; the columns not yet moved still serve the old version.",
+        "complete version throughout. With --etcd the layout comes from the cluster (the next "
+        "version number, the assignment, a spare server per shard; the shard count from "
+        "--shards or the checkpoint's size and --max-shard-size) and the roll's progress is "
+        "recorded there (`embstore status --etcd`). Without it, give the layout: --version, "
+        "--column per replica, --spare; every server needs --admin. On an error the roll stops "
+        "and names the step; the old version is still served.",
     )
+    pub.add_argument("--etcd", metavar="URL[,URL...]", help="the cluster in this etcd")
     pub.add_argument("--table", required=True, help="the table's name")
-    pub.add_argument("--version", required=True, type=int, help="the new version")
     pub.add_argument("--checkpoint", required=True, help="its checkpoint (a path on the servers)")
-    pub.add_argument("--old-version", type=int, default=None, help="the version served now")
+    pub.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --etcd: shards of the new version, a power of two (default: from the "
+        "checkpoint's size and --max-shard-size)",
+    )
+    pub.add_argument(
+        "--max-shard-size",
+        type=int,
+        default=1 << 30,
+        metavar="BYTES",
+        help="with --etcd: the largest shard an automatic shard count allows "
+        "(default: %(default)s)",
+    )
+    pub.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="R",
+        help="with --etcd: replicas per shard (default: as now, 2 for a new table)",
+    )
+    pub.add_argument("--version", type=int, help="without --etcd: the new version")
+    pub.add_argument(
+        "--old-version", type=int, default=None, help="without --etcd: the version served now"
+    )
     pub.add_argument(
         "--column",
         action="append",
-        required=True,
         metavar="HOST:PORT,...",
-        help="one replica of every shard, shard 0 first (repeat per replica)",
+        help="without --etcd: one replica of every shard, shard 0 first (repeat per replica)",
     )
     pub.add_argument(
-        "--spare", required=True, metavar="HOST:PORT,...", help="the spare column, shard 0 first"
+        "--spare", metavar="HOST:PORT,...", help="without --etcd: the spare column, shard 0 first"
     )
     pub.add_argument("--token-file", metavar="FILE", help="the admin token, if one is needed")
     _tls_args(pub)
@@ -282,13 +335,18 @@ def _serve(args: argparse.Namespace) -> int:
             args.tls_cert,
             args.tls_key,
             args.tls_client_ca,
+            _etcd(args.etcd),
+            args.advertise,
+            args.lease_ttl,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2
     tables = ", ".join(server.tables) or "none"
     source = args.store or "no store"
-    admin = ", admin calls on" if args.admin else ""
+    admin = ", admin calls on" if args.admin or args.etcd else ""
+    if args.etcd:
+        admin += f", member of the cluster in etcd {args.etcd}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
     print(
@@ -333,9 +391,42 @@ def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _etcd(urls: str | None) -> list[str] | None:
+    """``--etcd`` as the native calls take it."""
+    return None if urls is None else [u for u in urls.split(",") if u.strip()]
+
+
 def _publish(args: argparse.Namespace) -> int:
     from embstore import _native
 
+    if args.etcd:
+        try:
+            version = _native.publish(
+                _etcd(args.etcd),
+                args.table,
+                str(args.checkpoint),
+                args.shards,
+                args.max_shard_size,
+                args.replicas,
+                args.drain_quiet,
+                args.drain_max,
+                token=_token(args.token_file),
+                tls=_client_tls(args),
+            )
+        except EmbstoreError as e:
+            print(f"embstore publish: {e}", file=sys.stderr)
+            return 1
+        print(f"embstore publish: table '{args.table}' is at version {version}", flush=True)
+        return 0
+    missing = [f for f in ("version", "column", "spare") if getattr(args, f) is None]
+    if missing:
+        print(
+            "embstore publish: without --etcd, give the layout: "
+            + ", ".join("--" + f for f in missing)
+            + " missing",
+            file=sys.stderr,
+        )
+        return 2
     columns = [c.split(",") for c in args.column]
     try:
         token = _token(args.token_file)
@@ -358,12 +449,35 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from embstore import _native
     from embstore.serving import connect
 
+    if not args.servers and not args.etcd:
+        print("embstore status: give server addresses or --etcd", file=sys.stderr)
+        return 2
+    servers = list(args.servers)
+    tables: list[dict[str, Any]] = []
+    if args.etcd:
+        try:
+            members, controls = _native.cluster(_etcd(args.etcd))
+        except EmbstoreError as e:
+            print(f"embstore status: {e}", file=sys.stderr)
+            return 1
+        tables = [json.loads(c) for c in controls]
+        servers += [addr for _, addr in members if addr not in servers]
+        if not args.json:
+            for t in tables:
+                _print_control(t)
+            if not servers:
+                print("no server is registered")
+        if not servers:
+            if args.json:
+                print(json.dumps({"tables": tables, "servers": {}}))
+            return 0
     try:
         token = _token(args.token_file)
         view = connect(
-            args.servers,
+            servers,
             deadline_s=3.0,
             max_restarts=0,
             token=token,
@@ -375,12 +489,30 @@ def _status(args: argparse.Namespace) -> int:
     except EmbstoreError as e:
         print(f"embstore status: {e}", file=sys.stderr)
         return 1
+    held_by = {a: None if h is None else [list(x) for x in h] for a, h in view}
     if args.json:
-        print(json.dumps({a: None if h is None else [list(x) for x in h] for a, h in view}))
+        print(json.dumps({"tables": tables, "servers": held_by} if args.etcd else held_by))
         return 0
     for addr, held in view:
         _print_held(addr, held)
     return 0
+
+
+def _print_control(t: dict[str, Any]) -> None:
+    """A table's control record: what is served, where, and its last roll."""
+    print(
+        f"table {t['table']}: version {t['version']}, {t['num_shards']} shards "
+        f"x {t['replicas']} replicas, checkpoint {t['checkpoint']}"
+    )
+    for s, replicas in enumerate(t["assignment"]):
+        print(f"  shard {s}: {', '.join(replicas)}")
+    roll = t.get("roll")
+    if roll:
+        line = (
+            f"  last roll: {roll['from_version']} -> {roll['to_version']} {roll['state']}"
+            f" (by {roll['coordinator']}), step: {roll['step']}"
+        )
+        print(line + (f", error: {roll['error']}" if roll["error"] else ""))
 
 
 def _print_held(addr: str, held: list[tuple[str, int, int, int, str]] | None) -> None:

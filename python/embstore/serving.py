@@ -76,8 +76,9 @@ class RemoteClient:
 
 
 def connect(
-    address: str | list[str],
+    address: str | list[str] | None = None,
     *,
+    etcd: str | list[str] | None = None,
     deadline_s: float = 5.0,
     max_restarts: int = 2,
     token: str | None = None,
@@ -95,10 +96,22 @@ def connect(
     talks TLS, checking the certificates against ``tls_domain`` (default: the address's host);
     ``tls_cert`` and ``tls_key`` add a client certificate for servers that ask for one.
 
+    With ``etcd`` (``"http://host:port"``, or a list of etcd members) instead of an address,
+    the client finds the servers registered in etcd (``embstore serve --etcd``), keeps
+    re-reading them (servers that join later are used), and goes on with the ones it knows
+    while etcd is away.
+
     Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
     they refuse the token (or its absence)."""
-    addresses = [address] if isinstance(address, str) else list(address)
-    if not addresses or not all(isinstance(a, str) and a for a in addresses):
+    if (address is None) == (etcd is None):
+        raise InvalidArgumentError("give either address or etcd")
+    etcds = None
+    if etcd is not None:
+        etcds = [etcd] if isinstance(etcd, str) else list(etcd)
+        if not etcds or not all(isinstance(e, str) and e for e in etcds):
+            raise InvalidArgumentError(f"etcd must be 'http://host:port' or a list, got {etcd!r}")
+    addresses = [] if address is None else [address] if isinstance(address, str) else list(address)
+    if etcds is None and (not addresses or not all(isinstance(a, str) and a for a in addresses)):
         raise InvalidArgumentError(
             f"address must be 'host:port' or a list of them, got {address!r}"
         )
@@ -107,7 +120,9 @@ def connect(
     if token is not None and (not isinstance(token, str) or not token):
         raise InvalidArgumentError("token must be a non-empty str")
     tls = _tls(tls_ca, tls_cert, tls_key, tls_domain)
-    return RemoteClient(_native.Client(addresses, float(deadline_s), max_restarts, token, tls))
+    return RemoteClient(
+        _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds)
+    )
 
 
 def _tls(ca: Any, cert: Any, key: Any, domain: str | None) -> tuple[Any, ...] | None:

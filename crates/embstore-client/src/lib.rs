@@ -755,7 +755,11 @@ impl RollPlan {
 /// is and says which step failed: every column not yet moved still serves the old version, so
 /// clients keep reading one complete version throughout.
 pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()> {
-    let shards = plan.columns.first().map_or(plan.spare.len(), Vec::len);
+    // The spare column names the shard count when there is one, else the first column.
+    let shards = match plan.spare.len() {
+        0 => plan.columns.first().map_or(0, Vec::len),
+        n => n,
+    };
     if shards == 0 || !shards.is_power_of_two() {
         return Err(Error::new(
             ErrorKind::InvalidArgument,

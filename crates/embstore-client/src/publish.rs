@@ -177,7 +177,7 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
         ));
     }
     progress(&format!(
-        "table '{}': version {} → {version}, {num_shards} shards × {replicas} replicas, spare column {:?}",
+        "table '{}': version {} -> {version}, {num_shards} shards x {replicas} replicas, spare column {:?}",
         p.table, old.version, spare
     ));
     let plan = RollPlan {

@@ -155,6 +155,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(table::inspect_dir, m)?)?;
     m.add_function(wrap_pyfunction!(serving::admin, m)?)?;
     m.add_function(wrap_pyfunction!(serving::roll, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::publish, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::cluster, m)?)?;
     m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;
     m.add("OPTIMIZERS", embstore_table::Optimizer::NAMES)?;
     m.add("INITIALIZERS", embstore_table::Initializer::NAMES)?;

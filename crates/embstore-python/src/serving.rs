@@ -37,13 +37,15 @@ pub(crate) struct PyServer {
     metrics_address: Option<String>,
     stop: watch::Sender<bool>,
     options: embstore_server::ServeOptions,
+    /// Membership in a cluster in etcd, joined by `run()`.
+    member: Option<embstore_server::member::MemberOptions>,
     _store: Option<Arc<Store>>,
 }
 
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -58,7 +60,16 @@ impl PyServer {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
         tls_client_ca: Option<std::path::PathBuf>,
+        etcd: Option<Vec<String>>,
+        advertise: Option<String>,
+        lease_ttl_s: f64,
     ) -> PyResult<Self> {
+        if !(lease_ttl_s.is_finite() && lease_ttl_s >= 1.0) {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("lease_ttl_s must be at least 1 second, got {lease_ttl_s}"),
+            )));
+        }
         let tls = match (tls_cert, tls_key) {
             (Some(cert), Some(key)) => Some(embstore_server::Tls {
                 cert_pem: read_pem(&cert)?,
@@ -112,6 +123,14 @@ impl PyServer {
             .local_addr()
             .map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?
             .to_string();
+        // A cluster member is known by the address clients dial: --advertise, or the bound
+        // address (port 0 resolved).
+        let address = advertise.unwrap_or(address);
+        let member = etcd.map(|e| {
+            let mut m = embstore_server::member::MemberOptions::new(e, &address);
+            m.lease_ttl = Duration::from_secs_f64(lease_ttl_s);
+            m
+        });
         let server = Server::new(address.clone(), max_batch);
         for name in store.as_ref().map(|s| s.tables()).unwrap_or_default() {
             let table = store.as_ref().expect("listed").table(&name).map_err(to_py_err)?;
@@ -127,10 +146,12 @@ impl PyServer {
             metrics_address,
             stop,
             options: embstore_server::ServeOptions {
-                admin,
+                // A cluster member takes the roll coordinator's admin calls.
+                admin: admin || member.is_some(),
                 tokens: embstore_server::Tokens { read: read_token, admin: admin_token },
                 tls,
             },
+            member,
             _store: store,
         })
     }
@@ -164,8 +185,19 @@ impl PyServer {
         let server = self.server.clone();
         let mut stop = self.stop.subscribe();
         let metrics = self.metrics.lock().take();
+        let member = self.member.clone();
         detached(py, || {
             self.runtime.block_on(async move {
+                let member = match member {
+                    Some(options) => {
+                        let joined =
+                            embstore_server::member::Member::join(server.clone(), options).await;
+                        Some(Arc::new(joined.map_err(|e| {
+                            Error::new(e.kind(), format!("cannot join the cluster: {e}"))
+                        })?))
+                    }
+                    None => None,
+                };
                 let (quit_tx, quit_rx) = watch::channel(false);
                 let quit_tx = Arc::new(quit_tx);
                 let quit_on_return = quit_tx.clone();
@@ -199,6 +231,7 @@ impl PyServer {
                     let _ = quit_tx.send(true);
                 };
                 let signals = tokio::spawn(signals);
+                let member = member.map(|m| tokio::spawn(m.run(quit(quit_rx.clone()))));
                 let served =
                     embstore_server::serve(server, listener, self.options.clone(), quit(quit_rx))
                         .await;
@@ -208,10 +241,14 @@ impl PyServer {
                 if let Some(m) = metrics {
                     let _ = m.await;
                 }
-                served
+                // Deregisters from etcd (the naming key goes at once).
+                if let Some(m) = member {
+                    let _ = m.await;
+                }
+                served.map_err(|e| Error::new(ErrorKind::Io, format!("serving failed: {e}")))
             })
         })
-        .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("serving failed: {e}"))))
+        .map_err(to_py_err)
     }
 
     /// Asks `run()` to return (from another thread).
@@ -233,7 +270,7 @@ pub(crate) struct PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None, tls=None))]
+    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None, tls=None, etcd=None))]
     fn new(
         py: Python<'_>,
         addresses: Vec<String>,
@@ -241,6 +278,7 @@ impl PyClient {
         max_restarts: usize,
         token: Option<String>,
         tls: Option<TlsPaths>,
+        etcd: Option<Vec<String>>,
     ) -> PyResult<Self> {
         if !(deadline_s.is_finite() && deadline_s > 0.0) {
             return Err(to_py_err(Error::new(
@@ -256,8 +294,11 @@ impl PyClient {
             tls: client_tls(tls)?,
             ..Default::default()
         };
-        let inner = detached(py, || runtime.block_on(Client::connect(&addresses, options)))
-            .map_err(to_py_err)?;
+        let inner = detached(py, || match &etcd {
+            Some(e) => runtime.block_on(Client::connect_etcd(e, options)),
+            None => runtime.block_on(Client::connect(&addresses, options)),
+        })
+        .map_err(to_py_err)?;
         Ok(Self { runtime, inner })
     }
 
@@ -373,16 +414,6 @@ pub(crate) fn roll(
     token: Option<String>,
     tls: Option<TlsPaths>,
 ) -> PyResult<()> {
-    let secs = |what: &str, s: f64| -> PyResult<Duration> {
-        if s.is_finite() && s >= 0.0 {
-            Ok(Duration::from_secs_f64(s))
-        } else {
-            Err(to_py_err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{what} must be a number of seconds >= 0, got {s}"),
-            )))
-        }
-    };
     let plan = embstore_client::RollPlan {
         table,
         version,
@@ -391,22 +422,14 @@ pub(crate) fn roll(
         old_num_shards: None,
         columns,
         spare,
-        drain_quiet: secs("drain_quiet_s", drain_quiet_s)?,
-        drain_max: secs("drain_max_s", drain_max_s)?,
-        load_timeout: secs("load_timeout_s", load_timeout_s)?,
+        drain_quiet: seconds("drain_quiet_s", drain_quiet_s)?,
+        drain_max: seconds("drain_max_s", drain_max_s)?,
+        load_timeout: seconds("load_timeout_s", load_timeout_s)?,
         token,
         tls: client_tls(tls)?,
     };
     let rt = runtime(1)?;
-    detached(py, || {
-        rt.block_on(embstore_client::roll(&plan, |line| {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "embstore publish: {line}");
-            let _ = out.flush();
-        }))
-    })
-    .map_err(to_py_err)
+    detached(py, || rt.block_on(embstore_client::roll(&plan, print_step))).map_err(to_py_err)
 }
 
 /// `(ca, cert, key, domain)`: a CA file, an optional client certificate and key (mutual TLS)
@@ -436,4 +459,91 @@ fn client_tls(tls: Option<TlsPaths>) -> PyResult<Option<embstore_client::ClientT
         }
     };
     Ok(Some(embstore_client::ClientTls { ca_pem: read_pem(&ca)?, domain, identity }))
+}
+
+/// Publishes `checkpoint` as the next version of `table` over the cluster in etcd at `etcd`
+/// (`embstore_client::publish`), printing a line per step; returns the version now served.
+#[pyfunction]
+#[pyo3(signature = (etcd, table, checkpoint, num_shards=None, max_shard_bytes=1 << 30, replicas=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn publish(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    table: String,
+    checkpoint: String,
+    num_shards: Option<u32>,
+    max_shard_bytes: u64,
+    replicas: Option<u32>,
+    drain_quiet_s: f64,
+    drain_max_s: f64,
+    load_timeout_s: f64,
+    token: Option<String>,
+    tls: Option<TlsPaths>,
+) -> PyResult<u64> {
+    if replicas == Some(0) {
+        return Err(to_py_err(Error::new(ErrorKind::InvalidArgument, "replicas must be >= 1")));
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let p = embstore_client::Publish {
+        table,
+        checkpoint,
+        num_shards,
+        max_shard_bytes,
+        replicas,
+        coordinator: format!("{}:{}", host.trim(), std::process::id()),
+        drain_quiet: seconds("drain_quiet_s", drain_quiet_s)?,
+        drain_max: seconds("drain_max_s", drain_max_s)?,
+        load_timeout: seconds("load_timeout_s", load_timeout_s)?,
+        token,
+        tls: client_tls(tls)?,
+    };
+    let rt = runtime(1)?;
+    detached(py, || {
+        rt.block_on(async {
+            let etcd = Arc::new(embstore_cluster::Etcd::connect(&etcd, Duration::from_secs(3))?);
+            embstore_client::publish(etcd, &p, print_step).await
+        })
+    })
+    .map_err(to_py_err)
+}
+
+/// A cluster as etcd holds it: `[(instance, address)]` registered, and the control records as
+/// JSON strings.
+type ClusterRows = (Vec<(String, String)>, Vec<String>);
+
+/// The members and control records of the cluster in etcd at `etcd`.
+#[pyfunction]
+pub(crate) fn cluster(py: Python<'_>, etcd: Vec<String>) -> PyResult<ClusterRows> {
+    let rt = runtime(1)?;
+    detached(py, || {
+        rt.block_on(async {
+            let etcd = embstore_cluster::Etcd::connect(&etcd, Duration::from_secs(3))?;
+            let members = embstore_cluster::members(&etcd).await?;
+            let controls = embstore_cluster::controls(&etcd).await?;
+            let json = controls
+                .into_iter()
+                .map(|(c, _)| String::from_utf8_lossy(&c.to_json()).into_owned())
+                .collect();
+            Ok::<_, Error>((members, json))
+        })
+    })
+    .map_err(to_py_err)
+}
+
+fn print_step(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "embstore publish: {line}");
+    let _ = out.flush();
+}
+
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    if s.is_finite() && s >= 0.0 {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(to_py_err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{what} must be a number of seconds >= 0, got {s}"),
+        )))
+    }
 }
