@@ -218,6 +218,24 @@ async fn a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd() {
     assert!(n > 20, "too few batches ({n}) to say anything");
     assert_eq!(m, 0, "{m} of {n} batches mixed versions");
 
+    // A coordinator that dies mid-roll: its record says running, its lock expires; a column
+    // server it had emptied gets the recorded version back from its own reconciler.
+    let (mut c, rev) = control(&etcd, "user").await.unwrap().unwrap();
+    c.roll.as_mut().unwrap().state = RollState::Running;
+    assert!(embstore_cluster::put_control(&etcd, &c, rev).await.unwrap());
+    let emptied = c.assignment[1][0].clone();
+    let unload =
+        embstore_client::AdminCall::Unload { table: "user".into(), version: 3, shard: None };
+    embstore_client::admin(&emptied, unload, Duration::from_secs(5), None, None).await.unwrap();
+    wait_for("an abandoned roll's column restored", Duration::from_secs(20), || {
+        let emptied = emptied.clone();
+        async move {
+            let ch = Client::connect(&[emptied], ClientOptions::default()).await.unwrap();
+            ch.view()[0].1.as_ref().is_some_and(|i| i.held.iter().any(|h| h.version == 3))
+        }
+    })
+    .await;
+
     // A server dies: lookups go on at once (other replicas), and once its lease expires its
     // slot goes to a live server, which loads it: every shard has 2 live replicas again.
     let dead = nodes.remove(0);

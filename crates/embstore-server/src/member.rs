@@ -10,8 +10,10 @@
 //! - **drop leftovers**: versions of a table other than the one recorded, quiet for `quiet`
 //!   (no lookup named them), are unloaded.
 //!
-//! A table whose roll is running is left to the roll's coordinator. While etcd is away the
-//! server serves what it holds and reconciles again once etcd answers.
+//! A table whose roll is running is left to the roll's coordinator while the coordinator holds
+//! the table's roll lock; a roll whose lock expired (its coordinator died) is treated as
+//! stopped: the servers restore the recorded version, and the next `publish` starts over.
+//! While etcd is away the server serves what it holds and reconciles again once etcd answers.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -105,9 +107,17 @@ impl Member {
                 load.remove(i);
             }
         }
+        // A running roll whose coordinator's lock is gone was abandoned (the coordinator died):
+        // the servers restore the recorded version, and the next publish starts over.
+        let Ok(locks) = self.etcd.range_prefix(embstore_cluster::ROLL_LOCK).await else {
+            return;
+        };
+        let locked = |table: &str| {
+            locks.iter().any(|kv| kv.key[embstore_cluster::ROLL_LOCK.len()..] == *table)
+        };
         let me = &self.options.instance;
         for (mut c, revision) in all {
-            if c.rolling() || c.version == 0 {
+            if (c.rolling() && locked(&c.table)) || c.version == 0 {
                 continue;
             }
             let fixes = repair(&c, &live, &mut load);
