@@ -260,7 +260,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="or after S seconds in all (default: 30)",
     )
+    for p in (srv, st, pub):
+        p.add_argument(
+            "--config",
+            metavar="TOML",
+            help="read settings from this TOML file: keys are the long flags without dashes "
+            '(listen = "127.0.0.1:7000", etcd = "http://...", max_batch = 4096); flags '
+            "given on the command line win",
+        )
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        subparser = {"serve": srv, "status": st, "publish": pub}[args.command]
+        try:
+            subparser.set_defaults(**_config(args.config, subparser))
+        except ValueError as e:
+            print(f"embstore {args.command}: {e}", file=sys.stderr)
+            return 2
+        args = parser.parse_args(argv)
     if args.command == "publish":
         return _publish(args)
     if args.command in ("load", "drain", "unload"):
@@ -289,6 +305,30 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print("  ok: every record and checksum verified")
     return 1 if report["damage"] else 0
+
+
+def _config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The settings in the TOML file at ``path``, as ``parser``'s defaults; ValueError for a
+    file that cannot be read or a key that is not one of the command's flags."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"cannot read the config file {path}: {e}") from e
+    known = {a.dest for a in parser._actions if a.option_strings} - {"help", "config"}
+    out = {}
+    for key, value in raw.items():
+        dest = key.replace("-", "_")
+        if dest not in known:
+            raise ValueError(
+                f"unknown setting '{key}' in {path}; known: {', '.join(sorted(known))}"
+            )
+        if dest == "column" and isinstance(value, str):
+            value = [value]
+        out[dest] = value
+    return out
 
 
 def _tls_args(p: argparse.ArgumentParser) -> None:

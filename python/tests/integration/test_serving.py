@@ -150,6 +150,35 @@ def test_connect_checks_its_arguments() -> None:
         embstore.connect("127.0.0.1:1", max_restarts=-1)
     with pytest.raises(embstore.InvalidArgumentError):
         embstore.connect("127.0.0.1:1", deadline_s=0)
+    with pytest.raises(embstore.InvalidArgumentError, match="either address or etcd"):
+        embstore.connect("127.0.0.1:1", etcd="http://127.0.0.1:1")
+    with pytest.raises(embstore.InvalidArgumentError, match="either address or etcd"):
+        embstore.connect()
+    # An etcd that does not answer: a clear error, not a hang.
+    start = time.monotonic()
+    with pytest.raises(embstore.UnavailableError, match="etcd"):
+        embstore.connect(etcd="http://127.0.0.1:1")
+    assert time.monotonic() - start < 10
+
+
+def test_serve_reads_a_config_file_and_flags_win(tmp_path: pathlib.Path) -> None:
+    expected = _make_store(tmp_path / "s")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'store = "{tmp_path / "s"}"\nmax-batch = 4\nlisten = "127.0.0.1:1"\n')
+    server = _Served("--config", str(config))  # its --listen 127.0.0.1:0 wins over the file's
+    try:
+        client = embstore.connect(server.address)
+        ids = np.arange(4, dtype=np.int64)
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+        with pytest.raises(embstore.CapacityError, match="at most 4 ids"):
+            client.lookup("user", np.arange(5, dtype=np.int64))
+    finally:
+        server.stop()
+    config.write_text("listen = 7\nno_such_setting = 1\n")
+    out = _embstore("serve", "--config", str(config), timeout=30)
+    assert out.returncode == 2 and "unknown setting 'no_such_setting'" in out.stderr, out
+    out = _embstore("serve", "--config", str(tmp_path / "missing.toml"), timeout=30)
+    assert out.returncode == 2 and "cannot read the config file" in out.stderr, out
 
 
 def test_a_roll_across_server_processes_never_mixes_versions(tmp_path: pathlib.Path) -> None:
