@@ -414,6 +414,8 @@ pub(crate) fn roll(
     token: Option<String>,
     tls: Option<TlsPaths>,
 ) -> PyResult<()> {
+    let (drain_quiet, drain_max, load_timeout) =
+        roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
     let plan = embstore_client::RollPlan {
         table,
         version,
@@ -422,9 +424,9 @@ pub(crate) fn roll(
         old_num_shards: None,
         columns,
         spare,
-        drain_quiet: seconds("drain_quiet_s", drain_quiet_s)?,
-        drain_max: seconds("drain_max_s", drain_max_s)?,
-        load_timeout: seconds("load_timeout_s", load_timeout_s)?,
+        drain_quiet,
+        drain_max,
+        load_timeout,
         token,
         tls: client_tls(tls)?,
     };
@@ -484,6 +486,8 @@ pub(crate) fn publish(
         return Err(to_py_err(Error::new(ErrorKind::InvalidArgument, "replicas must be >= 1")));
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let (drain_quiet, drain_max, load_timeout) =
+        roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
     let p = embstore_client::Publish {
         table,
         checkpoint,
@@ -491,9 +495,9 @@ pub(crate) fn publish(
         max_shard_bytes,
         replicas,
         coordinator: format!("{}:{}", host.trim(), std::process::id()),
-        drain_quiet: seconds("drain_quiet_s", drain_quiet_s)?,
-        drain_max: seconds("drain_max_s", drain_max_s)?,
-        load_timeout: seconds("load_timeout_s", load_timeout_s)?,
+        drain_quiet,
+        drain_max,
+        load_timeout,
         token,
         tls: client_tls(tls)?,
     };
@@ -535,6 +539,15 @@ fn print_step(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "embstore publish: {line}");
     let _ = out.flush();
+}
+
+/// A roll's drain-quiet, drain-max and load timeout, checked.
+fn roll_timing(quiet: f64, max: f64, load: f64) -> PyResult<(Duration, Duration, Duration)> {
+    Ok((
+        seconds("drain_quiet_s", quiet)?,
+        seconds("drain_max_s", max)?,
+        seconds("load_timeout_s", load)?,
+    ))
 }
 
 fn seconds(what: &str, s: f64) -> PyResult<Duration> {

@@ -222,19 +222,29 @@ fn replay_segment(table: &Table, id: u64, path: &Path) -> Result<()> {
     table.replay(&r).map(drop)
 }
 
-/// The bytes of table `name`'s segments in the checkpoint at `ckpt` and the chain it builds on
-/// (rows and optimizer state as stored; rows rewritten along the chain count once per
-/// segment): the size serving's automatic shard count is computed from.
-pub fn checkpoint_table_bytes(ckpt: &Path, name: &str) -> Result<u64> {
+/// Table `name` of the checkpoint at `ckpt`: its id, its manifest entry and the segments of the
+/// chain that hold its rows (by seq); `TableNotFound` if the checkpoint has no such table.
+fn table_in_chain(
+    ckpt: &Path,
+    name: &str,
+) -> Result<(u64, manifest::TableEntry, BTreeMap<u64, PathBuf>)> {
     let chain = chain(ckpt)?;
     let newest = &chain.last().expect("not empty").1;
-    let Some((&id, _)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
+    let Some((&id, t)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
         return Err(Error::new(
             ErrorKind::TableNotFound,
             format!("no table '{name}' in the checkpoint {}", ckpt.display()),
         ));
     };
-    let files = chain_files(&chain).remove(&id).unwrap_or_default();
+    let t = t.clone();
+    Ok((id, t, chain_files(&chain).remove(&id).unwrap_or_default()))
+}
+
+/// The bytes of table `name`'s segments in the checkpoint at `ckpt` and the chain it builds on
+/// (rows and optimizer state as stored; rows rewritten along the chain count once per
+/// segment): the size serving's automatic shard count is computed from.
+pub fn checkpoint_table_bytes(ckpt: &Path, name: &str) -> Result<u64> {
+    let (_, _, files) = table_in_chain(ckpt, name)?;
     files.values().try_fold(0u64, |sum, path| {
         let len = std::fs::metadata(path)
             .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))?;
@@ -258,17 +268,9 @@ pub fn load_checkpoint_shard(
             "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
         )));
     }
-    let chain = chain(ckpt)?;
-    let newest = &chain.last().expect("not empty").1;
-    let Some((&id, t)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
-        return Err(Error::new(
-            ErrorKind::TableNotFound,
-            format!("no table '{name}' in the checkpoint {}", ckpt.display()),
-        ));
-    };
-    let files = chain_files(&chain).remove(&id).unwrap_or_default();
+    let (id, t, files) = table_in_chain(ckpt, name)?;
     let clock = Arc::new(crate::version::Clock::new(0));
-    let whole = Table::with_clock(table_config(t)?, clock.clone())?;
+    let whole = Table::with_clock(table_config(&t)?, clock.clone())?;
     for path in files.values() {
         replay_segment(&whole, id, path)?;
     }
