@@ -7,7 +7,9 @@
 //! Workloads:
 //! - `index` — NeighborHash batch and scalar lookups vs hashbrown and a random-access bound.
 //! - `cold-reads` — batches of cold records read with O_DIRECT by each I/O engine vs the disk bound
-//! - `serving` — batch lookups through the batch-query service vs Redis `MGET`, on loopback
+//! - `serving` — batch lookups through the batch-query service vs the same servers on RocksDB
+//!   (`--features rocksdb`) and Redis `MGET`, where the time goes, throughput at a p99 SLO, and
+//!   rolling updates under load, on loopback
 
 use clap::{Parser, Subcommand};
 
@@ -33,7 +35,8 @@ enum Workload {
     Index(index::IndexArgs),
     /// Cold-record batch reads (O_DIRECT): pread threads vs io_uring depths vs the disk bound.
     ColdReads(cold::ColdReadsArgs),
-    /// Batch lookups through the batch-query service (2 shards × 2 replicas) vs Redis MGET.
+    /// The batch-query service (2 shards × 2 replicas) vs a RocksDB-backed server and Redis:
+    /// latency, time breakdown, throughput at an SLO, rolling updates.
     Serving(serving::ServingArgs),
 }
 

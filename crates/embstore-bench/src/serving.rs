@@ -1,17 +1,40 @@
-//! `serving` — issue 9's benchmark 1, the paper's Table 4 on loopback: batches of random ids
-//! looked up through the batch-query service (2 shards × 2 replicas, in this process, on
-//! loopback) next to Redis (`redis-server`, a separate process, `MGET` of the same rows), closed
-//! loop with each client count; average, p50 and p99 latency per batch and QPS.
+//! `serving` — issue 9's benchmarks of the batch-query service, on loopback, peers side by side
+//! in the same run and on the same cores:
+//!
+//! 1. **latency** — the paper's Table 4: batches of random ids looked up through the service
+//!    (2 shards × 2 replicas), closed loop with each client count, next to the same servers
+//!    with their storage swapped for RocksDB (`--features rocksdb`, see [`rocks`]) and to
+//!    Redis (`redis-server`, a separate process, `MGET` of the same rows); average, p50 and
+//!    p99 latency per batch and QPS.
+//! 2. **breakdown** — where a batch's time goes: the servers' own time per shard call (their
+//!    `embstore_lookup_seconds` histogram during the one-client runs), split by timing the
+//!    storage lookup and the rows-to-bytes copy alone; the response's protobuf encoding; the
+//!    client's decoding and scatter; the rest (gRPC, HTTP/2, loopback, scheduling).
+//! 3. **slo** — the highest QPS at `--slo-batch` ids whose p99 stays under `--slo-ms`, raising
+//!    the number of closed-loop clients (1, 2, 4, …) until p99 passes it.
+//! 4. **roll** — see [`roll`]: QPS and p99 during rolling updates vs steady state, the roll's
+//!    time, the servers' extra memory, and batches mixing versions with the protocol on and off.
 //!
 //! Dimensions: `--rows` rows of `--dim` float32 (1 KB at D 256), uniform random ids, batch sizes
-//! `--batches`, clients `--clients`, `--seconds` per point after a 0.5 s warm-up.
+//! `--batches`, clients `--clients`, `--seconds` per point after a 0.5 s warm-up. The servers
+//! run in this process, on one tokio runtime of 2 threads shared with the clients.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions};
-use embstore_server::Server;
-use embstore_table::{shard_of_key, Store, TableConfig};
+use embstore_proto::v1::LookupResponse;
+use embstore_server::{Rows, Server};
+use embstore_table::{shard_of_key, Store, Table, TableConfig};
+use prost::Message;
+
+#[cfg(feature = "rocksdb")]
+mod rocks;
+mod roll;
+
+/// Shards and replicas of every cluster of the benchmark.
+const SHARDS: usize = 2;
+const REPLICAS: usize = 2;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct ServingArgs {
@@ -30,9 +53,31 @@ pub(crate) struct ServingArgs {
     /// Seconds timed per point.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Parts to run: latency, breakdown, slo, roll.
+    #[arg(long, value_delimiter = ',', default_value = "latency,breakdown,slo,roll")]
+    parts: Vec<String>,
     /// The redis-server binary ("" to skip Redis).
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
+    /// Where the RocksDB-backed server keeps its databases (removed at the end); default: a
+    /// fresh folder under the temporary directory. Needs `--features rocksdb`.
+    #[arg(long)]
+    rocksdb_dir: Option<std::path::PathBuf>,
+    /// The SLO: p99 latency in ms.
+    #[arg(long, default_value_t = 10.0)]
+    slo_ms: f64,
+    /// Batch size of the SLO search and of the roll's load.
+    #[arg(long, default_value_t = 500)]
+    slo_batch: usize,
+    /// Client counts tried for the SLO, in order, until p99 passes the SLO.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    slo_clients: Vec<usize>,
+    /// Closed-loop clients reading during the rolls.
+    #[arg(long, default_value_t = 8)]
+    roll_clients: usize,
+    /// A draining replica is unloaded once no lookup named its version for this long (ms).
+    #[arg(long, default_value_t = 500)]
+    drain_quiet_ms: u64,
     /// One JSON object per point instead of a table.
     #[arg(long)]
     json: bool,
@@ -40,36 +85,66 @@ pub(crate) struct ServingArgs {
     seed: u64,
 }
 
-/// Latencies of one point, in µs.
+impl ServingArgs {
+    fn part(&self, name: &str) -> bool {
+        self.parts.iter().any(|p| p == name)
+    }
+}
+
+/// Summary of a set of latencies (µs) over `seconds`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Stats {
+    pub avg_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub qps: f64,
+    pub n: usize,
+}
+
+impl Stats {
+    pub(crate) fn of(lat_us: &[f64], seconds: f64) -> Self {
+        let mut l = lat_us.to_vec();
+        l.sort_by(|a, b| a.total_cmp(b));
+        let q = |p: f64| {
+            l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        Stats {
+            avg_ms: l.iter().sum::<f64>() / l.len().max(1) as f64 / 1e3,
+            p50_ms: q(0.5) / 1e3,
+            p99_ms: q(0.99) / 1e3,
+            qps: l.len() as f64 / seconds,
+            n: l.len(),
+        }
+    }
+}
+
+/// One measured point.
 struct Point {
+    part: &'static str,
     system: &'static str,
     batch: usize,
     clients: usize,
-    lat_us: Vec<f64>,
-    seconds: f64,
+    stats: Stats,
 }
 
 impl Point {
     fn print(&self, json: bool) {
-        let mut l = self.lat_us.clone();
-        l.sort_by(|a, b| a.total_cmp(b));
-        let q = |p: f64| l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)));
-        let avg = l.iter().sum::<f64>() / l.len().max(1) as f64;
-        let (p50, p99) = (q(0.5).copied().unwrap_or(0.0), q(0.99).copied().unwrap_or(0.0));
-        let qps = l.len() as f64 / self.seconds;
+        let s = &self.stats;
         if json {
             println!(
                 "{}",
                 serde_json::json!({
-                    "system": self.system, "batch": self.batch, "clients": self.clients,
-                    "avg_ms": avg / 1e3, "p50_ms": p50 / 1e3, "p99_ms": p99 / 1e3,
-                    "qps": qps, "batches": l.len(),
+                    "part": self.part, "system": self.system, "batch": self.batch,
+                    "clients": self.clients, "avg_ms": s.avg_ms, "p50_ms": s.p50_ms,
+                    "p99_ms": s.p99_ms, "qps": s.qps, "batches": s.n,
                 })
             );
         } else {
             println!(
-                "{:<10} batch {:>4} clients {:>2}: avg {:>7.3} ms  p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} batches/s",
-                self.system, self.batch, self.clients, avg / 1e3, p50 / 1e3, p99 / 1e3, qps
+                "{:<9} batch {:>4} clients {:>2}: avg {:>7.3} ms  p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} batches/s",
+                self.system, self.batch, self.clients, s.avg_ms, s.p50_ms, s.p99_ms, s.qps
             );
         }
     }
@@ -84,6 +159,121 @@ pub(crate) fn run(args: ServingArgs) -> Result<(), String> {
     rt.block_on(run_async(args))
 }
 
+/// Running servers on loopback, in this process.
+pub(crate) struct Cluster {
+    pub servers: Vec<Arc<Server>>,
+    pub addrs: Vec<String>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Cluster {
+    /// Empty servers named `names`, each serving on a free loopback port.
+    pub(crate) async fn start(names: &[String]) -> Result<Self, String> {
+        let mut c = Cluster { servers: vec![], addrs: vec![], stops: vec![], tasks: vec![] };
+        for name in names {
+            let server = Server::new(name.clone(), 1 << 20);
+            let listener =
+                tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+            c.addrs.push(listener.local_addr().map_err(|e| e.to_string())?.to_string());
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            c.stops.push(tx);
+            let srv = server.clone();
+            c.tasks.push(tokio::spawn(async move {
+                let _ = embstore_server::serve(srv, listener, Default::default(), async {
+                    let _ = rx.await;
+                })
+                .await;
+            }));
+            c.servers.push(server);
+        }
+        Ok(c)
+    }
+
+    /// `SHARDS` × `REPLICAS` servers, replica r of shard s hosting `shards[s]` as version 1 of
+    /// table "user" (replicas of a shard share its rows).
+    async fn hosting(prefix: &str, shards: &[Arc<dyn Rows>]) -> Result<Self, String> {
+        let names: Vec<String> = (0..SHARDS)
+            .flat_map(|s| (0..REPLICAS).map(move |r| format!("{prefix}-s{s}r{r}")))
+            .collect();
+        let c = Self::start(&names).await?;
+        for (i, server) in c.servers.iter().enumerate() {
+            let s = i / REPLICAS;
+            server
+                .host("user", 1, s as u32, SHARDS as u32, shards[s].clone())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(c)
+    }
+
+    /// The servers' lookup time so far: seconds and lookups, summed over the servers (their
+    /// `embstore_lookup_seconds` histogram).
+    fn server_time(&self) -> (f64, f64) {
+        let (mut sum, mut count) = (0.0, 0.0);
+        for s in &self.servers {
+            sum += metric(&s.metrics_text(), "embstore_lookup_seconds_sum");
+            count += metric(&s.metrics_text(), "embstore_lookup_seconds_count");
+        }
+        (sum, count)
+    }
+
+    pub(crate) async fn stop(self) {
+        for tx in self.stops {
+            let _ = tx.send(());
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The sum of the values of metric `name` (every label set) in Prometheus text.
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(['{', ' '])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What the clients look rows up in.
+#[derive(Clone)]
+enum Peer {
+    /// The batch-query service, through the Rust client.
+    Served(Arc<Client>),
+    /// Redis, one `MGET` per batch.
+    Redis(redis::aio::MultiplexedConnection),
+}
+
+impl Peer {
+    async fn lookup(&self, ids: Vec<u64>) -> Result<(), String> {
+        match self {
+            Peer::Served(c) => c.lookup("user", &ids).await.map(|_| ()).map_err(|e| e.to_string()),
+            Peer::Redis(conn) => {
+                let mut conn = conn.clone();
+                let keys: Vec<Vec<u8>> = ids.iter().map(|k| k.to_le_bytes().to_vec()).collect();
+                let got: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if got.len() != keys.len() {
+                    return Err("redis: short MGET".into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A system under test: its name, how to reach it, and its servers (for their own timings).
+struct System {
+    name: &'static str,
+    peer: Peer,
+    cluster: Option<Cluster>,
+    /// The shards' rows, for timing the storage alone.
+    shards: Vec<Arc<dyn Rows>>,
+}
+
 async fn run_async(args: ServingArgs) -> Result<(), String> {
     println!("{}", crate::machine_line());
     let d = args.dim;
@@ -91,114 +281,360 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
     let values: Vec<f32> = (0..args.rows as usize * d)
         .map(|_| (splitmix(&mut rng) >> 40) as f32 / 16_777_216.0)
         .collect();
-    // Two shards, each one table; two replicas (servers) of each share it.
-    let store = Store::new();
-    let mut servers = Vec::new();
-    let mut stops = Vec::new();
-    let mut addrs = Vec::new();
-    for s in 0..2usize {
-        let t = store
-            .create_table(TableConfig::new(format!("user{s}"), d))
+    let shard_ids: Vec<Vec<u64>> = (0..SHARDS)
+        .map(|s| (0..args.rows).filter(|&k| shard_of_key(k, SHARDS) == s).collect())
+        .collect();
+    let shard_rows = |s: usize| -> Vec<f32> {
+        shard_ids[s].iter().flat_map(|&k| values[k as usize * d..][..d].iter().copied()).collect()
+    };
+    let mut systems = Vec::new();
+    // Killed when dropped, after the parts that use it.
+    let mut redis = None;
+    if args.part("latency") || args.part("breakdown") || args.part("slo") {
+        // embstore: each shard one table, shared by its two replicas (servers).
+        let mut shards: Vec<Arc<dyn Rows>> = Vec::new();
+        for (s, ids) in shard_ids.iter().enumerate() {
+            let t = Store::new()
+                .create_table(TableConfig::new(format!("user{s}"), d))
+                .map_err(|e| e.to_string())?;
+            t.assign(ids, &shard_rows(s)).map_err(|e| e.to_string())?;
+            shards.push(t);
+        }
+        let cluster = Cluster::hosting("mem", &shards).await?;
+        let client = Client::connect(&cluster.addrs, ClientOptions::default())
+            .await
             .map_err(|e| e.to_string())?;
-        let ids: Vec<u64> = (0..args.rows).filter(|&k| shard_of_key(k, 2) == s).collect();
-        let rows: Vec<f32> =
-            ids.iter().flat_map(|&k| values[k as usize * d..][..d].iter().copied()).collect();
-        t.assign(&ids, &rows).map_err(|e| e.to_string())?;
-        for r in 0..2 {
-            let server = Server::new(format!("s{s}r{r}"), 1 << 20);
-            server.host("user", 1, s as u32, 2, t.clone()).map_err(|e| e.to_string())?;
-            let listener =
-                tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?.to_string());
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            stops.push(tx);
-            let srv = server.clone();
-            servers.push(tokio::spawn(async move {
-                let _ = embstore_server::serve(srv, listener, Default::default(), async {
-                    let _ = rx.await;
-                })
-                .await;
-            }));
+        println!(
+            "embstore: {} rows × D {d} ({} MB), {SHARDS} shards × {REPLICAS} replicas on loopback, \
+             in this process",
+            args.rows,
+            (args.rows as usize * d * 4) >> 20
+        );
+        systems.push(System {
+            name: "embstore",
+            peer: Peer::Served(Arc::new(client)),
+            cluster: Some(cluster),
+            shards,
+        });
+        if let Some(rocks) = rocks_system(&args, &shard_ids, &shard_rows).await? {
+            systems.push(rocks);
+        }
+        // Redis, a separate process, with the same rows as 8-byte keys.
+        if !args.redis_server.is_empty() {
+            let r = Redis::start(&args.redis_server, &values, d).await?;
+            let peer = Peer::Redis(r.conn.clone());
+            systems.push(System { name: "redis", peer, cluster: None, shards: vec![] });
+            redis = Some(r);
         }
     }
-    println!(
-        "embstore: {} rows × D {d} ({} MB), 2 shards × 2 replicas on loopback, in this process",
-        args.rows,
-        (args.rows as usize * d * 4) >> 20
-    );
-    let client = Arc::new(
-        Client::connect(&addrs, ClientOptions::default()).await.map_err(|e| e.to_string())?,
-    );
-    // Redis, a separate process, with the same rows as 8-byte keys.
-    let redis = match args.redis_server.as_str() {
-        "" => None,
-        bin => Some(Redis::start(bin, &values, d).await?),
-    };
-    for &batch in &args.batches {
-        for &clients in &args.clients {
-            let c = client.clone();
-            let rows = args.rows;
-            let p = closed_loop(clients, batch, args.seconds, rows, args.seed, move |ids| {
-                let c = c.clone();
-                async move { c.lookup("user", &ids).await.map(|_| ()).map_err(|e| e.to_string()) }
-            })
-            .await?;
-            Point { system: "embstore", batch, clients, lat_us: p, seconds: args.seconds }
-                .print(args.json);
-            if let Some(r) = &redis {
-                let conn = r.conn.clone();
-                let p = closed_loop(clients, batch, args.seconds, rows, args.seed, move |ids| {
-                    let mut conn = conn.clone();
-                    async move {
-                        let keys: Vec<Vec<u8>> =
-                            ids.iter().map(|k| k.to_le_bytes().to_vec()).collect();
-                        let got: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
-                            .arg(&keys)
-                            .query_async(&mut conn)
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if got.len() != keys.len() {
-                            return Err("redis: short MGET".into());
+    let mut server_us: Vec<(&str, usize, f64)> = Vec::new();
+    let mut e2e: Vec<(&str, usize, f64)> = Vec::new();
+    if args.part("latency") {
+        println!("\n== latency: closed loop, {} s a point ==", args.seconds);
+        let mut table = Vec::new();
+        for &batch in &args.batches {
+            for &clients in &args.clients {
+                let mut row = Vec::new();
+                for sys in &systems {
+                    let before = sys.cluster.as_ref().map(Cluster::server_time);
+                    let lat = closed_loop(&sys.peer, clients, batch, args.seconds, &args).await?;
+                    let stats = Stats::of(&lat, args.seconds);
+                    if clients == 1 {
+                        e2e.push((sys.name, batch, stats.avg_ms * 1e3));
+                        if let (Some(c), Some((s0, n0))) = (&sys.cluster, before) {
+                            let (s1, n1) = c.server_time();
+                            server_us.push((sys.name, batch, (s1 - s0) / (n1 - n0).max(1.0) * 1e6));
                         }
-                        Ok(())
                     }
-                })
-                .await?;
-                Point { system: "redis", batch, clients, lat_us: p, seconds: args.seconds }
+                    Point { part: "latency", system: sys.name, batch, clients, stats }
+                        .print(args.json);
+                    row.push((sys.name, stats));
+                }
+                table.push((batch, clients, row));
+            }
+        }
+        if !args.json {
+            print_latency_table(&table);
+        }
+    }
+    if args.part("breakdown") {
+        breakdown(&args, &systems, &server_us, &e2e)?;
+    }
+    if args.part("slo") {
+        println!(
+            "\n== throughput at the SLO: batch {}, p99 < {} ms, closed loop with more and more \
+             clients ==",
+            args.slo_batch, args.slo_ms
+        );
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for sys in &systems {
+            let mut best: Option<(usize, Stats)> = None;
+            for &clients in &args.slo_clients {
+                let lat =
+                    closed_loop(&sys.peer, clients, args.slo_batch, args.seconds, &args).await?;
+                let stats = Stats::of(&lat, args.seconds);
+                Point { part: "slo", system: sys.name, batch: args.slo_batch, clients, stats }
                     .print(args.json);
+                if stats.p99_ms >= args.slo_ms {
+                    break;
+                }
+                if best.is_none_or(|(_, b)| stats.qps > b.qps) {
+                    best = Some((clients, stats));
+                }
+            }
+            match best {
+                Some((clients, s)) if !args.json => println!(
+                    "{:<9} at the SLO: {:.0} batches/s ({:.0} per core of {cores}) with {clients} \
+                     clients, p99 {:.3} ms",
+                    sys.name,
+                    s.qps,
+                    s.qps / cores as f64,
+                    s.p99_ms
+                ),
+                Some((clients, s)) => println!(
+                    "{}",
+                    serde_json::json!({
+                        "part": "slo_best", "system": sys.name, "batch": args.slo_batch,
+                        "clients": clients, "qps": s.qps, "qps_per_core": s.qps / cores as f64,
+                        "p99_ms": s.p99_ms, "cores": cores,
+                    })
+                ),
+                None => println!("{:<9} at the SLO: no client count met it", sys.name),
             }
         }
     }
-    drop(redis);
-    for tx in stops {
-        let _ = tx.send(());
+    for sys in systems {
+        if let Some(c) = sys.cluster {
+            c.stop().await;
+        }
     }
-    for s in servers {
-        let _ = s.await;
+    drop(redis);
+    // Each database removed its own folder when dropped; this removes their (empty) parent.
+    let _ = std::fs::remove_dir(rocksdb_dir(&args));
+    if args.part("roll") {
+        roll::run(&args, Arc::new(values), &shard_ids).await?;
     }
     Ok(())
 }
 
+/// Where the RocksDB-backed servers keep their databases.
+fn rocksdb_dir(args: &ServingArgs) -> std::path::PathBuf {
+    args.rocksdb_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("embstore-bench-rocksdb-{}", std::process::id()))
+    })
+}
+
+/// The RocksDB-backed servers: the same server with each shard's rows in a RocksDB database.
+#[cfg(feature = "rocksdb")]
+async fn rocks_system(
+    args: &ServingArgs,
+    shard_ids: &[Vec<u64>],
+    shard_rows: &dyn Fn(usize) -> Vec<f32>,
+) -> Result<Option<System>, String> {
+    let dir = rocksdb_dir(args);
+    let d = args.dim;
+    let mut shards: Vec<Arc<dyn Rows>> = Vec::new();
+    let start = Instant::now();
+    for (s, ids) in shard_ids.iter().enumerate() {
+        // The block cache: the shard's rows and keys, plus 25 % for block and entry overhead.
+        let cache = ids.len() * (d * 4 + 8) * 5 / 4;
+        let db =
+            rocks::RocksRows::create(&dir.join(format!("shard{s}")), ids, &shard_rows(s), d, cache)
+                .map_err(|e| e.to_string())?;
+        println!(
+            "rocksdb: shard {s}: {} rows, block cache {} MB, {} MB in it after one read of every key",
+            ids.len(),
+            cache >> 20,
+            db.bytes() >> 20
+        );
+        shards.push(Arc::new(db));
+    }
+    let cluster = Cluster::hosting("rocks", &shards).await?;
+    let client = Client::connect(&cluster.addrs, ClientOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "rocksdb: the embstore server with its storage swapped for RocksDB 7.8 ({SHARDS} shards × \
+         {REPLICAS} replicas, a database per shard under {}), loaded in {:.1} s",
+        dir.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(Some(System {
+        name: "rocksdb",
+        peer: Peer::Served(Arc::new(client)),
+        cluster: Some(cluster),
+        shards,
+    }))
+}
+
+#[cfg(not(feature = "rocksdb"))]
+async fn rocks_system(
+    _args: &ServingArgs,
+    _shard_ids: &[Vec<u64>],
+    _shard_rows: &dyn Fn(usize) -> Vec<f32>,
+) -> Result<Option<System>, String> {
+    println!("rocksdb: skipped (build with --features rocksdb: `make bench-serving` does)");
+    Ok(None)
+}
+
+/// One row of the latency table: batch, clients, and each system's figures.
+type LatencyRow<'a> = (usize, usize, Vec<(&'a str, Stats)>);
+
+/// The latency points as one table: a row per batch and client count, with the ratios to
+/// embstore.
+fn print_latency_table(table: &[LatencyRow<'_>]) {
+    println!("\nbatch clients | system: avg / p99 ms, QPS, avg ÷ embstore's");
+    for (batch, clients, row) in table {
+        let base = row.iter().find(|(n, _)| *n == "embstore").map(|(_, s)| s.avg_ms);
+        let cells: Vec<String> = row
+            .iter()
+            .map(|(name, s)| {
+                let ratio = base.map_or(String::new(), |b| format!(", {:.2}×", s.avg_ms / b));
+                format!("{name} {:.3} / {:.3}, {:.0}{ratio}", s.avg_ms, s.p99_ms, s.qps)
+            })
+            .collect();
+        println!("{batch:>5} {clients:>7} | {}", cells.join(" | "));
+    }
+}
+
+/// Where a batch's time goes, per batch size and served system (see the module docs).
+fn breakdown(
+    args: &ServingArgs,
+    systems: &[System],
+    server_us: &[(&str, usize, f64)],
+    e2e: &[(&str, usize, f64)],
+) -> Result<(), String> {
+    println!(
+        "\n== where the time goes (µs per batch, one client; shard calls run in parallel, so \
+         server figures are per shard call, ~batch/{SHARDS} ids) =="
+    );
+    println!(
+        "system    batch | end-to-end | server (in situ) | storage lookup | rows→bytes | \
+         protobuf encode | client decode+scatter | rest (gRPC, HTTP/2, loopback, scheduling)"
+    );
+    let d = args.dim;
+    for sys in systems.iter().filter(|s| !s.shards.is_empty()) {
+        for &batch in &args.batches {
+            let mut rng = args.seed ^ 0x5eed;
+            let batches: Vec<Vec<u64>> = (0..256)
+                .map(|_| (0..batch).map(|_| splitmix(&mut rng) % args.rows).collect())
+                .collect();
+            // Shard 0's part of each batch, as one server sees it.
+            let parts: Vec<Vec<u64>> = batches
+                .iter()
+                .map(|b| b.iter().copied().filter(|&k| shard_of_key(k, SHARDS) == 0).collect())
+                .collect();
+            let rows = &sys.shards[0];
+            let lookup = time_each(&parts, |ids| {
+                let mut out = vec![0f32; ids.len() * d];
+                let mut found = vec![false; ids.len()];
+                rows.lookup(ids, &mut out, &mut found).map_err(|e| e.to_string())?;
+                Ok(std::hint::black_box(out.len()))
+            })?;
+            let answers: Vec<(Vec<f32>, Vec<u8>)> = parts
+                .iter()
+                .map(|ids| {
+                    let mut out = vec![0f32; ids.len() * d];
+                    let mut found = vec![false; ids.len()];
+                    let _ = rows.lookup(ids, &mut out, &mut found);
+                    (out, found.into_iter().map(u8::from).collect())
+                })
+                .collect();
+            let to_bytes = time_each(&answers, |(v, _)| {
+                Ok(std::hint::black_box(embstore_proto::encode_rows(v)).len())
+            })?;
+            let responses: Vec<LookupResponse> = answers
+                .iter()
+                .map(|(v, f)| LookupResponse {
+                    info: None,
+                    version: 1,
+                    embedding_dim: d as u32,
+                    values: embstore_proto::encode_rows(v),
+                    found: f.clone(),
+                })
+                .collect();
+            let encode =
+                time_each(&responses, |r| Ok(std::hint::black_box(r.encode_to_vec()).len()))?;
+            // The client decodes every shard's answer of a batch and scatters it into place.
+            let wires: Vec<Vec<u8>> = responses.iter().map(|r| r.encode_to_vec()).collect();
+            let decode = time_each(&wires, |w| {
+                let mut out = vec![0f32; batch * d];
+                for _ in 0..SHARDS {
+                    let r = LookupResponse::decode(&w[..]).map_err(|e| e.to_string())?;
+                    let n = r.found.len();
+                    let rows = embstore_proto::decode_rows(&r.values, n, d).ok_or("bad rows")?;
+                    for j in 0..n {
+                        out[(j * SHARDS) % batch * d..][..d].copy_from_slice(&rows[j * d..][..d]);
+                    }
+                }
+                Ok(std::hint::black_box(out.len()))
+            })?;
+            let find = |v: &[(&str, usize, f64)]| {
+                v.iter().find(|(n, b, _)| *n == sys.name && *b == batch).map(|x| x.2)
+            };
+            let (Some(total), Some(server)) = (find(e2e), find(server_us)) else {
+                println!("{:<9} {batch:>5} | (run the latency part with 1 client first)", sys.name);
+                continue;
+            };
+            let rest = total - server - encode - decode;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "part": "breakdown", "system": sys.name, "batch": batch,
+                        "end_to_end_us": total, "server_us": server, "lookup_us": lookup,
+                        "rows_to_bytes_us": to_bytes, "encode_us": encode, "decode_us": decode,
+                        "rest_us": rest,
+                    })
+                );
+            } else {
+                println!(
+                    "{:<9} {batch:>5} | {total:>10.1} | {server:>16.1} | {lookup:>14.1} | \
+                     {to_bytes:>10.1} | {encode:>15.1} | {decode:>21.1} | {rest:>8.1} ({:.0} %)",
+                    sys.name,
+                    100.0 * rest / total
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mean µs of `f` over `items`, cycling through them for at least 0.3 s after one warm pass.
+fn time_each<T>(
+    items: &[T],
+    mut f: impl FnMut(&T) -> Result<usize, String>,
+) -> Result<f64, String> {
+    for x in items {
+        f(x)?;
+    }
+    let start = Instant::now();
+    let mut n = 0usize;
+    while start.elapsed() < Duration::from_millis(300) {
+        for x in items {
+            f(x)?;
+        }
+        n += items.len();
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
 /// `clients` tasks, each looking up batches of `batch` random ids back to back for 0.5 s of
 /// warm-up and then `seconds`; the latencies of the timed batches, in µs.
-async fn closed_loop<F, Fut>(
+async fn closed_loop(
+    peer: &Peer,
     clients: usize,
     batch: usize,
     seconds: f64,
-    rows: u64,
-    seed: u64,
-    call: F,
-) -> Result<Vec<f64>, String>
-where
-    F: Fn(Vec<u64>) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), String>> + Send,
-{
+    args: &ServingArgs,
+) -> Result<Vec<f64>, String> {
     let warm = Duration::from_millis(500);
     let timed = Duration::from_secs_f64(seconds);
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
-        let call = call.clone();
+        let peer = peer.clone();
+        let (rows, seed) = (args.rows, args.seed);
         tasks.spawn(async move {
             let mut rng = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             let mut lat = Vec::new();
@@ -209,7 +645,7 @@ where
                 }
                 let ids: Vec<u64> = (0..batch).map(|_| splitmix(&mut rng) % rows).collect();
                 let t0 = Instant::now();
-                call(ids).await?;
+                peer.lookup(ids).await?;
                 if now >= warm {
                     lat.push(t0.elapsed().as_secs_f64() * 1e6);
                 }
@@ -225,12 +661,19 @@ where
 }
 
 /// SplitMix64: the next of a seeded stream of 64-bit values.
-fn splitmix(state: &mut u64) -> u64 {
+pub(crate) fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// A table holding `ids` with `values` (`ids.len() × dim`).
+pub(crate) fn table_of(ids: &[u64], values: &[f32], dim: usize) -> Result<Arc<Table>, String> {
+    let t = Store::new().create_table(TableConfig::new("user", dim)).map_err(|e| e.to_string())?;
+    t.assign(ids, values).map_err(|e| e.to_string())?;
+    Ok(t)
 }
 
 /// A `redis-server` started for the benchmark on a free loopback port, killed when dropped.
