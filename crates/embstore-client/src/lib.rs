@@ -532,23 +532,22 @@ impl Client {
                 }
             };
             let positions = &by_shard[s].1;
-            let rows = match embstore_proto::decode_rows(&resp.values, positions.len(), d) {
-                Some(rows)
-                    if (resp.version == place.version || !self.options.consistent)
-                        && resp.found.len() == positions.len() =>
-                {
-                    rows
-                }
-                _ => {
-                    outcome = Err(Retry::Fail(Error::new(
-                        ErrorKind::Corruption,
-                        format!("a malformed answer for shard {s} of table '{table}'"),
-                    )));
-                    continue;
-                }
-            };
+            // The frame's size is checked once; rows then go straight to their places.
+            let well_formed = resp.values.len() == positions.len() * d * 4
+                && (resp.version == place.version || !self.options.consistent)
+                && resp.found.len() == positions.len();
+            if !well_formed {
+                outcome = Err(Retry::Fail(Error::new(
+                    ErrorKind::Corruption,
+                    format!("a malformed answer for shard {s} of table '{table}'"),
+                )));
+                continue;
+            }
             for (j, &pos) in positions.iter().enumerate() {
-                values[pos * d..][..d].copy_from_slice(&rows[j * d..][..d]);
+                embstore_proto::copy_row(
+                    &resp.values[j * d * 4..][..d * 4],
+                    &mut values[pos * d..][..d],
+                );
                 found[pos] = resp.found[j] != 0;
             }
         }

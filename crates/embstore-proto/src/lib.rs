@@ -21,13 +21,50 @@ pub mod etcd {
     tonic::include_proto!("etcdserverpb");
 }
 
-/// Rows as a [`v1::LookupResponse`] carries them: float32, little-endian, row-major.
+/// The bytes of `rows` as they are in memory: on a little-endian machine, exactly the wire
+/// format (float32, little-endian).
+#[cfg(target_endian = "little")]
+fn as_le_bytes(rows: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and no invalid bit patterns as bytes; the byte slice covers
+    // exactly the floats' memory (len × 4 bytes) and lives as long as `rows`; u8 needs no
+    // alignment.
+    unsafe { std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), std::mem::size_of_val(rows)) }
+}
+
+/// Rows as a [`v1::LookupResponse`] carries them: float32, little-endian, row-major (one
+/// copy on little-endian machines).
 pub fn encode_rows(rows: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(rows.len() * 4);
-    for x in rows {
-        out.extend_from_slice(&x.to_le_bytes());
+    #[cfg(target_endian = "little")]
+    {
+        as_le_bytes(rows).to_vec()
     }
-    out
+    #[cfg(not(target_endian = "little"))]
+    {
+        let mut out = Vec::with_capacity(rows.len() * 4);
+        for x in rows {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// Copies one row from its wire bytes (`dst.len() × 4` of them, float32 little-endian) into
+/// `dst`. Panics if the lengths differ (callers check the frame's size first, as
+/// [`decode_rows`] does).
+pub fn copy_row(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len() * 4, "a row's bytes and floats differ in length");
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `dst` is `dst.len() × 4` initialised bytes, any byte pattern is a valid f32,
+        // and the byte view is dropped before `dst` is used again.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4) };
+        bytes.copy_from_slice(src);
+    }
+    #[cfg(not(target_endian = "little"))]
+    for (x, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
 }
 
 /// The floats of [`v1::LookupResponse::values`]; `None` if the byte count is not `rows × dim`
@@ -37,8 +74,8 @@ pub fn decode_rows(bytes: &[u8], rows: usize, dim: usize) -> Option<Vec<f32>> {
     if bytes.len() != want {
         return None;
     }
-    let mut out = Vec::with_capacity(rows * dim);
-    out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+    let mut out = vec![0f32; rows * dim];
+    copy_row(bytes, &mut out);
     Some(out)
 }
 
@@ -47,6 +84,23 @@ mod tests {
     use super::v1::{Held, LookupRequest, LookupResponse, ServerInfo, State};
     use super::*;
     use prost::Message;
+
+    #[test]
+    fn rows_cross_the_wire_as_little_endian_float32_bit_for_bit() {
+        let rows: Vec<f32> = (0..1000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761)))
+            .chain([0.0, -0.0, f32::INFINITY, f32::MIN_POSITIVE])
+            .collect();
+        let bytes = encode_rows(&rows);
+        let slow: Vec<u8> = rows.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(bytes, slow);
+        let back = decode_rows(&bytes, 251, 4).unwrap();
+        assert!(back.iter().zip(&rows).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(decode_rows(&bytes[1..], 251, 4).is_none(), "a truncated frame was accepted");
+        let mut row = [0f32; 4];
+        copy_row(&bytes[16..32], &mut row);
+        assert!(row.iter().zip(&rows[4..8]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
 
     #[test]
     fn a_lookup_round_trips_through_its_wire_bytes() {
