@@ -439,8 +439,19 @@ def _etcd(urls: str | None) -> list[str] | None:
 def _publish(args: argparse.Namespace) -> int:
     from embstore import _native
 
-    if args.etcd:
-        try:
+    if not args.etcd:
+        missing = [f for f in ("version", "column", "spare") if getattr(args, f) is None]
+        if missing:
+            print(
+                "embstore publish: without --etcd, give the layout: "
+                + ", ".join("--" + f for f in missing)
+                + " missing",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        token = _token(args.token_file)
+        if args.etcd:
             version = _native.publish(
                 _etcd(args.etcd),
                 args.table,
@@ -450,38 +461,23 @@ def _publish(args: argparse.Namespace) -> int:
                 args.replicas,
                 args.drain_quiet,
                 args.drain_max,
-                token=_token(args.token_file),
+                token=token,
                 tls=_client_tls(args),
             )
-        except EmbstoreError as e:
-            print(f"embstore publish: {e}", file=sys.stderr)
-            return 1
-        print(f"embstore publish: table '{args.table}' is at version {version}", flush=True)
-        return 0
-    missing = [f for f in ("version", "column", "spare") if getattr(args, f) is None]
-    if missing:
-        print(
-            "embstore publish: without --etcd, give the layout: "
-            + ", ".join("--" + f for f in missing)
-            + " missing",
-            file=sys.stderr,
-        )
-        return 2
-    columns = [c.split(",") for c in args.column]
-    try:
-        token = _token(args.token_file)
-        _native.roll(
-            args.table,
-            args.version,
-            str(args.checkpoint),
-            columns,
-            args.spare.split(","),
-            args.old_version,
-            args.drain_quiet,
-            args.drain_max,
-            token=token,
-            tls=_client_tls(args),
-        )
+            print(f"embstore publish: table '{args.table}' is at version {version}", flush=True)
+        else:
+            _native.roll(
+                args.table,
+                args.version,
+                str(args.checkpoint),
+                [c.split(",") for c in args.column],
+                args.spare.split(","),
+                args.old_version,
+                args.drain_quiet,
+                args.drain_max,
+                token=token,
+                tls=_client_tls(args),
+            )
     except EmbstoreError as e:
         print(f"embstore publish: {e}", file=sys.stderr)
         return 1
@@ -508,11 +504,11 @@ def _status(args: argparse.Namespace) -> int:
         if not args.json:
             for t in tables:
                 _print_control(t)
-            if not servers:
-                print("no server is registered")
         if not servers:
             if args.json:
                 print(json.dumps({"tables": tables, "servers": {}}))
+            else:
+                print("no server is registered")
             return 0
     try:
         token = _token(args.token_file)

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_cluster::{
-    assign, control, loads, members, put_control, repair, roll_lock, Control, Etcd, Roll, RollState,
+    assign, controls, least_loaded, loads, members, put_control, repair, roll_lock, Control, Etcd,
+    Roll, RollState,
 };
 use embstore_table::{now_ms, Error, ErrorKind, Result};
 use parking_lot::Mutex;
@@ -79,18 +80,13 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
     let addr = |instance: &str| {
         live.iter().find(|(i, _)| i == instance).map_or(instance.to_string(), |(_, a)| a.clone())
     };
-    let all = embstore_cluster::controls(etcd).await?;
-    let (current, revision) = match control(etcd, &p.table).await? {
-        Some((c, rev)) => (Some(c), rev),
-        None => (None, 0),
-    };
-    let others = all.iter().filter(|(c, _)| c.table != p.table).map(|(c, _)| c);
-    let mut load = loads(others);
-    let old = current.clone().unwrap_or_else(|| Control {
-        table: p.table.clone(),
-        replicas: p.replicas.unwrap_or(2),
-        ..Default::default()
-    });
+    let all = controls(etcd).await?;
+    let (old, revision) = all
+        .iter()
+        .find(|(c, _)| c.table == p.table)
+        .cloned()
+        .unwrap_or_else(|| (Control { table: p.table.clone(), ..Default::default() }, 0));
+    let mut load = loads(all.iter().filter(|(c, _)| c.table != p.table).map(|(c, _)| c));
     let recorded = old.roll.as_ref().map_or(0, |r| r.to_version);
     let version = old.version.max(recorded) + 1;
     let num_shards = match p.num_shards {
@@ -110,7 +106,8 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
             Err(e) => return Err(e),
         },
     };
-    let replicas = p.replicas.unwrap_or(old.replicas.max(1));
+    // Replicas: as asked, else as now, else 2 (a new table).
+    let replicas = p.replicas.or((old.replicas > 0).then_some(old.replicas)).unwrap_or(2);
     let same_shape = old.num_shards == num_shards
         && old.replicas == replicas
         && old.assignment.len() == num_shards as usize;
@@ -134,14 +131,10 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
     let mut spare = Vec::new();
     if old.version > 0 {
         for shard in &assignment {
-            let pick = names
-                .iter()
-                .filter(|i| !shard.contains(i))
-                .min_by_key(|i| (load.get(*i).copied().unwrap_or(0), (*i).clone()));
-            match pick {
+            match least_loaded(&names, &load, shard).cloned() {
                 Some(i) => {
                     *load.entry(i.clone()).or_insert(0) += 1;
-                    spare.push(i.clone());
+                    spare.push(i);
                 }
                 None => {
                     progress("no server is free for a spare column: capacity drops by one replica while a column moves");

@@ -24,6 +24,7 @@
 pub mod etcd;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,8 +166,8 @@ pub fn loads<'a>(controls: impl IntoIterator<Item = &'a Control>) -> HashMap<Str
     load
 }
 
-/// The live instance with the least load (then the smallest name) that `taken` does not hold.
-fn least_loaded<'a>(
+/// The live instance with the least load (then the smallest name) among those not in `taken`.
+pub fn least_loaded<'a>(
     live: &'a [String],
     load: &HashMap<String, usize>,
     taken: &[String],
@@ -234,17 +235,61 @@ pub fn repair(
     out
 }
 
-/// A server's registration: its naming key lives while a task keeps its lease alive.
+/// A lease a task keeps alive, renewing it every TTL/3, until it is ended (revoked: its keys go
+/// at once) or dropped (left to expire after the TTL).
 #[derive(Debug)]
-pub struct Registration {
+struct KeptLease {
     etcd: Arc<Etcd>,
-    lease: Arc<std::sync::atomic::AtomicI64>,
+    id: Arc<AtomicI64>,
     task: tokio::task::JoinHandle<()>,
 }
 
+impl KeptLease {
+    /// Keeps lease `id` of `ttl` alive. With `again` (a key and its value), a lost lease (etcd
+    /// restarted, or the process stalled past the TTL) is replaced by a new one with the key
+    /// put under it again; without, a lost lease stays lost.
+    fn keep(etcd: Arc<Etcd>, id: i64, ttl: Duration, again: Option<(String, Vec<u8>)>) -> Self {
+        let id = Arc::new(AtomicI64::new(id));
+        let (e, current) = (etcd.clone(), id.clone());
+        let task = tokio::spawn(async move {
+            let every = (ttl / 3).max(Duration::from_millis(200));
+            loop {
+                tokio::time::sleep(every).await;
+                // Errors: etcd away; try again next time (serving goes on meanwhile).
+                let lost = matches!(e.keep_alive(current.load(Ordering::Relaxed)).await, Ok(false));
+                if let (true, Some((key, value))) = (lost, &again) {
+                    if let Ok(new) = e.grant(ttl).await {
+                        if e.put(key, value, new).await.is_ok() {
+                            current.store(new, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        });
+        Self { etcd, id, task }
+    }
+
+    /// Ends the lease now: its keys are deleted.
+    async fn end(self) {
+        self.task.abort();
+        let _ = self.etcd.revoke(self.id.load(Ordering::Relaxed)).await;
+    }
+}
+
+impl Drop for KeptLease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A server's registration: its naming key lives while its lease is kept alive.
+#[derive(Debug)]
+pub struct Registration(KeptLease);
+
 /// Registers `instance` (dialled at `addr`) under a lease of `ttl`, and keeps it registered:
-/// a task renews the lease every `ttl / 3` and registers again if the lease was lost (etcd
-/// restarted, or the process stalled past the TTL). Fails if etcd does not answer now.
+/// the lease is renewed every `ttl / 3`, and the key registered again under a new lease if the
+/// lease was lost (etcd restarted, or the process stalled past the TTL). Fails if etcd does
+/// not answer now.
 pub async fn register(
     etcd: Arc<Etcd>,
     instance: &str,
@@ -252,55 +297,23 @@ pub async fn register(
     ttl: Duration,
 ) -> Result<Registration> {
     let key = format!("{NAMING}{instance}");
-    let lease_id = etcd.grant(ttl).await?;
-    etcd.put(&key, addr.as_bytes(), lease_id).await?;
-    let lease = Arc::new(std::sync::atomic::AtomicI64::new(lease_id));
-    let (etcd2, lease2, addr) = (etcd.clone(), lease.clone(), addr.to_string());
-    let task = tokio::spawn(async move {
-        use std::sync::atomic::Ordering;
-        let every = (ttl / 3).max(Duration::from_millis(200));
-        loop {
-            tokio::time::sleep(every).await;
-            let id = lease2.load(Ordering::Relaxed);
-            match etcd2.keep_alive(id).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    // The lease expired: register again under a new one.
-                    if let Ok(id) = etcd2.grant(ttl).await {
-                        if etcd2.put(&key, addr.as_bytes(), id).await.is_ok() {
-                            lease2.store(id, Ordering::Relaxed);
-                        }
-                    }
-                }
-                Err(_) => {} // etcd away: try again next time; serving goes on
-            }
-        }
-    });
-    Ok(Registration { etcd, lease, task })
+    let lease = etcd.grant(ttl).await?;
+    etcd.put(&key, addr.as_bytes(), lease).await?;
+    let again = Some((key, addr.as_bytes().to_vec()));
+    Ok(Registration(KeptLease::keep(etcd, lease, ttl, again)))
 }
 
 impl Registration {
     /// Ends the registration now (the naming key goes at once, not after the TTL).
     pub async fn deregister(self) {
-        self.task.abort();
-        let _ = self.etcd.revoke(self.lease.load(std::sync::atomic::Ordering::Relaxed)).await;
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.end().await;
     }
 }
 
 /// A held roll lock of one table (see [`roll_lock`]); released by [`RollLock::release`], or
 /// by its lease expiring if the coordinator dies.
 #[derive(Debug)]
-pub struct RollLock {
-    etcd: Arc<Etcd>,
-    lease: i64,
-    task: tokio::task::JoinHandle<()>,
-}
+pub struct RollLock(KeptLease);
 
 /// Takes table `table`'s roll lock for `coordinator`, under a lease of `ttl` kept alive while
 /// held. Fails with `Locked`, naming the holder, if another coordinator holds it.
@@ -328,27 +341,13 @@ pub async fn roll_lock(
             ),
         ));
     }
-    let e = etcd.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep((ttl / 3).max(Duration::from_millis(200))).await;
-            let _ = e.keep_alive(lease).await;
-        }
-    });
-    Ok(RollLock { etcd, lease, task })
+    Ok(RollLock(KeptLease::keep(etcd, lease, ttl, None)))
 }
 
 impl RollLock {
     /// Releases the lock.
     pub async fn release(self) {
-        self.task.abort();
-        let _ = self.etcd.revoke(self.lease).await;
-    }
-}
-
-impl Drop for RollLock {
-    fn drop(&mut self) {
-        self.task.abort();
+        self.0.end().await;
     }
 }
 

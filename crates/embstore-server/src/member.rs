@@ -102,11 +102,7 @@ impl Member {
         };
         let live: Vec<String> = live.into_iter().map(|(i, _)| i).collect();
         let mut load = loads(all.iter().map(|(c, _)| c));
-        for i in load.clone().keys() {
-            if !live.contains(i) {
-                load.remove(i);
-            }
-        }
+        load.retain(|i, _| live.contains(i));
         // A running roll whose coordinator's lock is gone was abandoned (the coordinator died):
         // the servers restore the recorded version, and the next publish starts over.
         let Ok(locks) = self.etcd.range_prefix(embstore_cluster::ROLL_LOCK).await else {
