@@ -166,6 +166,7 @@ class Server:
         etcd: list[str] | None = None,
         advertise: str | None = None,
         lease_ttl_s: float = 10.0,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...

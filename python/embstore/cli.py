@@ -18,6 +18,32 @@ from embstore.errors import EmbstoreError
 from embstore.store import inspect, verify
 
 
+_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+def _bytes_arg(text: str | int) -> int:
+    """A size in bytes: `1073741824`, `512MiB`, `8GiB`, `2G` (powers of 1000), `64k`."""
+    if isinstance(text, int):
+        n = text
+    else:
+        t = text.strip().lower().removesuffix("b")
+        binary = t.endswith("i")
+        t = t.removesuffix("i")
+        unit = t[-1:] if t[-1:].isalpha() else ""
+        if unit not in _UNITS:
+            raise argparse.ArgumentTypeError(f"not a size: {text!r} (say 1073741824, 512MiB, 8GiB)")
+        scale = 1024 ** "kmgt".index(unit) * 1024 if binary and unit else _UNITS[unit]
+        try:
+            n = int(float(t[: len(t) - len(unit)]) * scale)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a size: {text!r} (say 1073741824, 512MiB, 8GiB)"
+            ) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be above 0, got {text!r}")
+    return n
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
@@ -125,11 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     srv.add_argument(
         "--memory-budget",
-        type=int,
+        type=_bytes_arg,
         default=None,
         metavar="BYTES",
-        help="hold at most this much of the tables in memory; other rows are read from disk "
-        "(default: every row in memory)",
+        help="hold at most this much (e.g. 8GiB) of the served rows and their indexes in "
+        "memory, for the store's tables and every shard loaded later together; other rows stay "
+        "on disk and are read when looked up, so a shard may be larger than memory (default: "
+        "every row in memory)",
+    )
+    srv.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="with --memory-budget: where loaded shards live, one directory each, holding links "
+        "to the checkpoint's segment files (on the checkpoints' file system links cost nothing; "
+        "elsewhere the files are copied). Put it on NVMe; it belongs to this server, which "
+        "removes parts left there by an earlier run (default: a fresh directory under $TMPDIR, "
+        "removed at exit)",
     )
     srv.add_argument(
         "--read-token-file",
@@ -218,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     pub.add_argument(
         "--max-shard-size",
-        type=int,
+        type=_bytes_arg,
         default=1 << 30,
         metavar="BYTES",
         help="with --etcd: the largest shard an automatic shard count allows "
@@ -378,6 +416,7 @@ def _serve(args: argparse.Namespace) -> int:
             _etcd(args.etcd),
             args.advertise,
             args.lease_ttl,
+            args.data_dir,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -389,6 +428,9 @@ def _serve(args: argparse.Namespace) -> int:
         admin += f", member of the cluster in etcd {args.etcd}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
+    if args.memory_budget:
+        where = args.data_dir or "a directory under $TMPDIR"
+        admin += f", memory budget {_size(args.memory_budget)} (loaded shards in {where})"
     print(
         f"embstore serve: {source} on {server.address}: tables {tables} (version 1){admin}; "
         "Ctrl-C or SIGTERM stops",

@@ -40,12 +40,23 @@ pub(crate) struct PyServer {
     /// Membership in a cluster in etcd, joined by `run()`.
     member: Option<embstore_server::member::MemberOptions>,
     _store: Option<Arc<Store>>,
+    /// The data dir this server made for itself (no `data_dir` given): removed with it.
+    _scratch: Option<Scratch>,
+}
+
+/// A directory removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -63,6 +74,7 @@ impl PyServer {
         etcd: Option<Vec<String>>,
         advertise: Option<String>,
         lease_ttl_s: f64,
+        data_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         if !(lease_ttl_s.is_finite() && lease_ttl_s >= 1.0) {
             return Err(to_py_err(Error::new(
@@ -93,10 +105,23 @@ impl PyServer {
             }
         }
         let runtime = runtime(2)?;
+        // One budget for the store's tables and every shard loaded later.
+        let budget = memory_budget_bytes.map(embstore_table::Budget::shared).transpose();
+        let budget = budget.map_err(to_py_err)?;
+        let scratch = match (&budget, &data_dir) {
+            (Some(_), None) => Some(Scratch(
+                std::env::temp_dir().join(format!("embstore-serve-{}", std::process::id())),
+            )),
+            _ => None,
+        };
+        let tier = budget.clone().map(|budget| embstore_server::TierOptions {
+            dir: data_dir.or_else(|| scratch.as_ref().map(|s| s.0.clone())).unwrap_or_default(),
+            budget,
+        });
         let (store, listener) = detached(py, || -> embstore_table::Result<_> {
             let mut options = StoreOptions::default();
-            if let Some(b) = memory_budget_bytes {
-                options = options.with_memory_budget(b);
+            if let Some(b) = &budget {
+                options = options.with_shared_budget(b.clone());
             }
             let store = match &store_dir {
                 Some(dir) => Some(Arc::new(Store::open_with_options(
@@ -131,7 +156,10 @@ impl PyServer {
             m.lease_ttl = Duration::from_secs_f64(lease_ttl_s);
             m
         });
-        let server = Server::new(address.clone(), max_batch);
+        let server = match tier {
+            Some(tier) => Server::with_tier(address.clone(), max_batch, tier).map_err(to_py_err)?,
+            None => Server::new(address.clone(), max_batch),
+        };
         for name in store.as_ref().map(|s| s.tables()).unwrap_or_default() {
             let table = store.as_ref().expect("listed").table(&name).map_err(to_py_err)?;
             server.host(&name, 1, 0, 1, table).map_err(to_py_err)?;
@@ -153,6 +181,7 @@ impl PyServer {
             },
             member,
             _store: store,
+            _scratch: scratch,
         })
     }
 
@@ -204,10 +233,12 @@ impl PyServer {
                 let quit = |mut rx: watch::Receiver<bool>| async move {
                     let _ = rx.wait_for(|q| *q).await;
                 };
+                // The metrics port takes the serving port's TLS settings.
                 let metrics = metrics.map(|l| {
-                    tokio::spawn(embstore_server::serve_metrics(
+                    tokio::spawn(embstore_server::serve_metrics_with(
                         server.clone(),
                         l,
+                        self.options.tls.clone(),
                         quit(quit_rx.clone()),
                     ))
                 });

@@ -88,6 +88,14 @@ pub trait Rows: Send + Sync + std::fmt::Debug {
     }
     /// Bytes of memory the rows take.
     fn bytes(&self) -> u64;
+    /// Bytes of files on disk the rows are read from (0: all in memory).
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+    /// Rows read from disk so far (0: all in memory).
+    fn disk_reads(&self) -> u64 {
+        0
+    }
     /// Whether a lookup may wait on a disk (then it runs on the blocking pool).
     fn may_block(&self) -> bool;
     /// Writes the rows of `ids` into `out` (`ids.len() × dim`), zeros and `found = false` for
@@ -123,6 +131,67 @@ impl Rows for Table {
     }
 }
 
+/// A shard loaded under the server's memory budget ([`TierOptions`]): a store of its own in a
+/// directory of the data dir, whose segments are links to the checkpoint's. The directory goes
+/// when the last lookup that reads the part has finished and it is dropped.
+#[derive(Debug)]
+struct Part {
+    store: Option<embstore_table::Store>,
+    table: Arc<Table>,
+    dir: std::path::PathBuf,
+    disk_bytes: u64,
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        drop(self.store.take()); // releases the directory's lock
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Rows for Part {
+    fn dim(&self) -> usize {
+        self.table.dim()
+    }
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+    fn bytes(&self) -> u64 {
+        Rows::bytes(&*self.table)
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+    fn disk_reads(&self) -> u64 {
+        self.table.stats().cold_reads
+    }
+    fn may_block(&self) -> bool {
+        true
+    }
+    fn lookup(
+        &self,
+        ids: &[u64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> embstore_table::Result<()> {
+        Rows::lookup(&*self.table, ids, out, found)
+    }
+}
+
+/// Where and under what memory budget a server loads shards (`embstore serve --memory-budget
+/// --data-dir`): each loaded shard's segments are linked into a directory of `dir` and only
+/// the rows lookups use come into memory, all loaded shards (and a static store opened with
+/// the same budget) sharing `budget`. The server owns `dir`: directories of parts left there
+/// by an earlier process (`*.part`) are removed when the server starts.
+#[derive(Clone, Debug)]
+pub struct TierOptions {
+    pub dir: std::path::PathBuf,
+    pub budget: Arc<embstore_table::Budget>,
+}
+
+/// The suffix of a loaded part's directory in the data dir.
+const PART_SUFFIX: &str = ".part";
+
 /// One shard of one table version held by this server.
 #[derive(Debug)]
 pub struct Hosted {
@@ -156,6 +225,14 @@ struct Metrics {
     held: Family<Labels, Gauge>,
     rows: Family<Labels, Gauge>,
     bytes: Family<Labels, Gauge>,
+    disk: Family<Labels, Gauge>,
+    disk_reads: Family<Labels, Gauge>,
+    budget: Family<Labels, Gauge>,
+    /// From the tables' control records, as a cluster member last read them.
+    cluster_version: Family<Labels, Gauge>,
+    roll: Family<Labels, Gauge>,
+    roll_to: Family<Labels, Gauge>,
+    roll_seconds: Family<Labels, Gauge>,
     registry: Registry,
 }
 
@@ -173,6 +250,13 @@ impl Metrics {
             held: Family::default(),
             rows: Family::default(),
             bytes: Family::default(),
+            disk: Family::default(),
+            disk_reads: Family::default(),
+            budget: Family::default(),
+            cluster_version: Family::default(),
+            roll: Family::default(),
+            roll_to: Family::default(),
+            roll_seconds: Family::default(),
             registry: Registry::with_prefix("embstore"),
         };
         let r = &mut m.registry;
@@ -182,6 +266,37 @@ impl Metrics {
         r.register("versions_held", "Table versions held, by table and state", m.held.clone());
         r.register("rows_held", "Rows held, by table and version", m.rows.clone());
         r.register("bytes_in_memory", "Bytes of rows held in memory, by table", m.bytes.clone());
+        r.register(
+            "bytes_on_disk",
+            "Bytes of segment files budgeted shards read from, by table",
+            m.disk.clone(),
+        );
+        r.register(
+            "disk_rows_read",
+            "Rows the shards held now have read from disk, by table",
+            m.disk_reads.clone(),
+        );
+        r.register(
+            "memory_budget_bytes",
+            "The memory budget of budgeted shards (kind=limit) and what they hold (kind=used)",
+            m.budget.clone(),
+        );
+        r.register(
+            "cluster_version",
+            "The table version the cluster records in etcd, by table",
+            m.cluster_version.clone(),
+        );
+        r.register(
+            "roll",
+            "The table's last roll: 1 for its state (running, done or failed) and step",
+            m.roll.clone(),
+        );
+        r.register("roll_to_version", "The version the last roll moves to", m.roll_to.clone());
+        r.register(
+            "roll_seconds",
+            "Seconds from the last roll's start to its last recorded step",
+            m.roll_seconds.clone(),
+        );
         m
     }
 }
@@ -196,25 +311,68 @@ pub struct Server {
     tables: RwLock<HashMap<String, Vec<Arc<Hosted>>>>,
     /// (table, version, shard, num_shards) being loaded: LOADING in the ServerInfo.
     loading: RwLock<Vec<(String, u64, u32, u32)>>,
+    /// Budgeted loads: where and under what budget (`None`: loads hold shards in memory).
+    tier: Option<TierOptions>,
+    /// The tables' control records as a cluster member last read them (for `/metrics`).
+    controls: RwLock<Vec<embstore_cluster::Control>>,
 }
 
 impl Server {
     /// An empty server named `instance` (its address, usually), answering batches of at most
     /// `max_batch` ids.
     pub fn new(instance: impl Into<String>, max_batch: usize) -> Arc<Self> {
+        Self::build(instance.into(), max_batch, None)
+    }
+
+    /// [`Server::new`] whose loads are budgeted (see [`TierOptions`]). Creates `tier.dir` and
+    /// removes the parts an earlier process left there.
+    pub fn with_tier(
+        instance: impl Into<String>,
+        max_batch: usize,
+        tier: TierOptions,
+    ) -> embstore_table::Result<Arc<Self>> {
+        let io = |e: std::io::Error| {
+            embstore_table::Error::new(ErrorKind::Io, format!("{}: {e}", tier.dir.display()))
+        };
+        std::fs::create_dir_all(&tier.dir).map_err(io)?;
+        for entry in std::fs::read_dir(&tier.dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            if path.to_string_lossy().ends_with(PART_SUFFIX) && path.is_dir() {
+                std::fs::remove_dir_all(&path).map_err(io)?;
+            }
+        }
+        Ok(Self::build(instance.into(), max_batch, Some(tier)))
+    }
+
+    fn build(instance: String, max_batch: usize, tier: Option<TierOptions>) -> Arc<Self> {
         Arc::new(Self {
-            instance: instance.into(),
+            instance,
             metrics: Metrics::new(),
             gen: AtomicU64::new(1),
             max_batch: max_batch.max(1),
             tables: RwLock::new(HashMap::new()),
             loading: RwLock::new(Vec::new()),
+            tier,
+            controls: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Rows the shards held now have read from disk so far.
+    pub fn cold_reads(&self) -> u64 {
+        self.tables.read().values().flatten().map(|h| h.table.disk_reads()).sum()
+    }
+
+    /// Notes the tables' control records, as a cluster member read them, for `/metrics`
+    /// (versions and roll progress).
+    pub fn set_controls(&self, controls: Vec<embstore_cluster::Control>) {
+        *self.controls.write() = controls;
     }
 
     /// Loads shard `shard` of `num_shards` of table `name` from the checkpoint at `ckpt` and
     /// hosts it as version `version` (LOADING meanwhile, READY when this returns). On failure
-    /// the server holds what it held before. Blocking: the whole shard is read.
+    /// the server holds what it held before. Blocking. A server with [`TierOptions`] links the
+    /// checkpoint's segments and reads only their footers (the shard may be larger than
+    /// memory); one without reads the whole table once and keeps the shard's rows in memory.
     pub fn load(
         &self,
         name: &str,
@@ -226,11 +384,43 @@ impl Server {
         let key = (name.to_string(), version, shard, num_shards);
         self.loading.write().push(key.clone());
         self.gen.fetch_add(1, Ordering::AcqRel);
-        let loaded =
-            embstore_table::load_checkpoint_shard(ckpt, name, shard as usize, num_shards as usize);
+        let loaded = self.load_rows(name, version, shard, num_shards, ckpt);
         self.loading.write().retain(|k| k != &key);
         self.gen.fetch_add(1, Ordering::AcqRel);
         self.host(name, version, shard, num_shards, loaded?)
+    }
+
+    /// The rows of a shard loaded from a checkpoint (see [`Server::load`]).
+    fn load_rows(
+        &self,
+        name: &str,
+        version: u64,
+        shard: u32,
+        num_shards: u32,
+        ckpt: &std::path::Path,
+    ) -> embstore_table::Result<Arc<dyn Rows>> {
+        let (s, n) = (shard as usize, num_shards as usize);
+        let Some(tier) = &self.tier else {
+            return Ok(embstore_table::load_checkpoint_shard(ckpt, name, s, n)?);
+        };
+        static NONCE: AtomicU64 = AtomicU64::new(0);
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed);
+        let dir = tier.dir.join(format!(
+            "{name}.v{version}.s{shard}of{num_shards}.{}-{nonce}{PART_SUFFIX}",
+            std::process::id()
+        ));
+        let options =
+            embstore_table::StoreOptions::default().with_shared_budget(tier.budget.clone());
+        match embstore_table::open_checkpoint_shard(ckpt, name, s, n, &dir, &options) {
+            Ok((store, table)) => {
+                let disk_bytes = dir_bytes(&dir.join("seg"));
+                Ok(Arc::new(Part { store: Some(store), table, dir, disk_bytes }))
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
     }
 
     /// Hosts `table` as shard `shard` of `num_shards` of version `version` of `name`, READY
@@ -446,9 +636,30 @@ impl Server {
     /// The metrics in Prometheus' text format, with the gauges of what is held set now.
     pub fn metrics_text(&self) -> String {
         let m = &self.metrics;
-        m.held.clear();
-        m.rows.clear();
-        m.bytes.clear();
+        for f in [&m.held, &m.rows, &m.bytes, &m.disk, &m.disk_reads, &m.budget] {
+            f.clear();
+        }
+        for f in [&m.cluster_version, &m.roll, &m.roll_to, &m.roll_seconds] {
+            f.clear();
+        }
+        let of = |table: &str| vec![("table".to_string(), table.to_string())];
+        for c in self.controls.read().iter() {
+            m.cluster_version.get_or_create(&of(&c.table)).set(c.version as i64);
+            if let Some(r) = &c.roll {
+                let mut l = of(&c.table);
+                let state = format!("{:?}", r.state).to_lowercase();
+                l.extend([("state".to_string(), state), ("step".to_string(), r.step.clone())]);
+                m.roll.get_or_create(&l).set(1);
+                m.roll_to.get_or_create(&of(&c.table)).set(r.to_version as i64);
+                let ms = r.updated_ms.saturating_sub(r.started_ms);
+                m.roll_seconds.get_or_create(&of(&c.table)).set((ms / 1000) as i64);
+            }
+        }
+        if let Some(t) = &self.tier {
+            let kind = |k: &str| vec![("kind".to_string(), k.to_string())];
+            m.budget.get_or_create(&kind("limit")).set(t.budget.limit() as i64);
+            m.budget.get_or_create(&kind("used")).set(t.budget.used() as i64);
+        }
         for (name, held) in self.tables.read().iter() {
             for h in held {
                 let state = format!("{:?}", h.state).to_lowercase();
@@ -459,8 +670,9 @@ impl Server {
                     ("version".to_string(), h.version.to_string()),
                 ];
                 m.rows.get_or_create(&l).set(h.table.len() as i64);
-                let bytes = h.table.bytes() as i64;
-                m.bytes.get_or_create(&vec![("table".to_string(), name.clone())]).inc_by(bytes);
+                m.bytes.get_or_create(&of(name)).inc_by(h.table.bytes() as i64);
+                m.disk.get_or_create(&of(name)).inc_by(h.table.disk_bytes() as i64);
+                m.disk_reads.get_or_create(&of(name)).inc_by(h.table.disk_reads() as i64);
             }
         }
         let mut out = String::new();
@@ -484,6 +696,13 @@ impl Server {
             found: found.into_iter().map(u8::from).collect(),
         })
     }
+}
+
+/// Bytes of the files in `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
 }
 
 /// The gRPC code for a table error (the one mapping of this boundary; the client maps back).
@@ -599,6 +818,18 @@ pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_metrics_with(server, listener, None, shutdown).await
+}
+
+/// [`serve_metrics`] over TLS when `tls` is given (the serving port's certificate, and with a
+/// client CA, mutual TLS: Prometheus then scrapes with a client certificate). A connection
+/// whose handshake fails or takes over 10 s is dropped; others are not held up by it.
+pub async fn serve_metrics_with(
+    server: Arc<Server>,
+    listener: tokio::net::TcpListener,
+    tls: Option<Tls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -611,7 +842,113 @@ pub async fn serve_metrics(
             }
         }),
     );
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    match tls {
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls.rustls_config()?);
+            axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+        }
+    }
+}
+
+impl Tls {
+    /// This identity (and client CA) as a rustls server configuration.
+    fn rustls_config(&self) -> std::io::Result<Arc<tokio_rustls::rustls::ServerConfig>> {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, e: &dyn std::fmt::Display| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
+        };
+        let certs = CertificateDer::pem_slice_iter(&self.cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("the TLS certificate", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
+            .map_err(|e| bad("the TLS private key", &e))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("TLS", &e))?;
+        let builder = match &self.client_ca_pem {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_slice_iter(ca) {
+                    let cert = cert.map_err(|e| bad("the TLS client CA", &e))?;
+                    roots.add(cert).map_err(|e| bad("the TLS client CA", &e))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                )
+                .build()
+                .map_err(|e| bad("the TLS client CA", &e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config =
+            builder.with_single_cert(certs, key).map_err(|e| bad("the TLS certificate", &e))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// A TLS listener for axum: a task accepts TCP connections and runs each handshake in a task
+/// of its own, so a slow or failing client holds up no other; finished ones queue here.
+struct TlsListener {
+    local: std::net::SocketAddr,
+    ready: tokio::sync::mpsc::Receiver<(TlsIo, std::net::SocketAddr)>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+type TlsIo = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+impl TlsListener {
+    fn new(tcp: tokio::net::TcpListener, config: Arc<tokio_rustls::rustls::ServerConfig>) -> Self {
+        let local = tcp.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+        let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let tls = tokio_rustls::TlsAcceptor::from(config);
+        let acceptor = tokio::spawn(async move {
+            loop {
+                let Ok((stream, addr)) = tcp.accept().await else {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                };
+                let (tls, tx) = (tls.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let handshake = tls.accept(stream);
+                    let timeout = std::time::Duration::from_secs(10);
+                    if let Ok(Ok(io)) = tokio::time::timeout(timeout, handshake).await {
+                        let _ = tx.send((io, addr)).await;
+                    }
+                });
+            }
+        });
+        Self { local, ready, acceptor }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(conn) => conn,
+            // The accepting task is gone only when this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
 }
 
 /// Tokens a server asks for, sent by clients as `authorization: Bearer <token>`. Without a
@@ -820,5 +1157,68 @@ mod tests {
         assert!(s.info().gen >= gen + 2);
         assert!(s.host("user", 1, 2, 2, table(&[])).is_err());
         assert!(s.host("user", 1, 0, 3, table(&[])).is_err());
+    }
+
+    /// A budgeted load: the shard's rows equal the checkpoint's, memory stays under a budget
+    /// a fifth of the shard, the part's directory goes when it is unloaded, a failed load
+    /// leaves no directory, and parts an earlier process left are removed at start.
+    #[test]
+    fn budgeted_loads_serve_a_shard_larger_than_their_budget() {
+        let root = tempfile::tempdir().unwrap();
+        let (n, d) = (20_000u64, 256usize);
+        let ids: Vec<u64> = (0..n).map(|i| i * 7 + 3).collect();
+        let row = |k: u64| (0..d).map(|j| (k * 64 + j as u64) as f32).collect::<Vec<f32>>();
+        {
+            let store = Store::open(root.path().join("store")).unwrap();
+            let t = store.create_table(TableConfig::new("user", d)).unwrap();
+            t.assign(&ids, &ids.iter().flat_map(|&k| row(k)).collect::<Vec<_>>()).unwrap();
+            store.checkpoint(root.path().join("ckpt"), None).unwrap();
+        }
+        let data = root.path().join("data");
+        std::fs::create_dir_all(data.join("old.v1.s0of1.1-0.part/seg")).unwrap();
+        let table_bytes = n * (d as u64) * 4;
+        let budget = embstore_table::Budget::shared(table_bytes / 10).unwrap();
+        let tier = TierOptions { dir: data.clone(), budget: budget.clone() };
+        let s = Server::with_tier("tiered", 1 << 16, tier).unwrap();
+        assert!(!data.join("old.v1.s0of1.1-0.part").exists(), "leftover part removed");
+        let ckpt = root.path().join("ckpt");
+        for shard in 0..2 {
+            s.load("user", 4, shard, 2, &ckpt).unwrap();
+        }
+        let parts = || std::fs::read_dir(&data).unwrap().count();
+        assert_eq!(parts(), 2);
+        let err = s.load("user", 5, 0, 2, &root.path().join("nope")).unwrap_err();
+        assert_ne!(err.kind(), ErrorKind::TableNotFound, "{err}");
+        assert_eq!(parts(), 2, "a failed load leaves no directory");
+        let mut peak = 0;
+        for shard in 0..2u32 {
+            for chunk in ids.chunks(500) {
+                let mut r = req(4, chunk.to_vec());
+                (r.shard, r.num_shards) = (shard, 2);
+                let got = s.lookup(&r).unwrap();
+                let values = embstore_proto::decode_rows(&got.values, chunk.len(), d).unwrap();
+                for (i, &k) in chunk.iter().enumerate() {
+                    let mine = embstore_table::shard_of_key(k, 2) == shard as usize;
+                    assert_eq!(got.found[i] == 1, mine, "id {k}");
+                    let want = if mine { row(k) } else { vec![0.0; d] };
+                    assert_eq!(&values[i * d..][..d], &want[..], "id {k}");
+                }
+                // On the caller's thread a call that brings rows in evicts once over the
+                // budget: at most one call's rows beyond it (indexes are never evicted).
+                let (used, fixed, limit) = (budget.used(), budget.fixed(), budget.limit());
+                let cap = limit.max(fixed + limit / 20) + 500 * (d as u64 * 4 + 64);
+                assert!(used <= cap, "{used} bytes held ({fixed} fixed), budget {limit}");
+                peak = peak.max(used);
+            }
+        }
+        assert!(peak <= budget.limit() * 11 / 10, "peak {peak} of {}", budget.limit());
+        let text = s.metrics_text();
+        assert!(text.contains("embstore_bytes_on_disk{table=\"user\"}"), "{text}");
+        assert!(text.contains("embstore_memory_budget_bytes{kind=\"limit\"}"), "{text}");
+        assert!(s.unload("user", 4, Some(0)));
+        assert_eq!(parts(), 1, "the unloaded part's directory is removed");
+        assert!(s.unload("user", 4, None));
+        assert_eq!(parts(), 0);
+        assert_eq!(budget.used(), 0);
     }
 }

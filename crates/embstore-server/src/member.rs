@@ -100,6 +100,7 @@ impl Member {
         let (Ok(live), Ok(all)) = (members(&self.etcd).await, controls(&self.etcd).await) else {
             return;
         };
+        self.server.set_controls(all.iter().map(|(c, _)| c.clone()).collect());
         let live: Vec<String> = live.into_iter().map(|(i, _)| i).collect();
         let mut load = loads(all.iter().map(|(c, _)| c));
         load.retain(|i, _| live.contains(i));

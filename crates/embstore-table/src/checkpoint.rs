@@ -191,18 +191,29 @@ fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
 /// Per table id, the segments of a checkpoint chain that hold its rows (by seq): each
 /// checkpoint adds its files and drops those its table superseded.
 fn chain_files(chain: &[(PathBuf, State)]) -> BTreeMap<u64, BTreeMap<u64, PathBuf>> {
-    let mut files: BTreeMap<u64, BTreeMap<u64, PathBuf>> = BTreeMap::new();
+    chain_entries(chain)
+        .into_iter()
+        .map(|(id, set)| (id, set.into_iter().map(|(seq, (p, _))| (seq, p)).collect()))
+        .collect()
+}
+
+/// [`chain_files`] with each segment's manifest entry.
+fn chain_entries(chain: &[(PathBuf, State)]) -> BTreeMap<u64, SegmentsOf> {
+    let mut files: BTreeMap<u64, SegmentsOf> = BTreeMap::new();
     for (path, state) in chain {
         for (&id, t) in &state.tables {
             let set = files.entry(id).or_default();
             set.retain(|&seq, _| seq >= t.superseded_below);
-            for &seq in t.files.keys() {
-                set.insert(seq, segment_path(path, seq));
+            for (&seq, &f) in &t.files {
+                set.insert(seq, (segment_path(path, seq), f));
             }
         }
     }
     files
 }
+
+/// A table's segments in a checkpoint chain, by seq: path and manifest entry.
+type SegmentsOf = BTreeMap<u64, (PathBuf, FileEntry)>;
 
 /// The config a checkpoint's manifest records for table `t`.
 fn table_config(t: &manifest::TableEntry) -> Result<crate::TableConfig> {
@@ -228,6 +239,15 @@ fn table_in_chain(
     ckpt: &Path,
     name: &str,
 ) -> Result<(u64, manifest::TableEntry, BTreeMap<u64, PathBuf>)> {
+    let (id, t, _, files) = table_and_chain(ckpt, name)?;
+    Ok((id, t, files.into_iter().map(|(seq, (p, _))| (seq, p)).collect()))
+}
+
+/// [`table_in_chain`] with the chain's newest state and each segment's manifest entry.
+fn table_and_chain(
+    ckpt: &Path,
+    name: &str,
+) -> Result<(u64, manifest::TableEntry, State, SegmentsOf)> {
     let chain = chain(ckpt)?;
     let newest = &chain.last().expect("not empty").1;
     let Some((&id, t)) = newest.tables.iter().find(|(_, t)| t.name == name) else {
@@ -237,7 +257,9 @@ fn table_in_chain(
         ));
     };
     let t = t.clone();
-    Ok((id, t, chain_files(&chain).remove(&id).unwrap_or_default()))
+    let files = chain_entries(&chain).remove(&id).unwrap_or_default();
+    let newest = chain.into_iter().next_back().expect("not empty").1;
+    Ok((id, t, newest, files))
 }
 
 /// The bytes of table `name`'s segments in the checkpoint at `ckpt` and the chain it builds on
@@ -299,6 +321,60 @@ pub fn load_checkpoint_shard(
     }
     part.set_step(t.step);
     Ok(Arc::new(part))
+}
+
+/// Opens shard `shard` of `num_shards` of table `name` of the checkpoint in `ckpt` (with the
+/// chain it builds on) as a store in `dir` (a new or empty directory) under the memory budget
+/// of `options`: the budgeted load of a serving shard, which may be larger than memory.
+///
+/// The table's segments are hard-linked into `dir` (segments are immutable; across file
+/// systems they are copied), and the store indexes only this shard's keys from their footers:
+/// every row starts on disk, no row is read, and rows come into memory as lookups use them
+/// (the memory tier, `tier`). The other shards' records stay in the linked files, unread.
+/// Returns the store and the table; dropping the store releases `dir`, which the caller
+/// removes. Fails with `InvalidArgument` without a memory budget in `options` (use
+/// [`load_checkpoint_shard`] to hold a shard in memory).
+pub fn open_checkpoint_shard(
+    ckpt: &Path,
+    name: &str,
+    shard: usize,
+    num_shards: usize,
+    dir: &Path,
+    options: &crate::StoreOptions,
+) -> Result<(Store, Arc<Table>)> {
+    if !num_shards.is_power_of_two() || shard >= num_shards {
+        return Err(Error::invalid(format!(
+            "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
+        )));
+    }
+    if options.memory_budget_bytes.is_none() && options.shared_budget.is_none() {
+        return Err(Error::invalid(
+            "a budgeted shard load needs a memory budget (StoreOptions::with_memory_budget)",
+        ));
+    }
+    let (id, mut entry, newest, files) = table_and_chain(ckpt, name)?;
+    let vfs = RealFs;
+    prepare_empty_dir(&vfs, dir)?;
+    for (&seq, (from, _)) in &files {
+        let to = segment_path(dir, seq);
+        vfs.link(from, &to)
+            .map_err(|e| Error::io(format!("link {} to {}", from.display(), to.display()), e))?;
+    }
+    let seg = dir.join(SEG_DIR);
+    vfs.sync_dir(&seg).map_err(|e| Error::io(format!("sync directory {}", seg.display()), e))?;
+    entry.files = files.iter().map(|(&seq, &(_, f))| (seq, f)).collect();
+    entry.superseded_below = 0;
+    let state = State {
+        next_table_id: newest.next_table_id.max(id + 1),
+        next_seq: newest.next_seq.max(files.keys().next_back().map_or(1, |s| s + 1)),
+        store_id: random_id(),
+        tables: BTreeMap::from([(id, entry)]),
+        ..State::default()
+    };
+    drop(Manifest::create(&vfs, dir, &state)?);
+    let store = Store::open_part(dir, options, Arc::new(RealFs), Some((shard, num_shards)))?;
+    let table = store.table(name)?;
+    Ok((store, table))
 }
 
 impl Store {

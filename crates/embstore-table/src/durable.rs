@@ -49,6 +49,9 @@ pub(crate) const SEG_DIR: &str = "seg";
 pub(crate) struct Tiering {
     pub(crate) budget: Arc<crate::tier::Budget>,
     pub(crate) eviction: crate::evict::EvictionConfig,
+    /// `Some((shard, n))`: index only the keys of serving shard `shard` of `n`
+    /// ([`crate::shard_of_key`]) — a server's part of a checkpoint whose segments it links.
+    pub(crate) keep: Option<(usize, usize)>,
 }
 
 /// What opening a store directory found.
@@ -147,15 +150,15 @@ impl Durable {
                         path.display()
                     )));
                 }
-                report.records += match &table.tier {
+                report.records += match (&table.tier, tiering) {
                     // With a memory budget every row starts on disk: only the footers are read.
-                    Some(tier) => {
+                    (Some(tier), Some(t)) => {
                         let slot = tier.files.write().reserve()?;
-                        let n = table.replay_footer(slot, &r)?;
+                        let n = table.replay_footer(slot, &r, t.keep)?;
                         tier.files.write().install(slot, seq, Arc::new(r));
                         n
                     }
-                    None => {
+                    _ => {
                         let (rows, tombstones) = table.replay(&r)?;
                         rows + tombstones
                     }

@@ -72,7 +72,9 @@ mod tier;
 mod version;
 mod write;
 
-pub use checkpoint::{checkpoint_table_bytes, load_checkpoint_shard, CheckpointReport};
+pub use checkpoint::{
+    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
+};
 pub use config::{NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS};
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 pub use error::{Error, ErrorKind, Result};

@@ -44,6 +44,13 @@ impl StoreOptions {
         self
     }
 
+    /// Options with `budget` as the memory budget, shared with the other stores opened with it
+    /// (a server's loaded shards, say): see [`Budget::shared`].
+    pub fn with_shared_budget(mut self, budget: Arc<crate::tier::Budget>) -> Self {
+        self.shared_budget = Some(budget);
+        self
+    }
+
     /// Options with the replacement policy `eviction`.
     pub fn with_eviction(mut self, eviction: crate::evict::EvictionConfig) -> Self {
         self.eviction = eviction;
@@ -69,6 +76,9 @@ pub struct StoreOptions {
     /// demo's training under a budget and no slower at 10M rows (docs/benchmarks.md, issue 8,
     /// round 3).
     pub background_eviction: bool,
+    /// A budget shared with other stores ([`crate::Budget::shared`]); it takes the place of
+    /// `memory_budget_bytes` and `background_eviction`.
+    pub shared_budget: Option<Arc<crate::tier::Budget>>,
 }
 
 impl Drop for Store {
@@ -124,16 +134,29 @@ impl Store {
         options: &StoreOptions,
         vfs: Arc<dyn Vfs>,
     ) -> Result<Self> {
+        Self::open_part(dir.as_ref(), options, vfs, None)
+    }
+
+    /// [`Store::open_with_options`], indexing only the keys of serving shard `keep.0` of
+    /// `keep.1` when the store has a memory budget (see `checkpoint::open_checkpoint_shard`).
+    pub(crate) fn open_part(
+        dir: &Path,
+        options: &StoreOptions,
+        vfs: Arc<dyn Vfs>,
+        keep: Option<(usize, usize)>,
+    ) -> Result<Self> {
         let clock = Arc::new(Clock::new(check_replica(options.replica)?));
-        let tiering = match options.memory_budget_bytes {
-            Some(0) => return Err(Error::invalid("memory_budget_bytes must be at least 1")),
-            Some(b) => Some(Tiering {
-                budget: crate::tier::Budget::new(b, options.background_eviction),
-                eviction: options.eviction.clone(),
-            }),
-            None => None,
+        let budget = match (&options.shared_budget, options.memory_budget_bytes) {
+            (Some(b), _) => Some(b.clone()),
+            (None, Some(0)) => {
+                return Err(Error::invalid("memory_budget_bytes must be at least 1"))
+            }
+            (None, Some(b)) => Some(crate::tier::Budget::new(b, options.background_eviction)),
+            (None, None) => None,
         };
-        let (durable, tables) = Durable::open(dir.as_ref(), vfs, &clock, tiering.as_ref())?;
+        let tiering =
+            budget.map(|budget| Tiering { budget, eviction: options.eviction.clone(), keep });
+        let (durable, tables) = Durable::open(dir, vfs, &clock, tiering.as_ref())?;
         let durable = Arc::new(durable);
         for t in &tables {
             t.attach_durable(&durable);

@@ -132,6 +132,9 @@ pub struct Budget {
     /// `None`: tables evict on the caller's thread after each call that leaves the store over
     /// its budget.
     evictor: Option<Evictor>,
+    /// The tables under this budget, so that a call evicting on its thread also takes the
+    /// shares of tables no call touches (idle tables would otherwise keep the budget exceeded).
+    members: Mutex<Vec<Weak<Table>>>,
 }
 
 /// The thread that evicts for the tables of a store whose calls left it above
@@ -163,7 +166,47 @@ impl Budget {
             used: AtomicU64::new(0),
             fixed: AtomicU64::new(0),
             evictor: background.then(Evictor::default),
+            members: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Notes a table under this budget (dropped tables are forgotten as they go).
+    fn register(&self, table: Weak<Table>) {
+        let mut members = self.members.lock();
+        members.retain(|t| t.strong_count() > 0);
+        members.push(table);
+    }
+
+    /// After a call's own eviction: the other tables' shares of what is still over the low
+    /// mark, on this thread (a table whose eviction runs already is skipped).
+    fn evict_others(&self, caller: &Table) {
+        let (_, _, low) = self.marks();
+        if self.used() <= low {
+            return;
+        }
+        let others: Vec<Arc<Table>> = self
+            .members
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|t| !std::ptr::eq(&**t, caller))
+            .collect();
+        for t in others {
+            if let Some(tier) = &t.tier {
+                t.evict_share(tier, false, u64::MAX);
+            }
+        }
+    }
+
+    /// A budget of `limit` bytes for several stores to share ([`crate::StoreOptions::with_shared_budget`]):
+    /// each table reports its bytes to it and evicts its share of the excess on the thread of
+    /// the call that brought rows in (no evictor thread). A table gives its bytes back when it
+    /// is dropped.
+    pub fn shared(limit: u64) -> Result<Arc<Self>> {
+        if limit == 0 {
+            return Err(Error::invalid("a memory budget must be at least 1 byte"));
+        }
+        Ok(Self::new(limit, false))
     }
 
     /// Replaces a table's `before` bytes by `after` in the total `of`; returns the new total.
@@ -511,6 +554,14 @@ impl Drop for Entered<'_> {
     }
 }
 
+impl Drop for Tier {
+    /// Gives the table's bytes back to the budget (which may outlive it: a shared one).
+    fn drop(&mut self) {
+        Budget::adjust(&self.budget.used, *self.reported.get_mut(), 0);
+        Budget::adjust(&self.budget.fixed, *self.reported_fixed.get_mut(), 0);
+    }
+}
+
 impl Table {
     /// Makes this table tiered under `budget` (before any row is stored or replayed).
     pub(crate) fn enable_tier(
@@ -548,7 +599,9 @@ impl Table {
     pub(crate) fn attach_durable(self: &Arc<Self>, durable: &Arc<Durable>) {
         if let Some(t) = &self.tier {
             let _ = t.durable.set(Arc::downgrade(durable));
-            let _ = t.me.set(Arc::downgrade(self));
+            if t.me.set(Arc::downgrade(self)).is_ok() {
+                t.budget.register(Arc::downgrade(self));
+            }
         }
     }
 
@@ -862,6 +915,7 @@ impl Table {
             self.evict_share(tier, true, u64::MAX);
         } else if used > over && grew {
             self.evict_share(tier, false, u64::MAX);
+            tier.budget.evict_others(self);
         }
     }
 
@@ -1047,11 +1101,20 @@ impl Table {
     }
 
     /// Indexes the records of a sealed segment in `slot` (at open): a record makes its key
-    /// cold at that location, a tombstone removes the key.
-    pub(crate) fn replay_footer(&self, slot: u32, reader: &SegmentReader) -> Result<u64> {
+    /// cold at that location, a tombstone removes the key. With `keep = Some((s, n))` only the
+    /// keys of serving shard `s` of `n` count.
+    pub(crate) fn replay_footer(
+        &self,
+        slot: u32,
+        reader: &SegmentReader,
+        keep: Option<(usize, usize)>,
+    ) -> Result<u64> {
         let mut n = 0;
         reader.for_each_footer(|i, key, tombstone, version| {
             self.clock.observe(version);
+            if keep.is_some_and(|(s, n)| crate::shard_of_key(key, n) != s) {
+                return Ok(());
+            }
             let mut shard = self.shards[self.shard_of(key)].write();
             let t = shard.tier.as_mut().expect("tiered");
             if tombstone {

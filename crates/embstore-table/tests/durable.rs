@@ -9,7 +9,7 @@ mod common;
 
 use common::Rng;
 use embstore_table::disk::vfs::{FaultFs, RealFs, Vfs};
-use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, TableConfig};
+use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, TableConfig};
 
 /// Every table's rows (sorted by id, with values, state and metadata) and step.
 type Snapshot = BTreeMap<String, (Vec<(u64, Vec<f32>, Vec<f32>, String)>, u64)>;
@@ -343,7 +343,46 @@ fn checkpoints_full_and_incremental_restore_onto_another_shard_count() {
         assert_eq!(&union, rows, "the shards of {name} together");
         let whole = embstore_table::load_checkpoint_shard(&c3, name, 0, 1).unwrap();
         assert_eq!(&snapshot_of(&whole), rows, "{name} as one shard");
+        // The budgeted load of each shard (linked segments, keys from the footers) holds the
+        // same rows as the load into memory, under a budget far below the table.
+        let budget = embstore_table::Budget::shared(4 << 10).unwrap();
+        let options = StoreOptions::default().with_shared_budget(budget.clone());
+        for shard in 0..4 {
+            let part = root.path().join(format!("part-{name}-{shard}"));
+            let (s, t) =
+                embstore_table::open_checkpoint_shard(&c3, name, shard, 4, &part, &options)
+                    .unwrap();
+            assert!(t.is_tiered());
+            let want = embstore_table::load_checkpoint_shard(&c3, name, shard, 4).unwrap();
+            assert_eq!(snapshot_of(&t), snapshot_of(&want), "budgeted shard {shard} of {name}");
+            assert_eq!(t.step(), *step);
+            // Lookups bring rows in; ids of other shards are not found.
+            let ids: Vec<u64> = rows.iter().map(|r| r.0).collect();
+            let mut out = vec![0.0; ids.len() * t.dim()];
+            let mut found = vec![false; ids.len()];
+            t.lookup(&ids, OnMiss::Zeros, &mut out, Some(&mut found)).unwrap();
+            for (i, (id, values, _, _)) in rows.iter().enumerate() {
+                let mine = embstore_table::shard_of_key(*id, 4) == shard;
+                assert_eq!(found[i], mine, "id {id} in shard {shard}");
+                let want = if mine { values.clone() } else { vec![0.0; t.dim()] };
+                assert_eq!(&out[i * t.dim()..][..t.dim()], &want[..], "id {id}");
+            }
+            drop((s, t));
+            // The parts gave their bytes back to the shared budget.
+            assert_eq!(budget.used(), 0, "budget after dropping shard {shard}");
+        }
     }
+    let err = embstore_table::open_checkpoint_shard(
+        &c3,
+        &store.tables()[0],
+        0,
+        1,
+        &root.path().join("no-budget"),
+        &StoreOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     let name = &store.tables()[0];
     let err = embstore_table::load_checkpoint_shard(&c3, "nope", 0, 1).err().unwrap();
     assert_eq!(err.kind(), ErrorKind::TableNotFound);

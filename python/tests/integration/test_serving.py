@@ -518,6 +518,8 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_pat
         str(tmp_path / "server.key"),
         "--tls-client-ca",
         str(tmp_path / "ca.pem"),
+        "--metrics",
+        "127.0.0.1:0",
     )
     try:
         addr = f"localhost:{server.port}"
@@ -537,5 +539,69 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(tmp_pat
         np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
         with pytest.raises(embstore.InvalidArgumentError):
             embstore.connect(addr, tls_cert=tmp_path / "client.pem")
+        # /metrics takes the same TLS: a scrape with a client certificate gets the metrics;
+        # one without, or in plaintext, gets nothing, and the endpoint serves on.
+        import http.client
+        import ssl
+        import urllib.request
+
+        assert server.metrics_url is not None
+        url = server.metrics_url.replace("http://127.0.0.1", "https://localhost")
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        no_cert = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        ctx.load_cert_chain(str(tmp_path / "client.pem"), str(tmp_path / "client.key"))
+        for refused in (
+            lambda: urllib.request.urlopen(url, timeout=10, context=no_cert).read(),
+            lambda: urllib.request.urlopen(server.metrics_url, timeout=10).read(),
+        ):
+            with pytest.raises((OSError, http.client.HTTPException)):
+                refused()
+        text = urllib.request.urlopen(url, timeout=10, context=ctx).read().decode()
+        assert 'embstore_lookups_total{table="user",outcome="ok"}' in text, text
     finally:
         server.stop()
+
+
+def test_a_memory_budget_serves_shards_larger_than_it_from_linked_segments(tmp_path) -> None:
+    """`serve --memory-budget 1MiB --data-dir`: two shards of a 5 MiB table loaded from a
+    checkpoint are served equal to the table's rows while the server's budgeted memory stays
+    near 1 MiB; each loaded shard is a directory of links in the data dir, gone on unload."""
+    import urllib.request
+
+    from embstore import _native
+
+    store = embstore.Store(tmp_path / "s")
+    n, d = 20_000, 64
+    user = store.create_table("user", embedding_dim=d)
+    ids = np.arange(n, dtype=np.int64) * 5 + 1
+    values = np.random.default_rng(3).standard_normal((n, d)).astype(np.float32)
+    user.assign(ids, values)
+    store.checkpoint(tmp_path / "c")
+    del user, store
+    data = tmp_path / "data"
+    server = _Served(
+        "--admin", "--memory-budget", "1MiB", "--data-dir", str(data), "--metrics", "127.0.0.1:0"
+    )
+    try:
+        for shard in range(2):
+            _native.admin(server.address, "load", "user", 7, shard, 2, str(tmp_path / "c"))
+        assert sorted(p.suffix for p in data.iterdir()) == [".part", ".part"]
+        client = embstore.connect(server.address)
+        order = np.random.default_rng(4).permutation(n)
+        for batch in np.array_split(order, 40):
+            rows, version = client.lookup("user", ids[batch], return_version=True)
+            assert version == 7
+            np.testing.assert_array_equal(rows, values[batch])
+        missing = client.lookup("user", np.array([0, 2], dtype=np.int64), return_found=True)
+        assert not missing[1].any() and not missing[0].any()
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        used = int(re.search(r'embstore_memory_budget_bytes\{kind="used"\} (\d+)', text)[1])
+        assert 0 < used <= 1.25 * (1 << 20), text
+        disk = int(re.search(r'embstore_bytes_on_disk\{table="user"\} (\d+)', text)[1])
+        assert disk > 2 * n * d * 4, text  # both parts link the whole table's segments
+        _native.admin(server.address, "unload", "user", 7)
+        assert list(data.iterdir()) == []
+    finally:
+        server.stop()
+    out = _embstore("serve", "--memory-budget", "lots", timeout=30)
+    assert out.returncode == 2 and "not a size: 'lots'" in out.stderr, out
