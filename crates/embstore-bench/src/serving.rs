@@ -12,7 +12,9 @@
 //!    client's decoding and scatter; the rest (gRPC, HTTP/2, loopback, scheduling).
 //! 3. **slo** — the highest QPS at `--slo-batch` ids whose p99 stays under `--slo-ms`, raising
 //!    the number of closed-loop clients (1, 2, 4, …) until p99 passes it.
-//! 4. **roll** — see [`roll`]: QPS and p99 during rolling updates vs steady state, the roll's
+//! 4. **budget** — see [`budget`]: shards loaded from a checkpoint under a memory budget (the
+//!    NVMe tier) vs into memory: load time, and batch latency and QPS at each budget.
+//! 5. **roll** — see [`roll`]: QPS and p99 during rolling updates vs steady state, the roll's
 //!    time, the servers' extra memory, and batches mixing versions with the protocol on and off.
 //!
 //! Dimensions: `--rows` rows of `--dim` float32 (1 KB at D 256), uniform random ids, batch sizes
@@ -28,6 +30,7 @@ use embstore_server::{Rows, Server};
 use embstore_table::{shard_of_key, Store, Table, TableConfig};
 use prost::Message;
 
+mod budget;
 #[cfg(feature = "rocksdb")]
 mod rocks;
 mod roll;
@@ -53,8 +56,8 @@ pub(crate) struct ServingArgs {
     /// Seconds timed per point.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
-    /// Parts to run: latency, breakdown, slo, roll.
-    #[arg(long, value_delimiter = ',', default_value = "latency,breakdown,slo,roll")]
+    /// Parts to run: latency, breakdown, slo, budget, roll.
+    #[arg(long, value_delimiter = ',', default_value = "latency,breakdown,slo,budget,roll")]
     parts: Vec<String>,
     /// The redis-server binary ("" to skip Redis).
     #[arg(long, default_value = "redis-server")]
@@ -66,6 +69,18 @@ pub(crate) struct ServingArgs {
     /// The SLO: p99 latency in ms.
     #[arg(long, default_value_t = 10.0)]
     slo_ms: f64,
+    /// Memory budgets of the `budget` part, as fractions of each shard's rows (0: the shard
+    /// loaded into memory, no budget).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.5,0.2,0.1")]
+    budget_fractions: Vec<f64>,
+    /// Where the `budget` part writes its store, checkpoint and servers' data dirs (removed at
+    /// the end): put it on the NVMe; default: a fresh folder under the temporary directory.
+    #[arg(long)]
+    budget_dir: Option<std::path::PathBuf>,
+    /// Skew of the ids the clients look up: 0, uniform; s > 0, Zipf(s) over the rows in a
+    /// fixed random order (rank r is row `r × 2654435761 mod rows`).
+    #[arg(long, default_value_t = 0.0)]
+    zipf: f64,
     /// Batch size of the SLO search and of the roll's load.
     #[arg(long, default_value_t = 500)]
     slo_batch: usize,
@@ -170,9 +185,17 @@ pub(crate) struct Cluster {
 impl Cluster {
     /// Empty servers named `names`, each serving on a free loopback port.
     pub(crate) async fn start(names: &[String]) -> Result<Self, String> {
+        Self::start_with(names, |name| Ok(Server::new(name, 1 << 20))).await
+    }
+
+    /// [`Cluster::start`] with servers made by `make` (given each name).
+    pub(crate) async fn start_with(
+        names: &[String],
+        make: impl Fn(&str) -> Result<Arc<Server>, String>,
+    ) -> Result<Self, String> {
         let mut c = Cluster { servers: vec![], addrs: vec![], stops: vec![], tasks: vec![] };
         for name in names {
-            let server = Server::new(name.clone(), 1 << 20);
+            let server = make(name)?;
             let listener =
                 tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
             c.addrs.push(listener.local_addr().map_err(|e| e.to_string())?.to_string());
@@ -411,6 +434,9 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
     drop(redis);
     // Each database removed its own folder when dropped; this removes their (empty) parent.
     let _ = std::fs::remove_dir(rocksdb_dir(&args));
+    if args.part("budget") {
+        budget::run(&args, &values).await?;
+    }
     if args.part("roll") {
         roll::run(&args, Arc::new(values), &shard_ids).await?;
     }
@@ -634,16 +660,17 @@ async fn closed_loop(
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
         let peer = peer.clone();
-        let (rows, seed) = (args.rows, args.seed);
+        let (rows, seed, s) = (args.rows, args.seed, args.zipf);
         tasks.spawn(async move {
             let mut rng = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut ids = Ids::new(rows, s, rng)?;
             let mut lat = Vec::new();
             loop {
                 let now = start.elapsed();
                 if now >= warm + timed {
                     break;
                 }
-                let ids: Vec<u64> = (0..batch).map(|_| splitmix(&mut rng) % rows).collect();
+                let ids: Vec<u64> = (0..batch).map(|_| ids.next(&mut rng)).collect();
                 let t0 = Instant::now();
                 peer.lookup(ids).await?;
                 if now >= warm {
@@ -658,6 +685,37 @@ async fn closed_loop(
         all.extend(done.map_err(|e| e.to_string())??);
     }
     Ok(all)
+}
+
+/// The ids a client looks up: uniform over `0..rows`, or Zipf(s) over them in a fixed random
+/// order (see `--zipf`).
+struct Ids {
+    rows: u64,
+    zipf: Option<(rand_distr::Zipf<f64>, rand::rngs::SmallRng)>,
+}
+
+impl Ids {
+    fn new(rows: u64, s: f64, seed: u64) -> Result<Self, String> {
+        use rand::SeedableRng;
+        let zipf = if s > 0.0 {
+            let z = rand_distr::Zipf::new(rows as f64, s).map_err(|e| format!("--zipf: {e}"))?;
+            Some((z, rand::rngs::SmallRng::seed_from_u64(seed)))
+        } else {
+            None
+        };
+        Ok(Self { rows, zipf })
+    }
+
+    fn next(&mut self, rng: &mut u64) -> u64 {
+        use rand_distr::Distribution;
+        match &mut self.zipf {
+            None => splitmix(rng) % self.rows,
+            Some((z, r)) => {
+                let rank = z.sample(r) as u64 - 1;
+                ((rank as u128 * 2_654_435_761) % self.rows as u128) as u64
+            }
+        }
+    }
 }
 
 /// SplitMix64: the next of a seeded stream of 64-bit values.
