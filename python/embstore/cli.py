@@ -17,7 +17,6 @@ from typing import Any
 from embstore.errors import EmbstoreError
 from embstore.store import inspect, verify
 
-
 _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 
 
