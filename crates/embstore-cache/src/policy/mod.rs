@@ -1,0 +1,275 @@
+//! Request-level L1 replacement policies over u64 keys, with a capacity in entries.
+//!
+//! ## Parts
+//! - [`Policy`] — the trait: [`Policy::access_request`] probes all keys of one request
+//!   (read-only), then commits it (updates hits, admits misses, evicts as needed) and reports
+//!   per-key hit flags *as of the probe*, plus bypass and evictions ([`RequestOutcome`]).
+//! - [`Lru`], [`Lfu`] — per-key baselines (key by key, like libCacheSim's `get`).
+//! - [`GroupLfu`] — the design note's L1: EV-LFU's group score with request pinning and O(S)
+//!   aging; [`EvLfuPaper`] — the faithful EV-LFU of the paper/artifact, for ablations.
+//! - [`EvArc`] — the paper's EV-ARC (§2.5 of the note), an ablation.
+//! - [`PolicyConfig`] — picks a policy and its parameters; [`PolicyConfig::build`] makes one.
+//!
+//! ## Contract every policy keeps
+//! - `hit[j]` is "key `j` was resident before this request changed anything" (probe-first, §1
+//!   of the note), so a request is perfect iff all its keys were resident at probe time.
+//! - Never more than `capacity` keys resident; never panics, never blocks. A request that
+//!   cannot be kept whole (more distinct keys than the capacity, or no unpinned victim) is
+//!   served partially and reported as `bypassed`.
+//! - Keys should be distinct (the evaluator deduplicates); a repeated key is tolerated: the
+//!   probe flags it by the state before the request, the commit treats the repeat as a hit.
+//! - Deterministic: the same configuration and key sequence give the same outcomes. No
+//!   decision depends on hash order (eviction order lives in linked lists, not in the index).
+//!
+//! ## Metadata accounting
+//! [`Policy::metadata_bytes`] counts every byte the policy owns — the struct, the slot arena at
+//! its preallocated capacity, the index, list heads and scratch — and
+//! [`Policy::metadata_bytes_per_entry`] divides by the capacity. There is no payload here (rows
+//! live in the tiers above): these are the bytes the note's ≤ 48 B/entry target is about.
+
+mod ev_arc;
+mod group_lfu;
+mod lfu;
+mod lru;
+#[cfg(test)]
+pub(crate) mod reference;
+
+pub use ev_arc::{EvArc, EvArcConfig};
+pub use group_lfu::{EvLfuPaper, Flush, GroupLfu, GroupLfuConfig, GroupLfuStats};
+pub use lfu::{Lfu, LfuConfig};
+pub use lru::Lru;
+
+use std::fmt;
+
+use crate::{Error, Result};
+
+/// Largest capacity a policy accepts: slots are numbered by u32 and `u32::MAX` means "none";
+/// EV-ARC keeps twice its capacity in slots (ghosts).
+pub const MAX_CAPACITY: usize = (u32::MAX / 2 - 1) as usize;
+
+/// What one request did, as seen by the caller. Reused across requests by
+/// [`Policy::access_into`] so the hot path does not allocate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestOutcome {
+    /// `hit[j]`: key `j` was resident at probe time (before the request changed anything).
+    pub hit: Vec<bool>,
+    /// Number of `true` in `hit` (the request's `h`).
+    pub hits: usize,
+    /// Missed keys that were admitted.
+    pub admitted: usize,
+    /// The request could not be kept whole: more distinct keys than the capacity, or no
+    /// unpinned victim for a miss. Its misses were served from the backing store and not all
+    /// were kept.
+    pub bypassed: bool,
+    /// Keys evicted while committing this request, in eviction order.
+    pub evicted: Vec<u64>,
+    /// How many of `evicted` were keys of this very request (self-eviction, note §2.2 \[M2\]).
+    pub self_evicted: usize,
+}
+
+impl RequestOutcome {
+    /// Empties the outcome for a request of `g` keys.
+    pub fn reset(&mut self, g: usize) {
+        self.hit.clear();
+        self.hit.reserve(g);
+        self.hits = 0;
+        self.admitted = 0;
+        self.bypassed = false;
+        self.evicted.clear();
+        self.self_evicted = 0;
+    }
+
+    /// All keys were resident at probe time (a perfect hit). True for an empty request.
+    pub fn is_perfect(&self) -> bool {
+        self.hits == self.hit.len()
+    }
+
+    /// Keys that missed.
+    pub fn misses(&self) -> usize {
+        self.hit.len() - self.hits
+    }
+}
+
+/// A request-level cache replacement policy over u64 keys with a capacity in entries.
+pub trait Policy: fmt::Debug + Send {
+    /// A short name for reports (`"lru"`, `"group-lfu"`, …).
+    fn name(&self) -> &'static str;
+    /// Maximum number of resident keys.
+    fn capacity(&self) -> usize;
+    /// Resident keys now.
+    fn len(&self) -> usize;
+    /// Whether no key is resident.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether `key` is resident. Pure: changes nothing.
+    fn contains(&self, key: u64) -> bool;
+    /// Serves one request: probe every key, then commit (see the module docs). `out` is reset
+    /// first and then describes this request.
+    fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome);
+    /// Every byte this policy owns (struct, arena at capacity, index, lists, scratch).
+    fn metadata_bytes(&self) -> usize;
+
+    /// [`access_into`](Self::access_into) with a fresh outcome.
+    fn access_request(&mut self, keys: &[u64]) -> RequestOutcome {
+        let mut out = RequestOutcome::default();
+        self.access_into(keys, &mut out);
+        out
+    }
+
+    /// The probe alone: `out[j] = contains(keys[j])`. Pure.
+    fn probe(&self, keys: &[u64], out: &mut Vec<bool>) {
+        out.clear();
+        out.extend(keys.iter().map(|&k| self.contains(k)));
+    }
+
+    /// [`metadata_bytes`](Self::metadata_bytes) divided by the capacity.
+    fn metadata_bytes_per_entry(&self) -> f64 {
+        self.metadata_bytes() as f64 / self.capacity().max(1) as f64
+    }
+}
+
+/// Which policy to build, with its parameters.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum PolicyConfig {
+    /// [`Lru`].
+    Lru,
+    /// [`Lfu`].
+    Lfu(LfuConfig),
+    /// [`GroupLfu`] (the default L1).
+    GroupLfu(GroupLfuConfig),
+    /// [`EvLfuPaper`]: [`GroupLfu`] with [`GroupLfuConfig::paper`] semantics, `max_score` S.
+    EvLfuPaper {
+        /// Maximum group score `S` (`T`, the number of tables, for one-hot requests).
+        max_score: u8,
+    },
+    /// [`EvArc`].
+    EvArc(EvArcConfig),
+}
+
+impl PolicyConfig {
+    /// Builds the policy with room for `capacity` keys. Errors: capacity 0 or above
+    /// [`MAX_CAPACITY`]; parameters out of range.
+    pub fn build(&self, capacity: usize) -> Result<Box<dyn Policy>> {
+        Ok(match self {
+            Self::Lru => Box::new(Lru::new(capacity)?),
+            Self::Lfu(c) => Box::new(Lfu::new(capacity, c.clone())?),
+            Self::GroupLfu(c) => Box::new(GroupLfu::new(capacity, c.clone())?),
+            Self::EvLfuPaper { max_score } => Box::new(EvLfuPaper::new(capacity, *max_score)?),
+            Self::EvArc(c) => Box::new(EvArc::new(capacity, c.clone())?),
+        })
+    }
+
+    /// A short name for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::Lfu(_) => "lfu",
+            Self::GroupLfu(_) => "group-lfu",
+            Self::EvLfuPaper { .. } => "ev-lfu-paper",
+            Self::EvArc(_) => "ev-arc",
+        }
+    }
+}
+
+/// Checks a capacity: at least 1, at most [`MAX_CAPACITY`].
+pub(crate) fn check_capacity(capacity: usize) -> Result<()> {
+    if capacity == 0 {
+        return Err(Error::invalid("capacity must be at least 1, got 0"));
+    }
+    if capacity > MAX_CAPACITY {
+        return Err(Error::invalid(format!(
+            "capacity must be at most {MAX_CAPACITY}, got {capacity}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an optional aging factor α: finite and > 0.
+pub(crate) fn check_alpha(name: &str, alpha: Option<f64>) -> Result<()> {
+    match alpha {
+        Some(a) if !(a.is_finite() && a > 0.0) => {
+            Err(Error::invalid(format!("{name} must be finite and > 0, got {a}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Insertions between aging steps: `max(1, round(α·C))`.
+pub(crate) fn age_period(alpha: Option<f64>, capacity: usize) -> Option<u64> {
+    alpha.map(|a| ((a * capacity as f64).round() as u64).max(1))
+}
+
+/// The request's group score: `⌊h·S/G⌋` (= `h` when `G = S`), §2.3 of the note.
+#[inline]
+pub(crate) fn score_of(h: usize, g: usize, max_score: u8) -> u8 {
+    if g == 0 {
+        return max_score;
+    }
+    ((h.min(g) as u64 * u64::from(max_score)) / g as u64) as u8
+}
+
+/// After a request: if it had more keys than the capacity, whether they could not all stay.
+pub(crate) fn overflowed(p: &dyn Policy, keys: &[u64]) -> bool {
+    keys.len() > p.capacity() && !keys.iter().all(|&k| p.contains(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_configs() -> Vec<PolicyConfig> {
+        vec![
+            PolicyConfig::Lru,
+            PolicyConfig::Lfu(LfuConfig::default()),
+            PolicyConfig::GroupLfu(GroupLfuConfig::default()),
+            PolicyConfig::EvLfuPaper { max_score: 3 },
+            PolicyConfig::EvArc(EvArcConfig::default()),
+        ]
+    }
+
+    #[test]
+    fn score_is_normalised() {
+        assert_eq!(score_of(20, 26, 26), 20);
+        assert_eq!(score_of(26, 26, 26), 26);
+        assert_eq!(score_of(3, 4, 32), 24);
+        assert_eq!(score_of(0, 4, 32), 0);
+    }
+
+    #[test]
+    fn capacity_zero_is_a_typed_error() {
+        for c in all_configs() {
+            let e = c.build(0).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+            assert_eq!(e.to_string(), "capacity must be at least 1, got 0");
+            assert!(c.build(MAX_CAPACITY + 1).is_err());
+        }
+    }
+
+    #[test]
+    fn oversized_and_odd_requests_never_panic_and_respect_capacity() {
+        for c in all_configs() {
+            let mut p = c.build(3).unwrap();
+            for r in [&[1u64, 2, 3, 4, 5][..], &[], &[7, 7, 7], &[1, 2], &[1, 2, 3, 4, 5, 6, 7]] {
+                let o = p.access_request(r);
+                assert_eq!(o.hit.len(), r.len());
+                assert!(p.len() <= 3, "{}", p.name());
+                if r.len() > 3 {
+                    assert!(o.bypassed, "{} on {r:?}", p.name());
+                }
+            }
+            let o = p.access_request(&[1, 2]);
+            assert!(!o.bypassed, "{}", p.name());
+        }
+    }
+
+    #[test]
+    fn metadata_is_counted() {
+        for c in all_configs() {
+            let p = c.build(10_000).unwrap();
+            let b = p.metadata_bytes_per_entry();
+            assert!((20.0..200.0).contains(&b), "{}: {b}", p.name());
+        }
+    }
+}
