@@ -80,6 +80,9 @@ pub(crate) struct Lists {
     age_epoch: u8,
     len: usize,
     cap: usize,
+    /// Slots marked (`PINNED`/`CURRENT`) by the request in progress, cleared by
+    /// [`Lists::clear_marks`] when it ends.
+    marked: Vec<u32>,
 }
 
 impl Lists {
@@ -97,6 +100,7 @@ impl Lists {
             age_epoch: 0,
             len: 0,
             cap,
+            marked: Vec::new(),
         }
     }
 
@@ -117,6 +121,58 @@ impl Lists {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.index.heap_bytes()
             + self.lists.capacity() * std::mem::size_of::<List>()
+            + self.marked.capacity() * std::mem::size_of::<u32>()
+    }
+
+    /// Sets `f` on slot `i` until the request ends ([`Lists::clear_marks`]).
+    #[inline]
+    pub(crate) fn mark(&mut self, i: u32, f: u8) {
+        self.set_flags(i, f);
+        self.marked.push(i);
+    }
+
+    /// Ends a request: clears the marks it set.
+    pub(crate) fn clear_marks(&mut self) {
+        for i in std::mem::take(&mut self.marked) {
+            self.clear_flags(i, PINNED | CURRENT);
+        }
+        debug_assert!(self.marked.is_empty());
+    }
+
+    /// A request's probe: `out.hit` (whether each key's slot is resident, as `resident` says)
+    /// and `out.hits`, marking each resident slot `mark` for the request.
+    pub(crate) fn probe(
+        &mut self,
+        keys: &[u64],
+        mark: u8,
+        out: &mut crate::policy::RequestOutcome,
+        resident: impl Fn(&Self, u32) -> bool,
+    ) {
+        for &k in keys {
+            let f = self.find(k).filter(|&i| resident(self, i));
+            out.hit.push(f.is_some());
+            if let Some(i) = f {
+                self.mark(i, mark);
+            }
+        }
+        out.hits = out.hit.iter().filter(|&&h| h).count();
+    }
+
+    /// Counts in `out` an eviction of slot `v`, and whether it takes a key of the request in
+    /// progress (`CURRENT`); returns the latter.
+    pub(crate) fn note_eviction(&self, v: u32, out: &mut crate::policy::RequestOutcome) -> bool {
+        let current = self.flags(v) & CURRENT != 0;
+        out.self_evicted += usize::from(current);
+        out.evicted.push(self.key(v));
+        current
+    }
+
+    /// Evicts slot `v` ([`Lists::note_eviction`], then removes it); whether it took a key of
+    /// the request in progress.
+    pub(crate) fn evict(&mut self, v: u32, out: &mut crate::policy::RequestOutcome) -> bool {
+        let current = self.note_eviction(v, out);
+        self.remove(v);
+        current
     }
 
     /// The slot holding `key`, if any.

@@ -78,7 +78,6 @@ pub struct EvArc {
     p: usize,
     trigger_count: usize,
     flush_count: usize,
-    scratch: Vec<u32>,
 }
 
 impl EvArc {
@@ -96,7 +95,6 @@ impl EvArc {
             trigger_count: ((config.flush_trigger * c).floor() as usize).max(1),
             flush_count: ((config.flush_rate * c).floor() as usize).max(1),
             cfg: config,
-            scratch: Vec::new(),
         })
     }
 
@@ -144,10 +142,7 @@ impl EvArc {
 
     /// Moves a cached slot to a ghost list, reporting it as evicted.
     fn demote_to_ghost(&mut self, v: u32, ghost: usize, out: &mut RequestOutcome) {
-        if self.lists.flags(v) & CURRENT != 0 {
-            out.self_evicted += 1;
-        }
-        out.evicted.push(self.lists.key(v));
+        self.lists.note_eviction(v, out);
         self.lists.move_to_back(v, ghost);
     }
 
@@ -212,17 +207,9 @@ impl Policy for EvArc {
         if keys.is_empty() {
             return;
         }
-        for &k in keys {
-            let f = self.lists.find(k).filter(|&i| self.lists.list_of(i) <= self.r());
-            out.hit.push(f.is_some());
-            if let Some(i) = f {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
-            }
-        }
-        out.hits = out.hit.iter().filter(|&&h| h).count();
-        let sc = usize::from(score_of(out.hits, keys.len(), self.cfg.max_score));
         let (r_id, b1_id, b2_id) = (self.r(), self.b1(), self.b2());
+        self.lists.probe(keys, CURRENT, out, |l, i| l.list_of(i) <= r_id);
+        let sc = usize::from(score_of(out.hits, keys.len(), self.cfg.max_score));
         for &k in keys {
             if let Some(i) = self.lists.find(k) {
                 let b = self.lists.list_of(i);
@@ -245,8 +232,7 @@ impl Policy for EvArc {
                         self.replace(in_b2, out);
                     }
                     self.lists.move_to_back(i, sc);
-                    self.lists.set_flags(i, CURRENT);
-                    self.scratch.push(i);
+                    self.lists.mark(i, CURRENT);
                     out.admitted += 1;
                 }
                 continue;
@@ -259,10 +245,7 @@ impl Policy for EvArc {
                         self.replace(false, out);
                     }
                 } else if let Some(v) = self.lists.head(r_id) {
-                    if self.lists.flags(v) & CURRENT != 0 {
-                        out.self_evicted += 1;
-                    }
-                    out.evicted.push(self.lists.remove(v));
+                    self.lists.evict(v, out);
                 }
             } else if self.lists.len() >= self.c {
                 if self.lists.len() >= 2 * self.c {
@@ -278,22 +261,17 @@ impl Policy for EvArc {
                 self.drop_oldest(g);
             }
             if let Some(i) = self.lists.insert(k, r_id) {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
+                self.lists.mark(i, CURRENT);
                 out.admitted += 1;
             }
         }
-        for i in self.scratch.drain(..) {
-            self.lists.clear_flags(i, CURRENT);
-        }
+        self.lists.clear_marks();
         self.flush();
         out.bypassed = overflowed(self, keys);
     }
 
     fn metadata_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.lists.heap_bytes()
-            + self.scratch.capacity() * std::mem::size_of::<u32>()
+        std::mem::size_of::<Self>() + self.lists.heap_bytes()
     }
 }
 

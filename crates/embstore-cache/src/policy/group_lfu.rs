@@ -167,7 +167,6 @@ pub struct GroupLfu {
     quota: usize,
     flush_pending: usize,
     top_at_last_perfect: usize,
-    scratch: Vec<u32>,
     stats: GroupLfuStats,
 }
 
@@ -199,7 +198,6 @@ impl GroupLfu {
             quota,
             flush_pending: 0,
             top_at_last_perfect: 0,
-            scratch: Vec::new(),
             stats: GroupLfuStats::default(),
         })
     }
@@ -245,12 +243,10 @@ impl GroupLfu {
     }
 
     fn evict(&mut self, v: u32, out: &mut RequestOutcome) {
-        if self.lists.flags(v) & CURRENT != 0 {
-            out.self_evicted += 1;
+        if self.lists.evict(v, out) {
             self.stats.self_evictions += 1;
         }
         self.stats.evictions += 1;
-        out.evicted.push(self.lists.remove(v));
     }
 
     /// The flush step that precedes an insertion (see [`Flush`]).
@@ -310,15 +306,7 @@ impl Policy for GroupLfu {
         }
         let mark = if self.cfg.pin_request { PINNED | CURRENT } else { CURRENT };
         // Probe (read-only apart from the marks, which are cleared below).
-        for &k in keys {
-            let f = self.lists.find(k);
-            out.hit.push(f.is_some());
-            if let Some(i) = f {
-                self.lists.set_flags(i, mark);
-                self.scratch.push(i);
-            }
-        }
-        out.hits = out.hit.iter().filter(|&&h| h).count();
+        self.lists.probe(keys, mark, out, |_, _| true);
         let s = usize::from(score_of(out.hits, keys.len(), self.cfg.max_score));
         // Commit, in the order given.
         let mut flushed_now = 0;
@@ -339,8 +327,7 @@ impl Policy for GroupLfu {
                 self.evict(v, out);
             }
             if let Some(i) = self.lists.insert(k, s) {
-                self.lists.set_flags(i, mark);
-                self.scratch.push(i);
+                self.lists.mark(i, mark);
                 out.admitted += 1;
                 self.ins_since_age += 1;
             }
@@ -348,9 +335,7 @@ impl Policy for GroupLfu {
         if out.hits == keys.len() {
             self.top_at_last_perfect = self.lists.list_len(self.s);
         }
-        for i in self.scratch.drain(..) {
-            self.lists.clear_flags(i, PINNED | CURRENT);
-        }
+        self.lists.clear_marks();
         if let Some(p) = self.age_period {
             if self.ins_since_age >= p {
                 self.ins_since_age = 0;
@@ -363,9 +348,7 @@ impl Policy for GroupLfu {
     }
 
     fn metadata_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.lists.heap_bytes()
-            + self.scratch.capacity() * std::mem::size_of::<u32>()
+        std::mem::size_of::<Self>() + self.lists.heap_bytes()
     }
 }
 
@@ -500,7 +483,7 @@ mod tests {
         for cap in [1_000, 1_024, 1_537, 14_429, 100_000, 786_433, 1 << 20] {
             let mut p = GroupLfu::new(cap, GroupLfuConfig::default()).unwrap();
             let keys: Vec<u64> = (0..26).collect();
-            p.access_request(&keys); // scratch grows to G
+            p.access_request(&keys); // the request's marks grow to G
             let b = p.metadata_bytes_per_entry();
             eprintln!("group-lfu capacity {cap}: {b:.2} B/entry");
             assert!(b <= 48.0, "capacity {cap}: {b} B/entry");

@@ -33,7 +33,6 @@ pub struct Lfu {
     cap: usize,
     age_period: Option<u64>,
     ins_since_age: u64,
-    scratch: Vec<u32>,
 }
 
 impl Lfu {
@@ -46,7 +45,6 @@ impl Lfu {
             cap: capacity,
             age_period: age_period(config.age_alpha, capacity),
             ins_since_age: 0,
-            scratch: Vec::new(),
         })
     }
 }
@@ -70,15 +68,7 @@ impl Policy for Lfu {
 
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         out.reset(keys.len());
-        for &k in keys {
-            let f = self.lists.find(k);
-            out.hit.push(f.is_some());
-            if let Some(i) = f {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
-            }
-        }
-        out.hits = out.hit.iter().filter(|&&h| h).count();
+        self.lists.probe(keys, CURRENT, out, |_, _| true);
         for &k in keys {
             if let Some(i) = self.lists.find(k) {
                 let c = (self.lists.list_of(i) + 1).min(MAX_COUNT);
@@ -87,22 +77,16 @@ impl Policy for Lfu {
             }
             if self.lists.is_full() {
                 if let Some(v) = self.lists.lowest_unpinned() {
-                    if self.lists.flags(v) & CURRENT != 0 {
-                        out.self_evicted += 1;
-                    }
-                    out.evicted.push(self.lists.remove(v));
+                    self.lists.evict(v, out);
                 }
             }
             if let Some(i) = self.lists.insert(k, 1) {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
+                self.lists.mark(i, CURRENT);
                 out.admitted += 1;
                 self.ins_since_age += 1;
             }
         }
-        for i in self.scratch.drain(..) {
-            self.lists.clear_flags(i, CURRENT);
-        }
+        self.lists.clear_marks();
         if let Some(p) = self.age_period {
             if self.ins_since_age >= p {
                 self.ins_since_age = 0;
@@ -113,9 +97,7 @@ impl Policy for Lfu {
     }
 
     fn metadata_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.lists.heap_bytes()
-            + self.scratch.capacity() * std::mem::size_of::<u32>()
+        std::mem::size_of::<Self>() + self.lists.heap_bytes()
     }
 }
 

@@ -13,14 +13,13 @@ use crate::Result;
 pub struct Lru {
     lists: Lists,
     cap: usize,
-    scratch: Vec<u32>,
 }
 
 impl Lru {
     /// An empty LRU for `capacity` keys (1 ..= [`MAX_CAPACITY`](crate::policy::MAX_CAPACITY)).
     pub fn new(capacity: usize) -> Result<Self> {
         check_capacity(capacity)?;
-        Ok(Self { lists: Lists::new(capacity, 1, 0), cap: capacity, scratch: Vec::new() })
+        Ok(Self { lists: Lists::new(capacity, 1, 0), cap: capacity })
     }
 }
 
@@ -43,15 +42,7 @@ impl Policy for Lru {
 
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         out.reset(keys.len());
-        for &k in keys {
-            let f = self.lists.find(k);
-            out.hit.push(f.is_some());
-            if let Some(i) = f {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
-            }
-        }
-        out.hits = out.hit.iter().filter(|&&h| h).count();
+        self.lists.probe(keys, CURRENT, out, |_, _| true);
         for &k in keys {
             if let Some(i) = self.lists.find(k) {
                 self.lists.move_to_back(i, 0);
@@ -59,28 +50,20 @@ impl Policy for Lru {
             }
             if self.lists.is_full() {
                 if let Some(v) = self.lists.head(0) {
-                    if self.lists.flags(v) & CURRENT != 0 {
-                        out.self_evicted += 1;
-                    }
-                    out.evicted.push(self.lists.remove(v));
+                    self.lists.evict(v, out);
                 }
             }
             if let Some(i) = self.lists.insert(k, 0) {
-                self.lists.set_flags(i, CURRENT);
-                self.scratch.push(i);
+                self.lists.mark(i, CURRENT);
                 out.admitted += 1;
             }
         }
-        for i in self.scratch.drain(..) {
-            self.lists.clear_flags(i, CURRENT);
-        }
+        self.lists.clear_marks();
         out.bypassed = overflowed(self, keys);
     }
 
     fn metadata_bytes(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self.lists.heap_bytes()
-            + self.scratch.capacity() * std::mem::size_of::<u32>()
+        std::mem::size_of::<Self>() + self.lists.heap_bytes()
     }
 }
 

@@ -23,7 +23,7 @@
 //!
 //! ## Metadata accounting
 //! [`Policy::metadata_bytes`] counts every byte the policy owns — the struct, the slot arena at
-//! its preallocated capacity, the index, list heads and scratch — and
+//! its preallocated capacity, the index, list heads and the request's marks — and
 //! [`Policy::metadata_bytes_per_entry`] divides by the capacity. There is no payload here (rows
 //! live in the tiers above): these are the bytes the note's ≤ 48 B/entry target is about.
 
@@ -107,7 +107,7 @@ pub trait Policy: fmt::Debug + Send {
     /// Serves one request: probe every key, then commit (see the module docs). `out` is reset
     /// first and then describes this request.
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome);
-    /// Every byte this policy owns (struct, arena at capacity, index, lists, scratch).
+    /// Every byte this policy owns (struct, arena at capacity, index, lists, the request's marks).
     fn metadata_bytes(&self) -> usize;
 
     /// [`access_into`](Self::access_into) with a fresh outcome.
