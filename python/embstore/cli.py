@@ -17,8 +17,6 @@ from typing import Any
 from embstore.errors import EmbstoreError
 from embstore.store import inspect, verify
 
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
-
 
 def _bytes_arg(text: str | int) -> int:
     """A size in bytes: `1073741824`, `512MiB`, `8GiB`, `2G` (powers of 1000), `64k`."""
@@ -26,14 +24,11 @@ def _bytes_arg(text: str | int) -> int:
         n = text
     else:
         t = text.strip().lower().removesuffix("b")
-        binary = t.endswith("i")
+        base = 1024 if t.endswith("i") else 1000
         t = t.removesuffix("i")
         unit = t[-1:] if t[-1:].isalpha() else ""
-        if unit not in _UNITS:
-            raise argparse.ArgumentTypeError(f"not a size: {text!r} (say 1073741824, 512MiB, 8GiB)")
-        scale = 1024 ** "kmgt".index(unit) * 1024 if binary and unit else _UNITS[unit]
         try:
-            n = int(float(t[: len(t) - len(unit)]) * scale)
+            n = int(float(t[: len(t) - len(unit)]) * base ** " kmgt".index(unit or " "))
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"not a size: {text!r} (say 1073741824, 512MiB, 8GiB)"
