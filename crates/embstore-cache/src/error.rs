@@ -11,6 +11,14 @@ pub enum ErrorKind {
     /// Lengths or shapes of the arguments do not agree (`keys.len()` not a multiple of `G`,
     /// offsets that do not cover the keys, an empty request).
     ShapeMismatch,
+    /// A file could not be read or written (surrogate files).
+    Io,
+    /// A file is not what it claims to be: bad magic, checksum, version or sizes.
+    Corrupt,
+    /// A name (table, policy, codec) that is not known.
+    NotFound,
+    /// The backing store failed to read rows.
+    Backing,
 }
 
 /// An error from the cache crate: a kind plus a lowercase, exact message.
@@ -43,6 +51,22 @@ impl Error {
 
     pub(crate) fn shape(message: impl fmt::Display) -> Self {
         Self::new(ErrorKind::ShapeMismatch, message)
+    }
+
+    pub(crate) fn io(message: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Io, message)
+    }
+
+    pub(crate) fn corrupt(message: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Corrupt, message)
+    }
+
+    pub(crate) fn backing(message: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::Backing, message)
+    }
+
+    pub(crate) fn not_found(message: impl fmt::Display) -> Self {
+        Self::new(ErrorKind::NotFound, message)
     }
 }
 

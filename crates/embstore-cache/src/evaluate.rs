@@ -89,6 +89,8 @@ pub struct Report {
     pub served_perfect: u64,
     /// Resident keys at probe time.
     pub hits: u64,
+    /// Missed keys served by a surrogate (L3); not in `hits`.
+    pub approximated: u64,
     /// Counted requests whose keys had all been seen before (infinite-cache bound).
     pub bound: u64,
     /// Counted requests the policy could not keep whole (see [`RequestOutcome::bypassed`]).
@@ -107,7 +109,8 @@ pub struct Report {
     pub compulsory_bound: f64,
     /// `(keys - hits) / requests`.
     pub mean_misses: f64,
-    /// `misses_per_request[m]` = counted requests with exactly `m` missed keys.
+    /// `misses_per_request[m]` = counted requests with exactly `m` keys that went to the
+    /// backing store (missed and not served by a surrogate).
     pub misses_per_request: Vec<u64>,
     /// The policy's metadata bytes per entry of capacity at the end of the run.
     pub metadata_bytes_per_entry: f64,
@@ -175,6 +178,7 @@ pub fn evaluate_with(
         perfect: 0,
         served_perfect: 0,
         hits: 0,
+        approximated: 0,
         bound: 0,
         bypasses: 0,
         evictions: 0,
@@ -197,9 +201,10 @@ pub fn evaluate_with(
             r.requests += 1;
             r.keys += keys.len() as u64;
             r.hits += out.hits as u64;
+            r.approximated += out.approximated as u64;
             r.perfect += u64::from(misses == 0);
-            r.served_perfect += u64::from(misses == 0);
-            r.misses_per_request[misses] += 1;
+            r.served_perfect += u64::from(misses == out.approximated);
+            r.misses_per_request[misses - out.approximated] += 1;
             r.bound += u64::from(keys.iter().all(|k| seen.contains(k)));
             r.bypasses += u64::from(out.bypassed);
             r.evictions += out.evicted.len() as u64;

@@ -38,17 +38,26 @@
 //! # Ok::<(), embstore_cache::Error>(())
 //! ```
 
+pub mod cache;
+pub mod codec;
 mod error;
 pub mod evaluate;
 mod index;
 mod lists;
 pub mod policy;
+pub mod surrogate;
 pub mod trace;
 
+pub use cache::{
+    Backing, CacheConfig, CachePolicy, CacheStats, InferenceCache, Source, TierConfig,
+};
+pub use codec::{relative_rmse, Codec, CodecKind, Int4Row, Int8Row, F16, F32};
+#[cfg(feature = "compat")]
+pub use codec::{Ev16, Ev4, Ev8, EV4_CODEBOOK};
 pub use error::{Error, ErrorKind, Result};
 pub use evaluate::{evaluate, evaluate_with, EvalOptions, Mode, Report};
 pub use policy::{
-    EvArc, EvArcConfig, EvLfuPaper, Flush, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig,
-    Lru, Policy, PolicyConfig, RequestOutcome,
+    EvArc, EvArcConfig, EvLfuPaper, Flush, Group, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu,
+    LfuConfig, Lru, Policy, PolicyConfig, RequestOutcome,
 };
 pub use trace::{split_key, table_key, Synthetic, Trace};

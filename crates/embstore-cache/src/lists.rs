@@ -164,6 +164,7 @@ impl Lists {
         let current = self.flags(v) & CURRENT != 0;
         out.self_evicted += usize::from(current);
         out.evicted.push(self.key(v));
+        out.evicted_slots.push(v);
         current
     }
 

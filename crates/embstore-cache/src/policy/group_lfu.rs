@@ -34,7 +34,7 @@
 
 use crate::lists::{Lists, CURRENT, PINNED};
 use crate::policy::{
-    age_period, check_alpha, check_capacity, overflowed, score_of, Policy, RequestOutcome,
+    age_period, check_alpha, check_capacity, overflowed, score_of, Group, Policy, RequestOutcome,
 };
 use crate::{Error, Result};
 
@@ -242,6 +242,17 @@ impl GroupLfu {
         Ok(())
     }
 
+    /// One aging step when `α·C` insertions have passed since the last.
+    fn age_if_due(&mut self) {
+        if let Some(p) = self.age_period {
+            if self.ins_since_age >= p {
+                self.ins_since_age = 0;
+                self.lists.age();
+                self.stats.aging_steps += 1;
+            }
+        }
+    }
+
     fn evict(&mut self, v: u32, out: &mut RequestOutcome) {
         if self.lists.evict(v, out) {
             self.stats.self_evictions += 1;
@@ -300,6 +311,40 @@ impl Policy for GroupLfu {
     }
 
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
+        self.access_group_into(keys, Group { other_hits: 0, size: keys.len() }, out)
+    }
+
+    fn admit(&mut self, key: u64, score: u8, out: &mut RequestOutcome) {
+        out.reset(0);
+        if self.lists.find(key).is_some() {
+            return;
+        }
+        let s = usize::from(score.min(self.cfg.max_score));
+        let mut flushed_now = 0;
+        self.flush_before_insert(&mut flushed_now, out);
+        if self.lists.is_full() {
+            let Some(v) = self.lists.lowest_unpinned() else {
+                out.bypassed = true;
+                return;
+            };
+            self.evict(v, out);
+        }
+        if self.lists.insert(key, s).is_some() {
+            out.admitted += 1;
+            self.ins_since_age += 1;
+        }
+        self.age_if_due();
+    }
+
+    fn slot_of(&self, key: u64) -> Option<u32> {
+        self.lists.find(key)
+    }
+
+    fn has_slots(&self) -> bool {
+        true
+    }
+
+    fn access_group_into(&mut self, keys: &[u64], group: Group, out: &mut RequestOutcome) {
         out.reset(keys.len());
         if keys.is_empty() {
             return;
@@ -307,7 +352,9 @@ impl Policy for GroupLfu {
         let mark = if self.cfg.pin_request { PINNED | CURRENT } else { CURRENT };
         // Probe (read-only apart from the marks, which are cleared below).
         self.lists.probe(keys, mark, out, |_, _| true);
-        let s = usize::from(score_of(out.hits, keys.len(), self.cfg.max_score));
+        let size = group.size.max(keys.len());
+        let h = (out.hits + group.other_hits).min(size);
+        let s = usize::from(score_of(h, size, self.cfg.max_score));
         // Commit, in the order given.
         let mut flushed_now = 0;
         for &k in keys {
@@ -332,17 +379,11 @@ impl Policy for GroupLfu {
                 self.ins_since_age += 1;
             }
         }
-        if out.hits == keys.len() {
+        if h == size {
             self.top_at_last_perfect = self.lists.list_len(self.s);
         }
         self.lists.clear_marks();
-        if let Some(p) = self.age_period {
-            if self.ins_since_age >= p {
-                self.ins_since_age = 0;
-                self.lists.age();
-                self.stats.aging_steps += 1;
-            }
-        }
+        self.age_if_due();
         out.bypassed = out.bypassed || overflowed(self, keys);
         self.stats.bypasses += u64::from(out.bypassed);
     }
@@ -385,6 +426,18 @@ impl Policy for EvLfuPaper {
     }
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         self.0.access_into(keys, out)
+    }
+    fn access_group_into(&mut self, keys: &[u64], group: Group, out: &mut RequestOutcome) {
+        self.0.access_group_into(keys, group, out)
+    }
+    fn admit(&mut self, key: u64, score: u8, out: &mut RequestOutcome) {
+        self.0.admit(key, score, out)
+    }
+    fn slot_of(&self, key: u64) -> Option<u32> {
+        self.0.slot_of(key)
+    }
+    fn has_slots(&self) -> bool {
+        true
     }
     fn metadata_bytes(&self) -> usize {
         self.0.metadata_bytes()

@@ -40,6 +40,14 @@ impl Policy for Lru {
         self.lists.find(key).is_some()
     }
 
+    fn slot_of(&self, key: u64) -> Option<u32> {
+        self.lists.find(key)
+    }
+
+    fn has_slots(&self) -> bool {
+        true
+    }
+
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         out.reset(keys.len());
         self.lists.probe(keys, CURRENT, out, |_, _| true);

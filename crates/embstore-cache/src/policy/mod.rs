@@ -53,8 +53,11 @@ pub const MAX_CAPACITY: usize = (u32::MAX / 2 - 1) as usize;
 pub struct RequestOutcome {
     /// `hit[j]`: key `j` was resident at probe time (before the request changed anything).
     pub hit: Vec<bool>,
-    /// Number of `true` in `hit` (the request's `h`).
+    /// Number of `true` in `hit` (the request's exact hits).
     pub hits: usize,
+    /// Missed keys that were served approximately (an L3 surrogate), so the request may be a
+    /// *served* perfect hit without being an exact one. Plain policies leave it 0.
+    pub approximated: usize,
     /// Missed keys that were admitted.
     pub admitted: usize,
     /// The request could not be kept whole: more distinct keys than the capacity, or no
@@ -63,6 +66,9 @@ pub struct RequestOutcome {
     pub bypassed: bool,
     /// Keys evicted while committing this request, in eviction order.
     pub evicted: Vec<u64>,
+    /// The slot each of `evicted` held ([`Policy::slot_of`]), same order: a row store keyed
+    /// by slot reads the victim's row from here before the slot is written again.
+    pub evicted_slots: Vec<u32>,
     /// How many of `evicted` were keys of this very request (self-eviction, note §2.2 \[M2\]).
     pub self_evicted: usize,
 }
@@ -73,9 +79,11 @@ impl RequestOutcome {
         self.hit.clear();
         self.hit.reserve(g);
         self.hits = 0;
+        self.approximated = 0;
         self.admitted = 0;
         self.bypassed = false;
         self.evicted.clear();
+        self.evicted_slots.clear();
         self.self_evicted = 0;
     }
 
@@ -91,7 +99,7 @@ impl RequestOutcome {
 }
 
 /// A request-level cache replacement policy over u64 keys with a capacity in entries.
-pub trait Policy: fmt::Debug + Send {
+pub trait Policy: fmt::Debug + Send + Sync {
     /// A short name for reports (`"lru"`, `"group-lfu"`, …).
     fn name(&self) -> &'static str;
     /// Maximum number of resident keys.
@@ -110,6 +118,37 @@ pub trait Policy: fmt::Debug + Send {
     /// Every byte this policy owns (struct, arena at capacity, index, lists, the request's marks).
     fn metadata_bytes(&self) -> usize;
 
+    /// [`access_into`](Self::access_into) for a request whose keys are only part of a larger
+    /// group: the rest of the request lives in other shards or tiers, where `group.other_hits`
+    /// of its keys hit, and the whole request has `group.size` keys. Group-aware policies
+    /// score with `h = own hits + other_hits` out of `group.size`; per-key policies ignore
+    /// `group` (the default).
+    fn access_group_into(&mut self, keys: &[u64], group: Group, out: &mut RequestOutcome) {
+        let _ = group;
+        self.access_into(keys, out)
+    }
+
+    /// Inserts `key` (not resident) with group score `score` (group-aware policies; others
+    /// treat it as a one-key request), evicting if full; for demoting another tier's victim.
+    /// `out` is reset first and reports the eviction.
+    fn admit(&mut self, key: u64, score: u8, out: &mut RequestOutcome) {
+        let _ = score;
+        self.access_into(&[key], out)
+    }
+
+    /// The slot (`0..capacity`) holding `key`, stable while it stays resident, or `None`.
+    /// Policies that can back a row store ([`Policy::has_slots`]) implement it.
+    fn slot_of(&self, key: u64) -> Option<u32> {
+        let _ = key;
+        None
+    }
+
+    /// Whether [`slot_of`](Self::slot_of) gives every resident key a slot below the capacity
+    /// (so rows can live in an arena of `capacity` rows). EV-ARC's ghosts take slots too: no.
+    fn has_slots(&self) -> bool {
+        false
+    }
+
     /// [`access_into`](Self::access_into) with a fresh outcome.
     fn access_request(&mut self, keys: &[u64]) -> RequestOutcome {
         let mut out = RequestOutcome::default();
@@ -127,6 +166,16 @@ pub trait Policy: fmt::Debug + Send {
     fn metadata_bytes_per_entry(&self) -> f64 {
         self.metadata_bytes() as f64 / self.capacity().max(1) as f64
     }
+}
+
+/// Where the rest of a request is, for [`Policy::access_group_into`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// Keys of the request that hit outside this policy (other shards, other tiers,
+    /// surrogates).
+    pub other_hits: usize,
+    /// Keys in the whole request (`G`); at least the keys given to this policy.
+    pub size: usize,
 }
 
 /// Which policy to build, with its parameters.
@@ -149,6 +198,28 @@ pub enum PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// The names [`PolicyConfig::parse`] accepts.
+    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "group_lfu", "ev_lfu_paper", "ev_arc"];
+
+    /// The policy called `name` (`-` and `_` alike, any case) with default parameters and
+    /// maximum group score `max_score` (the number of tables for one-hot requests).
+    pub fn parse(name: &str, max_score: u8) -> Result<Self> {
+        let max_score = max_score.max(1);
+        Ok(match name.to_ascii_lowercase().replace('-', "_").as_str() {
+            "lru" => Self::Lru,
+            "lfu" => Self::Lfu(LfuConfig::default()),
+            "group_lfu" => Self::GroupLfu(GroupLfuConfig { max_score, ..Default::default() }),
+            "ev_lfu_paper" => Self::EvLfuPaper { max_score },
+            "ev_arc" => Self::EvArc(EvArcConfig { max_score, ..Default::default() }),
+            _ => {
+                return Err(Error::not_found(format!(
+                    "unknown policy {name:?}: expected one of {:?}",
+                    Self::NAMES
+                )))
+            }
+        })
+    }
+
     /// Builds the policy with room for `capacity` keys. Errors: capacity 0 or above
     /// [`MAX_CAPACITY`]; parameters out of range.
     pub fn build(&self, capacity: usize) -> Result<Box<dyn Policy>> {

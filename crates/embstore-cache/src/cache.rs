@@ -1,0 +1,1269 @@
+//! The inference cache: L1 (group-aware replacement) + L2 (lower-precision rows) + L3
+//! (surrogate keys) in one byte budget, over a backing store, sharded for concurrency.
+//!
+//! ```text
+//!  lookup(batch of requests; one request = the keys of its tables, table << 48 | id)
+//!    P1 probe    per shard, read lock: L1? exact : L2? exact(low precision) : miss
+//!                misses, per request up to `max_approx`: L3 surrogate resident? approx
+//!    P2 fetch    the batch's distinct full misses, one backing read per table, no lock
+//!    P3 commit   per request, per shard in ascending order, write lock:
+//!                  L2 hits: scores max-updated        L1 hits + misses: GroupLfu commit
+//!                  L1 victims -> demoted into L2 (decode, re-encode: no I/O)
+//!                  last-tier victims with a surrogate -> L3 (CLOCK map)
+//!    P4 copy     every key's row (decoded) into `out`, its source into `sources`
+//! ```
+//!
+//! Budget: every byte is counted — each tier's rows (`capacity × codec bytes per row`) and
+//! its policy metadata (slots, index, lists), and L3's map. Tier `i` gets
+//! `C_i = ⌊share_i · B / (row_i + meta)⌋` entries, then is shrunk until its measured bytes fit.
+//!
+//! Invariants: a key is in at most one of L1/L2 (exclusive tiers); an L1/L2 hit returns
+//! exactly `decode(encode(row))` of its tier; a full miss returns the backing store's row
+//! exactly; a surrogate is served only if resident at probe time, at most `max_approx` per
+//! request, never inserts the missing key and changes no score; a request that cannot be
+//! kept whole (every slot pinned) is served uncached and counted as a bypass, never blocked.
+//! Requests of one batch are probed against the state before the batch (they are concurrent)
+//! and committed in order; with one shard and one caller the cache is deterministic.
+
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::codec::{Codec, CodecKind};
+use crate::index::{fmix64, KeySet};
+use crate::policy::{Group, Policy, PolicyConfig, RequestOutcome};
+use crate::surrogate::{ClockMap, Surrogates};
+use crate::trace::split_key;
+use crate::{Error, Result};
+
+/// The rows behind the cache (a store on disk, a remote client, …).
+pub trait Backing: Send + Sync {
+    /// Reads the rows of `ids` in table number `table` into `out` (`[ids.len() × dim]`).
+    fn read(&self, table: usize, ids: &[u64], out: &mut [f32]) -> std::result::Result<(), String>;
+}
+
+/// Where a key's row came from, per key of a lookup (`sources`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Source {
+    /// L1, the first tier (exact for an f32 tier).
+    L1 = 0,
+    /// L2, the second tier (its codec's precision).
+    L2 = 1,
+    /// A surrogate's row (L3): an approximation.
+    Surrogate = 2,
+    /// The backing store (a full miss; exact).
+    Store = 3,
+}
+
+impl Source {
+    /// The names of the sources, by discriminant.
+    pub const NAMES: [&'static str; 4] = ["l1", "l2", "surrogate", "store"];
+}
+
+/// One tier: a codec and its share of the budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TierConfig {
+    /// How rows are stored.
+    pub codec: CodecKind,
+    /// Share of the budget, in (0, 1].
+    pub share: f64,
+}
+
+/// Everything an [`InferenceCache`] is built from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheConfig {
+    /// Number of tables; a key's table (`key >> 48`) must be below it.
+    pub num_tables: usize,
+    /// Embedding dimension of every table.
+    pub dim: usize,
+    /// Bytes for everything: rows, metadata, indexes, L3.
+    pub memory_budget_bytes: usize,
+    /// The replacement policy of each tier (it must keep rows in slots: not EV-ARC).
+    pub policy: PolicyConfig,
+    /// One or two tiers (L1, then L2), in order. Shares sum to at most 1.
+    pub tiers: Vec<TierConfig>,
+    /// Share of the budget for L3's map when surrogates are given (taken before the tiers'
+    /// shares are applied to the rest).
+    pub surrogate_share: f64,
+    /// Most surrogates served in one request.
+    pub max_approx_per_request: usize,
+    /// Largest stored surrogate distance served (the build's own threshold applies too).
+    pub max_surrogate_dist: f32,
+    /// Demote L1 victims into L2 (a victim cache; no I/O).
+    pub demote: bool,
+    /// Shards (each a full L1/L2/L3 with `1/shards` of the budget); 1 = deterministic.
+    pub shards: usize,
+}
+
+impl CacheConfig {
+    /// One f32 tier, GroupLfu with `S = num_tables`, 1 shard, no surrogates.
+    pub fn new(num_tables: usize, dim: usize, memory_budget_bytes: usize) -> Self {
+        Self {
+            num_tables,
+            dim,
+            memory_budget_bytes,
+            policy: PolicyConfig::GroupLfu(crate::GroupLfuConfig {
+                max_score: num_tables.clamp(1, 255) as u8,
+                ..crate::GroupLfuConfig::default()
+            }),
+            tiers: vec![TierConfig { codec: CodecKind::F32, share: 1.0 }],
+            surrogate_share: 0.04,
+            max_approx_per_request: 2,
+            max_surrogate_dist: f32::INFINITY,
+            demote: true,
+            shards: 1,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.num_tables == 0 || self.num_tables > 1 << 16 {
+            return Err(Error::invalid(format!(
+                "the cache needs 1 to 65536 tables, got {}",
+                self.num_tables
+            )));
+        }
+        if self.dim == 0 {
+            return Err(Error::invalid("embedding dim must be at least 1, got 0"));
+        }
+        if self.tiers.is_empty() || self.tiers.len() > 2 {
+            return Err(Error::invalid(format!(
+                "the cache takes 1 or 2 tiers, got {}",
+                self.tiers.len()
+            )));
+        }
+        let sum: f64 = self.tiers.iter().map(|t| t.share).sum();
+        for t in &self.tiers {
+            if !(t.share.is_finite() && t.share > 0.0) {
+                return Err(Error::invalid(format!(
+                    "tier {} share must be in (0, 1], got {}",
+                    t.codec.name(),
+                    t.share
+                )));
+            }
+        }
+        if sum > 1.0 + 1e-9 {
+            return Err(Error::invalid(format!("tier shares must sum to at most 1, got {sum}")));
+        }
+        if !(0.0..1.0).contains(&self.surrogate_share) {
+            return Err(Error::invalid(format!(
+                "surrogate share must be in [0, 1), got {}",
+                self.surrogate_share
+            )));
+        }
+        if self.max_surrogate_dist.is_nan() || self.max_surrogate_dist < 0.0 {
+            return Err(Error::invalid(format!(
+                "max surrogate distance must be >= 0, got {}",
+                self.max_surrogate_dist
+            )));
+        }
+        if self.shards == 0 || self.shards > 1024 {
+            return Err(Error::invalid(format!("shards must be 1 to 1024, got {}", self.shards)));
+        }
+        if matches!(self.policy, PolicyConfig::EvArc(_)) {
+            return Err(Error::invalid(
+                "ev-arc keeps ghost entries and cannot hold rows: use it with evaluate() only",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters since the cache was built (or [`InferenceCache::reset_stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    /// Requests served.
+    pub requests: u64,
+    /// Requests whose keys were all exact hits (L1 or L2).
+    pub perfect: u64,
+    /// Requests with no backing-store read (exact hits and surrogates).
+    pub served_perfect: u64,
+    /// Distinct keys looked up (per request).
+    pub keys: u64,
+    /// Keys served from L1.
+    pub l1_hits: u64,
+    /// Keys served from L2.
+    pub l2_hits: u64,
+    /// Keys served by a surrogate.
+    pub approximated: u64,
+    /// Keys read from the backing store (full misses).
+    pub misses: u64,
+    /// `misses_per_request[m]`: requests with `m` backing-store keys.
+    pub misses_per_request: Vec<u64>,
+    /// Requests that could not be kept whole (served, partly uncached).
+    pub bypasses: u64,
+    /// Entries evicted from L1.
+    pub l1_evictions: u64,
+    /// L1 victims demoted into L2.
+    pub demotions: u64,
+    /// Entries evicted from the last tier (dropped).
+    pub drops: u64,
+    /// Keys added to L3's map.
+    pub l3_inserts: u64,
+    /// Rows read again at commit because a key hit at probe was evicted by an earlier request
+    /// of the batch before its own commit.
+    pub refetches: u64,
+    /// Backing-store read calls.
+    pub backing_reads: u64,
+}
+
+impl CacheStats {
+    fn add(&mut self, o: &Self) {
+        self.requests += o.requests;
+        self.perfect += o.perfect;
+        self.served_perfect += o.served_perfect;
+        self.keys += o.keys;
+        self.l1_hits += o.l1_hits;
+        self.l2_hits += o.l2_hits;
+        self.approximated += o.approximated;
+        self.misses += o.misses;
+        if self.misses_per_request.len() < o.misses_per_request.len() {
+            self.misses_per_request.resize(o.misses_per_request.len(), 0);
+        }
+        for (a, b) in self.misses_per_request.iter_mut().zip(&o.misses_per_request) {
+            *a += b;
+        }
+        self.bypasses += o.bypasses;
+        self.l1_evictions += o.l1_evictions;
+        self.demotions += o.demotions;
+        self.drops += o.drops;
+        self.l3_inserts += o.l3_inserts;
+        self.refetches += o.refetches;
+        self.backing_reads += o.backing_reads;
+    }
+
+    fn note_request(&mut self, misses: usize) {
+        if self.misses_per_request.len() <= misses {
+            self.misses_per_request.resize(misses + 1, 0);
+        }
+        self.misses_per_request[misses] += 1;
+    }
+}
+
+/// Bytes and entries of one tier (all shards together).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierMemory {
+    /// The codec's name.
+    pub codec: &'static str,
+    /// Entries it can hold.
+    pub capacity: usize,
+    /// Entries it holds.
+    pub len: usize,
+    /// Row bytes (`capacity × bytes per row`).
+    pub row_bytes: usize,
+    /// Policy metadata bytes (slots, index, lists).
+    pub metadata_bytes: usize,
+}
+
+/// Where the budget went.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheMemory {
+    /// The budget.
+    pub budget_bytes: usize,
+    /// L1, then L2 if configured.
+    pub tiers: Vec<TierMemory>,
+    /// L3's map: capacity, entries, bytes.
+    pub l3_capacity: usize,
+    /// Entries in L3's map.
+    pub l3_len: usize,
+    /// Bytes of L3's map.
+    pub l3_bytes: usize,
+    /// Everything counted.
+    pub total_bytes: usize,
+    /// Policy metadata bytes per entry of capacity (L1 and L2 together).
+    pub metadata_bytes_per_entry: f64,
+}
+
+struct Tier {
+    codec: &'static dyn Codec,
+    policy: Box<dyn Policy>,
+    rows: Vec<u8>,
+    stride: usize,
+}
+
+impl Tier {
+    fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
+        let codec = codec.codec();
+        let stride = codec.bytes_per_row(cfg.dim);
+        Ok(Self {
+            codec,
+            policy: cfg.policy.build(capacity)?,
+            rows: vec![0u8; capacity * stride],
+            stride,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        self.rows.len() + self.policy.metadata_bytes()
+    }
+
+    fn row(&self, slot: u32) -> &[u8] {
+        let s = slot as usize * self.stride;
+        &self.rows[s..s + self.stride]
+    }
+
+    fn write(&mut self, slot: u32, row: &[f32]) {
+        let s = slot as usize * self.stride;
+        self.codec.encode(row, &mut self.rows[s..s + self.stride]);
+    }
+
+    /// Decodes `key`'s row into `out` if resident.
+    fn get(&self, key: u64, out: &mut [f32]) -> bool {
+        match self.policy.slot_of(key) {
+            Some(slot) => {
+                self.codec.decode(self.row(slot), out);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+struct Shard {
+    tiers: Vec<Tier>,
+    l3: Option<ClockMap>,
+    out: RequestOutcome,
+    out2: RequestOutcome,
+    tmp: Vec<f32>,
+}
+
+/// Per-request scratch of one lookup: the request's distinct keys and what each got.
+#[derive(Default)]
+struct Scratch {
+    /// Distinct keys of every request, request after request.
+    keys: Vec<u64>,
+    /// `keys[offsets[r]..offsets[r + 1]]` belong to request `r`.
+    offsets: Vec<usize>,
+    /// For each input position, its distinct key's index in `keys`.
+    map: Vec<u32>,
+    /// Each distinct key's source at probe time.
+    src: Vec<Source>,
+    /// Each distinct key's shard.
+    shard: Vec<u32>,
+    /// Each distinct key's row (`[keys.len() × dim]`).
+    vals: Vec<f32>,
+    /// For a surrogate-served key: its surrogate's key (for L3's reference bit).
+    approx_of: Vec<u64>,
+}
+
+/// The inference cache (see the module docs).
+pub struct InferenceCache {
+    cfg: CacheConfig,
+    backing: Arc<dyn Backing>,
+    surrogates: Vec<Option<Arc<Surrogates>>>,
+    shards: Vec<RwLock<Shard>>,
+    stats: Mutex<CacheStats>,
+}
+
+impl fmt::Debug for InferenceCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InferenceCache").field("config", &self.cfg).finish_non_exhaustive()
+    }
+}
+
+/// Entries of a tier with `bytes` for rows of `row` bytes and ~`meta` bytes of metadata each.
+fn entries_for(bytes: f64, row: usize, meta: usize) -> usize {
+    (bytes / (row + meta) as f64).floor().max(0.0) as usize
+}
+
+impl InferenceCache {
+    /// A cache over `backing` per `cfg`; `surrogates[t]` is table `t`'s surrogate build (or
+    /// `None`; an empty vector means none at all). Errors: bad configuration, a budget too
+    /// small for one request in every shard (fewer L1 entries than tables), surrogates of a
+    /// different count or dimension.
+    pub fn new(
+        cfg: CacheConfig,
+        backing: Arc<dyn Backing>,
+        surrogates: Vec<Option<Arc<Surrogates>>>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if !surrogates.is_empty() && surrogates.len() != cfg.num_tables {
+            return Err(Error::shape(format!(
+                "surrogates must be given for {} tables, got {}",
+                cfg.num_tables,
+                surrogates.len()
+            )));
+        }
+        let with_l3 = surrogates.iter().any(Option::is_some);
+        let n = cfg.shards;
+        let per_shard = cfg.memory_budget_bytes as f64 / n as f64;
+        let l3_bytes = if with_l3 { per_shard * cfg.surrogate_share } else { 0.0 };
+        let l3_cap = entries_for(l3_bytes, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
+        let rest = per_shard - l3_bytes;
+        let mut shards = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut tiers = Vec::with_capacity(cfg.tiers.len());
+            for t in &cfg.tiers {
+                let share = rest * t.share;
+                let row = t.codec.codec().bytes_per_row(cfg.dim);
+                let mut cap = entries_for(share, row, 32);
+                // Shrink until the measured bytes (power-of-two index, arena) fit the share.
+                let tier = loop {
+                    if cap < cfg.num_tables.max(1) {
+                        return Err(Error::invalid(format!(
+                            "memory budget {} B gives the {} tier {cap} entries per shard, \
+                             fewer than one request's {} keys: raise the budget or use fewer \
+                             shards",
+                            cfg.memory_budget_bytes,
+                            t.codec.name(),
+                            cfg.num_tables
+                        )));
+                    }
+                    let tier = Tier::new(&cfg, t.codec, cap)?;
+                    if tier.bytes() as f64 <= share {
+                        break tier;
+                    }
+                    cap = ((cap as f64) * 0.97) as usize;
+                };
+                tiers.push(tier);
+            }
+            let l3 = (with_l3 && l3_cap > 0).then(|| ClockMap::new(l3_cap));
+            shards.push(RwLock::new(Shard {
+                tiers,
+                l3,
+                out: RequestOutcome::default(),
+                out2: RequestOutcome::default(),
+                tmp: vec![0.0; cfg.dim],
+            }));
+        }
+        Ok(Self {
+            surrogates: if surrogates.is_empty() { vec![None; cfg.num_tables] } else { surrogates },
+            cfg,
+            backing,
+            shards,
+            stats: Mutex::new(CacheStats::default()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.cfg
+    }
+
+    /// Counters since construction or the last [`reset_stats`](Self::reset_stats).
+    pub fn stats(&self) -> CacheStats {
+        self.stats.lock().clone()
+    }
+
+    /// Zeroes the counters (the cached rows stay).
+    pub fn reset_stats(&self) {
+        *self.stats.lock() = CacheStats::default();
+    }
+
+    /// Entries L1 and L2 can hold, all shards together.
+    pub fn capacity(&self) -> usize {
+        self.memory().tiers.iter().map(|t| t.capacity).sum()
+    }
+
+    /// Where the budget went.
+    pub fn memory(&self) -> CacheMemory {
+        let mut tiers: Vec<TierMemory> = self
+            .cfg
+            .tiers
+            .iter()
+            .map(|t| TierMemory {
+                codec: t.codec.name(),
+                capacity: 0,
+                len: 0,
+                row_bytes: 0,
+                metadata_bytes: 0,
+            })
+            .collect();
+        let (mut l3_capacity, mut l3_len, mut l3_bytes) = (0, 0, 0);
+        for s in &self.shards {
+            let s = s.read();
+            for (m, t) in tiers.iter_mut().zip(&s.tiers) {
+                m.capacity += t.policy.capacity();
+                m.len += t.policy.len();
+                m.row_bytes += t.rows.len();
+                m.metadata_bytes += t.policy.metadata_bytes();
+            }
+            if let Some(l3) = &s.l3 {
+                l3_capacity += l3.capacity();
+                l3_len += l3.len();
+                l3_bytes += l3.heap_bytes();
+            }
+        }
+        let meta: usize = tiers.iter().map(|t| t.metadata_bytes).sum();
+        let cap: usize = tiers.iter().map(|t| t.capacity).sum();
+        let total = tiers.iter().map(|t| t.row_bytes + t.metadata_bytes).sum::<usize>() + l3_bytes;
+        CacheMemory {
+            budget_bytes: self.cfg.memory_budget_bytes,
+            tiers,
+            l3_capacity,
+            l3_len,
+            l3_bytes,
+            total_bytes: total,
+            metadata_bytes_per_entry: meta as f64 / cap.max(1) as f64,
+        }
+    }
+
+    /// Drops every cached row and L3 entry (after the backing table changed). Counters stay.
+    pub fn clear(&self) -> Result<()> {
+        for s in &self.shards {
+            let mut s = s.write();
+            for t in &mut s.tiers {
+                let cap = t.policy.capacity();
+                t.policy = self.cfg.policy.build(cap)?;
+            }
+            if let Some(l3) = &mut s.l3 {
+                *l3 = ClockMap::new(l3.capacity());
+            }
+        }
+        Ok(())
+    }
+
+    fn shard_of(&self, key: u64) -> usize {
+        if self.shards.len() == 1 {
+            0
+        } else {
+            (fmix64(key) % self.shards.len() as u64) as usize
+        }
+    }
+
+    /// Serves a batch of requests: request `r` is `keys[offsets[r]..offsets[r + 1]]`
+    /// (table-qualified keys, `table << 48 | id`). Writes each key's row into `out`
+    /// (`[keys.len() × dim]`) and, when given, its [`Source`] into `sources`. Errors (nothing
+    /// changes): offsets that do not cover `keys`, an empty request, a table number out of
+    /// range, a wrong output length, a backing-store failure.
+    pub fn lookup(
+        &self,
+        keys: &[u64],
+        offsets: &[usize],
+        out: &mut [f32],
+        sources: Option<&mut [Source]>,
+    ) -> Result<()> {
+        let d = self.cfg.dim;
+        self.check(keys, offsets, out, sources.as_deref())?;
+        let mut sc = Scratch::default();
+        self.dedup(keys, offsets, &mut sc);
+        let mut stats = CacheStats::default();
+        self.probe(&mut sc);
+        self.approximate(&mut sc);
+        let fetched = self.fetch(&mut sc, &mut stats)?;
+        self.commit(&sc, &fetched, &mut stats)?;
+        for (i, &u) in sc.map.iter().enumerate() {
+            let u = u as usize;
+            out[i * d..(i + 1) * d].copy_from_slice(&sc.vals[u * d..(u + 1) * d]);
+        }
+        if let Some(src) = sources {
+            for (s, &u) in src.iter_mut().zip(&sc.map) {
+                *s = sc.src[u as usize];
+            }
+        }
+        for r in 0..sc.offsets.len() - 1 {
+            let srcs = &sc.src[sc.offsets[r]..sc.offsets[r + 1]];
+            let count = |x: Source| srcs.iter().filter(|&&s| s == x).count();
+            let (l1, l2, ap, miss) = (
+                count(Source::L1),
+                count(Source::L2),
+                count(Source::Surrogate),
+                count(Source::Store),
+            );
+            stats.requests += 1;
+            stats.keys += srcs.len() as u64;
+            stats.l1_hits += l1 as u64;
+            stats.l2_hits += l2 as u64;
+            stats.approximated += ap as u64;
+            stats.misses += miss as u64;
+            stats.perfect += u64::from(ap + miss == 0);
+            stats.served_perfect += u64::from(miss == 0);
+            stats.note_request(miss);
+        }
+        self.stats.lock().add(&stats);
+        Ok(())
+    }
+
+    fn check(
+        &self,
+        keys: &[u64],
+        offsets: &[usize],
+        out: &[f32],
+        sources: Option<&[Source]>,
+    ) -> Result<()> {
+        if offsets.first() != Some(&0) || offsets.last() != Some(&keys.len()) {
+            return Err(Error::shape(format!(
+                "offsets must run from 0 to the number of keys ({}), got {:?}..{:?}",
+                keys.len(),
+                offsets.first(),
+                offsets.last()
+            )));
+        }
+        if let Some(r) = offsets.windows(2).position(|w| w[1] <= w[0]) {
+            return Err(Error::shape(format!(
+                "request {r} is empty (or offsets decrease): every request needs at least one key"
+            )));
+        }
+        if let Some(&k) = keys.iter().find(|&&k| usize::from(split_key(k).0) >= self.cfg.num_tables)
+        {
+            return Err(Error::not_found(format!(
+                "key {k:#x} names table {}, but the cache has {} tables",
+                split_key(k).0,
+                self.cfg.num_tables
+            )));
+        }
+        if out.len() != keys.len() * self.cfg.dim {
+            return Err(Error::shape(format!(
+                "output must hold {} x {} values, got {}",
+                keys.len(),
+                self.cfg.dim,
+                out.len()
+            )));
+        }
+        if let Some(s) = sources {
+            if s.len() != keys.len() {
+                return Err(Error::shape(format!(
+                    "sources must hold {} entries, got {}",
+                    keys.len(),
+                    s.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn dedup(&self, keys: &[u64], offsets: &[usize], sc: &mut Scratch) {
+        sc.offsets.push(0);
+        let mut seen = hashbrown::HashMap::<u64, u32>::new();
+        for w in offsets.windows(2) {
+            seen.clear();
+            for &k in &keys[w[0]..w[1]] {
+                let next = sc.keys.len() as u32;
+                let u = *seen.entry(k).or_insert_with(|| {
+                    sc.keys.push(k);
+                    next
+                });
+                sc.map.push(u);
+            }
+            sc.offsets.push(sc.keys.len());
+        }
+        let n = sc.keys.len();
+        sc.src = vec![Source::Store; n];
+        sc.shard = sc.keys.iter().map(|&k| self.shard_of(k) as u32).collect();
+        sc.vals = vec![0.0; n * self.cfg.dim];
+        sc.approx_of = vec![u64::MAX; n];
+    }
+
+    /// P1: exact hits, against the state before the batch.
+    fn probe(&self, sc: &mut Scratch) {
+        let d = self.cfg.dim;
+        for (si, shard) in self.shards.iter().enumerate() {
+            let s = shard.read();
+            for u in 0..sc.keys.len() {
+                if sc.shard[u] as usize != si {
+                    continue;
+                }
+                let v = &mut sc.vals[u * d..(u + 1) * d];
+                for (ti, t) in s.tiers.iter().enumerate() {
+                    if t.get(sc.keys[u], v) {
+                        sc.src[u] = if ti == 0 { Source::L1 } else { Source::L2 };
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// P1 continued: surrogates for misses, at most `max_approx` per request.
+    fn approximate(&self, sc: &mut Scratch) {
+        if self.shards[0].read().l3.is_none() || self.cfg.max_approx_per_request == 0 {
+            return;
+        }
+        let d = self.cfg.dim;
+        for r in 0..sc.offsets.len() - 1 {
+            let mut used = 0;
+            for u in sc.offsets[r]..sc.offsets[r + 1] {
+                if used == self.cfg.max_approx_per_request {
+                    break;
+                }
+                if sc.src[u] != Source::Store {
+                    continue;
+                }
+                let key = sc.keys[u];
+                let entry = self.shards[sc.shard[u] as usize]
+                    .read()
+                    .l3
+                    .as_ref()
+                    .and_then(|l3| l3.peek(key));
+                let Some((alt, dist)) = entry else { continue };
+                let (table, id) = split_key(key);
+                if alt == id || dist > self.cfg.max_surrogate_dist {
+                    continue;
+                }
+                let alt_key = (u64::from(table) << 48) | alt;
+                let s = self.shards[self.shard_of(alt_key)].read();
+                let v = &mut sc.vals[u * d..(u + 1) * d];
+                if s.tiers.iter().any(|t| t.get(alt_key, v)) {
+                    sc.src[u] = Source::Surrogate;
+                    sc.approx_of[u] = alt_key;
+                    used += 1;
+                }
+            }
+        }
+    }
+
+    /// P2: the batch's distinct full misses, one backing read per table. Returns key → row
+    /// index into the rows written into `sc.vals` of the first request that missed it.
+    fn fetch(
+        &self,
+        sc: &mut Scratch,
+        stats: &mut CacheStats,
+    ) -> Result<hashbrown::HashMap<u64, u32>> {
+        let d = self.cfg.dim;
+        let mut first = hashbrown::HashMap::<u64, u32>::new();
+        let mut by_table: Vec<Vec<u64>> = vec![Vec::new(); self.cfg.num_tables];
+        for u in 0..sc.keys.len() {
+            if sc.src[u] == Source::Store && !first.contains_key(&sc.keys[u]) {
+                first.insert(sc.keys[u], u as u32);
+                let (t, id) = split_key(sc.keys[u]);
+                by_table[usize::from(t)].push(id);
+            }
+        }
+        let mut rows = Vec::new();
+        for (t, ids) in by_table.iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            rows.resize(ids.len() * d, 0.0);
+            self.read_backing(t, ids, &mut rows, stats)?;
+            for (j, &id) in ids.iter().enumerate() {
+                let u = first[&((t as u64) << 48 | id)] as usize;
+                sc.vals[u * d..(u + 1) * d].copy_from_slice(&rows[j * d..(j + 1) * d]);
+            }
+        }
+        for u in 0..sc.keys.len() {
+            if sc.src[u] == Source::Store {
+                let f = first[&sc.keys[u]] as usize;
+                if f != u {
+                    sc.vals.copy_within(f * d..(f + 1) * d, u * d);
+                }
+            }
+        }
+        Ok(first)
+    }
+
+    fn read_backing(
+        &self,
+        table: usize,
+        ids: &[u64],
+        out: &mut [f32],
+        stats: &mut CacheStats,
+    ) -> Result<()> {
+        stats.backing_reads += 1;
+        self.backing
+            .read(table, ids, out)
+            .map_err(|e| Error::backing(format!("backing store read of table {table} failed: {e}")))
+    }
+
+    /// P3: requests in order, shards in ascending order.
+    fn commit(
+        &self,
+        sc: &Scratch,
+        fetched: &hashbrown::HashMap<u64, u32>,
+        stats: &mut CacheStats,
+    ) -> Result<()> {
+        let mut l1_keys = Vec::new();
+        let mut l2_keys = Vec::new();
+        for r in 0..sc.offsets.len() - 1 {
+            let (lo, hi) = (sc.offsets[r], sc.offsets[r + 1]);
+            let g = hi - lo;
+            let h = sc.src[lo..hi].iter().filter(|&&s| s != Source::Store).count();
+            for (si, shard) in self.shards.iter().enumerate() {
+                if !(lo..hi).any(|u| sc.shard[u] as usize == si) {
+                    continue;
+                }
+                let mut guard = shard.write();
+                let s = &mut *guard;
+                l1_keys.clear();
+                l2_keys.clear();
+                let mut l1_probe_hits = 0;
+                let mut l2_probe_hits = 0;
+                for u in lo..hi {
+                    if sc.shard[u] as usize != si || sc.src[u] == Source::Surrogate {
+                        continue;
+                    }
+                    let k = sc.keys[u];
+                    if s.tiers.len() > 1 && s.tiers[1].policy.contains(k) {
+                        l2_keys.push(k);
+                        l2_probe_hits += usize::from(sc.src[u] != Source::Store);
+                    } else {
+                        l1_keys.push(k);
+                        l1_probe_hits += usize::from(sc.src[u] != Source::Store);
+                    }
+                }
+                if !l2_keys.is_empty() {
+                    let group = Group { other_hits: h - l2_probe_hits, size: g };
+                    let Shard { tiers, out2, .. } = s;
+                    tiers[1].policy.access_group_into(&l2_keys, group, out2);
+                    // Hits only: nothing is admitted or evicted.
+                }
+                if !l1_keys.is_empty() {
+                    // Keys this commit will admit that the batch did not fetch (an earlier
+                    // request of the batch evicted them after they hit at probe): read them
+                    // first, so a failed read changes nothing.
+                    let extra = self.refetch(s, &l1_keys, fetched, stats)?;
+                    let group = Group { other_hits: h - l1_probe_hits, size: g };
+                    {
+                        let Shard { tiers, out, .. } = s;
+                        tiers[0].policy.access_group_into(&l1_keys, group, out);
+                    }
+                    stats.bypasses += u64::from(s.out.bypassed);
+                    self.settle_l1(s, &l1_keys, sc, fetched, &extra, stats);
+                }
+                // L3 reference bits of the surrogates used.
+                if let Some(l3) = &mut s.l3 {
+                    for u in lo..hi {
+                        if sc.shard[u] as usize == si && sc.src[u] == Source::Surrogate {
+                            l3.get(sc.keys[u]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After an L1 commit of `keys`: demote its victims, then write the rows of the keys it
+    /// admitted (from this batch's fetch, or read again if an earlier request of the batch
+    /// evicted a key that hit at probe).
+    fn settle_l1(
+        &self,
+        s: &mut Shard,
+        keys: &[u64],
+        sc: &Scratch,
+        fetched: &hashbrown::HashMap<u64, u32>,
+        extra: &hashbrown::HashMap<u64, Vec<f32>>,
+        stats: &mut CacheStats,
+    ) {
+        let d = self.cfg.dim;
+        let evicted = std::mem::take(&mut s.out.evicted);
+        let slots = std::mem::take(&mut s.out.evicted_slots);
+        let admitted: KeySet =
+            keys.iter().zip(&s.out.hit).filter(|(_, &h)| !h).map(|(&k, _)| k).collect();
+        stats.l1_evictions += evicted.len() as u64;
+        for (&k, &slot) in evicted.iter().zip(&slots) {
+            // A key admitted and evicted within this call never had its row written.
+            if admitted.contains(&k) {
+                continue;
+            }
+            if !self.cfg.demote || s.tiers.len() < 2 {
+                self.feed_l3(s, k, stats);
+                continue;
+            }
+            let Shard { tiers, out2, tmp, .. } = s;
+            tiers[0].codec.decode(tiers[0].row(slot), tmp);
+            tiers[1].policy.admit(k, 0, out2);
+            if let Some(slot2) = tiers[1].policy.slot_of(k) {
+                tiers[1].write(slot2, tmp);
+                stats.demotions += 1;
+            }
+            let dropped = std::mem::take(&mut s.out2.evicted);
+            for &k2 in &dropped {
+                self.feed_l3(s, k2, stats);
+            }
+            s.out2.evicted = dropped;
+        }
+        for (j, &k) in keys.iter().enumerate() {
+            if s.out.hit[j] {
+                continue;
+            }
+            let Some(slot) = s.tiers[0].policy.slot_of(k) else { continue };
+            let row = match fetched.get(&k) {
+                Some(&f) => &sc.vals[f as usize * d..(f as usize + 1) * d],
+                None => &extra[&k][..],
+            };
+            s.tiers[0].write(slot, row);
+        }
+        s.out.evicted = evicted;
+        s.out.evicted_slots = slots;
+    }
+
+    /// Rows of `keys` that are not in L1 now and were not fetched by the batch.
+    fn refetch(
+        &self,
+        s: &Shard,
+        keys: &[u64],
+        fetched: &hashbrown::HashMap<u64, u32>,
+        stats: &mut CacheStats,
+    ) -> Result<hashbrown::HashMap<u64, Vec<f32>>> {
+        let mut extra = hashbrown::HashMap::new();
+        for &k in keys {
+            if !fetched.contains_key(&k) && !s.tiers[0].policy.contains(k) {
+                let (t, id) = split_key(k);
+                let mut row = vec![0.0; self.cfg.dim];
+                self.read_backing(usize::from(t), &[id], &mut row, stats)?;
+                stats.refetches += 1;
+                extra.insert(k, row);
+            }
+        }
+        Ok(extra)
+    }
+
+    fn feed_l3(&self, s: &mut Shard, key: u64, stats: &mut CacheStats) {
+        stats.drops += 1;
+        let Some(l3) = &mut s.l3 else { return };
+        let (t, id) = split_key(key);
+        if let Some(sur) = &self.surrogates[usize::from(t)] {
+            if let Some((alt, dist)) = sur.get(id) {
+                l3.insert(key, alt, dist);
+                stats.l3_inserts += 1;
+            }
+        }
+    }
+}
+
+/// An [`InferenceCache`] seen as a [`Policy`], so [`crate::evaluate_with`] scores the whole
+/// system (L1 + L2 + L3, rows and all) with the same evaluator as a bare policy. Each
+/// request is one [`InferenceCache::lookup`]; surrogate-served keys count as
+/// `approximated`. A backing-store error ends the hit flags as misses and is kept in
+/// [`CachePolicy::error`].
+#[derive(Debug)]
+pub struct CachePolicy<'a> {
+    cache: &'a InferenceCache,
+    rows: Vec<f32>,
+    sources: Vec<Source>,
+    offsets: [usize; 2],
+    /// The first lookup error, if any.
+    pub error: Option<Error>,
+}
+
+impl<'a> CachePolicy<'a> {
+    /// Wraps `cache`.
+    pub fn new(cache: &'a InferenceCache) -> Self {
+        Self { cache, rows: Vec::new(), sources: Vec::new(), offsets: [0, 0], error: None }
+    }
+}
+
+impl Policy for CachePolicy<'_> {
+    fn name(&self) -> &'static str {
+        "inference-cache"
+    }
+    fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+    fn len(&self) -> usize {
+        self.cache.memory().tiers.iter().map(|t| t.len).sum()
+    }
+    fn contains(&self, key: u64) -> bool {
+        let s = self.cache.shards[self.cache.shard_of(key)].read();
+        s.tiers.iter().any(|t| t.policy.contains(key))
+    }
+    fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
+        out.reset(keys.len());
+        if keys.is_empty() {
+            return;
+        }
+        self.rows.resize(keys.len() * self.cache.cfg.dim, 0.0);
+        self.sources.resize(keys.len(), Source::Store);
+        self.offsets[1] = keys.len();
+        let before = self.cache.stats.lock().bypasses;
+        match self.cache.lookup(keys, &self.offsets, &mut self.rows, Some(&mut self.sources)) {
+            Ok(()) => {
+                for &s in &self.sources {
+                    out.hit.push(matches!(s, Source::L1 | Source::L2));
+                    out.approximated += usize::from(s == Source::Surrogate);
+                }
+                out.hits = out.hit.iter().filter(|&&h| h).count();
+                out.bypassed = self.cache.stats.lock().bypasses > before;
+            }
+            Err(e) => {
+                out.hit.resize(keys.len(), false);
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+    fn metadata_bytes(&self) -> usize {
+        let m = self.cache.memory();
+        m.tiers.iter().map(|t| t.metadata_bytes).sum::<usize>() + m.l3_bytes
+    }
+}
+
+impl InferenceCache {
+    /// Checks invariants: L1 ∩ L2 = ∅, every tier within its capacity, total bytes within
+    /// the budget. O(C) with `keys` the keys to check exclusivity for; for tests.
+    pub fn check_invariants(&self, keys: &[u64]) -> std::result::Result<(), String> {
+        let m = self.memory();
+        if m.total_bytes > m.budget_bytes {
+            return Err(format!(
+                "{} bytes counted over a budget of {}",
+                m.total_bytes, m.budget_bytes
+            ));
+        }
+        for s in &self.shards {
+            let s = s.read();
+            for t in &s.tiers {
+                if t.policy.len() > t.policy.capacity() {
+                    return Err(format!(
+                        "tier over capacity: {} > {}",
+                        t.policy.len(),
+                        t.policy.capacity()
+                    ));
+                }
+            }
+            if s.tiers.len() == 2 {
+                if let Some(k) = keys
+                    .iter()
+                    .find(|&&k| s.tiers[0].policy.contains(k) && s.tiers[1].policy.contains(k))
+                {
+                    return Err(format!("key {k:#x} is in L1 and L2"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{table_key, SplitMix64, Synthetic};
+    use crate::{
+        evaluate, evaluate_with, ErrorKind, EvalOptions, GroupLfuConfig, Mode, PolicyConfig,
+    };
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// Row of (table, id): a deterministic function, so every returned row can be checked.
+    fn row_of(t: usize, id: u64, d: usize) -> Vec<f32> {
+        let mut r = SplitMix64::new((t as u64) << 40 ^ id);
+        (0..d).map(|_| (r.next_f64() as f32 - 0.5) * 0.2).collect()
+    }
+
+    #[derive(Default)]
+    struct Mem {
+        dim: usize,
+        reads: AtomicU64,
+        fail: AtomicBool,
+    }
+
+    impl Backing for Mem {
+        fn read(&self, t: usize, ids: &[u64], out: &mut [f32]) -> std::result::Result<(), String> {
+            if self.fail.load(Ordering::Relaxed) {
+                return Err("disk on fire".into());
+            }
+            self.reads.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            for (j, &id) in ids.iter().enumerate() {
+                out[j * self.dim..(j + 1) * self.dim].copy_from_slice(&row_of(t, id, self.dim));
+            }
+            Ok(())
+        }
+    }
+
+    fn mem(dim: usize) -> Arc<Mem> {
+        Arc::new(Mem { dim, ..Default::default() })
+    }
+
+    fn one(keys: &[u64]) -> [usize; 2] {
+        [0, keys.len()]
+    }
+
+    /// Every returned row is what its source promises.
+    fn check_rows(c: &InferenceCache, keys: &[u64], rows: &[f32], src: &[Source]) {
+        let d = c.cfg.dim;
+        for (j, (&k, &s)) in keys.iter().zip(src).enumerate() {
+            let (t, id) = split_key(k);
+            let exact = row_of(usize::from(t), id, d);
+            let got = &rows[j * d..(j + 1) * d];
+            let tier = match s {
+                Source::Store => {
+                    assert_eq!(got, &exact[..], "a store row is exact");
+                    continue;
+                }
+                Source::Surrogate => continue,
+                Source::L1 => 0,
+                Source::L2 => 1,
+            };
+            let codec = c.cfg.tiers[tier].codec.codec();
+            let mut code = vec![0u8; codec.bytes_per_row(d)];
+            codec.encode(&exact, &mut code);
+            let mut want = vec![0f32; d];
+            codec.decode(&code, &mut want);
+            assert_eq!(got, &want[..], "a tier-{tier} hit is decode(encode(row)) of its codec");
+        }
+    }
+
+    #[test]
+    fn rows_are_exact_or_their_codecs_and_tiers_stay_exclusive() {
+        let seed = 0x5eed_cace;
+        println!("seed {seed:#x}");
+        let d = 8;
+        let trace = Synthetic {
+            num_requests: 3_000,
+            num_tables: 5,
+            num_contexts: 400,
+            max_table_size: 2_000,
+            seed,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let mut cfg = CacheConfig::new(5, d, 40_000);
+        cfg.tiers = vec![
+            TierConfig { codec: CodecKind::F32, share: 0.5 },
+            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        ];
+        let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+        let mut seen = Vec::new();
+        let mut l2_hits = 0;
+        for r in trace.iter() {
+            let mut rows = vec![0.0; r.len() * d];
+            let mut src = vec![Source::Store; r.len()];
+            c.lookup(r, &one(r), &mut rows, Some(&mut src)).unwrap();
+            check_rows(&c, r, &rows, &src);
+            l2_hits += src.iter().filter(|&&s| s == Source::L2).count();
+            seen.extend_from_slice(r);
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        c.check_invariants(&seen).unwrap();
+        let s = c.stats();
+        assert_eq!(s.requests, 3_000);
+        assert!(l2_hits > 0 && s.demotions > 0, "L2 is used: {s:?}");
+        let m = c.memory();
+        assert!(m.total_bytes <= 40_000 && m.total_bytes > 30_000, "{m:?}");
+        assert!(m.metadata_bytes_per_entry <= 48.0, "{m:?}");
+    }
+
+    #[test]
+    fn one_f32_tier_scores_like_the_bare_policy() {
+        // The cache with one f32 tier and one shard is GroupLfu plus rows: the evaluator must
+        // give the same perfect hits for both.
+        let trace = Synthetic {
+            num_requests: 4_000,
+            num_tables: 6,
+            num_contexts: 500,
+            max_table_size: 3_000,
+            seed: 7,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let d = 4;
+        let c = InferenceCache::new(CacheConfig::new(6, d, 30_000), mem(d), vec![]).unwrap();
+        let cap = c.capacity();
+        let mut p = CachePolicy::new(&c);
+        let sys = evaluate_with(&trace, &mut p, Mode::Prefix, &EvalOptions::default()).unwrap();
+        assert!(p.error.is_none());
+        let policy = PolicyConfig::GroupLfu(GroupLfuConfig { max_score: 6, ..Default::default() });
+        let bare = evaluate(&trace, &policy, cap, Mode::Prefix).unwrap();
+        assert_eq!((sys.perfect, sys.hits), (bare.perfect, bare.hits));
+        assert!(sys.perfect > 0);
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error_and_changes_nothing() {
+        let d = 4;
+        let m = mem(d);
+        let c = InferenceCache::new(CacheConfig::new(2, d, 10_000), m.clone(), vec![]).unwrap();
+        let k = |t, id| table_key(t, id).unwrap();
+        let mut out = vec![0.0; 2 * d];
+        let cases: Vec<(Vec<u64>, Vec<usize>, usize, ErrorKind)> = vec![
+            (vec![k(0, 1), k(1, 1)], vec![0, 0, 2], 2, ErrorKind::ShapeMismatch), // empty request
+            (vec![k(0, 1), k(5, 1)], vec![0, 2], 2, ErrorKind::NotFound),         // unknown table
+            (vec![k(0, 1), k(1, 1)], vec![0, 1], 2, ErrorKind::ShapeMismatch),    // offsets short
+            (vec![k(0, 1), k(1, 1)], vec![0, 2], 1, ErrorKind::ShapeMismatch),    // output short
+        ];
+        for (keys, offs, rows, kind) in cases {
+            let e = c.lookup(&keys, &offs, &mut out[..rows * d], None).unwrap_err();
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+        assert_eq!(c.stats(), CacheStats::default());
+        m.fail.store(true, Ordering::Relaxed);
+        let keys = [k(0, 1), k(1, 1)];
+        let e = c.lookup(&keys, &one(&keys), &mut out, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Backing);
+        assert!(e.to_string().contains("disk on fire"), "{e}");
+        assert_eq!(c.memory().tiers[0].len, 0, "a failed read caches nothing");
+        m.fail.store(false, Ordering::Relaxed);
+        c.lookup(&keys, &one(&keys), &mut out, None).unwrap();
+        assert_eq!(&out[..d], &row_of(0, 1, d)[..]);
+        // Budgets and configurations.
+        let small = InferenceCache::new(CacheConfig::new(26, 64, 2_000), mem(64), vec![]);
+        assert_eq!(small.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let mut arc = CacheConfig::new(2, 4, 10_000);
+        arc.policy = PolicyConfig::EvArc(Default::default());
+        assert_eq!(
+            InferenceCache::new(arc, mem(4), vec![]).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn a_request_larger_than_the_cache_is_served_uncached_and_counted() {
+        let d = 2;
+        let c = InferenceCache::new(CacheConfig::new(2, d, 2_000), mem(d), vec![]).unwrap();
+        let cap = c.capacity();
+        let keys: Vec<u64> =
+            (0..cap as u64 + 10).map(|i| table_key((i % 2) as u16, i).unwrap()).collect();
+        let mut rows = vec![0.0; keys.len() * d];
+        let mut src = vec![Source::L1; keys.len()];
+        c.lookup(&keys, &one(&keys), &mut rows, Some(&mut src)).unwrap();
+        check_rows(&c, &keys, &rows, &src);
+        assert_eq!(c.stats().bypasses, 1);
+        c.check_invariants(&keys).unwrap();
+    }
+
+    #[test]
+    fn batches_and_duplicates_serve_every_position() {
+        let d = 3;
+        let m = mem(d);
+        let c = InferenceCache::new(CacheConfig::new(2, d, 8_000), m.clone(), vec![]).unwrap();
+        let k = |t, id| table_key(t, id).unwrap();
+        // Three requests; the first repeats a key, the second and third share keys.
+        let keys = [k(0, 1), k(0, 1), k(1, 2), k(0, 3), k(1, 4), k(0, 3), k(1, 4)];
+        let offs = [0, 3, 5, 7];
+        let mut rows = vec![0.0; keys.len() * d];
+        let mut src = vec![Source::L1; keys.len()];
+        c.lookup(&keys, &offs, &mut rows, Some(&mut src)).unwrap();
+        check_rows(&c, &keys, &rows, &src);
+        // Requests of a batch are concurrent: all missed, each distinct key read once.
+        assert!(src.iter().all(|&s| s == Source::Store));
+        assert_eq!(m.reads.load(Ordering::Relaxed), 4);
+        let s = c.stats();
+        assert_eq!((s.requests, s.keys, s.misses), (3, 6, 6));
+        c.lookup(&keys, &offs, &mut rows, Some(&mut src)).unwrap();
+        assert!(src.iter().all(|&s| s == Source::L1));
+        assert_eq!(c.stats().perfect, 3);
+    }
+
+    #[test]
+    fn shards_serve_correct_rows_from_many_threads() {
+        let d = 4;
+        let mut cfg = CacheConfig::new(4, d, 200_000);
+        cfg.shards = 4;
+        cfg.tiers = vec![
+            TierConfig { codec: CodecKind::F32, share: 0.4 },
+            TierConfig { codec: CodecKind::F16, share: 0.6 },
+        ];
+        let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+        let trace = Synthetic {
+            num_requests: 4_000,
+            num_tables: 4,
+            num_contexts: 300,
+            max_table_size: 5_000,
+            seed: 11,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        std::thread::scope(|s| {
+            for part in 0..4 {
+                let (c, trace) = (&c, &trace);
+                s.spawn(move || {
+                    for (i, r) in trace.iter().enumerate() {
+                        if i % 4 != part {
+                            continue;
+                        }
+                        let mut rows = vec![0.0; r.len() * d];
+                        let mut src = vec![Source::Store; r.len()];
+                        c.lookup(r, &one(r), &mut rows, Some(&mut src)).unwrap();
+                        check_rows(c, r, &rows, &src);
+                    }
+                });
+            }
+        });
+        assert_eq!(c.stats().requests, 4_000);
+        assert!(c.stats().perfect > 0);
+        c.check_invariants(trace.keys()).unwrap();
+    }
+}
