@@ -22,6 +22,7 @@ The index every row is found through is available on its own::
 
 from embstore import errors
 from embstore._native import MAX_PAYLOAD, __version__, simd_available
+from embstore.cache import InferenceCache
 from embstore.config import (
     FTRL,
     SGD,
@@ -70,6 +71,7 @@ __all__ = [
     "DTypeError",
     "EmbstoreError",
     "ExportChunk",
+    "InferenceCache",
     "InvalidArgumentError",
     "KeyNotFoundError",
     "NeighborHash",

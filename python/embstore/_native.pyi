@@ -231,3 +231,91 @@ def publish(
     tls: tuple[str, str | None, str | None, str | None] | None = None,
 ) -> int: ...
 def cluster(etcd: list[str]) -> tuple[list[tuple[str, str]], list[str]]: ...
+
+# The inference cache (crates/embstore-cache through crates/embstore-python/src/cache.rs).
+CACHE_POLICIES: tuple[str, ...]
+CACHE_CODECS: tuple[str, ...]
+
+class Surrogates:
+    def __len__(self) -> int: ...
+    @property
+    def coverage(self) -> float: ...
+    @property
+    def version(self) -> int: ...
+    def get(self, id: int) -> tuple[int, float] | None: ...
+    def save(self, path: str | os.PathLike[str]) -> None: ...
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> Surrogates: ...
+    def heap_bytes(self) -> int: ...
+
+def build_surrogates(
+    ids: npt.NDArray[np.uint64],
+    rows: npt.NDArray[np.float32],
+    counts: npt.NDArray[np.uint64] | None = None,
+    k: int = 10,
+    metric: str = "cosine",
+    max_dist: float = 0.5,
+    popularity: bool = True,
+    version: int = 0,
+) -> Surrogates: ...
+
+class InferenceCache:
+    def __init__(
+        self,
+        tables: list[Table],
+        memory_budget_bytes: int,
+        policy: str,
+        tiers: list[tuple[str, float]],
+        *,
+        policy_params: dict[str, Any] | None = None,
+        surrogates: list[Surrogates | None] | None = None,
+        surrogate_share: float = 0.04,
+        max_approx_per_request: int = 2,
+        max_surrogate_dist: float = ...,
+        demote: bool = True,
+        shards: int = 1,
+        on_miss: str = "zeros",
+    ) -> None: ...
+    def lookup(
+        self,
+        keys: npt.NDArray[np.uint64],
+        offsets: npt.NDArray[np.uint64],
+        out: npt.NDArray[np.float32],
+        sources: npt.NDArray[np.uint8] | None,
+    ) -> None: ...
+    @property
+    def dim(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    def stats(self) -> dict[str, Any]: ...
+    def reset_stats(self) -> None: ...
+    def clear(self) -> None: ...
+    def evaluate(
+        self,
+        keys: npt.NDArray[np.uint64],
+        offsets: npt.NDArray[np.uint64],
+        mode: str = "prefix",
+        warm_frac: float = 0.5,
+    ) -> dict[str, Any]: ...
+
+def evaluate(
+    keys: npt.NDArray[np.uint64],
+    offsets: npt.NDArray[np.uint64],
+    policy: Any,
+    capacity: int,
+    mode: str = "prefix",
+    policy_params: dict[str, Any] | None = None,
+    max_score: int | None = None,
+    warm_frac: float = 0.5,
+) -> dict[str, Any]: ...
+def synthetic_trace(
+    num_requests: int = 200_000,
+    num_tables: int = 26,
+    num_contexts: int = 200_000,
+    zipf_alpha: float = 1.0,
+    min_table_size: int = 10,
+    max_table_size: int = 200_000,
+    rho: float = 0.7,
+    drift: float = 0.0,
+    seed: int = 0,
+) -> npt.NDArray[np.uint64]: ...

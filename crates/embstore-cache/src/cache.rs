@@ -1266,4 +1266,108 @@ mod tests {
         assert!(c.stats().perfect > 0);
         c.check_invariants(trace.keys()).unwrap();
     }
+
+    /// Surrogates over row_of rows of every table, nearest neighbour within a loose bound.
+    fn surrogates(tables: usize, rows: u64, d: usize) -> Vec<Option<Arc<Surrogates>>> {
+        let cfg = crate::surrogate::SurrogateConfig {
+            max_dist: 1.5,
+            popularity: false,
+            ..Default::default()
+        };
+        (0..tables)
+            .map(|t| {
+                let ids: Vec<u64> = (0..rows).collect();
+                let flat: Vec<f32> = ids.iter().flat_map(|&i| row_of(t, i, d)).collect();
+                Some(Arc::new(crate::surrogate::build(&ids, &flat, d, None, &cfg, 1).unwrap()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn surrogates_are_resident_capped_and_change_nothing() {
+        let seed = 0xa1_7e;
+        println!("seed {seed:#x}");
+        let (t, d) = (4, 6);
+        let trace = Synthetic {
+            num_requests: 3_000,
+            num_tables: t,
+            num_contexts: 300,
+            max_table_size: 400,
+            seed,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let sur = surrogates(t, 400, d);
+        let mut cfg = CacheConfig::new(t, d, 12_000);
+        cfg.tiers = vec![
+            TierConfig { codec: CodecKind::F32, share: 0.5 },
+            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        ];
+        cfg.surrogate_share = 0.1;
+        cfg.max_approx_per_request = 1;
+        let with = InferenceCache::new(cfg.clone(), mem(d), sur.clone()).unwrap();
+        let mut zero = cfg.clone();
+        zero.max_approx_per_request = 0;
+        let capped_off = InferenceCache::new(zero, mem(d), sur.clone()).unwrap();
+        let mut plain = cfg.clone();
+        plain.memory_budget_bytes = 10_800; // the budget less L3's 10 %: the same tier sizes
+        let without = InferenceCache::new(plain, mem(d), vec![]).unwrap();
+        let mut approx = 0;
+        for r in trace.iter() {
+            let run = |c: &InferenceCache| {
+                let mut rows = vec![0.0; r.len() * d];
+                let mut src = vec![Source::Store; r.len()];
+                c.lookup(r, &one(r), &mut rows, Some(&mut src)).unwrap();
+                (rows, src)
+            };
+            // Which surrogates are resident before the request (probe-time residency).
+            let resident: Vec<Option<u64>> = r
+                .iter()
+                .map(|&k| {
+                    let s = with.shards[with.shard_of(k)].read();
+                    s.l3.as_ref().and_then(|l3| l3.peek(k)).map(|(alt, _)| (k >> 48) << 48 | alt)
+                })
+                .collect();
+            let (rows, src) = run(&with);
+            check_rows(&with, r, &rows, &src);
+            let n = src.iter().filter(|&&s| s == Source::Surrogate).count();
+            assert!(n <= 1, "at most max_approx surrogates per request");
+            approx += n;
+            for (j, &s) in src.iter().enumerate() {
+                if s == Source::Surrogate {
+                    let alt = resident[j].expect("a surrogate comes from L3");
+                    assert_ne!(alt, r[j]);
+                    let want = {
+                        let sh = with.shards[with.shard_of(alt)].read();
+                        let mut v = vec![0.0; d];
+                        assert!(
+                            sh.tiers.iter().any(|tier| tier.get(alt, &mut v)),
+                            "still resident"
+                        );
+                        v
+                    };
+                    assert_eq!(&rows[j * d..(j + 1) * d], &want[..], "the surrogate's own row");
+                    let sh = with.shards[with.shard_of(r[j])].read();
+                    assert!(
+                        !sh.tiers.iter().any(|tier| tier.policy.contains(r[j])),
+                        "not inserted"
+                    );
+                }
+            }
+            // max_approx = 0 is L1 + L2 alone, bit for bit (same tier sizes: L3's share of
+            // the budget is taken in both, so compare against capped_off, not `without`).
+            let (a, sa) = run(&capped_off);
+            assert!(sa.iter().all(|&s| s != Source::Surrogate));
+            let (b, sb) = run(&without);
+            assert_eq!((a, sa), (b, sb));
+        }
+        assert_eq!(capped_off.capacity(), without.capacity());
+        assert!(approx > 0, "some surrogates served");
+        let s = with.stats();
+        assert_eq!(s.approximated as usize, approx);
+        assert!(s.served_perfect >= s.perfect);
+        let m = with.memory();
+        assert!(m.l3_len <= m.l3_capacity && m.total_bytes <= 12_000, "{m:?}");
+    }
 }

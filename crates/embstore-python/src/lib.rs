@@ -10,6 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod cache;
 mod serving;
 mod table;
 
@@ -151,6 +152,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyExport>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<serving::PyClient>()?;
+    m.add_class::<cache::PyInferenceCache>()?;
+    m.add_class::<cache::PySurrogates>()?;
+    m.add_function(wrap_pyfunction!(cache::evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::build_surrogates, m)?)?;
+    m.add_function(wrap_pyfunction!(cache::synthetic_trace, m)?)?;
+    m.add("CACHE_POLICIES", embstore_cache::PolicyConfig::NAMES)?;
+    m.add("CACHE_CODECS", embstore_cache::codec::CodecKind::NAMES)?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
     m.add_function(wrap_pyfunction!(table::inspect_dir, m)?)?;
     m.add_function(wrap_pyfunction!(serving::admin, m)?)?;

@@ -361,7 +361,7 @@ pub(crate) fn inspect_dir<'py>(
 /// Native table (see `embstore.Table`).
 #[pyclass(module = "embstore._native", name = "Table", frozen)]
 pub(crate) struct PyTable {
-    inner: Arc<Table>,
+    pub(crate) inner: Arc<Table>,
     /// Nanoseconds the last `lookup` spent inside `Table::lookup` (GIL released), so that a
     /// benchmark can split a Python call into the native work and the call's own overhead.
     /// Only in builds with the `bench-hooks` feature (`make bench-table`).

@@ -783,4 +783,57 @@ class RemoteEmbedding(nn.Module):
         )
 
 
-__all__ = ["Embedding", "EmbeddingBag", "EmbeddingOptimizer", "RemoteEmbedding"]
+class CachedEmbeddingBagCollection(nn.Module):
+    """Inference embeddings through an :class:`~embstore.InferenceCache`: a drop-in for the
+    lookup half of an embedding-bag collection at serving time.
+
+    ``forward(features)`` takes ``{table: ids}`` — a 1-D int tensor of ``B`` ids per table,
+    or ``(values, offsets)`` bags — and returns ``{table: Tensor[B, D]}`` (bags pooled by
+    ``mode``, ``mean`` or ``sum``) on ``device``. No gradients: the cache serves a fixed
+    checkpoint (train with :class:`EmbeddingBag`). ``last_sources`` holds, after each call,
+    where each id's row came from (indices into ``embstore.cache.SOURCES``).
+
+    Example::
+
+        >>> import embstore, embstore.torch, numpy as np, torch
+        >>> store = embstore.Store()
+        >>> for n in ("user", "item"):
+        ...     _ = store.create_table(n, embedding_dim=4).lookup(np.arange(100))
+        >>> cache = embstore.InferenceCache(store, ["user", "item"], memory_budget_bytes=8 << 10)
+        >>> ebc = embstore.torch.CachedEmbeddingBagCollection(cache)
+        >>> out = ebc({"user": torch.tensor([1, 2]), "item": torch.tensor([5, 6])})
+        >>> out["item"].shape
+        torch.Size([2, 4])
+    """
+
+    def __init__(self, cache: Any, *, mode: str = "mean", device: Any = None):
+        super().__init__()
+        if mode not in ("mean", "sum"):
+            raise InvalidArgumentError(f"mode must be 'mean' or 'sum', got {mode!r}")
+        self.cache = cache
+        self.mode = mode
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.last_sources: dict[str, np.ndarray] = {}
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self.cache.tables)
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.cache.embedding_dim)
+
+    def forward(self, features: dict[str, Any]) -> dict[str, torch.Tensor]:
+        rows, self.last_sources = self.cache.lookup(
+            features, bag_mode=self.mode, return_sources=True
+        )
+        return {k: torch.from_numpy(v).to(self.device) for k, v in rows.items()}
+
+
+__all__ = [
+    "CachedEmbeddingBagCollection",
+    "Embedding",
+    "EmbeddingBag",
+    "EmbeddingOptimizer",
+    "RemoteEmbedding",
+]

@@ -1,0 +1,531 @@
+//! Bindings of `embstore-cache`: the inference cache over store tables, surrogate builds, and
+//! the one evaluator (our policies, the whole cache, or a Python policy object such as the
+//! libCacheSim adapter). `embstore.cache` wraps these.
+
+use std::sync::Arc;
+
+use embstore_cache::{
+    cache::{Backing, CacheConfig, CachePolicy, InferenceCache, Source, TierConfig},
+    codec::CodecKind,
+    surrogate::{self, Metric, SurrogateConfig, Surrogates},
+    ErrorKind, EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
+};
+use embstore_table::{OnMiss, Table};
+use numpy::{
+    PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
+    PyReadwriteArray2, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::table::{slice, PyTable};
+use crate::{detached, errors};
+
+/// The one mapping from cache errors to Python exception classes.
+pub(crate) fn to_py_err(err: embstore_cache::Error) -> PyErr {
+    let msg = err.to_string();
+    match err.kind() {
+        ErrorKind::InvalidArgument => errors::InvalidArgumentError::new_err(msg),
+        ErrorKind::ShapeMismatch => errors::ShapeError::new_err(msg),
+        ErrorKind::NotFound => errors::InvalidArgumentError::new_err(msg),
+        ErrorKind::Corrupt => errors::CorruptionError::new_err(msg),
+        ErrorKind::Io | ErrorKind::Backing => errors::StorageError::new_err(msg),
+        _ => errors::EmbstoreError::new_err(msg),
+    }
+}
+
+/// Store tables as the cache's backing store.
+struct TableBacking {
+    tables: Vec<Arc<Table>>,
+    on_miss: OnMiss,
+}
+
+impl Backing for TableBacking {
+    fn read(&self, table: usize, ids: &[u64], out: &mut [f32]) -> Result<(), String> {
+        self.tables[table].lookup(ids, self.on_miss, out, None).map_err(|e| e.to_string())
+    }
+}
+
+fn policy_config(
+    name: &str,
+    params: Option<&Bound<'_, PyDict>>,
+    tables: usize,
+) -> PyResult<PolicyConfig> {
+    let max_score = tables.clamp(1, 255) as u8;
+    let mut cfg = PolicyConfig::parse(name, max_score).map_err(to_py_err)?;
+    let Some(params) = params else { return Ok(cfg) };
+    for (k, v) in params.iter() {
+        let key: String = k.extract()?;
+        let bad = || {
+            errors::InvalidArgumentError::new_err(format!(
+                "policy {name:?} has no parameter {key:?}"
+            ))
+        };
+        match (&mut cfg, key.as_str()) {
+            (PolicyConfig::GroupLfu(c), "age_alpha") => c.age_alpha = v.extract()?,
+            (PolicyConfig::GroupLfu(c), "pin_request") => c.pin_request = v.extract()?,
+            (PolicyConfig::GroupLfu(c), "refresh_equal") => c.refresh_equal = v.extract()?,
+            (PolicyConfig::GroupLfu(c), "max_score") => c.max_score = v.extract()?,
+            (PolicyConfig::Lfu(c), "age_alpha") => c.age_alpha = v.extract()?,
+            (PolicyConfig::EvArc(c), "flush") => c.flush = v.extract()?,
+            (PolicyConfig::EvArc(c), "max_score") => c.max_score = v.extract()?,
+            (PolicyConfig::EvLfuPaper { max_score }, "max_score") => *max_score = v.extract()?,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(cfg)
+}
+
+fn codec(name: &str) -> PyResult<CodecKind> {
+    CodecKind::parse(name).ok_or_else(|| {
+        errors::InvalidArgumentError::new_err(format!(
+            "unknown codec {name:?}: expected one of {:?}",
+            CodecKind::NAMES
+        ))
+    })
+}
+
+/// Surrogates of one table (an offline kNN build), as `embstore.cache.Surrogates` wraps it.
+#[pyclass(module = "embstore._native", name = "Surrogates", frozen)]
+pub(crate) struct PySurrogates {
+    inner: Arc<Surrogates>,
+}
+
+#[pymethods]
+impl PySurrogates {
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    #[getter]
+    fn coverage(&self) -> f64 {
+        self.inner.coverage()
+    }
+
+    #[getter]
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
+    fn get(&self, id: u64) -> Option<(u64, f32)> {
+        self.inner.get(id)
+    }
+
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let s = &self.inner;
+        detached(py, || s.save(&path)).map_err(to_py_err)
+    }
+
+    #[staticmethod]
+    fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        let s = detached(py, || Surrogates::load(&path)).map_err(to_py_err)?;
+        Ok(Self { inner: Arc::new(s) })
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.inner.heap_bytes()
+    }
+}
+
+/// Builds one table's surrogates: exact kNN over `rows` (`[N, D]`), same table.
+#[pyfunction]
+#[pyo3(signature = (ids, rows, counts=None, k=10, metric="cosine", max_dist=0.5, popularity=true, version=0))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_surrogates(
+    py: Python<'_>,
+    ids: PyReadonlyArray1<'_, u64>,
+    rows: PyReadonlyArray2<'_, f32>,
+    counts: Option<PyReadonlyArray1<'_, u64>>,
+    k: usize,
+    metric: &str,
+    max_dist: f32,
+    popularity: bool,
+    version: u64,
+) -> PyResult<PySurrogates> {
+    let metric = match metric {
+        "cosine" => Metric::Cosine,
+        "l2" => Metric::L2,
+        _ => {
+            return Err(errors::InvalidArgumentError::new_err(format!(
+                "metric must be \"cosine\" or \"l2\", got {metric:?}"
+            )))
+        }
+    };
+    let dim = rows.shape()[1];
+    let ids = slice(&ids, "ids")?;
+    let rows =
+        rows.as_slice().map_err(|_| errors::ShapeError::new_err("rows must be C-contiguous"))?;
+    let counts = match &counts {
+        Some(c) => Some(slice(c, "counts")?),
+        None => None,
+    };
+    let cfg = SurrogateConfig { k, metric, max_dist, popularity };
+    let s = detached(py, || surrogate::build(ids, rows, dim, counts, &cfg, version))
+        .map_err(to_py_err)?;
+    Ok(PySurrogates { inner: Arc::new(s) })
+}
+
+/// The inference cache over native store tables.
+#[pyclass(module = "embstore._native", name = "InferenceCache", frozen)]
+pub(crate) struct PyInferenceCache {
+    inner: Arc<InferenceCache>,
+}
+
+#[pymethods]
+impl PyInferenceCache {
+    #[new]
+    #[pyo3(signature = (tables, memory_budget_bytes, policy, tiers, *, policy_params=None,
+        surrogates=None, surrogate_share=0.04, max_approx_per_request=2,
+        max_surrogate_dist=f32::INFINITY, demote=true, shards=1, on_miss="zeros"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        tables: Vec<PyRef<'_, PyTable>>,
+        memory_budget_bytes: usize,
+        policy: &str,
+        tiers: Vec<(String, f64)>,
+        policy_params: Option<&Bound<'_, PyDict>>,
+        surrogates: Option<Vec<Option<PyRef<'_, PySurrogates>>>>,
+        surrogate_share: f64,
+        max_approx_per_request: usize,
+        max_surrogate_dist: f32,
+        demote: bool,
+        shards: usize,
+        on_miss: &str,
+    ) -> PyResult<Self> {
+        let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
+        let Some(dim) = tables.first().map(|t| t.dim()) else {
+            return Err(errors::InvalidArgumentError::new_err(
+                "the cache needs at least one table",
+            ));
+        };
+        if let Some(t) = tables.iter().find(|t| t.dim() != dim) {
+            return Err(errors::ShapeError::new_err(format!(
+                "every cached table must have the same embedding_dim: {} has {}, the first has {dim}",
+                t.name(),
+                t.dim()
+            )));
+        }
+        let on_miss = OnMiss::parse(on_miss).map_err(crate::table::to_py_err)?;
+        let mut cfg = CacheConfig::new(tables.len(), dim, memory_budget_bytes);
+        cfg.policy = policy_config(policy, policy_params, tables.len())?;
+        cfg.tiers = tiers
+            .iter()
+            .map(|(c, share)| Ok(TierConfig { codec: codec(c)?, share: *share }))
+            .collect::<PyResult<_>>()?;
+        cfg.surrogate_share = surrogate_share;
+        cfg.max_approx_per_request = max_approx_per_request;
+        cfg.max_surrogate_dist = max_surrogate_dist;
+        cfg.demote = demote;
+        cfg.shards = shards;
+        let surrogates = surrogates
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| s.map(|s| s.inner.clone()))
+            .collect();
+        let backing = Arc::new(TableBacking { tables, on_miss });
+        let inner = InferenceCache::new(cfg, backing, surrogates).map_err(to_py_err)?;
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Serves requests `keys[offsets[r]:offsets[r+1]]` into `out` (`[len(keys), D]`).
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        keys: PyReadonlyArray1<'_, u64>,
+        offsets: PyReadonlyArray1<'_, u64>,
+        mut out: PyReadwriteArray2<'_, f32>,
+        sources: Option<PyReadwriteArray1<'_, u8>>,
+    ) -> PyResult<()> {
+        let keys = slice(&keys, "keys")?;
+        let offsets: Vec<usize> = slice(&offsets, "offsets")?.iter().map(|&o| o as usize).collect();
+        let out = out
+            .as_slice_mut()
+            .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
+        let mut srcs = sources.as_ref().map(|_| vec![Source::Store; keys.len()]);
+        let c = &self.inner;
+        detached(py, || c.lookup(keys, &offsets, out, srcs.as_deref_mut())).map_err(to_py_err)?;
+        if let (Some(mut dst), Some(srcs)) = (sources, srcs) {
+            let dst = dst
+                .as_slice_mut()
+                .map_err(|_| errors::ShapeError::new_err("sources must be contiguous uint8"))?;
+            if dst.len() != srcs.len() {
+                return Err(errors::ShapeError::new_err(format!(
+                    "sources must hold {} entries, got {}",
+                    srcs.len(),
+                    dst.len()
+                )));
+            }
+            for (d, s) in dst.iter_mut().zip(srcs) {
+                *d = s as u8;
+            }
+        }
+        Ok(())
+    }
+
+    #[getter]
+    fn dim(&self) -> usize {
+        self.inner.config().dim
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        let req = s.requests.max(1) as f64;
+        d.set_item("requests", s.requests)?;
+        d.set_item("perfect_hits", s.perfect)?;
+        d.set_item("served_perfect_hits", s.served_perfect)?;
+        d.set_item("perfect_hit_rate", s.perfect as f64 / req)?;
+        d.set_item("served_perfect_hit_rate", s.served_perfect as f64 / req)?;
+        d.set_item("keys", s.keys)?;
+        d.set_item("l1_hits", s.l1_hits)?;
+        d.set_item("l2_hits", s.l2_hits)?;
+        d.set_item("approximated", s.approximated)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("individual_hit_rate", (s.l1_hits + s.l2_hits) as f64 / s.keys.max(1) as f64)?;
+        d.set_item("misses_per_request", s.misses_per_request)?;
+        d.set_item("bypasses", s.bypasses)?;
+        d.set_item("l1_evictions", s.l1_evictions)?;
+        d.set_item("demotions", s.demotions)?;
+        d.set_item("drops", s.drops)?;
+        d.set_item("l3_inserts", s.l3_inserts)?;
+        d.set_item("refetches", s.refetches)?;
+        d.set_item("backing_reads", s.backing_reads)?;
+        let m = self.inner.memory();
+        let tiers = pyo3::types::PyList::empty(py);
+        for t in &m.tiers {
+            let td = PyDict::new(py);
+            td.set_item("codec", t.codec)?;
+            td.set_item("capacity", t.capacity)?;
+            td.set_item("len", t.len)?;
+            td.set_item("row_bytes", t.row_bytes)?;
+            td.set_item("metadata_bytes", t.metadata_bytes)?;
+            tiers.append(td)?;
+        }
+        d.set_item("tiers", tiers)?;
+        d.set_item("l3_capacity", m.l3_capacity)?;
+        d.set_item("l3_len", m.l3_len)?;
+        d.set_item("l3_bytes", m.l3_bytes)?;
+        d.set_item("memory_budget_bytes", m.budget_bytes)?;
+        d.set_item("bytes", m.total_bytes)?;
+        d.set_item("metadata_bytes_per_entry", m.metadata_bytes_per_entry)?;
+        Ok(d)
+    }
+
+    fn reset_stats(&self) {
+        self.inner.reset_stats()
+    }
+
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let c = &self.inner;
+        detached(py, || c.clear()).map_err(to_py_err)
+    }
+
+    /// Evaluates this cache (as it is: warm or cold) on a trace with the one evaluator.
+    #[pyo3(signature = (keys, offsets, mode="prefix", warm_frac=0.5))]
+    fn evaluate<'py>(
+        &self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'_, u64>,
+        offsets: PyReadonlyArray1<'_, u64>,
+        mode: &str,
+        warm_frac: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let trace = trace_of(&keys, &offsets)?;
+        let mode = parse_mode(mode)?;
+        let c = &self.inner;
+        let opts = EvalOptions { warm_frac, ..EvalOptions::default() };
+        let report = detached(py, || {
+            let mut p = CachePolicy::new(c);
+            let r = embstore_cache::evaluate_with(&trace, &mut p, mode, &opts);
+            match p.error {
+                Some(e) => Err(e),
+                None => r,
+            }
+        })
+        .map_err(to_py_err)?;
+        report_dict(py, &report)
+    }
+}
+
+fn parse_mode(mode: &str) -> PyResult<Mode> {
+    match mode {
+        "online" => Ok(Mode::Online),
+        "prefix" => Ok(Mode::Prefix),
+        "replay" => Ok(Mode::Replay),
+        _ => Err(errors::InvalidArgumentError::new_err(format!(
+            "mode must be \"online\", \"prefix\" or \"replay\", got {mode:?}"
+        ))),
+    }
+}
+
+fn trace_of(
+    keys: &PyReadonlyArray1<'_, u64>,
+    offsets: &PyReadonlyArray1<'_, u64>,
+) -> PyResult<Trace> {
+    let keys = slice(keys, "keys")?;
+    let offsets: Vec<usize> = slice(offsets, "offsets")?.iter().map(|&o| o as usize).collect();
+    Trace::from_ragged(keys, &offsets).map_err(to_py_err)
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("policy", &r.policy)?;
+    d.set_item("mode", format!("{:?}", r.mode).to_lowercase())?;
+    d.set_item("capacity", r.capacity)?;
+    d.set_item("requests", r.requests)?;
+    d.set_item("keys", r.keys)?;
+    d.set_item("perfect_hit", r.perfect_hit)?;
+    d.set_item("served_perfect_hit", r.served_perfect_hit)?;
+    d.set_item("individual_hit", r.individual_hit)?;
+    d.set_item("compulsory_bound", r.compulsory_bound)?;
+    d.set_item("mean_misses", r.mean_misses)?;
+    d.set_item("misses_per_request", PyArray1::from_slice(py, &r.misses_per_request))?;
+    d.set_item("approximated", r.approximated)?;
+    d.set_item("bypasses", r.bypasses)?;
+    d.set_item("evictions", r.evictions)?;
+    d.set_item("self_evictions", r.self_evictions)?;
+    d.set_item("metadata_bytes_per_entry", r.metadata_bytes_per_entry)?;
+    Ok(d)
+}
+
+/// A policy implemented in Python: `access(keys: np.ndarray[uint64]) -> array of bool`
+/// (resident before this request), called once per request with the GIL held.
+struct PyPolicy {
+    obj: Py<PyAny>,
+    capacity: usize,
+    error: Option<PyErr>,
+}
+
+impl std::fmt::Debug for PyPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyPolicy").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
+}
+
+impl Policy for PyPolicy {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn len(&self) -> usize {
+        0
+    }
+    fn contains(&self, _key: u64) -> bool {
+        false
+    }
+    fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
+        out.reset(keys.len());
+        if self.error.is_some() {
+            out.hit.resize(keys.len(), false);
+            return;
+        }
+        let r = Python::attach(|py| -> PyResult<Vec<bool>> {
+            let arr = PyArray1::from_slice(py, keys);
+            let flags = self.obj.bind(py).call_method1("access", (arr,))?;
+            let flags: Vec<bool> = flags.extract()?;
+            if flags.len() != keys.len() {
+                return Err(errors::ShapeError::new_err(format!(
+                    "policy access() returned {} flags for {} keys",
+                    flags.len(),
+                    keys.len()
+                )));
+            }
+            Ok(flags)
+        });
+        match r {
+            Ok(flags) => out.hit = flags,
+            Err(e) => {
+                out.hit.resize(keys.len(), false);
+                self.error = Some(e);
+            }
+        }
+        out.hits = out.hit.iter().filter(|&&h| h).count();
+    }
+    fn metadata_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// The one evaluator: `policy` is one of our policy names, or an object with
+/// `access(keys) -> flags` (for example a libCacheSim adapter).
+#[pyfunction]
+#[pyo3(signature = (keys, offsets, policy, capacity, mode="prefix", policy_params=None, max_score=None, warm_frac=0.5))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn evaluate<'py>(
+    py: Python<'py>,
+    keys: PyReadonlyArray1<'_, u64>,
+    offsets: PyReadonlyArray1<'_, u64>,
+    policy: &Bound<'py, PyAny>,
+    capacity: usize,
+    mode: &str,
+    policy_params: Option<&Bound<'py, PyDict>>,
+    max_score: Option<usize>,
+    warm_frac: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let trace = trace_of(&keys, &offsets)?;
+    let mode = parse_mode(mode)?;
+    let opts = EvalOptions { warm_frac, ..EvalOptions::default() };
+    if let Ok(name) = policy.extract::<String>() {
+        let s = max_score.unwrap_or_else(|| trace.max_request_len());
+        let cfg = policy_config(&name, policy_params, s)?;
+        let report = detached(py, || {
+            if capacity == 0 {
+                return embstore_cache::evaluate(&trace, &cfg, capacity, mode);
+            }
+            let mut p = cfg.build(capacity)?;
+            embstore_cache::evaluate_with(&trace, p.as_mut(), mode, &opts)
+        })
+        .map_err(to_py_err)?;
+        return report_dict(py, &report);
+    }
+    let mut p = PyPolicy { obj: policy.clone().unbind(), capacity, error: None };
+    let report = embstore_cache::evaluate_with(&trace, &mut p, mode, &opts).map_err(to_py_err)?;
+    if let Some(e) = p.error {
+        return Err(e);
+    }
+    let d = report_dict(py, &report)?;
+    if let Ok(name) = policy.getattr("name") {
+        d.set_item("policy", name)?;
+    }
+    Ok(d)
+}
+
+/// The synthetic Criteo-like trace of the design note as uint64 `[N, T]` table-qualified keys.
+#[pyfunction]
+#[pyo3(signature = (num_requests=200_000, num_tables=26, num_contexts=200_000, zipf_alpha=1.0,
+    min_table_size=10, max_table_size=200_000, rho=0.7, drift=0.0, seed=0))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn synthetic_trace<'py>(
+    py: Python<'py>,
+    num_requests: usize,
+    num_tables: usize,
+    num_contexts: u64,
+    zipf_alpha: f64,
+    min_table_size: u64,
+    max_table_size: u64,
+    rho: f64,
+    drift: f64,
+    seed: u64,
+) -> PyResult<Bound<'py, numpy::PyArray2<u64>>> {
+    let s = embstore_cache::Synthetic {
+        num_requests,
+        num_tables,
+        num_contexts,
+        zipf_alpha,
+        min_table_size,
+        max_table_size,
+        rho,
+        drift,
+        seed,
+    };
+    let trace = detached(py, || s.generate()).map_err(to_py_err)?;
+    let flat = PyArray1::from_slice(py, trace.keys());
+    flat.reshape([num_requests, num_tables])
+}

@@ -1,0 +1,465 @@
+"""The inference cache (EVStore's three layers, done our way) and its evaluator.
+
+An inference request needs one row from each of its tables and waits for the slowest, so
+the cache maximises *perfect hits* — requests whose rows are all in memory — rather than
+per-key hits. See ``docs/cache.md``.
+
+Parts:
+
+- :class:`InferenceCache` — L1 (group-aware replacement, ``policy``), L2 (lower-precision
+  rows, ``tiers``), L3 (surrogate keys, ``surrogates``) in one byte budget over a store.
+- :func:`build_surrogates` / :class:`Surrogates` — the offline same-table kNN build that
+  L3 serves from, saved next to a checkpoint.
+- :func:`evaluate` — the one evaluator: our policies, the whole cache, or a libCacheSim
+  policy by name, on a trace, in ``online``, ``prefix`` (primary) or ``replay`` mode.
+- :mod:`embstore.cache.traces` — MovieLens request traces (ML7, ML11) and key qualification.
+
+Keys are table-qualified: ``key = table_index << 48 | id`` (ids below 2**48).
+
+Example::
+
+    >>> import embstore, numpy as np
+    >>> store = embstore.Store()
+    >>> for name in ("user", "item"):
+    ...     t = store.create_table(name, embedding_dim=8)
+    ...     _ = t.lookup(np.arange(1000))                 # rows exist in the store
+    >>> cache = embstore.InferenceCache(store, tables=["user", "item"],
+    ...                                 memory_budget_bytes=16 << 10,
+    ...                                 tiers={"f32": 0.5, "int8": 0.5})
+    >>> rows = cache.lookup({"user": np.array([1, 2]), "item": np.array([7, 7])})
+    >>> rows["user"].shape
+    (2, 8)
+    >>> cache.stats()["requests"]
+    2
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from embstore import _native
+from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
+
+__all__ = [
+    "CODECS",
+    "POLICIES",
+    "SOURCES",
+    "InferenceCache",
+    "Surrogates",
+    "build_surrogates",
+    "evaluate",
+    "requests_from_batch",
+]
+
+#: Our replacement policies (``policy=``), defined once in the Rust crate.
+POLICIES: tuple[str, ...] = tuple(_native.CACHE_POLICIES)
+#: Row codecs a tier can use (``tiers=`` keys).
+CODECS: tuple[str, ...] = tuple(_native.CACHE_CODECS)
+#: ``sources`` values of :meth:`InferenceCache.lookup`: index → where the row came from.
+SOURCES: tuple[str, ...] = ("l1", "l2", "surrogate", "store")
+
+_ID_LIMIT = 1 << 48
+
+
+def _ids(x: Any, what: str) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+        raise InvalidArgumentError(f"{what} must be integer ids, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ShapeError(f"{what} must be 1-D, got shape {a.shape}")
+    if a.size and (a.min() < 0 or a.max() >= _ID_LIMIT):
+        raise InvalidArgumentError(f"{what} must be in [0, 2**48), got {a.min()}..{a.max()}")
+    return a.astype(np.uint64, copy=False)
+
+
+def requests_from_batch(
+    batch: Mapping[str, Any], tables: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, bool]], int]:
+    """Turns ``{table: ids}`` into request-major qualified keys and offsets.
+
+    Each value is either a 1-D array of ``B`` ids (one per request) or a bag
+    ``(values, offsets)`` with ``B`` (or ``B + 1``) offsets. Returns ``(keys, offsets, where,
+    B)`` where ``where[t] = (request index, position in keys, is_bag)`` per element of table
+    ``t``'s ids.
+    """
+    if not isinstance(batch, Mapping):
+        raise InvalidArgumentError(f"a batch is a dict {{table: ids}}, got {type(batch).__name__}")
+    unknown = [k for k in batch if k not in tables]
+    if unknown:
+        raise TableNotFoundError(f"tables {unknown} are not in this cache (it has {list(tables)})")
+    missing = [t for t in tables if t not in batch]
+    if missing:
+        raise InvalidArgumentError(f"a request needs every cached table; missing {missing}")
+    counts, values, bags = [], [], []
+    b = None
+    for name in tables:
+        v = batch[name]
+        if isinstance(v, tuple):
+            vals = _ids(v[0], f"{name} values")
+            offs = np.asarray(v[1], dtype=np.int64)
+            if offs.ndim != 1:
+                raise ShapeError(f"{name} offsets must be 1-D, got shape {offs.shape}")
+            ends = (
+                offs[1:] if offs.size and offs[-1] == vals.size else np.append(offs[1:], vals.size)
+            )
+            starts = offs if ends.size == offs.size else offs[:-1]
+            if starts.size and (starts[0] != 0 or np.any(ends < starts)):
+                raise ShapeError(f"{name} offsets must start at 0 and not decrease")
+            c = ends - starts
+            bags.append(True)
+        else:
+            vals = _ids(v, name)
+            c = np.ones(vals.size, dtype=np.int64)
+            bags.append(False)
+        if b is None:
+            b = c.size
+        elif c.size != b:
+            raise ShapeError(
+                f"every table needs the same number of requests: {name} has {c.size}, expected {b}"
+            )
+        counts.append(c)
+        values.append(vals)
+    assert b is not None
+    if b == 0:
+        raise ShapeError("a batch needs at least one request, got 0")
+    per_req = np.sum(counts, axis=0)
+    if np.any(per_req == 0):
+        raise ShapeError(f"request {int(np.argmin(per_req))} has no ids in any table")
+    offsets = np.zeros(b + 1, dtype=np.uint64)
+    np.cumsum(per_req, out=offsets[1:])
+    keys = np.empty(int(offsets[-1]), dtype=np.uint64)
+    prefix = np.zeros(b, dtype=np.int64)
+    where = []
+    for t, (vals, c, bag) in enumerate(zip(values, counts, bags, strict=True)):
+        req = np.repeat(np.arange(b), c)
+        start = np.cumsum(c) - c
+        within = np.arange(vals.size) - start[req]
+        pos = offsets[:-1].astype(np.int64)[req] + prefix[req] + within
+        keys[pos] = (np.uint64(t) << np.uint64(48)) | vals
+        prefix += c
+        where.append((req, pos, bag))
+    return keys, offsets, where, b
+
+
+class InferenceCache:
+    """A read-through inference cache over tables of a :class:`~embstore.Store`.
+
+    Args:
+        store: the backing store (its tables hold the exact fp32 rows).
+        tables: the tables of a request, in order; all must share ``embedding_dim``.
+        memory_budget_bytes: everything counted — rows, policy metadata, indexes, L3.
+        policy: the replacement policy of every tier (:data:`POLICIES`; ``group_lfu`` is the
+            group-aware default, ``ev_arc`` is an evaluator-only ablation).
+        tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
+            codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
+        surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``.
+        surrogate_share: share of the budget for L3's map when surrogates are given.
+        max_approx_per_request: most surrogate rows served in one request.
+        max_surrogate_dist: largest stored surrogate distance served.
+        demote: move L1 victims into L2 (a victim cache, no I/O).
+        shards: independent shards for concurrent callers; 1 (default) is deterministic.
+        policy_params: policy parameters, e.g. ``{"age_alpha": 2.0, "pin_request": True}``.
+        on_miss: what the store returns for an id it lacks (``zeros``, ``init`` or ``error``).
+
+    Rows returned from L1/L2 are ``decode(encode(row))`` of the tier's codec; rows from the
+    store are exact; surrogate rows are a neighbour's. The cache is for serving a fixed
+    checkpoint: after the store's rows change, call :meth:`clear`.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        tables: Sequence[str],
+        memory_budget_bytes: int,
+        policy: str = "group_lfu",
+        tiers: Mapping[str, float] | None = None,
+        surrogates: Mapping[str, Surrogates] | None = None,
+        *,
+        surrogate_share: float = 0.04,
+        max_approx_per_request: int = 2,
+        max_surrogate_dist: float = float("inf"),
+        demote: bool = True,
+        shards: int = 1,
+        policy_params: Mapping[str, Any] | None = None,
+        on_miss: str = "zeros",
+    ):
+        if isinstance(tables, str) or not tables:
+            raise InvalidArgumentError("tables must be a non-empty list of table names")
+        self.tables = list(tables)
+        if len(set(self.tables)) != len(self.tables):
+            raise InvalidArgumentError(f"tables must be distinct, got {self.tables}")
+        if isinstance(memory_budget_bytes, bool) or not isinstance(
+            memory_budget_bytes, int | np.integer
+        ):
+            raise InvalidArgumentError(
+                f"memory_budget_bytes must be an int, got {memory_budget_bytes!r}"
+            )
+        if memory_budget_bytes <= 0:
+            raise InvalidArgumentError(
+                f"memory_budget_bytes must be positive, got {memory_budget_bytes}"
+            )
+        tiers = {"f32": 1.0} if tiers is None else dict(tiers)
+        native_tables = [store.table(name)._inner for name in self.tables]
+        sur = None
+        if surrogates:
+            unknown = [k for k in surrogates if k not in self.tables]
+            if unknown:
+                raise TableNotFoundError(
+                    f"surrogates for tables {unknown} that the cache does not hold"
+                )
+            sur = [surrogates[t]._inner if t in surrogates else None for t in self.tables]
+        self._inner = _native.InferenceCache(
+            native_tables,
+            int(memory_budget_bytes),
+            policy,
+            [(str(k), float(v)) for k, v in tiers.items()],
+            policy_params=dict(policy_params) if policy_params else None,
+            surrogates=sur,
+            surrogate_share=float(surrogate_share),
+            max_approx_per_request=int(max_approx_per_request),
+            max_surrogate_dist=float(max_surrogate_dist),
+            demote=bool(demote),
+            shards=int(shards),
+            on_miss=on_miss,
+        )
+        self.embedding_dim: int = self._inner.dim
+
+    def __repr__(self) -> str:
+        s = self._inner.stats()
+        return (
+            f"InferenceCache(tables={self.tables}, budget={s['memory_budget_bytes']} B, "
+            f"entries={sum(t['capacity'] for t in s['tiers'])})"
+        )
+
+    def lookup(
+        self, batch: Mapping[str, Any], *, bag_mode: str = "mean", return_sources: bool = False
+    ) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Serves a batch of requests: ``{table: ids}`` with ``B`` ids per table (or a bag
+        ``(values, offsets)`` per table). Returns ``{table: float32[B, D]}`` (bags pooled by
+        ``bag_mode``: ``mean`` or ``sum``) and, with ``return_sources``, ``{table: uint8[n]}``
+        per id (indices into :data:`SOURCES`). Releases the GIL.
+        """
+        if bag_mode not in ("mean", "sum"):
+            raise InvalidArgumentError(f"bag_mode must be 'mean' or 'sum', got {bag_mode!r}")
+        keys, offsets, where, b = requests_from_batch(batch, self.tables)
+        rows = np.empty((keys.size, self.embedding_dim), dtype=np.float32)
+        src = np.empty(keys.size, dtype=np.uint8) if return_sources else None
+        self._inner.lookup(keys, offsets, rows, src)
+        out: dict[str, np.ndarray] = {}
+        sources: dict[str, np.ndarray] = {}
+        for name, (req, pos, bag) in zip(self.tables, where, strict=True):
+            if not bag:
+                out[name] = rows[pos]
+            else:
+                pooled = np.zeros((b, self.embedding_dim), dtype=np.float32)
+                np.add.at(pooled, req, rows[pos])
+                if bag_mode == "mean":
+                    n = np.bincount(req, minlength=b).astype(np.float32)
+                    pooled /= np.maximum(n, 1.0)[:, None]
+                out[name] = pooled
+            if src is not None:
+                sources[name] = src[pos]
+        return (out, sources) if return_sources else out
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and memory: ``perfect_hits`` (exact), ``served_perfect_hits`` (with
+        surrogates), their rates, per-tier hits, ``misses_per_request`` (a histogram of
+        store reads per request), ``bypasses``, and the bytes of every tier."""
+        return self._inner.stats()
+
+    def reset_stats(self) -> None:
+        """Zero the counters; cached rows stay."""
+        self._inner.reset_stats()
+
+    def clear(self) -> None:
+        """Drop every cached row (call after the store's rows change)."""
+        self._inner.clear()
+
+    @property
+    def capacity(self) -> int:
+        """Entries L1 and L2 hold together."""
+        return int(self._inner.capacity)
+
+
+class Surrogates:
+    """One table's surrogate map (id → nearest popular neighbour and its distance), from
+    :func:`build_surrogates`. Save it next to the checkpoint it was built from."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __repr__(self) -> str:
+        return f"Surrogates(rows={len(self)}, coverage={self.coverage:.3f}, version={self.version})"
+
+    @property
+    def coverage(self) -> float:
+        """Share of rows that have a surrogate within the distance threshold."""
+        return float(self._inner.coverage)
+
+    @property
+    def version(self) -> int:
+        """The table checkpoint version the build came from."""
+        return int(self._inner.version)
+
+    def get(self, id: int) -> tuple[int, float] | None:
+        """``(surrogate id, distance)`` for ``id``, or ``None``."""
+        return self._inner.get(int(id))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temp file + rename), checksummed."""
+        self._inner.save(os.fspath(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Surrogates:
+        """Read a file written by :meth:`save`; a damaged file raises ``CorruptionError``."""
+        return cls(_native.Surrogates.load(os.fspath(path)))
+
+
+def build_surrogates(
+    store: Any,
+    tables: Sequence[str],
+    *,
+    counts: Mapping[str, Mapping[int, int] | tuple[np.ndarray, np.ndarray]] | None = None,
+    k: int = 10,
+    metric: str = "cosine",
+    max_dist: float = 0.5,
+    version: int = 0,
+) -> dict[str, Surrogates]:
+    """Builds surrogates for each of ``tables`` from the store's current rows (exact kNN
+    within each table). ``counts[table]`` gives access counts ``(ids, counts)`` from a window
+    disjoint from the one you will evaluate on: the surrogate is the most-accessed neighbour
+    within ``max_dist`` (ties to the nearest); without counts, the nearest. ``version`` names
+    the checkpoint the rows came from."""
+    out = {}
+    for name in tables:
+        chunks = list(store.table(name).export())
+        if chunks:
+            ids = np.concatenate([c.ids for c in chunks]).astype(np.uint64)
+            rows = np.ascontiguousarray(
+                np.concatenate([c.values for c in chunks]), dtype=np.float32
+            )
+        else:
+            d = store.table(name).embedding_dim
+            ids, rows = np.zeros(0, np.uint64), np.zeros((0, d), np.float32)
+        c = None
+        if counts is not None and name in counts:
+            spec = counts[name]
+            if isinstance(spec, tuple):
+                cid, cnt = (np.asarray(x) for x in spec)
+            else:
+                cid = np.fromiter(spec.keys(), dtype=np.int64, count=len(spec))
+                cnt = np.fromiter(spec.values(), dtype=np.int64, count=len(spec))
+            order = np.argsort(ids)
+            pos = np.searchsorted(ids[order], cid.astype(np.uint64))
+            ok = (pos < ids.size) & (ids[order][np.minimum(pos, max(ids.size - 1, 0))] == cid)
+            c = np.zeros(ids.size, dtype=np.uint64)
+            c[order[pos[ok]]] = cnt[ok]
+        out[name] = Surrogates(
+            _native.build_surrogates(
+                ids, rows, c, k=k, metric=metric, max_dist=max_dist, version=version
+            )
+        )
+    return out
+
+
+def _as_trace(trace: Any) -> tuple[np.ndarray, np.ndarray]:
+    if hasattr(trace, "keys") and isinstance(getattr(trace, "keys", None), np.ndarray):
+        trace = trace.keys
+    if isinstance(trace, np.ndarray):
+        if trace.ndim != 2:
+            raise ShapeError(f"a dense trace is [N, G], got shape {trace.shape}")
+        if trace.dtype != np.uint64:
+            raise InvalidArgumentError(f"trace keys must be uint64, got {trace.dtype}")
+        n, g = trace.shape
+        if g == 0:
+            raise ShapeError("requests must not be empty (G = 0)")
+        return np.ascontiguousarray(trace).reshape(-1), np.arange(0, n * g + 1, g, dtype=np.uint64)
+    if isinstance(trace, Sequence):
+        reqs = [np.asarray(r, dtype=np.uint64).reshape(-1) for r in trace]
+        if any(r.size == 0 for r in reqs):
+            raise ShapeError("requests must not be empty")
+        offsets = np.zeros(len(reqs) + 1, dtype=np.uint64)
+        np.cumsum([r.size for r in reqs], out=offsets[1:])
+        keys = np.concatenate(reqs) if reqs else np.zeros(0, np.uint64)
+        return keys, offsets
+    raise InvalidArgumentError(
+        "trace must be a uint64 [N, G] array or a list of per-request arrays, "
+        f"got {type(trace).__name__}"
+    )
+
+
+def evaluate(
+    trace: Any,
+    policy: str | InferenceCache | Any = "group_lfu",
+    capacity: int | float | None = None,
+    mode: str = "prefix",
+    *,
+    policy_params: Mapping[str, Any] | None = None,
+    capacity_bytes: int | None = None,
+    dim: int | None = None,
+    warm_frac: float = 0.5,
+) -> dict[str, Any]:
+    """The one perfect-hit evaluator.
+
+    Args:
+        trace: uint64 ``[N, G]`` table-qualified keys (``table << 48 | id``), a list of
+            per-request key arrays, or a :class:`~embstore.cache.traces.Trace`.
+        policy: one of :data:`POLICIES`; a libCacheSim policy name (``"S3FIFO"``, ``"ARC"``,
+            … when ``libcachesim`` is installed); an object with ``access(keys) -> flags``;
+            or an :class:`InferenceCache` (the whole system, evaluated as it is).
+        capacity: entries (int), or a fraction of the trace's unique keys (float in (0, 1)).
+        capacity_bytes, dim: alternatively, a byte budget for fp32 rows of ``dim`` values plus
+            the policy's own metadata per entry (ours: measured; libCacheSim: our 28 B, as if
+            the policy ran inside our store).
+        mode: ``online`` (one cold pass), ``prefix`` (warm on the first ``warm_frac``, count
+            the rest; the primary figure) or ``replay`` (warm on all, count a second pass).
+
+    Returns a dict with ``perfect_hit``, ``served_perfect_hit``, ``individual_hit``,
+    ``compulsory_bound``, ``misses_per_request`` and more.
+    """
+    keys, offsets = _as_trace(trace)
+    if isinstance(policy, InferenceCache):
+        return policy._inner.evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
+    if capacity_bytes is not None:
+        if capacity is not None:
+            raise InvalidArgumentError("give capacity or capacity_bytes, not both")
+        if not dim or dim < 1:
+            raise InvalidArgumentError("capacity_bytes needs dim (the row length)")
+        capacity = int(capacity_bytes // (4 * dim + _METADATA_PER_ENTRY))
+    if capacity is None:
+        raise InvalidArgumentError("capacity (entries or a fraction of unique keys) is required")
+    if isinstance(capacity, float):
+        if not 0.0 < capacity < 1.0:
+            raise InvalidArgumentError(f"a fractional capacity must be in (0, 1), got {capacity}")
+        capacity = max(1, round(capacity * np.unique(keys).size))
+    if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
+        raise InvalidArgumentError(f"capacity must be a positive int, got {capacity!r}")
+    if isinstance(policy, str) and policy.lower().replace("-", "_") not in POLICIES:
+        from embstore.cache import _libcachesim
+
+        policy = _libcachesim.LibCacheSimPolicy(policy, int(capacity))
+    return _native.evaluate(
+        keys,
+        offsets,
+        policy,
+        int(capacity),
+        mode=mode,
+        policy_params=dict(policy_params) if policy_params else None,
+        warm_frac=warm_frac,
+    )
+
+
+#: Policy metadata per entry assumed for byte budgets of policies that are not ours
+#: (GroupLfu's measured ~28 B: 20 B slot, index at load ≤ 3/4).
+_METADATA_PER_ENTRY = 28

@@ -1,0 +1,207 @@
+"""embstore.InferenceCache, embstore.cache.evaluate and build_surrogates from Python."""
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore.cache import SOURCES, build_surrogates, evaluate
+
+D = 8
+
+
+@pytest.fixture
+def store():
+    s = embstore.Store()
+    rng = np.random.default_rng(3)
+    for name in ("user", "item", "ctx"):
+        t = s.create_table(name, embedding_dim=D)
+        t.assign(np.arange(500), rng.normal(0, 0.1, (500, D)).astype(np.float32))
+    return s
+
+
+def test_lookup_returns_store_rows_then_cache_hits(store):
+    cache = embstore.InferenceCache(store, ["user", "item", "ctx"], memory_budget_bytes=64 << 10)
+    batch = {"user": np.array([1, 2]), "item": np.array([3, 3]), "ctx": np.array([0, 0])}
+    rows, src = cache.lookup(batch, return_sources=True)
+    for name in batch:
+        np.testing.assert_array_equal(rows[name], store[name].lookup(batch[name]))
+        assert [SOURCES[s] for s in src[name]] == ["store", "store"]
+    rows2, src2 = cache.lookup(batch, return_sources=True)
+    for name in batch:
+        np.testing.assert_array_equal(rows2[name], rows[name])  # f32 L1 is exact
+        assert all(SOURCES[s] == "l1" for s in src2[name])
+    st = cache.stats()
+    assert (st["requests"], st["perfect_hits"], st["misses"]) == (4, 2, 6)
+    assert st["misses_per_request"][:4] == [2, 0, 0, 2]
+    assert st["bytes"] <= st["memory_budget_bytes"] == 64 << 10
+    assert st["metadata_bytes_per_entry"] <= 48
+
+
+def test_int8_tier_returns_its_codec_and_counts_bytes(store):
+    cache = embstore.InferenceCache(
+        store, ["user", "item", "ctx"], memory_budget_bytes=16 << 10, tiers={"int8": 1.0}
+    )
+    ids = np.arange(20)
+    batch = {"user": ids, "item": ids, "ctx": ids}
+    cache.lookup(batch)
+    rows, src = cache.lookup(batch, return_sources=True)
+    exact = store["user"].lookup(ids)
+    hit = src["user"] == SOURCES.index("l1")
+    assert hit.any()
+    err = np.abs(rows["user"][hit] - exact[hit])
+    # Per-row affine int8: within half a step of the row's range (plus f16 header rounding).
+    step = (exact[hit].max(1) - exact[hit].min(1)) / 255
+    assert np.all(err <= step[:, None] * 0.5 + 1e-3)
+    assert cache.stats()["tiers"][0]["codec"] == "int8"
+
+
+def test_bags_are_pooled(store):
+    cache = embstore.InferenceCache(store, ["user", "item"], memory_budget_bytes=64 << 10)
+    batch = {"user": np.array([1, 2]), "item": (np.array([3, 4, 5]), np.array([0, 2]))}
+    rows = cache.lookup(batch)
+    items = store["item"].lookup(np.array([3, 4, 5]))
+    np.testing.assert_allclose(rows["item"][0], items[:2].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(rows["item"][1], items[2], rtol=1e-6)
+    rows = cache.lookup(batch, bag_mode="sum")
+    np.testing.assert_allclose(rows["item"][0], items[:2].sum(0), rtol=1e-6)
+
+
+def test_bad_input_gets_typed_errors_and_keeps_serving(store):
+    cache = embstore.InferenceCache(store, ["user", "item"], memory_budget_bytes=64 << 10)
+    with pytest.raises(embstore.TableNotFoundError):
+        cache.lookup({"user": [1], "item": [2], "nope": [3]})
+    with pytest.raises(embstore.InvalidArgumentError, match="missing"):
+        cache.lookup({"user": [1]})  # wrong number of tables in a request
+    with pytest.raises(embstore.ShapeError, match="same number of requests"):
+        cache.lookup({"user": [1, 2], "item": [2]})
+    with pytest.raises(embstore.ShapeError, match="at least one request"):
+        cache.lookup({"user": np.array([], np.int64), "item": np.array([], np.int64)})
+    with pytest.raises(embstore.InvalidArgumentError, match="integer ids"):
+        cache.lookup({"user": [1.5], "item": [2]})
+    with pytest.raises(embstore.InvalidArgumentError, match=r"\[0, 2\*\*48\)"):
+        cache.lookup({"user": [-1], "item": [2]})
+    with pytest.raises(embstore.InvalidArgumentError, match="fewer than one request"):
+        embstore.InferenceCache(store, ["user", "item"], memory_budget_bytes=100)
+    with pytest.raises(embstore.InvalidArgumentError, match="unknown codec"):
+        embstore.InferenceCache(store, ["user"], memory_budget_bytes=1 << 20, tiers={"int3": 1.0})
+    with pytest.raises(embstore.InvalidArgumentError, match="unknown policy"):
+        embstore.InferenceCache(store, ["user"], memory_budget_bytes=1 << 20, policy="belady")
+    with pytest.raises(embstore.InvalidArgumentError, match="sum to at most 1"):
+        embstore.InferenceCache(
+            store, ["user"], memory_budget_bytes=1 << 20, tiers={"f32": 0.7, "int8": 0.7}
+        )
+    with pytest.raises(embstore.TableNotFoundError):
+        embstore.InferenceCache(store, ["user", "missing"], memory_budget_bytes=1 << 20)
+    assert cache.stats()["requests"] == 0
+    rows = cache.lookup({"user": [1], "item": [2]})
+    np.testing.assert_array_equal(rows["user"], store["user"].lookup([1]))
+
+
+def test_evaluate_agrees_with_a_hand_computed_trace():
+    # LRU, capacity 2 (see crates/embstore-cache/src/evaluate.rs for the same trace by hand):
+    # [1,2] cold; [1,2] perfect; [3,1] 1 hit; [1,2] 1 hit; [1,2] perfect.
+    trace = np.array([[1, 2], [1, 2], [3, 1], [1, 2], [1, 2]], dtype=np.uint64)
+    r = evaluate(trace, "lru", capacity=2, mode="online")
+    assert r["perfect_hit"] == pytest.approx(2 / 5)
+    assert r["individual_hit"] == pytest.approx(6 / 10)
+    assert r["compulsory_bound"] == pytest.approx(3 / 5)
+    assert list(r["misses_per_request"]) == [2, 2, 1]
+    assert r["served_perfect_hit"] == r["perfect_hit"]
+    # Ragged input gives the same answer.
+    assert evaluate([list(x) for x in trace], "lru", 2, "online")["perfect_hit"] == r["perfect_hit"]
+
+
+def test_evaluate_bad_input():
+    trace = np.array([[1, 2], [3, 4]], dtype=np.uint64)
+    with pytest.raises(embstore.InvalidArgumentError, match="largest request"):
+        evaluate(trace, "group_lfu", capacity=1)
+    with pytest.raises(embstore.ShapeError):
+        evaluate([np.array([1], np.uint64), np.array([], np.uint64)], "lru", 2)
+    with pytest.raises(embstore.InvalidArgumentError, match="uint64"):
+        evaluate(trace.astype(np.int64), "lru", 2)
+    with pytest.raises(embstore.InvalidArgumentError, match="mode"):
+        evaluate(trace, "lru", 2, mode="sideways")
+    with pytest.raises(embstore.InvalidArgumentError, match="no parameter"):
+        evaluate(trace, "lru", 2, policy_params={"age_alpha": 1.0})
+
+
+def test_evaluate_drives_a_python_policy_and_the_whole_cache(store):
+    class Everything:
+        name = "oracle"
+
+        def access(self, keys):
+            return np.ones(len(keys), dtype=bool)
+
+    trace = embstore._native.synthetic_trace(
+        num_requests=400, num_tables=3, max_table_size=500, seed=5
+    )
+    r = evaluate(trace, Everything(), capacity=10, mode="online")
+    assert r["policy"] == "oracle" and r["perfect_hit"] == 1.0
+
+    class Broken:
+        def access(self, keys):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        evaluate(trace, Broken(), capacity=10)
+    # The whole cache: one f32 tier scores exactly like the bare group_lfu of its capacity.
+    cache = embstore.InferenceCache(store, ["user", "item", "ctx"], memory_budget_bytes=8 << 10)
+    whole = evaluate(trace, cache, mode="prefix")
+    bare = evaluate(trace, "group_lfu", capacity=cache.capacity, mode="prefix")
+    assert whole["perfect_hit"] == bare["perfect_hit"] > 0
+
+
+def test_libcachesim_policies_by_name():
+    pytest.importorskip("libcachesim")
+    trace = embstore._native.synthetic_trace(
+        num_requests=2000, num_tables=4, max_table_size=3000, seed=2
+    )
+    ours = evaluate(trace, "lru", capacity=0.05)
+    theirs = evaluate(trace, "LRU", capacity=0.05)
+    assert ours["perfect_hit"] == theirs["perfect_hit"]  # two LRUs, one evaluator
+    assert ours["individual_hit"] == theirs["individual_hit"]
+    with pytest.raises(ValueError, match="ClockPro"):
+        evaluate(trace, "ClockPro", capacity=0.05)
+
+
+def test_surrogates_build_save_load_and_serve(store, tmp_path):
+    sur = build_surrogates(store, ["item"], k=5, max_dist=1.5, version=7)
+    s = sur["item"]
+    assert len(s) == 500 and s.version == 7 and 0 < s.coverage <= 1
+    alt, dist = s.get(3)
+    assert alt != 3 and 0 <= dist <= 1.5
+    s.save(tmp_path / "item.surr")
+    again = embstore.cache.Surrogates.load(tmp_path / "item.surr")
+    assert again.get(3) == s.get(3)
+    data = bytearray((tmp_path / "item.surr").read_bytes())
+    data[60] ^= 0xFF
+    (tmp_path / "bad.surr").write_bytes(bytes(data))
+    with pytest.raises(embstore.CorruptionError):
+        embstore.cache.Surrogates.load(tmp_path / "bad.surr")
+    cache = embstore.InferenceCache(
+        store,
+        ["user", "item"],
+        memory_budget_bytes=6 << 10,
+        tiers={"f32": 0.5, "int8": 0.5},
+        surrogates=sur,
+        surrogate_share=0.1,
+    )
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        cache.lookup({"user": rng.integers(0, 50, 8), "item": rng.integers(0, 500, 8)})
+    st = cache.stats()
+    assert st["l3_capacity"] > 0
+    assert st["served_perfect_hits"] >= st["perfect_hits"]
+    assert st["bytes"] <= 6 << 10
+
+
+def test_torch_module(store):
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+
+    cache = embstore.InferenceCache(store, ["user", "item"], memory_budget_bytes=64 << 10)
+    ebc = et.CachedEmbeddingBagCollection(cache)
+    out = ebc({"user": torch.tensor([1, 2]), "item": torch.tensor([3, 4])})
+    assert out["user"].dtype == torch.float32 and out["user"].shape == (2, D)
+    np.testing.assert_array_equal(out["item"].numpy(), store["item"].lookup([3, 4]))
+    assert set(ebc.last_sources) == {"user", "item"}
