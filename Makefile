@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python services ruff bench-index bench-table bench-memory bench-interference bench-serving \
+        test-python services ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
         fmt clean
 
 help: ## List the targets
@@ -102,6 +102,9 @@ bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (A
 
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
+
+bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim (ML7, ML11, synthetic), equal bytes, latency (ARGS="--quick")
+	$(VPY) python/benchmarks/bench_cache.py --plots docs/img $(ARGS)
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
 	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)

@@ -12,7 +12,9 @@ Parts:
   L3 serves from, saved next to a checkpoint.
 - :func:`evaluate` — the one evaluator: our policies, the whole cache, or a libCacheSim
   policy by name, on a trace, in ``online``, ``prefix`` (primary) or ``replay`` mode.
-- :mod:`embstore.cache.traces` — MovieLens request traces (ML7, ML11) and key qualification.
+- :mod:`embstore.cache.traces` — MovieLens request traces (ML7, ML11) and key qualification;
+  :func:`synthetic_trace` — the design note's Criteo-like trace (26 tables, Zipf contexts,
+  co-access rho).
 
 Keys are table-qualified: ``key = table_index << 48 | id`` (ids below 2**48).
 
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
+from embstore._native import synthetic_trace
 from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "build_surrogates",
     "evaluate",
     "requests_from_batch",
+    "synthetic_trace",
 ]
 
 #: Our replacement policies (``policy=``), defined once in the Rust crate.
