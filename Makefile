@@ -104,6 +104,7 @@ bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB 
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
 
 bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim (ML7, ML11, synthetic), equal bytes, latency (ARGS="--quick")
+	$(CARGO) run --release -p embstore-bench -- cache
 	$(VPY) python/benchmarks/bench_cache.py --plots docs/img $(ARGS)
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")

@@ -13,6 +13,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod cache;
 mod cold;
 mod huge;
 mod index;
@@ -31,6 +32,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Workload {
+    /// The inference cache's lookup latency and throughput vs plain table lookups.
+    Cache(cache::CacheArgs),
     /// NeighborHash lookups vs hashbrown and the random-access bound (MOPS, APCL).
     Index(index::IndexArgs),
     /// Cold-record batch reads (O_DIRECT): pread threads vs io_uring depths vs the disk bound.
@@ -61,6 +64,7 @@ pub(crate) fn machine_line() -> String {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.workload {
+        Workload::Cache(args) => cache::run(args),
         Workload::Index(args) => index::run(args),
         Workload::ColdReads(args) => cold::run(args),
         Workload::Serving(args) => serving::run(args),
