@@ -397,8 +397,14 @@ impl InferenceCache {
             for t in &cfg.tiers {
                 let share = rest * t.share;
                 let row = t.codec.codec().bytes_per_row(cfg.dim);
-                let mut cap = entries_for(share, row, 32);
-                // Shrink until the measured bytes (power-of-two index, arena) fit the share.
+                // Size with an estimate of the metadata, measure the real figure at that
+                // capacity (the index is a power of two), size again with it, then shrink
+                // until the measured bytes fit the share.
+                let mut cap = entries_for(share, row, 32).max(1);
+                if let Ok(probe) = cfg.policy.build(cap) {
+                    let meta = probe.metadata_bytes().div_ceil(cap);
+                    cap = entries_for(share, row, meta);
+                }
                 let tier = loop {
                     if cap < cfg.num_tables.max(1) {
                         return Err(Error::invalid(format!(
@@ -414,7 +420,7 @@ impl InferenceCache {
                     if tier.bytes() as f64 <= share {
                         break tier;
                     }
-                    cap = ((cap as f64) * 0.97) as usize;
+                    cap = ((cap as f64) * 0.99) as usize;
                 };
                 tiers.push(tier);
             }

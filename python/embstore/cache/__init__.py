@@ -459,8 +459,9 @@ def evaluate(
     Args:
         trace: uint64 ``[N, G]`` table-qualified keys (``table << 48 | id``), a list of
             per-request key arrays, or a :class:`~embstore.cache.traces.Trace`.
-        policy: one of :data:`POLICIES`; a libCacheSim policy name (``"S3FIFO"``, ``"ARC"``,
-            … when ``libcachesim`` is installed); an object with ``access(keys) -> flags``;
+        policy: one of :data:`POLICIES` (lowercase); a libCacheSim policy name as libCacheSim
+            spells it (``"LRU"``, ``"S3FIFO"``, ``"ARC"``, … when ``libcachesim`` is
+            installed); an object with ``access(keys) -> flags``;
             or an :class:`InferenceCache` (the whole system, evaluated as it is).
         capacity: entries (int), or a fraction of the trace's unique keys (float in (0, 1)).
         capacity_bytes, dim: alternatively, a byte budget for fp32 rows of ``dim`` values plus
@@ -489,7 +490,9 @@ def evaluate(
         capacity = max(1, round(capacity * np.unique(keys).size))
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise InvalidArgumentError(f"capacity must be a positive int, got {capacity!r}")
-    if isinstance(policy, str) and policy.lower().replace("-", "_") not in POLICIES:
+    # Ours are lowercase (lru, group_lfu); libCacheSim's are capitalised (LRU, S3FIFO): the
+    # case decides, so "LRU" is libCacheSim's LRU and "lru" ours.
+    if isinstance(policy, str) and policy.replace("-", "_") not in POLICIES:
         from embstore.cache import _libcachesim
 
         policy = _libcachesim.LibCacheSimPolicy(policy, int(capacity))
