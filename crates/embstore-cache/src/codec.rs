@@ -465,25 +465,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// SplitMix64 with Box-Muller normals: deterministic rows without the rand crate.
-    struct Rng(u64);
+    /// Deterministic Gaussian rows from the crate's SplitMix64.
+    struct Rng {
+        g: crate::trace::SplitMix64,
+    }
+
+    #[allow(non_snake_case)]
+    fn Rng(seed: u64) -> Rng {
+        Rng { g: crate::trace::SplitMix64::new(seed) }
+    }
 
     impl Rng {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn uniform(&mut self) -> f64 {
-            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-        }
         fn row(&mut self, dim: usize, mean: f32, sigma: f32) -> Vec<f32> {
-            let mut normal = || {
-                let r = (-2.0 * (1.0 - self.uniform()).ln()).sqrt();
-                r * (std::f64::consts::TAU * self.uniform()).cos()
-            };
-            (0..dim).map(|_| mean + sigma * normal() as f32).collect()
+            (0..dim).map(|_| mean + sigma * self.g.normal() as f32).collect()
         }
     }
 

@@ -778,31 +778,9 @@ mod tests {
     use crate::ErrorKind;
     use proptest::prelude::*;
 
-    /// SplitMix64, with Box-Muller for normals.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn uniform(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-
-        fn normal(&mut self) -> f32 {
-            let (u1, u2) = (1.0 - self.uniform(), self.uniform());
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-        }
-    }
-
     fn gaussian(seed: u64, n: usize, dim: usize) -> Vec<f32> {
-        let mut rng = Rng(seed);
-        (0..n * dim).map(|_| rng.normal()).collect()
+        let mut rng = crate::trace::SplitMix64::new(seed);
+        (0..n * dim).map(|_| rng.normal() as f32).collect()
     }
 
     /// Descending, non-contiguous ids, so `build` has to sort them.

@@ -182,6 +182,12 @@ impl SplitMix64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// Standard normal (Box-Muller, one draw of the pair).
+    pub fn normal(&mut self) -> f64 {
+        let r = (-2.0 * (1.0 - self.next_f64()).ln()).sqrt();
+        r * (std::f64::consts::TAU * self.next_f64()).cos()
+    }
+
     /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-32 for n < 2^32).
     /// Returns 0 when `n == 0`.
     pub fn below(&mut self, n: u64) -> u64 {
