@@ -70,6 +70,7 @@ fmt-check: toolchain
 
 clippy: toolchain
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy -p embstore-cache --all-targets --features compat --locked -- -D warnings
 
 ruff: setup
 	$(VENV)/bin/ruff check python examples
@@ -85,6 +86,7 @@ services: ## Install etcd (Debian's etcd-server) for the cluster tests, if it is
 
 test-rust: toolchain services ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
+	$(CARGO) test -p embstore-cache --features compat --locked --lib
 
 test-python: develop data services ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
