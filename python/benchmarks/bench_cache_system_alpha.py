@@ -18,7 +18,8 @@ import numpy as np
 import embstore
 from embstore.cache import evaluate, traces
 
-ALPHAS = [0.5, 1.0, 2.0, 4.0, 8.0, None]
+# The default (2) first: max() keeps the first of equals.
+ALPHAS = [2.0, 0.5, 1.0, 4.0, 8.0, None]
 
 
 def run(keys, names, dim, budget, tiers, alpha):
