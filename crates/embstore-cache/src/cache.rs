@@ -31,7 +31,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec::{Codec, CodecKind};
-use crate::index::{fmix64, KeySet};
+use crate::index::fmix64;
 use crate::policy::{Group, Policy, PolicyConfig, RequestOutcome};
 use crate::surrogate::{ClockMap, Surrogates};
 use crate::trace::split_key;
@@ -161,11 +161,6 @@ impl CacheConfig {
         if self.shards == 0 || self.shards > 1024 {
             return Err(Error::invalid(format!("shards must be 1 to 1024, got {}", self.shards)));
         }
-        if matches!(self.policy, PolicyConfig::EvArc(_)) {
-            return Err(Error::invalid(
-                "ev-arc keeps ghost entries and cannot hold rows: use it with evaluate() only",
-            ));
-        }
         Ok(())
     }
 }
@@ -286,12 +281,15 @@ impl Tier {
     fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
         let codec = codec.codec();
         let stride = codec.bytes_per_row(cfg.dim);
-        Ok(Self {
-            codec,
-            policy: cfg.policy.build(capacity)?,
-            rows: vec![0u8; capacity * stride],
-            stride,
-        })
+        let policy = cfg.policy.build(capacity)?;
+        if !policy.has_slots() {
+            return Err(Error::invalid(format!(
+                "policy {} has no stable slots to hold rows (ev-arc keeps ghost entries): \
+                 use it with evaluate() only",
+                policy.name()
+            )));
+        }
+        Ok(Self { codec, policy, rows: vec![0u8; capacity * stride], stride })
     }
 
     fn bytes(&self) -> usize {
@@ -845,12 +843,11 @@ impl InferenceCache {
         let d = self.cfg.dim;
         let evicted = std::mem::take(&mut s.out.evicted);
         let slots = std::mem::take(&mut s.out.evicted_slots);
-        let admitted: KeySet =
-            keys.iter().zip(&s.out.hit).filter(|(_, &h)| !h).map(|(&k, _)| k).collect();
         stats.l1_evictions += evicted.len() as u64;
         for (&k, &slot) in evicted.iter().zip(&slots) {
-            // A key admitted and evicted within this call never had its row written.
-            if admitted.contains(&k) {
+            // A key admitted and evicted within this call never had its row written. A
+            // request has a few dozen keys: a scan beats building a set per request.
+            if keys.iter().zip(&s.out.hit).any(|(&a, &hit)| !hit && a == k) {
                 continue;
             }
             if !self.cfg.demote || s.tiers.len() < 2 {

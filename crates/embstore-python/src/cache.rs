@@ -476,9 +476,6 @@ pub(crate) fn evaluate<'py>(
         let s = max_score.unwrap_or_else(|| trace.max_request_len());
         let cfg = policy_config(&name, policy_params, s)?;
         let report = detached(py, || {
-            if capacity == 0 {
-                return embstore_cache::evaluate(&trace, &cfg, capacity, mode);
-            }
             let mut p = cfg.build(capacity)?;
             embstore_cache::evaluate_with(&trace, p.as_mut(), mode, &opts)
         })

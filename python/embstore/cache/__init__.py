@@ -67,6 +67,9 @@ CODECS: tuple[str, ...] = tuple(_native.CACHE_CODECS)
 SOURCES: tuple[str, ...] = ("l1", "l2", "surrogate", "store")
 
 _ID_LIMIT = 1 << 48
+#: Policy metadata per entry assumed for byte budgets of policies that are not ours
+#: (GroupLfu's measured ~28 B: 20 B slot, index at load ≤ 3/4).
+_METADATA_PER_ENTRY = 28
 
 
 def _ids(x: Any, what: str) -> np.ndarray:
@@ -505,8 +508,3 @@ def evaluate(
         policy_params=dict(policy_params) if policy_params else None,
         warm_frac=warm_frac,
     )
-
-
-#: Policy metadata per entry assumed for byte budgets of policies that are not ours
-#: (GroupLfu's measured ~28 B: 20 B slot, index at load ≤ 3/4).
-_METADATA_PER_ENTRY = 28
