@@ -283,6 +283,12 @@ class InferenceCache:
         out: npt.NDArray[np.float32],
         sources: npt.NDArray[np.uint8] | None,
     ) -> None: ...
+    def lookup_columns(
+        self,
+        cols: list[npt.NDArray[np.int64]],
+        out: npt.NDArray[np.float32],
+        sources: npt.NDArray[np.uint8] | None,
+    ) -> None: ...
     @property
     def dim(self) -> int: ...
     @property

@@ -13,7 +13,7 @@ use embstore_cache::{
 use embstore_table::{OnMiss, Table};
 use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
-    PyReadwriteArray2, PyUntypedArrayMethods,
+    PyReadwriteArray2, PyReadwriteArray3, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -171,6 +171,41 @@ pub(crate) struct PyInferenceCache {
     inner: Arc<InferenceCache>,
 }
 
+fn sources_error() -> PyErr {
+    errors::ShapeError::new_err("sources must be contiguous uint8")
+}
+
+impl PyInferenceCache {
+    /// The lookup itself, GIL released; `dst` (one entry per key) receives the sources.
+    fn serve(
+        &self,
+        py: Python<'_>,
+        keys: &[u64],
+        offsets: &[usize],
+        out: &mut [f32],
+        dst: Option<&mut [u8]>,
+    ) -> PyResult<()> {
+        if let Some(dst) = &dst {
+            if dst.len() != keys.len() {
+                return Err(errors::ShapeError::new_err(format!(
+                    "sources must hold {} entries, got {}",
+                    keys.len(),
+                    dst.len()
+                )));
+            }
+        }
+        let mut srcs = dst.as_ref().map(|_| vec![Source::Store; keys.len()]);
+        let c = &self.inner;
+        detached(py, || c.lookup(keys, offsets, out, srcs.as_deref_mut())).map_err(to_py_err)?;
+        if let (Some(dst), Some(srcs)) = (dst, srcs) {
+            for (d, s) in dst.iter_mut().zip(srcs) {
+                *d = s as u8;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[pymethods]
 impl PyInferenceCache {
     #[new]
@@ -241,25 +276,64 @@ impl PyInferenceCache {
         let out = out
             .as_slice_mut()
             .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
-        let mut srcs = sources.as_ref().map(|_| vec![Source::Store; keys.len()]);
-        let c = &self.inner;
-        detached(py, || c.lookup(keys, &offsets, out, srcs.as_deref_mut())).map_err(to_py_err)?;
-        if let (Some(mut dst), Some(srcs)) = (sources, srcs) {
-            let dst = dst
-                .as_slice_mut()
-                .map_err(|_| errors::ShapeError::new_err("sources must be contiguous uint8"))?;
-            if dst.len() != srcs.len() {
-                return Err(errors::ShapeError::new_err(format!(
-                    "sources must hold {} entries, got {}",
-                    srcs.len(),
-                    dst.len()
-                )));
-            }
-            for (d, s) in dst.iter_mut().zip(srcs) {
-                *d = s as u8;
+        let mut sources = sources;
+        let dst = match sources.as_mut() {
+            Some(s) => Some(s.as_slice_mut().map_err(|_| sources_error())?),
+            None => None,
+        };
+        self.serve(py, keys, &offsets, out, dst)
+    }
+
+    /// One-hot requests given as columns: `cols[t][r]` is request `r`'s id in table `t`
+    /// (every column the same length `B`); rows go to `out` (`[B, T, D]`), sources (if given)
+    /// to `[B, T]`. Keys are qualified here (`t << 48 | id`), so a request costs no numpy
+    /// work beyond the columns. An id outside `[0, 2**48)` is an `InvalidArgumentError`
+    /// raised before the cache is touched.
+    fn lookup_columns(
+        &self,
+        py: Python<'_>,
+        cols: Vec<PyReadonlyArray1<'_, i64>>,
+        mut out: PyReadwriteArray3<'_, f32>,
+        sources: Option<PyReadwriteArray2<'_, u8>>,
+    ) -> PyResult<()> {
+        let t = cols.len();
+        let b = cols.first().map_or(0, |c| c.len());
+        let d = self.inner.config().dim;
+        if t != self.inner.config().num_tables || b == 0 || cols.iter().any(|c| c.len() != b) {
+            return Err(errors::ShapeError::new_err(format!(
+                "lookup_columns needs {} columns of one positive length",
+                self.inner.config().num_tables
+            )));
+        }
+        if out.shape() != [b, t, d] {
+            return Err(errors::ShapeError::new_err(format!(
+                "out must be [{b}, {t}, {d}], got {:?}",
+                out.shape()
+            )));
+        }
+        let mut keys = vec![0u64; b * t];
+        for (i, col) in cols.iter().enumerate() {
+            let col = col.as_array(); // any strides: a column of a [B, T] array is fine
+            let bits = (i as u64) << 48;
+            for (r, &id) in col.iter().enumerate() {
+                if !(0..1i64 << 48).contains(&id) {
+                    return Err(errors::InvalidArgumentError::new_err(format!(
+                        "ids must be in [0, 2**48), got {id}"
+                    )));
+                }
+                keys[r * t + i] = bits | id as u64;
             }
         }
-        Ok(())
+        let offsets: Vec<usize> = (0..=b).map(|r| r * t).collect();
+        let out = out
+            .as_slice_mut()
+            .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
+        let mut sources = sources;
+        let dst = match sources.as_mut() {
+            Some(s) => Some(s.as_slice_mut().map_err(|_| sources_error())?),
+            None => None,
+        };
+        self.serve(py, &keys, &offsets, out, dst)
     }
 
     #[getter]

@@ -236,7 +236,6 @@ class InferenceCache:
             on_miss=on_miss,
         )
         self.embedding_dim: int = self._inner.dim
-        self._table_bits = np.arange(len(self.tables), dtype=np.uint64) << np.uint64(48)
 
     def __repr__(self) -> str:
         s = self._inner.stats()
@@ -279,9 +278,9 @@ class InferenceCache:
         return (out, sources) if return_sources else out
 
     def _one_hot(self, batch: Mapping[str, Any], return_sources: bool) -> Any:
-        """The common case in a few numpy calls: one id per table per request, given as
-        integer numpy arrays (or torch tensors) of one length. ``None``: take the general path
-        (which also produces the errors)."""
+        """The common case with no numpy work: one id per table per request, given as integer
+        numpy arrays (or torch tensors) of one length; the native side qualifies the keys.
+        ``None``: take the general path (which also produces the errors)."""
         if not isinstance(batch, Mapping) or len(batch) != len(self.tables):
             return None
         cols = []
@@ -289,26 +288,22 @@ class InferenceCache:
             v = batch.get(name)
             if hasattr(v, "detach"):
                 v = v.detach().cpu().numpy()
-            if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind not in "iu":
+            if not isinstance(v, np.ndarray) or v.ndim != 1:
                 return None
+            if v.dtype != np.int64:
+                if v.dtype.kind not in "iu" or (v.dtype.kind == "u" and v.max() >= _ID_LIMIT):
+                    return None
+                v = v.astype(np.int64)
             cols.append(v)
         b = cols[0].size
         if b == 0 or any(c.size != b for c in cols):
             return None
-        ids = np.stack(cols, axis=1)
-        if (ids.dtype.kind == "i" and ids.min() < 0) or ids.max() >= _ID_LIMIT:
+        rows = np.empty((b, len(cols), self.embedding_dim), dtype=np.float32)
+        src = np.empty((b, len(cols)), dtype=np.uint8) if return_sources else None
+        try:
+            self._inner.lookup_columns(cols, rows, src)
+        except InvalidArgumentError:  # an id out of range: the general path says which
             return None
-        keys = ids.astype(np.uint64) | self._table_bits
-        t = len(self.tables)
-        offsets = np.arange(0, b * t + 1, t, dtype=np.uint64)
-        rows = np.empty((b, t, self.embedding_dim), dtype=np.float32)
-        src = np.empty((b, t), dtype=np.uint8) if return_sources else None
-        self._inner.lookup(
-            keys.reshape(-1),
-            offsets,
-            rows.reshape(b * t, -1),
-            None if src is None else src.reshape(-1),
-        )
         out = {name: rows[:, i] for i, name in enumerate(self.tables)}
         if src is None:
             return out

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 import embstore
 from embstore.cache import SOURCES, build_surrogates, evaluate
@@ -95,6 +96,40 @@ def test_bad_input_gets_typed_errors_and_keeps_serving(store):
     assert cache.stats()["requests"] == 0
     rows = cache.lookup({"user": [1], "item": [2]})
     np.testing.assert_array_equal(rows["user"], store["user"].lookup([1]))
+
+
+def test_one_hot_fast_path_matches_the_general_path(store):
+    # Two caches in the same state: one served through the fast path (one id per table as
+    # integer arrays), one through the general path (a bag per table forces it). Same rows,
+    # sources and counters, whatever the columns' dtype or strides.
+    names = ["user", "item", "ctx"]
+    fast = embstore.InferenceCache(store, names, memory_budget_bytes=8 << 10)
+    slow = embstore.InferenceCache(store, names, memory_budget_bytes=8 << 10)
+    rng = np.random.default_rng(11)
+    for step in range(60):
+        ids = rng.integers(0, 500, (int(rng.integers(1, 6)), 3))  # [B, T]; columns strided
+        kind = step % 4
+        if kind == 0:
+            cols = [ids[:, k] for k in range(3)]
+        elif kind == 1:
+            cols = [ids[:, k].astype(np.int32) for k in range(3)]
+        elif kind == 2:
+            cols = [ids[:, k].astype(np.uint64) for k in range(3)]
+        else:
+            cols = [torch.from_numpy(np.ascontiguousarray(ids[:, k])) for k in range(3)]
+        got, gsrc = fast.lookup(dict(zip(names, cols, strict=True)), return_sources=True)
+        bags = {n: (ids[:, k].copy(), np.arange(len(ids))) for k, n in enumerate(names)}
+        want, wsrc = slow.lookup(bags, return_sources=True)
+        for n in names:
+            np.testing.assert_array_equal(got[n], want[n])
+            np.testing.assert_array_equal(gsrc[n], wsrc[n])
+    for key in ("requests", "perfect_hits", "misses", "l1_hits"):
+        assert fast.stats()[key] == slow.stats()[key], key
+    before = fast.stats()
+    for bad in (np.array([-1]), np.array([1 << 48], dtype=np.uint64)):
+        with pytest.raises(embstore.InvalidArgumentError, match=r"\[0, 2\*\*48\)"):
+            fast.lookup({"user": bad, "item": np.array([1]), "ctx": np.array([1])})
+    assert fast.stats() == before  # refused before the cache was touched
 
 
 def test_evaluate_agrees_with_a_hand_computed_trace():
