@@ -8,6 +8,11 @@ reported on the full ML11 trace (prefix) or on synthetic seed 1. Budget: 5 % of 
 
     .venv/bin/python python/benchmarks/bench_cache_system_alpha.py ml11 '{"int4": 1.0}'
     .venv/bin/python python/benchmarks/bench_cache_system_alpha.py syn '{"f32": 0.25, "int4": 0.75}'
+    .venv/bin/python python/benchmarks/bench_cache_system_alpha.py syn '{"int4": 1.0}' \
+        --policy group_assoc
+
+``--policy`` picks the tiers' policy (default group_lfu); ``--policy-params`` (JSON) fixes its other
+parameters, and alpha is still the one tuned.
 """
 
 import argparse
@@ -22,7 +27,7 @@ from embstore.cache import evaluate, traces
 ALPHAS = [2.0, 0.5, 1.0, 4.0, 8.0, None]
 
 
-def run(keys, names, dim, budget, tiers, alpha):
+def run(keys, names, dim, budget, tiers, alpha, policy="group_lfu", params=None):
     """Perfect-hit % (prefix) and stats of an InferenceCache over rows for every key."""
     store = embstore.Store()
     rng = np.random.default_rng(0)
@@ -31,7 +36,12 @@ def run(keys, names, dim, budget, tiers, alpha):
         rows = rng.normal(0, 0.05, (ids.size, dim)).astype(np.float32)
         store.create_table(name, embedding_dim=dim).assign(ids, rows)
     cache = embstore.InferenceCache(
-        store, names, memory_budget_bytes=budget, tiers=tiers, policy_params={"age_alpha": alpha}
+        store,
+        names,
+        memory_budget_bytes=budget,
+        tiers=tiers,
+        policy=policy,
+        policy_params={**(params or {}), "age_alpha": alpha},
     )
     return evaluate(keys, cache, mode="prefix")["perfect_hit"] * 100, cache.stats()
 
@@ -42,6 +52,10 @@ def main() -> None:
     p.add_argument("tiers", type=json.loads, help="tiers as JSON, e.g. '{\"int4\": 1.0}'")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--data-dir", default=".data/ml-100k")
+    p.add_argument("--policy", default="group_lfu", help="the tiers' policy (default group_lfu)")
+    p.add_argument(
+        "--policy-params", type=json.loads, default={}, help="other fixed parameters, JSON"
+    )
     a = p.parse_args()
     if a.trace == "ml11":
         tr = traces.movielens(a.data_dir, fields=11)
@@ -55,12 +69,17 @@ def main() -> None:
     def budget(k):
         return int(0.05 * np.unique(k).size * 4 * a.dim)
 
-    scores = {al: run(tune, names, a.dim, budget(tune), a.tiers, al)[0] for al in ALPHAS}
+    pol = (a.policy, a.policy_params)
+    scores = {al: run(tune, names, a.dim, budget(tune), a.tiers, al, *pol)[0] for al in ALPHAS}
     best = max(ALPHAS, key=lambda al: scores[al])
-    perfect, st = run(full, names, a.dim, budget(full), a.tiers, best)
+    perfect, st = run(full, names, a.dim, budget(full), a.tiers, best, *pol)
+    extra = {} if a.policy == "group_lfu" and not a.policy_params else {"policy": a.policy}
+    if a.policy_params:
+        extra["policy_params"] = a.policy_params
     print(
         json.dumps(
             {
+                **extra,
                 "trace": a.trace,
                 "tiers": a.tiers,
                 "tuning": {str(k): round(v, 2) for k, v in scores.items()},

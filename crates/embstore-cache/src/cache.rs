@@ -1085,10 +1085,27 @@ mod tests {
         }
     }
 
+    /// The row-holding policies, as the tests below build caches with them (S = `t` tables).
+    fn slot_policies(t: u8) -> Vec<PolicyConfig> {
+        vec![
+            PolicyConfig::GroupLfu(GroupLfuConfig { max_score: t, ..Default::default() }),
+            PolicyConfig::GroupAssoc(crate::GroupAssocConfig {
+                max_score: t,
+                ..Default::default()
+            }),
+        ]
+    }
+
     #[test]
     fn rows_are_exact_or_their_codecs_and_tiers_stay_exclusive() {
+        for policy in slot_policies(5) {
+            rows_exact_and_exclusive(policy);
+        }
+    }
+
+    fn rows_exact_and_exclusive(policy: PolicyConfig) {
         let seed = 0x5eed_cace;
-        println!("seed {seed:#x}");
+        println!("seed {seed:#x}, {}", policy.name());
         let d = 8;
         let trace = Synthetic {
             num_requests: 3_000,
@@ -1101,6 +1118,7 @@ mod tests {
         .generate()
         .unwrap();
         let mut cfg = CacheConfig::new(5, d, 40_000);
+        cfg.policy = policy;
         cfg.tiers = vec![
             TierConfig { codec: CodecKind::F32, share: 0.5 },
             TierConfig { codec: CodecKind::Int8, share: 0.5 },
@@ -1142,15 +1160,18 @@ mod tests {
         .generate()
         .unwrap();
         let d = 4;
-        let c = InferenceCache::new(CacheConfig::new(6, d, 30_000), mem(d), vec![]).unwrap();
-        let cap = c.capacity();
-        let mut p = CachePolicy::new(&c);
-        let sys = evaluate_with(&trace, &mut p, Mode::Prefix, &EvalOptions::default()).unwrap();
-        assert!(p.error.is_none());
-        let policy = PolicyConfig::GroupLfu(GroupLfuConfig { max_score: 6, ..Default::default() });
-        let bare = evaluate(&trace, &policy, cap, Mode::Prefix).unwrap();
-        assert_eq!((sys.perfect, sys.hits), (bare.perfect, bare.hits));
-        assert!(sys.perfect > 0);
+        for policy in slot_policies(6) {
+            let mut cfg = CacheConfig::new(6, d, 30_000);
+            cfg.policy = policy.clone();
+            let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+            let cap = c.capacity();
+            let mut p = CachePolicy::new(&c);
+            let sys = evaluate_with(&trace, &mut p, Mode::Prefix, &EvalOptions::default()).unwrap();
+            assert!(p.error.is_none());
+            let bare = evaluate(&trace, &policy, cap, Mode::Prefix).unwrap();
+            assert_eq!((sys.perfect, sys.hits), (bare.perfect, bare.hits), "{}", policy.name());
+            assert!(sys.perfect > 0);
+        }
     }
 
     #[test]
@@ -1193,8 +1214,16 @@ mod tests {
 
     #[test]
     fn a_request_larger_than_the_cache_is_served_uncached_and_counted() {
+        for policy in slot_policies(2) {
+            larger_than_the_cache(policy);
+        }
+    }
+
+    fn larger_than_the_cache(policy: PolicyConfig) {
         let d = 2;
-        let c = InferenceCache::new(CacheConfig::new(2, d, 2_000), mem(d), vec![]).unwrap();
+        let mut cfg = CacheConfig::new(2, d, 2_000);
+        cfg.policy = policy;
+        let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
         let cap = c.capacity();
         let keys: Vec<u64> =
             (0..cap as u64 + 10).map(|i| table_key((i % 2) as u16, i).unwrap()).collect();
@@ -1208,9 +1237,17 @@ mod tests {
 
     #[test]
     fn batches_and_duplicates_serve_every_position() {
+        for policy in slot_policies(2) {
+            batches_and_duplicates(policy);
+        }
+    }
+
+    fn batches_and_duplicates(policy: PolicyConfig) {
         let d = 3;
         let m = mem(d);
-        let c = InferenceCache::new(CacheConfig::new(2, d, 8_000), m.clone(), vec![]).unwrap();
+        let mut cfg = CacheConfig::new(2, d, 8_000);
+        cfg.policy = policy;
+        let c = InferenceCache::new(cfg, m.clone(), vec![]).unwrap();
         let k = |t, id| table_key(t, id).unwrap();
         // Three requests; the first repeats a key, the second and third share keys.
         let keys = [k(0, 1), k(0, 1), k(1, 2), k(0, 3), k(1, 4), k(0, 3), k(1, 4)];
@@ -1231,8 +1268,15 @@ mod tests {
 
     #[test]
     fn shards_serve_correct_rows_from_many_threads() {
+        for policy in slot_policies(4) {
+            shards_from_threads(policy);
+        }
+    }
+
+    fn shards_from_threads(policy: PolicyConfig) {
         let d = 4;
         let mut cfg = CacheConfig::new(4, d, 200_000);
+        cfg.policy = policy;
         cfg.shards = 4;
         cfg.tiers = vec![
             TierConfig { codec: CodecKind::F32, share: 0.4 },
@@ -1288,8 +1332,14 @@ mod tests {
 
     #[test]
     fn surrogates_are_resident_capped_and_change_nothing() {
+        for policy in slot_policies(4) {
+            surrogates_resident_capped(policy);
+        }
+    }
+
+    fn surrogates_resident_capped(policy: PolicyConfig) {
         let seed = 0xa1_7e;
-        println!("seed {seed:#x}");
+        println!("seed {seed:#x}, {}", policy.name());
         let (t, d) = (4, 6);
         let trace = Synthetic {
             num_requests: 3_000,
@@ -1303,6 +1353,7 @@ mod tests {
         .unwrap();
         let sur = surrogates(t, 400, d);
         let mut cfg = CacheConfig::new(t, d, 12_000);
+        cfg.policy = policy;
         cfg.tiers = vec![
             TierConfig { codec: CodecKind::F32, share: 0.5 },
             TierConfig { codec: CodecKind::Int8, share: 0.5 },

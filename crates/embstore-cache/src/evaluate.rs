@@ -324,6 +324,7 @@ mod tests {
             PolicyConfig::Lru,
             PolicyConfig::GroupLfu(Default::default()),
             PolicyConfig::EvArc(Default::default()),
+            PolicyConfig::GroupAssoc(Default::default()),
         ] {
             let mut p = c.build(2).unwrap();
             let r = evaluate_with(&t, p.as_mut(), Mode::Online, &o).unwrap();
@@ -353,6 +354,10 @@ mod tests {
             }),
             PolicyConfig::EvLfuPaper { max_score: 8 },
             PolicyConfig::EvArc(crate::policy::EvArcConfig { max_score: 8, ..Default::default() }),
+            PolicyConfig::GroupAssoc(crate::policy::GroupAssocConfig {
+                max_score: 8,
+                ..Default::default()
+            }),
         ] {
             for mode in [Mode::Online, Mode::Prefix, Mode::Replay] {
                 let r = evaluate(&t, &c, cap, mode).unwrap();

@@ -8,8 +8,10 @@
 //! ## Parts
 //! - [`policy`] — the [`Policy`] trait (one call per request: probe all keys, then commit) and
 //!   its implementations: [`GroupLfu`] (the default L1: EV-LFU's group score with request
-//!   pinning and O(S) aging), [`EvLfuPaper`] (the faithful EV-LFU, an ablation), [`EvArc`]
-//!   (EV-ARC, an ablation), and the per-key baselines [`Lru`] and [`Lfu`].
+//!   pinning and O(S) aging), [`GroupAssoc`] (the group score plus a hit counter in a
+//!   set-associative arena: 10 B of metadata per entry), [`EvLfuPaper`] (the faithful
+//!   EV-LFU, an ablation), [`EvArc`] (EV-ARC, an ablation), and the per-key baselines [`Lru`]
+//!   and [`Lfu`].
 //! - [`trace`] — [`Trace`] (`[N, G]` or ragged requests of table-qualified u64 keys,
 //!   `table << 48 | id`) and the [`Synthetic`] Criteo-like generator (26 tables, Zipf contexts,
 //!   co-access ρ), seeded and deterministic.
@@ -57,7 +59,8 @@ pub use codec::{Ev16, Ev4, Ev8, EV4_CODEBOOK};
 pub use error::{Error, ErrorKind, Result};
 pub use evaluate::{evaluate, evaluate_with, EvalOptions, Mode, Report};
 pub use policy::{
-    EvArc, EvArcConfig, EvLfuPaper, Flush, Group, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu,
-    LfuConfig, Lru, Policy, PolicyConfig, RequestOutcome,
+    EvArc, EvArcConfig, EvLfuPaper, Flush, Group, GroupAssoc, GroupAssocConfig, GroupAssocStats,
+    GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy, PolicyConfig,
+    RequestOutcome,
 };
 pub use trace::{split_key, table_key, Synthetic, Trace};

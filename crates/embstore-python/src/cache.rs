@@ -70,6 +70,11 @@ fn policy_config(
             (PolicyConfig::EvArc(c), "flush") => c.flush = v.extract()?,
             (PolicyConfig::EvArc(c), "max_score") => c.max_score = v.extract()?,
             (PolicyConfig::EvLfuPaper { max_score }, "max_score") => *max_score = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "age_alpha") => c.age_alpha = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "pin_request") => c.pin_request = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "count_hits") => c.count_hits = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "ways") => c.ways = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "max_score") => c.max_score = v.extract()?,
             _ => return Err(bad()),
         }
     }

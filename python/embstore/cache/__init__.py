@@ -162,7 +162,8 @@ class InferenceCache:
         tables: the tables of a request, in order; all must share ``embedding_dim``.
         memory_budget_bytes: everything counted — rows, policy metadata, indexes, L3.
         policy: the replacement policy of every tier (:data:`POLICIES`; ``group_lfu`` is the
-            group-aware default, ``ev_arc`` is an evaluator-only ablation).
+            group-aware default, ``group_assoc`` its set-associative variant with a hit counter
+            and 10 B of metadata per entry, ``ev_arc`` is an evaluator-only ablation).
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
         surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``.

@@ -186,6 +186,38 @@ def test_evaluate_drives_a_python_policy_and_the_whole_cache(store):
     assert whole["perfect_hit"] == bare["perfect_hit"] > 0
 
 
+def test_group_assoc_holds_rows_with_ten_bytes_of_metadata(store):
+    names = ["user", "item", "ctx"]
+    params = {"age_alpha": None, "ways": 8, "count_hits": True, "pin_request": True}
+    cache = embstore.InferenceCache(
+        store, names, memory_budget_bytes=16 << 10, policy="group_assoc", policy_params=params
+    )
+    batch = {"user": np.array([1, 2]), "item": np.array([3, 4]), "ctx": np.array([0, 0])}
+    cache.lookup(batch)
+    rows, src = cache.lookup(batch, return_sources=True)
+    for name in batch:
+        np.testing.assert_array_equal(rows[name], store[name].lookup(batch[name]))
+        assert all(SOURCES[s] == "l1" for s in src[name])
+    st = cache.stats()
+    assert st["bytes"] <= st["memory_budget_bytes"]
+    assert st["metadata_bytes_per_entry"] < 11
+    # The whole cache scores exactly like the bare policy of its capacity.
+    trace = embstore._native.synthetic_trace(
+        num_requests=400, num_tables=3, max_table_size=500, seed=5
+    )
+    cache.clear()
+    cache.reset_stats()
+    whole = evaluate(trace, cache, mode="prefix")
+    bare = evaluate(
+        trace, "group_assoc", capacity=cache.capacity, mode="prefix", policy_params=params
+    )
+    assert whole["perfect_hit"] == bare["perfect_hit"] > 0
+    with pytest.raises(embstore.InvalidArgumentError, match="no parameter"):
+        evaluate(trace, "group_assoc", 50, policy_params={"refresh_equal": True})
+    with pytest.raises(embstore.InvalidArgumentError, match="ways"):
+        evaluate(trace, "group_assoc", 50, policy_params={"ways": 0})
+
+
 def test_libcachesim_policies_by_name():
     pytest.importorskip("libcachesim")
     trace = embstore._native.synthetic_trace(

@@ -8,6 +8,8 @@
 //! - [`GroupLfu`] — the design note's L1: EV-LFU's group score with request pinning and O(S)
 //!   aging; [`EvLfuPaper`] — the faithful EV-LFU of the paper/artifact, for ablations.
 //! - [`EvArc`] — the paper's EV-ARC (§2.5 of the note), an ablation.
+//! - [`GroupAssoc`] — the group score plus a hit counter in a set-associative arena (no
+//!   index, no list links: 10 B of metadata per entry), for tiers where bytes are scarce.
 //! - [`PolicyConfig`] — picks a policy and its parameters; [`PolicyConfig::build`] makes one.
 //!
 //! ## Contract every policy keeps
@@ -19,7 +21,9 @@
 //! - Keys should be distinct (the evaluator deduplicates); a repeated key is tolerated: the
 //!   probe flags it by the state before the request, the commit treats the repeat as a hit.
 //! - Deterministic: the same configuration and key sequence give the same outcomes. No
-//!   decision depends on hash order (eviction order lives in linked lists, not in the index).
+//!   decision depends on hash order (eviction order lives in linked lists, not in the index),
+//!   except in [`GroupAssoc`], whose set of a key is a fixed hash of it (deterministic, but
+//!   relabelling the keys changes its outcomes).
 //!
 //! ## Metadata accounting
 //! [`Policy::metadata_bytes`] counts every byte the policy owns — the struct, the slot arena at
@@ -28,6 +32,7 @@
 //! live in the tiers above): these are the bytes the note's ≤ 48 B/entry target is about.
 
 mod ev_arc;
+mod group_assoc;
 mod group_lfu;
 mod lfu;
 mod lru;
@@ -35,6 +40,7 @@ mod lru;
 pub(crate) mod reference;
 
 pub use ev_arc::{EvArc, EvArcConfig};
+pub use group_assoc::{GroupAssoc, GroupAssocConfig, GroupAssocStats, MAX_WAYS};
 pub use group_lfu::{EvLfuPaper, Flush, GroupLfu, GroupLfuConfig, GroupLfuStats};
 pub use lfu::{Lfu, LfuConfig};
 pub use lru::Lru;
@@ -195,11 +201,14 @@ pub enum PolicyConfig {
     },
     /// [`EvArc`].
     EvArc(EvArcConfig),
+    /// [`GroupAssoc`].
+    GroupAssoc(GroupAssocConfig),
 }
 
 impl PolicyConfig {
     /// The names [`PolicyConfig::parse`] accepts.
-    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "group_lfu", "ev_lfu_paper", "ev_arc"];
+    pub const NAMES: [&'static str; 6] =
+        ["lru", "lfu", "group_lfu", "ev_lfu_paper", "ev_arc", "group_assoc"];
 
     /// The policy called `name` (`-` and `_` alike, any case) with default parameters and
     /// maximum group score `max_score` (the number of tables for one-hot requests).
@@ -211,6 +220,7 @@ impl PolicyConfig {
             "group_lfu" => Self::GroupLfu(GroupLfuConfig { max_score, ..Default::default() }),
             "ev_lfu_paper" => Self::EvLfuPaper { max_score },
             "ev_arc" => Self::EvArc(EvArcConfig { max_score, ..Default::default() }),
+            "group_assoc" => Self::GroupAssoc(GroupAssocConfig { max_score, ..Default::default() }),
             _ => {
                 return Err(Error::not_found(format!(
                     "unknown policy {name:?}: expected one of {:?}",
@@ -229,6 +239,7 @@ impl PolicyConfig {
             Self::GroupLfu(c) => Box::new(GroupLfu::new(capacity, c.clone())?),
             Self::EvLfuPaper { max_score } => Box::new(EvLfuPaper::new(capacity, *max_score)?),
             Self::EvArc(c) => Box::new(EvArc::new(capacity, c.clone())?),
+            Self::GroupAssoc(c) => Box::new(GroupAssoc::new(capacity, c.clone())?),
         })
     }
 
@@ -240,6 +251,7 @@ impl PolicyConfig {
             Self::GroupLfu(_) => "group-lfu",
             Self::EvLfuPaper { .. } => "ev-lfu-paper",
             Self::EvArc(_) => "ev-arc",
+            Self::GroupAssoc(_) => "group-assoc",
         }
     }
 }
@@ -297,6 +309,7 @@ mod tests {
             PolicyConfig::GroupLfu(GroupLfuConfig::default()),
             PolicyConfig::EvLfuPaper { max_score: 3 },
             PolicyConfig::EvArc(EvArcConfig::default()),
+            PolicyConfig::GroupAssoc(GroupAssocConfig::default()),
         ]
     }
 
@@ -340,7 +353,9 @@ mod tests {
         for c in all_configs() {
             let p = c.build(10_000).unwrap();
             let b = p.metadata_bytes_per_entry();
-            assert!((20.0..200.0).contains(&b), "{}: {b}", p.name());
+            // GroupAssoc: 8 B key + score + state, no index; the list-based ones >= 20 B.
+            let floor = if p.name() == "group-assoc" { 10.0 } else { 20.0 };
+            assert!((floor..200.0).contains(&b), "{}: {b}", p.name());
         }
     }
 }
