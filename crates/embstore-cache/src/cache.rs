@@ -306,6 +306,12 @@ impl Tier {
         self.codec.encode(row, &mut self.rows[s..s + self.stride]);
     }
 
+    /// Writes a row already in this tier's code (`stride` bytes).
+    fn write_coded(&mut self, slot: u32, coded: &[u8]) {
+        let s = slot as usize * self.stride;
+        self.rows[s..s + self.stride].copy_from_slice(coded);
+    }
+
     /// Decodes `key`'s row into `out` if resident.
     fn get(&self, key: u64, out: &mut [f32]) -> bool {
         match self.policy.slot_of(key) {
@@ -844,11 +850,21 @@ impl InferenceCache {
         let evicted = std::mem::take(&mut s.out.evicted);
         let slots = std::mem::take(&mut s.out.evicted_slots);
         stats.l1_evictions += evicted.len() as u64;
+        // Keys of this call that hit, were evicted by the commit and admitted again (policies
+        // that do not pin a request: a miss evicted the key before its own turn): their coded
+        // row, still in the old slot, moves to the new one below; they are not demoted.
+        let mut moved: Vec<(u64, Vec<u8>)> = Vec::new();
         for (&k, &slot) in evicted.iter().zip(&slots) {
-            // A key admitted and evicted within this call never had its row written. A
-            // request has a few dozen keys: a scan beats building a set per request.
-            if keys.iter().zip(&s.out.hit).any(|(&a, &hit)| !hit && a == k) {
-                continue;
+            // A request has a few dozen keys: a scan beats building a set per request.
+            if let Some(j) = keys.iter().position(|&a| a == k) {
+                // A miss admitted and evicted within this call never had its row written.
+                if !s.out.hit[j] {
+                    continue;
+                }
+                if s.tiers[0].policy.contains(k) {
+                    moved.push((k, s.tiers[0].row(slot).to_vec()));
+                    continue;
+                }
             }
             if !self.cfg.demote || s.tiers.len() < 2 {
                 self.feed_l3(s, k, stats);
@@ -866,6 +882,11 @@ impl InferenceCache {
                 self.feed_l3(s, k2, stats);
             }
             s.out2.evicted = dropped;
+        }
+        for (k, row) in &moved {
+            if let Some(slot) = s.tiers[0].policy.slot_of(*k) {
+                s.tiers[0].write_coded(slot, row);
+            }
         }
         for (j, &k) in keys.iter().enumerate() {
             if s.out.hit[j] {
@@ -1093,6 +1114,10 @@ mod tests {
                 max_score: t,
                 ..Default::default()
             }),
+            // Per-key policies do not pin a request: a miss may evict a key of the same
+            // request that hit, and a later key of it admit that key again (a new slot).
+            PolicyConfig::Lru,
+            PolicyConfig::Lfu(Default::default()),
         ]
     }
 
@@ -1221,7 +1246,7 @@ mod tests {
 
     fn larger_than_the_cache(policy: PolicyConfig) {
         let d = 2;
-        let mut cfg = CacheConfig::new(2, d, 2_000);
+        let mut cfg = CacheConfig::new(2, d, 4_000);
         cfg.policy = policy;
         let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
         let cap = c.capacity();
