@@ -105,9 +105,11 @@ bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (A
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
 
-bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim (ML7, ML11, synthetic), equal bytes, latency (ARGS="--quick")
+bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim, equal bytes, latency, accuracy, memory over a disk store (ARGS="--quick")
 	$(CARGO) run --release -p embstore-bench -- cache
 	$(VPY) python/benchmarks/bench_cache.py --plots docs/img $(ARGS)
+	$(VPY) python/benchmarks/bench_cache_accuracy.py $(ARGS)
+	$(VPY) python/benchmarks/bench_cache_memory.py $(ARGS)
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
 	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)
