@@ -56,6 +56,7 @@ relative PR-AUC and ROC-AUC, claimed only where the upper bound of the relative 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import pathlib
@@ -373,25 +374,58 @@ def statistics(
 # --- the run --------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Split:
+    """ML7 requests split per user (see the module docs); ids ``[n, F]``, labels 0/1."""
+
+    fields: list[str]
+    sizes: list[int]
+    requests: int
+    unique_keys: int
+    train_ids: np.ndarray
+    test_ids: np.ndarray
+    train_y: np.ndarray
+    test_y: np.ndarray
+
+    def train_counts(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (ids, access counts in the train split)}``, for surrogate builds."""
+        return {
+            f: (np.arange(n), np.bincount(self.train_ids[:, k], minlength=n))
+            for k, (f, n) in enumerate(zip(self.fields, self.sizes, strict=True))
+        }
+
+
+def ml7_split(data: pathlib.Path, requests: int | None) -> Split:
+    """The first ``requests`` ML7 requests (all: ``None``), split per user chronologically."""
+    tr = traces.movielens(data, fields=FIELDS)
+    ids, users = tr.ids[:requests], tr.users[:requests]
+    labels = tr.labels[:requests].astype(np.int64)
+    test = per_user_split(users)
+    return Split(
+        fields=list(tr.tables),
+        sizes=[int(ids[:, k].max()) + 1 for k in range(FIELDS)],
+        requests=len(ids),
+        unique_keys=int(sum(len(np.unique(ids[:, k])) for k in range(FIELDS))),
+        train_ids=ids[~test],
+        test_ids=ids[test],
+        train_y=labels[~test],
+        test_y=labels[test],
+    )
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
-    tr = traces.movielens(args.data, fields=FIELDS)
-    fields = tr.tables
-    ids, users = tr.ids[: args.requests], tr.users[: args.requests]
-    labels = tr.labels[: args.requests].astype(np.int64)
-    sizes = [int(ids[:, k].max()) + 1 for k in range(FIELDS)]
-    unique_keys = int(sum(len(np.unique(ids[:, k])) for k in range(FIELDS)))
-    test = per_user_split(users)
-    train_ids, test_ids = ids[~test], ids[test]
-    train_y, test_y = labels[~test], labels[test]
+    sp = ml7_split(args.data, args.requests)
+    fields, sizes, unique_keys = sp.fields, sp.sizes, sp.unique_keys
+    train_ids, test_ids, train_y, test_y = sp.train_ids, sp.test_ids, sp.train_y, sp.test_y
     budgets = {b: int(b * unique_keys * DIM * 4) for b in args.budgets}
     log(
-        f"ML7: {len(ids):,} requests, {unique_keys:,} keys; per-user split: "
+        f"ML7: {sp.requests:,} requests, {unique_keys:,} keys; per-user split: "
         f"{len(train_ids):,} train, {len(test_ids):,} test ({test_y.mean():.3f} positive); "
         f"budgets {budgets} B"
     )
     res: dict[str, Any] = {
-        "requests": len(ids),
+        "requests": sp.requests,
         "train_requests": len(train_ids),
         "test_requests": len(test_ids),
         "test_positive_rate": float(test_y.mean()),
@@ -437,11 +471,9 @@ def run(args: argparse.Namespace) -> dict:
             u["all_hits"] &= bool(np.all(src == SOURCES.index("l1")))
             u["rows_mismatched"] += check_rows(rows, src, test_ids, [codec], decoded, None, fields)
             logits.setdefault(name, []).append(dense_logits(model, rows))
-        counts = {
-            f: (np.arange(n), np.bincount(train_ids[:, k], minlength=n))
-            for k, (f, n) in enumerate(zip(fields, sizes, strict=True))
-        }
-        sur = build_surrogates(store, fields, counts=counts, k=10, metric="cosine", max_dist=0.5)
+        sur = build_surrogates(
+            store, fields, counts=sp.train_counts(), k=10, metric="cosine", max_dist=0.5
+        )
         info["surrogate_coverage"] = {f: s.coverage for f, s in sur.items()}
         for b, budget in budgets.items():
             for mix, tiers, with_sur in MIXES:

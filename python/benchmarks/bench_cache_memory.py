@@ -79,7 +79,7 @@ from bench_cache_accuracy import (
     FIELDS,
     average_precision,
     dense_logits,
-    per_user_split,
+    ml7_split,
     statistics,
     train,
     warm,
@@ -245,26 +245,17 @@ def first_met(points: dict[float, float], limit: float) -> float | None:
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
-    tr = traces.movielens(args.data, fields=FIELDS)
-    fields = tr.tables
-    ids, users = tr.ids[: args.requests], tr.users[: args.requests]
-    labels = tr.labels[: args.requests].astype(np.int64)
-    sizes = [int(ids[:, k].max()) + 1 for k in range(FIELDS)]
-    unique_keys = int(sum(len(np.unique(ids[:, k])) for k in range(FIELDS)))
+    sp = ml7_split(args.data, args.requests)
+    fields, sizes, unique_keys = sp.fields, sp.sizes, sp.unique_keys
+    train_ids, test_ids, train_y, test_y = sp.train_ids, sp.test_ids, sp.train_y, sp.test_y
     all_bytes = unique_keys * DIM * 4
     args.all_bytes = all_bytes
-    test = per_user_split(users)
-    train_ids, test_ids = ids[~test], ids[test]
-    train_y, test_y = labels[~test], labels[test]
     requests = [
         {f: np.ascontiguousarray(test_ids[i, k : k + 1]) for k, f in enumerate(fields)}
         for i in range(len(test_ids))
     ]
     every = np.stack([np.arange(max(sizes)) % n for n in sizes], axis=1)
-    counts = {
-        f: (np.arange(n), np.bincount(train_ids[:, k], minlength=n))
-        for k, (f, n) in enumerate(zip(fields, sizes, strict=True))
-    }
+    counts = sp.train_counts()
     log(
         f"ML7: {len(train_ids):,} train / {len(test_ids):,} test requests, {unique_keys:,} keys; "
         f"all rows in memory: {all_bytes:,} B"

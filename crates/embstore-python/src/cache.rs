@@ -13,7 +13,7 @@ use embstore_cache::{
 use embstore_table::{OnMiss, Table};
 use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
-    PyReadwriteArray2, PyReadwriteArray3, PyUntypedArrayMethods,
+    PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -176,20 +176,26 @@ pub(crate) struct PyInferenceCache {
     inner: Arc<InferenceCache>,
 }
 
-fn sources_error() -> PyErr {
-    errors::ShapeError::new_err("sources must be contiguous uint8")
-}
-
 impl PyInferenceCache {
-    /// The lookup itself, GIL released; `dst` (one entry per key) receives the sources.
+    /// The lookup itself, GIL released; `sources` (one entry per key) receives the sources.
     fn serve(
         &self,
         py: Python<'_>,
         keys: &[u64],
         offsets: &[usize],
-        out: &mut [f32],
-        dst: Option<&mut [u8]>,
+        out: &mut PyReadwriteArray2<'_, f32>,
+        mut sources: Option<PyReadwriteArray1<'_, u8>>,
     ) -> PyResult<()> {
+        let out = out
+            .as_slice_mut()
+            .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
+        let dst = match sources.as_mut() {
+            Some(s) => Some(
+                s.as_slice_mut()
+                    .map_err(|_| errors::ShapeError::new_err("sources must be contiguous uint8"))?,
+            ),
+            None => None,
+        };
         if let Some(dst) = &dst {
             if dst.len() != keys.len() {
                 return Err(errors::ShapeError::new_err(format!(
@@ -278,28 +284,20 @@ impl PyInferenceCache {
     ) -> PyResult<()> {
         let keys = slice(&keys, "keys")?;
         let offsets: Vec<usize> = slice(&offsets, "offsets")?.iter().map(|&o| o as usize).collect();
-        let out = out
-            .as_slice_mut()
-            .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
-        let mut sources = sources;
-        let dst = match sources.as_mut() {
-            Some(s) => Some(s.as_slice_mut().map_err(|_| sources_error())?),
-            None => None,
-        };
-        self.serve(py, keys, &offsets, out, dst)
+        self.serve(py, keys, &offsets, &mut out, sources)
     }
 
     /// One-hot requests given as columns: `cols[t][r]` is request `r`'s id in table `t`
-    /// (every column the same length `B`); rows go to `out` (`[B, T, D]`), sources (if given)
-    /// to `[B, T]`. Keys are qualified here (`t << 48 | id`), so a request costs no numpy
+    /// (every column the same length `B`); rows go to `out` (`[B·T, D]`, request-major), sources
+    /// (if given) to `[B·T]`. Keys are qualified here (`t << 48 | id`), so a request costs no numpy
     /// work beyond the columns. An id outside `[0, 2**48)` is an `InvalidArgumentError`
     /// raised before the cache is touched.
     fn lookup_columns(
         &self,
         py: Python<'_>,
         cols: Vec<PyReadonlyArray1<'_, i64>>,
-        mut out: PyReadwriteArray3<'_, f32>,
-        sources: Option<PyReadwriteArray2<'_, u8>>,
+        mut out: PyReadwriteArray2<'_, f32>,
+        sources: Option<PyReadwriteArray1<'_, u8>>,
     ) -> PyResult<()> {
         let t = cols.len();
         let b = cols.first().map_or(0, |c| c.len());
@@ -310,9 +308,10 @@ impl PyInferenceCache {
                 self.inner.config().num_tables
             )));
         }
-        if out.shape() != [b, t, d] {
+        if out.shape() != [b * t, d] {
             return Err(errors::ShapeError::new_err(format!(
-                "out must be [{b}, {t}, {d}], got {:?}",
+                "out must be [{}, {d}], got {:?}",
+                b * t,
                 out.shape()
             )));
         }
@@ -330,15 +329,7 @@ impl PyInferenceCache {
             }
         }
         let offsets: Vec<usize> = (0..=b).map(|r| r * t).collect();
-        let out = out
-            .as_slice_mut()
-            .map_err(|_| errors::ShapeError::new_err("out must be C-contiguous float32"))?;
-        let mut sources = sources;
-        let dst = match sources.as_mut() {
-            Some(s) => Some(s.as_slice_mut().map_err(|_| sources_error())?),
-            None => None,
-        };
-        self.serve(py, &keys, &offsets, out, dst)
+        self.serve(py, &keys, &offsets, &mut out, sources)
     }
 
     #[getter]

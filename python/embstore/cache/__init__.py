@@ -302,7 +302,9 @@ class InferenceCache:
         rows = np.empty((b, len(cols), self.embedding_dim), dtype=np.float32)
         src = np.empty((b, len(cols)), dtype=np.uint8) if return_sources else None
         try:
-            self._inner.lookup_columns(cols, rows, src)
+            self._inner.lookup_columns(
+                cols, rows.reshape(b * len(cols), -1), None if src is None else src.reshape(-1)
+            )
         except InvalidArgumentError:  # an id out of range: the general path says which
             return None
         out = {name: rows[:, i] for i, name in enumerate(self.tables)}
