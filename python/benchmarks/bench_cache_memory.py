@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import pathlib
 import platform
@@ -162,6 +163,14 @@ def summary(t_look: np.ndarray, t_all: np.ndarray) -> dict[str, float]:
     }
 
 
+def digest(rows: Sequence[np.ndarray]) -> str:
+    """A fingerprint of served rows (one ``[n, D]`` array per field), to compare two runs."""
+    h = hashlib.blake2b(digest_size=16)
+    for r in rows:
+        h.update(np.ascontiguousarray(r).tobytes())
+    return h.hexdigest()
+
+
 def cache_lookup(cache: embstore.InferenceCache, fields: Sequence[str]) -> Any:
     def look(req: dict) -> list[np.ndarray]:
         out = cache.lookup(req)
@@ -249,7 +258,6 @@ def run(args: argparse.Namespace) -> dict:
     fields, sizes, unique_keys = sp.fields, sp.sizes, sp.unique_keys
     train_ids, test_ids, train_y, test_y = sp.train_ids, sp.test_ids, sp.train_y, sp.test_y
     all_bytes = unique_keys * DIM * 4
-    args.all_bytes = all_bytes
     requests = [
         {f: np.ascontiguousarray(test_ids[i, k : k + 1]) for k, f in enumerate(fields)}
         for i in range(len(test_ids))
@@ -287,7 +295,9 @@ def run(args: argparse.Namespace) -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(dir=args.dir))
     try:
         disk = make_store(fields, weights[0], tmp / "store")
-        res |= sweep(args, fields, disk, mems[0], surs[0], models[0], requests, train_ids, every)
+        res |= sweep(
+            args, all_bytes, fields, disk, mems[0], surs[0], models[0], requests, train_ids, every
+        )
         res["disk_store"] = {"cold_reads": cold_reads(disk, fields), "memory_budget": 1}
         disk.close()
     finally:
@@ -296,7 +306,7 @@ def run(args: argparse.Namespace) -> dict:
     return res
 
 
-def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> dict:
+def sweep(args, all_bytes, fields, disk, mem, sur, model, requests, train_ids, every) -> dict:
     """The latency sweep over the disk store (seed 0's rows)."""
     refs: dict[str, list[dict]] = {"tables": [], "cache": []}
     points: dict[str, dict[float, list[dict]]] = {c: {} for c in args.configs}
@@ -316,7 +326,7 @@ def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> di
     for config in args.configs:
         for frac in args.fractions:
             try:
-                a, sc = tune_alpha(mem, fields, config, int(frac * args.all_bytes), sur, train_ids)
+                a, sc = tune_alpha(mem, fields, config, int(frac * all_bytes), sur, train_ids)
             except embstore.InvalidArgumentError:  # below one request's keys
                 continue
             alphas[(config, frac)] = a
@@ -331,7 +341,7 @@ def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> di
                 f" us, cache {refs['cache'][-1]['request_mean_us']:.1f} us a request"
             )
             for frac in args.fractions:
-                budget = int(frac * args.all_bytes)
+                budget = int(frac * all_bytes)
                 t0 = time.perf_counter()
                 try:
                     cache = new_cache(
@@ -358,7 +368,7 @@ def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> di
                     "warm_seconds": warm_s,
                 }
                 if rep == 0:
-                    p["_rows"] = rows
+                    p["_digest"] = digest(rows)
                 points[config].setdefault(frac, []).append(p)
                 log(
                     f"repeat {rep} {config} @ {frac:g} ({budget:,} B): perfect "
@@ -381,7 +391,7 @@ def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> di
         "target_us": {k: v * args.sla for k, v in target.items()},
         "sla": args.sla,
         "served": {},
-        "_rows": {},
+        "_digests": {},
         "_alphas": alphas,
     }
     for config, by_frac in points.items():
@@ -392,14 +402,14 @@ def sweep(args, fields, disk, mem, sur, model, requests, train_ids, every) -> di
             if not ok:
                 rows[f"{frac:g}"] = {"skipped": runs[0]["skipped"]}
                 continue
-            row = {k: v for k, v in ok[0].items() if k != "_rows"}
+            row = {k: v for k, v in ok[0].items() if k != "_digest"}
             for m in ("request_mean_us", "lookup_mean_us", "request_p99_us", "lookup_p99_us"):
                 row[m] = float(np.median([r[m] for r in ok]))
                 row[f"{m}_runs"] = [r[m] for r in ok]
             med["request"][frac] = row["request_mean_us"]
             med["lookup"][frac] = row["lookup_mean_us"]
             rows[f"{frac:g}"] = row
-            out["_rows"][(config, frac)] = ok[0]["_rows"]
+            out["_digests"][(config, frac)] = ok[0]["_digest"]
         smallest = {k: first_met(med[k], out["target_us"][k]) for k in med}
         out["served"][config] = {
             "aging": tuning[config],
@@ -427,7 +437,7 @@ def add_relaxed(res: dict) -> None:
 
 def accuracy(args, res, fields, mems, surs, models, requests, train_ids, test_ids, test_y):
     """PR-AUC / ROC-AUC loss at each configuration's smallest budget, over every seed."""
-    disk_rows = res.pop("_rows")
+    disk_digests = res.pop("_digests")
     alphas = res.pop("_alphas")
     logits: dict[str, list[np.ndarray]] = {"exact": []}
     checked: dict[str, bool] = {}
@@ -451,10 +461,7 @@ def accuracy(args, res, fields, mems, surs, models, requests, train_ids, test_id
                 warm(cache, fields, train_ids, 1)
                 _, _, rows = serve(cache_lookup(cache, fields), model, requests, keep_rows=True)
                 if seed == 0:
-                    same = all(
-                        np.array_equal(a, b)
-                        for a, b in zip(rows, disk_rows[(config, frac)], strict=True)
-                    )
+                    same = digest(rows) == disk_digests[(config, frac)]
                     checked[name] = same
                     if not same:
                         raise AssertionError(f"{name}: rows served over disk and memory differ")
