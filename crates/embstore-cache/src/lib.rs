@@ -59,8 +59,8 @@ pub use codec::{Ev16, Ev4, Ev8, EV4_CODEBOOK};
 pub use error::{Error, ErrorKind, Result};
 pub use evaluate::{evaluate, evaluate_with, EvalOptions, Mode, Report};
 pub use policy::{
-    EvArc, EvArcConfig, EvLfuPaper, Flush, Group, GroupAssoc, GroupAssocConfig, GroupAssocStats,
-    GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy, PolicyConfig,
-    RequestOutcome,
+    EvArc, EvArcConfig, EvLfuPaper, Evictable, Flush, Group, GroupAssoc, GroupAssocConfig,
+    GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
+    PolicyConfig, RequestOutcome,
 };
 pub use trace::{split_key, table_key, Synthetic, Trace};

@@ -418,6 +418,70 @@ impl Lists {
         self.age_epoch = 0;
     }
 
+    /// Removes `key`'s slot; whether `key` was stored.
+    pub(crate) fn remove_key(&mut self, key: u64) -> bool {
+        self.find(key).map(|i| self.remove(i)).is_some()
+    }
+
+    /// Gives `from`'s slot the key `to`, keeping its list, place, score and flags; whether it
+    /// did (`from` stored, `to` not).
+    pub(crate) fn rename_key(&mut self, from: u64, to: u64) -> bool {
+        let Some(i) = self.find(from).filter(|_| self.find(to).is_none()) else {
+            return false;
+        };
+        let slots = &self.slots;
+        let removed = self.index.remove(from, |s| slots[s as usize].key());
+        debug_assert_eq!(removed, Some(i));
+        let s = &mut self.slots[i as usize];
+        s.key_lo = to as u32;
+        s.key_hi = (to >> 32) as u32;
+        self.index.insert(to, i);
+        true
+    }
+
+    /// Raises the capacity to `cap` (no-op when not above the current one): the arena
+    /// reserves room, the index is rebuilt at its new size. Slots, lists and scores stay.
+    /// O(len + new buckets).
+    pub(crate) fn grow(&mut self, cap: usize) {
+        if cap <= self.cap {
+            return;
+        }
+        debug_assert!(cap < NIL as usize);
+        self.slots.reserve_exact(cap - self.slots.len());
+        let mut index = SlotIndex::with_capacity(cap);
+        for i in 0..self.slots.len() as u32 {
+            if self.is_live(i) {
+                index.insert(self.key(i), i);
+            }
+        }
+        self.index = index;
+        self.cap = cap;
+    }
+
+    /// Appends to `out` up to `n` keys of lists `lists` (in that order, oldest first in each)
+    /// that `skip` does not exclude: the order in which the policy would evict them. Pure.
+    pub(crate) fn victims_in_order(
+        &self,
+        lists: impl Iterator<Item = usize>,
+        n: usize,
+        skip: &dyn Fn(u64) -> bool,
+        out: &mut Vec<u64>,
+    ) {
+        let mut taken = 0;
+        for b in lists {
+            for i in self.iter_list(b) {
+                if taken == n {
+                    return;
+                }
+                let k = self.key(i);
+                if !skip(k) {
+                    out.push(k);
+                    taken += 1;
+                }
+            }
+        }
+    }
+
     /// Slots of list `b`, oldest first.
     pub(crate) fn iter_list(&self, b: usize) -> impl Iterator<Item = u32> + '_ {
         let mut i = self.lists[b].head;

@@ -34,7 +34,8 @@
 
 use crate::lists::{Lists, CURRENT, PINNED};
 use crate::policy::{
-    age_period, check_alpha, check_capacity, overflowed, score_of, Group, Policy, RequestOutcome,
+    age_period, check_alpha, check_capacity, overflowed, score_of, Evictable, Group, Policy,
+    RequestOutcome,
 };
 use crate::{Error, Result};
 
@@ -154,6 +155,21 @@ pub struct GroupLfuStats {
     pub bypasses: u64,
 }
 
+/// The flush's trigger (keys in bucket S) and quota (keys per flush) at `capacity`.
+fn flush_counts(flush: Flush, capacity: usize) -> (usize, usize) {
+    match flush {
+        Flush::Off => (usize::MAX, 0),
+        Flush::Incremental { trigger, rate, .. } => (
+            ((trigger * capacity as f64).floor() as usize).max(1),
+            ((rate * capacity as f64).floor() as usize).max(1),
+        ),
+        Flush::Compat { trigger, rate } => (
+            ((trigger * capacity as f64).floor() as usize).max(1),
+            ((rate * capacity as f64).ceil() as usize).max(1),
+        ),
+    }
+}
+
 /// EV-LFU with request pinning and aging; see the module docs.
 #[derive(Clone, Debug)]
 pub struct GroupLfu {
@@ -176,17 +192,7 @@ impl GroupLfu {
         check_capacity(capacity)?;
         config.validate()?;
         let s = usize::from(config.max_score);
-        let (trigger_count, quota) = match config.flush {
-            Flush::Off => (usize::MAX, 0),
-            Flush::Incremental { trigger, rate, .. } => (
-                ((trigger * capacity as f64).floor() as usize).max(1),
-                ((rate * capacity as f64).floor() as usize).max(1),
-            ),
-            Flush::Compat { trigger, rate } => (
-                ((trigger * capacity as f64).floor() as usize).max(1),
-                ((rate * capacity as f64).ceil() as usize).max(1),
-            ),
-        };
+        let (trigger_count, quota) = flush_counts(config.flush, capacity);
         Ok(Self {
             age_period: age_period(config.age_alpha, capacity),
             lists: Lists::new(capacity, s + 1, 0),
@@ -390,6 +396,31 @@ impl Policy for GroupLfu {
 
     fn metadata_bytes(&self) -> usize {
         std::mem::size_of::<Self>() + self.lists.heap_bytes()
+    }
+}
+
+impl Evictable for GroupLfu {
+    fn remove(&mut self, key: u64) -> bool {
+        self.lists.remove_key(key)
+    }
+
+    fn rename(&mut self, from: u64, to: u64) -> bool {
+        self.lists.rename_key(from, to)
+    }
+
+    fn victims(&self, n: usize, skip: &dyn Fn(u64) -> bool, out: &mut Vec<u64>) {
+        self.lists.victims_in_order(0..=self.s, n, skip, out)
+    }
+
+    fn grow(&mut self, capacity: usize) -> Result<()> {
+        check_capacity(capacity)?;
+        if capacity > self.cap {
+            self.lists.grow(capacity);
+            self.cap = capacity;
+            self.age_period = age_period(self.cfg.age_alpha, capacity);
+            (self.trigger_count, self.quota) = flush_counts(self.cfg.flush, capacity);
+        }
+        Ok(())
     }
 }
 

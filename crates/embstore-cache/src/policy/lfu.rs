@@ -8,7 +8,9 @@
 //! [`GroupLfu`](crate::policy::GroupLfu). No request pinning: this is the classical policy.
 
 use crate::lists::{Lists, CURRENT};
-use crate::policy::{age_period, check_alpha, check_capacity, overflowed, Policy, RequestOutcome};
+use crate::policy::{
+    age_period, check_alpha, check_capacity, overflowed, Evictable, Policy, RequestOutcome,
+};
 use crate::Result;
 
 /// Parameters of [`Lfu`].
@@ -31,6 +33,7 @@ const MAX_COUNT: usize = 255;
 pub struct Lfu {
     lists: Lists,
     cap: usize,
+    age_alpha: Option<f64>,
     age_period: Option<u64>,
     ins_since_age: u64,
 }
@@ -43,6 +46,7 @@ impl Lfu {
         Ok(Self {
             lists: Lists::new(capacity, MAX_COUNT + 1, 0),
             cap: capacity,
+            age_alpha: config.age_alpha,
             age_period: age_period(config.age_alpha, capacity),
             ins_since_age: 0,
         })
@@ -106,6 +110,30 @@ impl Policy for Lfu {
 
     fn metadata_bytes(&self) -> usize {
         std::mem::size_of::<Self>() + self.lists.heap_bytes()
+    }
+}
+
+impl Evictable for Lfu {
+    fn remove(&mut self, key: u64) -> bool {
+        self.lists.remove_key(key)
+    }
+
+    fn rename(&mut self, from: u64, to: u64) -> bool {
+        self.lists.rename_key(from, to)
+    }
+
+    fn victims(&self, n: usize, skip: &dyn Fn(u64) -> bool, out: &mut Vec<u64>) {
+        self.lists.victims_in_order(0..=MAX_COUNT, n, skip, out)
+    }
+
+    fn grow(&mut self, capacity: usize) -> Result<()> {
+        check_capacity(capacity)?;
+        if capacity > self.cap {
+            self.lists.grow(capacity);
+            self.cap = capacity;
+            self.age_period = age_period(self.age_alpha, capacity);
+        }
+        Ok(())
     }
 }
 

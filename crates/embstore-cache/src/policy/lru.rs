@@ -5,7 +5,7 @@
 //! whole request is resident afterwards (its keys are the `G` most recent).
 
 use crate::lists::{Lists, CURRENT};
-use crate::policy::{check_capacity, overflowed, Policy, RequestOutcome};
+use crate::policy::{check_capacity, overflowed, Evictable, Policy, RequestOutcome};
 use crate::Result;
 
 /// Least recently used over u64 keys; see the module docs.
@@ -72,6 +72,27 @@ impl Policy for Lru {
 
     fn metadata_bytes(&self) -> usize {
         std::mem::size_of::<Self>() + self.lists.heap_bytes()
+    }
+}
+
+impl Evictable for Lru {
+    fn remove(&mut self, key: u64) -> bool {
+        self.lists.remove_key(key)
+    }
+
+    fn rename(&mut self, from: u64, to: u64) -> bool {
+        self.lists.rename_key(from, to)
+    }
+
+    fn victims(&self, n: usize, skip: &dyn Fn(u64) -> bool, out: &mut Vec<u64>) {
+        self.lists.victims_in_order(0..1, n, skip, out)
+    }
+
+    fn grow(&mut self, capacity: usize) -> Result<()> {
+        check_capacity(capacity)?;
+        self.lists.grow(capacity);
+        self.cap = self.cap.max(capacity);
+        Ok(())
     }
 }
 

@@ -11,6 +11,9 @@
 //! - [`GroupAssoc`] — the group score plus a hit counter in a set-associative arena (no
 //!   index, no list links: 10 B of metadata per entry), for tiers where bytes are scarce.
 //! - [`PolicyConfig`] — picks a policy and its parameters; [`PolicyConfig::build`] makes one.
+//! - [`Evictable`] — the slot-level side (remove, rename, victims in eviction order, grow) that
+//!   lets [`Lru`], [`Lfu`] and [`GroupLfu`] also run a store's hot-row cache, under the store's
+//!   `Eviction` trait ([`PolicyConfig::build_evictable`]).
 //!
 //! ## Contract every policy keeps
 //! - `hit[j]` is "key `j` was resident before this request changed anything" (probe-first, §1
@@ -174,6 +177,30 @@ pub trait Policy: fmt::Debug + Send + Sync {
     }
 }
 
+/// A policy that can also run a store's hot-row cache (`embstore_table::evict::Eviction`,
+/// through its `PolicyEviction` adapter): there the store, not the policy, decides when a key
+/// leaves, keys are the store's slot numbers, and the number of keys is not known up front.
+///
+/// Between requests no key is pinned, so [`victims`](Self::victims) names keys in the exact
+/// order the policy's own commits would evict them. [`PolicyConfig::build_evictable`] builds
+/// one; a policy that places keys itself ([`GroupAssoc`]: a key's set is a hash of it) or
+/// evicts on its own schedule (EV-ARC's ghosts, the artifact's flush) is refused there.
+pub trait Evictable: Policy {
+    /// Drops `key`; whether it was resident.
+    fn remove(&mut self, key: u64) -> bool;
+    /// Gives resident `from` the key `to` (not resident), keeping its place and score;
+    /// whether `from` was resident (`to` resident: nothing changes, `false`).
+    fn rename(&mut self, from: u64, to: u64) -> bool;
+    /// Appends up to `n` resident keys that `skip` does not exclude, least valuable first:
+    /// the order the policy would evict them in. Pure; appends `min(n, resident keys not
+    /// skipped)` keys.
+    fn victims(&self, n: usize, skip: &dyn Fn(u64) -> bool, out: &mut Vec<u64>);
+    /// Raises the capacity to `capacity` (never lowers it), keeping every key and its state.
+    /// Capacity-relative parameters (the aging period α·C) follow. Errors: above
+    /// [`MAX_CAPACITY`].
+    fn grow(&mut self, capacity: usize) -> Result<()>;
+}
+
 /// Where the rest of a request is, for [`Policy::access_group_into`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Group {
@@ -240,6 +267,37 @@ impl PolicyConfig {
             Self::EvLfuPaper { max_score } => Box::new(EvLfuPaper::new(capacity, *max_score)?),
             Self::EvArc(c) => Box::new(EvArc::new(capacity, c.clone())?),
             Self::GroupAssoc(c) => Box::new(GroupAssoc::new(capacity, c.clone())?),
+        })
+    }
+
+    /// Builds the policy as an [`Evictable`] with room for `capacity` keys, for a store's
+    /// hot-row cache. Errors: the policy cannot run there (`group_assoc`, `ev_arc`,
+    /// `ev_lfu_paper`, or `group_lfu` with a flush: they evict or place keys on their own),
+    /// and whatever [`build`](Self::build) refuses.
+    pub fn build_evictable(&self, capacity: usize) -> Result<Box<dyn Evictable>> {
+        let refuse = |why: &str| {
+            Err(Error::invalid(format!(
+                "policy {} cannot run a store's hot-row cache: {why}; use lru, lfu or group_lfu",
+                self.name()
+            )))
+        };
+        Ok(match self {
+            Self::Lru => Box::new(Lru::new(capacity)?),
+            Self::Lfu(c) => Box::new(Lfu::new(capacity, c.clone())?),
+            Self::GroupLfu(c) if c.flush == Flush::Off => {
+                Box::new(GroupLfu::new(capacity, c.clone())?)
+            }
+            Self::GroupLfu(_) | Self::EvLfuPaper { .. } => {
+                return refuse("its flush evicts keys the store still holds")
+            }
+            Self::EvArc(_) => {
+                return refuse("its ghost entries take slots and it evicts on its own")
+            }
+            Self::GroupAssoc(_) => {
+                return refuse(
+                    "it places each key in a set chosen by hashing it, not in the store's slot",
+                )
+            }
         })
     }
 
@@ -345,6 +403,122 @@ mod tests {
             }
             let o = p.access_request(&[1, 2]);
             assert!(!o.bypassed, "{}", p.name());
+        }
+    }
+
+    #[test]
+    fn only_policies_that_leave_eviction_to_the_caller_are_evictable() {
+        for c in all_configs() {
+            let ok = c.build_evictable(4).is_ok();
+            assert_eq!(ok, matches!(c.name(), "lru" | "lfu" | "group-lfu"), "{}", c.name());
+        }
+        let flush = GroupLfuConfig {
+            flush: Flush::Incremental { trigger: 0.5, rate: 0.5, batch: 1 },
+            ..GroupLfuConfig::default()
+        };
+        let e = PolicyConfig::GroupLfu(flush).build_evictable(4).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("flush"), "{e}");
+        assert!(PolicyConfig::Lru.build_evictable(0).is_err());
+    }
+
+    /// Random operations on every evictable policy (seeds printed; replay one with
+    /// `EMBSTORE_CACHE_SEED=<seed>`): `victims` names resident, unskipped, distinct keys, as
+    /// many as asked or as there are, in the order the policy's own commits evict them (a
+    /// one-key miss on a full policy evicts `victims(1)`); `remove`, `rename` and `grow` keep
+    /// every other key and the eviction order.
+    #[test]
+    fn evictable_victims_follow_the_policys_own_order() {
+        let seeds: Vec<u64> = match std::env::var("EMBSTORE_CACHE_SEED") {
+            Ok(s) => vec![s.parse().expect("EMBSTORE_CACHE_SEED must be a u64")],
+            Err(_) => (0..60).collect(),
+        };
+        let configs = [
+            PolicyConfig::Lru,
+            PolicyConfig::Lfu(LfuConfig::default()),
+            PolicyConfig::Lfu(LfuConfig { age_alpha: None }),
+            PolicyConfig::GroupLfu(GroupLfuConfig { max_score: 3, ..Default::default() }),
+            PolicyConfig::GroupLfu(GroupLfuConfig { age_alpha: Some(0.5), ..Default::default() }),
+        ];
+        for seed in seeds {
+            let mut rng = crate::trace::SplitMix64::new(seed);
+            let config = &configs[rng.below(configs.len() as u64) as usize];
+            let cap = 1 + rng.below(12) as usize;
+            let mut p = config.build_evictable(cap).unwrap();
+            let ctx = |step: usize| {
+                format!("seed {seed} (replay: EMBSTORE_CACHE_SEED={seed}), {config:?}, step {step}")
+            };
+            let order = |p: &dyn Evictable| {
+                let mut all = Vec::new();
+                p.victims(usize::MAX, &|_| false, &mut all);
+                all
+            };
+            for step in 0..400 {
+                let key = rng.below(30);
+                match rng.below(10) {
+                    0..=4 => {
+                        // A one-key request: when it misses on a full policy, it evicts
+                        // exactly what `victims(1)` named.
+                        let mut first = Vec::new();
+                        p.victims(1, &|_| false, &mut first);
+                        let full_miss = !p.contains(key) && p.len() == p.capacity();
+                        let o = p.access_request(&[key]);
+                        if full_miss {
+                            assert_eq!(o.evicted, first, "{}", ctx(step));
+                        } else {
+                            assert!(o.evicted.is_empty(), "{}", ctx(step));
+                        }
+                    }
+                    5 => {
+                        let keys: Vec<u64> = (0..1 + rng.below(3)).map(|_| rng.below(30)).collect();
+                        p.access_request(&keys);
+                    }
+                    6 => {
+                        let (was, before) = (p.contains(key), order(p.as_ref()));
+                        assert_eq!(p.remove(key), was, "{}", ctx(step));
+                        let want: Vec<u64> = before.into_iter().filter(|&k| k != key).collect();
+                        assert_eq!(order(p.as_ref()), want, "{}", ctx(step));
+                    }
+                    7 => {
+                        let to = rng.below(30);
+                        let ok = p.contains(key) && !p.contains(to);
+                        let before = order(p.as_ref());
+                        assert_eq!(p.rename(key, to), ok, "{}", ctx(step));
+                        let want: Vec<u64> = if ok {
+                            before.iter().map(|&k| if k == key { to } else { k }).collect()
+                        } else {
+                            before
+                        };
+                        assert_eq!(order(p.as_ref()), want, "{}", ctx(step));
+                    }
+                    8 => {
+                        let before = order(p.as_ref());
+                        let to = p.capacity() + rng.below(4) as usize;
+                        p.grow(to).unwrap();
+                        assert_eq!(p.capacity(), to, "{}", ctx(step));
+                        assert_eq!(order(p.as_ref()), before, "{}", ctx(step));
+                    }
+                    _ => {
+                        let n = rng.below(6) as usize;
+                        let mask = rng.below(1 << 30);
+                        let skip = |k: u64| mask >> (k % 30) & 1 == 1;
+                        let mut got = vec![u64::MAX];
+                        p.victims(n, &skip, &mut got);
+                        assert_eq!(got[0], u64::MAX, "out was overwritten; {}", ctx(step));
+                        let got = &got[1..];
+                        let all = order(p.as_ref());
+                        let want: Vec<u64> =
+                            all.iter().copied().filter(|&k| !skip(k)).take(n).collect();
+                        assert_eq!(got, &want[..], "{}", ctx(step));
+                    }
+                }
+                let all = order(p.as_ref());
+                assert_eq!(all.len(), p.len(), "{}", ctx(step));
+                assert!(p.len() <= p.capacity(), "{}", ctx(step));
+                assert!(all.iter().all(|&k| p.contains(k)), "{}", ctx(step));
+                let distinct: std::collections::BTreeSet<u64> = all.iter().copied().collect();
+                assert_eq!(distinct.len(), all.len(), "{}", ctx(step));
+            }
         }
     }
 
