@@ -48,6 +48,7 @@ class Store:
         path: str | None = None,
         memory_budget_bytes: int | None = None,
         background_eviction: bool = False,
+        eviction: str = "lru_lfu",
     ) -> None: ...
     @property
     def memory_budget(self) -> tuple[int, int] | None: ...

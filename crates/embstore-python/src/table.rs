@@ -122,20 +122,23 @@ pub(crate) struct PyStore {
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None, background_eviction=false))]
+    #[pyo3(signature = (replica=0, path=None, memory_budget_bytes=None, background_eviction=false, eviction="lru_lfu"))]
     fn new(
         py: Python<'_>,
         replica: u32,
         path: Option<std::path::PathBuf>,
         memory_budget_bytes: Option<u64>,
         background_eviction: bool,
+        eviction: &str,
     ) -> PyResult<Self> {
+        let eviction = embstore_table::evict::EvictionConfig::parse(eviction).map_err(to_py_err)?;
         let store = match path {
             None => Store::with_replica(replica),
             Some(path) => detached(py, || {
                 let mut options = embstore_table::StoreOptions::default()
                     .with_replica(replica)
-                    .with_background_eviction(background_eviction);
+                    .with_background_eviction(background_eviction)
+                    .with_eviction(eviction);
                 if let Some(b) = memory_budget_bytes {
                     options = options.with_memory_budget(b);
                 }

@@ -146,6 +146,7 @@ impl Store {
         keep: Option<(usize, usize)>,
     ) -> Result<Self> {
         let clock = Arc::new(Clock::new(check_replica(options.replica)?));
+        options.eviction.validate()?;
         let budget = match (&options.shared_budget, options.memory_budget_bytes) {
             (Some(b), _) => Some(b.clone()),
             (None, Some(0)) => {

@@ -9,6 +9,7 @@ mod common;
 
 use common::Rng;
 use embstore_table::disk::vfs::RealFs;
+use embstore_table::evict::EvictionConfig;
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig};
 
 const D: usize = 8;
@@ -19,8 +20,14 @@ fn open(dir: &Path, budget: u64) -> Store {
 }
 
 fn open_with(dir: &Path, budget: u64, background: bool) -> Store {
-    let options =
-        StoreOptions::default().with_memory_budget(budget).with_background_eviction(background);
+    open_evicting(dir, budget, background, EvictionConfig::default())
+}
+
+fn open_evicting(dir: &Path, budget: u64, background: bool, eviction: EvictionConfig) -> Store {
+    let options = StoreOptions::default()
+        .with_memory_budget(budget)
+        .with_background_eviction(background)
+        .with_eviction(eviction);
     Store::open_with_options(dir, &options, Arc::new(RealFs)).unwrap()
 }
 
@@ -61,6 +68,27 @@ fn export(t: &Table) -> Vec<(u64, Vec<f32>, Vec<f32>, u64)> {
 #[test]
 fn a_tiny_budget_gives_exactly_the_in_memory_results() {
     for seed in [0x7e57_0001u64, 0x7e57_0002] {
+        tiny_budget_matches_memory(seed, EvictionConfig::default());
+    }
+}
+
+/// The inference cache's policies run the hot-row cache (through `PolicyEviction`) with the
+/// same results, pins included.
+#[test]
+fn every_eviction_policy_gives_exactly_the_in_memory_results_and_keeps_pins() {
+    for (i, name) in EvictionConfig::NAMES.iter().enumerate() {
+        println!("eviction {name}");
+        let eviction = EvictionConfig::parse(name).unwrap();
+        if eviction != EvictionConfig::Noop {
+            tiny_budget_matches_memory(0x7e57_0100 + i as u64, eviction.clone());
+        }
+        pins_hold_under(eviction);
+    }
+}
+
+fn tiny_budget_matches_memory(seed: u64, eviction: EvictionConfig) {
+    let open = |dir: &Path, budget: u64| open_evicting(dir, budget, false, eviction.clone());
+    {
         println!("seed {seed:#x}");
         let dir = tempfile::tempdir().unwrap();
         let mut rng = Rng(seed);
@@ -129,8 +157,13 @@ fn a_tiny_budget_gives_exactly_the_in_memory_results() {
 
 #[test]
 fn pinned_rows_stay_in_memory_and_too_many_pins_is_a_clear_error() {
+    pins_hold_under(EvictionConfig::default());
+}
+
+fn pins_hold_under(eviction: EvictionConfig) {
+    let noop = eviction == EvictionConfig::Noop;
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path(), 64 << 10);
+    let store = open_evicting(dir.path(), 64 << 10, false, eviction);
     let t = store.create_table(config()).unwrap();
     let pinned: Vec<u64> = (0..50).collect();
     t.lookup(&pinned, OnMiss::Init, &mut vec![0.0; 50 * D], None).unwrap();
@@ -140,6 +173,10 @@ fn pinned_rows_stay_in_memory_and_too_many_pins_is_a_clear_error() {
         t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 100 * D], None).unwrap();
     }
     store.memory_budget().unwrap().settle();
+    if noop {
+        assert_eq!(t.stats().evicted_to_disk, 0, "the noop policy evicted");
+        return;
+    }
     assert!(t.stats().evicted_to_disk > 500);
     let before = t.stats().cold_reads;
     t.lookup(&pinned, OnMiss::Error, &mut vec![0.0; 50 * D], None).unwrap();

@@ -6,9 +6,12 @@ import pytest
 import embstore
 
 
-def _train(tmp_path, name, pipeline, background=False):
+def _train(tmp_path, name, pipeline, background=False, eviction="lru_lfu"):
     store = embstore.Store(
-        tmp_path / name, memory_budget_bytes=96 << 10, background_eviction=background
+        tmp_path / name,
+        memory_budget_bytes=96 << 10,
+        background_eviction=background,
+        eviction=eviction,
     )
     t = store.create_table("t", embedding_dim=8, optimizer=embstore.Adagrad(lr=0.1), seed=3)
     rng = np.random.default_rng(7)
@@ -78,3 +81,26 @@ def test_batches_too_large_to_pin_are_read_ahead_unpinned_with_a_warning(tmp_pat
             t.lookup(ids)
     assert seen == [400] * 4
     t.pin(np.arange(10_000, 10_450))  # no pin of the pipeline is left
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu", "group_lfu", "none"])
+def test_every_eviction_policy_trains_to_the_same_rows(tmp_path, eviction):
+    _, plain = _train(tmp_path, "plain", False)
+    _, other = _train(tmp_path, eviction, True, eviction=eviction)
+    ids = np.arange(3000)
+    assert np.array_equal(plain.lookup(ids), other.lookup(ids))
+    stats = other.stats()
+    if eviction == "none":
+        assert stats["evicted_to_disk"] == 0
+    else:
+        assert stats["evicted_to_disk"] > 0 and stats["cold_reads"] > 0
+
+
+def test_an_unknown_or_unfit_eviction_policy_is_a_clear_error(tmp_path):
+    with pytest.raises(embstore.InvalidArgumentError, match=r"unknown eviction policy \"mru\""):
+        embstore.Store(tmp_path / "a", memory_budget_bytes=1 << 20, eviction="mru")
+    with pytest.raises(embstore.InvalidArgumentError, match="cannot run a store's hot-row"):
+        embstore.Store(tmp_path / "b", memory_budget_bytes=1 << 20, eviction="group_assoc")
+    with pytest.raises(embstore.InvalidArgumentError, match="eviction must be"):
+        embstore.Store(tmp_path / "c", memory_budget_bytes=1 << 20, eviction=3)
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
