@@ -125,7 +125,10 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
     budget = int(index_bytes + (table_bytes - index_bytes) * args.budget_share)
     path = root / "training"
     store = embstore.Store(
-        path, memory_budget_bytes=budget, background_eviction=not args.sync_eviction
+        path,
+        memory_budget_bytes=budget,
+        background_eviction=not args.sync_eviction,
+        eviction=args.eviction,
     )
     t = store.create_table("t", dim, optimizer=embstore.Adagrad(lr=0.05))
     fill_s = fill(t, rows)
@@ -178,6 +181,7 @@ def bench_training(args: argparse.Namespace, root: pathlib.Path) -> dict:
     res = {
         "rows": rows,
         "dim": dim,
+        "eviction": args.eviction,
         "budget_bytes": budget,
         "table_bytes_in_memory": table_bytes,
         "fill_s": fill_s,
@@ -440,6 +444,11 @@ def main() -> int:
         "--sync-eviction",
         action="store_true",
         help="training: evict on the calling thread (no evictor thread), for an A/B",
+    )
+    p.add_argument(
+        "--eviction",
+        default="lru_lfu",
+        help="the store's replacement policy: lru_lfu (default), lru, lfu, group_lfu, none",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--dir", type=pathlib.Path, default=None)
