@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use clap::Args;
 use embstore_cache::{
-    split_key, Backing, CacheConfig, CodecKind, InferenceCache, Synthetic, TierConfig,
+    split_key, Backing, CacheConfig, CodecKind, InferenceCache, PolicyConfig, Synthetic, TierConfig,
 };
 use embstore_table::{OnMiss, Store, Table, TableConfig};
 
@@ -32,6 +32,9 @@ pub(crate) struct CacheArgs {
     /// Repetitions (medians are reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// The cache's policy (`group_assoc`, the default, `group_lfu`, `lru`, `lfu`).
+    #[arg(long, default_value = "group_assoc")]
+    policy: String,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -73,10 +76,12 @@ pub(crate) fn run(args: CacheArgs) -> Result<(), String> {
         .generate()
         .map_err(|e| e.to_string())?;
     let t = 26;
+    let policy = PolicyConfig::parse(&args.policy, t as u8).map_err(|e| e.to_string())?;
     eprintln!(
-        "cache bench: {} requests, {} unique keys, D = {d}",
+        "cache bench: {} requests, {} unique keys, D = {d}, policy {}",
         trace.len(),
-        trace.unique_keys()
+        trace.unique_keys(),
+        policy.name()
     );
     let store = Store::new();
     let mut tables = Vec::new();
@@ -164,6 +169,7 @@ pub(crate) fn run(args: CacheArgs) -> Result<(), String> {
     for (name, frac, tiers) in configs {
         let mut cfg = CacheConfig::new(t, d, (full_bytes as f64 * frac) as usize);
         cfg.tiers = tiers;
+        cfg.policy = policy.clone();
         let (mut a, mut b, mut c, mut bat, mut perfect) = (vec![], vec![], vec![], vec![], 0.0);
         for _ in 0..args.reps {
             let cache = InferenceCache::new(cfg.clone(), backing.clone(), vec![])

@@ -161,9 +161,11 @@ class InferenceCache:
         store: the backing store (its tables hold the exact fp32 rows).
         tables: the tables of a request, in order; all must share ``embedding_dim``.
         memory_budget_bytes: everything counted — rows, policy metadata, indexes, L3.
-        policy: the replacement policy of every tier (:data:`POLICIES`; ``group_lfu`` is the
-            group-aware default, ``group_assoc`` its set-associative variant with a hit counter
-            and 10 B of metadata per entry, ``ev_arc`` is an evaluator-only ablation).
+        policy: the replacement policy of every tier (:data:`POLICIES`). ``group_assoc``
+            (the default): the group score plus a hit counter, set-associative, 10 B of
+            metadata per entry; ``group_lfu``: the same score fully associative (26–31 B an
+            entry; better at equal entries, worse at equal bytes); ``lru``, ``lfu``;
+            ``ev_arc`` is an evaluator-only ablation.
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
         surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``.
@@ -185,7 +187,7 @@ class InferenceCache:
         store: Any,
         tables: Sequence[str],
         memory_budget_bytes: int,
-        policy: str = "group_lfu",
+        policy: str = "group_assoc",
         tiers: Mapping[str, float] | None = None,
         surrogates: Mapping[str, Surrogates] | None = None,
         *,

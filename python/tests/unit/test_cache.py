@@ -179,11 +179,14 @@ def test_evaluate_drives_a_python_policy_and_the_whole_cache(store):
 
     with pytest.raises(RuntimeError, match="boom"):
         evaluate(trace, Broken(), capacity=10)
-    # The whole cache: one f32 tier scores exactly like the bare group_lfu of its capacity.
-    cache = embstore.InferenceCache(store, ["user", "item", "ctx"], memory_budget_bytes=8 << 10)
-    whole = evaluate(trace, cache, mode="prefix")
-    bare = evaluate(trace, "group_lfu", capacity=cache.capacity, mode="prefix")
-    assert whole["perfect_hit"] == bare["perfect_hit"] > 0
+    # The whole cache: one f32 tier scores exactly like the bare policy of its capacity.
+    for policy in ("group_lfu", "group_assoc"):
+        cache = embstore.InferenceCache(
+            store, ["user", "item", "ctx"], memory_budget_bytes=8 << 10, policy=policy
+        )
+        whole = evaluate(trace, cache, mode="prefix")
+        bare = evaluate(trace, policy, capacity=cache.capacity, mode="prefix")
+        assert whole["perfect_hit"] == bare["perfect_hit"] > 0, policy
 
 
 def test_group_assoc_holds_rows_with_ten_bytes_of_metadata(store):
