@@ -529,8 +529,8 @@ class Store:
             default: a CLOCK recency segment in front of a sampled LFU, 15 B per hot row),
             ``"none"`` (never evict), or one of the inference cache's policies run on the
             store's rows: ``"lru"`` (exact LRU), ``"lfu"`` (LFU with aging) or
-            ``"group_lfu"`` (each access a one-key request; ~26–31 B per hot row). The store
-            replays concurrent hits into these in batches (docs/storage.md, "Replacement").
+            ``"group_lfu"`` (each access a one-key request; ~26-31 B per hot row). The store
+            replays concurrent hits into these in batches (docs/cache.md).
 
     Example::
 

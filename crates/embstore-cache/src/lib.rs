@@ -7,11 +7,12 @@
 //!
 //! ## Parts
 //! - [`policy`] — the [`Policy`] trait (one call per request: probe all keys, then commit) and
-//!   its implementations: [`GroupLfu`] (the default L1: EV-LFU's group score with request
-//!   pinning and O(S) aging), [`GroupAssoc`] (the group score plus a hit counter in a
-//!   set-associative arena: 10 B of metadata per entry), [`EvLfuPaper`] (the faithful
-//!   EV-LFU, an ablation), [`EvArc`] (EV-ARC, an ablation), and the per-key baselines [`Lru`]
-//!   and [`Lfu`].
+//!   its implementations: [`GroupLfu`] (the design note's L1: EV-LFU's group score with
+//!   request pinning and O(S) aging), [`GroupAssoc`] (the cache's default: the group score
+//!   plus a hit counter in a set-associative arena, 10 B of metadata per entry),
+//!   [`EvLfuPaper`] (the faithful EV-LFU, an ablation), [`EvArc`] (EV-ARC, an ablation), and
+//!   the per-key baselines [`Lru`] and [`Lfu`]. [`Evictable`] lets `Lru`, `Lfu` and
+//!   `GroupLfu` also run a store's hot-row cache (`embstore_table::evict::PolicyEviction`).
 //! - [`trace`] — [`Trace`] (`[N, G]` or ragged requests of table-qualified u64 keys,
 //!   `table << 48 | id`) and the [`Synthetic`] Criteo-like generator (26 tables, Zipf contexts,
 //!   co-access ρ), seeded and deterministic.

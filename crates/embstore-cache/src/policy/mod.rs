@@ -219,7 +219,7 @@ pub enum PolicyConfig {
     Lru,
     /// [`Lfu`].
     Lfu(LfuConfig),
-    /// [`GroupLfu`] (the default L1).
+    /// [`GroupLfu`] (the design note's L1; the evaluator's default).
     GroupLfu(GroupLfuConfig),
     /// [`EvLfuPaper`]: [`GroupLfu`] with [`GroupLfuConfig::paper`] semantics, `max_score` S.
     EvLfuPaper {
@@ -228,7 +228,7 @@ pub enum PolicyConfig {
     },
     /// [`EvArc`].
     EvArc(EvArcConfig),
-    /// [`GroupAssoc`].
+    /// [`GroupAssoc`] (the cache's default: more perfect hits per byte).
     GroupAssoc(GroupAssocConfig),
 }
 
