@@ -380,6 +380,7 @@ impl PyInferenceCache {
         d.set_item("l3_capacity", m.l3_capacity)?;
         d.set_item("l3_len", m.l3_len)?;
         d.set_item("l3_bytes", m.l3_bytes)?;
+        d.set_item("surrogate_table_bytes", m.surrogate_table_bytes)?;
         d.set_item("memory_budget_bytes", m.budget_bytes)?;
         d.set_item("bytes", m.total_bytes)?;
         d.set_item("metadata_bytes_per_entry", m.metadata_bytes_per_entry)?;
