@@ -154,7 +154,7 @@ impl EvictionConfig {
     /// Checks the parameters: `recency_fraction` in [0, 1] and `sample` at least 1.
     pub fn validate(&self) -> Result<()> {
         if let Self::Policy(p) = self {
-            p.build_evictable(INITIAL_CAPACITY).map_err(|e| Error::invalid(e.to_string()))?;
+            p.build_evictable(1).map_err(|e| Error::invalid(e.to_string()))?;
         }
         if let Self::LruLfu { recency_fraction, sample, .. } = *self {
             if !(0.0..=1.0).contains(&recency_fraction) {
@@ -228,6 +228,7 @@ impl Eviction for Noop {
 
 /// Slots the cache policies start with room for; they double as the shard's rows grow.
 const INITIAL_CAPACITY: usize = 1024;
+const _: () = assert!(INITIAL_CAPACITY.is_power_of_two()); // see `slot_bytes`
 /// Read buffers: stripes (threads spread over them) and accesses each holds before a drain.
 const READ_STRIPES: usize = 8;
 const READ_STRIPE_LEN: usize = 256;
@@ -251,6 +252,10 @@ pub struct PolicyEviction {
     inner: Mutex<Inner>,
     reads: Box<[Mutex<Vec<u32>>]>,
     dropped: AtomicU64,
+    /// The policy's metadata per slot of its capacity, taken at construction: the capacity
+    /// only doubles from a power of two, so its index stays at the same load and this stays
+    /// the same (up to the struct's own bytes spread over more slots).
+    slot_bytes: usize,
 }
 
 struct Inner {
@@ -277,6 +282,7 @@ impl PolicyEviction {
             config.build_evictable(INITIAL_CAPACITY).map_err(|e| Error::invalid(e.to_string()))?;
         Ok(Self {
             name: policy.name(),
+            slot_bytes: policy.metadata_bytes().div_ceil(INITIAL_CAPACITY),
             inner: Mutex::new(Inner {
                 policy,
                 out: Default::default(),
@@ -399,8 +405,7 @@ impl Eviction for PolicyEviction {
     }
 
     fn bytes_per_slot(&self) -> usize {
-        let p = &self.inner.lock().policy;
-        p.metadata_bytes().div_ceil(p.capacity().max(1))
+        self.slot_bytes
     }
 }
 
@@ -1250,6 +1255,12 @@ mod tests {
         tick_of: HashMap<u32, u64>,
     }
 
+    impl ExactLru {
+        fn new(capacity: usize) -> Self {
+            Self { capacity, tick: 0, by_tick: BTreeMap::new(), tick_of: HashMap::new() }
+        }
+    }
+
     impl Cache for ExactLru {
         fn access(&mut self, key: u32) -> bool {
             self.tick += 1;
@@ -1337,15 +1348,7 @@ mod tests {
         let seed = test_seed(0x5eed_ca11);
         for s in [0.9, 1.05] {
             let trace = zipf_trace(s, KEYS, ACCESSES, seed);
-            let exact = hit_rate(
-                &mut ExactLru {
-                    capacity: CAPACITY,
-                    tick: 0,
-                    by_tick: BTreeMap::new(),
-                    tick_of: HashMap::new(),
-                },
-                &trace,
-            );
+            let exact = hit_rate(&mut ExactLru::new(CAPACITY), &trace);
             let mut line =
                 format!("zipf({s}), capacity {CAPACITY}: exact LRU {:.2} %", 100.0 * exact);
             for name in ["lru", "lfu", "group_lfu", "lru_lfu"] {
@@ -1431,15 +1434,7 @@ mod tests {
         for s in [0.9, 1.05] {
             let trace = zipf_trace(s, KEYS, ACCESSES, seed);
             let ours = hit_rate(&mut PolicyCache::new(config.build(seed), CAPACITY), &trace);
-            let lru = hit_rate(
-                &mut ExactLru {
-                    capacity: CAPACITY,
-                    tick: 0,
-                    by_tick: BTreeMap::new(),
-                    tick_of: HashMap::new(),
-                },
-                &trace,
-            );
+            let lru = hit_rate(&mut ExactLru::new(CAPACITY), &trace);
             let reference = hit_rate(
                 &mut ExactLruLfu {
                     capacity: CAPACITY,

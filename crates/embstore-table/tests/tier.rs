@@ -88,71 +88,69 @@ fn every_eviction_policy_gives_exactly_the_in_memory_results_and_keeps_pins() {
 
 fn tiny_budget_matches_memory(seed: u64, eviction: EvictionConfig) {
     let open = |dir: &Path, budget: u64| open_evicting(dir, budget, false, eviction.clone());
-    {
-        println!("seed {seed:#x}");
-        let dir = tempfile::tempdir().unwrap();
-        let mut rng = Rng(seed);
-        let model = Store::new();
-        let m = model.create_table(config()).unwrap();
-        // About 150 rows' worth: almost every row lives on disk.
-        let budget = 40 << 10;
-        let mut store = open(dir.path(), budget);
-        let mut t = store.create_table(config()).unwrap();
-        let (mut evicted, mut cold_reads) = (0, 0);
-        for step in 0..60 {
-            let ids = rng.skewed_ids(64, IDS);
-            let mut a = vec![0.0; ids.len() * D];
-            let mut b = vec![0.0; ids.len() * D];
-            m.lookup(&ids, OnMiss::Init, &mut a, None).unwrap();
-            t.lookup(&ids, OnMiss::Init, &mut b, None).unwrap();
-            assert_eq!(a, b, "seed {seed:#x} step {step}: lookup");
-            let grads: Vec<f32> = (0..ids.len() * D).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
-            m.apply_gradients(&ids, &grads, None).unwrap();
-            t.apply_gradients(&ids, &grads, None).unwrap();
-            let some = rng.skewed_ids(4, IDS);
-            m.assign(&some, &[0.5; 4 * D]).unwrap();
-            t.assign(&some, &[0.5; 4 * D]).unwrap();
-            let gone = rng.skewed_ids(3, IDS);
-            assert_eq!(m.remove(&gone).unwrap(), t.remove(&gone).unwrap(), "step {step}: remove");
-            match step % 10 {
-                3 => {
-                    store.flush().unwrap();
-                }
-                7 => {
-                    store.flush().unwrap();
-                    (evicted, cold_reads) =
-                        (evicted + t.stats().evicted_to_disk, cold_reads + t.stats().cold_reads);
-                    drop(t);
-                    drop(store);
-                    store = open(dir.path(), budget);
-                    t = store.table("t").unwrap();
-                    assert!(t.stats().rows_on_disk > 0);
-                }
-                _ => {}
+    println!("seed {seed:#x}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng(seed);
+    let model = Store::new();
+    let m = model.create_table(config()).unwrap();
+    // About 150 rows' worth: almost every row lives on disk.
+    let budget = 40 << 10;
+    let mut store = open(dir.path(), budget);
+    let mut t = store.create_table(config()).unwrap();
+    let (mut evicted, mut cold_reads) = (0, 0);
+    for step in 0..60 {
+        let ids = rng.skewed_ids(64, IDS);
+        let mut a = vec![0.0; ids.len() * D];
+        let mut b = vec![0.0; ids.len() * D];
+        m.lookup(&ids, OnMiss::Init, &mut a, None).unwrap();
+        t.lookup(&ids, OnMiss::Init, &mut b, None).unwrap();
+        assert_eq!(a, b, "seed {seed:#x} step {step}: lookup");
+        let grads: Vec<f32> = (0..ids.len() * D).map(|i| (i % 5) as f32 * 0.1 - 0.2).collect();
+        m.apply_gradients(&ids, &grads, None).unwrap();
+        t.apply_gradients(&ids, &grads, None).unwrap();
+        let some = rng.skewed_ids(4, IDS);
+        m.assign(&some, &[0.5; 4 * D]).unwrap();
+        t.assign(&some, &[0.5; 4 * D]).unwrap();
+        let gone = rng.skewed_ids(3, IDS);
+        assert_eq!(m.remove(&gone).unwrap(), t.remove(&gone).unwrap(), "step {step}: remove");
+        match step % 10 {
+            3 => {
+                store.flush().unwrap();
             }
-            assert_eq!(m.len(), t.len(), "step {step}: rows");
+            7 => {
+                store.flush().unwrap();
+                (evicted, cold_reads) =
+                    (evicted + t.stats().evicted_to_disk, cold_reads + t.stats().cold_reads);
+                drop(t);
+                drop(store);
+                store = open(dir.path(), budget);
+                t = store.table("t").unwrap();
+                assert!(t.stats().rows_on_disk > 0);
+            }
+            _ => {}
         }
-        let s = t.stats();
-        let (evicted, cold_reads) = (evicted + s.evicted_to_disk, cold_reads + s.cold_reads);
-        println!(
-            "{} rows, {} on disk; {cold_reads} cold reads, {evicted} evicted",
-            s.rows, s.rows_on_disk
-        );
-        assert!(cold_reads > 0 && evicted > 0 && s.rows_on_disk > s.rows / 2, "{s:?}");
-        let ((mv, mf), (tv, tf)) = (rows(&m), rows(&t));
-        for id in 0..IDS as usize {
-            assert_eq!(mf[id], tf[id], "seed {seed:#x}: id {id} found");
-            assert_eq!(mv[id * D..][..D], tv[id * D..][..D], "seed {seed:#x}: id {id} values");
-        }
-        let (me, te) = (export(&m), export(&t));
-        assert_eq!(me.len(), te.len());
-        for (a, b) in me.iter().zip(&te) {
-            assert_eq!(a, b, "seed {seed:#x}: export");
-        }
-        // Memory stays near the budget (it may pass it by one call's rows before evicting).
-        let used = store.memory_budget().unwrap().used();
-        assert!(used < 3 * budget, "{used} bytes held for a budget of {budget}");
+        assert_eq!(m.len(), t.len(), "step {step}: rows");
     }
+    let s = t.stats();
+    let (evicted, cold_reads) = (evicted + s.evicted_to_disk, cold_reads + s.cold_reads);
+    println!(
+        "{} rows, {} on disk; {cold_reads} cold reads, {evicted} evicted",
+        s.rows, s.rows_on_disk
+    );
+    assert!(cold_reads > 0 && evicted > 0 && s.rows_on_disk > s.rows / 2, "{s:?}");
+    let ((mv, mf), (tv, tf)) = (rows(&m), rows(&t));
+    for id in 0..IDS as usize {
+        assert_eq!(mf[id], tf[id], "seed {seed:#x}: id {id} found");
+        assert_eq!(mv[id * D..][..D], tv[id * D..][..D], "seed {seed:#x}: id {id} values");
+    }
+    let (me, te) = (export(&m), export(&t));
+    assert_eq!(me.len(), te.len());
+    for (a, b) in me.iter().zip(&te) {
+        assert_eq!(a, b, "seed {seed:#x}: export");
+    }
+    // Memory stays near the budget (it may pass it by one call's rows before evicting).
+    let used = store.memory_budget().unwrap().used();
+    assert!(used < 3 * budget, "{used} bytes held for a budget of {budget}");
 }
 
 #[test]

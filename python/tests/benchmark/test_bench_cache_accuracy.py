@@ -4,7 +4,6 @@ native warm-up it relies on, and a tiny run's bookkeeping (f32 serving bit-ident
 The accuracy goal itself is for the benchmark to report, not for a test to assert.
 """
 
-import importlib
 import json
 import pathlib
 import subprocess
@@ -18,15 +17,6 @@ from embstore.cache import traces
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cache_accuracy.py"
 DATA = pathlib.Path(__file__).resolve().parents[3] / ".data" / "ml-100k"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        return importlib.import_module("bench_cache_accuracy")
-    finally:
-        sys.path.remove(str(BENCH.parent))
 
 
 def test_metrics_on_scikit_learns_example(bench):

@@ -5,7 +5,6 @@ rows over disk and over memory, and the figures are consistent.
 Whether the memory goal is met is for the benchmark to report, not for a test to assert.
 """
 
-import importlib
 import json
 import pathlib
 import subprocess
@@ -15,15 +14,6 @@ import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cache_memory.py"
 DATA = pathlib.Path(__file__).resolve().parents[3] / ".data" / "ml-100k"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        return importlib.import_module("bench_cache_memory")
-    finally:
-        sys.path.remove(str(BENCH.parent))
 
 
 def test_first_met_needs_every_larger_budget_within_the_limit(bench):
