@@ -1,4 +1,6 @@
+import importlib
 import pathlib
+import sys
 
 import pytest
 
@@ -8,3 +10,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.fixture
 def repo_root() -> pathlib.Path:
     return ROOT
+
+
+@pytest.fixture(scope="module")
+def bench(request):
+    """The benchmark script at the test module's ``BENCH`` path, imported as a module."""
+    path = request.module.BENCH
+    sys.path.insert(0, str(path.parent))
+    try:
+        return importlib.import_module(path.stem)
+    finally:
+        sys.path.remove(str(path.parent))
