@@ -9,12 +9,14 @@
 //!    P3 commit   per request, per shard in ascending order, write lock:
 //!                  L2 hits: scores max-updated        L1 hits + misses: GroupLfu commit
 //!                  L1 victims -> demoted into L2 (decode, re-encode: no I/O)
-//!                  last-tier victims with a surrogate -> L3 (CLOCK map)
+//!                  last-tier victims with a surrogate -> L3 (CLOCK map); from a build on
+//!                  disk, its block is read inline or by the background filler thread
 //!    P4 copy     every key's row (decoded) into `out`, its source into `sources`
 //! ```
 //!
 //! Budget: every byte is counted — each tier's rows (`capacity × codec bytes per row`) and
-//! its policy metadata (slots, index, lists), and L3's map. Tier `i` gets
+//! its policy metadata (slots, index, lists), L3's map, surrogate builds held in memory (18 B a
+//! row; a build on disk holds 8 B per 227 rows) and the filler's queues. Tier `i` gets
 //! `C_i = ⌊share_i · B / (row_i + meta)⌋` entries, then is shrunk until its measured bytes fit.
 //!
 //! Invariants: a key is in at most one of L1/L2 (exclusive tiers); an L1/L2 hit returns
@@ -28,12 +30,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::codec::{Codec, CodecKind};
 use crate::index::fmix64;
 use crate::policy::{Group, Policy, PolicyConfig, RequestOutcome};
-use crate::surrogate::{ClockMap, Surrogates};
+use crate::surrogate::{ClockMap, SurrogateFile, SurrogateTable};
 use crate::trace::split_key;
 use crate::{Error, Result};
 
@@ -60,6 +62,37 @@ pub enum Source {
 impl Source {
     /// The names of the sources, by discriminant.
     pub const NAMES: [&'static str; 4] = ["l1", "l2", "surrogate", "store"];
+}
+
+/// How L3 learns the surrogates of keys evicted from the last tier when their table's build is
+/// on disk ([`SurrogateTable::Disk`]; a build in memory is always read inline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum L3Fill {
+    /// A filler thread reads the blocks in batches, off the request path (the paper's I/O
+    /// threads); what it found enters L3 at the start of a later lookup, or at
+    /// [`InferenceCache::sync_l3`]. Keys beyond its bounded queue are dropped and counted.
+    #[default]
+    Background,
+    /// The commit that evicts a key reads its block (one disk read on the request path):
+    /// deterministic, so results equal those of the build held in memory.
+    Inline,
+}
+
+impl L3Fill {
+    /// The names [`L3Fill::parse`] takes.
+    pub const NAMES: [&'static str; 2] = ["background", "inline"];
+
+    /// By name (InvalidArgument otherwise).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "background" => Ok(Self::Background),
+            "inline" => Ok(Self::Inline),
+            _ => Err(Error::invalid(format!(
+                "unknown l3_fill {name:?}; expected one of {:?}",
+                Self::NAMES
+            ))),
+        }
+    }
 }
 
 /// One tier: a codec and its share of the budget.
@@ -95,6 +128,8 @@ pub struct CacheConfig {
     pub demote: bool,
     /// Shards (each a full L1/L2/L3 with `1/shards` of the budget); 1 = deterministic.
     pub shards: usize,
+    /// How L3 is fed from surrogate builds on disk.
+    pub l3_fill: L3Fill,
 }
 
 impl CacheConfig {
@@ -116,6 +151,7 @@ impl CacheConfig {
             max_surrogate_dist: f32::INFINITY,
             demote: true,
             shards: 1,
+            l3_fill: L3Fill::Background,
         }
     }
 
@@ -198,6 +234,12 @@ pub struct CacheStats {
     pub drops: u64,
     /// Keys added to L3's map.
     pub l3_inserts: u64,
+    /// Blocks of surrogate files read to feed L3 (inline or by the filler).
+    pub l3_reads: u64,
+    /// Failed or corrupt surrogate-file reads (those keys get no L3 entry; serving goes on).
+    pub l3_read_errors: u64,
+    /// Evicted keys the filler's full queue could not take (they get no L3 entry).
+    pub l3_queue_drops: u64,
     /// Rows read again at commit because a key hit at probe was evicted by an earlier request
     /// of the batch before its own commit.
     pub refetches: u64,
@@ -226,6 +268,9 @@ impl CacheStats {
         self.demotions += o.demotions;
         self.drops += o.drops;
         self.l3_inserts += o.l3_inserts;
+        self.l3_reads += o.l3_reads;
+        self.l3_read_errors += o.l3_read_errors;
+        self.l3_queue_drops += o.l3_queue_drops;
         self.refetches += o.refetches;
         self.backing_reads += o.backing_reads;
     }
@@ -266,11 +311,13 @@ pub struct CacheMemory {
     pub l3_len: usize,
     /// Bytes of L3's map.
     pub l3_bytes: usize,
-    /// Bytes of the surrogate builds held in memory (ids, surrogates, distances: 18 B a row
-    /// of every table built). **Not** inside the budget or `total_bytes`: the design keeps the
-    /// build on disk and reads it when L3 is fed, which is not built (docs/cache.md, Limits).
+    /// Bytes the surrogate builds hold in memory, counted in the budget: 18 B a row of a build
+    /// in memory, 8 B per 227 rows (its fences) of a build on disk.
     pub surrogate_table_bytes: usize,
-    /// Everything counted against the budget: L1 and L2 (rows and metadata) and L3's map.
+    /// Bytes of the L3 filler's queues (background fill from builds on disk), counted.
+    pub l3_queue_bytes: usize,
+    /// Everything counted against the budget: L1 and L2 (rows and metadata), L3's map, the
+    /// surrogate builds' bytes in memory and the filler's queues.
     pub total_bytes: usize,
     /// Policy metadata bytes per entry of capacity (L1 and L2 together).
     pub metadata_bytes_per_entry: f64,
@@ -361,9 +408,148 @@ struct Scratch {
 pub struct InferenceCache {
     cfg: CacheConfig,
     backing: Arc<dyn Backing>,
-    surrogates: Vec<Option<Arc<Surrogates>>>,
+    surrogates: Vec<Option<SurrogateTable>>,
     shards: Vec<RwLock<Shard>>,
     stats: Mutex<CacheStats>,
+    /// Reads surrogate blocks off the request path ([`L3Fill::Background`] with a build on
+    /// disk).
+    filler: Option<Filler>,
+}
+
+/// Keys a filler read takes at once.
+const FILL_BATCH: usize = 64;
+
+/// The L3 filler: a thread that reads the surrogates of evicted keys from builds on disk. It
+/// touches no shard: what it finds waits in `ready` until a lookup (or `sync_l3`) moves it
+/// into L3 under the shard's lock. Both queues are bounded by `cap`, allocated up front.
+struct Filler {
+    shared: Arc<FillShared>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+struct FillShared {
+    state: Mutex<FillState>,
+    /// Signalled when keys arrive or on stop.
+    wake: Condvar,
+    /// Signalled when the worker has nothing pending and is not reading.
+    idle: Condvar,
+    files: Vec<Option<Arc<SurrogateFile>>>,
+    cap: usize,
+}
+
+#[derive(Default)]
+struct FillState {
+    pending: Vec<u64>,
+    ready: Vec<(u64, u64, f32)>,
+    busy: bool,
+    stop: bool,
+    /// Counters the next `apply_ready` adds to the cache's stats.
+    reads: u64,
+    errors: u64,
+    drops: u64,
+}
+
+impl Filler {
+    fn start(files: Vec<Option<Arc<SurrogateFile>>>, cap: usize) -> Result<Self> {
+        let shared = Arc::new(FillShared {
+            state: Mutex::new(FillState {
+                pending: Vec::with_capacity(cap),
+                ready: Vec::with_capacity(cap),
+                ..FillState::default()
+            }),
+            wake: Condvar::new(),
+            idle: Condvar::new(),
+            files,
+            cap,
+        });
+        let sh = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("embstore-l3-fill".into())
+            .spawn(move || sh.run())
+            .map_err(|e| Error::io(format!("cannot start the L3 filler thread: {e}")))?;
+        Ok(Self { shared, worker: Some(worker) })
+    }
+
+    /// Bytes of both queues.
+    fn bytes(&self) -> usize {
+        self.shared.cap * (std::mem::size_of::<u64>() + std::mem::size_of::<(u64, u64, f32)>())
+    }
+
+    /// Queues `key`; false when the queue is full (the key is dropped).
+    fn push(&self, key: u64) -> bool {
+        let mut st = self.shared.state.lock();
+        if st.pending.len() == self.shared.cap {
+            return false;
+        }
+        st.pending.push(key);
+        self.shared.wake.notify_one();
+        true
+    }
+}
+
+impl FillShared {
+    fn run(&self) {
+        let mut keys = Vec::with_capacity(FILL_BATCH);
+        let mut found = Vec::new();
+        loop {
+            {
+                let mut st = self.state.lock();
+                while st.pending.is_empty() && !st.stop {
+                    self.wake.wait(&mut st);
+                }
+                if st.stop {
+                    return;
+                }
+                let n = st.pending.len().min(FILL_BATCH);
+                keys.clear();
+                keys.extend(st.pending.drain(..n));
+                st.busy = true;
+            }
+            let (mut reads, mut errors) = (0, 0);
+            let mut results = Vec::with_capacity(keys.len());
+            let mut ids = Vec::new();
+            let mut tables: Vec<u16> = keys.iter().map(|&k| split_key(k).0).collect();
+            tables.sort_unstable();
+            tables.dedup();
+            for t in tables {
+                let Some(Some(file)) = self.files.get(usize::from(t)) else { continue };
+                ids.clear();
+                ids.extend(keys.iter().map(|&k| split_key(k)).filter(|p| p.0 == t).map(|p| p.1));
+                match file.get_many(&ids, &mut found) {
+                    Ok(n) => {
+                        reads += n as u64;
+                        for (&id, f) in ids.iter().zip(&found) {
+                            if let Some((alt, dist)) = *f {
+                                results.push((u64::from(t) << 48 | id, alt, dist));
+                            }
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            let mut st = self.state.lock();
+            let room = self.cap - st.ready.len();
+            st.drops += results.len().saturating_sub(room) as u64;
+            results.truncate(room);
+            st.ready.extend(results);
+            st.reads += reads;
+            st.errors += errors;
+            st.busy = false;
+            if st.pending.is_empty() {
+                self.idle.notify_all();
+            }
+        }
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        self.shared.state.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
 }
 
 impl fmt::Debug for InferenceCache {
@@ -377,13 +563,13 @@ fn entries_for(bytes: f64, row: usize, meta: usize) -> usize {
     (bytes / (row + meta) as f64).floor().max(0.0) as usize
 }
 
-/// Bytes of the distinct surrogate builds (one shared by two tables counts once).
-fn surrogate_table_bytes(surrogates: &[Option<Arc<Surrogates>>]) -> usize {
-    let mut seen: Vec<*const Surrogates> = Vec::new();
+/// Bytes the distinct surrogate builds hold in memory (one shared by two tables counts once).
+fn surrogate_table_bytes(surrogates: &[Option<SurrogateTable>]) -> usize {
+    let mut seen: Vec<&SurrogateTable> = Vec::new();
     let mut bytes = 0;
     for s in surrogates.iter().flatten() {
-        if !seen.contains(&Arc::as_ptr(s)) {
-            seen.push(Arc::as_ptr(s));
+        if !seen.iter().any(|o| o.same(s)) {
+            seen.push(s);
             bytes += s.heap_bytes();
         }
     }
@@ -392,13 +578,16 @@ fn surrogate_table_bytes(surrogates: &[Option<Arc<Surrogates>>]) -> usize {
 
 impl InferenceCache {
     /// A cache over `backing` per `cfg`; `surrogates[t]` is table `t`'s surrogate build (or
-    /// `None`; an empty vector means none at all). Errors: bad configuration, a budget too
-    /// small for one request in every shard (fewer L1 entries than tables), surrogates of a
-    /// different count or dimension.
+    /// `None`; an empty vector means none at all), in memory or on disk. The builds' bytes in
+    /// memory come out of the budget first, then L3's share (its map and, for builds on disk
+    /// fed in the background, the filler's queues), then the tiers'. Errors: bad
+    /// configuration, a budget too small for one request in every shard (fewer L1 entries
+    /// than tables) or for the builds held in memory, surrogates of a different count or
+    /// dimension.
     pub fn new(
         cfg: CacheConfig,
         backing: Arc<dyn Backing>,
-        surrogates: Vec<Option<Arc<Surrogates>>>,
+        surrogates: Vec<Option<SurrogateTable>>,
     ) -> Result<Self> {
         cfg.validate()?;
         if !surrogates.is_empty() && surrogates.len() != cfg.num_tables {
@@ -408,12 +597,47 @@ impl InferenceCache {
                 surrogates.len()
             )));
         }
+        if let Some((t, s)) = surrogates
+            .iter()
+            .enumerate()
+            .find_map(|(t, s)| Some((t, s.as_ref()?)))
+            .filter(|(_, s)| s.dim() != cfg.dim)
+        {
+            return Err(Error::shape(format!(
+                "the surrogates of table {t} were built from rows of dim {}, the cache's is {}",
+                s.dim(),
+                cfg.dim
+            )));
+        }
         let with_l3 = surrogates.iter().any(Option::is_some);
+        let files: Vec<Option<Arc<SurrogateFile>>> = surrogates
+            .iter()
+            .map(|s| match s {
+                Some(SurrogateTable::Disk(f)) => Some(f.clone()),
+                _ => None,
+            })
+            .collect();
+        let background = cfg.l3_fill == L3Fill::Background && files.iter().any(Option::is_some);
+        // The filler's queues: about a quarter of the entries L3's share holds, 16 to 1,024.
+        let queue_cap = (cfg.memory_budget_bytes as f64 * cfg.surrogate_share
+            / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
+            / 4.0) as usize;
+        let filler =
+            if background { Some(Filler::start(files, queue_cap.clamp(16, 1024))?) } else { None };
+        let fixed = surrogate_table_bytes(&surrogates) + filler.as_ref().map_or(0, Filler::bytes);
+        if with_l3 && fixed >= cfg.memory_budget_bytes {
+            return Err(Error::invalid(format!(
+                "the surrogate builds and the L3 filler's queues hold {fixed} B in memory, not \
+                 less than the {} B budget: open the builds from disk (SurrogateFile::open, \
+                 Python Surrogates.open) so that L3 reads a block when it is fed",
+                cfg.memory_budget_bytes
+            )));
+        }
         let n = cfg.shards;
-        let per_shard = cfg.memory_budget_bytes as f64 / n as f64;
-        let l3_bytes = if with_l3 { per_shard * cfg.surrogate_share } else { 0.0 };
-        let l3_cap = entries_for(l3_bytes, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
-        let rest = per_shard - l3_bytes;
+        let avail = (cfg.memory_budget_bytes - if with_l3 { fixed } else { 0 }) as f64;
+        let l3_total = if with_l3 { avail * cfg.surrogate_share } else { 0.0 };
+        let l3_cap = entries_for(l3_total / n as f64, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
+        let rest = (avail - l3_total) / n as f64;
         let mut shards = Vec::with_capacity(n);
         for _ in 0..n {
             let mut tiers = Vec::with_capacity(cfg.tiers.len());
@@ -462,6 +686,7 @@ impl InferenceCache {
             backing,
             shards,
             stats: Mutex::new(CacheStats::default()),
+            filler,
         })
     }
 
@@ -517,7 +742,11 @@ impl InferenceCache {
         let meta: usize = tiers.iter().map(|t| t.metadata_bytes).sum();
         let cap: usize = tiers.iter().map(|t| t.capacity).sum();
         let surrogate_table_bytes = surrogate_table_bytes(&self.surrogates);
-        let total = tiers.iter().map(|t| t.row_bytes + t.metadata_bytes).sum::<usize>() + l3_bytes;
+        let l3_queue_bytes = self.filler.as_ref().map_or(0, Filler::bytes);
+        let total = tiers.iter().map(|t| t.row_bytes + t.metadata_bytes).sum::<usize>()
+            + l3_bytes
+            + surrogate_table_bytes
+            + l3_queue_bytes;
         CacheMemory {
             budget_bytes: self.cfg.memory_budget_bytes,
             tiers,
@@ -525,6 +754,7 @@ impl InferenceCache {
             l3_len,
             l3_bytes,
             surrogate_table_bytes,
+            l3_queue_bytes,
             total_bytes: total,
             metadata_bytes_per_entry: meta as f64 / cap.max(1) as f64,
         }
@@ -542,7 +772,51 @@ impl InferenceCache {
                 *l3 = ClockMap::new(l3.capacity());
             }
         }
+        if let Some(f) = &self.filler {
+            self.sync_l3();
+            f.shared.state.lock().ready.clear();
+        }
         Ok(())
+    }
+
+    /// Waits until the L3 filler has read every key queued so far, then moves what it found
+    /// into L3. A no-op without a filler. After `sync_l3` following every lookup, a cache fed
+    /// in the background is in the state [`L3Fill::Inline`] gives.
+    pub fn sync_l3(&self) {
+        if let Some(f) = &self.filler {
+            let mut st = f.shared.state.lock();
+            while !st.pending.is_empty() || st.busy {
+                f.shared.idle.wait(&mut st);
+            }
+        }
+        self.apply_ready();
+    }
+
+    /// Moves the filler's findings into L3 (under each shard's write lock) and its counters
+    /// into the stats.
+    fn apply_ready(&self) {
+        let Some(f) = &self.filler else { return };
+        let (ready, reads, errors, drops) = {
+            let mut st = f.shared.state.lock();
+            if st.ready.is_empty() && st.reads + st.errors + st.drops == 0 {
+                return;
+            }
+            let ready: Vec<(u64, u64, f32)> = st.ready.drain(..).collect();
+            let counters = (std::mem::take(&mut st.reads), std::mem::take(&mut st.errors));
+            (ready, counters.0, counters.1, std::mem::take(&mut st.drops))
+        };
+        let mut inserts = 0;
+        for (key, alt, dist) in ready {
+            if let Some(l3) = &mut self.shards[self.shard_of(key)].write().l3 {
+                l3.insert(key, alt, dist);
+                inserts += 1;
+            }
+        }
+        let mut st = self.stats.lock();
+        st.l3_inserts += inserts;
+        st.l3_reads += reads;
+        st.l3_read_errors += errors;
+        st.l3_queue_drops += drops;
     }
 
     fn shard_of(&self, key: u64) -> usize {
@@ -567,6 +841,7 @@ impl InferenceCache {
     ) -> Result<()> {
         let d = self.cfg.dim;
         self.check(keys, offsets, out, sources.as_deref())?;
+        self.apply_ready();
         let mut sc = Scratch::default();
         self.dedup(keys, offsets, &mut sc);
         let mut stats = CacheStats::default();
@@ -949,11 +1224,26 @@ impl InferenceCache {
         stats.drops += 1;
         let Some(l3) = &mut s.l3 else { return };
         let (t, id) = split_key(key);
-        if let Some(sur) = &self.surrogates[usize::from(t)] {
-            if let Some((alt, dist)) = sur.get(id) {
-                l3.insert(key, alt, dist);
-                stats.l3_inserts += 1;
+        let found = match &self.surrogates[usize::from(t)] {
+            None => None,
+            Some(SurrogateTable::Memory(m)) => m.get(id),
+            Some(SurrogateTable::Disk(_)) if self.filler.is_some() => {
+                if !self.filler.as_ref().is_some_and(|f| f.push(key)) {
+                    stats.l3_queue_drops += 1;
+                }
+                None
             }
+            Some(SurrogateTable::Disk(f)) => {
+                stats.l3_reads += 1;
+                f.get(id).unwrap_or_else(|_| {
+                    stats.l3_read_errors += 1;
+                    None
+                })
+            }
+        };
+        if let Some((alt, dist)) = found {
+            l3.insert(key, alt, dist);
+            stats.l3_inserts += 1;
         }
     }
 }
@@ -1003,7 +1293,11 @@ impl Policy for CachePolicy<'_> {
         self.sources.resize(keys.len(), Source::Store);
         self.offsets[1] = keys.len();
         let before = self.cache.stats.lock().bypasses;
-        match self.cache.lookup(keys, &self.offsets, &mut self.rows, Some(&mut self.sources)) {
+        let result =
+            self.cache.lookup(keys, &self.offsets, &mut self.rows, Some(&mut self.sources));
+        // Deterministic figures: what the L3 filler reads is in L3 before the next request.
+        self.cache.sync_l3();
+        match result {
             Ok(()) => {
                 for &s in &self.sources {
                     out.hit.push(matches!(s, Source::L1 | Source::L2));
@@ -1020,7 +1314,10 @@ impl Policy for CachePolicy<'_> {
     }
     fn metadata_bytes(&self) -> usize {
         let m = self.cache.memory();
-        m.tiers.iter().map(|t| t.metadata_bytes).sum::<usize>() + m.l3_bytes
+        m.tiers.iter().map(|t| t.metadata_bytes).sum::<usize>()
+            + m.l3_bytes
+            + m.surrogate_table_bytes
+            + m.l3_queue_bytes
     }
 }
 
@@ -1361,7 +1658,7 @@ mod tests {
     }
 
     /// Surrogates over row_of rows of every table, nearest neighbour within a loose bound.
-    fn surrogates(tables: usize, rows: u64, d: usize) -> Vec<Option<Arc<Surrogates>>> {
+    fn surrogates(tables: usize, rows: u64, d: usize) -> Vec<Option<SurrogateTable>> {
         let cfg = crate::surrogate::SurrogateConfig {
             max_dist: 1.5,
             popularity: false,
@@ -1371,7 +1668,7 @@ mod tests {
             .map(|t| {
                 let ids: Vec<u64> = (0..rows).collect();
                 let flat: Vec<f32> = ids.iter().flat_map(|&i| row_of(t, i, d)).collect();
-                Some(Arc::new(crate::surrogate::build(&ids, &flat, d, None, &cfg, 1).unwrap()))
+                Some(crate::surrogate::build(&ids, &flat, d, None, &cfg, 1).unwrap().into())
             })
             .collect()
     }
@@ -1398,7 +1695,9 @@ mod tests {
         .generate()
         .unwrap();
         let sur = surrogates(t, 400, d);
-        let mut cfg = CacheConfig::new(t, d, 12_000);
+        // The surrogate builds in memory are counted: 18 B a row of every table.
+        let builds = 4 * 400 * 18;
+        let mut cfg = CacheConfig::new(t, d, 12_000 + builds);
         cfg.policy = policy;
         cfg.tiers = vec![
             TierConfig { codec: CodecKind::F32, share: 0.5 },
@@ -1407,13 +1706,17 @@ mod tests {
         cfg.surrogate_share = 0.1;
         cfg.max_approx_per_request = 1;
         let with = InferenceCache::new(cfg.clone(), mem(d), sur.clone()).unwrap();
-        // The surrogate builds are reported, outside the budget (docs/cache.md, Limits).
-        assert_eq!(with.memory().surrogate_table_bytes, 4 * 400 * 18);
+        assert_eq!(with.memory().surrogate_table_bytes, builds);
+        let mut tight = cfg.clone();
+        tight.memory_budget_bytes = builds;
+        let e = InferenceCache::new(tight, mem(d), sur.clone()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("open the builds from disk"), "{e}");
         let mut zero = cfg.clone();
         zero.max_approx_per_request = 0;
         let capped_off = InferenceCache::new(zero, mem(d), sur.clone()).unwrap();
         let mut plain = cfg.clone();
-        plain.memory_budget_bytes = 10_800; // the budget less L3's 10 %: the same tier sizes
+        plain.memory_budget_bytes = 10_800; // the budget less builds and L3's 10 %: same tiers
         let without = InferenceCache::new(plain, mem(d), vec![]).unwrap();
         let mut approx = 0;
         for r in trace.iter() {
@@ -1469,5 +1772,111 @@ mod tests {
         assert!(s.served_perfect >= s.perfect);
         let m = with.memory();
         assert!(m.l3_len <= m.l3_capacity && m.total_bytes <= cfg.memory_budget_bytes, "{m:?}");
+    }
+
+    /// Surrogate builds on disk serve exactly what the same builds in memory serve, read
+    /// inline or by the filler thread (synced after every request), at the same tier and L3
+    /// sizes; the bytes in memory drop from 18 a row to the fences.
+    #[test]
+    fn surrogates_on_disk_serve_what_the_build_in_memory_serves() {
+        let seed = 0xd15c;
+        println!("seed {seed:#x}");
+        let (t, d) = (4, 6);
+        let trace = Synthetic {
+            num_requests: 2_000,
+            num_tables: t,
+            num_contexts: 300,
+            max_table_size: 400,
+            seed,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let in_memory = surrogates(t, 400, d);
+        let on_disk: Vec<Option<SurrogateTable>> = in_memory
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let Some(SurrogateTable::Memory(m)) = s else { unreachable!() };
+                let path = dir.path().join(format!("t{i}.surr"));
+                m.save(&path).unwrap();
+                Some(SurrogateFile::open(&path).unwrap().into())
+            })
+            .collect();
+        let base = 12_000;
+        let mut cfg = CacheConfig::new(t, d, base + surrogate_table_bytes(&in_memory));
+        cfg.tiers = vec![
+            TierConfig { codec: CodecKind::F32, share: 0.5 },
+            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        ];
+        cfg.surrogate_share = 0.1;
+        let reference = InferenceCache::new(cfg.clone(), mem(d), in_memory).unwrap();
+        let disk_bytes = surrogate_table_bytes(&on_disk);
+        assert!(disk_bytes < 4 * 1_000, "fences, not rows: {disk_bytes} B");
+        cfg.memory_budget_bytes = base + disk_bytes;
+        cfg.l3_fill = L3Fill::Inline;
+        let inline = InferenceCache::new(cfg.clone(), mem(d), on_disk.clone()).unwrap();
+        cfg.l3_fill = L3Fill::Background;
+        cfg.memory_budget_bytes = base + disk_bytes + 16 * 32; // the filler's queues
+        let background = InferenceCache::new(cfg.clone(), mem(d), on_disk).unwrap();
+        assert_eq!(background.memory().l3_queue_bytes, 16 * 32);
+        for c in [&inline, &background] {
+            let (a, b) = (reference.memory(), c.memory());
+            assert_eq!((&a.tiers, a.l3_capacity), (&b.tiers, b.l3_capacity));
+            assert!(b.total_bytes <= b.budget_bytes, "{b:?}");
+        }
+        for r in trace.iter() {
+            let run = |c: &InferenceCache| {
+                let mut rows = vec![0.0; r.len() * d];
+                let mut src = vec![Source::Store; r.len()];
+                c.lookup(r, &one(r), &mut rows, Some(&mut src)).unwrap();
+                (rows, src)
+            };
+            let want = run(&reference);
+            assert_eq!(run(&inline), want);
+            assert_eq!(run(&background), want);
+            background.sync_l3();
+        }
+        let (a, b, c) = (reference.stats(), inline.stats(), background.stats());
+        assert!(a.approximated > 0 && a.l3_inserts > 0, "{a:?}");
+        assert_eq!((a.approximated, a.l3_inserts), (b.approximated, b.l3_inserts));
+        assert_eq!((a.approximated, a.l3_inserts), (c.approximated, c.l3_inserts));
+        assert_eq!(a.l3_reads, 0);
+        assert!(b.l3_reads > 0 && c.l3_reads > 0 && c.l3_reads <= b.l3_reads, "{b:?} {c:?}");
+        assert_eq!(b.l3_read_errors + c.l3_read_errors + c.l3_queue_drops, 0);
+    }
+
+    /// A surrogate file damaged after it was opened: the read errors are counted and those keys
+    /// get no L3 entry, and every request is still served with its exact rows.
+    #[test]
+    fn a_damaged_surrogate_file_is_counted_and_serving_goes_on() {
+        let (t, d) = (2, 4);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.surr");
+        let ids: Vec<u64> = (0..300).collect();
+        let flat: Vec<f32> = ids.iter().flat_map(|&i| row_of(0, i, d)).collect();
+        let sc = crate::surrogate::SurrogateConfig { max_dist: 2.0, ..Default::default() };
+        crate::surrogate::build(&ids, &flat, d, None, &sc, 1).unwrap().save(&path).unwrap();
+        // Flip a byte of the first data block: open checks only the header and the fences.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[crate::surrogate::BLOCK + 10] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        for fill in [L3Fill::Inline, L3Fill::Background] {
+            let mut cfg = CacheConfig::new(t, d, 4_000);
+            cfg.l3_fill = fill;
+            let sur = vec![Some(SurrogateFile::open(&path).unwrap().into()), None];
+            let c = InferenceCache::new(cfg, mem(d), sur).unwrap();
+            for i in 0..300u64 {
+                let r = [table_key(0, i).unwrap(), table_key(1, i).unwrap()];
+                let mut rows = vec![0.0; 2 * d];
+                c.lookup(&r, &one(&r), &mut rows, None).unwrap();
+                assert_eq!(&rows[..d], &row_of(0, i, d)[..]);
+                c.sync_l3();
+            }
+            let s = c.stats();
+            assert!(s.l3_read_errors > 0, "{fill:?}: {s:?}");
+            assert!(s.drops > 0);
+        }
     }
 }

@@ -52,7 +52,7 @@ pub mod surrogate;
 pub mod trace;
 
 pub use cache::{
-    Backing, CacheConfig, CachePolicy, CacheStats, InferenceCache, Source, TierConfig,
+    Backing, CacheConfig, CachePolicy, CacheStats, InferenceCache, L3Fill, Source, TierConfig,
 };
 pub use codec::{relative_rmse, Codec, CodecKind, Int4Row, Int8Row, F16, F32};
 #[cfg(feature = "compat")]
@@ -64,4 +64,5 @@ pub use policy::{
     GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
     PolicyConfig, RequestOutcome,
 };
+pub use surrogate::{SurrogateFile, SurrogateTable, Surrogates};
 pub use trace::{split_key, table_key, Synthetic, Trace};

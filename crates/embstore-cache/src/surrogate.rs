@@ -37,12 +37,16 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::f16;
 use rayon::prelude::*;
 
 use crate::index::{SlotIndex, NIL};
 use crate::{Error, Result};
+
+mod file;
+pub use file::{SurrogateFile, BLOCK, RECORDS_PER_BLOCK};
 
 /// "No surrogate": the `alt` of a row without one. It is reserved, so no id may take it.
 pub const NONE: u64 = u64::MAX;
@@ -53,8 +57,8 @@ pub const MAX_ROWS: usize = 1 << 20;
 /// The largest neighbour count `k`.
 pub const MAX_K: usize = 1024;
 
-/// The file format version written by [`Surrogates::save`].
-pub const FORMAT_VERSION: u32 = 1;
+/// The file format version written by [`Surrogates::save`] (1 is still read).
+pub const FORMAT_VERSION: u32 = file::FORMAT_V2;
 
 const MAGIC: &[u8; 8] = b"EMBSURR1";
 const HEADER: usize = 48;
@@ -451,8 +455,9 @@ impl Surrogates {
         self.version
     }
 
-    /// Writes the file (format in [`Surrogates::load`]) atomically: to `<path>.tmp`, fsync,
-    /// rename over `path`. Errors: Io, with the path in the message.
+    /// Writes the file (format 2, in [`file`]: 4 KiB blocks that [`SurrogateFile`] reads one
+    /// at a time) atomically: to `<path>.tmp`, fsync, rename over `path`. Errors: Io, with the
+    /// path in the message.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e: &dyn std::fmt::Display| {
@@ -463,7 +468,7 @@ impl Surrogates {
         tmp.set_file_name(format!("{}.tmp", name.to_string_lossy()));
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
-            f.write_all(&self.encode())?;
+            f.write_all(&file::encode(self))?;
             f.sync_all()?;
             fs::rename(&tmp, path)
         };
@@ -479,7 +484,9 @@ impl Surrogates {
         Ok(())
     }
 
-    /// Reads a file written by [`Surrogates::save`]. Layout, little-endian:
+    /// Reads a whole file written by [`Surrogates::save`] into memory (18 B a row; to keep it
+    /// on disk, open it with [`SurrogateFile::open`]). Format 2 is in [`file`]; format 1, the
+    /// first one, little-endian:
     ///
     /// ```text
     /// 0  magic "EMBSURR1"    8 B     16 dim u32          32 checkpoint version u64
@@ -488,10 +495,10 @@ impl Surrogates {
     /// 13 popularity u8, 2 B zero     28 4 B zero            dist f16 x n, crc32 u32
     /// ```
     ///
-    /// The crc32 covers every byte before it. Errors: Io (with the path) when the file cannot
-    /// be read; Corrupt when the magic, version, size, checksum or contents are wrong (ids not
-    /// strictly increasing, a surrogate that is the row itself or not one of the ids, a
-    /// distance outside `[0, max_dist]`).
+    /// Checksums cover every byte. Errors: Io (with the path) when the file cannot be read;
+    /// Corrupt when the magic, version, size, checksum or contents are wrong (ids not strictly
+    /// increasing, a surrogate that is the row itself or not one of the ids, a distance
+    /// outside `[0, max_dist]`).
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let bytes = fs::read(path).map_err(|e| {
@@ -501,11 +508,22 @@ impl Surrogates {
             .map_err(|m| Error::corrupt(format!("surrogate file {}: {m}", path.display())))
     }
 
-    fn encode(&self) -> Vec<u8> {
+    fn decode(b: &[u8]) -> std::result::Result<Self, String> {
+        check_magic(b)?;
+        match u32::from_le_bytes([b[8], b[9], b[10], b[11]]) {
+            1 => Self::decode_v1(b),
+            file::FORMAT_V2 => file::decode(b),
+            v => Err(format!("unsupported format version {v}, expected 1 or {}", file::FORMAT_V2)),
+        }
+    }
+
+    /// Format 1, which files are no longer written in (kept to test reading it).
+    #[cfg(test)]
+    fn encode_v1(&self) -> Vec<u8> {
         let n = self.ids.len();
         let mut b = Vec::with_capacity(HEADER + 18 * n + 4);
         b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&[self.config.metric.code(), u8::from(self.config.popularity), 0, 0]);
         b.extend_from_slice(&(self.dim as u32).to_le_bytes());
         b.extend_from_slice(&(self.config.k as u32).to_le_bytes());
@@ -520,7 +538,7 @@ impl Surrogates {
         b
     }
 
-    fn decode(b: &[u8]) -> std::result::Result<Self, String> {
+    fn decode_v1(b: &[u8]) -> std::result::Result<Self, String> {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64_at = |o: usize| u64::from(u32_at(o)) | u64::from(u32_at(o + 4)) << 32;
         if b.len() < HEADER + 4 {
@@ -528,15 +546,6 @@ impl Surrogates {
                 "too short: {} bytes, header and checksum need {}",
                 b.len(),
                 HEADER + 4
-            ));
-        }
-        if &b[..8] != MAGIC {
-            return Err(format!("bad magic \"{}\", expected \"EMBSURR1\"", b[..8].escape_ascii()));
-        }
-        if u32_at(8) != FORMAT_VERSION {
-            return Err(format!(
-                "unsupported format version {}, expected {FORMAT_VERSION}",
-                u32_at(8)
             ));
         }
         let n = u64_at(40);
@@ -595,6 +604,78 @@ impl Surrogates {
         }
         Ok(Self { ids, alt, dist, dim, config, version: u64_at(32) })
     }
+}
+
+/// One table's surrogates as the cache holds them: the whole build in memory (18 B a row,
+/// counted in the cache's budget) or its file, read one block per lookup (8 B per 227 rows).
+#[derive(Clone, Debug)]
+pub enum SurrogateTable {
+    /// A build in memory ([`build`] or [`Surrogates::load`]).
+    Memory(Arc<Surrogates>),
+    /// A build on disk ([`SurrogateFile::open`]).
+    Disk(Arc<SurrogateFile>),
+}
+
+impl SurrogateTable {
+    /// Bytes it holds in memory.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Memory(s) => s.heap_bytes(),
+            Self::Disk(f) => f.heap_bytes(),
+        }
+    }
+
+    /// The embedding dimension of the rows it was built from.
+    pub fn dim(&self) -> usize {
+        match self {
+            Self::Memory(s) => s.dim(),
+            Self::Disk(f) => f.dim(),
+        }
+    }
+
+    /// Whether two handles share one build (counted once).
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Memory(a), Self::Memory(b)) => Arc::ptr_eq(a, b),
+            (Self::Disk(a), Self::Disk(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl From<Arc<Surrogates>> for SurrogateTable {
+    fn from(s: Arc<Surrogates>) -> Self {
+        Self::Memory(s)
+    }
+}
+
+impl From<Surrogates> for SurrogateTable {
+    fn from(s: Surrogates) -> Self {
+        Self::Memory(Arc::new(s))
+    }
+}
+
+impl From<Arc<SurrogateFile>> for SurrogateTable {
+    fn from(f: Arc<SurrogateFile>) -> Self {
+        Self::Disk(f)
+    }
+}
+
+impl From<SurrogateFile> for SurrogateTable {
+    fn from(f: SurrogateFile) -> Self {
+        Self::Disk(Arc::new(f))
+    }
+}
+
+/// Checks the magic and that the version field is there (both formats start alike).
+fn check_magic(b: &[u8]) -> std::result::Result<(), String> {
+    if b.len() < 12 {
+        return Err(format!("too short: {} bytes", b.len()));
+    }
+    if &b[..8] != MAGIC {
+        return Err(format!("bad magic \"{}\", expected \"EMBSURR1\"", b[..8].escape_ascii()));
+    }
+    Ok(())
 }
 
 /// A ring slot of [`ClockMap`]: u32 halves give 4-byte alignment, so it packs into 20 bytes.
@@ -969,16 +1050,101 @@ mod tests {
         let back = Surrogates::load(&path).unwrap();
         assert_eq!(back, s);
         assert_eq!((back.version(), back.dim(), back.config().k), (42, 6, 10));
-        assert_eq!(fs::metadata(&path).unwrap().len(), 48 + 18 * 40 + 4);
+        // Format 2: a header block, one data block, 8 B of fence and its crc32.
+        assert_eq!(fs::metadata(&path).unwrap().len(), 2 * 4096 + 8 + 4);
         assert!(!dir.path().join("t.surr.tmp").exists());
         let empty = build(&[], &[], 3, None, &SurrogateConfig::default(), 0).unwrap();
         empty.save(&path).unwrap();
         assert_eq!(Surrogates::load(&path).unwrap(), empty);
+        let f = SurrogateFile::open(&path).unwrap();
+        assert_eq!((f.len(), f.get(7).unwrap()), (0, None));
+        // Format 1 files are still read into memory; on disk they are refused, with the way out.
+        fs::write(&path, s.encode_v1()).unwrap();
+        assert_eq!(Surrogates::load(&path).unwrap(), s);
+        let e = SurrogateFile::open(&path).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert!(e.message().contains("format version 1 cannot be read block by block"), "{e}");
+    }
+
+    /// A build over several blocks, with sparse ids: the file on disk answers every id (and
+    /// ids between, below and above them) as the build in memory does, one block read per
+    /// distinct block.
+    #[test]
+    fn file_on_disk_answers_like_the_build_in_memory() {
+        let seed = 0x5eed_f11e;
+        println!("seed {seed:#x}");
+        let n = 3 * RECORDS_PER_BLOCK + 17;
+        let mut rng = crate::trace::SplitMix64::new(seed);
+        let ids: Vec<u64> = (0..n as u64).map(|i| i * 1_000 + rng.next_u64() % 997).collect();
+        let counts: Vec<u64> = (0..n as u64).map(|_| rng.next_u64() % 5).collect();
+        let cfg = SurrogateConfig { max_dist: 0.12, ..Default::default() };
+        let s = build(&ids, &gaussian(seed, n, 8), 8, Some(&counts), &cfg, 9).unwrap();
+        assert!(s.coverage() > 0.0 && s.coverage() < 1.0, "coverage {}", s.coverage());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.surr");
+        s.save(&path).unwrap();
+        assert_eq!(Surrogates::load(&path).unwrap(), s);
+        let f = SurrogateFile::open(&path).unwrap();
+        assert_eq!((f.len(), f.dim(), f.version(), *f.config()), (n, 8, 9, cfg));
+        assert!((f.coverage() - s.coverage()).abs() < 1e-12);
+        assert_eq!(
+            f.heap_bytes() - std::mem::size_of::<SurrogateFile>(),
+            4 * 8 + path.as_os_str().len()
+        );
+        let mut probe: Vec<u64> =
+            ids.iter().flat_map(|&i| [i, i + 1, i.saturating_sub(1)]).collect();
+        probe.extend([0, u64::MAX - 1, ids[n - 1] + 10_000]);
+        for &id in &probe {
+            assert_eq!(f.get(id).unwrap(), s.get(id), "id {id}");
+        }
+        let mut out = Vec::new();
+        let reads = f.get_many(&probe, &mut out).unwrap();
+        assert_eq!(out, probe.iter().map(|&i| s.get(i)).collect::<Vec<_>>());
+        assert_eq!(reads, 4, "one read per block");
+    }
+
+    /// Damage anywhere in a format-2 file: `load` sees it (every byte is checksummed);
+    /// `open` sees damage to the header, size or fences, and a damaged block is a Corrupt
+    /// error when read.
+    #[test]
+    fn damaged_format_2_files_are_corrupt() {
+        let n = RECORDS_PER_BLOCK + 5;
+        let ids: Vec<u64> = (0..n as u64).collect();
+        let s = build(&ids, &gaussian(3, n, 3), 3, None, &SurrogateConfig::default(), 1).unwrap();
+        let good = file::encode(&s);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.surr");
+        let fence_at = BLOCK * 3;
+        for i in (0..good.len()).step_by(7).chain([12, 40, 48, fence_at, good.len() - 1]) {
+            let mut b = good.clone();
+            b[i] ^= 0x10;
+            assert!(Surrogates::decode(&b).is_err(), "byte {i}");
+            fs::write(&path, &b).unwrap();
+            let in_block = (BLOCK..fence_at).contains(&i);
+            match SurrogateFile::open(&path) {
+                Err(e) => {
+                    assert!(!in_block, "byte {i}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                }
+                Ok(f) => {
+                    assert!(in_block, "byte {i} opened");
+                    let b = (i / BLOCK - 1) as u64;
+                    let e = f.get(b * RECORDS_PER_BLOCK as u64).unwrap_err();
+                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                    assert!(e.message().contains(&format!("block {b}")), "{e}");
+                }
+            }
+        }
+        fs::write(&path, &good[..good.len() - 1]).unwrap();
+        let e = SurrogateFile::open(&path).unwrap_err();
+        assert!(e.message().contains("size mismatch"), "{e}");
+        let e = SurrogateFile::open(dir.path().join("missing.surr")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
     }
 
     #[test]
     fn damaged_files_are_corrupt_and_missing_ones_io() {
-        let good = sample().encode();
+        let good = sample().encode_v1();
         let corrupt = |b: &[u8]| Surrogates::decode(b).unwrap_err();
         for i in 0..good.len() {
             let mut b = good.clone();
