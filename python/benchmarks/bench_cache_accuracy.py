@@ -62,6 +62,7 @@ import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -471,8 +472,16 @@ def run(args: argparse.Namespace) -> dict:
             u["all_hits"] &= bool(np.all(src == SOURCES.index("l1")))
             u["rows_mismatched"] += check_rows(rows, src, test_ids, [codec], decoded, None, fields)
             logits.setdefault(name, []).append(dense_logits(model, rows))
+        # On disk: the cache counts their block index (8 B per 227 rows), not 18 B a row.
+        sur_dir = tempfile.TemporaryDirectory(prefix="embstore-surrogates-")
         sur = build_surrogates(
-            store, fields, counts=sp.train_counts(), k=10, metric="cosine", max_dist=0.5
+            store,
+            fields,
+            counts=sp.train_counts(),
+            k=10,
+            metric="cosine",
+            max_dist=0.5,
+            directory=sur_dir.name,
         )
         info["surrogate_coverage"] = {f: s.coverage for f, s in sur.items()}
         for b, budget in budgets.items():
@@ -486,6 +495,7 @@ def run(args: argparse.Namespace) -> dict:
                     tiers=tiers,
                     surrogates=sur if with_sur else None,
                     max_approx_per_request=2,
+                    l3_fill="inline",
                 )
                 warm(cache, fields, train_ids, args.batch)
                 cache.reset_stats()
@@ -525,6 +535,7 @@ def run(args: argparse.Namespace) -> dict:
                 r["bit_identical"].append(bool(np.array_equal(served, exact)))
                 r["mean_abs_logit_change"].append(float(np.mean(np.abs(served - exact))))
                 r["logloss_delta"].append(logloss(test_y, served) - info["logloss"])
+        sur_dir.cleanup()
         res["seeds"].append(info)
         log(f"seed {seed}: served {len(MIXES) * len(budgets)} caches, 3 uniform")
     log(f"paired bootstrap: {args.resamples} resamples x {len(logits)} variants x {args.seeds}")

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use embstore_cache::{
-    cache::{Backing, CacheConfig, CachePolicy, InferenceCache, Source, TierConfig},
+    cache::{Backing, CacheConfig, CachePolicy, InferenceCache, L3Fill, Source, TierConfig},
     codec::CodecKind,
-    surrogate::{self, Metric, SurrogateConfig, Surrogates},
+    surrogate::{self, Metric, SurrogateConfig, SurrogateFile, SurrogateTable, Surrogates},
     ErrorKind, EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
 };
 use embstore_table::{OnMiss, Table};
@@ -90,41 +90,73 @@ fn codec(name: &str) -> PyResult<CodecKind> {
     })
 }
 
-/// Surrogates of one table (an offline kNN build), as `embstore.cache.Surrogates` wraps it.
+/// Surrogates of one table (an offline kNN build), in memory or on disk, as
+/// `embstore.cache.Surrogates` wraps it.
 #[pyclass(module = "embstore._native", name = "Surrogates", frozen)]
 pub(crate) struct PySurrogates {
-    inner: Arc<Surrogates>,
+    inner: SurrogateTable,
 }
 
 #[pymethods]
 impl PySurrogates {
     fn __len__(&self) -> usize {
-        self.inner.len()
+        match &self.inner {
+            SurrogateTable::Memory(s) => s.len(),
+            SurrogateTable::Disk(f) => f.len(),
+        }
     }
 
     #[getter]
     fn coverage(&self) -> f64 {
-        self.inner.coverage()
+        match &self.inner {
+            SurrogateTable::Memory(s) => s.coverage(),
+            SurrogateTable::Disk(f) => f.coverage(),
+        }
     }
 
     #[getter]
     fn version(&self) -> u64 {
-        self.inner.version()
+        match &self.inner {
+            SurrogateTable::Memory(s) => s.version(),
+            SurrogateTable::Disk(f) => f.version(),
+        }
     }
 
-    fn get(&self, id: u64) -> Option<(u64, f32)> {
-        self.inner.get(id)
+    /// The file it reads, for a build opened on disk.
+    #[getter]
+    fn path(&self) -> Option<std::path::PathBuf> {
+        match &self.inner {
+            SurrogateTable::Memory(_) => None,
+            SurrogateTable::Disk(f) => Some(f.path().to_path_buf()),
+        }
+    }
+
+    fn get(&self, py: Python<'_>, id: u64) -> PyResult<Option<(u64, f32)>> {
+        match &self.inner {
+            SurrogateTable::Memory(s) => Ok(s.get(id)),
+            SurrogateTable::Disk(f) => detached(py, || f.get(id)).map_err(to_py_err),
+        }
     }
 
     fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         let s = &self.inner;
-        detached(py, || s.save(&path)).map_err(to_py_err)
+        detached(py, || match s {
+            SurrogateTable::Memory(s) => s.save(&path),
+            SurrogateTable::Disk(f) => Surrogates::load(f.path())?.save(&path),
+        })
+        .map_err(to_py_err)
     }
 
     #[staticmethod]
     fn load(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
         let s = detached(py, || Surrogates::load(&path)).map_err(to_py_err)?;
-        Ok(Self { inner: Arc::new(s) })
+        Ok(Self { inner: s.into() })
+    }
+
+    #[staticmethod]
+    fn open(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Self> {
+        let f = detached(py, || SurrogateFile::open(&path)).map_err(to_py_err)?;
+        Ok(Self { inner: f.into() })
     }
 
     fn heap_bytes(&self) -> usize {
@@ -167,7 +199,7 @@ pub(crate) fn build_surrogates(
     let cfg = SurrogateConfig { k, metric, max_dist, popularity };
     let s = detached(py, || surrogate::build(ids, rows, dim, counts, &cfg, version))
         .map_err(to_py_err)?;
-    Ok(PySurrogates { inner: Arc::new(s) })
+    Ok(PySurrogates { inner: s.into() })
 }
 
 /// The inference cache over native store tables.
@@ -222,7 +254,8 @@ impl PyInferenceCache {
     #[new]
     #[pyo3(signature = (tables, memory_budget_bytes, policy, tiers, *, policy_params=None,
         surrogates=None, surrogate_share=0.04, max_approx_per_request=2,
-        max_surrogate_dist=f32::INFINITY, demote=true, shards=1, on_miss="zeros"))]
+        max_surrogate_dist=f32::INFINITY, demote=true, shards=1, on_miss="zeros",
+        l3_fill="background"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tables: Vec<PyRef<'_, PyTable>>,
@@ -237,6 +270,7 @@ impl PyInferenceCache {
         demote: bool,
         shards: usize,
         on_miss: &str,
+        l3_fill: &str,
     ) -> PyResult<Self> {
         let tables: Vec<Arc<Table>> = tables.iter().map(|t| t.inner.clone()).collect();
         let Some(dim) = tables.first().map(|t| t.dim()) else {
@@ -263,6 +297,7 @@ impl PyInferenceCache {
         cfg.max_surrogate_dist = max_surrogate_dist;
         cfg.demote = demote;
         cfg.shards = shards;
+        cfg.l3_fill = L3Fill::parse(l3_fill).map_err(to_py_err)?;
         let surrogates = surrogates
             .unwrap_or_default()
             .into_iter()
@@ -363,6 +398,9 @@ impl PyInferenceCache {
         d.set_item("demotions", s.demotions)?;
         d.set_item("drops", s.drops)?;
         d.set_item("l3_inserts", s.l3_inserts)?;
+        d.set_item("l3_reads", s.l3_reads)?;
+        d.set_item("l3_read_errors", s.l3_read_errors)?;
+        d.set_item("l3_queue_drops", s.l3_queue_drops)?;
         d.set_item("refetches", s.refetches)?;
         d.set_item("backing_reads", s.backing_reads)?;
         let m = self.inner.memory();
@@ -381,6 +419,7 @@ impl PyInferenceCache {
         d.set_item("l3_len", m.l3_len)?;
         d.set_item("l3_bytes", m.l3_bytes)?;
         d.set_item("surrogate_table_bytes", m.surrogate_table_bytes)?;
+        d.set_item("l3_queue_bytes", m.l3_queue_bytes)?;
         d.set_item("memory_budget_bytes", m.budget_bytes)?;
         d.set_item("bytes", m.total_bytes)?;
         d.set_item("metadata_bytes_per_entry", m.metadata_bytes_per_entry)?;
@@ -389,6 +428,12 @@ impl PyInferenceCache {
 
     fn reset_stats(&self) {
         self.inner.reset_stats()
+    }
+
+    /// Waits for the L3 filler's reads and moves what it found into L3.
+    fn sync_l3(&self, py: Python<'_>) {
+        let c = &self.inner;
+        detached(py, || c.sync_l3())
     }
 
     fn clear(&self, py: Python<'_>) -> PyResult<()> {

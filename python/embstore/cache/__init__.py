@@ -38,6 +38,7 @@ Example::
 from __future__ import annotations
 
 import os
+import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -168,14 +169,23 @@ class InferenceCache:
             ``ev_arc`` is an evaluator-only ablation.
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
-        surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``.
-        surrogate_share: share of the budget for L3's map when surrogates are given.
+        surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``. A build
+            held in memory costs 18 B a row of the budget (taken first; a budget it does not
+            leave room in is an ``InvalidArgumentError``); one opened from disk
+            (:meth:`Surrogates.open`, or ``build_surrogates(..., directory=...)``) costs 8 B
+            per 227 rows, and L3 reads a 4 KiB block of it for each key it is fed.
+        surrogate_share: share of the budget for L3 (its map, and the filler's queues) when
+            surrogates are given.
         max_approx_per_request: most surrogate rows served in one request.
         max_surrogate_dist: largest stored surrogate distance served.
         demote: move L1 victims into L2 (a victim cache, no I/O).
         shards: independent shards for concurrent callers; 1 (default) is deterministic.
         policy_params: policy parameters, e.g. ``{"age_alpha": 2.0, "pin_request": True}``.
         on_miss: what the store returns for an id it lacks (``zeros``, ``init`` or ``error``).
+        l3_fill: how L3 reads builds on disk: ``background`` (default; a filler thread reads
+            blocks off the request path, and what it finds enters L3 on a later lookup or at
+            :meth:`sync_l3`) or ``inline`` (the request that evicts a key reads its block:
+            deterministic, results equal those of the build in memory).
 
     Rows returned from L1/L2 are ``decode(encode(row))`` of the tier's codec; rows from the
     store are exact; surrogate rows are a neighbour's. The cache is for serving a fixed
@@ -198,6 +208,7 @@ class InferenceCache:
         shards: int = 1,
         policy_params: Mapping[str, Any] | None = None,
         on_miss: str = "zeros",
+        l3_fill: str = "background",
     ):
         if isinstance(tables, str) or not tables:
             raise InvalidArgumentError("tables must be a non-empty list of table names")
@@ -237,6 +248,7 @@ class InferenceCache:
             demote=bool(demote),
             shards=int(shards),
             on_miss=on_miss,
+            l3_fill=l3_fill,
         )
         self.embedding_dim: int = self._inner.dim
 
@@ -328,6 +340,12 @@ class InferenceCache:
         """Drop every cached row (call after the store's rows change)."""
         self._inner.clear()
 
+    def sync_l3(self) -> None:
+        """Wait for the L3 filler's reads of surrogate builds on disk and move what it found
+        into L3 (a no-op without one). Calling it after every lookup makes a cache fed in the
+        background behave exactly as ``l3_fill="inline"``."""
+        self._inner.sync_l3()
+
     @property
     def capacity(self) -> int:
         """Entries L1 and L2 hold together."""
@@ -336,7 +354,9 @@ class InferenceCache:
 
 class Surrogates:
     """One table's surrogate map (id → nearest popular neighbour and its distance), from
-    :func:`build_surrogates`. Save it next to the checkpoint it was built from."""
+    :func:`build_surrogates`. Save it next to the checkpoint it was built from; serve it
+    from disk with :meth:`open` (8 B in memory per 227 rows) or from memory with
+    :meth:`load` (18 B a row), both counted in the cache's budget."""
 
     __slots__ = ("_inner",)
 
@@ -347,7 +367,27 @@ class Surrogates:
         return len(self._inner)
 
     def __repr__(self) -> str:
-        return f"Surrogates(rows={len(self)}, coverage={self.coverage:.3f}, version={self.version})"
+        where = f", path={str(self.path)!r}" if self.on_disk else ""
+        return (
+            f"Surrogates(rows={len(self)}, coverage={self.coverage:.3f}, "
+            f"version={self.version}{where})"
+        )
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether it is read from its file, a block per lookup (:meth:`open`)."""
+        return self._inner.path is not None
+
+    @property
+    def path(self) -> str | None:
+        """The file it reads, when on disk."""
+        p = self._inner.path
+        return None if p is None else os.fspath(p)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes it holds in memory (what a cache counts against its budget)."""
+        return int(self._inner.heap_bytes())
 
     @property
     def coverage(self) -> float:
@@ -360,17 +400,26 @@ class Surrogates:
         return int(self._inner.version)
 
     def get(self, id: int) -> tuple[int, float] | None:
-        """``(surrogate id, distance)`` for ``id``, or ``None``."""
+        """``(surrogate id, distance)`` for ``id``, or ``None`` (on disk: one block read)."""
         return self._inner.get(int(id))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically (temp file + rename), checksummed."""
+        """Write atomically (temp file + rename), every 4 KiB block checksummed."""
         self._inner.save(os.fspath(path))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Surrogates:
-        """Read a file written by :meth:`save`; a damaged file raises ``CorruptionError``."""
+        """Read a whole file written by :meth:`save` into memory; a damaged file raises
+        ``CorruptionError``."""
         return cls(_native.Surrogates.load(os.fspath(path)))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Surrogates:
+        """Open a file written by :meth:`save` to be read a 4 KiB block per lookup (page
+        cache bypassed where the file system allows). Only the header and the block index
+        are read now; a damaged block raises ``CorruptionError`` when read (in a cache:
+        counted in ``stats()["l3_read_errors"]``, and serving goes on)."""
+        return cls(_native.Surrogates.open(os.fspath(path)))
 
 
 def build_surrogates(
@@ -382,12 +431,15 @@ def build_surrogates(
     metric: str = "cosine",
     max_dist: float = 0.5,
     version: int = 0,
+    directory: str | os.PathLike[str] | None = None,
 ) -> dict[str, Surrogates]:
     """Builds surrogates for each of ``tables`` from the store's current rows (exact kNN
     within each table). ``counts[table]`` gives access counts ``(ids, counts)`` from a window
     disjoint from the one you will evaluate on: the surrogate is the most-accessed neighbour
     within ``max_dist`` (ties to the nearest); without counts, the nearest. ``version`` names
-    the checkpoint the rows came from."""
+    the checkpoint the rows came from. With ``directory``, each build is saved to
+    ``directory/<table>.surr`` and returned opened from disk (:meth:`Surrogates.open`);
+    without, the builds are returned in memory."""
     out = {}
     for name in tables:
         chunks = list(store.table(name).export())
@@ -417,6 +469,11 @@ def build_surrogates(
                 ids, rows, c, k=k, metric=metric, max_dist=max_dist, version=version
             )
         )
+        if directory is not None:
+            path = pathlib.Path(directory) / f"{name}.surr"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out[name].save(path)
+            out[name] = Surrogates.open(path)
     return out
 
 

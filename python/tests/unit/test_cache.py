@@ -248,24 +248,55 @@ def test_surrogates_build_save_load_and_serve(store, tmp_path):
     (tmp_path / "bad.surr").write_bytes(bytes(data))
     with pytest.raises(embstore.CorruptionError):
         embstore.cache.Surrogates.load(tmp_path / "bad.surr")
-    # The surrogate build (18 B a row) is reported outside the budget (docs/cache.md, Limits).
-    budget = 6 << 10
-    cache = embstore.InferenceCache(
-        store,
-        ["user", "item"],
-        memory_budget_bytes=budget,
-        tiers={"f32": 0.5, "int8": 0.5},
-        surrogates=sur,
-        surrogate_share=0.1,
-    )
+    with pytest.raises(embstore.CorruptionError):
+        embstore.cache.Surrogates.open(tmp_path / "bad.surr")
+    base = 6 << 10
+
+    def cache_with(surrogates, budget, **kw):
+        return embstore.InferenceCache(
+            store,
+            ["user", "item"],
+            memory_budget_bytes=budget,
+            tiers={"f32": 0.5, "int8": 0.5},
+            surrogates=surrogates,
+            surrogate_share=0.1,
+            **kw,
+        )
+
+    # A build in memory costs 18 B a row of the budget, taken first.
+    assert s.memory_bytes == 18 * 500 and not s.on_disk
+    with pytest.raises(embstore.InvalidArgumentError, match="open the builds from disk"):
+        cache_with(sur, base)
+    # On disk it costs its block index; the same rows are served (inline fill, same sizes).
+    disk = build_surrogates(store, ["item"], k=5, max_dist=1.5, version=7, directory=tmp_path)
+    d = disk["item"]
+    assert d.on_disk and d.path == str(tmp_path / "item.surr") and d.memory_bytes < 1000
+    assert d.get(3) == s.get(3) and len(d) == 500 and d.version == 7
+    in_memory = cache_with(sur, base + s.memory_bytes)
+    inline = cache_with(disk, base + d.memory_bytes, l3_fill="inline")
+    background = cache_with(disk, base, l3_fill="background")
     rng = np.random.default_rng(0)
     for _ in range(200):
-        cache.lookup({"user": rng.integers(0, 50, 8), "item": rng.integers(0, 500, 8)})
-    st = cache.stats()
-    assert st["l3_capacity"] > 0
-    assert st["served_perfect_hits"] >= st["perfect_hits"]
-    assert st["surrogate_table_bytes"] == 18 * 500
-    assert st["bytes"] <= budget
+        batch = {"user": rng.integers(0, 50, 8), "item": rng.integers(0, 500, 8)}
+        want = in_memory.lookup(batch)
+        got = inline.lookup(batch)
+        for t in batch:
+            np.testing.assert_array_equal(got[t], want[t])
+        background.lookup(batch)
+    background.sync_l3()
+    for c, builds in ((in_memory, 18 * 500), (inline, d.memory_bytes), (background, None)):
+        st = c.stats()
+        assert st["l3_capacity"] > 0 and st["l3_inserts"] > 0
+        assert st["served_perfect_hits"] >= st["perfect_hits"]
+        assert st["bytes"] <= st["memory_budget_bytes"]
+        if builds is not None:
+            assert st["surrogate_table_bytes"] == builds
+    assert in_memory.stats()["approximated"] == inline.stats()["approximated"]
+    assert in_memory.stats()["l3_reads"] == 0 and inline.stats()["l3_reads"] > 0
+    bg = background.stats()
+    assert bg["l3_reads"] > 0 and bg["l3_queue_bytes"] > 0 and bg["l3_read_errors"] == 0
+    with pytest.raises(embstore.InvalidArgumentError, match="l3_fill"):
+        cache_with(disk, base, l3_fill="sometimes")
 
 
 def test_torch_module(store):
