@@ -388,6 +388,11 @@ def sweep(args, all_bytes, fields, disk, mem, sur, model, requests, train_ids, e
                     "served_perfect_hit_rate": st["served_perfect_hit_rate"],
                     "bypasses": st["bypasses"],
                     "bytes": st["bytes"],
+                    "surrogate_table_bytes": st["surrogate_table_bytes"],
+                    "l3_queue_bytes": st["l3_queue_bytes"],
+                    "l3_reads": st["l3_reads"],
+                    "l3_queue_drops": st["l3_queue_drops"],
+                    "l3_read_errors": st["l3_read_errors"],
                     "cold_reads": cold_reads(disk, fields) - reads0,
                     "warm_seconds": warm_s,
                 }
