@@ -618,12 +618,13 @@ impl InferenceCache {
             })
             .collect();
         let background = cfg.l3_fill == L3Fill::Background && files.iter().any(Option::is_some);
-        // The filler's queues: about a quarter of the entries L3's share holds, 16 to 1,024.
+        // The filler's queues: about a quarter of the entries L3's share holds, 4 to 1,024
+        // (at 4 %, a budget of 11 KB gives 4 keys: 128 B).
         let queue_cap = (cfg.memory_budget_bytes as f64 * cfg.surrogate_share
             / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
             / 4.0) as usize;
         let filler =
-            if background { Some(Filler::start(files, queue_cap.clamp(16, 1024))?) } else { None };
+            if background { Some(Filler::start(files, queue_cap.clamp(4, 1024))?) } else { None };
         let fixed = surrogate_table_bytes(&surrogates) + filler.as_ref().map_or(0, Filler::bytes);
         if with_l3 && fixed >= cfg.memory_budget_bytes {
             return Err(Error::invalid(format!(
@@ -1818,9 +1819,9 @@ mod tests {
         cfg.l3_fill = L3Fill::Inline;
         let inline = InferenceCache::new(cfg.clone(), mem(d), on_disk.clone()).unwrap();
         cfg.l3_fill = L3Fill::Background;
-        cfg.memory_budget_bytes = base + disk_bytes + 16 * 32; // the filler's queues
+        cfg.memory_budget_bytes = base + disk_bytes + 10 * 32; // the filler's 10 keys
         let background = InferenceCache::new(cfg.clone(), mem(d), on_disk).unwrap();
-        assert_eq!(background.memory().l3_queue_bytes, 16 * 32);
+        assert_eq!(background.memory().l3_queue_bytes, 10 * 32);
         for c in [&inline, &background] {
             let (a, b) = (reference.memory(), c.memory());
             assert_eq!((&a.tiers, a.l3_capacity), (&b.tiers, b.l3_capacity));
