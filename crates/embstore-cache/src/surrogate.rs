@@ -6,13 +6,16 @@
 //! - [`build`] (offline, at checkpoint export, once per table): exact k-nearest neighbours
 //!   within the table, then per row the most-accessed neighbour within `max_dist` (ties go to
 //!   the nearest) → [`Surrogates`], saved to a checksummed file versioned with the checkpoint.
+//! - [`SurrogateFile`] (runtime): that file on disk, read one 4 KiB block per lookup.
 //! - [`ClockMap`] (runtime): the bounded key → (surrogate, distance) map of the L3 tier,
 //!   replaced by CLOCK (a FIFO ring plus a reference bit).
 //!
 //! ```text
 //! build  rows [N x D] --unit norm (cosine)--> tasks of 256 queries x blocks of 256 candidates
 //!        --top-k per row--> exact f64 distance, keep <= max_dist --> max count (ties: nearest)
-//! file   header 48 B | ids u64 x N (sorted) | alt u64 x N | dist f16 x N | crc32 of all before
+//! file   header block | blocks of 227 (id, alt, dist) records, sorted, crc32 each | block index
+//!        ([`file`]): loaded whole ([`Surrogates::load`], 18 B a row) or read a block per
+//!        lookup ([`SurrogateFile`], 8 B per 227 rows in memory)
 //! L3     ring [ key | alt | dist | ref ] 20 B a slot; index key -> slot, 4 B a bucket
 //!             ^ hand: referenced -> clear the bit and pass; unreferenced -> the victim
 //! ```
