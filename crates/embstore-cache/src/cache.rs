@@ -472,7 +472,12 @@ impl Filler {
 
     /// Bytes of both queues.
     fn bytes(&self) -> usize {
-        self.shared.cap * (std::mem::size_of::<u64>() + std::mem::size_of::<(u64, u64, f32)>())
+        Self::bytes_for(self.shared.cap)
+    }
+
+    /// Bytes of both queues for `cap` keys each.
+    fn bytes_for(cap: usize) -> usize {
+        cap * (std::mem::size_of::<u64>() + std::mem::size_of::<(u64, u64, f32)>())
     }
 
     /// Queues `key`; false when the queue is full (the key is dropped).
@@ -600,8 +605,8 @@ impl InferenceCache {
         if let Some((t, s)) = surrogates
             .iter()
             .enumerate()
-            .find_map(|(t, s)| Some((t, s.as_ref()?)))
-            .filter(|(_, s)| s.dim() != cfg.dim)
+            .filter_map(|(t, s)| Some((t, s.as_ref()?)))
+            .find(|(_, s)| s.dim() != cfg.dim)
         {
             return Err(Error::shape(format!(
                 "the surrogates of table {t} were built from rows of dim {}, the cache's is {}",
@@ -620,12 +625,13 @@ impl InferenceCache {
         let background = cfg.l3_fill == L3Fill::Background && files.iter().any(Option::is_some);
         // The filler's queues: about a quarter of the entries L3's share holds, 4 to 1,024
         // (at 4 %, a budget of 11 KB gives 4 keys: 128 B).
-        let queue_cap = (cfg.memory_budget_bytes as f64 * cfg.surrogate_share
-            / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
-            / 4.0) as usize;
-        let filler =
-            if background { Some(Filler::start(files, queue_cap.clamp(4, 1024))?) } else { None };
-        let fixed = surrogate_table_bytes(&surrogates) + filler.as_ref().map_or(0, Filler::bytes);
+        let queue_cap = background.then(|| {
+            ((cfg.memory_budget_bytes as f64 * cfg.surrogate_share
+                / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
+                / 4.0) as usize)
+                .clamp(4, 1024)
+        });
+        let fixed = surrogate_table_bytes(&surrogates) + queue_cap.map_or(0, Filler::bytes_for);
         if with_l3 && fixed >= cfg.memory_budget_bytes {
             return Err(Error::invalid(format!(
                 "the surrogate builds and the L3 filler's queues hold {fixed} B in memory, not \
@@ -635,7 +641,8 @@ impl InferenceCache {
             )));
         }
         let n = cfg.shards;
-        let avail = (cfg.memory_budget_bytes - if with_l3 { fixed } else { 0 }) as f64;
+        // Without surrogates `fixed` is 0.
+        let avail = (cfg.memory_budget_bytes - fixed) as f64;
         let l3_total = if with_l3 { avail * cfg.surrogate_share } else { 0.0 };
         let l3_cap = entries_for(l3_total / n as f64, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
         let rest = (avail - l3_total) / n as f64;
@@ -681,6 +688,11 @@ impl InferenceCache {
                 tmp: vec![0.0; cfg.dim],
             }));
         }
+        // Started last, once nothing else can fail.
+        let filler = match queue_cap {
+            Some(cap) => Some(Filler::start(files, cap)?),
+            None => None,
+        };
         Ok(Self {
             surrogates: if surrogates.is_empty() { vec![None; cfg.num_tables] } else { surrogates },
             cfg,
@@ -1228,19 +1240,19 @@ impl InferenceCache {
         let found = match &self.surrogates[usize::from(t)] {
             None => None,
             Some(SurrogateTable::Memory(m)) => m.get(id),
-            Some(SurrogateTable::Disk(_)) if self.filler.is_some() => {
-                if !self.filler.as_ref().is_some_and(|f| f.push(key)) {
-                    stats.l3_queue_drops += 1;
-                }
-                None
-            }
-            Some(SurrogateTable::Disk(f)) => {
-                stats.l3_reads += 1;
-                f.get(id).unwrap_or_else(|_| {
-                    stats.l3_read_errors += 1;
+            Some(SurrogateTable::Disk(f)) => match &self.filler {
+                Some(filler) => {
+                    stats.l3_queue_drops += u64::from(!filler.push(key));
                     None
-                })
-            }
+                }
+                None => {
+                    stats.l3_reads += 1;
+                    f.get(id).unwrap_or_else(|_| {
+                        stats.l3_read_errors += 1;
+                        None
+                    })
+                }
+            },
         };
         if let Some((alt, dist)) = found {
             l3.insert(key, alt, dist);
@@ -1360,7 +1372,7 @@ impl InferenceCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{table_key, SplitMix64, Synthetic};
+    use crate::trace::{table_key, SplitMix64, Synthetic, Trace};
     use crate::{
         evaluate, evaluate_with, ErrorKind, EvalOptions, GroupLfuConfig, Mode, PolicyConfig,
     };
@@ -1674,6 +1686,20 @@ mod tests {
             .collect()
     }
 
+    /// The synthetic trace of the surrogate tests: 4 tables of up to 400 ids, 300 contexts.
+    fn four_tables(seed: u64, num_requests: usize) -> Trace {
+        Synthetic {
+            num_requests,
+            num_tables: 4,
+            num_contexts: 300,
+            max_table_size: 400,
+            seed,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap()
+    }
+
     #[test]
     fn surrogates_are_resident_capped_and_change_nothing() {
         for policy in slot_policies(4) {
@@ -1685,16 +1711,7 @@ mod tests {
         let seed = 0xa1_7e;
         println!("seed {seed:#x}, {}", policy.name());
         let (t, d) = (4, 6);
-        let trace = Synthetic {
-            num_requests: 3_000,
-            num_tables: t,
-            num_contexts: 300,
-            max_table_size: 400,
-            seed,
-            ..Default::default()
-        }
-        .generate()
-        .unwrap();
+        let trace = four_tables(seed, 3_000);
         let sur = surrogates(t, 400, d);
         // The surrogate builds in memory are counted: 18 B a row of every table.
         let builds = 4 * 400 * 18;
@@ -1713,6 +1730,12 @@ mod tests {
         let e = InferenceCache::new(tight, mem(d), sur.clone()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(e.message().contains("open the builds from disk"), "{e}");
+        // A build of another dim, in any table (here the second), is a ShapeMismatch.
+        let mut odd = sur.clone();
+        odd[1] = surrogates(1, 50, d + 1).pop().unwrap();
+        let e = InferenceCache::new(cfg.clone(), mem(d), odd).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+        assert!(e.message().contains("table 1 were built from rows of dim 7"), "{e}");
         let mut zero = cfg.clone();
         zero.max_approx_per_request = 0;
         let capped_off = InferenceCache::new(zero, mem(d), sur.clone()).unwrap();
@@ -1783,16 +1806,7 @@ mod tests {
         let seed = 0xd15c;
         println!("seed {seed:#x}");
         let (t, d) = (4, 6);
-        let trace = Synthetic {
-            num_requests: 2_000,
-            num_tables: t,
-            num_contexts: 300,
-            max_table_size: 400,
-            seed,
-            ..Default::default()
-        }
-        .generate()
-        .unwrap();
+        let trace = four_tables(seed, 2_000);
         let dir = tempfile::tempdir().unwrap();
         let in_memory = surrogates(t, 400, d);
         let on_disk: Vec<Option<SurrogateTable>> = in_memory
