@@ -211,12 +211,19 @@ class CTR(nn.Module):
 
 
 def train(
-    ids: np.ndarray, labels: np.ndarray, sizes: Sequence[int], seed: int, epochs: int, lr: float
+    ids: np.ndarray,
+    labels: np.ndarray,
+    sizes: Sequence[int],
+    seed: int,
+    epochs: int,
+    lr: float,
+    hidden: Sequence[int] = HIDDEN,
 ) -> tuple[CTR, list[float]]:
-    """A model trained on ``(ids [n, F], labels [n])``; also each epoch's mean log-loss."""
+    """A model trained on ``(ids [n, F], labels [n])``, its MLP's hidden widths ``hidden``;
+    also each epoch's mean log-loss."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = CTR(sizes)
+    model = CTR(sizes, hidden=hidden)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.BCEWithLogitsLoss()
     x, y = torch.from_numpy(ids), torch.from_numpy(labels.astype(np.float32))

@@ -10,7 +10,9 @@ Run from the repository root::
 
 **Data, split, model**: as ``bench_cache_accuracy.py`` (imported from it): ML7 (3,577 keys),
 per-user chronological split (80,000 train / 20,000 test requests), the demo's DLRM with D = 16
-trained in torch (one thread) for ``--epochs`` epochs, one model per seed of ``--seeds``.
+trained in torch (one thread) for ``--epochs`` epochs, one model per seed of ``--seeds``. Its
+MLP's hidden widths are ``--hidden`` (the demo's 64,32: ~45 us a request; 1024,1024,512: ~0.4 ms),
+so that the same cache can be judged under a request as heavy as a production model's.
 
 **Backing store on disk**: the trained rows of seed 0 are assigned to an ``embstore.Store`` in a
 directory (``--dir``, default ``.data/bench-cache-memory``, removed afterwards) with
@@ -82,6 +84,7 @@ from bench_cache_accuracy import (
     DATA_DIR,
     DIM,
     FIELDS,
+    HIDDEN,
     average_precision,
     dense_logits,
     ml7_split,
@@ -288,10 +291,14 @@ def run(args: argparse.Namespace) -> dict:
     models, weights = [], []
     for seed in range(args.seeds):
         t0 = time.perf_counter()
-        model, _ = train(train_ids, train_y, sizes, seed, args.epochs, args.lr)
+        model, _ = train(train_ids, train_y, sizes, seed, args.epochs, args.lr, args.hidden)
         models.append(model.eval())
         weights.append([m.weight.detach().numpy().copy() for m in model.emb])
         log(f"seed {seed}: trained in {time.perf_counter() - t0:.1f} s")
+    res["model"] = {
+        "hidden": list(args.hidden),
+        "mlp_weights": sum(p.numel() for p in models[0].mlp.parameters()),
+    }
     mems = [make_store(fields, w, None) for w in weights]
     args.dir.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=args.dir))
@@ -610,6 +617,12 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3, help="training epochs (3)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument(
+        "--hidden",
+        default=",".join(str(h) for h in HIDDEN),
+        help="the dense part's MLP hidden widths (the demo's: %(default)s); wider ones make a "
+        "request cost more, as a production model's does, for the same cache",
+    )
+    p.add_argument(
         "--fractions",
         default=",".join(f"{f:g}" for f in FRACTIONS),
         help="cache budgets as shares of the all-in-memory row bytes",
@@ -652,6 +665,7 @@ def main() -> int:
         args.seeds, args.epochs, args.repeats = 1, 1, 1
         args.resamples = min(args.resamples, 200)
     args.fractions = sorted(float(f) for f in args.fractions.split(","))
+    args.hidden = [int(h) for h in args.hidden.split(",") if h]
     args.accuracy_at = [float(f) for f in args.accuracy_at.split(",") if f]
     args.configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in args.configs if c not in CONFIGS]

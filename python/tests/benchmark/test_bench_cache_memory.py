@@ -43,6 +43,8 @@ def test_tiny_run_reads_the_disk_and_serves_the_same_rows_as_memory(tmp_path):
             "0.3",
             "--disk-sample",
             "200",
+            "--hidden",
+            "24,8",
             "--resamples",
             "50",
             "--dir",
@@ -73,3 +75,5 @@ def test_tiny_run_reads_the_disk_and_serves_the_same_rows_as_memory(tmp_path):
         assert big["bytes"] <= big["budget_bytes"], config
     assert r["disk_and_memory_rows_equal"] and all(r["disk_and_memory_rows_equal"].values())
     assert len(r["goals"]) == 2
+    # 7 fields x 16 + 21 pairwise dots = 133 inputs -> 24 -> 8 -> 1, weights and biases.
+    assert r["model"] == {"hidden": [24, 8], "mlp_weights": 133 * 24 + 24 + 24 * 8 + 8 + 8 + 1}
