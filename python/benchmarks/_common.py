@@ -3,7 +3,9 @@ model for the machine record."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import pathlib
 import platform
 import subprocess
@@ -39,6 +41,15 @@ def cpu_model() -> str:
             return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or "?"
+
+
+def run_record() -> dict[str, str]:
+    """The date, machine (CPU model, core count, Python) and commit every result records."""
+    return {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
+        "commit": git_commit(),
+    }
 
 
 def finish(res: dict, args, goals, report) -> int:

@@ -56,21 +56,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime as dt
 import importlib.metadata
 import json
 import math
 import multiprocessing
 import os
 import pathlib
-import platform
 import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
-from _common import cpu_model, finish, git_commit, log
+from _common import finish, log, run_record
 
 import embstore
 from embstore import _native
@@ -1130,9 +1128,7 @@ def main() -> int:
     if not lcs:
         log("libcachesim not installed: libCacheSim baselines skipped")
     res: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
-        "commit": git_commit(),
+        **run_record(),
         "command": " ".join([os.path.relpath(sys.executable, ROOT), *sys.argv]),
         "args": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
     }

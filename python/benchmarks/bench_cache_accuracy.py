@@ -57,10 +57,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import os
 import pathlib
-import platform
 import sys
 import tempfile
 import time
@@ -69,7 +66,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import cpu_model, finish, git_commit, log
+from _common import finish, log, run_record
 from torch import nn
 
 import embstore
@@ -702,9 +699,7 @@ def main() -> int:
     args.budgets = [float(b) for b in args.budgets.split(",")]
     res: dict[str, Any] = {
         "benchmark": "cache_accuracy",
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
-        "commit": git_commit(),
+        **run_record(),
         "config": {
             "seeds": args.seeds,
             "epochs": args.epochs,

@@ -64,11 +64,8 @@ relative PR-AUC loss (upper bound of the 95 % CI).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
-import os
 import pathlib
-import platform
 import shutil
 import sys
 import tempfile
@@ -78,7 +75,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import cpu_model, finish, git_commit, log
+from _common import finish, log, run_record
 from bench_cache_accuracy import (
     CTR,
     DATA_DIR,
@@ -673,9 +670,7 @@ def main() -> int:
         p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
     res: dict[str, Any] = {
         "benchmark": "cache_memory",
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
-        "commit": git_commit(),
+        **run_record(),
         "config": {
             k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
         },

@@ -38,11 +38,8 @@ both stores are deleted at the end. Progress on stderr; results to stdout.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
-import os
 import pathlib
-import platform
 import shutil
 import sys
 import tempfile
@@ -50,7 +47,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import cpu_model, finish, git_commit, log
+from _common import finish, log, run_record
 
 import embstore
 
@@ -310,9 +307,7 @@ def main() -> int:
         batches = zipf_batches(args.rows, args.batches, 4096, args.seed)
         grads = np.random.default_rng(args.seed).standard_normal((4096, DIM)).astype(np.float32)
         res: dict[str, Any] = {
-            "date": dt.date.today().isoformat(),
-            "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
-            "commit": git_commit(),
+            **run_record(),
             "rows": args.rows,
             "batches": args.batches,
             "every": args.every,

@@ -44,11 +44,9 @@ and are deleted at the end.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
 import os
 import pathlib
-import platform
 import shutil
 import sys
 import tempfile
@@ -56,7 +54,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import cpu_model, finish, git_commit, log
+from _common import finish, log, run_record
 
 import embstore
 
@@ -461,9 +459,7 @@ def main() -> int:
     parent.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(tempfile.mkdtemp(prefix="bench-tier-", dir=parent))
     res: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
-        "machine": f"{cpu_model()}, nproc {os.cpu_count()}, {platform.python_version()}",
-        "commit": git_commit(),
+        **run_record(),
     }
     try:
         if args.only in (None, "training"):
