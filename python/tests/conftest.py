@@ -1,5 +1,6 @@
 import importlib
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -21,3 +22,17 @@ def bench(request):
         return importlib.import_module(path.stem)
     finally:
         sys.path.remove(str(path.parent))
+
+
+@pytest.fixture(scope="module")
+def run_bench(request):
+    """Runs the benchmark script at the test module's ``BENCH`` path with the given arguments
+    (``timeout`` seconds at most, 300 unless given); returns the completed process."""
+    path = request.module.BENCH
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(path), *args], capture_output=True, text=True, timeout=timeout
+        )
+
+    return run

@@ -6,8 +6,6 @@ benchmark to report.
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -17,15 +15,10 @@ HAS_ML = (ROOT / ".data" / "ml-100k" / "ml-100k.inter").is_file()
 TINY_SYN = ["--syn-requests", "2000", "--syn-contexts", "2000", "--syn-max-table", "2000"]
 
 
-def run(tmp_path: pathlib.Path, *extra: str) -> dict:
+def run(run_bench, tmp_path: pathlib.Path, *extra: str) -> dict:
     out = tmp_path / "res.json"
-    p = subprocess.run(
-        [sys.executable, str(BENCH), *TINY_SYN, "--ml-requests", "2000", "--json", str(out), *extra]
-        + ([] if HAS_ML else ["--no-ml"]),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    no_ml = [] if HAS_ML else ["--no-ml"]
+    p = run_bench(*TINY_SYN, "--ml-requests", "2000", "--json", str(out), *extra, *no_ml)
     assert p.returncode == 0, p.stderr
     assert "## bench_cache" in p.stdout
     return json.loads(out.read_text())
@@ -41,12 +34,13 @@ def check_rates(r: dict) -> None:
     assert sum(r["misses_per_request"]) > 0
 
 
-def test_tiny_policy_and_system(tmp_path):
+def test_tiny_policy_and_system(run_bench, tmp_path):
     pytest.importorskip("libcachesim")
     from embstore.cache import _libcachesim
 
     lcs = _libcachesim.available()
     r = run(
+        run_bench,
         tmp_path,
         *("--parts", "policy,system", "--seeds", "2", "--rhos", "0.7", "--sizes", "5,50"),
         *("--reduced-sizes", "5", "--dims", "16", "--plots"),
@@ -103,9 +97,10 @@ def test_tiny_policy_and_system(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_ML, reason="the latency part runs on ML11 (.data/ml-100k)")
-def test_tiny_latency(tmp_path):
+def test_tiny_latency(run_bench, tmp_path):
     pytest.importorskip("torch")
     r = run(
+        run_bench,
         tmp_path,
         *("--parts", "latency", "--latency-requests", "50", "--latency-batches", "2"),
         *("--reps", "2"),

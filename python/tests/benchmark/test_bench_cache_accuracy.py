@@ -6,8 +6,6 @@ The accuracy goal itself is for the benchmark to report, not for a test to asser
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -113,25 +111,18 @@ def test_native_warm_up_leaves_the_state_of_python_lookups(bench):
 @pytest.mark.skipif(
     not (DATA / "ml-100k.inter").is_file(), reason="MovieLens-100k absent (make data)"
 )
-def test_tiny_run_bookkeeping_and_f32_bit_identity():
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--quick",
-            "--seeds",
-            "1",
-            "--epochs",
-            "1",
-            "--requests",
-            "20000",
-            "--resamples",
-            "50",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_tiny_run_bookkeeping_and_f32_bit_identity(run_bench):
+    p = run_bench(
+        "--quick",
+        "--seeds",
+        "1",
+        "--epochs",
+        "1",
+        "--requests",
+        "20000",
+        "--resamples",
+        "50",
+        "--json",
     )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)

@@ -7,8 +7,6 @@ Whether the memory goal is met is for the benchmark to report, not for a test to
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -27,33 +25,26 @@ def test_first_met_needs_every_larger_budget_within_the_limit(bench):
 @pytest.mark.skipif(
     not (DATA / "ml-100k.inter").is_file(), reason="MovieLens-100k absent (make data)"
 )
-def test_tiny_run_reads_the_disk_and_serves_the_same_rows_as_memory(tmp_path):
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--quick",
-            "--requests",
-            "10000",
-            "--fractions",
-            "0.3,2.0",
-            "--configs",
-            "lru-f32,evmix+evprox",
-            "--accuracy-at",
-            "0.3",
-            "--disk-sample",
-            "200",
-            "--hidden",
-            "24,8",
-            "--resamples",
-            "50",
-            "--dir",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_tiny_run_reads_the_disk_and_serves_the_same_rows_as_memory(run_bench, tmp_path):
+    p = run_bench(
+        "--quick",
+        "--requests",
+        "10000",
+        "--fractions",
+        "0.3,2.0",
+        "--configs",
+        "lru-f32,evmix+evprox",
+        "--accuracy-at",
+        "0.3",
+        "--disk-sample",
+        "200",
+        "--hidden",
+        "24,8",
+        "--resamples",
+        "50",
+        "--dir",
+        str(tmp_path),
+        "--json",
     )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)

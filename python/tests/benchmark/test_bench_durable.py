@@ -5,30 +5,21 @@ Only the bookkeeping is checked; latencies and ratios are for the benchmark to r
 
 import json
 import pathlib
-import subprocess
-import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_durable.py"
 
 
-def test_tiny_run_reports_both_systems(tmp_path):
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--rows",
-            "20000",
-            "--batches",
-            "20",
-            "--every",
-            "10",
-            "--dir",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_tiny_run_reports_both_systems(run_bench, tmp_path):
+    p = run_bench(
+        "--rows",
+        "20000",
+        "--batches",
+        "20",
+        "--every",
+        "10",
+        "--dir",
+        str(tmp_path),
+        "--json",
     )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)

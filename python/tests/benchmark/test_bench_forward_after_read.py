@@ -6,20 +6,12 @@ How much slower the forward pass gets is for the benchmark to report, not for a 
 """
 
 import pathlib
-import subprocess
-import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_forward_after_read.py"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120
-    )
-
-
-def test_tiny_run_reports_every_mode_and_removes_its_file(tmp_path):
-    p = _run(
+def test_tiny_run_reports_every_mode_and_removes_its_file(run_bench, tmp_path):
+    p = run_bench(
         "--steps",
         "20",
         "--repeats",
@@ -30,6 +22,7 @@ def test_tiny_run_reports_every_mode_and_removes_its_file(tmp_path):
         "300",
         "--dir",
         str(tmp_path),
+        timeout=120,
     )
     assert p.returncode == 0, p.stderr
     rows = {}
@@ -43,7 +36,7 @@ def test_tiny_run_reports_every_mode_and_removes_its_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bad_arguments_are_refused(tmp_path):
-    p = _run("--steps", "0", "--dir", str(tmp_path))
+def test_bad_arguments_are_refused(run_bench, tmp_path):
+    p = run_bench("--steps", "0", "--dir", str(tmp_path), timeout=120)
     assert p.returncode == 2
     assert "must be positive" in p.stderr

@@ -6,8 +6,6 @@ memory goals themselves are for the benchmark to report, not for a test to asser
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -17,17 +15,8 @@ TINY = ["--rows", "20000", "--dim", "32", "--shrink-rows", "20000"]
 TINY += ["--tables", "3", "--table-rows", "100"]
 
 
-def run_bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="module")
-def result():
+def result(run_bench):
     p = run_bench(*TINY, "--json")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
@@ -84,7 +73,7 @@ def test_goals_listed_for_every_measurement(result):
         assert isinstance(g["met"], bool) and isinstance(g["value"], float) and g["goal"]
 
 
-def test_one_scenario_as_markdown():
+def test_one_scenario_as_markdown(run_bench):
     p = run_bench(*TINY, "--scenario", "small")
     assert p.returncode == 0, p.stderr
     assert "| goal | measured | met |" in p.stdout
@@ -93,6 +82,6 @@ def test_one_scenario_as_markdown():
     assert "small: 3 tables" in p.stderr  # progress goes to stderr
 
 
-def test_bad_size_is_refused():
+def test_bad_size_is_refused(run_bench):
     p = run_bench("--rows", "0")
     assert p.returncode == 2 and "--rows must be >= 1" in p.stderr

@@ -5,35 +5,27 @@ Only the bookkeeping is checked; latencies and ratios are for the benchmark to r
 
 import json
 import pathlib
-import subprocess
-import sys
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_tier.py"
 
 
-def test_tiny_run_reports_both_benchmarks(tmp_path):
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--rows",
-            "20000",
-            "--warm",
-            "5",
-            "--batches",
-            "10",
-            "--kv-rows",
-            "5000",
-            "--kv-warm",
-            "5",
-            "--kv-batches",
-            "20",
-            "--dir",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+def test_tiny_run_reports_both_benchmarks(run_bench, tmp_path):
+    p = run_bench(
+        "--rows",
+        "20000",
+        "--warm",
+        "5",
+        "--batches",
+        "10",
+        "--kv-rows",
+        "5000",
+        "--kv-warm",
+        "5",
+        "--kv-batches",
+        "20",
+        "--dir",
+        str(tmp_path),
+        "--json",
         timeout=600,
     )
     assert p.returncode == 0, p.stderr
