@@ -636,6 +636,35 @@ impl SurrogateTable {
         }
     }
 
+    /// Rows (ids) in the build.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Memory(s) => s.len(),
+            Self::Disk(f) => f.len(),
+        }
+    }
+
+    /// Whether the build has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The share of rows that have a surrogate.
+    pub fn coverage(&self) -> f64 {
+        match self {
+            Self::Memory(s) => s.coverage(),
+            Self::Disk(f) => f.coverage(),
+        }
+    }
+
+    /// The table checkpoint version it was built from.
+    pub fn version(&self) -> u64 {
+        match self {
+            Self::Memory(s) => s.version(),
+            Self::Disk(f) => f.version(),
+        }
+    }
+
     /// Whether two handles share one build (counted once).
     pub(crate) fn same(&self, other: &Self) -> bool {
         match (self, other) {

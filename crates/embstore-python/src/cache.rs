@@ -100,26 +100,17 @@ pub(crate) struct PySurrogates {
 #[pymethods]
 impl PySurrogates {
     fn __len__(&self) -> usize {
-        match &self.inner {
-            SurrogateTable::Memory(s) => s.len(),
-            SurrogateTable::Disk(f) => f.len(),
-        }
+        self.inner.len()
     }
 
     #[getter]
     fn coverage(&self) -> f64 {
-        match &self.inner {
-            SurrogateTable::Memory(s) => s.coverage(),
-            SurrogateTable::Disk(f) => f.coverage(),
-        }
+        self.inner.coverage()
     }
 
     #[getter]
     fn version(&self) -> u64 {
-        match &self.inner {
-            SurrogateTable::Memory(s) => s.version(),
-            SurrogateTable::Disk(f) => f.version(),
-        }
+        self.inner.version()
     }
 
     /// The file it reads, for a build opened on disk.
