@@ -52,7 +52,7 @@ def main() -> int:
     if args.steps < 1 or args.repeats < 1 or args.file_mb < 1:
         p.error("--steps, --repeats and --file-mb must be positive")
     torch.set_num_threads(1)
-    model = CTR([943, 1682, 7, 2, 21, 795, 18]).eval()
+    model = CTR([1] * 7).eval()  # 7 fields; only the dense part runs, so the tables are unused
     e = torch.randn(1, 7, 16)
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / f"forward-after-read-{os.getpid()}.bin"
