@@ -60,6 +60,7 @@ mod inspect;
 mod lookup;
 mod meta;
 mod optim;
+mod orphans;
 mod params;
 mod persist;
 mod sched;
@@ -75,7 +76,9 @@ mod write;
 pub use checkpoint::{
     checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
 };
-pub use config::{NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS};
+pub use config::{
+    validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
+};
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 pub use error::{Error, ErrorKind, Result};
 pub use export::{Export, RowChunk};

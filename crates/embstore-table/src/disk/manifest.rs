@@ -13,7 +13,9 @@
 //! a last record that runs past the end of the file (or, complete, fails its checksum at the
 //! very end) is the torn tail of an append that never completed and is dropped (and
 //! reported); a damaged length, or a damaged record followed by more data, is corruption —
-//! the length has its own checksum so that a flipped bit there never passes for a torn tail. When the log grows past [`REWRITE_BYTES`] it is rewritten as a
+//! the length has its own checksum so that a flipped bit there never passes for a torn tail.
+//! A tail is only torn when the records before it describe a store: a manifest without one
+//! complete record (every manifest starts with a snapshot) is corruption. When the log grows past [`REWRITE_BYTES`] it is rewritten as a
 //! snapshot of the state into `MANIFEST.tmp`, fsynced, and renamed over `MANIFEST`.
 
 use std::collections::BTreeMap;
@@ -319,7 +321,12 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path) -> Result<(State, OpenReport)> {
     let path = dir.join(MANIFEST);
     let io = |e| Error::io(format!("read {}", path.display()), e);
     let file = vfs.open(&path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
+        if e.kind() == std::io::ErrorKind::NotFound && !dir.is_dir() {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no store or checkpoint at {}: no such directory", dir.display()),
+            )
+        } else if e.kind() == std::io::ErrorKind::NotFound {
             Error::corrupt(format!("{} is missing", path.display()))
         } else {
             io(e)
@@ -375,6 +382,13 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path) -> Result<(State, OpenReport)> {
         }
         report.records += 1;
         at = end;
+    }
+    if report.records == 0 {
+        // Every manifest starts with a complete snapshot record (`Manifest::create`): without
+        // one it cannot say which segments hold the store, so it is damage, not a torn tail.
+        return Err(bad(format!(
+            "no complete record ({len} bytes: truncated?); it cannot name the store's segments"
+        )));
     }
     Ok((state, report))
 }

@@ -306,6 +306,19 @@ impl std::fmt::Debug for SegmentReader {
     }
 }
 
+/// The header of the segment at `path`, or `None` when the file is too short to hold one (a
+/// write a crash cut short before its header landed).
+pub(crate) fn read_header(vfs: &dyn Vfs, path: &Path) -> Result<Option<SegmentHeader>> {
+    let io = |e| Error::io(format!("read {}", path.display()), e);
+    let file = vfs.open(path).map_err(io)?;
+    if file.size().map_err(io)? < HEADER_BYTES {
+        return Ok(None);
+    }
+    let mut head = vec![0u8; HEADER_BYTES as usize];
+    file.read_exact_at(&mut head, 0).map_err(io)?;
+    SegmentHeader::decode(&head, path).map(Some)
+}
+
 impl SegmentReader {
     /// Opens `path` and checks its header and trailer.
     pub(crate) fn open(vfs: &dyn Vfs, path: &Path) -> Result<Self> {
