@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         "verify",
         help="read every record and check every checksum; exit 1 on damage",
         description="Read every segment a store or checkpoint names, check every checksum and "
-        "header, count the live rows; print a summary and exit 1 if anything is damaged.",
+        "header, count the live rows; print a summary. Exit status: 0 intact, 1 damaged (a "
+        "segment, or a manifest that fails its checks or cannot account for the segments on "
+        "disk), 2 not readable at all (no such directory, permissions). Safe while another "
+        "process has the store open: a walk that meets a segment a compaction replaced starts "
+        "over on the new manifest.",
     )
     v.add_argument("dir", help="a store directory or a checkpoint")
     v.add_argument("--json", action="store_true", help="print one JSON object")
@@ -336,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {line}")
             else:
                 print("  ok: every record and checksum verified")
+            if report["restarts"]:
+                print(
+                    f"  (the store changed during the walk: started over {report['restarts']} "
+                    "time(s); the report is of the last manifest read)"
+                )
     return 1 if report["damage"] else 0
 
 

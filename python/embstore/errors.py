@@ -18,6 +18,8 @@ StorageError              OSError               a file cannot be read or written
 CorruptionError           StorageError          a file fails its checks (magic, checksum, length)
 NoSpaceError              StorageError          the disk is full; nothing acknowledged is lost
 StoreLockedError          StorageError          the store directory is open in another process
+StoreClosedError          StorageError          a call on a closed store or a handle of one
+NotFoundError             FileNotFoundError     a path the call names does not exist
 UnsupportedFormatError    StorageError          a file was written by a newer format version
 CapacityError             MemoryError           memory for rows or an index cannot be had
 NotCopyableError          TypeError             pickling or copying an object that holds a table
@@ -81,6 +83,15 @@ class StoreLockedError(StorageError):
     time)."""
 
 
+class StoreClosedError(StorageError):
+    """The store was closed (``Store.close()`` or the end of its ``with`` block): it and every
+    handle of its tables take no more calls. Open the store again for new handles."""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """A file or directory the call names does not exist (a checkpoint path with a typo)."""
+
+
 class UnsupportedFormatError(StorageError):
     """A store, checkpoint or file was written by a newer format version than this embstore
     reads."""
@@ -115,9 +126,11 @@ __all__ = [
     "KeyNotFoundError",
     "NonFiniteError",
     "NotCopyableError",
+    "NotFoundError",
     "PermissionDeniedError",
     "ShapeError",
     "StorageError",
+    "StoreClosedError",
     "TableExistsError",
     "TableNotFoundError",
     "UnavailableError",

@@ -34,7 +34,12 @@ from embstore.config import (
     from_params,
     to_params,
 )
-from embstore.errors import DTypeError, InvalidArgumentError, ShapeError, StorageError
+from embstore.errors import (
+    DTypeError,
+    InvalidArgumentError,
+    ShapeError,
+    StoreClosedError,
+)
 
 
 def _torch_tensor(x: Any) -> Any:
@@ -619,21 +624,24 @@ class Store:
     @property
     def _inner(self) -> Any:
         if self._store is None:
-            raise StorageError("the store is closed")
+            raise StoreClosedError("the store is closed")
         return self._store
 
     def close(self) -> None:
-        """Flush (for a store in a directory) and let go of the store: its directory is
-        unlocked once no table handle of it is left, and every later call on this object
-        raises :class:`StorageError`. Handles of its tables obtained before must not be used
-        after ``close()``. ``with embstore.Store(path) as store:`` closes at the end of the
-        block. Closing twice is a no-op."""
+        """Flush (for a store in a directory), then close the store: its directory is
+        unlocked at once (another ``Store`` may open it), and every later call on this object
+        or on a handle of its tables raises :class:`StoreClosedError` (a
+        :class:`StorageError`), so no write can go unflushed. ``with embstore.Store(path) as
+        store:`` closes at the end of the block. Closing twice is a no-op.
+
+        If the flush fails (a full disk: :class:`NoSpaceError`) nothing is closed and nothing
+        is lost: the store stays open with its rows in memory, so free space and call
+        ``close()`` (or ``flush()``) again. Stop other threads' calls on the store first: a
+        call still running may finish after the flush."""
         if self._store is None:
             return
-        try:
-            self._store.flush()
-        finally:
-            self._store = None
+        self._store.close()
+        self._store = None
 
     def __enter__(self) -> Store:
         return self
@@ -710,6 +718,10 @@ class Store:
             isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer)
         ):
             raise InvalidArgumentError(f"num_shards must be an int, got {num_shards!r}")
+        if num_shards is not None and not 0 <= num_shards < 2**63:
+            raise InvalidArgumentError(
+                f"num_shards must be a power of two in 1..=1024, got {num_shards}"
+            )
         inner = _native.Store.restore(
             os.fspath(checkpoint),
             os.fspath(path),
@@ -866,11 +878,23 @@ def _progress(
     if not progress:
         return None
 
-    def show(done: int, total: int) -> None:
-        end = "\n" if done == total else ""
-        print(f"\r{what}: {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
 
-    return show
+        def show(done: int, total: int) -> None:
+            end = "\n" if done == total else ""
+            print(f"\r{what}: {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
+
+        return show
+    # A log or a pipe: whole lines, one per tenth of the work (and the last), never a `\r`.
+    shown = [-1]
+
+    def log(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth != shown[0] or done == total:
+            shown[0] = tenth
+            print(f"{what}: {done}/{total} {unit}", file=sys.stderr, flush=True)
+
+    return log
 
 
 def inspect(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -885,8 +909,13 @@ def verify(
     path: str | os.PathLike[str], *, progress: bool | Callable[[int, int], None] = False
 ) -> dict[str, Any]:
     """:func:`inspect`, then read every record of every segment, checking each checksum;
-    ``damage`` lists what failed (empty: the store is intact), and each table gains its live
-    ``rows`` and the ``memory_bytes`` they take once opened."""
+    ``damage`` lists what failed (empty: the store is intact): a damaged segment, a manifest
+    that fails its checks, or one that cannot account for the segments on disk (the store
+    would refuse to open). Each table gains its live ``rows`` and the ``memory_bytes`` they
+    take once opened (``None`` for a table with a damaged segment: its rows cannot be
+    counted). Safe on a store another process has open: when a flush or compaction replaces
+    a segment during the walk, the walk starts over on the new manifest (``restarts`` counts
+    how often), so the report is of one consistent state."""
     return _native.inspect_dir(os.fspath(path), True, _progress(progress, "verify"))
 
 

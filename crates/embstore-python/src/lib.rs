@@ -27,6 +27,8 @@ mod errors {
     pyo3::import_exception!(embstore.errors, CorruptionError);
     pyo3::import_exception!(embstore.errors, NoSpaceError);
     pyo3::import_exception!(embstore.errors, StoreLockedError);
+    pyo3::import_exception!(embstore.errors, StoreClosedError);
+    pyo3::import_exception!(embstore.errors, NotFoundError);
     pyo3::import_exception!(embstore.errors, UnsupportedFormatError);
     pyo3::import_exception!(embstore.errors, UnavailableError);
     pyo3::import_exception!(embstore.errors, PermissionDeniedError);

@@ -37,6 +37,8 @@ pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
         ErrorKind::Capacity => errors::CapacityError::new_err(msg),
         ErrorKind::NoSpace => errors::NoSpaceError::new_err(msg),
         ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
+        ErrorKind::Closed => errors::StoreClosedError::new_err(msg),
+        ErrorKind::NotFound => errors::NotFoundError::new_err(msg),
         ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
         ErrorKind::Unavailable => errors::UnavailableError::new_err(msg),
         ErrorKind::PermissionDenied => errors::PermissionDeniedError::new_err(msg),
@@ -192,6 +194,12 @@ impl PyStore {
         Ok(Some(d))
     }
 
+    /// Flushes and closes (see `Store::close`); on an error the store stays open.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = &self.inner;
+        detached(py, || inner.close()).map_err(to_py_err)
+    }
+
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
         flush_dict(py, detached(py, || inner.flush()).map_err(to_py_err)?)
@@ -343,6 +351,7 @@ pub(crate) fn inspect_dir<'py>(
     d.set_item("torn_manifest_bytes", r.torn_manifest_bytes)?;
     d.set_item("orphan_segments", r.orphan_segments)?;
     d.set_item("damage", r.damage)?;
+    d.set_item("restarts", r.restarts)?;
     let tables = pyo3::types::PyList::empty(py);
     for t in r.tables {
         let td = PyDict::new(py);

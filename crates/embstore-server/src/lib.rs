@@ -381,6 +381,8 @@ impl Server {
         num_shards: u32,
         ckpt: &std::path::Path,
     ) -> embstore_table::Result<()> {
+        // The name becomes part of a directory's name (a budgeted server's shard parts).
+        embstore_table::validate_table_name(name)?;
         let key = (name.to_string(), version, shard, num_shards);
         self.loading.write().push(key.clone());
         self.gen.fetch_add(1, Ordering::AcqRel);
@@ -1157,6 +1159,39 @@ mod tests {
         assert!(s.info().gen >= gen + 2);
         assert!(s.host("user", 1, 2, 2, table(&[])).is_err());
         assert!(s.host("user", 1, 0, 3, table(&[])).is_err());
+    }
+
+    /// A table name that could become a path is refused before any directory is made: a
+    /// budgeted server names its shard parts after the table.
+    #[test]
+    fn a_load_of_a_name_that_could_become_a_path_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("a/b/data");
+        let budget = embstore_table::Budget::shared(1 << 20).unwrap();
+        let tier = TierOptions { dir: data.clone(), budget };
+        let s = Server::with_tier("tiered", 1 << 16, tier).unwrap();
+        for name in ["../../escape", "a/b", "..", "/abs"] {
+            let err = s.load(name, 1, 0, 1, &root.path().join("ckpt")).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{name}: {err}");
+        }
+        assert!(!root.path().join("a/escape.v1.s0of1").exists());
+        // Only the data directory itself was made.
+        let made: Vec<String> = walk(root.path())
+            .into_iter()
+            .map(|p| p.strip_prefix(&*root.path().display().to_string()).unwrap().to_owned())
+            .collect();
+        assert_eq!(made, vec!["/a", "/a/b", "/a/b/data"], "{made:?}");
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            out.push(e.path().display().to_string());
+            if e.path().is_dir() {
+                out.extend(walk(&e.path()));
+            }
+        }
+        out
     }
 
     /// A budgeted load: the shard's rows equal the checkpoint's, memory stays under a budget

@@ -135,10 +135,16 @@ fn prepare_empty_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
 
 /// The manifest of the checkpoint in `path`; fails if it is not a checkpoint.
 fn read_checkpoint(path: &Path) -> Result<(PathBuf, State)> {
+    if !path.is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no checkpoint at {}: no such directory", path.display()),
+        ));
+    }
     let (state, _) = manifest::read(&RealFs, path)?;
     if state.checkpoint.is_none() {
         return Err(Error::invalid(format!(
-            "{} is a store directory, not a checkpoint (take one with Store::checkpoint)",
+            "{} is a store directory, not a checkpoint (take one with the store's checkpoint())",
             path.display()
         )));
     }
@@ -387,8 +393,9 @@ impl Store {
         dest: impl AsRef<Path>,
         since: Option<&Path>,
     ) -> Result<CheckpointReport> {
+        self.check_open()?;
         let durable = self.durable().ok_or_else(|| {
-            Error::invalid("checkpoints need a store kept in a directory (Store::open)")
+            Error::invalid("checkpoints need a store kept in a directory (opened with a path)")
         })?;
         let tables: Vec<Arc<Table>> = self.all_tables();
         durable.checkpoint(&tables, dest.as_ref(), since)

@@ -128,10 +128,19 @@ impl TableConfig {
 }
 
 /// Names are 1..=255 bytes with no control characters.
-pub(crate) fn validate_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
+/// Checks a table name: 1..=255 bytes, no control characters (NUL included), no path
+/// separators (`/`, `\\`), and not `.` or `..` — names reach file and directory names (a
+/// server's shard directories, checkpoints), so no name can ever become a path.
+pub fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 255
+        || name.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+        || name == "."
+        || name == ".."
+    {
         return Err(Error::invalid(format!(
-            "table name must be 1..=255 bytes without control characters, got {name:?}"
+            "table name must be 1..=255 bytes without control characters or path separators \
+             ('/', '\\'), and not '.' or '..', got {name:?}"
         )));
     }
     Ok(())

@@ -66,7 +66,8 @@ pub struct RecoveryReport {
     pub records: u64,
     /// Bytes of a torn manifest record dropped (an append a crash cut short).
     pub torn_manifest_bytes: u64,
-    /// Segment files no manifest record names (from a flush a crash cut short), deleted.
+    /// Segment files the manifest proves superseded (from a flush a crash cut short), deleted
+    /// (see `orphans`: a segment it cannot prove superseded makes the open fail instead).
     pub orphan_segments: Vec<String>,
 }
 
@@ -74,7 +75,8 @@ pub struct RecoveryReport {
 pub(crate) struct Durable {
     dir: PathBuf,
     pub(crate) vfs: Arc<dyn Vfs>,
-    _lock: std::fs::File,
+    /// The directory's lock, held until the store is closed or dropped.
+    lock: Mutex<Option<std::fs::File>>,
     /// The manifest and the state it describes; held for a whole flush, so flushes (and
     /// table creation and removal) run one at a time.
     pub(crate) inner: Mutex<(Manifest, State)>,
@@ -105,7 +107,12 @@ impl Durable {
         vfs.create_dir_all(&dir.join(SEG_DIR)).map_err(|e| io("create", dir, e))?;
         let lock = lock(dir)?;
         let mut report = RecoveryReport::default();
+        let mut orphans = Vec::new();
         let (manifest, state) = if vfs.open(&dir.join(crate::disk::manifest::MANIFEST)).is_ok() {
+            // Prove every unnamed segment superseded before anything changes on disk (the
+            // manifest's torn tail included).
+            let (state, _) = crate::disk::manifest::read(&*vfs, dir)?;
+            orphans = crate::orphans::deletable(&*vfs, dir, &state)?;
             let (m, state, r) = Manifest::open(&*vfs, dir)?;
             report.torn_manifest_bytes = r.torn_bytes;
             (m, state)
@@ -171,23 +178,18 @@ impl Durable {
             tables.push(Arc::new(table));
         }
         report.tables = tables.len();
-        // Segments no table names are what a crash left of a flush; a leftover manifest
-        // rewrite is dropped too.
+        // Segments the manifest proves superseded (`orphans`) are what a crash left of a
+        // flush; a leftover manifest rewrite is dropped too.
         let _ = vfs.remove(&dir.join("MANIFEST.tmp"));
-        let live: std::collections::HashSet<u64> =
-            state.tables.values().flat_map(|t| t.files.keys().copied()).collect();
-        for name in vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))? {
-            let seq = name.strip_suffix(".seg").and_then(|h| u64::from_str_radix(h, 16).ok());
-            if seq.is_some_and(|s| !live.contains(&s)) {
-                let path = dir.join(SEG_DIR).join(&name);
-                vfs.remove(&path).map_err(|e| io("remove", &path, e))?;
-                report.orphan_segments.push(name);
-            }
+        for name in orphans {
+            let path = dir.join(SEG_DIR).join(&name);
+            vfs.remove(&path).map_err(|e| io("remove", &path, e))?;
+            report.orphan_segments.push(name);
         }
         let durable = Self {
             dir: dir.to_path_buf(),
             vfs,
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
             inner: Mutex::new((manifest, state)),
             report,
         };
@@ -196,6 +198,11 @@ impl Durable {
 
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Lets go of the directory's lock (the store was closed): another store may open it.
+    pub(crate) fn unlock(&self) {
+        self.lock.lock().take();
     }
 
     /// Records a new table (durable when this returns).
@@ -354,7 +361,7 @@ impl Durable {
         // The table this handle was created as: a handle of a dropped table (an eviction still
         // in flight) must never write into a new table of the same name.
         let id = table.disk_id.load(Ordering::Relaxed);
-        if table.dropped() || !state.tables.contains_key(&id) {
+        if table.dropped() || !state.tables.contains_key(&id) || self.lock.lock().is_none() {
             return Ok(None);
         }
         let seq = state.next_seq.max(1);

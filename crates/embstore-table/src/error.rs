@@ -34,6 +34,10 @@ pub enum ErrorKind {
     /// A server could not be reached or could not serve the request (no replica holds the
     /// version, a deadline passed); retrying later may succeed.
     Unavailable,
+    /// The table's store was closed: its handles take no more calls (open the store again).
+    Closed,
+    /// A file or directory the call names does not exist (a checkpoint path with a typo).
+    NotFound,
     /// A server refused the call: no token, a wrong one, or a read-only token for an admin
     /// call.
     PermissionDenied,

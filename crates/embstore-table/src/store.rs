@@ -21,6 +21,8 @@ pub struct Store {
     clock: Arc<Clock>,
     durable: Option<Arc<Durable>>,
     tiering: Option<Tiering>,
+    /// [`Store::close`] ran.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl StoreOptions {
@@ -104,6 +106,7 @@ impl Store {
             clock: Arc::new(Clock::new(0)),
             durable: None,
             tiering: None,
+            closed: Default::default(),
         }
     }
 
@@ -163,13 +166,20 @@ impl Store {
             t.attach_durable(&durable);
         }
         let tables = tables.into_iter().map(|t| (t.name().to_owned(), t)).collect();
-        Ok(Self { tables: RwLock::new(tables), clock, durable: Some(durable), tiering })
+        Ok(Self {
+            tables: RwLock::new(tables),
+            clock,
+            durable: Some(durable),
+            tiering,
+            closed: Default::default(),
+        })
     }
 
     /// Rewrites every table's rows into one fresh segment each and deletes the older segments
     /// (a flush happens as part of it); `progress(done, total)` after each table. Compaction
     /// also runs by itself during flushes once a table's disk use passes twice its live rows.
     pub fn compact(&self, progress: impl FnMut(usize, usize)) -> Result<FlushStats> {
+        self.check_open()?;
         match &self.durable {
             Some(d) => d.compact(&self.all_tables(), progress),
             None => Ok(FlushStats::default()),
@@ -205,12 +215,56 @@ impl Store {
     /// [`ErrorKind::NoSpace`]) nothing is lost: the rows stay in memory, marked to be written,
     /// and the next flush writes them.
     pub fn flush(&self) -> Result<FlushStats> {
+        self.check_open()?;
         let Some(durable) = &self.durable else { return Ok(FlushStats::default()) };
         durable.flush(&self.all_tables())
     }
 
+    /// Flushes, then closes the store: every handle of its tables fails with
+    /// [`ErrorKind::Closed`] from then on (so no write can go unflushed), its evictor stops and
+    /// its directory is unlocked (another `Store` may open it). If the flush fails (a full
+    /// disk: [`ErrorKind::NoSpace`]) the store stays open with its rows in memory, marked to
+    /// be written: free space and close (or flush) again. Closing twice is a no-op. Calls
+    /// running on other threads while `close` runs may finish after its flush: stop them
+    /// first.
+    pub fn close(&self) -> Result<()> {
+        if self.is_closed() {
+            return Ok(());
+        }
+        // Closed first, so that no call starts a write the flush would miss.
+        let tables = self.all_tables();
+        tables.iter().for_each(|t| t.set_closed(true));
+        if let Some(durable) = &self.durable {
+            if let Err(e) = durable.flush(&tables) {
+                tables.iter().for_each(|t| t.set_closed(false));
+                return Err(e);
+            }
+        }
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = &self.tiering {
+            t.budget.stop();
+        }
+        if let Some(durable) = &self.durable {
+            durable.unlock();
+        }
+        Ok(())
+    }
+
+    /// Whether [`Store::close`] closed the store.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::new(ErrorKind::Closed, "the store is closed"));
+        }
+        Ok(())
+    }
+
     /// Creates a table; fails if the name is taken or the config is invalid.
     pub fn create_table(&self, config: TableConfig) -> Result<Arc<Table>> {
+        self.check_open()?;
         let mut tables = self.tables.write();
         if tables.contains_key(&config.name) {
             return Err(Error::new(
@@ -229,6 +283,7 @@ impl Store {
 
     /// The table called `name`.
     pub fn table(&self, name: &str) -> Result<Arc<Table>> {
+        self.check_open()?;
         self.tables.read().get(name).cloned().ok_or_else(|| not_found(name))
     }
 
@@ -240,6 +295,7 @@ impl Store {
     /// Removes the table called `name`. Handles still held fail with `TableNotFound` from then
     /// on; the memory is freed once the last one is dropped.
     pub fn drop_table(&self, name: &str) -> Result<()> {
+        self.check_open()?;
         let mut tables = self.tables.write();
         if !tables.contains_key(name) {
             return Err(not_found(name));
@@ -255,6 +311,7 @@ impl Store {
     /// Creates a table from a file written by [`Table::save`], named as in the file or `name`.
     /// The table joins the store only once the whole file has loaded.
     pub fn load_table(&self, path: impl AsRef<Path>, name: Option<&str>) -> Result<Arc<Table>> {
+        self.check_open()?;
         let path = path.as_ref();
         let mut config = file::read_config(path)?;
         if let Some(name) = name {

@@ -42,6 +42,8 @@ pub struct Table {
     pub(crate) clock: Arc<Clock>,
     step: AtomicU64,
     dropped: AtomicBool,
+    /// Its store was closed ([`Store::close`](crate::Store::close)).
+    closed: AtomicBool,
     /// In a durable store: shards record removals, and `clear`/`load` set `cleared`.
     pub(crate) durable: AtomicBool,
     /// Every row was replaced (`clear`, `load`) since the last flush.
@@ -84,6 +86,7 @@ impl Table {
             clock,
             step: AtomicU64::new(0),
             dropped: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             durable: AtomicBool::new(false),
             cleared: AtomicBool::new(false),
             tier: None,
@@ -180,11 +183,33 @@ impl Table {
         self.dropped.store(true, Ordering::Relaxed);
     }
 
+    /// Whether the table's store was closed.
+    pub(crate) fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the table's store as closed (`open: false`) or open again (a close that could not
+    /// flush): calls fail with [`ErrorKind::Closed`] while it is closed.
+    pub(crate) fn set_closed(&self, closed: bool) {
+        self.closed.store(closed, Ordering::Release);
+    }
+
     /// Fails with `TableNotFound` once the table has been dropped from its store (a handle
-    /// kept past `drop_table` must not keep training a table no store holds). Every call that
+    /// kept past `drop_table` must not keep training a table no store holds), and with
+    /// `Closed` once its store was closed (its writes could never be flushed). Every call that
     /// reads or writes rows checks it, except [`Table::export`] (an iterator; callers check
     /// first), [`Table::stats`] and [`Table::set_step`].
     pub fn check_live(&self) -> Result<()> {
+        if self.closed() {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "table '{}' belongs to a store that was closed; open the store again and \
+                     take a new handle",
+                    self.name()
+                ),
+            ));
+        }
         if self.dropped() {
             return Err(Error::new(
                 ErrorKind::TableNotFound,
