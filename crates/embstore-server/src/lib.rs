@@ -1224,6 +1224,46 @@ mod tests {
         assert!(s.host("user", 1, 0, 3, table(&[])).is_err());
     }
 
+    /// Rows of a dim too large to answer many of: every lookup would be refused first.
+    #[derive(Debug)]
+    struct Wide;
+
+    impl Rows for Wide {
+        fn dim(&self) -> usize {
+            1 << 22
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn bytes(&self) -> u64 {
+            0
+        }
+        fn may_block(&self) -> bool {
+            false
+        }
+        fn lookup(&self, _: &[u64], _: &mut [f32], _: &mut [bool]) -> embstore_table::Result<()> {
+            panic!("a lookup whose answer no frame can carry must be refused before reading")
+        }
+    }
+
+    /// A batch within the maximum whose answer passes what a gRPC frame carries (300 rows of
+    /// 16 MiB) is refused before any row is read or buffered, and counted as refused, not ok.
+    #[test]
+    fn an_answer_no_frame_can_carry_is_refused_and_counted() {
+        let s = Server::new("wide", 1 << 20);
+        s.host("user", 1, 0, 1, Arc::new(Wide)).unwrap();
+        let e = s.lookup(&req(1, (0..300).collect())).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("split the batch"), "{e:?}");
+        let text = s.metrics_text();
+        assert!(text.contains(r#"{table="user",outcome="resourceexhausted"} 1"#), "{text}");
+        assert!(!text.contains(r#"outcome="ok""#), "{text}");
+        // Sized from --max-batch: a request of that many ids of 10 bytes each decodes.
+        let ids: Vec<u64> = vec![u64::MAX; 1000];
+        let wire = LookupRequest { ids, ..req(1, vec![]) }.encoded_len();
+        assert!(wire <= request_limit(1000), "{wire} > {}", request_limit(1000));
+    }
+
     /// A budgeted load: the shard's rows equal the checkpoint's, memory stays under a budget
     /// a fifth of the shard, the part's directory goes when it is unloaded, a failed load
     /// leaves no directory, and parts an earlier process left are removed at start.

@@ -675,6 +675,36 @@ def test_serve_help_and_banner_say_what_the_flags_do(tmp_path) -> None:
     assert "the tables the cluster assigns here" in banner, banner
 
 
+def test_an_answer_over_4_mib_is_read_and_a_batch_over_max_batch_is_refused(tmp_path) -> None:
+    """40,000 ids at D 32 (a 5 MB answer, over gRPC's default 4 MiB) from a server process with
+    its default limits; a batch over `--max-batch` is a `CapacityError`, counted as refused."""
+    import urllib.request
+
+    store = embstore.Store(tmp_path / "s")
+    n, d = 40_000, 32
+    user = store.create_table("user", embedding_dim=d)
+    ids = np.arange(n, dtype=np.int64) * 3 + 1
+    values = np.random.default_rng(5).standard_normal((n, d)).astype(np.float32)
+    user.assign(ids, values)
+    store.flush()
+    del user, store
+    server = _Served(
+        "--store", str(tmp_path / "s"), "--max-batch", "50000", "--metrics", "127.0.0.1:0"
+    )
+    try:
+        client = embstore.connect(server.address)
+        np.testing.assert_array_equal(client.lookup("user", ids), values)
+        with pytest.raises(embstore.CapacityError, match="at most 50000 ids"):
+            client.lookup("user", np.arange(50_001, dtype=np.int64))
+        np.testing.assert_array_equal(client.lookup("user", ids[:2]), values[:2])
+        assert server.metrics_url is not None
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        assert 'embstore_lookups_total{table="user",outcome="ok"} 2' in text, text
+        assert 'embstore_lookups_total{table="user",outcome="resourceexhausted"} 1' in text, text
+    finally:
+        server.stop()
+
+
 def _free_port() -> int:
     import socket
 
