@@ -219,7 +219,10 @@ impl Client {
                 }
                 let tls = client.options.tls.is_some();
                 if let Some(cause) = tls_cause(&addrs[0], &status, tls).await {
-                    why = format!(" ({}: {cause})", addrs[0]);
+                    why = match addrs.len() {
+                        1 => format!(": {cause}"),
+                        _ => format!(" ({}: {cause})", addrs[0]),
+                    };
                 }
             }
             return Err(Error::new(
@@ -712,7 +715,7 @@ async fn tls_cause(addr: &str, status: &tonic::Status, tls: bool) -> Option<Stri
         "the server refused the client certificate, or needs one (tls_cert, --tls-cert)"
     } else if has("Expired") {
         "the server's certificate has expired or is not valid yet"
-    } else if has("InvalidContentType") || has("corrupt message") || has("eof") {
+    } else if has("InvalidContentType") || has("corrupt message") {
         "the server does not speak tls (leave out tls_ca, --tls-ca)"
     } else if has("invalid peer certificate") || has("alert") || has("handshake") {
         return Some(format!("tls handshake failed: {last}"));
@@ -795,7 +798,15 @@ pub async fn admin(
             ErrorKind::Unsupported,
             format!("{addr} does not take admin calls (start it with --admin)"),
         )),
-        Ok(Err(status)) => Err(from_status(&status)),
+        Ok(Err(status)) => {
+            let e = from_status(&status);
+            match tls_cause(addr, &status, tls.is_some()).await {
+                Some(cause) if e.kind() == ErrorKind::Unavailable => {
+                    Err(Error::new(e.kind(), format!("{addr}: {cause}")))
+                }
+                _ => Err(e),
+            }
+        }
         Err(_) => Err(Error::new(
             ErrorKind::Unavailable,
             format!("admin call to {addr} passed its timeout of {timeout:?}"),

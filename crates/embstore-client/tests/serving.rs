@@ -457,6 +457,10 @@ async fn tls_mistakes_name_their_cause() {
     let e = Client::connect(&addrs, quick(None)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.to_string().contains("server speaks tls"), "{e}");
+    // An admin call too (what `embstore load`, `drain` and `publish` make).
+    let drain = embstore_client::AdminCall::Drain { table: "user".into(), version: 1, shard: None };
+    let e = embstore_client::admin(&addrs[0], drain, Duration::from_secs(3), None, None).await;
+    assert!(e.unwrap_err().to_string().contains("server speaks tls"));
     // Trusting another CA, or the server's own CA's other leaf as a CA.
     for ca in [pki().ca, p.client.0.clone()] {
         let wrong = ClientTls { ca_pem: ca.into_bytes(), domain: None, identity: None };
