@@ -23,7 +23,13 @@
 //!    pick, at most `max_restarts` times. Partial results are thrown away: **a batch never mixes
 //!    two versions**.
 //!
-//! Not yet here (issue 9): etcd discovery, TLS, tokens.
+//! ## At the edges
+//! - **Message limits** are sized per call: a client reads an answer as large as its ids × the
+//!   table's dim make it (`answer_limit`), not gRPC's 4 MiB default; the server decodes any
+//!   request of up to its maximum batch.
+//! - **A failed connect says why** when the cause is TLS (the server speaks TLS, an unknown
+//!   CA, a server without TLS), instead of only "no server answered" (`tls_cause`).
+//! - **Tokens** lose surrounding whitespace, as when read from a file.
 
 mod publish;
 

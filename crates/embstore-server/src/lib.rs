@@ -18,6 +18,11 @@
 //!   `FAILED_PRECONDITION` with its `ServerInfo` encoded in the status details.
 //! - Missing ids get zero rows and `found = 0`; serving never inserts.
 //! - A bad request gets a typed status; the server keeps serving.
+//! - Every request of up to `max_batch` ids decodes ([`request_limit`]); a batch over it, or
+//!   one whose answer no gRPC frame can carry, is refused `RESOURCE_EXHAUSTED` before any row
+//!   is read, and counted as such, never as `ok`.
+//! - A TLS identity that cannot serve (certificate and key swapped, or of two pairs) is
+//!   refused by [`Tls::check`], naming the cause.
 //!
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
