@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument(
         "--admin",
         action="store_true",
-        help="take admin calls (load, drain, unload); no tokens yet: trusted networks only",
+        help="take admin calls (load, drain, unload); they need the --admin-token-file token "
+        "(else the --read-token-file token; with neither, anyone may call: trusted networks only)",
     )
     srv.add_argument(
         "--listen",
@@ -424,7 +425,14 @@ def _serve(args: argparse.Namespace) -> int:
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2
-    tables = ", ".join(server.tables) or "none"
+    if server.tables:
+        tables = f"tables {', '.join(server.tables)} (version 1)"
+    elif args.etcd:
+        tables = "the tables the cluster assigns here, as etcd records them"
+    elif args.admin:
+        tables = "no tables yet (`embstore load` loads them)"
+    else:
+        tables = "no tables"
     source = args.store or "no store"
     admin = ", admin calls on" if args.admin or args.etcd else ""
     if args.etcd:
@@ -435,8 +443,7 @@ def _serve(args: argparse.Namespace) -> int:
         where = args.data_dir or "a directory under $TMPDIR"
         admin += f", memory budget {_size(args.memory_budget)} (loaded shards in {where})"
     print(
-        f"embstore serve: {source} on {server.address}: tables {tables} (version 1){admin}; "
-        "Ctrl-C or SIGTERM stops",
+        f"embstore serve: {source} on {server.address}: {tables}{admin}; Ctrl-C or SIGTERM stops",
         flush=True,
     )
     try:

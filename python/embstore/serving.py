@@ -117,8 +117,10 @@ def connect(
         )
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise InvalidArgumentError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    if token is not None and (not isinstance(token, str) or not token):
-        raise InvalidArgumentError("token must be a non-empty str")
+    if token is not None:
+        if not isinstance(token, str) or not token.strip():
+            raise InvalidArgumentError("token must be a non-empty str")
+        token = token.strip()  # as from a token file: a trailing newline is not the token's
     tls = _tls(tls_ca, tls_cert, tls_key, tls_domain)
     return RemoteClient(
         _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds)

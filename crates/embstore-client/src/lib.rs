@@ -23,7 +23,13 @@
 //!    pick, at most `max_restarts` times. Partial results are thrown away: **a batch never mixes
 //!    two versions**.
 //!
-//! Not yet here (issue 9): etcd discovery, TLS, tokens.
+//! ## At the edges
+//! - **Message limits** are sized per call: a client reads an answer as large as its ids × the
+//!   table's dim make it (`answer_limit`), not gRPC's 4 MiB default; the server decodes any
+//!   request of up to its maximum batch.
+//! - **A failed connect says why** when the cause is TLS (the server speaks TLS, an unknown
+//!   CA, a server without TLS), instead of only "no server answered" (`tls_cause`).
+//! - **Tokens** lose surrounding whitespace, as when read from a file.
 
 mod publish;
 
@@ -191,6 +197,8 @@ impl Client {
         if addrs.is_empty() {
             return Err(Error::new(ErrorKind::InvalidArgument, "no server address given"));
         }
+        let mut options = options;
+        options.token = options.token.as_deref().map(checked_token).transpose()?;
         let mut endpoints = Vec::with_capacity(addrs.len());
         for addr in addrs {
             endpoints.push(Arc::new(Endpoint::new(addr, &options)?));
@@ -205,18 +213,27 @@ impl Client {
             options,
         };
         if client.refresh().await == 0 {
-            // A refusal (a missing or wrong token) says more than "no answer".
+            // A refusal (a missing or wrong token) or a failed TLS handshake says more than
+            // "no answer".
             let req = request(DescribeRequest {}, client.options.token.as_deref());
             let mut rpc = client.endpoint(0).rpc.clone();
             let first = rpc.describe(req);
+            let mut why = String::new();
             if let Ok(Err(status)) = tokio::time::timeout(client.options.deadline, first).await {
                 if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) {
                     return Err(from_status(&status));
                 }
+                let tls = client.options.tls.is_some();
+                if let Some(cause) = tls_cause(&addrs[0], &status, tls).await {
+                    why = match addrs.len() {
+                        1 => format!(": {cause}"),
+                        _ => format!(" ({}: {cause})", addrs[0]),
+                    };
+                }
             }
             return Err(Error::new(
                 ErrorKind::Unavailable,
-                format!("no server answered: {}", addrs.join(", ")),
+                format!("no server answered: {}{why}", addrs.join(", ")),
             ));
         }
         Ok(client)
@@ -505,8 +522,9 @@ impl Client {
             let endpoints: Vec<Arc<Endpoint>> =
                 order.iter().map(|&i| self.endpoint(i).clone()).collect();
             let token = self.options.token.clone();
+            let limit = answer_limit(keys.len(), d);
             tasks.spawn(async move {
-                (s, order, shard_call(endpoints, known, req, token.as_deref()).await)
+                (s, order, shard_call(endpoints, known, req, limit, token.as_deref()).await)
             });
         }
         let mut values = vec![0f32; ids.len() * d];
@@ -573,12 +591,25 @@ struct ShardResult {
     failed: Vec<usize>,
 }
 
+/// Bytes of an answer beyond its rows and found flags that a client decodes: the server's
+/// `ServerInfo` (about 50 bytes per version held) and framing.
+const ANSWER_SLACK: usize = 4 << 20;
+
+/// The most bytes a client decodes of the answer to a lookup of `ids` ids of dim `dim`: its
+/// rows (`4·dim` bytes each), found flags and the server's info. Sized per call, so that an
+/// answer of any batch the server takes is read, and nothing larger is buffered.
+fn answer_limit(ids: usize, dim: usize) -> usize {
+    ids.saturating_mul(dim.saturating_mul(4).saturating_add(1)).saturating_add(ANSWER_SLACK)
+}
+
 /// Tries the replicas of one shard in order until one answers; `known[i]` is the `gen` of
-/// replica `i`'s info the client holds (it answers without its info when that is current).
+/// replica `i`'s info the client holds (it answers without its info when that is current);
+/// `limit` is the most bytes of an answer read (see [`answer_limit`]).
 async fn shard_call(
     replicas: Vec<Arc<Endpoint>>,
     known: Vec<u64>,
     mut req: LookupRequest,
+    limit: usize,
     token: Option<&str>,
 ) -> ShardResult {
     let mut out = ShardResult {
@@ -589,7 +620,8 @@ async fn shard_call(
     for (i, ep) in replicas.iter().enumerate() {
         req.known_gen = known[i];
         ep.outstanding.fetch_add(1, Ordering::Relaxed);
-        let answer = ep.rpc.clone().lookup(request(req.clone(), token)).await;
+        let mut rpc = ep.rpc.clone().max_decoding_message_size(limit);
+        let answer = rpc.lookup(request(req.clone(), token)).await;
         ep.outstanding.fetch_sub(1, Ordering::Relaxed);
         match answer {
             Ok(resp) => {
@@ -636,7 +668,8 @@ pub fn from_status(status: &tonic::Status) -> Error {
         Code::InvalidArgument => ErrorKind::InvalidArgument,
         Code::NotFound => ErrorKind::TableNotFound,
         Code::AlreadyExists => ErrorKind::TableExists,
-        Code::ResourceExhausted => ErrorKind::Capacity,
+        // OUT_OF_RANGE: a message over a limit of the transport (a request too large).
+        Code::ResourceExhausted | Code::OutOfRange => ErrorKind::Capacity,
         Code::DataLoss => ErrorKind::Corruption,
         Code::Unimplemented => ErrorKind::Unsupported,
         Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
@@ -645,11 +678,80 @@ pub fn from_status(status: &tonic::Status) -> Error {
     Error::new(kind, status.message())
 }
 
+/// `token` without surrounding whitespace (a token read from a file, or typed, often ends in
+/// a newline), checked to be one a header can carry.
+fn checked_token(token: &str) -> Result<String> {
+    let t = token.trim();
+    if t.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidArgument, "the token is empty"));
+    }
+    if !t.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            "the token holds characters a header cannot carry (printable ascii only)",
+        ));
+    }
+    Ok(t.to_string())
+}
+
+/// Why a call to `addr` failed at the transport, when the cause is TLS: the TLS error of the
+/// handshake (`tls`: the client speaks TLS), or, for a plaintext client, whether the server
+/// answers a plaintext greeting with a TLS alert. `None`: not a TLS matter.
+async fn tls_cause(addr: &str, status: &tonic::Status, tls: bool) -> Option<String> {
+    // The whole chain, to search; the innermost error, to say.
+    let (mut chain, mut last) = (status.message().to_string(), status.message().to_string());
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        last = e.to_string();
+        chain.push_str(&format!(": {last}"));
+        source = e.source();
+    }
+    let has = |what: &str| chain.to_ascii_lowercase().contains(&what.to_ascii_lowercase());
+    if !tls {
+        return speaks_tls(addr).await.then(|| {
+            "the server speaks tls: give the ca its certificate chains to (tls_ca, --tls-ca)"
+                .to_string()
+        });
+    }
+    let cause = if has("UnknownIssuer") || has("BadSignature") || has("unknown ca") {
+        "unknown ca: the server's certificate does not chain to the ca given (tls_ca, --tls-ca)"
+    } else if has("NotValidForName") {
+        "the server's certificate is not valid for this name (tls_domain, --tls-domain)"
+    } else if has("CertificateRequired") || has("BadCertificate") || has("UnknownCA") {
+        "the server refused the client certificate, or needs one (tls_cert, --tls-cert)"
+    } else if has("Expired") {
+        "the server's certificate has expired or is not valid yet"
+    } else if has("InvalidContentType") || has("corrupt message") {
+        "the server does not speak tls (leave out tls_ca, --tls-ca)"
+    } else if has("invalid peer certificate") || has("alert") || has("handshake") {
+        return Some(format!("tls handshake failed: {last}"));
+    } else {
+        return None;
+    };
+    Some(format!("tls handshake failed: {cause}"))
+}
+
+/// Whether the server at `addr` answers an HTTP/2 greeting with a TLS record (an alert, as a
+/// TLS server answers bytes that are not a handshake), within a second.
+async fn speaks_tls(addr: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let probe = async {
+        let mut conn = tokio::net::TcpStream::connect(host).await.ok()?;
+        conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+        let mut head = [0u8; 3];
+        conn.read_exact(&mut head).await.ok()?;
+        // A TLS record: content type 21 (alert) or 22 (handshake), version 3.x.
+        Some(matches!(head, [21 | 22, 3, 0..=4]))
+    };
+    matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Some(true)))
+}
+
 /// `msg` as a request, with `authorization: Bearer <token>` when there is a token.
 fn request<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     if let Some(t) = token {
-        if let Ok(v) = format!("Bearer {t}").parse() {
+        if let Ok(v) = format!("Bearer {}", t.trim()).parse() {
             req.metadata_mut().insert("authorization", v);
         }
     }
@@ -702,7 +804,15 @@ pub async fn admin(
             ErrorKind::Unsupported,
             format!("{addr} does not take admin calls (start it with --admin)"),
         )),
-        Ok(Err(status)) => Err(from_status(&status)),
+        Ok(Err(status)) => {
+            let e = from_status(&status);
+            match tls_cause(addr, &status, tls.is_some()).await {
+                Some(cause) if e.kind() == ErrorKind::Unavailable => {
+                    Err(Error::new(e.kind(), format!("{addr}: {cause}")))
+                }
+                _ => Err(e),
+            }
+        }
         Err(_) => Err(Error::new(
             ErrorKind::Unavailable,
             format!("admin call to {addr} passed its timeout of {timeout:?}"),

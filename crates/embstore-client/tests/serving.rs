@@ -382,3 +382,113 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
         task.await.unwrap().unwrap();
     }
 }
+
+/// A lookup whose answer passes gRPC's default 4 MiB (40,000 ids at D 32: 5.1 MB) is read with
+/// the default limits; a batch over the server's maximum is refused with `Capacity` and
+/// counted as refused, also when its request alone passes 4 MiB (ids of 10 bytes on the wire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_and_counted() {
+    const DIM: usize = 32;
+    let ids: Vec<u64> = (0..40_000u64).map(|i| i * 3 + 1).collect();
+    let store = Store::new();
+    let t = store.create_table(TableConfig::new("user", DIM)).unwrap();
+    let values: Vec<f32> =
+        ids.iter().flat_map(|&k| (0..DIM).map(move |j| (k + j as u64) as f32)).collect();
+    t.assign(&ids, &values).unwrap();
+    let server = Server::new("big", embstore_server::DEFAULT_MAX_BATCH);
+    server.host("user", 1, 0, 1, t).unwrap();
+    let running = start(server.clone()).await;
+    let client = Client::connect(std::slice::from_ref(&running.addr), options()).await.unwrap();
+    let rows = client.lookup("user", &ids).await.unwrap();
+    assert_eq!(rows.values.len() * 4, ids.len() * DIM * 4);
+    assert!(rows.values.len() * 4 > 4 << 20, "the answer must pass 4 MiB");
+    assert_eq!(rows.values, values);
+    assert!(rows.found.iter().all(|&f| f));
+    // One id over the maximum, each id 10 bytes on the wire (a 10 MiB request).
+    let over: Vec<u64> =
+        (0..embstore_server::DEFAULT_MAX_BATCH as u64 + 1).map(|i| u64::MAX - i).collect();
+    let e = client.lookup("user", &over).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("at most 1048576 ids"), "{e}");
+    let text = server.metrics_text();
+    for line in [
+        r#"embstore_lookups_total{table="user",outcome="ok"} 1"#,
+        r#"embstore_lookups_total{table="user",outcome="resourceexhausted"} 1"#,
+    ] {
+        assert!(text.contains(line), "no `{line}` in\n{text}");
+    }
+    // The server still serves.
+    assert_eq!(client.lookup("user", &ids[..3]).await.unwrap().found, vec![true; 3]);
+    running.stop().await;
+}
+
+/// Each TLS mistake names its cause instead of looking like a dead server: a plaintext client
+/// at a TLS port, a client that does not trust the server's CA, a server certificate and key
+/// given the wrong way round or not of one pair. A token with a trailing newline works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_mistakes_name_their_cause() {
+    use embstore_client::ClientTls;
+    let p = pki();
+    let ids: Vec<u64> = (0..10u64).collect();
+    let server = Server::new("tls", 64);
+    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tls = embstore_server::Tls {
+        cert_pem: p.server.0.clone().into_bytes(),
+        key_pem: p.server.1.clone().into_bytes(),
+        client_ca_pem: None,
+    };
+    tls.check().unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let tokens = embstore_server::Tokens { read: Some("r3ad".into()), admin: None };
+    let serve_options = embstore_server::ServeOptions { tls: Some(tls), tokens, admin: false };
+    let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
+        let _ = rx.await;
+    }));
+    let addrs = vec![format!("localhost:{port}")];
+    let quick = |tls: Option<ClientTls>| ClientOptions {
+        deadline: Duration::from_secs(3),
+        max_restarts: 0,
+        token: Some("r3ad\n".into()),
+        tls,
+        ..Default::default()
+    };
+    let e = Client::connect(&addrs, quick(None)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("server speaks tls"), "{e}");
+    // An admin call too (what `embstore load`, `drain` and `publish` make).
+    let drain = embstore_client::AdminCall::Drain { table: "user".into(), version: 1, shard: None };
+    let e = embstore_client::admin(&addrs[0], drain, Duration::from_secs(3), None, None).await;
+    assert!(e.unwrap_err().to_string().contains("server speaks tls"));
+    // Trusting another CA, or the server's own CA's other leaf as a CA.
+    for ca in [pki().ca, p.client.0.clone()] {
+        let wrong = ClientTls { ca_pem: ca.into_bytes(), domain: None, identity: None };
+        let e = Client::connect(&addrs, quick(Some(wrong))).await.unwrap_err();
+        assert!(e.to_string().contains("tls handshake failed: unknown ca"), "{e}");
+    }
+    let right = ClientTls { ca_pem: p.ca.clone().into_bytes(), domain: None, identity: None };
+    // The token read with its newline (as from a file) is the token.
+    let c = Client::connect(&addrs, quick(Some(right.clone()))).await.unwrap();
+    assert_eq!(c.lookup("user", &ids).await.unwrap().found, vec![true; 10]);
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+    // A TLS client at a plaintext port.
+    let plain = start(Server::new("plain", 64)).await;
+    let e = Client::connect(std::slice::from_ref(&plain.addr), quick(Some(right))).await;
+    let e = e.unwrap_err();
+    assert!(e.to_string().contains("server does not speak tls"), "{e}");
+    plain.stop().await;
+    // A server given its certificate and key the wrong way round, or a key of another pair:
+    // refused before serving, saying which.
+    let pair = |cert: &str, key: &str| embstore_server::Tls {
+        cert_pem: cert.as_bytes().to_vec(),
+        key_pem: key.as_bytes().to_vec(),
+        client_ca_pem: None,
+    };
+    let e = pair(&p.server.1, &p.server.0).check().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("swapped"), "{e}");
+    let e = pair(&p.server.0, &p.client.1).check().unwrap_err();
+    assert!(e.to_string().contains("key does not match the certificate"), "{e}");
+}

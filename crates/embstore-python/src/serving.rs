@@ -96,6 +96,11 @@ impl PyServer {
                 )))
             }
         };
+        // A certificate and key that cannot serve (swapped, of two pairs) stop the server here,
+        // before it says it serves, rather than at every handshake.
+        if let Some(t) = &tls {
+            t.check().map_err(to_py_err)?;
+        }
         if let Some(dir) = &store_dir {
             if !dir.join("MANIFEST").is_file() {
                 return Err(to_py_err(Error::new(

@@ -18,6 +18,11 @@
 //!   `FAILED_PRECONDITION` with its `ServerInfo` encoded in the status details.
 //! - Missing ids get zero rows and `found = 0`; serving never inserts.
 //! - A bad request gets a typed status; the server keeps serving.
+//! - Every request of up to `max_batch` ids decodes ([`request_limit`]); a batch over it, or
+//!   one whose answer no gRPC frame can carry, is refused `RESOURCE_EXHAUSTED` before any row
+//!   is read, and counted as such, never as `ok`.
+//! - A TLS identity that cannot serve (certificate and key swapped, or of two pairs) is
+//!   refused by [`Tls::check`], naming the cause.
 //!
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
@@ -48,6 +53,21 @@ use tonic::{Code, Request, Response, Status};
 /// Ids one lookup may carry, by default (the issue's "a batch above the configured maximum"
 /// gets `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
 pub const DEFAULT_MAX_BATCH: usize = 1 << 20;
+
+/// Bytes of a lookup request beyond its ids (table name, version, shard, framing) that a
+/// server decodes: table names are short, 64 KiB is ample.
+const REQUEST_SLACK: usize = 64 << 10;
+
+/// The most bytes a server decodes of one lookup request of at most `max_batch` ids: each id
+/// takes at most 10 bytes on the wire (a varint), so every batch within the maximum decodes
+/// and is answered, or refused by the maximum, never by the transport.
+pub fn request_limit(max_batch: usize) -> usize {
+    max_batch.saturating_mul(10).saturating_add(REQUEST_SLACK)
+}
+
+/// The largest answer a server sends: a gRPC frame's length is 32 bits. A lookup whose rows
+/// would pass it (over 4M ids at D 256) is refused as too large, before any row is read.
+const MAX_ANSWER_BYTES: usize = u32::MAX as usize - (64 << 20);
 
 /// Lookups of at most this many ids of a table in memory run on the I/O thread that received
 /// them (about 100 µs of copying at D 256); larger ones and tiered tables' go to the blocking
@@ -609,7 +629,20 @@ impl Server {
                 format!("a lookup holds at most {} ids, got {}", self.max_batch, req.ids.len()),
             ));
         }
-        self.find(req)
+        let hosted = self.find(req)?;
+        let answer = req.ids.len().saturating_mul(hosted.table.dim() * 4 + 1);
+        if answer > MAX_ANSWER_BYTES {
+            return Err(self.status(
+                Code::ResourceExhausted,
+                format!(
+                    "the answer to {} ids of dim {} would be {answer} bytes, over the limit of \
+                     {MAX_ANSWER_BYTES}: split the batch",
+                    req.ids.len(),
+                    hosted.table.dim()
+                ),
+            ));
+        }
+        Ok(hosted)
     }
 
     /// Answers `req` from `target` (what [`Server::target`] gave for it) and counts it.
@@ -847,49 +880,79 @@ pub async fn serve_metrics_with(
     match tls {
         None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
         Some(tls) => {
-            let listener = TlsListener::new(listener, tls.rustls_config()?);
+            let config = tls
+                .rustls_config()
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let listener = TlsListener::new(listener, config);
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await
         }
     }
 }
 
 impl Tls {
-    /// This identity (and client CA) as a rustls server configuration.
-    fn rustls_config(&self) -> std::io::Result<Arc<tokio_rustls::rustls::ServerConfig>> {
+    /// Whether this identity (and client CA) can serve: the certificate file holds a
+    /// certificate, the key file a private key, and the key is the certificate's. Fails with
+    /// `InvalidArgument` naming the cause (a certificate and key given the wrong way round, a
+    /// key of another certificate), so that a server refuses to start rather than fail each
+    /// handshake.
+    pub fn check(&self) -> embstore_table::Result<()> {
+        self.rustls_config()
+            .map(drop)
+            .map_err(|e| embstore_table::Error::new(ErrorKind::InvalidArgument, e))
+    }
+
+    /// This identity (and client CA) as a rustls server configuration, or why not.
+    fn rustls_config(&self) -> Result<Arc<tokio_rustls::rustls::ServerConfig>, String> {
         use tokio_rustls::rustls;
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let bad = |what: &str, e: &dyn std::fmt::Display| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}: {e}"))
-        };
+        let bad = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+        let holds = |pem: &[u8], what: &str| pem.windows(what.len()).any(|w| w == what.as_bytes());
+        const SWAPPED: &str = "are the certificate and the key swapped?";
         let certs = CertificateDer::pem_slice_iter(&self.cert_pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad("the TLS certificate", &e))?;
-        let key = PrivateKeyDer::from_pem_slice(&self.key_pem)
-            .map_err(|e| bad("the TLS private key", &e))?;
+            .map_err(|e| bad("the tls certificate", &e))?;
+        if certs.is_empty() {
+            return Err(if holds(&self.cert_pem, "PRIVATE KEY") {
+                format!("the tls certificate file holds a private key, no certificate: {SWAPPED}")
+            } else {
+                "the tls certificate file holds no pem certificate".to_string()
+            });
+        }
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| {
+            if holds(&self.key_pem, "CERTIFICATE") {
+                format!("the tls key file holds a certificate, no private key: {SWAPPED}")
+            } else {
+                bad("the tls private key", &e)
+            }
+        })?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| bad("TLS", &e))?;
+            .map_err(|e| bad("tls", &e))?;
         let builder = match &self.client_ca_pem {
             None => builder.with_no_client_auth(),
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in CertificateDer::pem_slice_iter(ca) {
-                    let cert = cert.map_err(|e| bad("the TLS client CA", &e))?;
-                    roots.add(cert).map_err(|e| bad("the TLS client CA", &e))?;
+                    let cert = cert.map_err(|e| bad("the tls client ca", &e))?;
+                    roots.add(cert).map_err(|e| bad("the tls client ca", &e))?;
                 }
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     roots.into(),
                     provider,
                 )
                 .build()
-                .map_err(|e| bad("the TLS client CA", &e))?;
+                .map_err(|e| bad("the tls client ca", &e))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let mut config =
-            builder.with_single_cert(certs, key).map_err(|e| bad("the TLS certificate", &e))?;
+        let mut config = builder.with_single_cert(certs, key).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                "the tls private key does not match the certificate".to_string()
+            }
+            e => bad("the tls certificate", &e),
+        })?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
@@ -1037,6 +1100,7 @@ pub async fn serve(
             let _ = c.set_nodelay(true);
         })
     });
+    use tonic::service::interceptor::InterceptedService;
     let t = tokens.clone();
     let admin = admin.then(|| {
         AdminServer::with_interceptor(Admin(server.clone()), move |req: Request<()>| {
@@ -1044,7 +1108,13 @@ pub async fn serve(
         })
     });
     let t = tokens;
-    let serving = ServingServer::with_interceptor(Serving(server), move |req: Request<()>| {
+    // A batch of up to `max_batch` ids decodes whatever its ids; answers are as large as
+    // `max_batch` ids of the table's dim make them (checked against MAX_ANSWER_BYTES).
+    let limit = request_limit(server.max_batch);
+    let serving = ServingServer::new(Serving(server))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    let serving = InterceptedService::new(serving, move |req: Request<()>| {
         Tokens::check(&req, &t.for_lookups()).map(|()| req)
     });
     let mut builder = tonic::transport::Server::builder();
@@ -1192,6 +1262,46 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Rows of a dim too large to answer many of: every lookup would be refused first.
+    #[derive(Debug)]
+    struct Wide;
+
+    impl Rows for Wide {
+        fn dim(&self) -> usize {
+            1 << 22
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn bytes(&self) -> u64 {
+            0
+        }
+        fn may_block(&self) -> bool {
+            false
+        }
+        fn lookup(&self, _: &[u64], _: &mut [f32], _: &mut [bool]) -> embstore_table::Result<()> {
+            panic!("a lookup whose answer no frame can carry must be refused before reading")
+        }
+    }
+
+    /// A batch within the maximum whose answer passes what a gRPC frame carries (300 rows of
+    /// 16 MiB) is refused before any row is read or buffered, and counted as refused, not ok.
+    #[test]
+    fn an_answer_no_frame_can_carry_is_refused_and_counted() {
+        let s = Server::new("wide", 1 << 20);
+        s.host("user", 1, 0, 1, Arc::new(Wide)).unwrap();
+        let e = s.lookup(&req(1, (0..300).collect())).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("split the batch"), "{e:?}");
+        let text = s.metrics_text();
+        assert!(text.contains(r#"{table="user",outcome="resourceexhausted"} 1"#), "{text}");
+        assert!(!text.contains(r#"outcome="ok""#), "{text}");
+        // Sized from --max-batch: a request of that many ids of 10 bytes each decodes.
+        let ids: Vec<u64> = vec![u64::MAX; 1000];
+        let wire = LookupRequest { ids, ..req(1, vec![]) }.encoded_len();
+        assert!(wire <= request_limit(1000), "{wire} > {}", request_limit(1000));
     }
 
     /// A budgeted load: the shard's rows equal the checkpoint's, memory stays under a budget

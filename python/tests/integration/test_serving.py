@@ -605,3 +605,109 @@ def test_a_memory_budget_serves_shards_larger_than_it_from_linked_segments(tmp_p
         server.stop()
     out = _embstore("serve", "--memory-budget", "lots", timeout=30)
     assert out.returncode == 2 and "not a size: 'lots'" in out.stderr, out
+
+
+def test_tls_mistakes_name_their_cause_and_a_token_may_end_in_a_newline(tmp_path) -> None:
+    """Swapped --tls-cert/--tls-key stop `serve` before its banner, saying so; `status`
+    without --tls-ca at a TLS server says the server speaks TLS, and with another CA says
+    unknown CA; `connect(token="...\\n")` works as the same token read from a file."""
+    expected = _make_store(tmp_path / "s")
+    _pki(tmp_path)
+    (tmp_path / "other").mkdir()
+    _pki(tmp_path / "other")
+    cert, key = str(tmp_path / "server.pem"), str(tmp_path / "server.key")
+    swapped = _embstore(
+        "serve", "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+        "--tls-cert", key, "--tls-key", cert, timeout=30,
+    )  # fmt: skip
+    assert swapped.returncode == 2 and "swapped" in swapped.stderr, swapped
+    assert "embstore serve:" not in swapped.stdout, swapped
+    mismatched = _embstore(
+        "serve", "--store", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+        "--tls-cert", cert, "--tls-key", str(tmp_path / "client.key"), timeout=30,
+    )  # fmt: skip
+    assert mismatched.returncode == 2, mismatched
+    assert "key does not match the certificate" in mismatched.stderr, mismatched
+    (tmp_path / "read").write_text("r3ad-token\n")
+    serve_token = ("--read-token-file", str(tmp_path / "read"))
+    tls = ("--tls-cert", cert, "--tls-key", key)
+    server = _Served("--store", str(tmp_path / "s"), *tls, *serve_token)
+    token = ("--token-file", str(tmp_path / "read"))
+    try:
+        addr = f"localhost:{server.port}"
+        plain = _embstore("status", addr, *token, timeout=30)
+        assert plain.returncode == 1 and "the server speaks tls" in plain.stderr, plain
+        other_ca = ("--tls-ca", str(tmp_path / "other" / "ca.pem"))
+        wrong = _embstore("status", addr, *token, *other_ca, timeout=30)
+        assert wrong.returncode == 1, wrong
+        assert "tls handshake failed: unknown ca" in wrong.stderr, wrong
+        ok = _embstore("status", addr, *token, "--tls-ca", str(tmp_path / "ca.pem"), timeout=30)
+        assert ok.returncode == 0 and "user" in ok.stdout, ok
+        with pytest.raises(embstore.UnavailableError, match="the server speaks tls"):
+            embstore.connect(addr, token="r3ad-token", deadline_s=3.0)
+        client = embstore.connect(addr, token="r3ad-token\n", tls_ca=tmp_path / "ca.pem")
+        ids = np.array([0, 3], dtype=np.int64)
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+    finally:
+        server.stop()
+
+
+def test_serve_help_and_banner_say_what_the_flags_do(tmp_path) -> None:
+    """`serve --help` says admin calls take the admin token; a server that joins a cluster in
+    etcd does not claim to serve "tables none (version 1)"."""
+    helped = _embstore("serve", "--help", timeout=30)
+    assert helped.returncode == 0 and "no tokens yet" not in helped.stdout, helped
+    assert "--admin-token-file token" in " ".join(helped.stdout.split()), helped
+    # An etcd nobody listens at: the banner comes before joining, then the join fails.
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0",
+         "--etcd", f"http://127.0.0.1:{port}", "--lease-ttl", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=10)
+    banner = out.splitlines()[0] if out else err
+    assert "(version 1)" not in banner and "tables none" not in banner, banner
+    assert "the tables the cluster assigns here" in banner, banner
+
+
+def test_an_answer_over_4_mib_is_read_and_a_batch_over_max_batch_is_refused(tmp_path) -> None:
+    """40,000 ids at D 32 (a 5 MB answer, over gRPC's default 4 MiB) from a server process with
+    its default limits; a batch over `--max-batch` is a `CapacityError`, counted as refused."""
+    import urllib.request
+
+    store = embstore.Store(tmp_path / "s")
+    n, d = 40_000, 32
+    user = store.create_table("user", embedding_dim=d)
+    ids = np.arange(n, dtype=np.int64) * 3 + 1
+    values = np.random.default_rng(5).standard_normal((n, d)).astype(np.float32)
+    user.assign(ids, values)
+    store.flush()
+    del user, store
+    server = _Served(
+        "--store", str(tmp_path / "s"), "--max-batch", "50000", "--metrics", "127.0.0.1:0"
+    )
+    try:
+        client = embstore.connect(server.address)
+        np.testing.assert_array_equal(client.lookup("user", ids), values)
+        with pytest.raises(embstore.CapacityError, match="at most 50000 ids"):
+            client.lookup("user", np.arange(50_001, dtype=np.int64))
+        np.testing.assert_array_equal(client.lookup("user", ids[:2]), values[:2])
+        assert server.metrics_url is not None
+        text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+        assert 'embstore_lookups_total{table="user",outcome="ok"} 2' in text, text
+        assert 'embstore_lookups_total{table="user",outcome="resourceexhausted"} 1' in text, text
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
