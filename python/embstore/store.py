@@ -491,7 +491,10 @@ class Table:
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
         from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
         or lie within 16 KiB of each other in a file are read together), ``evicted_to_disk``
-        (rows moved out of memory) and ``eviction_rounds`` since the store opened."""
+        (rows moved out of memory) and ``eviction_rounds`` since the store opened, and
+        ``eviction_errors`` with ``last_eviction_error`` (the message of the last eviction that
+        failed, or ``None``): on a full disk the rows stay in memory and the next call over the
+        budget raises :class:`NoSpaceError` until space is freed."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:

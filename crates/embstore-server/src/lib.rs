@@ -228,6 +228,8 @@ struct Metrics {
     disk: Family<Labels, Gauge>,
     disk_reads: Family<Labels, Gauge>,
     budget: Family<Labels, Gauge>,
+    /// Failed evictions of budgeted shards, labelled with the last one's error.
+    eviction_errors: Family<Labels, Gauge>,
     /// From the tables' control records, as a cluster member last read them.
     cluster_version: Family<Labels, Gauge>,
     roll: Family<Labels, Gauge>,
@@ -253,6 +255,7 @@ impl Metrics {
             disk: Family::default(),
             disk_reads: Family::default(),
             budget: Family::default(),
+            eviction_errors: Family::default(),
             cluster_version: Family::default(),
             roll: Family::default(),
             roll_to: Family::default(),
@@ -280,6 +283,11 @@ impl Metrics {
             "memory_budget_bytes",
             "The memory budget of budgeted shards (kind=limit) and what they hold (kind=used)",
             m.budget.clone(),
+        );
+        r.register(
+            "eviction_errors",
+            "Evictions of budgeted shards that failed (a full disk), with the last one's error",
+            m.eviction_errors.clone(),
         );
         r.register(
             "cluster_version",
@@ -636,7 +644,8 @@ impl Server {
     /// The metrics in Prometheus' text format, with the gauges of what is held set now.
     pub fn metrics_text(&self) -> String {
         let m = &self.metrics;
-        for f in [&m.held, &m.rows, &m.bytes, &m.disk, &m.disk_reads, &m.budget] {
+        for f in [&m.held, &m.rows, &m.bytes, &m.disk, &m.disk_reads, &m.budget, &m.eviction_errors]
+        {
             f.clear();
         }
         for f in [&m.cluster_version, &m.roll, &m.roll_to, &m.roll_seconds] {
@@ -659,6 +668,10 @@ impl Server {
             let kind = |k: &str| vec![("kind".to_string(), k.to_string())];
             m.budget.get_or_create(&kind("limit")).set(t.budget.limit() as i64);
             m.budget.get_or_create(&kind("used")).set(t.budget.used() as i64);
+            if let Some(e) = t.budget.last_eviction_error() {
+                let l = vec![("error".to_string(), e)];
+                m.eviction_errors.get_or_create(&l).set(t.budget.eviction_errors() as i64);
+            }
         }
         for (name, held) in self.tables.read().iter() {
             for h in held {

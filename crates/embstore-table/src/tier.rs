@@ -20,6 +20,12 @@
 //! manifest; then, under the gate for writing (no call in flight), every victim still clean and
 //! unpinned moves to the cold index — no I/O for a clean row. A dirty row is never dropped
 //! before its copy is durable; a pinned row is never evicted.
+//!
+//! **A failed eviction** (a full disk: the dirty victims cannot be written) leaves every row in
+//! memory, dirty, and is noted in the table's `stats()` and the [`Budget`]. The budget stays a
+//! bound: a call that finds the store over its budget evicts first, on its own thread, and
+//! fails with the eviction's error (`NoSpace`) before it changes anything; once space is freed
+//! the next call's eviction succeeds and the call goes on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +141,9 @@ pub struct Budget {
     /// The tables under this budget, so that a call evicting on its thread also takes the
     /// shares of tables no call touches (idle tables would otherwise keep the budget exceeded).
     members: Mutex<Vec<Weak<Table>>>,
+    /// Evictions that failed (a full disk, say), and the last one's error.
+    errors: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 /// The thread that evicts for the tables of a store whose calls left it above
@@ -167,7 +176,20 @@ impl Budget {
             fixed: AtomicU64::new(0),
             evictor: background.then(Evictor::default),
             members: Mutex::new(Vec::new()),
+            errors: AtomicU64::new(0),
+            last_error: Mutex::new(None),
         })
+    }
+
+    /// Evictions of the store's tables that failed so far (each left its rows in memory).
+    pub fn eviction_errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// The error of the last eviction that failed, if one has (it stays after later ones
+    /// succeed: [`Budget::eviction_errors`] counts them).
+    pub fn last_eviction_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
     }
 
     /// Notes a table under this budget (dropped tables are forgotten as they go).
@@ -193,7 +215,8 @@ impl Budget {
             .collect();
         for t in others {
             if let Some(tier) = &t.tier {
-                t.evict_share(tier, false, u64::MAX);
+                // A failure is noted in the budget; that table's next call meets it.
+                let _ = t.evict_share(tier, false, u64::MAX);
             }
         }
     }
@@ -332,7 +355,8 @@ fn evictor_loop(shared: &EvictorShared) {
                 // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between
                 // them: calls wait for one round at most, never for a whole large eviction.
                 for _ in 0..1024 {
-                    if !table.evict_share(tier, true, EVICTOR_ROUND) {
+                    // A failure (a full disk) is noted; the next call over the budget meets it.
+                    if !table.evict_share(tier, true, EVICTOR_ROUND).unwrap_or(false) {
                         break;
                     }
                     std::thread::yield_now();
@@ -536,6 +560,7 @@ pub(crate) struct TierCounters {
     pub(crate) eviction_rounds: AtomicU64,
     pub(crate) evicted_rows: AtomicU64,
     pub(crate) evicted_dirty: AtomicU64,
+    pub(crate) errors: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
 }
 
@@ -609,6 +634,7 @@ impl Table {
     /// an access to each of them.
     pub(crate) fn enter(&self, ids: &[u64]) -> Result<Entered<'_>> {
         let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, &self.group(ids)?, Access::Noted)?;
         Ok(Entered { table: self, gate: Some(gate) })
@@ -621,6 +647,7 @@ impl Table {
     /// probe per id, not two.
     pub(crate) fn enter_grouped(&self, groups: &Groups) -> Result<Entered<'_>> {
         let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, groups, Access::ByCaller)?;
         Ok(Entered { table: self, gate: Some(gate) })
@@ -912,39 +939,61 @@ impl Table {
             }
             // Over the budget and growing: wait for the evictor's eviction of this table (if
             // one runs), then evict what is still over — backpressure on whoever adds rows.
-            self.evict_share(tier, true, u64::MAX);
+            // A failure is noted; the next call meets it in `make_room`.
+            let _ = self.evict_share(tier, true, u64::MAX);
         } else if used > over && grew {
-            self.evict_share(tier, false, u64::MAX);
+            let _ = self.evict_share(tier, false, u64::MAX);
             tier.budget.evict_others(self);
         }
     }
 
+    /// Before a call: if the store is over its budget (an eviction failed, or the evictor fell
+    /// behind), evicts this table's share on this thread first, and fails with the eviction's
+    /// error — before the call changes anything — if it cannot. So a store whose evictions
+    /// fail (a full disk: `NoSpace`) passes its budget by one call's rows at most, its rows
+    /// stay in memory, dirty, and calls go on once space is freed.
+    fn make_room(&self, tier: &Tier) -> Result<()> {
+        let (_, over, _) = tier.budget.marks();
+        if tier.budget.used() <= over {
+            return Ok(());
+        }
+        self.evict_share(tier, true, u64::MAX)?;
+        Ok(())
+    }
+
     /// Evicts this table's share of the store's excess over its low mark ([`Budget::marks`]),
     /// at most `cap` bytes of it; `wait`: behind an eviction of this table in flight, else
-    /// none if one is. Whether the cap left some of the share for another round.
-    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64) -> bool {
+    /// none if one is. Whether the cap left some of the share for another round; a failed
+    /// eviction (its rows stay in memory) is noted in the table's and the budget's counters and
+    /// returned.
+    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64) -> Result<bool> {
         let _one = if wait {
             tier.evicting.lock()
         } else {
             match tier.evicting.try_lock() {
                 Some(g) => g,
-                None => return false,
+                None => return Ok(false),
             }
         };
         let Report { used, evictable: mine, .. } = self.report(tier);
         let (_, _, low) = tier.budget.marks();
         if used <= low || mine == 0 {
-            return false;
+            return Ok(false);
         }
         // Shares of the excess by what each table can free (its hot, unpinned rows).
         let all = used.saturating_sub(tier.budget.fixed()).max(mine);
         let share = ((used - low) as f64 * mine as f64 / all as f64).ceil() as u64;
         if let Err(e) = self.evict_bytes(tier, share.clamp(1, cap), wait) {
-            *tier.counters.last_error.lock() = Some(e.to_string());
-            return false;
+            let message = e.to_string();
+            tier.counters.errors.fetch_add(1, Ordering::Relaxed);
+            *tier.counters.last_error.lock() = Some(message.clone());
+            tier.budget.errors.fetch_add(1, Ordering::Relaxed);
+            *tier.budget.last_error.lock() = Some(message);
+            self.report(tier);
+            return Err(e);
         }
         self.report(tier);
-        share > cap
+        Ok(share > cap)
     }
 
     /// What one hot row costs, as eviction (what it frees) and pinning (what it holds) count it.
@@ -1036,6 +1085,7 @@ impl Table {
     pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
         let Some(tier) = &self.tier else { return Ok(0) };
         let groups = self.group(ids)?;
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         let read = self.fault_in(tier, &groups, Access::Noted);
         drop(Entered { table: self, gate: Some(gate) });

@@ -8,7 +8,7 @@ use std::sync::Arc;
 mod common;
 
 use common::Rng;
-use embstore_table::disk::vfs::RealFs;
+use embstore_table::disk::vfs::{FaultFs, RealFs};
 use embstore_table::evict::EvictionConfig;
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig};
 
@@ -472,4 +472,76 @@ fn rows_that_lookups_and_steps_use_stay_in_memory_under_a_scan() {
     let s = t.stats();
     assert!(s.rows_on_disk > 4000, "the scan must go to disk: {s:?}");
     assert!(warm_reads <= 16, "{warm_reads} reads of rows used every step");
+}
+
+#[test]
+fn a_full_disk_fails_the_call_that_cannot_evict_and_loses_nothing() {
+    // 1 MiB over ~3 MB of rows: evictions must write dirty rows. While the disk is full they
+    // cannot; the store must say so (NoSpace, stats) rather than outgrow its budget, keep
+    // every row, and go on once space is freed.
+    for background in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new(u64::MAX);
+        let budget = 1 << 20;
+        let options =
+            StoreOptions::default().with_memory_budget(budget).with_background_eviction(background);
+        let store = Store::open_with_options(dir.path(), &options, Arc::new(fs.clone())).unwrap();
+        let t = store.create_table(config()).unwrap();
+        let model = Store::new();
+        let m = model.create_table(config()).unwrap();
+        // Step `i`: 400 new ids and 50 old ones; applied to the model only if the store took it.
+        let step = |i: u64| {
+            let mut ids: Vec<u64> = (i * 400..i * 400 + 400).collect();
+            ids.extend((0..50).map(|k| k * 7 % (i * 400 + 1)));
+            let grads: Vec<f32> = (0..ids.len() * D).map(|j| (j % 7) as f32 * 0.05 - 0.1).collect();
+            let got = t.apply_gradients(&ids, &grads, None);
+            if got.is_ok() {
+                m.apply_gradients(&ids, &grads, None).unwrap();
+            }
+            got
+        };
+        let used = || store.memory_budget().unwrap().used();
+        for i in 0..10 {
+            step(i).unwrap();
+        }
+        store.flush().unwrap();
+        fs.set_full(true);
+        let (mut refused, mut peak) = (0, 0);
+        for i in 10..70 {
+            match step(i) {
+                Ok(_) => {
+                    assert_eq!(refused, 0, "background {background}: step {i} after a refusal")
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::NoSpace, "background {background}: {e}");
+                    refused += 1;
+                    if refused == 5 {
+                        break;
+                    }
+                }
+            }
+            peak = peak.max(used());
+        }
+        assert_eq!(refused, 5, "background {background}: no call failed on a full disk");
+        // Past the budget by one call's rows at most (450 rows of 112 B), not by every row.
+        assert!(peak < budget + budget / 4, "background {background}: {peak} bytes held");
+        let s = t.stats();
+        assert!(s.eviction_errors > 0, "{s:?}");
+        let last = s.last_eviction_error.clone().unwrap_or_default();
+        assert!(last.contains("No space left"), "background {background}: {last:?}");
+        assert_eq!(store.memory_budget().unwrap().last_eviction_error(), Some(last));
+        fs.set_full(false);
+        for i in 70..90 {
+            step(i).unwrap();
+        }
+        store.memory_budget().unwrap().settle();
+        assert!(used() < budget + budget / 4, "background {background}: {} bytes held", used());
+        store.flush().unwrap();
+        assert_eq!(export(&m), export(&t), "background {background}: rows differ from the model");
+        drop(t);
+        drop(store);
+        let store = open_with(dir.path(), budget, background);
+        let t = store.table("t").unwrap();
+        assert_eq!(export(&m), export(&t), "background {background}: reopened rows differ");
+    }
 }
