@@ -31,7 +31,8 @@ from embstore.errors import CapacityError, InvalidArgumentError
 from embstore.store import Table, _as_ids
 
 B = TypeVar("B")
-_Fetched = tuple[list[tuple[Table, Any]], bool]
+# A fetch's pins taken, and the (table, ids) whose pin was refused.
+_Fetched = tuple[list[tuple[Table, Any]], list[tuple[Table, Any]]]
 
 __all__ = ["prefetch"]
 
@@ -74,14 +75,15 @@ def _pipeline(
     held: list[tuple[Table, Any]] = []
 
     def fetch(work: list[tuple[Table, Any]]) -> _Fetched:
-        pinned, refused = [], False
+        pinned: list[tuple[Table, Any]] = []
+        refused: list[tuple[Table, Any]] = []
         try:
             for table, arr in work:
                 try:
                     table.pin(arr)
                     pinned.append((table, arr))
                 except CapacityError:
-                    refused = True
+                    refused.append((table, arr))
                 table.prefetch(arr)
         except BaseException:
             _release(pinned)
@@ -109,6 +111,14 @@ def _pipeline(
         while ahead:
             batch, done = ahead.popleft()
             held, refused = done.result()
+            # The pins of the batch before are gone: the batch handed out now comes first for
+            # the pins it was refused while that one held them (before the next fetch pins).
+            for table, arr in refused:
+                try:
+                    table.pin(arr)
+                    held.append((table, arr))
+                except CapacityError:
+                    pass
             fill()
             if refused and not warned:
                 warned = True
