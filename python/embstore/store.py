@@ -339,9 +339,10 @@ class Table:
 
     def pin(self, ids: Any) -> None:
         """Keep the rows of ``ids`` in memory until :meth:`unpin` (counted: pin twice, unpin
-        twice). Only matters with a memory budget; a no-op otherwise. Pinned rows may take at
-        most 60 % of the budget: beyond that :class:`CapacityError` says so (a working set too
-        large for the budget), instead of thrashing or blocking."""
+        twice). Only matters with a memory budget; a no-op otherwise. The rows pinned in all
+        the store's tables together may take at most 60 % of the budget: beyond that
+        :class:`CapacityError` says so (a working set too large for the budget), instead of
+        thrashing or blocking."""
         self._inner.pin(_as_ids(ids)[0])
 
     def prefetch(self, ids: Any) -> int:
@@ -353,7 +354,9 @@ class Table:
         return self._inner.prefetch(_as_ids(ids)[0])
 
     def unpin(self, ids: Any) -> None:
-        """Release pins taken by :meth:`pin`."""
+        """Release pins taken by :meth:`pin`. Where the released rows leave the store over its
+        memory budget, the excess is evicted here, so the store is back under its budget when
+        training stops."""
         self._inner.unpin(_as_ids(ids)[0])
 
     @contextlib.contextmanager

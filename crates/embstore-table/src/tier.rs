@@ -1215,7 +1215,8 @@ impl Table {
     }
 
     /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
-    /// twice). Fails with `Capacity` if the pinned rows would exceed 60 % of the budget.
+    /// twice). Fails with `Capacity` if the rows pinned in all the tables under the budget
+    /// would exceed 60 % of it.
     pub fn pin(&self, ids: &[u64]) -> Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
         let mut pins = tier.pins.lock();
@@ -1228,8 +1229,8 @@ impl Table {
         let row = self.evict_row_bytes();
         let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
         let added = (pins.len() - before) as u64 * row;
-        // The pins of every table under the budget count (each table checking only its own let
-        // seven tables pin 1.8 times the budget between them).
+        // The pins of every table under the budget count (when each table checked only its
+        // own, seven tables pinned 1.8 times the budget between them).
         let total = tier.budget.pinned.fetch_add(added, Ordering::Relaxed) + added;
         if added > 0 && total > limit {
             tier.budget.pinned.fetch_sub(added, Ordering::Relaxed);

@@ -37,6 +37,8 @@ def test_a_large_lookup_leaves_resident_memory_near_the_budget(tmp_path):
     t.lookup(ids, on_miss="zeros", out=out)
     limit, used = store.memory_budget
     assert used <= limit
+    stats = t.stats()
+    assert stats["eviction_errors"] == 0 and stats["last_eviction_error"] is None
     grown = _rss() - base
     # The goal is 1.5 x the budget + 32 MiB (56 MiB here; `make bench-memory` records it);
     # a little more room, for a test that shares its process.
