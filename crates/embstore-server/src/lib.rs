@@ -1234,4 +1234,29 @@ mod tests {
         assert_eq!(parts(), 0);
         assert_eq!(budget.used(), 0);
     }
+
+    #[test]
+    fn metrics_show_the_last_eviction_error_of_the_budget() {
+        // A store that shares the server's budget cannot evict onto its full disk: the
+        // failure, counted with its message, is in /metrics.
+        use embstore_table::disk::vfs::FaultFs;
+        let root = tempfile::tempdir().unwrap();
+        let budget = embstore_table::Budget::shared(64 << 10).unwrap();
+        let tier = TierOptions { dir: root.path().join("data"), budget: budget.clone() };
+        let s = Server::with_tier("tiered", 1 << 16, tier).unwrap();
+        assert!(!s.metrics_text().contains("embstore_eviction_errors"));
+        let fs = FaultFs::new(u64::MAX);
+        let options = embstore_table::StoreOptions::default().with_shared_budget(budget.clone());
+        let store = Store::open_with_options(root.path().join("s"), &options, Arc::new(fs.clone()))
+            .unwrap();
+        let t = store.create_table(TableConfig::new("t", 8)).unwrap();
+        fs.set_full(true);
+        let ids: Vec<u64> = (0..4000).collect();
+        let mut out = vec![0.0; ids.len() * 8];
+        let _ = t.lookup(&ids, embstore_table::OnMiss::Init, &mut out, None);
+        assert!(budget.eviction_errors() > 0);
+        let text = s.metrics_text();
+        assert!(text.contains("embstore_eviction_errors{error=\""), "{text}");
+        assert!(text.contains("No space left"), "{text}");
+    }
 }
