@@ -56,8 +56,11 @@ def prefetch(
     A batch is handed out once its rows are in memory. Its rows stay pinned until the caller
     asks for the next batch (so no eviction drops them between its lookups and
     ``apply_gradients``); where pinning the rows of the batches in flight would pass 60 % of
-    the memory budget, its rows are read ahead unpinned (a ``RuntimeWarning`` says so once).
-    An error of the background thread is raised where the batch is handed out; closing the
+    the memory budget, a table's rows of that batch are not read ahead (the store has no room
+    to keep them: its own lookups read them) and a ``RuntimeWarning`` says so once. When a
+    batch is handed out it takes the pins it was refused first, before the next batch's. So
+    the store stays within its budget, and is back under it when the generator is done. An
+    error of the background thread is raised where the batch is handed out; closing the
     generator early (``break``) releases every pin.
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -84,6 +87,7 @@ def _pipeline(
                     pinned.append((table, arr))
                 except CapacityError:
                     refused.append((table, arr))
+                    continue
                 table.prefetch(arr)
         except BaseException:
             _release(pinned)
@@ -124,7 +128,7 @@ def _pipeline(
                 warned = True
                 warnings.warn(
                     "embstore.prefetch: the rows of the batches in flight pass 60 % of the "
-                    "memory budget; some are read ahead without a pin",
+                    "memory budget; some are left to their batch's own lookups, without a pin",
                     RuntimeWarning,
                     stacklevel=2,
                 )
