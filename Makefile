@@ -99,7 +99,7 @@ bench-table: setup ## Table lookup/apply_gradients vs numpy and torch (ARGS="--r
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/maturin develop --release --quiet --features bench-hooks
 	$(VPY) python/benchmarks/bench_table.py $(ARGS)
 
-bench-memory: develop ## Table memory per row, as RSS, vs the rows' raw bytes (ARGS="--quick --json")
+bench-memory: develop ## Memory as RSS: per row vs raw bytes, and under a memory budget (ARGS="--quick --json")
 	$(VPY) python/benchmarks/bench_memory.py $(ARGS)
 
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")

@@ -34,6 +34,25 @@ native module is given back to the kernel and not counted. ``stats()["bytes"]`` 
    reported: growth after removal / raw bytes of the live rows, and growth after ``clear()``
    (should fall back near the empty table's).
 
+4. ``budget``: a durable store with ``memory_budget_bytes`` of ``--budget-mib`` (64) over
+   ``--budget-rows`` rows (1,000,000; 250,000 with ``--quick``) of D = ``--budget-dim`` (256),
+   Adagrad: 2 GiB of rows (values and state), 32x the budget. Here RSS is read from
+   ``/proc/self/statm`` with **no** ``gc`` or ``malloc_trim`` from the script: the store must
+   give memory back itself. Baseline: after importing, opening the store and allocating (and
+   touching) every buffer. Phases: fill (``lookup(on_miss="init")`` of 65,536 new ids a call),
+   ``flush()``; ``--budget-steps`` (200) training steps of 4,096 ids drawn Zipf(1.1) over the
+   rows (``lookup`` + ``apply_gradients`` under ``table.pinned(ids)``); one lookup of
+   ``--large-ids`` (300,000) distinct random ids, most of them on disk; 20 more steps.
+   Reported: RSS above the baseline at its highest after a call of each phase and at the end
+   of each, and ``store.memory_budget``. Goals: through training and after the large call,
+   RSS above the baseline <= 1.5 x the budget + 32 MiB.
+
+5. ``demo``: ``examples/movielens_ctr.py`` (``make demo``; its closing run holds every key's
+   index plus 20 % of the rows' bytes), run ``--demo-runs`` (2) times; from its last line, the
+   budget and the most its store held after a training step, as the store counts
+   (``store.memory_budget``). Goal: <= 1.5 x the budget. Skipped when MovieLens-100k is not
+   under ``--data-dir`` (``make data``).
+
 ``--no-huge-pages`` passes ``huge_pages=False`` to the tables of scenarios 1 and 3 (scenario 2
 runs both variants anyway). Progress goes to stderr; results (markdown tables, or one JSON
 object with ``--json``) to stdout.
@@ -61,13 +80,20 @@ from _common import cpu_model, finish, git_commit, log
 
 import embstore
 
-SCENARIOS = ("rows", "small", "shrink")
+SCENARIOS = ("rows", "small", "shrink", "budget", "demo")
 OPTIMIZERS = ("SGD", "Adagrad", "Adam")
 BATCH = 65_536
 REMOVE_FRACTION = 0.9
 GOAL_BEYOND_RAW_B = 48.0
 GOAL_SMALL_RATIO = 1.5
 GOAL_SHRINK_RATIO = 1.5
+# Scenario budget: RSS above the baseline <= GOAL_BUDGET_RATIO x budget + GOAL_BUDGET_SLACK.
+GOAL_BUDGET_RATIO = 1.5
+GOAL_BUDGET_SLACK = 32 << 20
+# Scenario demo: the most held after a step <= GOAL_DEMO_RATIO x the budget.
+GOAL_DEMO_RATIO = 1.5
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TRAIN_BATCH = 4096
 MIB = 1 << 20
 
 
@@ -82,6 +108,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--table-rows", type=int, default=1000, help="rows per table, scenario small (1000)"
     )
+    p.add_argument("--budget-mib", type=int, default=64, help="memory budget, scenario budget")
+    p.add_argument(
+        "--budget-rows", type=int, default=None, help="rows, scenario budget (default 1M)"
+    )
+    p.add_argument("--budget-dim", type=int, default=256, help="embedding_dim, scenario budget")
+    p.add_argument("--budget-steps", type=int, default=200, help="training steps, scenario budget")
+    p.add_argument(
+        "--large-ids", type=int, default=300_000, help="ids of the large lookup, scenario budget"
+    )
+    p.add_argument(
+        "--data-dir",
+        default=str(REPO / ".data" / "ml-100k"),
+        help="MovieLens-100k, scenario demo (default .data/ml-100k)",
+    )
+    p.add_argument("--demo-runs", type=int, default=2, help="runs of the demo, scenario demo")
     p.add_argument("--seed", type=int, default=0, help="seed of the ids")
     p.add_argument(
         "--scenario", choices=SCENARIOS, action="append", help="run only this one (repeatable)"
@@ -93,6 +134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="huge_pages=False for the tables of scenarios rows and shrink (default: on)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--json-out", default=None, help="also write the JSON object to this file")
     # Internal: run one measurement (a JSON spec) in this fresh process and print its result.
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -100,11 +142,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         a.rows = 500_000 if a.quick else 5_000_000
     if a.shrink_rows is None:
         a.shrink_rows = 200_000 if a.quick else 2_000_000
-    for name in ("rows", "dim", "shrink_rows", "tables", "table_rows"):
+    if a.budget_rows is None:
+        a.budget_rows = 250_000 if a.quick else 1_000_000
+    for name in (
+        "rows",
+        "dim",
+        "shrink_rows",
+        "tables",
+        "table_rows",
+        "budget_mib",
+        "budget_rows",
+        "budget_dim",
+        "budget_steps",
+        "large_ids",
+    ):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.shrink_rows < 10:
         p.error("--shrink-rows must be >= 10 (10 % of them survive)")
+    if a.large_ids > a.budget_rows:
+        p.error("--large-ids must be <= --budget-rows")
     a.scenario = list(dict.fromkeys(a.scenario or SCENARIOS))
     return a
 
@@ -187,7 +244,87 @@ def add_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {k: a[k] + b[k] for k in a if k in b}
 
 
+def statm_rss() -> int:
+    """This process's resident bytes, from ``/proc/self/statm`` (no ``gc``, no trim)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def budget_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Scenario budget (see the module docs), in this fresh process."""
+    import tempfile
+
+    dim, rows, budget = spec["dim"], spec["rows"], spec["budget"]
+    root = pathlib.Path(__file__).resolve().parents[2] / "target"
+    root.mkdir(exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="bench-memory-", dir=root)
+    rng = np.random.default_rng(spec["seed"])
+    ids = np.ones(BATCH, np.int64)
+    out = np.ones((BATCH, dim), np.float32)
+    large = np.ones(spec["large_ids"], np.int64)
+    large_out = np.ones((spec["large_ids"], dim), np.float32)
+    step_out = np.ones((TRAIN_BATCH, dim), np.float32)
+    grads = np.full((TRAIN_BATCH, dim), 0.01, np.float32)
+    store = embstore.Store(tmp.name + "/store", memory_budget_bytes=budget)
+    table = store.create_table("t", embedding_dim=dim, optimizer=embstore.Adagrad(lr=0.01))
+    base = statm_rss()
+    res: dict[str, Any] = {"spec": spec, "rss_base": base}
+
+    def above() -> int:
+        return statm_rss() - base
+
+    t0 = time.perf_counter()
+    peak = 0
+    for lo in range(0, rows, BATCH):
+        n = min(BATCH, rows - lo)
+        ids[:n] = np.arange(lo, lo + n)
+        table.lookup(ids[:n], on_miss="init", out=out[:n])
+        peak = max(peak, above())
+    store.flush()
+    res["fill"] = {"seconds": time.perf_counter() - t0, "peak": peak, "end": above()}
+    res["fill"]["memory_budget"] = list(store.memory_budget)
+    log(f"  filled {rows:,} rows in {res['fill']['seconds']:.1f} s; RSS +{peak / MIB:.0f} MiB")
+
+    def train(steps: int) -> dict[str, Any]:
+        top, t0 = 0, time.perf_counter()
+        for _ in range(steps):
+            b = (rng.zipf(1.1, TRAIN_BATCH) - 1) % rows
+            with table.pinned(b):
+                table.lookup(b, out=step_out)
+                table.apply_gradients(b, grads)
+            top = max(top, above())
+        return {
+            "steps": steps,
+            "seconds": time.perf_counter() - t0,
+            "peak": top,
+            "end": above(),
+            "memory_budget": list(store.memory_budget),
+        }
+
+    res["train"] = train(spec["steps"])
+    log(f"  training: RSS at most +{res['train']['peak'] / MIB:.0f} MiB")
+    large[:] = rng.choice(rows, len(large), replace=False)
+    t0 = time.perf_counter()
+    table.lookup(large, on_miss="zeros", out=large_out)
+    res["large"] = {
+        "ids": len(large),
+        "seconds": time.perf_counter() - t0,
+        "end": above(),
+        "memory_budget": list(store.memory_budget),
+    }
+    log(f"  after a lookup of {len(large):,} ids: RSS +{res['large']['end'] / MIB:.0f} MiB")
+    res["after"] = train(20)
+    res["stats"] = {
+        k: v for k, v in table.stats().items() if isinstance(v, int) and k != "rows_per_shard"
+    }
+    store.close()
+    tmp.cleanup()
+    return res
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec["scenario"] == "budget":
+        return budget_child(spec)
     optimizers = {"SGD": embstore.SGD, "Adagrad": embstore.Adagrad, "Adam": embstore.Adam}
     store = embstore.Store()
     dim = spec["dim"]
@@ -431,6 +568,51 @@ def scenario_shrink(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def scenario_budget(args: argparse.Namespace) -> dict[str, Any]:
+    budget = args.budget_mib * MIB
+    log(
+        f"budget: {args.budget_mib} MiB over {args.budget_rows:,} rows x dim {args.budget_dim}, "
+        f"Adagrad"
+    )
+    r = run_child(
+        {
+            "scenario": "budget",
+            "budget": budget,
+            "rows": args.budget_rows,
+            "dim": args.budget_dim,
+            "steps": args.budget_steps,
+            "large_ids": args.large_ids,
+            "seed": args.seed,
+        }
+    )
+    r["budget"] = budget
+    r["raw_bytes"] = raw_bytes(args.budget_rows, args.budget_dim, args.budget_dim)
+    r["goal_bytes"] = int(GOAL_BUDGET_RATIO * budget + GOAL_BUDGET_SLACK)
+    return r
+
+
+def scenario_demo(args: argparse.Namespace) -> dict[str, Any]:
+    import re
+
+    data = pathlib.Path(args.data_dir)
+    if not (data / "ml-100k.inter").exists():
+        log(f"demo: skipped, no MovieLens-100k under {data} (make data)")
+        return {"skipped": f"no MovieLens-100k under {data}"}
+    line = re.compile(r"\(([\d,]+) KiB incl\. the index;.* at most ([\d,]+) KiB held")
+    runs = []
+    for i in range(args.demo_runs):
+        log(f"demo: run {i + 1} of {args.demo_runs}")
+        cmd = [sys.executable, str(REPO / "examples" / "movielens_ctr.py"), "--data-dir", str(data)]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        m = line.search(p.stdout)
+        if p.returncode != 0 or m is None:
+            raise SystemExit(f"error: the demo failed (exit status {p.returncode})")
+        budget, held = (int(g.replace(",", "")) << 10 for g in m.groups())
+        runs.append({"budget": budget, "held": held, "line": p.stdout.strip().splitlines()[-1]})
+        log(f"  at most {held >> 10:,} KiB held for a budget of {budget >> 10:,} KiB")
+    return {"runs": runs}
+
+
 def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     sc = res["scenarios"]
@@ -470,6 +652,36 @@ def goals(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "value": v,
                 "unit": "x fresh",
                 "met": v <= GOAL_SHRINK_RATIO,
+            }
+        )
+    if "budget" in sc:
+        r = sc["budget"]
+        bound = f"{GOAL_BUDGET_RATIO}x the budget + {GOAL_BUDGET_SLACK >> 20} MiB"
+        for label, v in (
+            ("through training", max(r["train"]["peak"], r["after"]["peak"])),
+            ("after a large call", r["large"]["end"]),
+        ):
+            out.append(
+                {
+                    "scenario": "budget",
+                    "goal": f"{r['budget'] >> 20} MiB budget over {r['raw_bytes'] / 2**30:.1f} "
+                    f"GiB of rows, {label}: RSS <= {bound} ({r['goal_bytes'] / MIB:.0f} MiB)",
+                    "value": v / MIB,
+                    "unit": "MiB",
+                    "met": v <= r["goal_bytes"],
+                }
+            )
+    if sc.get("demo", {}).get("runs"):
+        runs = sc["demo"]["runs"]
+        v = max(r["held"] / r["budget"] for r in runs)
+        out.append(
+            {
+                "scenario": "demo",
+                "goal": f"the demo at 20 % ({len(runs)} runs): the most held after a step <= "
+                f"{GOAL_DEMO_RATIO}x its budget ({runs[0]['budget'] >> 10:,} KiB)",
+                "value": v,
+                "unit": "x budget",
+                "met": v <= GOAL_DEMO_RATIO,
             }
         )
     return out
@@ -599,6 +811,30 @@ def report(res: dict[str, Any]) -> None:
             ],
             rows,
         )
+    if "budget" in sc:
+        r = sc["budget"]
+        print(
+            f"budget: {r['budget'] >> 20} MiB over {r['spec']['rows']:,} rows x dim "
+            f"{r['spec']['dim']} Adagrad ({mib(r['raw_bytes'])} MiB of rows); RSS above the "
+            f"baseline, no trim from the script\n"
+        )
+        rows = []
+        for label, ph in (
+            ("fill", r["fill"]),
+            (f"training, {r['train']['steps']} steps", r["train"]),
+            (f"lookup of {r['large']['ids']:,} ids", r["large"]),
+            (f"training, {r['after']['steps']} more steps", r["after"]),
+        ):
+            rows.append(
+                [
+                    label,
+                    mib(ph["peak"]) if "peak" in ph else "-",
+                    mib(ph["end"]),
+                    mib(ph["memory_budget"][1]),
+                    f"{ph['seconds']:.1f}",
+                ]
+            )
+        md_table(["phase", "RSS max MiB", "RSS end MiB", "budget used MiB", "s"], rows)
     if "shrink" in sc:
         r = sc["shrink"]
         print(
@@ -662,16 +898,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             "remove_fraction": REMOVE_FRACTION,
             "seed": args.seed,
             "huge_pages": not args.no_huge_pages,
+            "budget_mib": args.budget_mib,
+            "budget_rows": args.budget_rows,
+            "budget_dim": args.budget_dim,
+            "budget_steps": args.budget_steps,
+            "large_ids": args.large_ids,
+            "demo_runs": args.demo_runs,
             "scenarios": args.scenario,
         },
         "machine": machine(),
         "scenarios": {},
     }
     log(f"bench_memory: scenarios {', '.join(args.scenario)}")
-    run = {"rows": scenario_rows, "small": scenario_small, "shrink": scenario_shrink}
+    run = {
+        "rows": scenario_rows,
+        "small": scenario_small,
+        "shrink": scenario_shrink,
+        "budget": scenario_budget,
+        "demo": scenario_demo,
+    }
     for name in args.scenario:
         res["scenarios"][name] = run[name](args)
-    return finish(res, args, goals, report)
+    status = finish(res, args, goals, report)
+    if args.json_out:
+        pathlib.Path(args.json_out).write_text(json.dumps(res, indent=1) + "\n")
+    return status
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from embstore.errors import CapacityError, InvalidArgumentError
 from embstore.store import Table, _as_ids
 
 B = TypeVar("B")
-_Fetched = tuple[list[tuple[Table, Any]], bool]
+# A fetch's pins taken, and the (table, ids) whose pin was refused.
+_Fetched = tuple[list[tuple[Table, Any]], list[tuple[Table, Any]]]
 
 __all__ = ["prefetch"]
 
@@ -55,8 +56,11 @@ def prefetch(
     A batch is handed out once its rows are in memory. Its rows stay pinned until the caller
     asks for the next batch (so no eviction drops them between its lookups and
     ``apply_gradients``); where pinning the rows of the batches in flight would pass 60 % of
-    the memory budget, its rows are read ahead unpinned (a ``RuntimeWarning`` says so once).
-    An error of the background thread is raised where the batch is handed out; closing the
+    the memory budget, a table's rows of that batch are not read ahead (the store has no room
+    to keep them: its own lookups read them) and a ``RuntimeWarning`` says so once. When a
+    batch is handed out it takes the pins it was refused first, before the next batch's. So
+    the store stays within its budget, and is back under it when the generator is done. An
+    error of the background thread is raised where the batch is handed out; closing the
     generator early (``break``) releases every pin.
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
@@ -74,14 +78,16 @@ def _pipeline(
     held: list[tuple[Table, Any]] = []
 
     def fetch(work: list[tuple[Table, Any]]) -> _Fetched:
-        pinned, refused = [], False
+        pinned: list[tuple[Table, Any]] = []
+        refused: list[tuple[Table, Any]] = []
         try:
             for table, arr in work:
                 try:
                     table.pin(arr)
                     pinned.append((table, arr))
                 except CapacityError:
-                    refused = True
+                    refused.append((table, arr))
+                    continue
                 table.prefetch(arr)
         except BaseException:
             _release(pinned)
@@ -109,12 +115,20 @@ def _pipeline(
         while ahead:
             batch, done = ahead.popleft()
             held, refused = done.result()
+            # The pins of the batch before are gone: the batch handed out now comes first for
+            # the pins it was refused while that one held them (before the next fetch pins).
+            for table, arr in refused:
+                try:
+                    table.pin(arr)
+                    held.append((table, arr))
+                except CapacityError:
+                    pass
             fill()
             if refused and not warned:
                 warned = True
                 warnings.warn(
                     "embstore.prefetch: the rows of the batches in flight pass 60 % of the "
-                    "memory budget; some are read ahead without a pin",
+                    "memory budget; some are left to their batch's own lookups, without a pin",
                     RuntimeWarning,
                     stacklevel=2,
                 )

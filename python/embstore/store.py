@@ -344,9 +344,10 @@ class Table:
 
     def pin(self, ids: Any) -> None:
         """Keep the rows of ``ids`` in memory until :meth:`unpin` (counted: pin twice, unpin
-        twice). Only matters with a memory budget; a no-op otherwise. Pinned rows may take at
-        most 60 % of the budget: beyond that :class:`CapacityError` says so (a working set too
-        large for the budget), instead of thrashing or blocking."""
+        twice). Only matters with a memory budget; a no-op otherwise. The rows pinned in all
+        the store's tables together may take at most 60 % of the budget: beyond that
+        :class:`CapacityError` says so (a working set too large for the budget), instead of
+        thrashing or blocking."""
         self._inner.pin(_as_ids(ids)[0])
 
     def prefetch(self, ids: Any) -> int:
@@ -358,7 +359,9 @@ class Table:
         return self._inner.prefetch(_as_ids(ids)[0])
 
     def unpin(self, ids: Any) -> None:
-        """Release pins taken by :meth:`pin`."""
+        """Release pins taken by :meth:`pin`. Where the released rows leave the store over its
+        memory budget, the excess is evicted here, so the store is back under its budget when
+        training stops."""
         self._inner.unpin(_as_ids(ids)[0])
 
     @contextlib.contextmanager
@@ -496,7 +499,10 @@ class Table:
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
         from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
         or lie within 16 KiB of each other in a file are read together), ``evicted_to_disk``
-        (rows moved out of memory) and ``eviction_rounds`` since the store opened."""
+        (rows moved out of memory) and ``eviction_rounds`` since the store opened, and
+        ``eviction_errors`` with ``last_eviction_error`` (the message of the last eviction that
+        failed, or ``None``): on a full disk the rows stay in memory and the next call over the
+        budget raises :class:`NoSpaceError` until space is freed."""
         return self._inner.stats()
 
     def index_stats(self) -> dict[str, Any]:

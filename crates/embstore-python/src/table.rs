@@ -739,6 +739,8 @@ impl PyTable {
         d.set_item("cold_read_ios", s.cold_read_ios)?;
         d.set_item("evicted_to_disk", s.evicted_to_disk)?;
         d.set_item("eviction_rounds", s.eviction_rounds)?;
+        d.set_item("eviction_errors", s.eviction_errors)?;
+        d.set_item("last_eviction_error", s.last_eviction_error)?;
         d.set_item("step", s.step)?;
         d.set_item("rows_per_shard", s.rows_per_shard)?;
         Ok(d)

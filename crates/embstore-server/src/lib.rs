@@ -248,6 +248,8 @@ struct Metrics {
     disk: Family<Labels, Gauge>,
     disk_reads: Family<Labels, Gauge>,
     budget: Family<Labels, Gauge>,
+    /// Failed evictions of budgeted shards, labelled with the last one's error.
+    eviction_errors: Family<Labels, Gauge>,
     /// From the tables' control records, as a cluster member last read them.
     cluster_version: Family<Labels, Gauge>,
     roll: Family<Labels, Gauge>,
@@ -273,6 +275,7 @@ impl Metrics {
             disk: Family::default(),
             disk_reads: Family::default(),
             budget: Family::default(),
+            eviction_errors: Family::default(),
             cluster_version: Family::default(),
             roll: Family::default(),
             roll_to: Family::default(),
@@ -300,6 +303,11 @@ impl Metrics {
             "memory_budget_bytes",
             "The memory budget of budgeted shards (kind=limit) and what they hold (kind=used)",
             m.budget.clone(),
+        );
+        r.register(
+            "eviction_errors",
+            "Evictions of budgeted shards that failed (a full disk), with the last one's error",
+            m.eviction_errors.clone(),
         );
         r.register(
             "cluster_version",
@@ -671,7 +679,8 @@ impl Server {
     /// The metrics in Prometheus' text format, with the gauges of what is held set now.
     pub fn metrics_text(&self) -> String {
         let m = &self.metrics;
-        for f in [&m.held, &m.rows, &m.bytes, &m.disk, &m.disk_reads, &m.budget] {
+        for f in [&m.held, &m.rows, &m.bytes, &m.disk, &m.disk_reads, &m.budget, &m.eviction_errors]
+        {
             f.clear();
         }
         for f in [&m.cluster_version, &m.roll, &m.roll_to, &m.roll_seconds] {
@@ -694,6 +703,10 @@ impl Server {
             let kind = |k: &str| vec![("kind".to_string(), k.to_string())];
             m.budget.get_or_create(&kind("limit")).set(t.budget.limit() as i64);
             m.budget.get_or_create(&kind("used")).set(t.budget.used() as i64);
+            if let Some(e) = t.budget.last_eviction_error() {
+                let l = vec![("error".to_string(), e)];
+                m.eviction_errors.get_or_create(&l).set(t.budget.eviction_errors() as i64);
+            }
         }
         for (name, held) in self.tables.read().iter() {
             for h in held {
@@ -1365,5 +1378,30 @@ mod tests {
         assert!(s.unload("user", 4, None));
         assert_eq!(parts(), 0);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn metrics_show_the_last_eviction_error_of_the_budget() {
+        // A store that shares the server's budget cannot evict onto its full disk: the
+        // failure, counted with its message, is in /metrics.
+        use embstore_table::disk::vfs::FaultFs;
+        let root = tempfile::tempdir().unwrap();
+        let budget = embstore_table::Budget::shared(64 << 10).unwrap();
+        let tier = TierOptions { dir: root.path().join("data"), budget: budget.clone() };
+        let s = Server::with_tier("tiered", 1 << 16, tier).unwrap();
+        assert!(!s.metrics_text().contains("embstore_eviction_errors"));
+        let fs = FaultFs::new(u64::MAX);
+        let options = embstore_table::StoreOptions::default().with_shared_budget(budget.clone());
+        let store = Store::open_with_options(root.path().join("s"), &options, Arc::new(fs.clone()))
+            .unwrap();
+        let t = store.create_table(TableConfig::new("t", 8)).unwrap();
+        fs.set_full(true);
+        let ids: Vec<u64> = (0..4000).collect();
+        let mut out = vec![0.0; ids.len() * 8];
+        let _ = t.lookup(&ids, embstore_table::OnMiss::Init, &mut out, None);
+        assert!(budget.eviction_errors() > 0);
+        let text = s.metrics_text();
+        assert!(text.contains("embstore_eviction_errors{error=\""), "{text}");
+        assert!(text.contains("No space left"), "{text}");
     }
 }

@@ -131,18 +131,52 @@ impl Arena {
         true
     }
 
-    /// Moves the first (and only) chunk into a bigger one of `rows` rows.
+    /// Moves the first (and only) chunk into one of `rows` rows, bigger or smaller: the rows
+    /// it can hold keep their values.
     fn regrow_first(&mut self, rows: usize) -> Option<()> {
         debug_assert_eq!(self.chunks.len(), 1);
-        let bigger = Chunk::new(rows, self.stride, self.huge_pages)?;
+        let next = Chunk::new(rows, self.stride, self.huge_pages)?;
         let old = &self.chunks[0];
-        // SAFETY: both chunks are live, distinct allocations; the old one holds `old.bytes`
-        // bytes and the new one more.
+        // SAFETY: both chunks are live, distinct allocations, and the copy is no longer than
+        // either of them.
         unsafe {
-            std::ptr::copy_nonoverlapping(old.ptr.as_ptr(), bigger.ptr.as_ptr(), old.bytes / 4)
+            std::ptr::copy_nonoverlapping(
+                old.ptr.as_ptr(),
+                next.ptr.as_ptr(),
+                old.bytes.min(next.bytes) / 4,
+            )
         };
-        self.chunks[0] = bigger;
+        self.chunks[0] = next;
         Some(())
+    }
+
+    /// Gives back the room past slot `rows` (slots `0..rows` keep their values): whole chunks
+    /// are dropped, and a first chunk that is the only one is moved into one of `rows` rows.
+    /// A no-op where that would free nothing, or (the arena is then as it was) where the
+    /// smaller chunk cannot be had.
+    pub(crate) fn truncate(&mut self, rows: usize) {
+        if self.stride == 0 || self.capacity() <= rows {
+            return;
+        }
+        if rows == 0 {
+            self.chunks.clear();
+        } else if self.chunks.len() > 1 {
+            self.chunks.truncate(rows.div_ceil(CHUNK_ROWS));
+        } else {
+            let _ = self.regrow_first(rows);
+        }
+    }
+
+    /// Copies the row at `from` over the row at `to` (both below `capacity()`).
+    pub(crate) fn copy_row(&mut self, from: usize, to: usize) {
+        if self.stride == 0 || from == to {
+            return;
+        }
+        let (src, dst) = (self.ptr(from), self.ptr(to));
+        // SAFETY: both rows lie inside live chunks (`ptr` checks the slots), hold `stride`
+        // floats each, and are distinct rows (`from != to`), so they do not overlap; `&mut
+        // self` keeps every other borrow away.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.stride) };
     }
 
     #[inline(always)]
@@ -230,6 +264,26 @@ mod tests {
         assert!(a.ensure(1 << 40));
         assert_eq!(a.bytes(), 0);
         assert!(a.row(123).is_empty());
+    }
+
+    #[test]
+    fn truncating_keeps_the_rows_below_and_frees_the_rest() {
+        let mut a = Arena::new(4, false);
+        assert!(a.ensure(1000));
+        for s in 0..1000 {
+            a.row_mut(s).fill(s as f32);
+        }
+        a.copy_row(999, 3);
+        a.truncate(500);
+        assert_eq!((a.capacity(), a.bytes()), (500, 500 * 16));
+        assert_eq!(a.row(3), &[999.0; 4]);
+        assert_eq!(a.row(499), &[499.0; 4]);
+        assert!(a.ensure(CHUNK_ROWS * 3));
+        a.truncate(CHUNK_ROWS + 1);
+        assert_eq!(a.capacity(), 2 * CHUNK_ROWS);
+        assert_eq!(a.row(10), &[10.0; 4]);
+        a.truncate(0);
+        assert_eq!((a.capacity(), a.bytes()), (0, 0));
     }
 
     #[test]

@@ -20,6 +20,11 @@ pub struct TableStats {
     pub cold_read_ios: u64,
     pub evicted_to_disk: u64,
     pub eviction_rounds: u64,
+    /// Evictions that failed (a full disk, say: their rows stayed in memory, and the next call
+    /// over the budget failed with the same error), and the last one's message, kept after
+    /// later evictions succeed.
+    pub eviction_errors: u64,
+    pub last_eviction_error: Option<String>,
     /// Bytes allocated: indexes, arenas, metadata, free lists, the admission sketch. An
     /// upper bound on resident memory (zeroed pages that were never touched are not resident).
     pub bytes_reserved: usize,
@@ -122,6 +127,11 @@ impl Table {
             cold_read_ios: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_ios)),
             evicted_to_disk: self.tier.as_ref().map_or(0, |t| get(&t.counters.evicted_rows)),
             eviction_rounds: self.tier.as_ref().map_or(0, |t| get(&t.counters.eviction_rounds)),
+            eviction_errors: self.tier.as_ref().map_or(0, |t| get(&t.counters.errors)),
+            last_eviction_error: self
+                .tier
+                .as_ref()
+                .and_then(|t| t.counters.last_error.lock().clone()),
             step: self.step(),
             rows_per_shard,
         }

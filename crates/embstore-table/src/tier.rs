@@ -20,6 +20,12 @@
 //! manifest; then, under the gate for writing (no call in flight), every victim still clean and
 //! unpinned moves to the cold index — no I/O for a clean row. A dirty row is never dropped
 //! before its copy is durable; a pinned row is never evicted.
+//!
+//! **A failed eviction** (a full disk: the dirty victims cannot be written) leaves every row in
+//! memory, dirty, and is noted in the table's `stats()` and the [`Budget`]. The budget stays a
+//! bound: a call that finds the store over its budget evicts first, on its own thread, and
+//! fails with the eviction's error (`NoSpace`) before it changes anything; once space is freed
+//! the next call's eviction succeeds and the call goes on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +59,31 @@ const BACKGROUND_MARK: f64 = 0.95;
 const EVICTOR_ROUND: u64 = 16 << 20;
 /// Victims chosen per hold of a shard's write lock.
 const VICTIM_CHUNK: usize = 1024;
-/// Pinned rows may take at most this share of the budget (the rest is for the cache).
+/// Pinned rows, of all the tables under a budget together, may take at most this share of it
+/// (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
+/// Cold rows a call reads and promotes per round: its temporaries (records and their page
+/// buffers, ~5 KiB a row) stay near 20 MiB, which the allocator reuses from call to call,
+/// however many rows the call brings in (a 300k-row lookup held 1.5 GiB of them at once).
+const FAULT_ROUND: usize = 4096;
+/// After a call that brought in, or an eviction that moved, at least this many bytes of rows,
+/// the C allocator's free memory goes back to the kernel ([`trim_heap`]).
+const TRIM_AFTER: u64 = 16 << 20;
+/// After eviction a shard keeps arena room for a fifth more rows than it holds (eviction goes
+/// down to 85 % of the room, so calls refill it without regrowing), and gives back the rest.
+const KEEP_HEADROOM: usize = 5;
+
+/// Gives the C allocator's free memory back to the kernel. glibc keeps freed blocks in its
+/// heaps for reuse: after one 300k-row lookup over a 64 MiB budget, 1.56 GiB stayed resident
+/// for the rest of the process (96 MiB after `malloc_trim`).
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free memory of the allocator's heaps to the kernel;
+    // it takes the allocator's locks and touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 /// The process's engine for batched cold reads (io_uring where the kernel has it).
 fn engine() -> &'static dyn crate::disk::io::ReadEngine {
@@ -135,6 +164,11 @@ pub struct Budget {
     /// The tables under this budget, so that a call evicting on its thread also takes the
     /// shares of tables no call touches (idle tables would otherwise keep the budget exceeded).
     members: Mutex<Vec<Weak<Table>>>,
+    /// Bytes of the rows pinned in the tables under this budget, as [`Table::pin`] counts them.
+    pinned: AtomicU64,
+    /// Evictions that failed (a full disk, say), and the last one's error.
+    errors: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 /// The thread that evicts for the tables of a store whose calls left it above
@@ -167,7 +201,21 @@ impl Budget {
             fixed: AtomicU64::new(0),
             evictor: background.then(Evictor::default),
             members: Mutex::new(Vec::new()),
+            pinned: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            last_error: Mutex::new(None),
         })
+    }
+
+    /// Evictions of the store's tables that failed so far (each left its rows in memory).
+    pub fn eviction_errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// The error of the last eviction that failed, if one has (it stays after later ones
+    /// succeed: [`Budget::eviction_errors`] counts them).
+    pub fn last_eviction_error(&self) -> Option<String> {
+        self.last_error.lock().clone()
     }
 
     /// Notes a table under this budget (dropped tables are forgotten as they go).
@@ -193,7 +241,10 @@ impl Budget {
             .collect();
         for t in others {
             if let Some(tier) = &t.tier {
-                t.evict_share(tier, false, u64::MAX);
+                // What is left over is the other tables' (the caller took its share): each
+                // takes as much of it as it can. A failure is noted in the budget; that
+                // table's next call meets it.
+                let _ = t.evict_share(tier, false, u64::MAX, Share::Rest);
             }
         }
     }
@@ -244,6 +295,12 @@ impl Budget {
     /// most 5 % of the budget of other rows.
     pub fn fixed(&self) -> u64 {
         self.fixed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the rows pinned in the store's tables, all together (at most 60 % of the
+    /// budget).
+    pub fn pinned(&self) -> u64 {
+        self.pinned.load(Ordering::Relaxed)
     }
 
     /// Whether evictions run on the store's evictor thread.
@@ -300,6 +357,15 @@ impl Budget {
     }
 }
 
+/// Which part of the store's excess over its low mark a table evicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Share {
+    /// Its share, by the bytes each table can free.
+    Mine,
+    /// As much as it can: what a call's own share left over.
+    Rest,
+}
+
 /// What [`Table::report`] found: the store's bytes, whether this table grew since its last
 /// report (a call brought rows in), and the bytes of this table that eviction can free (hot,
 /// unpinned rows).
@@ -332,11 +398,15 @@ fn evictor_loop(shared: &EvictorShared) {
                 // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between
                 // them: calls wait for one round at most, never for a whole large eviction.
                 for _ in 0..1024 {
-                    if !table.evict_share(tier, true, EVICTOR_ROUND) {
+                    // A failure (a full disk) is noted; the next call over the budget meets it.
+                    if !table.evict_share(tier, true, EVICTOR_ROUND, Share::Mine).unwrap_or(false) {
                         break;
                     }
                     std::thread::yield_now();
                 }
+                // The other tables' shares too: no call of theirs may come to evict them.
+                tier.budget.evict_others(&table);
+                tier.trim_if_due();
             }
         }
         let mut q = shared.queue.lock();
@@ -468,13 +538,32 @@ pub(crate) struct Tier {
     /// budget.
     reported: AtomicU64,
     reported_fixed: AtomicU64,
+    /// Bytes of this table's pinned rows, as added to [`Budget::pinned`].
+    pinned_bytes: AtomicU64,
     pub(crate) durable: OnceLock<Weak<Durable>>,
     /// This table, for the evictor (set when its store attaches it).
     me: OnceLock<Weak<Table>>,
     /// Whether the table waits in the evictor's queue.
     queued: std::sync::atomic::AtomicBool,
     evicting: Mutex<()>,
+    /// Bytes of rows brought in or moved out since the heap was last trimmed ([`TRIM_AFTER`]).
+    churn: AtomicU64,
     pub(crate) counters: TierCounters,
+}
+
+impl Tier {
+    /// Notes `bytes` of rows brought in or moved out (their temporaries and freed storage).
+    fn churned(&self, bytes: u64) {
+        self.churn.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Trims the heap ([`trim_heap`]) once [`TRIM_AFTER`] bytes of rows came or went.
+    fn trim_if_due(&self) {
+        if self.churn.load(Ordering::Relaxed) >= TRIM_AFTER {
+            self.churn.store(0, Ordering::Relaxed);
+            trim_heap();
+        }
+    }
 }
 
 impl std::fmt::Debug for Tier {
@@ -536,6 +625,7 @@ pub(crate) struct TierCounters {
     pub(crate) eviction_rounds: AtomicU64,
     pub(crate) evicted_rows: AtomicU64,
     pub(crate) evicted_dirty: AtomicU64,
+    pub(crate) errors: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
 }
 
@@ -559,6 +649,7 @@ impl Drop for Tier {
     fn drop(&mut self) {
         Budget::adjust(&self.budget.used, *self.reported.get_mut(), 0);
         Budget::adjust(&self.budget.fixed, *self.reported_fixed.get_mut(), 0);
+        Budget::adjust(&self.budget.pinned, *self.pinned_bytes.get_mut(), 0);
     }
 }
 
@@ -580,10 +671,12 @@ impl Table {
             budget,
             reported: AtomicU64::new(0),
             reported_fixed: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
             durable: OnceLock::new(),
             me: OnceLock::new(),
             queued: std::sync::atomic::AtomicBool::new(false),
             evicting: Mutex::new(()),
+            churn: AtomicU64::new(0),
             counters: TierCounters::default(),
         }));
         Ok(())
@@ -609,6 +702,7 @@ impl Table {
     /// an access to each of them.
     pub(crate) fn enter(&self, ids: &[u64]) -> Result<Entered<'_>> {
         let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, &self.group(ids)?, Access::Noted)?;
         Ok(Entered { table: self, gate: Some(gate) })
@@ -621,6 +715,7 @@ impl Table {
     /// probe per id, not two.
     pub(crate) fn enter_grouped(&self, groups: &Groups) -> Result<Entered<'_>> {
         let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, groups, Access::ByCaller)?;
         Ok(Entered { table: self, gate: Some(gate) })
@@ -786,21 +881,32 @@ impl Table {
         if wanted.is_empty() {
             return Ok(0);
         }
-        let records = self.read_records(files, tier, &wanted)?;
-        let busy: Vec<usize> = (0..cold.len()).filter(|&s| !cold[s].is_empty()).collect();
-        crate::sched::Scheduler::global().run(busy.len(), busy.len() > 1, |i| {
-            let s = busy[i];
-            let (a, b) = (bounds[s], bounds[s + 1]);
-            let mut shard = self.shards[s].write();
-            for ((key, l), rec) in wanted[a..b].iter().zip(&records[a..b]) {
-                let t = shard.tier.as_ref().expect("tiered");
-                if shard.index.get(*key).is_some() || t.cold.get(*key) != Some(*l) {
-                    continue; // another call promoted it (or it moved) meanwhile
+        // In rounds of FAULT_ROUND rows, so that the records and their page buffers of a large
+        // call never pile up.
+        for lo in (0..wanted.len()).step_by(FAULT_ROUND) {
+            let hi = (lo + FAULT_ROUND).min(wanted.len());
+            let records = self.read_records(files, tier, &wanted[lo..hi])?;
+            let span = |s: usize| (bounds[s].max(lo), bounds[s + 1].min(hi));
+            let busy: Vec<usize> = (0..cold.len())
+                .filter(|&s| {
+                    let (a, b) = span(s);
+                    a < b
+                })
+                .collect();
+            crate::sched::Scheduler::global().run(busy.len(), busy.len() > 1, |i| {
+                let (a, b) = span(busy[i]);
+                let mut shard = self.shards[busy[i]].write();
+                for ((key, l), rec) in wanted[a..b].iter().zip(&records[a - lo..b - lo]) {
+                    let t = shard.tier.as_ref().expect("tiered");
+                    if shard.index.get(*key).is_some() || t.cold.get(*key) != Some(*l) {
+                        continue; // another call promoted it (or it moved) meanwhile
+                    }
+                    shard.promote(*key, *l, rec)?;
                 }
-                shard.promote(*key, *l, rec)?;
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
+        }
+        tier.churned(wanted.len() as u64 * self.evict_row_bytes());
         Ok(wanted.len())
     }
 
@@ -859,19 +965,21 @@ impl Table {
     }
 
     /// Bytes this table holds in memory, as the budget counts them: per hot row its values,
-    /// state, metadata and tier state, plus the hot and cold indexes at their capacity. Arena
-    /// slots freed by eviction are not counted: rows read back reuse them, and a shard gives
-    /// them back once it is under half full (`shard`), so resident memory can pass this by the
-    /// free slots of the arenas.
+    /// state, metadata and tier state — freed slots counted as rows —, plus the hot and cold
+    /// indexes at their capacity. Eviction leaves no freed slot behind and gives back the arena
+    /// room past a fifth more rows than the shard holds (`Shard::compact_tiered`), so resident
+    /// memory passes this by that headroom at most (and by a call's temporaries, during it).
     /// Returns them with the number of rows in memory.
     fn memory_and_rows(&self) -> (u64, usize) {
         let row = (self.dim() + self.state_dim) * 4 + std::mem::size_of::<PackedMeta>();
         let (mut b, mut rows) = (0, 0);
         for shard in self.shards.iter() {
             let shard = shard.read();
-            let t =
-                shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + shard.len() * t.slot_bytes());
-            b += shard.len() * row + shard.index.bytes() + t;
+            // Freed slots count as rows: their memory is still held (eviction moves rows down
+            // into them and gives the room back, see `Shard::compact_tiered`).
+            let held = shard.slots();
+            let t = shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + held * t.slot_bytes());
+            b += held * row + shard.index.bytes() + t;
             rows += shard.len();
         }
         (b as u64, rows)
@@ -900,6 +1008,12 @@ impl Table {
     /// rows does, or the evictor, which takes over past the background mark.
     fn after_call(&self) {
         let Some(tier) = &self.tier else { return };
+        self.evict_after_call(tier);
+        tier.trim_if_due();
+    }
+
+    /// [`Table::after_call`]'s eviction.
+    fn evict_after_call(&self, tier: &Tier) {
         let Report { used, grew, .. } = self.report(tier);
         let (background, over, _) = tier.budget.marks();
         if tier.budget.background() {
@@ -912,39 +1026,70 @@ impl Table {
             }
             // Over the budget and growing: wait for the evictor's eviction of this table (if
             // one runs), then evict what is still over — backpressure on whoever adds rows.
-            self.evict_share(tier, true, u64::MAX);
-        } else if used > over && grew {
-            self.evict_share(tier, false, u64::MAX);
+            // A failure is noted; the next call meets it in `make_room`.
+            let _ = self.evict_share(tier, true, u64::MAX, Share::Mine);
             tier.budget.evict_others(self);
+        } else if used > over && grew {
+            let _ = self.evict_share(tier, false, u64::MAX, Share::Mine);
+            tier.budget.evict_others(self);
+        }
+    }
+
+    /// Before a call: if the store is over its budget (an eviction failed, or the evictor fell
+    /// behind), evicts this table's share on this thread first, and fails with the eviction's
+    /// error — before the call changes anything — if it cannot. So a store whose evictions
+    /// fail (a full disk: `NoSpace`) passes its budget by one call's rows at most, its rows
+    /// stay in memory, dirty, and calls go on once space is freed.
+    ///
+    /// Only a full disk fails the call: another I/O error (a failing device) is noted and the
+    /// call goes on in memory, as before, so that a store whose disk went away keeps serving.
+    fn make_room(&self, tier: &Tier) -> Result<()> {
+        let (_, over, _) = tier.budget.marks();
+        if tier.budget.used() <= over {
+            return Ok(());
+        }
+        match self.evict_share(tier, true, u64::MAX, Share::Mine) {
+            Err(e) if e.kind() == ErrorKind::NoSpace => Err(e),
+            _ => Ok(()),
         }
     }
 
     /// Evicts this table's share of the store's excess over its low mark ([`Budget::marks`]),
     /// at most `cap` bytes of it; `wait`: behind an eviction of this table in flight, else
-    /// none if one is. Whether the cap left some of the share for another round.
-    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64) -> bool {
+    /// none if one is. Whether the cap left some of the share for another round; a failed
+    /// eviction (its rows stay in memory) is noted in the table's and the budget's counters and
+    /// returned.
+    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64, of: Share) -> Result<bool> {
         let _one = if wait {
             tier.evicting.lock()
         } else {
             match tier.evicting.try_lock() {
                 Some(g) => g,
-                None => return false,
+                None => return Ok(false),
             }
         };
         let Report { used, evictable: mine, .. } = self.report(tier);
         let (_, _, low) = tier.budget.marks();
         if used <= low || mine == 0 {
-            return false;
+            return Ok(false);
         }
         // Shares of the excess by what each table can free (its hot, unpinned rows).
         let all = used.saturating_sub(tier.budget.fixed()).max(mine);
-        let share = ((used - low) as f64 * mine as f64 / all as f64).ceil() as u64;
+        let share = match of {
+            Share::Mine => ((used - low) as f64 * mine as f64 / all as f64).ceil() as u64,
+            Share::Rest => (used - low).min(mine),
+        };
         if let Err(e) = self.evict_bytes(tier, share.clamp(1, cap), wait) {
-            *tier.counters.last_error.lock() = Some(e.to_string());
-            return false;
+            let message = e.to_string();
+            tier.counters.errors.fetch_add(1, Ordering::Relaxed);
+            *tier.counters.last_error.lock() = Some(message.clone());
+            tier.budget.errors.fetch_add(1, Ordering::Relaxed);
+            *tier.budget.last_error.lock() = Some(message);
+            self.report(tier);
+            return Err(e);
         }
         self.report(tier);
-        share > cap
+        Ok(share > cap)
     }
 
     /// What one hot row costs, as eviction (what it frees) and pinning (what it holds) count it.
@@ -959,7 +1104,9 @@ impl Table {
         tier.counters.eviction_rounds.fetch_add(1, Ordering::Relaxed);
         let row = self.evict_row_bytes();
         let n = (bytes / row).max(1) as usize;
-        let per_shard = n.div_ceil(self.shards.len());
+        // Shares of `n` per shard; what a shard cannot give (its rows are pinned, or few) goes
+        // to the shards after it.
+        let mut left = n;
         let pins = tier.pins.lock().clone();
         // Steps 1 and 2 hold the gate for reading: `clear` and `load` (which take it for
         // writing) cannot run between choosing victims and writing them.
@@ -967,7 +1114,8 @@ impl Table {
         // 1. Victims, and the dirty ones among them.
         let mut victims: Vec<Vec<u64>> = Vec::with_capacity(self.shards.len());
         let mut dirty = Vec::new();
-        for lock in self.shards.iter() {
+        for (i, lock) in self.shards.iter().enumerate() {
+            let per_shard = left.div_ceil(self.shards.len() - i);
             let mut keys = Vec::with_capacity(per_shard);
             let mut slots = Vec::new();
             // Slots chosen by earlier chunks: still in the policy's lists until step 3.
@@ -995,6 +1143,7 @@ impl Table {
                     break; // everything left is pinned
                 }
             }
+            left -= keys.len().min(left);
             victims.push(keys);
         }
         // 2. Dirty victims to a durable segment first.
@@ -1022,9 +1171,14 @@ impl Table {
                     moved += 1;
                 }
             }
+            // The freed slots go (rows move down into them) and so does the arena room past a
+            // fifth more rows than are left: resident memory follows the rows out.
             shard.shrink_if_sparse()?;
+            let len = shard.len();
+            shard.compact_tiered(len + len / KEEP_HEADROOM);
         }
         tier.counters.evicted_rows.fetch_add(moved, Ordering::Relaxed);
+        tier.churned(moved * row);
         Ok(())
     }
 
@@ -1036,6 +1190,7 @@ impl Table {
     pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
         let Some(tier) = &self.tier else { return Ok(0) };
         let groups = self.group(ids)?;
+        self.make_room(tier)?;
         let gate = tier.gate.read();
         let read = self.fault_in(tier, &groups, Access::Noted);
         drop(Entered { table: self, gate: Some(gate) });
@@ -1060,7 +1215,8 @@ impl Table {
     }
 
     /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
-    /// twice). Fails with `Capacity` if the pinned rows would exceed 60 % of the budget.
+    /// twice). Fails with `Capacity` if the rows pinned in all the tables under the budget
+    /// would exceed 60 % of it.
     pub fn pin(&self, ids: &[u64]) -> Result<()> {
         let Some(tier) = &self.tier else { return Ok(()) };
         let mut pins = tier.pins.lock();
@@ -1072,26 +1228,47 @@ impl Table {
         }
         let row = self.evict_row_bytes();
         let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
-        let wanted = pins.len() as u64 * row;
-        if pins.len() > before && wanted > limit {
-            let rows = pins.len();
+        let added = (pins.len() - before) as u64 * row;
+        // The pins of every table under the budget count (when each table checked only its
+        // own, seven tables pinned 1.8 times the budget between them).
+        let total = tier.budget.pinned.fetch_add(added, Ordering::Relaxed) + added;
+        if added > 0 && total > limit {
+            tier.budget.pinned.fetch_sub(added, Ordering::Relaxed);
+            let rows = pins.len() - before;
             unpin_locked(&mut pins, ids);
             return Err(Error::new(
                 ErrorKind::Capacity,
                 format!(
-                    "pinning {rows} rows would take {wanted} bytes, over 60 % of the memory \
-                     budget ({} bytes); raise memory_budget_bytes or use smaller batches",
+                    "pinning {rows} more rows would take {total} bytes of pinned rows, over 60 % \
+                     of the memory budget ({} bytes); raise memory_budget_bytes or use smaller \
+                     batches",
                     tier.budget.limit
                 ),
             ));
         }
+        tier.pinned_bytes.fetch_add(added, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Releases pins taken by [`Table::pin`].
+    /// Releases pins taken by [`Table::pin`]. Where the rows they held leave the store over its
+    /// budget (pinned rows may pass it), evicts the excess here, so that a store comes back
+    /// under its budget when training stops, with no later call.
     pub fn unpin(&self, ids: &[u64]) {
-        if let Some(tier) = &self.tier {
-            unpin_locked(&mut tier.pins.lock(), ids);
+        let Some(tier) = &self.tier else { return };
+        {
+            let mut pins = tier.pins.lock();
+            let before = pins.len();
+            unpin_locked(&mut pins, ids);
+            let freed = (before - pins.len()) as u64 * self.evict_row_bytes();
+            tier.pinned_bytes.fetch_sub(freed, Ordering::Relaxed);
+            tier.budget.pinned.fetch_sub(freed, Ordering::Relaxed);
+        }
+        let Report { used, .. } = self.report(tier);
+        let (_, over, _) = tier.budget.marks();
+        if used > over {
+            // A failure is noted; the next call meets it in `make_room`.
+            let _ = self.evict_share(tier, false, u64::MAX, Share::Mine);
+            tier.trim_if_due();
         }
     }
 

@@ -78,7 +78,13 @@ from torch import nn
 
 from embstore import _native
 from embstore.config import Optimizer
-from embstore.errors import DTypeError, InvalidArgumentError, NotCopyableError, ShapeError
+from embstore.errors import (
+    CapacityError,
+    DTypeError,
+    InvalidArgumentError,
+    NotCopyableError,
+    ShapeError,
+)
 from embstore.store import Table, _as_ids
 
 # Version of the dict get_extra_state returns.
@@ -174,8 +180,14 @@ class _StoreModule(nn.Module):
         if track and self.table.tiered:
             # The step's working set stays in memory until EmbeddingOptimizer.zero_grad()
             # (pinned before the lookup brings it in, so no eviction in between drops it).
-            self.table.pin(arr)
-            self._pinned.append(arr)
+            # Where the pins of the store's tables would pass 60 % of its memory budget the
+            # rows go unpinned: an eviction may then drop some before the step, which reads
+            # them back (same values, more disk reads), and the store keeps to its budget.
+            try:
+                self.table.pin(arr)
+                self._pinned.append(arr)
+            except CapacityError:
+                pass
         anchor = torch.empty(0, requires_grad=track)
         rows = _Pull.apply(anchor, self, arr)
         return rows if ids.device.type == "cpu" else rows.to(ids.device)

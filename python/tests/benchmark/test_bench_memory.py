@@ -13,6 +13,8 @@ BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memo
 
 TINY = ["--rows", "20000", "--dim", "32", "--shrink-rows", "20000"]
 TINY += ["--tables", "3", "--table-rows", "100"]
+TINY += ["--budget-mib", "4", "--budget-rows", "20000", "--budget-dim", "32"]
+TINY += ["--budget-steps", "5", "--large-ids", "5000", "--data-dir", "/nonexistent"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def test_header_records_config_and_machine(result):
     assert result["benchmark"] == "memory"
     c, m = result["config"], result["machine"]
     assert (c["rows"], c["dim"], c["shrink_rows"]) == (20000, 32, 20000)
-    assert c["scenarios"] == ["rows", "small", "shrink"]
+    assert c["scenarios"] == ["rows", "small", "shrink", "budget", "demo"]
     assert m["nproc"] >= 1 and m["cpu"] and m["commit"] and m["date"]
 
 
@@ -66,9 +68,25 @@ def test_shrink_scenario(result):
     )
 
 
+def test_budget_scenario(result):
+    r = result["scenarios"]["budget"]
+    assert r["budget"] == 4 << 20 and r["goal_bytes"] == int(1.5 * (4 << 20) + (32 << 20))
+    assert r["raw_bytes"] == 20000 * (32 + 32) * 4  # Adagrad: S = D
+    assert r["train"]["steps"] == 5 and r["after"]["steps"] == 20 and r["large"]["ids"] == 5000
+    for phase in ("fill", "train", "large", "after"):
+        limit, used = r[phase]["memory_budget"]
+        assert limit == 4 << 20 and used > 0
+    assert r["stats"]["rows"] == 20000 and r["stats"]["rows_on_disk"] > 0
+
+
+def test_demo_scenario_is_skipped_without_the_data(result):
+    assert "no MovieLens-100k" in result["scenarios"]["demo"]["skipped"]
+
+
 def test_goals_listed_for_every_measurement(result):
     goals = result["goals"]
-    assert [g["scenario"] for g in goals] == ["rows"] * 3 + ["small"] * 2 + ["shrink"]
+    want = ["rows"] * 3 + ["small"] * 2 + ["shrink"] + ["budget"] * 2
+    assert [g["scenario"] for g in goals] == want
     for g in goals:
         assert isinstance(g["met"], bool) and isinstance(g["value"], float) and g["goal"]
 
