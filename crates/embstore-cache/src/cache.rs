@@ -89,59 +89,14 @@ fn key_from_policy(table: u16, pk: u64) -> Key {
     key_of(table, pk ^ table_salt(table))
 }
 
-/// The table of the key in each slot of a tier, in as few bytes as the table count needs.
-enum Tags {
-    /// One table: nothing to tell apart.
-    One,
-    /// Up to 256 tables.
-    U8(Vec<u8>),
-    /// Up to 65,536 tables.
-    U16(Vec<u16>),
-}
-
-impl Tags {
-    fn new(num_tables: usize, capacity: usize) -> Self {
-        match num_tables {
-            0 | 1 => Self::One,
-            2..=256 => Self::U8(vec![0; capacity]),
-            _ => Self::U16(vec![0; capacity]),
-        }
-    }
-
-    /// Bytes per slot for `num_tables` tables.
-    fn bytes_per_slot(num_tables: usize) -> usize {
-        match num_tables {
-            0 | 1 => 0,
-            2..=256 => 1,
-            _ => 2,
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        match self {
-            Self::One => 0,
-            Self::U8(v) => v.len(),
-            Self::U16(v) => v.len() * 2,
-        }
-    }
-
-    #[inline]
-    fn get(&self, slot: u32) -> u16 {
-        match self {
-            Self::One => 0,
-            Self::U8(v) => u16::from(v[slot as usize]),
-            Self::U16(v) => v[slot as usize],
-        }
-    }
-
-    #[inline]
-    fn set(&mut self, slot: u32, table: u16) {
-        match self {
-            Self::One => {}
-            // `table` is below the cache's table count (checked at lookup), so it fits.
-            Self::U8(v) => v[slot as usize] = table as u8,
-            Self::U16(v) => v[slot as usize] = table,
-        }
+/// Bytes of the table tag kept after each row of a tier: none for one table (nothing to tell
+/// apart), 1 for up to 256 tables, else 2. Beside the row, so the check on a hit reads the
+/// cache line the row's decode reads anyway.
+fn tag_bytes(num_tables: usize) -> usize {
+    match num_tables {
+        0 | 1 => 0,
+        2..=256 => 1,
+        _ => 2,
     }
 }
 
@@ -432,16 +387,17 @@ pub struct CacheMemory {
 struct Tier {
     codec: &'static dyn Codec,
     policy: Box<dyn Policy>,
+    /// Slot `i`: its row in the codec's `code` bytes, then its key's table in `tag` bytes
+    /// ([`tag_bytes`]; the policy knows only [`policy_key`]).
     rows: Vec<u8>,
-    /// The table of each slot's key (the policy knows only [`policy_key`]).
-    tags: Tags,
-    stride: usize,
+    code: usize,
+    tag: usize,
 }
 
 impl Tier {
     fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
         let codec = codec.codec();
-        let stride = codec.bytes_per_row(cfg.dim);
+        let (code, tag) = (codec.bytes_per_row(cfg.dim), tag_bytes(cfg.num_tables));
         let policy = cfg.policy.build(capacity)?;
         if !policy.has_slots() {
             return Err(Error::invalid(format!(
@@ -450,48 +406,71 @@ impl Tier {
                 policy.name()
             )));
         }
-        let tags = Tags::new(cfg.num_tables, capacity);
-        Ok(Self { codec, policy, rows: vec![0u8; capacity * stride], tags, stride })
+        Ok(Self { codec, policy, rows: vec![0u8; capacity * (code + tag)], code, tag })
     }
 
     fn bytes(&self) -> usize {
-        self.rows.len() + self.metadata_bytes()
+        self.rows.len() + self.policy.metadata_bytes()
+    }
+
+    /// Bytes of the rows proper.
+    fn row_bytes(&self) -> usize {
+        self.rows.len() / (self.code + self.tag) * self.code
     }
 
     /// The policy's bytes and the slots' tags.
     fn metadata_bytes(&self) -> usize {
-        self.policy.metadata_bytes() + self.tags.bytes()
+        self.bytes() - self.row_bytes()
+    }
+
+    /// The table of the key in `slot`.
+    #[inline]
+    fn tag_of(&self, slot: u32) -> u16 {
+        let s = slot as usize * (self.code + self.tag) + self.code;
+        match self.tag {
+            0 => 0,
+            1 => u16::from(self.rows[s]),
+            _ => u16::from_le_bytes([self.rows[s], self.rows[s + 1]]),
+        }
     }
 
     /// The slot holding `key` (its policy key resident, with `key`'s table).
     #[inline]
     fn slot_of(&self, key: Key) -> Option<u32> {
-        self.policy.slot_of(policy_key(key)).filter(|&s| self.tags.get(s) == table_of(key))
+        self.policy.slot_of(policy_key(key)).filter(|&s| self.tag_of(s) == table_of(key))
     }
 
     /// The key held in `slot`, whose policy key is `pk`.
     #[inline]
     fn key_in(&self, slot: u32, pk: u64) -> Key {
-        key_from_policy(self.tags.get(slot), pk)
+        key_from_policy(self.tag_of(slot), pk)
     }
 
     fn row(&self, slot: u32) -> &[u8] {
-        let s = slot as usize * self.stride;
-        &self.rows[s..s + self.stride]
+        let s = slot as usize * (self.code + self.tag);
+        &self.rows[s..s + self.code]
+    }
+
+    /// Gives `slot` the tag of `key`.
+    fn set_tag(&mut self, slot: u32, key: Key) {
+        let s = slot as usize * (self.code + self.tag) + self.code;
+        // The table is below the cache's table count (checked at lookup), so it fits the tag.
+        let t = table_of(key).to_le_bytes();
+        self.rows[s..s + self.tag].copy_from_slice(&t[..self.tag]);
     }
 
     /// Writes `key`'s row into `slot`.
     fn write(&mut self, slot: u32, key: Key, row: &[f32]) {
-        let s = slot as usize * self.stride;
-        self.codec.encode(row, &mut self.rows[s..s + self.stride]);
-        self.tags.set(slot, table_of(key));
+        let s = slot as usize * (self.code + self.tag);
+        self.codec.encode(row, &mut self.rows[s..s + self.code]);
+        self.set_tag(slot, key);
     }
 
-    /// Writes `key`'s row already in this tier's code (`stride` bytes).
+    /// Writes `key`'s row already in this tier's code (`code` bytes).
     fn write_coded(&mut self, slot: u32, key: Key, coded: &[u8]) {
-        let s = slot as usize * self.stride;
-        self.rows[s..s + self.stride].copy_from_slice(coded);
-        self.tags.set(slot, table_of(key));
+        let s = slot as usize * (self.code + self.tag);
+        self.rows[s..s + self.code].copy_from_slice(coded);
+        self.set_tag(slot, key);
     }
 
     /// Decodes `key`'s row into `out` if resident.
@@ -786,8 +765,7 @@ impl InferenceCache {
                 // until the measured bytes fit the share.
                 let mut cap = entries_for(share, row, 32).max(1);
                 if let Ok(probe) = cfg.policy.build(cap) {
-                    let meta =
-                        probe.metadata_bytes().div_ceil(cap) + Tags::bytes_per_slot(cfg.num_tables);
+                    let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
                     cap = entries_for(share, row, meta);
                 }
                 let tier = loop {
@@ -873,7 +851,7 @@ impl InferenceCache {
             for (m, t) in tiers.iter_mut().zip(&s.tiers) {
                 m.capacity += t.policy.capacity();
                 m.len += t.policy.len();
-                m.row_bytes += t.rows.len();
+                m.row_bytes += t.row_bytes();
                 m.metadata_bytes += t.metadata_bytes();
             }
             if let Some(l3) = &s.l3 {
@@ -970,6 +948,13 @@ impl InferenceCache {
         }
     }
 
+    /// The u64 this cache's policies know row `id` of table `table` by: the id XOR a constant
+    /// of its table (the module docs). A bare policy evaluated on keys mapped through this
+    /// sees what the cache's policies see ([`crate::GroupAssoc`] places a key by a hash of it).
+    pub fn policy_key(table: u16, id: u64) -> u64 {
+        policy_key(key_of(table, id))
+    }
+
     /// [`lookup_ids`](Self::lookup_ids) with trace keys, `table << 48 | id` ([`split_key`]):
     /// ids below 2^48 only, as [`crate::Trace`] and [`crate::evaluate`] carry them.
     pub fn lookup(
@@ -979,8 +964,14 @@ impl InferenceCache {
         out: &mut [f32],
         sources: Option<&mut [Source]>,
     ) -> Result<()> {
-        let (tables, ids): (Vec<u16>, Vec<u64>) = keys.iter().map(|&k| split_key(k)).unzip();
-        self.lookup_ids(&tables, &ids, offsets, out, sources)
+        let keys: Vec<Key> = keys
+            .iter()
+            .map(|&k| {
+                let (t, id) = split_key(k);
+                key_of(t, id)
+            })
+            .collect();
+        self.serve(&keys, offsets, out, sources)
     }
 
     /// Serves a batch of requests: key `j` is row `ids[j]` (any 64-bit id: hashed, or a
@@ -997,7 +988,6 @@ impl InferenceCache {
         out: &mut [f32],
         sources: Option<&mut [Source]>,
     ) -> Result<()> {
-        let d = self.cfg.dim;
         if tables.len() != ids.len() {
             return Err(Error::shape(format!(
                 "tables and ids must have the same length, got {} and {}",
@@ -1006,10 +996,21 @@ impl InferenceCache {
             )));
         }
         let keys: Vec<Key> = tables.iter().zip(ids).map(|(&t, &id)| key_of(t, id)).collect();
-        self.check(&keys, offsets, out, sources.as_deref())?;
+        self.serve(&keys, offsets, out, sources)
+    }
+
+    fn serve(
+        &self,
+        keys: &[Key],
+        offsets: &[usize],
+        out: &mut [f32],
+        sources: Option<&mut [Source]>,
+    ) -> Result<()> {
+        let d = self.cfg.dim;
+        self.check(keys, offsets, out, sources.as_deref())?;
         self.apply_ready();
         let mut sc = Scratch::default();
-        self.dedup(&keys, offsets, &mut sc);
+        self.dedup(keys, offsets, &mut sc);
         let mut stats = CacheStats::default();
         self.probe(&mut sc);
         self.approximate(&mut sc);
