@@ -70,10 +70,11 @@ fn id_of(key: Key) -> u64 {
     key as u64
 }
 
-/// Table `t`'s constant: a fixed, well-mixed 64-bit value per table.
+/// Table `t`'s constant: `(t + 1)` times 2^64/φ (odd, so distinct tables get distinct
+/// constants), spread over all 64 bits; one multiply on the lookup path.
 #[inline]
 fn table_salt(table: u16) -> u64 {
-    fmix64(u64::from(table) + 1)
+    (u64::from(table) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// The u64 the policies know `key` by: its id XOR its table's constant, so for one table a
@@ -437,7 +438,13 @@ impl Tier {
     /// The slot holding `key` (its policy key resident, with `key`'s table).
     #[inline]
     fn slot_of(&self, key: Key) -> Option<u32> {
-        self.policy.slot_of(policy_key(key)).filter(|&s| self.tag_of(s) == table_of(key))
+        self.slot_of_pk(policy_key(key), table_of(key))
+    }
+
+    /// The slot holding the key of table `table` with policy key `pk`.
+    #[inline]
+    fn slot_of_pk(&self, pk: u64, table: u16) -> Option<u32> {
+        self.policy.slot_of(pk).filter(|&s| self.tag_of(s) == table)
     }
 
     /// The key held in `slot`, whose policy key is `pk`.
@@ -475,7 +482,13 @@ impl Tier {
 
     /// Decodes `key`'s row into `out` if resident.
     fn get(&self, key: Key, out: &mut [f32]) -> bool {
-        match self.slot_of(key) {
+        self.get_pk(policy_key(key), table_of(key), out)
+    }
+
+    /// [`get`](Self::get) for the key of table `table` with policy key `pk`.
+    #[inline]
+    fn get_pk(&self, pk: u64, table: u16, out: &mut [f32]) -> bool {
+        match self.slot_of_pk(pk, table) {
             Some(slot) => {
                 self.codec.decode(self.row(slot), out);
                 true
@@ -498,6 +511,8 @@ struct Shard {
 struct Scratch {
     /// Distinct keys of every request, request after request.
     keys: Vec<Key>,
+    /// Their policy keys ([`policy_key`]).
+    pks: Vec<u64>,
     /// `keys[offsets[r]..offsets[r + 1]]` belong to request `r`.
     offsets: Vec<usize>,
     /// For each input position, its distinct key's index in `keys`.
@@ -941,10 +956,14 @@ impl InferenceCache {
     }
 
     fn shard_of(&self, key: Key) -> usize {
+        self.shard_of_pk(policy_key(key))
+    }
+
+    fn shard_of_pk(&self, pk: u64) -> usize {
         if self.shards.len() == 1 {
             0
         } else {
-            (fmix64(policy_key(key)) % self.shards.len() as u64) as usize
+            (fmix64(pk) % self.shards.len() as u64) as usize
         }
     }
 
@@ -1098,22 +1117,38 @@ impl InferenceCache {
 
     fn dedup(&self, keys: &[Key], offsets: &[usize], sc: &mut Scratch) {
         sc.offsets.push(0);
-        let mut seen = hashbrown::HashMap::<Key, u32>::new();
+        // By policy key (a u64 hashes faster than the u128 key); two keys of a request that
+        // share one (different tables) are told apart by a scan of the request.
+        let mut seen = hashbrown::HashMap::<u64, u32>::new();
         for w in offsets.windows(2) {
             seen.clear();
+            let start = sc.keys.len();
             for &k in &keys[w[0]..w[1]] {
-                let next = sc.keys.len() as u32;
-                let u = *seen.entry(k).or_insert_with(|| {
+                let pk = policy_key(k);
+                let fresh = |sc: &mut Scratch| {
                     sc.keys.push(k);
-                    next
-                });
+                    sc.pks.push(pk);
+                    (sc.keys.len() - 1) as u32
+                };
+                let u = match seen.entry(pk) {
+                    hashbrown::hash_map::Entry::Vacant(e) => *e.insert(fresh(sc)),
+                    hashbrown::hash_map::Entry::Occupied(e) if sc.keys[*e.get() as usize] == k => {
+                        *e.get()
+                    }
+                    hashbrown::hash_map::Entry::Occupied(_) => {
+                        match sc.keys[start..].iter().position(|&x| x == k) {
+                            Some(p) => (start + p) as u32,
+                            None => fresh(sc),
+                        }
+                    }
+                };
                 sc.map.push(u);
             }
             sc.offsets.push(sc.keys.len());
         }
         let n = sc.keys.len();
         sc.src = vec![Source::Store; n];
-        sc.shard = sc.keys.iter().map(|&k| self.shard_of(k) as u32).collect();
+        sc.shard = sc.pks.iter().map(|&pk| self.shard_of_pk(pk) as u32).collect();
         sc.vals = vec![0.0; n * self.cfg.dim];
         sc.approx_of = vec![Key::MAX; n];
     }
@@ -1129,7 +1164,7 @@ impl InferenceCache {
                 }
                 let v = &mut sc.vals[u * d..(u + 1) * d];
                 for (ti, t) in s.tiers.iter().enumerate() {
-                    if t.get(sc.keys[u], v) {
+                    if t.get_pk(sc.pks[u], table_of(sc.keys[u]), v) {
                         sc.src[u] = if ti == 0 { Source::L1 } else { Source::L2 };
                         break;
                     }
@@ -1159,7 +1194,7 @@ impl InferenceCache {
                     .read()
                     .l3
                     .as_ref()
-                    .and_then(|l3| l3.peek_tagged(policy_key(key)));
+                    .and_then(|l3| l3.peek_tagged(sc.pks[u]));
                 // An entry of another table's key with the same policy key is not this key's.
                 let Some((alt, dist)) = entry.and_then(|(t, a, d)| (t == table).then_some((a, d)))
                 else {
@@ -1262,7 +1297,7 @@ impl InferenceCache {
                     if sc.shard[u] as usize != si || sc.src[u] == Source::Surrogate {
                         continue;
                     }
-                    let pk = policy_key(sc.keys[u]);
+                    let pk = sc.pks[u];
                     if s.tiers.len() > 1 && s.tiers[1].policy.contains(pk) {
                         l2_keys.push(pk);
                         l2_probe_hits += usize::from(sc.src[u] != Source::Store);
@@ -1295,7 +1330,7 @@ impl InferenceCache {
                 if let Some(l3) = &mut s.l3 {
                     for u in lo..hi {
                         if sc.shard[u] as usize == si && sc.src[u] == Source::Surrogate {
-                            l3.get(policy_key(sc.keys[u]));
+                            l3.get(sc.pks[u]);
                         }
                     }
                 }

@@ -172,8 +172,9 @@ class InferenceCache:
         memory_budget_bytes: everything counted — rows, policy metadata, indexes, L3.
         policy: the replacement policy of every tier (:data:`POLICIES`). ``group_assoc``
             (the default): the group score plus a hit counter, set-associative, 10 B of
-            metadata per entry; ``group_lfu``: the same score fully associative (26-31 B an
-            entry; better at equal entries, worse at equal bytes); ``lru``, ``lfu``;
+            metadata per entry (and 1 B for its key's table in a cache of 2-256 tables);
+            ``group_lfu``: the same score fully associative (26-31 B an entry; better at
+            equal entries, worse at equal bytes); ``lru``, ``lfu``;
             ``ev_arc`` is an evaluator-only ablation.
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
