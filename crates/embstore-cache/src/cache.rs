@@ -90,9 +90,9 @@ fn key_from_policy(table: u16, pk: u64) -> Key {
     key_of(table, pk ^ table_salt(table))
 }
 
-/// Bytes of the table tag kept after each row of a tier: none for one table (nothing to tell
-/// apart), 1 for up to 256 tables, else 2. Beside the row, so the check on a hit reads the
-/// cache line the row's decode reads anyway.
+/// Bytes of the table tag of each slot of a tier: none for one table (nothing to tell apart),
+/// 1 for up to 256 tables, else 2. In an array of their own: beside a 64-byte row a tag would
+/// make every row straddle two cache lines, while the dense array of 1 B tags stays cached.
 fn tag_bytes(num_tables: usize) -> usize {
     match num_tables {
         0 | 1 => 0,
@@ -388,9 +388,11 @@ pub struct CacheMemory {
 struct Tier {
     codec: &'static dyn Codec,
     policy: Box<dyn Policy>,
-    /// Slot `i`: its row in the codec's `code` bytes, then its key's table in `tag` bytes
-    /// ([`tag_bytes`]; the policy knows only [`policy_key`]).
+    /// Slot `i`'s row: `code` bytes at `i * code`.
     rows: Vec<u8>,
+    /// Slot `i`'s key's table: `tag` bytes at `i * tag` ([`tag_bytes`]; the policy knows
+    /// only [`policy_key`]).
+    tags: Vec<u8>,
     code: usize,
     tag: usize,
 }
@@ -407,31 +409,32 @@ impl Tier {
                 policy.name()
             )));
         }
-        Ok(Self { codec, policy, rows: vec![0u8; capacity * (code + tag)], code, tag })
+        let (rows, tags) = (vec![0u8; capacity * code], vec![0u8; capacity * tag]);
+        Ok(Self { codec, policy, rows, tags, code, tag })
     }
 
     fn bytes(&self) -> usize {
-        self.rows.len() + self.policy.metadata_bytes()
+        self.rows.len() + self.metadata_bytes()
     }
 
     /// Bytes of the rows proper.
     fn row_bytes(&self) -> usize {
-        self.rows.len() / (self.code + self.tag) * self.code
+        self.rows.len()
     }
 
     /// The policy's bytes and the slots' tags.
     fn metadata_bytes(&self) -> usize {
-        self.bytes() - self.row_bytes()
+        self.policy.metadata_bytes() + self.tags.len()
     }
 
     /// The table of the key in `slot`.
     #[inline]
     fn tag_of(&self, slot: u32) -> u16 {
-        let s = slot as usize * (self.code + self.tag) + self.code;
+        let s = slot as usize * self.tag;
         match self.tag {
             0 => 0,
-            1 => u16::from(self.rows[s]),
-            _ => u16::from_le_bytes([self.rows[s], self.rows[s + 1]]),
+            1 => u16::from(self.tags[s]),
+            _ => u16::from_le_bytes([self.tags[s], self.tags[s + 1]]),
         }
     }
 
@@ -454,28 +457,28 @@ impl Tier {
     }
 
     fn row(&self, slot: u32) -> &[u8] {
-        let s = slot as usize * (self.code + self.tag);
+        let s = slot as usize * self.code;
         &self.rows[s..s + self.code]
     }
 
     /// Gives `slot` the tag of `key`.
     fn set_tag(&mut self, slot: u32, key: Key) {
-        let s = slot as usize * (self.code + self.tag) + self.code;
+        let s = slot as usize * self.tag;
         // The table is below the cache's table count (checked at lookup), so it fits the tag.
         let t = table_of(key).to_le_bytes();
-        self.rows[s..s + self.tag].copy_from_slice(&t[..self.tag]);
+        self.tags[s..s + self.tag].copy_from_slice(&t[..self.tag]);
     }
 
     /// Writes `key`'s row into `slot`.
     fn write(&mut self, slot: u32, key: Key, row: &[f32]) {
-        let s = slot as usize * (self.code + self.tag);
+        let s = slot as usize * self.code;
         self.codec.encode(row, &mut self.rows[s..s + self.code]);
         self.set_tag(slot, key);
     }
 
     /// Writes `key`'s row already in this tier's code (`code` bytes).
     fn write_coded(&mut self, slot: u32, key: Key, coded: &[u8]) {
-        let s = slot as usize * (self.code + self.tag);
+        let s = slot as usize * self.code;
         self.rows[s..s + self.code].copy_from_slice(coded);
         self.set_tag(slot, key);
     }
@@ -1116,6 +1119,10 @@ impl InferenceCache {
     }
 
     fn dedup(&self, keys: &[Key], offsets: &[usize], sc: &mut Scratch) {
+        sc.offsets.reserve(offsets.len());
+        sc.keys.reserve(keys.len());
+        sc.pks.reserve(keys.len());
+        sc.map.reserve(keys.len());
         sc.offsets.push(0);
         // By policy key (a u64 hashes faster than the u128 key); two keys of a request that
         // share one (different tables) are told apart by a scan of the request.
