@@ -284,7 +284,8 @@ class InferenceCache:
     ) -> None: ...
     def lookup(
         self,
-        keys: npt.NDArray[np.uint64],
+        tables: npt.NDArray[np.uint16],
+        ids: npt.NDArray[np.uint64],
         offsets: npt.NDArray[np.uint64],
         out: npt.NDArray[np.float32],
         sources: npt.NDArray[np.uint8] | None,
@@ -295,6 +296,8 @@ class InferenceCache:
         out: npt.NDArray[np.float32],
         sources: npt.NDArray[np.uint8] | None,
     ) -> None: ...
+    @staticmethod
+    def policy_keys(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]: ...
     @property
     def dim(self) -> int: ...
     @property

@@ -2,7 +2,7 @@
 //! (surrogate keys) in one byte budget, over a backing store, sharded for concurrency.
 //!
 //! ```text
-//!  lookup(batch of requests; one request = the keys of its tables, table << 48 | id)
+//!  lookup(batch of requests; one request = the keys of its tables: (table, any u64 id))
 //!    P1 probe    per shard, read lock: L1? exact : L2? exact(low precision) : miss
 //!                misses, per request up to `max_approx`: L3 surrogate resident? approx
 //!    P2 fetch    the batch's distinct full misses, one backing read per table, no lock
@@ -18,6 +18,15 @@
 //! its policy metadata (slots, index, lists), L3's map, surrogate builds held in memory (18 B a
 //! row; a build on disk holds 8 B per 227 rows) and the filler's queues. Tier `i` gets
 //! `C_i = ⌊share_i · B / (row_i + meta)⌋` entries, then is shrunk until its measured bytes fit.
+//!
+//! Keys: a key is a table number and a raw 64-bit id (hashed, negative as int64: any bits).
+//! The policies see a u64 per key, the id XOR a constant of its table ([`policy_key`]):
+//! within a table distinct ids stay distinct, so no id bit is given up for the table. Two keys
+//! of different tables share a policy key only when their ids differ by exactly their tables'
+//! constants (a 2^-64 chance for hashed ids); every slot also holds its key's table (a tag:
+//! none for one table, 1 B for up to 256, else 2 B, counted as metadata), a probe checks it,
+//! so such a pair is never served the other's row: while one holds the entry, the other is a
+//! miss served from the backing store.
 //!
 //! Invariants: a key is in at most one of L1/L2 (exclusive tiers); an L1/L2 hit returns
 //! exactly `decode(encode(row))` of its tier; a full miss returns the backing store's row
@@ -38,6 +47,59 @@ use crate::policy::{Group, Policy, PolicyConfig, RequestOutcome};
 use crate::surrogate::{ClockMap, SurrogateFile, SurrogateTable};
 use crate::trace::split_key;
 use crate::{Error, Result};
+
+/// One key of the cache: table `t` and its raw id as one u128, `t << 64 | id` (every id bit
+/// is the caller's).
+type Key = u128;
+
+/// The key of row `id` of table `table`.
+#[inline]
+fn key_of(table: u16, id: u64) -> Key {
+    u128::from(table) << 64 | u128::from(id)
+}
+
+/// The table of `key`.
+#[inline]
+fn table_of(key: Key) -> u16 {
+    (key >> 64) as u16
+}
+
+/// The raw id of `key`.
+#[inline]
+fn id_of(key: Key) -> u64 {
+    key as u64
+}
+
+/// Table `t`'s constant: `(t + 1)` times 2^64/φ (odd, so distinct tables get distinct
+/// constants), spread over all 64 bits; one multiply on the lookup path.
+#[inline]
+fn table_salt(table: u16) -> u64 {
+    (u64::from(table) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The u64 the policies know `key` by: its id XOR its table's constant, so for one table a
+/// bijection of the ids (see the module docs for keys of two tables).
+#[inline]
+fn policy_key(key: Key) -> u64 {
+    id_of(key) ^ table_salt(table_of(key))
+}
+
+/// The key of table `table` whose policy key is `pk` (the inverse of [`policy_key`]).
+#[inline]
+fn key_from_policy(table: u16, pk: u64) -> Key {
+    key_of(table, pk ^ table_salt(table))
+}
+
+/// Bytes of the table tag of each slot of a tier: none for one table (nothing to tell apart),
+/// 1 for up to 256 tables, else 2. In an array of their own: beside a 64-byte row a tag would
+/// make every row straddle two cache lines, while the dense array of 1 B tags stays cached.
+fn tag_bytes(num_tables: usize) -> usize {
+    match num_tables {
+        0 | 1 => 0,
+        2..=256 => 1,
+        _ => 2,
+    }
+}
 
 /// The rows behind the cache (a store on disk, a remote client, …).
 pub trait Backing: Send + Sync {
@@ -107,7 +169,7 @@ pub struct TierConfig {
 /// Everything an [`InferenceCache`] is built from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheConfig {
-    /// Number of tables; a key's table (`key >> 48`) must be below it.
+    /// Number of tables; a key's table must be below it.
     pub num_tables: usize,
     /// Embedding dimension of every table.
     pub dim: usize,
@@ -326,14 +388,19 @@ pub struct CacheMemory {
 struct Tier {
     codec: &'static dyn Codec,
     policy: Box<dyn Policy>,
+    /// Slot `i`'s row: `code` bytes at `i * code`.
     rows: Vec<u8>,
-    stride: usize,
+    /// Slot `i`'s key's table: `tag` bytes at `i * tag` ([`tag_bytes`]; the policy knows
+    /// only [`policy_key`]).
+    tags: Vec<u8>,
+    code: usize,
+    tag: usize,
 }
 
 impl Tier {
     fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
         let codec = codec.codec();
-        let stride = codec.bytes_per_row(cfg.dim);
+        let (code, tag) = (codec.bytes_per_row(cfg.dim), tag_bytes(cfg.num_tables));
         let policy = cfg.policy.build(capacity)?;
         if !policy.has_slots() {
             return Err(Error::invalid(format!(
@@ -342,32 +409,89 @@ impl Tier {
                 policy.name()
             )));
         }
-        Ok(Self { codec, policy, rows: vec![0u8; capacity * stride], stride })
+        let (rows, tags) = (vec![0u8; capacity * code], vec![0u8; capacity * tag]);
+        Ok(Self { codec, policy, rows, tags, code, tag })
     }
 
     fn bytes(&self) -> usize {
-        self.rows.len() + self.policy.metadata_bytes()
+        self.rows.len() + self.metadata_bytes()
+    }
+
+    /// Bytes of the rows proper.
+    fn row_bytes(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The policy's bytes and the slots' tags.
+    fn metadata_bytes(&self) -> usize {
+        self.policy.metadata_bytes() + self.tags.len()
+    }
+
+    /// The table of the key in `slot`.
+    #[inline]
+    fn tag_of(&self, slot: u32) -> u16 {
+        let s = slot as usize * self.tag;
+        match self.tag {
+            0 => 0,
+            1 => u16::from(self.tags[s]),
+            _ => u16::from_le_bytes([self.tags[s], self.tags[s + 1]]),
+        }
+    }
+
+    /// The slot holding `key` (its policy key resident, with `key`'s table).
+    #[inline]
+    fn slot_of(&self, key: Key) -> Option<u32> {
+        self.slot_of_pk(policy_key(key), table_of(key))
+    }
+
+    /// The slot holding the key of table `table` with policy key `pk`.
+    #[inline]
+    fn slot_of_pk(&self, pk: u64, table: u16) -> Option<u32> {
+        self.policy.slot_of(pk).filter(|&s| self.tag_of(s) == table)
+    }
+
+    /// The key held in `slot`, whose policy key is `pk`.
+    #[inline]
+    fn key_in(&self, slot: u32, pk: u64) -> Key {
+        key_from_policy(self.tag_of(slot), pk)
     }
 
     fn row(&self, slot: u32) -> &[u8] {
-        let s = slot as usize * self.stride;
-        &self.rows[s..s + self.stride]
+        let s = slot as usize * self.code;
+        &self.rows[s..s + self.code]
     }
 
-    fn write(&mut self, slot: u32, row: &[f32]) {
-        let s = slot as usize * self.stride;
-        self.codec.encode(row, &mut self.rows[s..s + self.stride]);
+    /// Gives `slot` the tag of `key`.
+    fn set_tag(&mut self, slot: u32, key: Key) {
+        let s = slot as usize * self.tag;
+        // The table is below the cache's table count (checked at lookup), so it fits the tag.
+        let t = table_of(key).to_le_bytes();
+        self.tags[s..s + self.tag].copy_from_slice(&t[..self.tag]);
     }
 
-    /// Writes a row already in this tier's code (`stride` bytes).
-    fn write_coded(&mut self, slot: u32, coded: &[u8]) {
-        let s = slot as usize * self.stride;
-        self.rows[s..s + self.stride].copy_from_slice(coded);
+    /// Writes `key`'s row into `slot`.
+    fn write(&mut self, slot: u32, key: Key, row: &[f32]) {
+        let s = slot as usize * self.code;
+        self.codec.encode(row, &mut self.rows[s..s + self.code]);
+        self.set_tag(slot, key);
+    }
+
+    /// Writes `key`'s row already in this tier's code (`code` bytes).
+    fn write_coded(&mut self, slot: u32, key: Key, coded: &[u8]) {
+        let s = slot as usize * self.code;
+        self.rows[s..s + self.code].copy_from_slice(coded);
+        self.set_tag(slot, key);
     }
 
     /// Decodes `key`'s row into `out` if resident.
-    fn get(&self, key: u64, out: &mut [f32]) -> bool {
-        match self.policy.slot_of(key) {
+    fn get(&self, key: Key, out: &mut [f32]) -> bool {
+        self.get_pk(policy_key(key), table_of(key), out)
+    }
+
+    /// [`get`](Self::get) for the key of table `table` with policy key `pk`.
+    #[inline]
+    fn get_pk(&self, pk: u64, table: u16, out: &mut [f32]) -> bool {
+        match self.slot_of_pk(pk, table) {
             Some(slot) => {
                 self.codec.decode(self.row(slot), out);
                 true
@@ -389,7 +513,9 @@ struct Shard {
 #[derive(Default)]
 struct Scratch {
     /// Distinct keys of every request, request after request.
-    keys: Vec<u64>,
+    keys: Vec<Key>,
+    /// Their policy keys ([`policy_key`]).
+    pks: Vec<u64>,
     /// `keys[offsets[r]..offsets[r + 1]]` belong to request `r`.
     offsets: Vec<usize>,
     /// For each input position, its distinct key's index in `keys`.
@@ -401,7 +527,7 @@ struct Scratch {
     /// Each distinct key's row (`[keys.len() × dim]`).
     vals: Vec<f32>,
     /// For a surrogate-served key: its surrogate's key (for L3's reference bit).
-    approx_of: Vec<u64>,
+    approx_of: Vec<Key>,
 }
 
 /// The inference cache (see the module docs).
@@ -439,8 +565,8 @@ struct FillShared {
 
 #[derive(Default)]
 struct FillState {
-    pending: Vec<u64>,
-    ready: Vec<(u64, u64, f32)>,
+    pending: Vec<Key>,
+    ready: Vec<(Key, u64, f32)>,
     busy: bool,
     stop: bool,
     /// Counters the next `apply_ready` adds to the cache's stats.
@@ -477,11 +603,11 @@ impl Filler {
 
     /// Bytes of both queues for `cap` keys each.
     fn bytes_for(cap: usize) -> usize {
-        cap * (std::mem::size_of::<u64>() + std::mem::size_of::<(u64, u64, f32)>())
+        cap * (std::mem::size_of::<Key>() + std::mem::size_of::<(Key, u64, f32)>())
     }
 
     /// Queues `key`; false when the queue is full (the key is dropped).
-    fn push(&self, key: u64) -> bool {
+    fn push(&self, key: Key) -> bool {
         let mut st = self.shared.state.lock();
         if st.pending.len() == self.shared.cap {
             return false;
@@ -513,19 +639,19 @@ impl FillShared {
             let (mut reads, mut errors) = (0, 0);
             let mut results = Vec::with_capacity(keys.len());
             let mut ids = Vec::new();
-            let mut tables: Vec<u16> = keys.iter().map(|&k| split_key(k).0).collect();
+            let mut tables: Vec<u16> = keys.iter().map(|&k| table_of(k)).collect();
             tables.sort_unstable();
             tables.dedup();
             for t in tables {
                 let Some(Some(file)) = self.files.get(usize::from(t)) else { continue };
                 ids.clear();
-                ids.extend(keys.iter().map(|&k| split_key(k)).filter(|p| p.0 == t).map(|p| p.1));
+                ids.extend(keys.iter().filter(|&&k| table_of(k) == t).map(|&k| id_of(k)));
                 match file.get_many(&ids, &mut found) {
                     Ok(n) => {
                         reads += n as u64;
                         for (&id, f) in ids.iter().zip(&found) {
                             if let Some((alt, dist)) = *f {
-                                results.push((u64::from(t) << 48 | id, alt, dist));
+                                results.push((key_of(t, id), alt, dist));
                             }
                         }
                     }
@@ -657,7 +783,7 @@ impl InferenceCache {
                 // until the measured bytes fit the share.
                 let mut cap = entries_for(share, row, 32).max(1);
                 if let Ok(probe) = cfg.policy.build(cap) {
-                    let meta = probe.metadata_bytes().div_ceil(cap);
+                    let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
                     cap = entries_for(share, row, meta);
                 }
                 let tier = loop {
@@ -743,8 +869,8 @@ impl InferenceCache {
             for (m, t) in tiers.iter_mut().zip(&s.tiers) {
                 m.capacity += t.policy.capacity();
                 m.len += t.policy.len();
-                m.row_bytes += t.rows.len();
-                m.metadata_bytes += t.policy.metadata_bytes();
+                m.row_bytes += t.row_bytes();
+                m.metadata_bytes += t.metadata_bytes();
             }
             if let Some(l3) = &s.l3 {
                 l3_capacity += l3.capacity();
@@ -814,14 +940,14 @@ impl InferenceCache {
             if st.ready.is_empty() && st.reads + st.errors + st.drops == 0 {
                 return;
             }
-            let ready: Vec<(u64, u64, f32)> = st.ready.drain(..).collect();
+            let ready: Vec<(Key, u64, f32)> = st.ready.drain(..).collect();
             let counters = (std::mem::take(&mut st.reads), std::mem::take(&mut st.errors));
             (ready, counters.0, counters.1, std::mem::take(&mut st.drops))
         };
         let mut inserts = 0;
         for (key, alt, dist) in ready {
             if let Some(l3) = &mut self.shards[self.shard_of(key)].write().l3 {
-                l3.insert(key, alt, dist);
+                l3.insert_tagged(policy_key(key), table_of(key), alt, dist);
                 inserts += 1;
             }
         }
@@ -832,22 +958,72 @@ impl InferenceCache {
         st.l3_queue_drops += drops;
     }
 
-    fn shard_of(&self, key: u64) -> usize {
+    fn shard_of(&self, key: Key) -> usize {
+        self.shard_of_pk(policy_key(key))
+    }
+
+    fn shard_of_pk(&self, pk: u64) -> usize {
         if self.shards.len() == 1 {
             0
         } else {
-            (fmix64(key) % self.shards.len() as u64) as usize
+            (fmix64(pk) % self.shards.len() as u64) as usize
         }
     }
 
-    /// Serves a batch of requests: request `r` is `keys[offsets[r]..offsets[r + 1]]`
-    /// (table-qualified keys, `table << 48 | id`). Writes each key's row into `out`
-    /// (`[keys.len() × dim]`) and, when given, its [`Source`] into `sources`. Errors (nothing
-    /// changes): offsets that do not cover `keys`, an empty request, a table number out of
-    /// range, a wrong output length, a backing-store failure.
+    /// The u64 this cache's policies know row `id` of table `table` by: the id XOR a constant
+    /// of its table (the module docs). A bare policy evaluated on keys mapped through this
+    /// sees what the cache's policies see ([`crate::GroupAssoc`] places a key by a hash of it).
+    pub fn policy_key(table: u16, id: u64) -> u64 {
+        policy_key(key_of(table, id))
+    }
+
+    /// [`lookup_ids`](Self::lookup_ids) with trace keys, `table << 48 | id` ([`split_key`]):
+    /// ids below 2^48 only, as [`crate::Trace`] and [`crate::evaluate`] carry them.
     pub fn lookup(
         &self,
         keys: &[u64],
+        offsets: &[usize],
+        out: &mut [f32],
+        sources: Option<&mut [Source]>,
+    ) -> Result<()> {
+        let keys: Vec<Key> = keys
+            .iter()
+            .map(|&k| {
+                let (t, id) = split_key(k);
+                key_of(t, id)
+            })
+            .collect();
+        self.serve(&keys, offsets, out, sources)
+    }
+
+    /// Serves a batch of requests: key `j` is row `ids[j]` (any 64-bit id: hashed, or a
+    /// negative int64 as its two's complement) of table `tables[j]`, and request `r` is keys
+    /// `offsets[r]..offsets[r + 1]`. Writes each key's row into `out` (`[ids.len() × dim]`)
+    /// and, when given, its [`Source`] into `sources`. Errors (nothing changes): `tables` and
+    /// `ids` of different lengths, offsets that do not cover them, an empty request, a table
+    /// number out of range, a wrong output length, a backing-store failure.
+    pub fn lookup_ids(
+        &self,
+        tables: &[u16],
+        ids: &[u64],
+        offsets: &[usize],
+        out: &mut [f32],
+        sources: Option<&mut [Source]>,
+    ) -> Result<()> {
+        if tables.len() != ids.len() {
+            return Err(Error::shape(format!(
+                "tables and ids must have the same length, got {} and {}",
+                tables.len(),
+                ids.len()
+            )));
+        }
+        let keys: Vec<Key> = tables.iter().zip(ids).map(|(&t, &id)| key_of(t, id)).collect();
+        self.serve(&keys, offsets, out, sources)
+    }
+
+    fn serve(
+        &self,
+        keys: &[Key],
         offsets: &[usize],
         out: &mut [f32],
         sources: Option<&mut [Source]>,
@@ -896,7 +1072,7 @@ impl InferenceCache {
 
     fn check(
         &self,
-        keys: &[u64],
+        keys: &[Key],
         offsets: &[usize],
         out: &[f32],
         sources: Option<&[Source]>,
@@ -914,11 +1090,11 @@ impl InferenceCache {
                 "request {r} is empty (or offsets decrease): every request needs at least one key"
             )));
         }
-        if let Some(&k) = keys.iter().find(|&&k| usize::from(split_key(k).0) >= self.cfg.num_tables)
-        {
+        if let Some(&k) = keys.iter().find(|&&k| usize::from(table_of(k)) >= self.cfg.num_tables) {
             return Err(Error::not_found(format!(
-                "key {k:#x} names table {}, but the cache has {} tables",
-                split_key(k).0,
+                "id {} names table {}, but the cache has {} tables",
+                id_of(k),
+                table_of(k),
                 self.cfg.num_tables
             )));
         }
@@ -942,26 +1118,46 @@ impl InferenceCache {
         Ok(())
     }
 
-    fn dedup(&self, keys: &[u64], offsets: &[usize], sc: &mut Scratch) {
+    fn dedup(&self, keys: &[Key], offsets: &[usize], sc: &mut Scratch) {
+        sc.offsets.reserve(offsets.len());
+        sc.keys.reserve(keys.len());
+        sc.pks.reserve(keys.len());
+        sc.map.reserve(keys.len());
         sc.offsets.push(0);
+        // By policy key (a u64 hashes faster than the u128 key); two keys of a request that
+        // share one (different tables) are told apart by a scan of the request.
         let mut seen = hashbrown::HashMap::<u64, u32>::new();
         for w in offsets.windows(2) {
             seen.clear();
+            let start = sc.keys.len();
             for &k in &keys[w[0]..w[1]] {
-                let next = sc.keys.len() as u32;
-                let u = *seen.entry(k).or_insert_with(|| {
+                let pk = policy_key(k);
+                let fresh = |sc: &mut Scratch| {
                     sc.keys.push(k);
-                    next
-                });
+                    sc.pks.push(pk);
+                    (sc.keys.len() - 1) as u32
+                };
+                let u = match seen.entry(pk) {
+                    hashbrown::hash_map::Entry::Vacant(e) => *e.insert(fresh(sc)),
+                    hashbrown::hash_map::Entry::Occupied(e) if sc.keys[*e.get() as usize] == k => {
+                        *e.get()
+                    }
+                    hashbrown::hash_map::Entry::Occupied(_) => {
+                        match sc.keys[start..].iter().position(|&x| x == k) {
+                            Some(p) => (start + p) as u32,
+                            None => fresh(sc),
+                        }
+                    }
+                };
                 sc.map.push(u);
             }
             sc.offsets.push(sc.keys.len());
         }
         let n = sc.keys.len();
         sc.src = vec![Source::Store; n];
-        sc.shard = sc.keys.iter().map(|&k| self.shard_of(k) as u32).collect();
+        sc.shard = sc.pks.iter().map(|&pk| self.shard_of_pk(pk) as u32).collect();
         sc.vals = vec![0.0; n * self.cfg.dim];
-        sc.approx_of = vec![u64::MAX; n];
+        sc.approx_of = vec![Key::MAX; n];
     }
 
     /// P1: exact hits, against the state before the batch.
@@ -975,7 +1171,7 @@ impl InferenceCache {
                 }
                 let v = &mut sc.vals[u * d..(u + 1) * d];
                 for (ti, t) in s.tiers.iter().enumerate() {
-                    if t.get(sc.keys[u], v) {
+                    if t.get_pk(sc.pks[u], table_of(sc.keys[u]), v) {
                         sc.src[u] = if ti == 0 { Source::L1 } else { Source::L2 };
                         break;
                     }
@@ -1000,17 +1196,21 @@ impl InferenceCache {
                     continue;
                 }
                 let key = sc.keys[u];
+                let (table, id) = (table_of(key), id_of(key));
                 let entry = self.shards[sc.shard[u] as usize]
                     .read()
                     .l3
                     .as_ref()
-                    .and_then(|l3| l3.peek(key));
-                let Some((alt, dist)) = entry else { continue };
-                let (table, id) = split_key(key);
+                    .and_then(|l3| l3.peek_tagged(sc.pks[u]));
+                // An entry of another table's key with the same policy key is not this key's.
+                let Some((alt, dist)) = entry.and_then(|(t, a, d)| (t == table).then_some((a, d)))
+                else {
+                    continue;
+                };
                 if alt == id || dist > self.cfg.max_surrogate_dist {
                     continue;
                 }
-                let alt_key = (u64::from(table) << 48) | alt;
+                let alt_key = key_of(table, alt);
                 let s = self.shards[self.shard_of(alt_key)].read();
                 let v = &mut sc.vals[u * d..(u + 1) * d];
                 if s.tiers.iter().any(|t| t.get(alt_key, v)) {
@@ -1028,15 +1228,14 @@ impl InferenceCache {
         &self,
         sc: &mut Scratch,
         stats: &mut CacheStats,
-    ) -> Result<hashbrown::HashMap<u64, u32>> {
+    ) -> Result<hashbrown::HashMap<Key, u32>> {
         let d = self.cfg.dim;
-        let mut first = hashbrown::HashMap::<u64, u32>::new();
+        let mut first = hashbrown::HashMap::<Key, u32>::new();
         let mut by_table: Vec<Vec<u64>> = vec![Vec::new(); self.cfg.num_tables];
         for u in 0..sc.keys.len() {
             if sc.src[u] == Source::Store && !first.contains_key(&sc.keys[u]) {
                 first.insert(sc.keys[u], u as u32);
-                let (t, id) = split_key(sc.keys[u]);
-                by_table[usize::from(t)].push(id);
+                by_table[usize::from(table_of(sc.keys[u]))].push(id_of(sc.keys[u]));
             }
         }
         let mut rows = Vec::new();
@@ -1047,7 +1246,7 @@ impl InferenceCache {
             rows.resize(ids.len() * d, 0.0);
             self.read_backing(t, ids, &mut rows, stats)?;
             for (j, &id) in ids.iter().enumerate() {
-                let u = first[&((t as u64) << 48 | id)] as usize;
+                let u = first[&key_of(t as u16, id)] as usize;
                 sc.vals[u * d..(u + 1) * d].copy_from_slice(&rows[j * d..(j + 1) * d]);
             }
         }
@@ -1079,10 +1278,12 @@ impl InferenceCache {
     fn commit(
         &self,
         sc: &Scratch,
-        fetched: &hashbrown::HashMap<u64, u32>,
+        fetched: &hashbrown::HashMap<Key, u32>,
         stats: &mut CacheStats,
     ) -> Result<()> {
+        // The policies' keys of L1's and L2's part of a request, and L1's as keys.
         let mut l1_keys = Vec::new();
+        let mut l1_full = Vec::new();
         let mut l2_keys = Vec::new();
         for r in 0..sc.offsets.len() - 1 {
             let (lo, hi) = (sc.offsets[r], sc.offsets[r + 1]);
@@ -1095,6 +1296,7 @@ impl InferenceCache {
                 let mut guard = shard.write();
                 let s = &mut *guard;
                 l1_keys.clear();
+                l1_full.clear();
                 l2_keys.clear();
                 let mut l1_probe_hits = 0;
                 let mut l2_probe_hits = 0;
@@ -1102,12 +1304,13 @@ impl InferenceCache {
                     if sc.shard[u] as usize != si || sc.src[u] == Source::Surrogate {
                         continue;
                     }
-                    let k = sc.keys[u];
-                    if s.tiers.len() > 1 && s.tiers[1].policy.contains(k) {
-                        l2_keys.push(k);
+                    let pk = sc.pks[u];
+                    if s.tiers.len() > 1 && s.tiers[1].policy.contains(pk) {
+                        l2_keys.push(pk);
                         l2_probe_hits += usize::from(sc.src[u] != Source::Store);
                     } else {
-                        l1_keys.push(k);
+                        l1_keys.push(pk);
+                        l1_full.push(sc.keys[u]);
                         l1_probe_hits += usize::from(sc.src[u] != Source::Store);
                     }
                 }
@@ -1121,20 +1324,20 @@ impl InferenceCache {
                     // Keys this commit will admit that the batch did not fetch (an earlier
                     // request of the batch evicted them after they hit at probe): read them
                     // first, so a failed read changes nothing.
-                    let extra = self.refetch(s, &l1_keys, fetched, stats)?;
+                    let extra = self.refetch(s, &l1_full, fetched, stats)?;
                     let group = Group { other_hits: h - l1_probe_hits, size: g };
                     {
                         let Shard { tiers, out, .. } = s;
                         tiers[0].policy.access_group_into(&l1_keys, group, out);
                     }
                     stats.bypasses += u64::from(s.out.bypassed);
-                    self.settle_l1(s, &l1_keys, sc, fetched, &extra, stats);
+                    self.settle_l1(s, &l1_keys, &l1_full, sc, fetched, &extra, stats);
                 }
                 // L3 reference bits of the surrogates used.
                 if let Some(l3) = &mut s.l3 {
                     for u in lo..hi {
                         if sc.shard[u] as usize == si && sc.src[u] == Source::Surrogate {
-                            l3.get(sc.keys[u]);
+                            l3.get(sc.pks[u]);
                         }
                     }
                 }
@@ -1143,16 +1346,19 @@ impl InferenceCache {
         Ok(())
     }
 
-    /// After an L1 commit of `keys`: demote its victims, then write the rows of the keys it
-    /// admitted (from this batch's fetch, or read again if an earlier request of the batch
-    /// evicted a key that hit at probe).
+    /// After an L1 commit of `keys` (policy keys; `full[j]` is `keys[j]`'s key): demote its
+    /// victims, then write the rows of the keys it admitted (from this batch's fetch, or read
+    /// again if an earlier request of the batch evicted a key that hit at probe). Victims are
+    /// named by their slots' tags before any slot is written.
+    #[allow(clippy::too_many_arguments)]
     fn settle_l1(
         &self,
         s: &mut Shard,
         keys: &[u64],
+        full: &[Key],
         sc: &Scratch,
-        fetched: &hashbrown::HashMap<u64, u32>,
-        extra: &hashbrown::HashMap<u64, Vec<f32>>,
+        fetched: &hashbrown::HashMap<Key, u32>,
+        extra: &hashbrown::HashMap<Key, Vec<f32>>,
         stats: &mut CacheStats,
     ) {
         let d = self.cfg.dim;
@@ -1162,16 +1368,17 @@ impl InferenceCache {
         // Keys of this call that hit, were evicted by the commit and admitted again (policies
         // that do not pin a request: a miss evicted the key before its own turn): their coded
         // row, still in the old slot, moves to the new one below; they are not demoted.
-        let mut moved: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (&k, &slot) in evicted.iter().zip(&slots) {
+        let mut moved: Vec<(u64, Key, Vec<u8>)> = Vec::new();
+        for (&pk, &slot) in evicted.iter().zip(&slots) {
+            let k = s.tiers[0].key_in(slot, pk);
             // A request has a few dozen keys: a scan beats building a set per request.
-            if let Some(j) = keys.iter().position(|&a| a == k) {
+            if let Some(j) = keys.iter().position(|&a| a == pk) {
                 // A miss admitted and evicted within this call never had its row written.
                 if !s.out.hit[j] {
                     continue;
                 }
-                if s.tiers[0].policy.contains(k) {
-                    moved.push((k, s.tiers[0].row(slot).to_vec()));
+                if s.tiers[0].policy.contains(pk) {
+                    moved.push((pk, k, s.tiers[0].row(slot).to_vec()));
                     continue;
                 }
             }
@@ -1181,32 +1388,37 @@ impl InferenceCache {
             }
             let Shard { tiers, out2, tmp, .. } = s;
             tiers[0].codec.decode(tiers[0].row(slot), tmp);
-            tiers[1].policy.admit(k, 0, out2);
-            if let Some(slot2) = tiers[1].policy.slot_of(k) {
-                tiers[1].write(slot2, tmp);
+            tiers[1].policy.admit(pk, 0, out2);
+            let dropped: Vec<Key> = out2
+                .evicted
+                .iter()
+                .zip(&out2.evicted_slots)
+                .map(|(&p, &sl)| tiers[1].key_in(sl, p))
+                .collect();
+            if let Some(slot2) = tiers[1].policy.slot_of(pk) {
+                tiers[1].write(slot2, k, tmp);
                 stats.demotions += 1;
             }
-            let dropped = std::mem::take(&mut s.out2.evicted);
-            for &k2 in &dropped {
+            for k2 in dropped {
                 self.feed_l3(s, k2, stats);
             }
-            s.out2.evicted = dropped;
         }
-        for (k, row) in &moved {
-            if let Some(slot) = s.tiers[0].policy.slot_of(*k) {
-                s.tiers[0].write_coded(slot, row);
+        for (pk, k, row) in &moved {
+            if let Some(slot) = s.tiers[0].policy.slot_of(*pk) {
+                s.tiers[0].write_coded(slot, *k, row);
             }
         }
-        for (j, &k) in keys.iter().enumerate() {
+        for (j, &pk) in keys.iter().enumerate() {
             if s.out.hit[j] {
                 continue;
             }
-            let Some(slot) = s.tiers[0].policy.slot_of(k) else { continue };
+            let Some(slot) = s.tiers[0].policy.slot_of(pk) else { continue };
+            let k = full[j];
             let row = match fetched.get(&k) {
                 Some(&f) => &sc.vals[f as usize * d..(f as usize + 1) * d],
                 None => &extra[&k][..],
             };
-            s.tiers[0].write(slot, row);
+            s.tiers[0].write(slot, k, row);
         }
         s.out.evicted = evicted;
         s.out.evicted_slots = slots;
@@ -1216,16 +1428,15 @@ impl InferenceCache {
     fn refetch(
         &self,
         s: &Shard,
-        keys: &[u64],
-        fetched: &hashbrown::HashMap<u64, u32>,
+        keys: &[Key],
+        fetched: &hashbrown::HashMap<Key, u32>,
         stats: &mut CacheStats,
-    ) -> Result<hashbrown::HashMap<u64, Vec<f32>>> {
+    ) -> Result<hashbrown::HashMap<Key, Vec<f32>>> {
         let mut extra = hashbrown::HashMap::new();
         for &k in keys {
-            if !fetched.contains_key(&k) && !s.tiers[0].policy.contains(k) {
-                let (t, id) = split_key(k);
+            if !fetched.contains_key(&k) && !s.tiers[0].policy.contains(policy_key(k)) {
                 let mut row = vec![0.0; self.cfg.dim];
-                self.read_backing(usize::from(t), &[id], &mut row, stats)?;
+                self.read_backing(usize::from(table_of(k)), &[id_of(k)], &mut row, stats)?;
                 stats.refetches += 1;
                 extra.insert(k, row);
             }
@@ -1233,10 +1444,10 @@ impl InferenceCache {
         Ok(extra)
     }
 
-    fn feed_l3(&self, s: &mut Shard, key: u64, stats: &mut CacheStats) {
+    fn feed_l3(&self, s: &mut Shard, key: Key, stats: &mut CacheStats) {
         stats.drops += 1;
         let Some(l3) = &mut s.l3 else { return };
-        let (t, id) = split_key(key);
+        let (t, id) = (table_of(key), id_of(key));
         let found = match &self.surrogates[usize::from(t)] {
             None => None,
             Some(SurrogateTable::Memory(m)) => m.get(id),
@@ -1255,7 +1466,7 @@ impl InferenceCache {
             },
         };
         if let Some((alt, dist)) = found {
-            l3.insert(key, alt, dist);
+            l3.insert_tagged(policy_key(key), t, alt, dist);
             stats.l3_inserts += 1;
         }
     }
@@ -1294,8 +1505,10 @@ impl Policy for CachePolicy<'_> {
         self.cache.memory().tiers.iter().map(|t| t.len).sum()
     }
     fn contains(&self, key: u64) -> bool {
+        let (t, id) = split_key(key);
+        let key = key_of(t, id);
         let s = self.cache.shards[self.cache.shard_of(key)].read();
-        s.tiers.iter().any(|t| t.policy.contains(key))
+        s.tiers.iter().any(|t| t.slot_of(key).is_some())
     }
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         out.reset(keys.len());
@@ -1336,8 +1549,16 @@ impl Policy for CachePolicy<'_> {
 
 impl InferenceCache {
     /// Checks invariants: L1 ∩ L2 = ∅, every tier within its capacity, total bytes within
-    /// the budget. O(C) with `keys` the keys to check exclusivity for; for tests.
+    /// the budget. O(C) with `keys` (trace keys, `table << 48 | id`) the keys to check
+    /// exclusivity for; for tests.
     pub fn check_invariants(&self, keys: &[u64]) -> std::result::Result<(), String> {
+        let pks: Vec<u64> = keys
+            .iter()
+            .map(|&k| {
+                let (t, id) = split_key(k);
+                policy_key(key_of(t, id))
+            })
+            .collect();
         let m = self.memory();
         if m.total_bytes > m.budget_bytes {
             return Err(format!(
@@ -1357,11 +1578,11 @@ impl InferenceCache {
                 }
             }
             if s.tiers.len() == 2 {
-                if let Some(k) = keys
+                if let Some(j) = pks
                     .iter()
-                    .find(|&&k| s.tiers[0].policy.contains(k) && s.tiers[1].policy.contains(k))
+                    .position(|&k| s.tiers[0].policy.contains(k) && s.tiers[1].policy.contains(k))
                 {
-                    return Err(format!("key {k:#x} is in L1 and L2"));
+                    return Err(format!("key {:#x} is in L1 and L2", keys[j]));
                 }
             }
         }
@@ -1410,6 +1631,19 @@ mod tests {
 
     fn one(keys: &[u64]) -> [usize; 2] {
         [0, keys.len()]
+    }
+
+    /// `trace` with each key replaced by the u64 the cache's policies know it by.
+    fn as_policy_keys(trace: &Trace) -> Trace {
+        let keys: Vec<u64> = trace
+            .keys()
+            .iter()
+            .map(|&k| {
+                let (t, id) = split_key(k);
+                policy_key(key_of(t, id))
+            })
+            .collect();
+        Trace::from_ragged(&keys, trace.offsets()).unwrap()
     }
 
     /// Every returned row is what its source promises.
@@ -1504,7 +1738,8 @@ mod tests {
     #[test]
     fn one_f32_tier_scores_like_the_bare_policy() {
         // The cache with one f32 tier and one shard is GroupLfu plus rows: the evaluator must
-        // give the same perfect hits for both.
+        // give the same perfect hits for both, the bare policy seeing the keys the cache's
+        // policy sees (GroupAssoc's sets are a hash of them).
         let trace = Synthetic {
             num_requests: 4_000,
             num_tables: 6,
@@ -1524,7 +1759,7 @@ mod tests {
             let mut p = CachePolicy::new(&c);
             let sys = evaluate_with(&trace, &mut p, Mode::Prefix, &EvalOptions::default()).unwrap();
             assert!(p.error.is_none());
-            let bare = evaluate(&trace, &policy, cap, Mode::Prefix).unwrap();
+            let bare = evaluate(&as_policy_keys(&trace), &policy, cap, Mode::Prefix).unwrap();
             assert_eq!((sys.perfect, sys.hits), (bare.perfect, bare.hits), "{}", policy.name());
             assert!(sys.perfect > 0);
         }
@@ -1753,12 +1988,14 @@ mod tests {
             // Which surrogates are resident before the request (probe-time residency), with
             // their rows then: a commit may evict a surrogate (it is not a key of the request,
             // so nothing pins it), but the row served is the one read at probe time.
-            let resident: Vec<Option<(u64, Option<Vec<f32>>)>> = r
+            let resident: Vec<Option<(Key, Option<Vec<f32>>)>> = r
                 .iter()
                 .map(|&k| {
+                    let (t, id) = split_key(k);
+                    let k = key_of(t, id);
                     let s = with.shards[with.shard_of(k)].read();
-                    let alt = s.l3.as_ref().and_then(|l3| l3.peek(k))?.0;
-                    let alt = (k >> 48) << 48 | alt;
+                    let alt = s.l3.as_ref().and_then(|l3| l3.peek(policy_key(k)))?.0;
+                    let alt = key_of(t, alt);
                     let sh = with.shards[with.shard_of(alt)].read();
                     let mut v = vec![0.0; d];
                     Some((alt, sh.tiers.iter().any(|tier| tier.get(alt, &mut v)).then_some(v)))
@@ -1772,14 +2009,13 @@ mod tests {
             for (j, &s) in src.iter().enumerate() {
                 if s == Source::Surrogate {
                     let (alt, row) = resident[j].clone().expect("a surrogate comes from L3");
-                    assert_ne!(alt, r[j]);
+                    let (t, id) = split_key(r[j]);
+                    let k = key_of(t, id);
+                    assert_ne!(alt, k);
                     let want = row.expect("the surrogate was resident at probe time");
                     assert_eq!(&rows[j * d..(j + 1) * d], &want[..], "the surrogate's own row");
-                    let sh = with.shards[with.shard_of(r[j])].read();
-                    assert!(
-                        !sh.tiers.iter().any(|tier| tier.policy.contains(r[j])),
-                        "not inserted"
-                    );
+                    let sh = with.shards[with.shard_of(k)].read();
+                    assert!(!sh.tiers.iter().any(|tier| tier.slot_of(k).is_some()), "not inserted");
                 }
             }
             // max_approx = 0 is L1 + L2 alone, bit for bit (same tier sizes: L3's share of
@@ -1833,9 +2069,10 @@ mod tests {
         cfg.l3_fill = L3Fill::Inline;
         let inline = InferenceCache::new(cfg.clone(), mem(d), on_disk.clone()).unwrap();
         cfg.l3_fill = L3Fill::Background;
-        cfg.memory_budget_bytes = base + disk_bytes + 10 * 32; // the filler's 10 keys
+        // The filler's 10 keys: a 16 B key pending, a 32 B (key, alt, dist) ready.
+        cfg.memory_budget_bytes = base + disk_bytes + 10 * 48;
         let background = InferenceCache::new(cfg.clone(), mem(d), on_disk).unwrap();
-        assert_eq!(background.memory().l3_queue_bytes, 10 * 32);
+        assert_eq!(background.memory().l3_queue_bytes, 10 * 48);
         for c in [&inline, &background] {
             let (a, b) = (reference.memory(), c.memory());
             assert_eq!((&a.tiers, a.l3_capacity), (&b.tiers, b.l3_capacity));
@@ -1893,5 +2130,147 @@ mod tests {
             assert!(s.l3_read_errors > 0, "{fill:?}: {s:?}");
             assert!(s.drops > 0);
         }
+    }
+
+    /// What `src` promises for row `id` of table `t`: exact from the store or an f32 tier, the
+    /// codec's `decode(encode(row))` from the others.
+    fn promised(c: &InferenceCache, t: u16, id: u64, src: Source) -> Vec<f32> {
+        let d = c.cfg.dim;
+        let exact = row_of(usize::from(t), id, d);
+        let tier = match src {
+            Source::L1 => 0,
+            Source::L2 => 1,
+            Source::Store | Source::Surrogate => return exact,
+        };
+        let codec = c.cfg.tiers[tier].codec.codec();
+        let mut code = vec![0u8; codec.bytes_per_row(d)];
+        codec.encode(&exact, &mut code);
+        let mut want = vec![0f32; d];
+        codec.decode(&code, &mut want);
+        want
+    }
+
+    /// Raw 64-bit ids, as int64 users (TorchRec, HugeCTR: hashed, negative) and uint64 users
+    /// have them: -1 (= 2^64 - 1 as uint64), -2, -2^63, 2^63 - 1, 2^48, a hashed id are cached and
+    /// served exactly, and the same raw id in two tables is two keys with two rows. (Before,
+    /// the cache's keys were `table << 48 | id`: no id at or past 2^48 could be given.)
+    #[test]
+    fn any_64_bit_id_is_cached_and_served_exactly_in_each_table() {
+        let d = 4;
+        let ids: [u64; 7] =
+            [-1i64 as u64, -2i64 as u64, i64::MIN as u64, i64::MAX as u64, 1 << 48, fmix64(42), 0];
+        for policy in slot_policies(2) {
+            for two_tiers in [false, true] {
+                let mut cfg = CacheConfig::new(2, d, 100_000);
+                cfg.policy = policy.clone();
+                if two_tiers {
+                    cfg.tiers = vec![
+                        TierConfig { codec: CodecKind::F32, share: 0.5 },
+                        TierConfig { codec: CodecKind::Int8, share: 0.5 },
+                    ];
+                }
+                let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+                for round in 0..2 {
+                    for &id in &ids {
+                        let (tables, both) = ([0u16, 1], [id, id]);
+                        let mut rows = vec![0.0; 2 * d];
+                        let mut src = [Source::Store; 2];
+                        c.lookup_ids(&tables, &both, &[0, 2], &mut rows, Some(&mut src)).unwrap();
+                        let want = if round == 0 { Source::Store } else { Source::L1 };
+                        let ctx = format!("{}, two tiers {two_tiers}, id {id:#x}", policy.name());
+                        assert_eq!(src, [want; 2], "{ctx}");
+                        assert_eq!(&rows[..d], &row_of(0, id, d)[..], "{ctx}");
+                        assert_eq!(&rows[d..], &row_of(1, id, d)[..], "{ctx}");
+                    }
+                }
+                assert_eq!(c.stats().perfect, ids.len() as u64, "{}", policy.name());
+            }
+        }
+    }
+
+    /// Random wide ids through evictions, demotions and drops (a budget of a few dozen entries,
+    /// two tiers, three tables; seed printed): every row is exactly what its source promises.
+    #[test]
+    fn wide_ids_through_eviction_and_demotion_keep_their_rows() {
+        let seed = 0x64_b175;
+        println!("seed {seed:#x}");
+        let (t, d) = (3usize, 4);
+        let mut rng = SplitMix64::new(seed);
+        let pool: Vec<u64> = (0..1_000).map(|_| rng.next_u64()).collect();
+        for policy in slot_policies(t as u8) {
+            let mut cfg = CacheConfig::new(t, d, 12_000);
+            cfg.policy = policy.clone();
+            cfg.tiers = vec![
+                TierConfig { codec: CodecKind::F32, share: 0.5 },
+                TierConfig { codec: CodecKind::Int8, share: 0.5 },
+            ];
+            let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+            let mut seen = [0u64; 4];
+            for _ in 0..400 {
+                let batch = 1 + rng.below(3) as usize;
+                let tables: Vec<u16> = (0..batch * t).map(|j| (j % t) as u16).collect();
+                // A small pool per table, skewed: hits, misses, evictions and demotions.
+                let ids: Vec<u64> = (0..batch * t)
+                    .map(|_| {
+                        let top = rng.below(pool.len() as u64) + 1;
+                        pool[rng.below(top) as usize]
+                    })
+                    .collect();
+                let offsets: Vec<usize> = (0..=batch).map(|r| r * t).collect();
+                let mut rows = vec![0.0; ids.len() * d];
+                let mut src = vec![Source::Store; ids.len()];
+                c.lookup_ids(&tables, &ids, &offsets, &mut rows, Some(&mut src)).unwrap();
+                for j in 0..ids.len() {
+                    seen[src[j] as usize] += 1;
+                    let want = promised(&c, tables[j], ids[j], src[j]);
+                    assert_eq!(&rows[j * d..(j + 1) * d], &want[..], "{} {j}", policy.name());
+                }
+            }
+            let s = c.stats();
+            assert!(seen[0] > 0 && seen[1] > 0 && seen[3] > 0, "{}: {seen:?}", policy.name());
+            assert!(s.l1_evictions > 0 && s.demotions > 0 && s.drops > 0, "{s:?}");
+        }
+    }
+
+    /// Two keys of different tables whose ids differ by exactly their tables' constants share
+    /// one policy key: each is still served only its own row (a probe checks the slot's table),
+    /// in separate requests and in one, while one holds the entry and after.
+    #[test]
+    fn keys_sharing_a_policy_key_are_never_served_each_others_row() {
+        let d = 4;
+        let a = 0x1234_5678_9abc_def0u64;
+        let b = a ^ table_salt(0) ^ table_salt(1);
+        assert_eq!(policy_key(key_of(0, a)), policy_key(key_of(1, b)));
+        for policy in slot_policies(2) {
+            let mut cfg = CacheConfig::new(2, d, 100_000);
+            cfg.policy = policy.clone();
+            let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
+            let requests: [[u64; 2]; 5] = [[a, 7], [5, b], [a, b], [a, 7], [5, b]];
+            let mut sources = Vec::new();
+            for ids in requests {
+                let mut rows = vec![0.0; 2 * d];
+                let mut src = [Source::Store; 2];
+                c.lookup_ids(&[0, 1], &ids, &[0, 2], &mut rows, Some(&mut src)).unwrap();
+                assert_eq!(&rows[..d], &row_of(0, ids[0], d)[..], "{}", policy.name());
+                assert_eq!(&rows[d..], &row_of(1, ids[1], d)[..], "{}", policy.name());
+                sources.push(src);
+            }
+            // (0, a) was cached first and keeps the entry; (1, b) is served from the store.
+            assert_eq!(sources[2], [Source::L1, Source::Store], "{}", policy.name());
+            assert_eq!(sources[3], [Source::L1, Source::L1], "{}", policy.name());
+            assert_eq!(sources[4][1], Source::Store, "{}", policy.name());
+        }
+    }
+
+    #[test]
+    fn lookup_ids_refuses_tables_and_ids_of_different_lengths() {
+        let d = 4;
+        let c = InferenceCache::new(CacheConfig::new(2, d, 10_000), mem(d), vec![]).unwrap();
+        let mut out = vec![0.0; 2 * d];
+        let e = c.lookup_ids(&[0], &[1, 2], &[0, 2], &mut out, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+        let e = c.lookup_ids(&[0, 2], &[1, 2], &[0, 2], &mut out, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(c.stats().requests, 0);
     }
 }

@@ -719,10 +719,15 @@ struct Slot {
     /// The alt id; in a free slot, `alt_lo` is the next free slot.
     alt_lo: u32,
     alt_hi: u32,
+    /// The distance as f16 bits; a distance is never negative, so the sign bit is free and
+    /// holds the reference bit ([`REFERENCED`]).
     dist: u16,
-    referenced: bool,
-    _pad: u8,
+    /// The caller's tag of the entry (the inference cache: the key's table).
+    tag: u16,
 }
+
+/// The reference bit, in the sign bit of [`Slot::dist`].
+const REFERENCED: u16 = 0x8000;
 
 const _: () = assert!(std::mem::size_of::<Slot>() == 20);
 
@@ -732,18 +737,27 @@ impl Slot {
     }
 
     fn value(&self) -> (u64, f32) {
-        (u64::from(self.alt_hi) << 32 | u64::from(self.alt_lo), f16::from_bits(self.dist).to_f32())
+        let dist = f16::from_bits(self.dist & !REFERENCED).to_f32();
+        (u64::from(self.alt_hi) << 32 | u64::from(self.alt_lo), dist)
     }
 
-    fn new(key: u64, alt: u64, dist: f32) -> Self {
+    fn referenced(&self) -> bool {
+        self.dist & REFERENCED != 0
+    }
+
+    fn set_referenced(&mut self, on: bool) {
+        self.dist = if on { self.dist | REFERENCED } else { self.dist & !REFERENCED };
+    }
+
+    fn new(key: u64, tag: u16, alt: u64, dist: f32) -> Self {
         Self {
             key_lo: key as u32,
             key_hi: (key >> 32) as u32,
             alt_lo: alt as u32,
             alt_hi: (alt >> 32) as u32,
-            dist: f16_up(f64::from(dist).max(0.0)).to_bits(),
-            referenced: false,
-            _pad: 0,
+            // `max(0.0)` also turns NaN into 0: the sign bit stays clear.
+            dist: f16_up(f64::from(dist).max(0.0)).to_bits() & !REFERENCED,
+            tag,
         }
     }
 }
@@ -794,7 +808,7 @@ impl ClockMap {
     pub fn get(&mut self, key: u64) -> Option<(u64, f32)> {
         let i = self.find(key)?;
         let s = &mut self.slots[i];
-        s.referenced = true;
+        s.set_referenced(true);
         Some(s.value())
     }
 
@@ -803,13 +817,28 @@ impl ClockMap {
         self.find(key).map(|s| self.slots[s].value())
     }
 
-    /// Maps `key` to `(alt, dist)` (dist rounded up to f16). An existing entry is updated in
-    /// place (position and bit unchanged). Returns the key that left the map: the CLOCK
-    /// victim, or `key` itself when the capacity is 0.
+    /// The (tag, alt, dist) of `key`, leaving its reference bit alone.
+    pub fn peek_tagged(&self, key: u64) -> Option<(u16, u64, f32)> {
+        self.find(key).map(|s| {
+            let (alt, dist) = self.slots[s].value();
+            (self.slots[s].tag, alt, dist)
+        })
+    }
+
+    /// Maps `key` to `(alt, dist)` (dist rounded up to f16), tag 0. An existing entry is
+    /// updated in place (position and bit unchanged). Returns the key that left the map: the
+    /// CLOCK victim, or `key` itself when the capacity is 0.
     pub fn insert(&mut self, key: u64, alt: u64, dist: f32) -> Option<u64> {
+        self.insert_tagged(key, 0, alt, dist)
+    }
+
+    /// [`insert`](Self::insert) with the caller's `tag` kept beside the entry
+    /// ([`peek_tagged`](Self::peek_tagged)).
+    pub fn insert_tagged(&mut self, key: u64, tag: u16, alt: u64, dist: f32) -> Option<u64> {
         if let Some(s) = self.find(key) {
-            let r = self.slots[s].referenced;
-            self.slots[s] = Slot { referenced: r, ..Slot::new(key, alt, dist) };
+            let r = self.slots[s].referenced();
+            self.slots[s] = Slot::new(key, tag, alt, dist);
+            self.slots[s].set_referenced(r);
             return None;
         }
         if self.cap == 0 {
@@ -820,7 +849,7 @@ impl ClockMap {
             self.free = self.slots[s].alt_lo;
             (s, None)
         } else if self.slots.len() < self.cap {
-            self.slots.push(Slot::new(0, 0, 0.0));
+            self.slots.push(Slot::new(0, 0, 0, 0.0));
             (self.slots.len() - 1, None)
         } else {
             let s = self.sweep();
@@ -830,7 +859,7 @@ impl ClockMap {
             self.len -= 1;
             (s, Some(old))
         };
-        self.slots[s] = Slot::new(key, alt, dist);
+        self.slots[s] = Slot::new(key, tag, alt, dist);
         self.index.insert(key, s as u32);
         self.len += 1;
         evicted
@@ -841,7 +870,9 @@ impl ClockMap {
         loop {
             let h = self.hand;
             self.hand = if h + 1 == self.cap { 0 } else { h + 1 };
-            if !std::mem::take(&mut self.slots[h].referenced) {
+            let was = self.slots[h].referenced();
+            self.slots[h].set_referenced(false);
+            if !was {
                 return h;
             }
         }
@@ -852,7 +883,7 @@ impl ClockMap {
         let slots = &self.slots;
         let s = self.index.remove(key, |s| slots[s as usize].key())? as usize;
         let v = self.slots[s].value();
-        self.slots[s] = Slot { alt_lo: self.free, ..Slot::new(0, 0, 0.0) };
+        self.slots[s] = Slot { alt_lo: self.free, ..Slot::new(0, 0, 0, 0.0) };
         self.free = s as u32;
         self.len -= 1;
         Some(v)
@@ -1239,6 +1270,22 @@ mod tests {
         assert_eq!((m.len(), m.capacity()), (4, 4));
         let mut z = ClockMap::new(0);
         assert_eq!((z.insert(1, 2, 0.0), z.len()), (Some(1), 0));
+    }
+
+    /// A tag rides with its entry; the reference bit (in the distance's sign bit) never shows
+    /// in a distance, and a re-insert keeps the bit while replacing the tag.
+    #[test]
+    fn tags_ride_with_entries_and_the_reference_bit_stays_out_of_distances() {
+        let mut m = ClockMap::new(2);
+        assert_eq!(m.insert_tagged(1, 65_535, 11, 2.5), None);
+        assert_eq!(m.insert_tagged(2, 7, 12, 0.0), None);
+        assert_eq!(m.get(1), Some((11, 2.5)));
+        assert_eq!(m.peek_tagged(1), Some((65_535, 11, 2.5)));
+        assert_eq!(m.insert_tagged(1, 3, 13, 1.0), None); // in place: bit kept, tag replaced
+        assert_eq!(m.peek_tagged(1), Some((3, 13, 1.0)));
+        assert_eq!(m.insert(3, 14, f32::NAN), Some(2)); // 1 is referenced: 2 goes
+        assert_eq!(m.peek_tagged(3), Some((0, 14, 0.0)));
+        assert_eq!(m.insert(4, 15, 0.5), Some(1)); // 1's bit was cleared by the last sweep
     }
 
     #[test]

@@ -200,11 +200,13 @@ pub(crate) struct PyInferenceCache {
 }
 
 impl PyInferenceCache {
-    /// The lookup itself, GIL released; `sources` (one entry per key) receives the sources.
+    /// The lookup itself, GIL released: key `j` is row `ids[j]` of table `tables[j]`;
+    /// `sources` (one entry per key) receives the sources.
     fn serve(
         &self,
         py: Python<'_>,
-        keys: &[u64],
+        tables: &[u16],
+        ids: &[u64],
         offsets: &[usize],
         out: &mut PyReadwriteArray2<'_, f32>,
         mut sources: Option<PyReadwriteArray1<'_, u8>>,
@@ -220,17 +222,18 @@ impl PyInferenceCache {
             None => None,
         };
         if let Some(dst) = &dst {
-            if dst.len() != keys.len() {
+            if dst.len() != ids.len() {
                 return Err(errors::ShapeError::new_err(format!(
                     "sources must hold {} entries, got {}",
-                    keys.len(),
+                    ids.len(),
                     dst.len()
                 )));
             }
         }
-        let mut srcs = dst.as_ref().map(|_| vec![Source::Store; keys.len()]);
+        let mut srcs = dst.as_ref().map(|_| vec![Source::Store; ids.len()]);
         let c = &self.inner;
-        detached(py, || c.lookup(keys, offsets, out, srcs.as_deref_mut())).map_err(to_py_err)?;
+        detached(py, || c.lookup_ids(tables, ids, offsets, out, srcs.as_deref_mut()))
+            .map_err(to_py_err)?;
         if let (Some(dst), Some(srcs)) = (dst, srcs) {
             for (d, s) in dst.iter_mut().zip(srcs) {
                 *d = s as u8;
@@ -299,25 +302,27 @@ impl PyInferenceCache {
         Ok(Self { inner: Arc::new(inner) })
     }
 
-    /// Serves requests `keys[offsets[r]:offsets[r+1]]` into `out` (`[len(keys), D]`).
+    /// Serves requests `offsets[r]:offsets[r+1]` of the keys (`tables[j]`, `ids[j]`: any
+    /// 64-bit id) into `out` (`[len(ids), D]`).
     fn lookup(
         &self,
         py: Python<'_>,
-        keys: PyReadonlyArray1<'_, u64>,
+        tables: PyReadonlyArray1<'_, u16>,
+        ids: PyReadonlyArray1<'_, u64>,
         offsets: PyReadonlyArray1<'_, u64>,
         mut out: PyReadwriteArray2<'_, f32>,
         sources: Option<PyReadwriteArray1<'_, u8>>,
     ) -> PyResult<()> {
-        let keys = slice(&keys, "keys")?;
+        let tables = slice(&tables, "tables")?;
+        let ids = slice(&ids, "ids")?;
         let offsets: Vec<usize> = slice(&offsets, "offsets")?.iter().map(|&o| o as usize).collect();
-        self.serve(py, keys, &offsets, &mut out, sources)
+        self.serve(py, tables, ids, &offsets, &mut out, sources)
     }
 
     /// One-hot requests given as columns: `cols[t][r]` is request `r`'s id in table `t`
     /// (every column the same length `B`); rows go to `out` (`[B·T, D]`, request-major), sources
-    /// (if given) to `[B·T]`. Keys are qualified here (`t << 48 | id`), so a request costs no numpy
-    /// work beyond the columns. An id outside `[0, 2**48)` is an `InvalidArgumentError`
-    /// raised before the cache is touched.
+    /// (if given) to `[B·T]`. Any int64 id is taken, a negative one as its two's complement
+    /// (as the store takes it), so a request costs no numpy work beyond the columns.
     fn lookup_columns(
         &self,
         py: Python<'_>,
@@ -341,21 +346,35 @@ impl PyInferenceCache {
                 out.shape()
             )));
         }
-        let mut keys = vec![0u64; b * t];
+        // The cache has at most 65,536 tables (checked when it was built), so `i` fits a u16.
+        let tables: Vec<u16> = (0..b * t).map(|j| (j % t) as u16).collect();
+        let mut ids = vec![0u64; b * t];
         for (i, col) in cols.iter().enumerate() {
             let col = col.as_array(); // any strides: a column of a [B, T] array is fine
-            let bits = (i as u64) << 48;
             for (r, &id) in col.iter().enumerate() {
-                if !(0..1i64 << 48).contains(&id) {
-                    return Err(errors::InvalidArgumentError::new_err(format!(
-                        "ids must be in [0, 2**48), got {id}"
-                    )));
-                }
-                keys[r * t + i] = bits | id as u64;
+                ids[r * t + i] = id as u64;
             }
         }
         let offsets: Vec<usize> = (0..=b).map(|r| r * t).collect();
-        self.serve(py, &keys, &offsets, &mut out, sources)
+        self.serve(py, &tables, &ids, &offsets, &mut out, sources)
+    }
+
+    /// The keys the cache's policies see for trace keys `keys` (`table << 48 | id`), for
+    /// evaluating a bare policy on what this cache's policies see.
+    #[staticmethod]
+    fn policy_keys<'py>(
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<u64>>> {
+        let mapped: Vec<u64> = keys
+            .as_array()
+            .iter()
+            .map(|&k| {
+                let (t, id) = embstore_cache::split_key(k);
+                InferenceCache::policy_key(t, id)
+            })
+            .collect();
+        Ok(numpy::PyArray1::from_vec(py, mapped))
     }
 
     #[getter]

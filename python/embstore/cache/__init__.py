@@ -16,7 +16,10 @@ Parts:
   :func:`synthetic_trace` — the design note's Criteo-like trace (26 tables, Zipf contexts,
   co-access rho).
 
-Keys are table-qualified: ``key = table_index << 48 | id`` (ids below 2**48).
+Ids are raw 64-bit feature ids, as the store takes them: any int64 (hashed, negative: read as
+its two's complement) or uint64. Each table's ids are its own: the same id in two tables is two
+rows. (Traces for :func:`evaluate` carry table-qualified keys, ``table_index << 48 | id``, so
+their ids are below 2**48; see :mod:`embstore.cache.traces`.)
 
 Example::
 
@@ -47,6 +50,7 @@ import numpy as np
 from embstore import _native
 from embstore._native import synthetic_trace
 from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
+from embstore.store import _python_ints
 
 __all__ = [
     "CODECS",
@@ -67,7 +71,6 @@ CODECS: tuple[str, ...] = tuple(_native.CACHE_CODECS)
 #: ``sources`` values of :meth:`InferenceCache.lookup`: index → where the row came from.
 SOURCES: tuple[str, ...] = ("l1", "l2", "surrogate", "store")
 
-_ID_LIMIT = 1 << 48
 #: Policy metadata per entry assumed for byte budgets of policies that are not ours
 #: (GroupLfu's measured ~28 B: 20 B slot, index at load ≤ 3/4).
 _METADATA_PER_ENTRY = 28
@@ -77,24 +80,27 @@ def _ids(x: Any, what: str) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
+    if not isinstance(x, np.ndarray) and a.dtype.kind in "fO" and a.ndim == 1:
+        a = _python_ints(x, a)  # Python ints numpy could not type (negatives and >= 2**63)
     if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
         raise InvalidArgumentError(f"{what} must be integer ids, got dtype {a.dtype}")
     if a.ndim != 1:
         raise ShapeError(f"{what} must be 1-D, got shape {a.shape}")
-    if a.size and (a.min() < 0 or a.max() >= _ID_LIMIT):
-        raise InvalidArgumentError(f"{what} must be in [0, 2**48), got {a.min()}..{a.max()}")
+    if a.dtype.kind == "i":  # a negative id is its two's complement, as the store reads it
+        a = a.astype(np.int64, copy=False).view(np.uint64)
     return a.astype(np.uint64, copy=False)
 
 
 def requests_from_batch(
     batch: Mapping[str, Any], tables: Sequence[str]
-) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, bool]], int]:
-    """Turns ``{table: ids}`` into request-major qualified keys and offsets.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray, bool]], int]:
+    """Turns ``{table: ids}`` into request-major keys and offsets.
 
     Each value is either a 1-D array of ``B`` ids (one per request) or a bag
-    ``(values, offsets)`` with ``B`` (or ``B + 1``) offsets. Returns ``(keys, offsets, where,
-    B)`` where ``where[t] = (request index, position in keys, is_bag)`` per element of table
-    ``t``'s ids.
+    ``(values, offsets)`` with ``B`` (or ``B + 1``) offsets. Returns ``(tables, ids, offsets,
+    where, B)``: key ``j`` is id ``ids[j]`` (``uint64``, any 64-bit id) of table number
+    ``tables[j]`` (``uint16``, the index in ``tables``), and ``where[t] = (request index,
+    position in the keys, is_bag)`` per element of table ``t``'s ids.
     """
     if not isinstance(batch, Mapping):
         raise InvalidArgumentError(f"a batch is a dict {{table: ids}}, got {type(batch).__name__}")
@@ -141,7 +147,8 @@ def requests_from_batch(
         raise ShapeError(f"request {int(np.argmin(per_req))} has no ids in any table")
     offsets = np.zeros(b + 1, dtype=np.uint64)
     np.cumsum(per_req, out=offsets[1:])
-    keys = np.empty(int(offsets[-1]), dtype=np.uint64)
+    table_of = np.empty(int(offsets[-1]), dtype=np.uint16)
+    ids = np.empty(int(offsets[-1]), dtype=np.uint64)
     prefix = np.zeros(b, dtype=np.int64)
     where = []
     for t, (vals, c, bag) in enumerate(zip(values, counts, bags, strict=True)):
@@ -149,10 +156,11 @@ def requests_from_batch(
         start = np.cumsum(c) - c
         within = np.arange(vals.size) - start[req]
         pos = offsets[:-1].astype(np.int64)[req] + prefix[req] + within
-        keys[pos] = (np.uint64(t) << np.uint64(48)) | vals
+        table_of[pos] = t
+        ids[pos] = vals
         prefix += c
         where.append((req, pos, bag))
-    return keys, offsets, where, b
+    return table_of, ids, offsets, where, b
 
 
 class InferenceCache:
@@ -164,8 +172,9 @@ class InferenceCache:
         memory_budget_bytes: everything counted — rows, policy metadata, indexes, L3.
         policy: the replacement policy of every tier (:data:`POLICIES`). ``group_assoc``
             (the default): the group score plus a hit counter, set-associative, 10 B of
-            metadata per entry; ``group_lfu``: the same score fully associative (26-31 B an
-            entry; better at equal entries, worse at equal bytes); ``lru``, ``lfu``;
+            metadata per entry (and 1 B for its key's table in a cache of 2-256 tables);
+            ``group_lfu``: the same score fully associative (26-31 B an entry; better at
+            equal entries, worse at equal bytes); ``lru``, ``lfu``;
             ``ev_arc`` is an evaluator-only ablation.
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
@@ -263,19 +272,20 @@ class InferenceCache:
         self, batch: Mapping[str, Any], *, bag_mode: str = "mean", return_sources: bool = False
     ) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Serves a batch of requests: ``{table: ids}`` with ``B`` ids per table (or a bag
-        ``(values, offsets)`` per table). Returns ``{table: float32[B, D]}`` (bags pooled by
-        ``bag_mode``: ``mean`` or ``sum``) and, with ``return_sources``, ``{table: uint8[n]}``
-        per id (indices into :data:`SOURCES`). Releases the GIL.
+        ``(values, offsets)`` per table); ids are any int64 or uint64 (the store's raw 64-bit
+        ids, a negative int64 as its two's complement). Returns ``{table: float32[B, D]}``
+        (bags pooled by ``bag_mode``: ``mean`` or ``sum``) and, with ``return_sources``,
+        ``{table: uint8[n]}`` per id (indices into :data:`SOURCES`). Releases the GIL.
         """
         if bag_mode not in ("mean", "sum"):
             raise InvalidArgumentError(f"bag_mode must be 'mean' or 'sum', got {bag_mode!r}")
         fast = self._one_hot(batch, return_sources)
         if fast is not None:
             return fast
-        keys, offsets, where, b = requests_from_batch(batch, self.tables)
-        rows = np.empty((keys.size, self.embedding_dim), dtype=np.float32)
-        src = np.empty(keys.size, dtype=np.uint8) if return_sources else None
-        self._inner.lookup(keys, offsets, rows, src)
+        table_of, ids, offsets, where, b = requests_from_batch(batch, self.tables)
+        rows = np.empty((ids.size, self.embedding_dim), dtype=np.float32)
+        src = np.empty(ids.size, dtype=np.uint8) if return_sources else None
+        self._inner.lookup(table_of, ids, offsets, rows, src)
         out: dict[str, np.ndarray] = {}
         sources: dict[str, np.ndarray] = {}
         for name, (req, pos, bag) in zip(self.tables, where, strict=True):
@@ -294,8 +304,9 @@ class InferenceCache:
 
     def _one_hot(self, batch: Mapping[str, Any], return_sources: bool) -> Any:
         """The common case with no numpy work: one id per table per request, given as integer
-        numpy arrays (or torch tensors) of one length; the native side qualifies the keys.
-        ``None``: take the general path (which also produces the errors)."""
+        numpy arrays (or torch tensors) of one length, passed to the native side as int64 (a
+        uint64 id past 2**63 wraps to the same 64 bits). ``None``: take the general path (which
+        also produces the errors)."""
         if not isinstance(batch, Mapping) or len(batch) != len(self.tables):
             return None
         cols = []
@@ -306,21 +317,18 @@ class InferenceCache:
             if not isinstance(v, np.ndarray) or v.ndim != 1:
                 return None
             if v.dtype != np.int64:
-                if v.dtype.kind not in "iu" or (v.dtype.kind == "u" and v.max() >= _ID_LIMIT):
+                if v.dtype.kind not in "iu":
                     return None
-                v = v.astype(np.int64)
+                v = v.astype(np.int64)  # uint64 wraps: the same 64 bits
             cols.append(v)
         b = cols[0].size
         if b == 0 or any(c.size != b for c in cols):
             return None
         rows = np.empty((b, len(cols), self.embedding_dim), dtype=np.float32)
         src = np.empty((b, len(cols)), dtype=np.uint8) if return_sources else None
-        try:
-            self._inner.lookup_columns(
-                cols, rows.reshape(b * len(cols), -1), None if src is None else src.reshape(-1)
-            )
-        except InvalidArgumentError:  # an id out of range: the general path says which
-            return None
+        self._inner.lookup_columns(
+            cols, rows.reshape(b * len(cols), -1), None if src is None else src.reshape(-1)
+        )
         out = {name: rows[:, i] for i, name in enumerate(self.tables)}
         if src is None:
             return out
