@@ -79,6 +79,9 @@ pub(crate) struct Durable {
     /// table creation and removal) run one at a time.
     pub(crate) inner: Mutex<(Manifest, State)>,
     pub(crate) report: RecoveryReport,
+    /// The tables' liveness indexes for incremental compaction (`compact`); taken under
+    /// `inner`.
+    pub(crate) compactor: Mutex<crate::compact::Compactor>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -190,6 +193,7 @@ impl Durable {
             _lock: lock,
             inner: Mutex::new((manifest, state)),
             report,
+            compactor: Mutex::default(),
         };
         Ok((durable, tables))
     }
@@ -233,6 +237,7 @@ impl Durable {
         next.apply(&edits[0])?;
         manifest.append(&*self.vfs, &edits, &next)?;
         *state = next;
+        self.compactor.lock().forget(id);
         self.delete_segments(&files);
         Ok(())
     }
@@ -260,16 +265,23 @@ impl Durable {
             if table.dropped() {
                 continue;
             }
+            let before = stats.records;
             self.flush_table(guard, table, false, &mut stats)?;
+            let flushed = stats.records - before;
             let (_, state) = &*guard;
             let Some(id) = state.table_id(table.name()) else { continue };
             let files = &state.tables[&id].files;
             let on_disk: u64 = files.values().map(|f| f.records).sum();
             let too_many = files.len() > MAX_SEGMENTS;
-            if too_many || (on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64) {
+            let stale = on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64;
+            // A table in memory compacts a bounded step at a time (`compact`); a tiered one
+            // (rows on disk only) is rewritten whole.
+            if too_many || (stale && table.is_tiered()) {
                 table.mark_all_dirty();
                 self.flush_table(guard, table, true, &mut stats)?;
                 stats.compactions += 1;
+            } else {
+                self.compact_step(guard, table, flushed, &mut stats)?;
             }
         }
         Ok(stats)
@@ -476,8 +488,10 @@ pub struct FlushStats {
     pub segments: u64,
     pub records: u64,
     pub bytes: u64,
-    /// Tables rewritten whole (see the module docs on compaction).
+    /// Tables rewritten whole (`Store::compact`; a tiered table past twice its live rows).
     pub compactions: u64,
+    /// Segment files whose live rows a compaction step moved out, deleted.
+    pub compacted_segments: u64,
 }
 
 /// A random non-zero id (store and checkpoint identities).
