@@ -22,7 +22,10 @@
 //! - for each of them it copies the row's **current** state from memory (read under its
 //!   shard's read lock; the dirty bit is left alone, so the next flush still writes a row that
 //!   changed since the last one, after its pending tombstone), or — the key has no row now — a
-//!   tombstone, unless the file is the table's oldest (nothing older can bring the key back);
+//!   tombstone. Tombstones are never left out: an incremental checkpoint's chain brings back
+//!   the parent's files, deleted here or not, and a tombstone must still hide their rows. Once
+//!   the keys without a row pass a quarter of the rows, the table is rewritten whole instead
+//!   (a `Supersede` that the chain honours);
 //! - it seals the segment and appends one manifest record: `AddFile` of the new segment and, once
 //!   the file's last live key has moved, `DeleteFile` of the file; the file is unlinked only
 //!   after that record is durable.
@@ -37,7 +40,7 @@
 //! Tiered tables (rows on disk only, file slots in the tier) keep the rewrite of every row
 //! ([`crate::durable`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -50,7 +53,6 @@ use crate::durable::{segment_path, Durable, FlushStats};
 use crate::version::now_ms;
 use crate::{Error, Result, Table, Version};
 
-
 /// Compaction runs while a table's records on disk exceed this multiple of its live rows
 /// (numerator, denominator): 1.5, so that a step that lags a few flushes behind still keeps
 /// disk use under 2× the live rows.
@@ -58,6 +60,9 @@ pub(crate) const START: (u64, u64) = (3, 2);
 /// A step may write at least this many records, whatever its flush wrote (1 MiB at D 32 with
 /// Adagrad): small flushes still drain the stale files.
 pub(crate) const STEP_MIN_RECORDS: u64 = 4096;
+/// A step may write this many records per record its flush wrote: two, so that it frees
+/// more than the flush adds even when the stalest file is only half stale.
+pub(crate) const STEP_FLUSH_MULTIPLE: u64 = 2;
 /// Footer entries (24 bytes each) a step may index per record (~256 bytes) it may write,
 /// while it builds the index of a store opened from disk.
 const INDEX_PER_RECORD: u64 = 16;
@@ -130,7 +135,6 @@ impl Compactor {
     pub(crate) fn forget(&mut self, table_id: u64) {
         self.tables.remove(&table_id);
     }
-
 }
 
 impl Durable {
@@ -142,16 +146,16 @@ impl Durable {
         table: &Table,
         flushed: u64,
         stats: &mut FlushStats,
-    ) -> Result<()> {
+    ) -> Result<Step> {
         let id = table.disk_id.load(Ordering::Relaxed);
-        let budget = flushed.max(STEP_MIN_RECORDS);
+        let budget = (STEP_FLUSH_MULTIPLE * flushed).max(STEP_MIN_RECORDS);
         let mut all = self.compactor.lock();
         let Some(entry) = guard.1.tables.get(&id) else {
             all.forget(id);
-            return Ok(());
+            return Ok(Step::Done);
         };
         if table.dropped() || table.is_tiered() {
-            return Ok(());
+            return Ok(Step::Done);
         }
         let files: BTreeMap<u64, u64> = entry.files.iter().map(|(&s, f)| (s, f.records)).collect();
         let l = all.tables.entry(id).or_default();
@@ -166,7 +170,7 @@ impl Durable {
                 continue;
             }
             if read > 0 && read + records > budget * INDEX_PER_RECORD {
-                return Ok(()); // the index is not complete: no compaction yet
+                return Ok(Step::Done); // the index is not complete: no compaction yet
             }
             if let Err(e) = l.index(&*self.vfs, &segment_path(self.dir(), seq), seq) {
                 *l = Liveness::default(); // a file counted in part
@@ -176,16 +180,22 @@ impl Durable {
         }
         if table.cleared.load(Ordering::Relaxed) {
             l.draining = None;
-            return Ok(()); // the next flush supersedes every file; the index starts over
+            return Ok(Step::Done); // the next flush supersedes every file; the index starts over
+        }
+        // Keys on disk without a row (tombstones, or removals the next flush writes): never
+        // reclaimed by moving files, so past a quarter of the rows the table is rewritten whole.
+        let rows = table.len() as u64;
+        let mut on_disk: u64 = files.values().sum();
+        let gone = (l.newest.len() as u64).saturating_sub(rows);
+        if on_disk >= crate::COMPACT_MIN_RECORDS && gone * 4 > rows {
+            l.draining = None;
+            return Ok(Step::Rewrite);
         }
         // Plan: live keys of the stalest files, up to the budget, while the table stays over
         // its mark (or a file is half drained).
-        let rows = table.len() as u64;
-        let mut on_disk: u64 = files.values().sum();
         let over = |on_disk: u64| {
             on_disk >= crate::COMPACT_MIN_RECORDS && on_disk * START.1 > rows * START.0
         };
-        let oldest = files.keys().next().copied();
         let mut plan: Vec<(u64, Vec<u64>, bool)> = Vec::new(); // (file, keys, last)
         let mut left = budget as usize;
         while left > 0 {
@@ -214,32 +224,27 @@ impl Durable {
             plan.push((from, batch, last));
         }
         if plan.is_empty() {
-            return Ok(());
+            return Ok(Step::Done);
         }
-        match self.move_rows(guard, table, id, &plan, oldest, stats) {
-            Ok(Moved { abandoned: true, .. }) => {
+        match self.move_rows(guard, table, id, &plan, stats) {
+            Ok(None) => {
                 l.draining = None;
-                Ok(())
+                Ok(Step::Done)
             }
-            Ok(Moved { seq, dropped, .. }) => {
+            Ok(Some(seq)) => {
                 if let Some(seq) = seq {
                     l.live.insert(seq, 0);
                 }
                 for (from, batch, last) in &plan {
-                    for &k in batch {
-                        if dropped.contains(&k) {
-                            l.newest.remove(&k);
-                            *l.live.get_mut(from).expect("an indexed file") -= 1;
-                        } else if let Some(seq) = seq {
-                            l.note(k, seq);
-                        }
+                    if let Some(seq) = seq {
+                        batch.iter().for_each(|&k| l.note(k, seq));
                     }
                     if *last {
                         debug_assert_eq!(l.live.get(from), Some(&0), "file {from} drained");
                         l.live.remove(from);
                     }
                 }
-                Ok(())
+                Ok(Step::Done)
             }
             Err(e) => {
                 // The index may no longer match the manifest: rebuild it.
@@ -252,20 +257,19 @@ impl Durable {
     /// Writes the current rows of the keys of `plan` (file, its live keys, whether they are
     /// its last) to a new segment and records it — with `DeleteFile` of each file whose last
     /// keys it holds — in one manifest record; unlinks those files once that record is durable.
-    /// Keys without a row get a tombstone, unless their file is `oldest` (`dropped`: left out).
+    /// Keys without a row get a tombstone. Returns the new segment's seq (`None` if it held
+    /// nothing), or `None` if a `clear` or `load` overlapped the copy and nothing was recorded.
     fn move_rows(
         &self,
         guard: &mut (Manifest, State),
         table: &Table,
         id: u64,
         plan: &[(u64, Vec<u64>, bool)],
-        oldest: Option<u64>,
         stats: &mut FlushStats,
-    ) -> Result<Moved> {
+    ) -> Result<Option<Option<u64>>> {
         let (manifest, state) = guard;
         let seq = state.next_seq.max(1);
         let epoch = table.clear_epoch.load(Ordering::Acquire);
-        let mut dropped = BTreeSet::new();
         let mut written = None;
         let mut edits = Vec::new();
         let path = segment_path(self.dir(), seq);
@@ -283,13 +287,17 @@ impl Durable {
                 e
             };
             let mut w = SegmentWriter::create(&*self.vfs, &path, header)?;
-            for (from, keys, _) in plan {
-                let tombstones = oldest != Some(*from);
-                table.copy_current(keys, &mut w, tombstones, &mut dropped).map_err(fail)?;
+            for (_, keys, _) in plan {
+                table.copy_current(keys, &mut w).map_err(fail)?;
             }
             if w.records() > 0 {
                 let info = w.finish().map_err(fail)?;
-                edits.push(Edit::AddFile { table: id, seq, records: info.records, bytes: info.bytes });
+                edits.push(Edit::AddFile {
+                    table: id,
+                    seq,
+                    records: info.records,
+                    bytes: info.bytes,
+                });
                 stats.records += info.records;
                 stats.bytes += info.bytes;
                 stats.segments += 1;
@@ -304,7 +312,7 @@ impl Durable {
             if written.is_some() {
                 let _ = self.vfs.remove(&path);
             }
-            return Ok(Moved { seq: None, dropped, abandoned: true });
+            return Ok(None);
         }
         let deleted: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.0).collect();
         for &from in &deleted {
@@ -312,7 +320,7 @@ impl Durable {
             stats.compacted_segments += 1;
         }
         if edits.is_empty() {
-            return Ok(Moved { seq: None, dropped, abandoned: false });
+            return Ok(Some(None));
         }
         let mut next = state.clone();
         edits.iter().try_for_each(|e| next.apply(e))?;
@@ -326,29 +334,23 @@ impl Durable {
         for from in deleted {
             let _ = self.vfs.remove(&segment_path(self.dir(), from));
         }
-        Ok(Moved { seq: written, dropped, abandoned: false })
+        Ok(Some(written))
     }
 }
 
-/// What a compaction step wrote: the new segment (if any records) and the keys it left out;
-/// `abandoned`: nothing was recorded (a `clear` or `load` overlapped it).
-struct Moved {
-    seq: Option<u64>,
-    dropped: BTreeSet<u64>,
-    abandoned: bool,
+/// What a compaction step asks of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing more this flush.
+    Done,
+    /// Rewrite the table whole: its tombstones pass a quarter of its rows.
+    Rewrite,
 }
 
 impl Table {
     /// Appends the current row of each of `keys` to `w` (copied under its shard's read lock;
-    /// dirty bits untouched). A key without a row gets a tombstone with `tombstones`, or is
-    /// added to `dropped`.
-    fn copy_current(
-        &self,
-        keys: &[u64],
-        w: &mut SegmentWriter,
-        tombstones: bool,
-        dropped: &mut BTreeSet<u64>,
-    ) -> Result<()> {
+    /// dirty bits untouched), or a tombstone for a key without a row.
+    fn copy_current(&self, keys: &[u64], w: &mut SegmentWriter) -> Result<()> {
         let (d, sd) = (self.dim(), self.state_dim());
         let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); self.shards.len()];
         for &k in keys {
@@ -378,11 +380,7 @@ impl Table {
                     w.push(*key, meta, &values[i * d..][..d], &state[i * sd..][..sd])?;
                 }
                 for &key in &absent {
-                    if tombstones {
-                        w.push_tombstone(key, Version::default())?;
-                    } else {
-                        dropped.insert(key);
-                    }
+                    w.push_tombstone(key, Version::default())?;
                 }
             }
         }

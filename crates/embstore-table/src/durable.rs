@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::compact::Step;
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
@@ -276,12 +277,13 @@ impl Durable {
             let stale = on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64;
             // A table in memory compacts a bounded step at a time (`compact`); a tiered one
             // (rows on disk only) is rewritten whole.
-            if too_many || (stale && table.is_tiered()) {
+            let rewrite = too_many
+                || (stale && table.is_tiered())
+                || self.compact_step(guard, table, flushed, &mut stats)? == Step::Rewrite;
+            if rewrite {
                 table.mark_all_dirty();
                 self.flush_table(guard, table, true, &mut stats)?;
                 stats.compactions += 1;
-            } else {
-                self.compact_step(guard, table, flushed, &mut stats)?;
             }
         }
         Ok(stats)
