@@ -15,8 +15,8 @@
 //! **A step** runs under the manifest lock right after the table's part of a flush, while the
 //! table's records on disk exceed [`START`] times its live rows (and
 //! [`crate::COMPACT_MIN_RECORDS`]), or while a file is being drained. It writes at most
-//! max([`STEP_MIN_RECORDS`], the records its flush wrote) records — so a flush costs at most
-//! about twice its dirty rows — into one new segment:
+//! max([`STEP_MIN_RECORDS`], [`STEP_FLUSH_MULTIPLE`] × the records its flush wrote) records —
+//! so a flush costs at most about three times its dirty rows — into one new segment:
 //!
 //! - it picks the stalest file (most stale records per record) and lists its live keys;
 //! - for each of them it copies the row's **current** state from memory (read under its
@@ -63,6 +63,9 @@ pub(crate) const STEP_MIN_RECORDS: u64 = 4096;
 /// A step may write this many records per record its flush wrote: two, so that it frees
 /// more than the flush adds even when the stalest file is only half stale.
 pub(crate) const STEP_FLUSH_MULTIPLE: u64 = 2;
+/// A file whose drain would take disk use past twice the rows is finished in one step when
+/// its remaining live keys are at most this many step budgets (see `compact_step`).
+const FINISH_MULTIPLE: u64 = 4;
 /// Footer entries (24 bytes each) a step may index per record (~256 bytes) it may write,
 /// while it builds the index of a store opened from disk.
 const INDEX_PER_RECORD: u64 = 16;
@@ -211,6 +214,15 @@ impl Durable {
                 l.draining = Some((seq, keys));
             }
             let (from, mut keys) = l.draining.take().expect("a file to drain");
+            // A file drained over several steps stays on disk until its last key moves: when
+            // the next steps would take disk use past twice the rows, finish it now (at most
+            // FINISH_MULTIPLE budgets, so that no flush turns into a rewrite of the table).
+            let finish = keys.len() > left
+                && on_disk + left as u64 > 2 * rows
+                && keys.len() as u64 <= FINISH_MULTIPLE * budget;
+            if finish {
+                left = keys.len();
+            }
             let mut batch = keys.split_off(keys.len().saturating_sub(left));
             batch.retain(|k| l.newest.get(k) == Some(&from));
             left -= batch.len().min(left);

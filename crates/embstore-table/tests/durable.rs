@@ -583,15 +583,17 @@ fn a_flush_after_many_overwrites_writes_what_changed_not_the_whole_table() {
         };
         let st = store.flush().unwrap();
         assert_eq!(st.compactions, 0, "round {round}: the whole table was rewritten");
-        // The flush's records and at most max(2× its records, 4,096) more from compaction.
+        // The flush's records and at most max(2× its records, 4,096) more from compaction (four
+        // times that in the step that finishes a file drained over several flushes).
         assert!(
-            st.records <= dirty + (2 * dirty).max(4096),
+            st.records <= dirty + 4 * (2 * dirty).max(4096),
             "round {round}: a flush of {dirty} changed rows wrote {} records",
             st.records
         );
         most = most.max(st.records);
         compacted += st.compacted_segments;
-        let live = t.len() as u64 * embstore_table_record_bytes(8, 0);
+        // A live row takes a record and a 24-byte footer entry.
+        let live = t.len() as u64 * (embstore_table_record_bytes(8, 0) + 24);
         let ratio = seg_bytes(&dir) as f64 / live as f64;
         worst = worst.max(ratio);
         if round >= 25 {
@@ -600,10 +602,10 @@ fn a_flush_after_many_overwrites_writes_what_changed_not_the_whole_table() {
     }
     println!("worst disk / live {worst:.2}, most records in a flush {most}, files compacted {compacted}, steady {steady:.2}");
     assert!(compacted > 5, "no stale file was compacted");
-    // Disk use in record bytes, footers and headers included: 2× once the first flush's file
-    // is drained, plus while it is (over a few flushes, its live rows copied before it goes).
-    assert!(steady <= 2.0, "disk stayed at {steady:.2}x the live rows");
-    assert!(worst <= 2.0 + 0.7, "disk reached {worst:.2}x the live rows");
+    // Compaction runs from 1.5× the live rows; the first flush's file, drained over several
+    // flushes, is finished before disk use passes 2× (plus 4 KiB headers and the last flush).
+    assert!(steady <= 1.75, "disk stayed at {steady:.2}x the live rows");
+    assert!(worst <= 2.05, "disk reached {worst:.2}x the live rows");
     // An incremental checkpoint over files compaction deleted restores to the same rows.
     store.checkpoint(&c2, Some(&c1)).unwrap();
     let want = snapshot(&store);
