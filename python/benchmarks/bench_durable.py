@@ -23,10 +23,11 @@ Three runs, each in this process, one after the other:
    records and bytes; write amplification = bytes the process wrote to the device
    (``/proc/self/io`` ``write_bytes``, which counts what reaches the block layer, so it includes
    the manifest and compaction) / (rows changed x 256 raw bytes); disk use over time / live
-   rows x record bytes; throughput with the flushes / the memory run's. Flush latency is given
-   as median, p90, p99 and max: with enough flushes (``--every 50`` and a few thousand
-   batches) records on disk pass twice the live rows many times over, so the percentiles show
-   what compaction costs the flushes (the goal: p99 within 3x the median).
+   rows x (record + footer entry) bytes; throughput with the flushes / the memory run's.
+   Flush latency is given as median, p90, p99 and max: with enough flushes (``--every 50``
+   and a few thousand batches) records on disk pass twice the live rows many times over, so
+   the percentiles show what compaction costs the flushes (the goal: p99 within 3x the
+   median).
 3. ``rocksdb`` (peer, ``rocksdict`` package, when installed): the same durability job done
    with RocksDB — after every interval, the rows changed in it are written as one
    ``WriteBatch`` of 256-byte values with a synced WAL (``sync=True``: durable when it
@@ -124,7 +125,8 @@ def run_durable(
         f"durable: first flush of {args.rows:,} rows: {first_s:.2f} s, "
         f"{first['bytes'] / first_s / 1e6:.0f} MB/s"
     )
-    record_bytes = -(-(44 + 4 * 2 * DIM) // 64) * 64
+    # A live row on disk: its record and its 24-byte footer entry.
+    record_bytes = -(-(44 + 4 * 2 * DIM) // 64) * 64 + 24
     flushes, train_s, total_w, changed_total = [], 0.0, 0, 0
     disk = []
     for i in range(0, len(batches), args.every):
@@ -241,7 +243,7 @@ def goals(res: dict) -> list[dict]:
     d = res["durable"]
     return [
         {
-            "goal": "disk use <= 2x the live rows' records (compaction)",
+            "goal": "disk use <= 2x the live rows' bytes (compaction)",
             "value": d["disk_over_live_max"],
             "met": d["disk_over_live_max"] <= 2.0,
         },

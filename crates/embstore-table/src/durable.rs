@@ -16,10 +16,13 @@
 //! lock). There is no write-ahead log: the work since the last flush can be lost.
 //!
 //! **Compaction.** Each flush appends only what changed, so the files hold stale copies of
-//! rows written more than once. When a table's records on disk pass twice its live rows (and
-//! [`COMPACT_MIN_RECORDS`]), the flush rewrites every row into a fresh segment and supersedes
-//! the older files, which are deleted: disk use stays within about 2× the live rows (plus the
-//! last flush), and each rewrite is paid for by as many records written since the last one.
+//! rows written more than once. For a table in memory, each flush ends with a bounded
+//! compaction step (`compact`): the live rows of the stalest files move to a new segment and
+//! the files are deleted, so disk use stays under about 2× the live rows while a flush costs
+//! what changed. [`Store::compact`](crate::Store::compact), a table with more than
+//! [`MAX_SEGMENTS`] files, and a tiered table whose records on disk pass twice its live rows
+//! (and [`COMPACT_MIN_RECORDS`]) are rewritten whole: every row into a fresh segment that
+//! supersedes the older files, which are deleted.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -35,7 +38,7 @@ use crate::file::{config_text, parse_config_text};
 use crate::version::{now_ms, Clock};
 use crate::{Error, ErrorKind, Result, Table};
 
-/// A table is rewritten only once it has at least this many records on disk.
+/// A table is compacted (or rewritten) only once it has at least this many records on disk.
 pub const COMPACT_MIN_RECORDS: u64 = 64 * 1024;
 /// A table is rewritten once it has more segments than this (each stays open in a tiered
 /// table; evictions write small ones), whatever its disk use.
