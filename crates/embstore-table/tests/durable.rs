@@ -615,6 +615,24 @@ fn a_flush_after_many_overwrites_writes_what_changed_not_the_whole_table() {
     let store = Store::open(&dir).unwrap();
     assert!(store.recovery().unwrap().orphan_segments.is_empty());
     assert_same(&snapshot(&store), &want, "reopened");
+    // Reopened, the store indexes its files again over the next flushes and goes on compacting.
+    let t = store.table("t").unwrap();
+    let mut compacted = 0;
+    for _ in 0..15 {
+        let hot = rng.ids(5_000, n);
+        t.apply_gradients(&hot, &vec![0.5; hot.len() * 8], None).unwrap();
+        let st = store.flush().unwrap();
+        assert!(st.compactions == 0 && st.records <= 5_000 + 4 * 10_000, "{st:?}");
+        compacted += st.compacted_segments;
+        let live = t.len() as u64 * (embstore_table_record_bytes(8, 0) + 24);
+        worst = worst.max(seg_bytes(&dir) as f64 / live as f64);
+    }
+    assert!(compacted > 0 && worst <= 2.05, "after reopen: {compacted} files, {worst:.2}x");
+    let want = snapshot(&store);
+    drop(t);
+    drop(store);
+    let store = Store::open(&dir).unwrap();
+    assert_same(&snapshot(&store), &want, "reopened after compacting again");
     // Store::compact still rewrites every table whole.
     let st = store.compact(|_, _| {}).unwrap();
     assert_eq!(st.compactions, 1);
