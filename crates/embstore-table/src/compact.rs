@@ -19,9 +19,9 @@
 //! so a flush costs at most about three times its dirty rows — into one new segment:
 //!
 //! - it picks the stalest files (most stale records per record), one after the other while
-//!   budget is left, and lists their live keys; a file drained over several steps is finished
-//!   in one (up to [`FINISH_MULTIPLE`] budgets) when the steps to come would take disk use past
-//!   2× the live rows;
+//!   budget is left, and lists their live keys (from the file's footer, a cost in its records);
+//!   a file drained over several steps is finished in one (up to [`FINISH_MULTIPLE`] budgets)
+//!   when the steps to come would take disk use past 2× the live rows;
 //! - for each of them it copies the row's **current** state from memory (read under its
 //!   shard's read lock; the dirty bit is left alone, so the next flush still writes a row that
 //!   changed since the last one, after its pending tombstone), or — the key has no row now — a
@@ -114,6 +114,21 @@ impl Liveness {
             self.note(key, seq);
             Ok(())
         })
+    }
+
+    /// The keys whose newest record is in the segment `seq` at `path`, from its footer (a
+    /// cost in the file's records, not the table's).
+    fn live_keys(&self, vfs: &dyn Vfs, path: &Path, seq: u64) -> Result<Vec<u64>> {
+        let mut keys = Vec::new();
+        SegmentReader::open(vfs, path)?.for_each_footer(|_, key, _, _| {
+            if self.newest.get(&key) == Some(&seq) {
+                keys.push(key);
+            }
+            Ok(())
+        })?;
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
     }
 
     /// The stalest file among `files` (seq, records), if any holds a stale record.
@@ -212,8 +227,13 @@ impl Durable {
                 let mut candidates = files.clone();
                 candidates.retain(|s, _| !plan.iter().any(|(f, _, _)| f == s));
                 let Some(seq) = l.stalest(&candidates) else { break };
-                let keys: Vec<u64> =
-                    l.newest.iter().filter(|&(_, &s)| s == seq).map(|(&k, _)| k).collect();
+                let keys = match l.live_keys(&*self.vfs, &segment_path(self.dir(), seq), seq) {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        *l = Liveness::default();
+                        return Err(e);
+                    }
+                };
                 l.draining = Some((seq, keys));
             }
             let (from, mut keys) = l.draining.take().expect("a file to drain");
