@@ -5,6 +5,8 @@ Run from the repository root::
     .venv/bin/python python/benchmarks/bench_durable.py            # 10M rows (~3 min)
     .venv/bin/python python/benchmarks/bench_durable.py --quick    # 1M rows (~30 s)
     .venv/bin/python python/benchmarks/bench_durable.py --json
+    # flush latency under compaction: 1.5M rows (~480 MB of records), 120 flushes
+    .venv/bin/python python/benchmarks/bench_durable.py --rows 1500000 --batches 6000 --every 50
 
 Workload (the issue's benchmark 1, scaled to fit in memory twice over on a 24 GiB machine):
 a table of ``--rows`` rows (default 10M), ``D`` = 32, Adagrad (``S`` = 32, so 256 raw bytes a
@@ -21,7 +23,11 @@ Three runs, each in this process, one after the other:
    records and bytes; write amplification = bytes the process wrote to the device
    (``/proc/self/io`` ``write_bytes``, which counts what reaches the block layer, so it includes
    the manifest and compaction) / (rows changed x 256 raw bytes); disk use over time / live
-   rows x record bytes; throughput with the flushes / the memory run's.
+   rows x (record + footer entry) bytes; throughput with the flushes / the memory run's.
+   Flush latency is given as median, p90, p99 and max: with enough flushes (``--every 50``
+   and a few thousand batches) records on disk pass twice the live rows many times over, so
+   the percentiles show what compaction costs the flushes (the goal: p99 within 3x the
+   median).
 3. ``rocksdb`` (peer, ``rocksdict`` package, when installed): the same durability job done
    with RocksDB — after every interval, the rows changed in it are written as one
    ``WriteBatch`` of 256-byte values with a synced WAL (``sync=True``: durable when it
@@ -119,7 +125,8 @@ def run_durable(
         f"durable: first flush of {args.rows:,} rows: {first_s:.2f} s, "
         f"{first['bytes'] / first_s / 1e6:.0f} MB/s"
     )
-    record_bytes = -(-(44 + 4 * 2 * DIM) // 64) * 64
+    # A live row on disk: its record and its 24-byte footer entry.
+    record_bytes = -(-(44 + 4 * 2 * DIM) // 64) * 64 + 24
     flushes, train_s, total_w, changed_total = [], 0.0, 0, 0
     disk = []
     for i in range(0, len(batches), args.every):
@@ -134,8 +141,10 @@ def run_durable(
         train_s += lat
         total_w += w
         changed_total += changed
-        flushes.append({"latency_s": lat, "changed": changed, "device_bytes": w, **st})
         disk.append(dir_bytes(path / "seg") / (args.rows * record_bytes))
+        flushes.append(
+            {"latency_s": lat, "changed": changed, "device_bytes": w, "disk": disk[-1], **st}
+        )
     lat = np.array([f["latency_s"] for f in flushes])
     log(f"durable: {len(flushes)} flushes, median {np.median(lat) * 1e3:.1f} ms")
     del t, store
@@ -151,7 +160,9 @@ def run_durable(
         "flushes": flushes,
         "flush_ms_median": float(np.median(lat) * 1e3),
         "flush_ms_p90": float(np.percentile(lat, 90) * 1e3),
+        "flush_ms_p99": float(np.percentile(lat, 99) * 1e3),
         "flush_ms_max": float(lat.max() * 1e3),
+        "flush_records_max": max(f["records"] for f in flushes),
         "changed_rows_per_flush": changed_total / len(flushes),
         "write_amplification": total_w / (changed_total * 4 * 2 * DIM),
         "disk_over_live_max": max(disk),
@@ -232,9 +243,14 @@ def goals(res: dict) -> list[dict]:
     d = res["durable"]
     return [
         {
-            "goal": "disk use <= 2x the live rows' records (compaction)",
+            "goal": "disk use <= 2x the live rows' bytes (compaction)",
             "value": d["disk_over_live_max"],
             "met": d["disk_over_live_max"] <= 2.0,
+        },
+        {
+            "goal": "flush latency p99 <= 3x the median (compaction off the flush's path)",
+            "value": d["flush_ms_p99"] / d["flush_ms_median"],
+            "met": d["flush_ms_p99"] <= 3 * d["flush_ms_median"],
         },
     ]
 
@@ -253,9 +269,9 @@ def report(res: dict) -> None:
         f"| initial write of every row (s) | {d['first_flush_s']:.2f} | {rk('load_s', '{:.1f}')} |"
     )
     print(
-        f"| flush latency median / p90 / max (ms) | {d['flush_ms_median']:.1f} / "
-        f"{d['flush_ms_p90']:.1f} / {d['flush_ms_max']:.1f} | "
-        f"{rk('flush_ms_median')} / {rk('flush_ms_p90')} / {rk('flush_ms_max')} |"
+        f"| flush latency median / p90 / p99 / max (ms) | {d['flush_ms_median']:.1f} / "
+        f"{d['flush_ms_p90']:.1f} / {d['flush_ms_p99']:.1f} / {d['flush_ms_max']:.1f} | "
+        f"{rk('flush_ms_median')} / {rk('flush_ms_p90')} / - / {rk('flush_ms_max')} |"
     )
     print(
         f"| write amplification (device bytes / changed raw bytes) | "
@@ -271,8 +287,9 @@ def report(res: dict) -> None:
             f"{r['batch_build_ms_median']:.0f} ms (median; not in its latency)"
         )
     print(
-        f"\nrows changed per interval: {d['changed_rows_per_flush']:,.0f}; compactions: "
-        f"{d['compactions']}; first flush {d['first_flush_mb_s']:.0f} MB/s"
+        f"\nrows changed per interval: {d['changed_rows_per_flush']:,.0f}; most records one "
+        f"flush wrote: {d['flush_records_max']:,}; whole rewrites: {d['compactions']}; first "
+        f"flush {d['first_flush_mb_s']:.0f} MB/s"
     )
     print(
         f"training throughput: memory {m['batches_per_s']:.1f} batches/s, durable with "

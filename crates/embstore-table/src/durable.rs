@@ -16,10 +16,13 @@
 //! lock). There is no write-ahead log: the work since the last flush can be lost.
 //!
 //! **Compaction.** Each flush appends only what changed, so the files hold stale copies of
-//! rows written more than once. When a table's records on disk pass twice its live rows (and
-//! [`COMPACT_MIN_RECORDS`]), the flush rewrites every row into a fresh segment and supersedes
-//! the older files, which are deleted: disk use stays within about 2× the live rows (plus the
-//! last flush), and each rewrite is paid for by as many records written since the last one.
+//! rows written more than once. For a table in memory, each flush ends with a bounded
+//! compaction step (`compact`): the live rows of the stalest files move to a new segment and
+//! the files are deleted, so disk use stays under about 2× the live rows while a flush costs
+//! what changed. [`Store::compact`](crate::Store::compact), a table with more than
+//! [`MAX_SEGMENTS`] files, and a tiered table whose records on disk pass twice its live rows
+//! (and [`COMPACT_MIN_RECORDS`]) are rewritten whole: every row into a fresh segment that
+//! supersedes the older files, which are deleted.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -27,6 +30,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::compact::Step;
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
@@ -34,7 +38,7 @@ use crate::file::{config_text, parse_config_text};
 use crate::version::{now_ms, Clock};
 use crate::{Error, ErrorKind, Result, Table};
 
-/// A table is rewritten only once it has at least this many records on disk.
+/// A table is compacted (or rewritten) only once it has at least this many records on disk.
 pub const COMPACT_MIN_RECORDS: u64 = 64 * 1024;
 /// A table is rewritten once it has more segments than this (each stays open in a tiered
 /// table; evictions write small ones), whatever its disk use.
@@ -81,6 +85,9 @@ pub(crate) struct Durable {
     /// table creation and removal) run one at a time.
     pub(crate) inner: Mutex<(Manifest, State)>,
     pub(crate) report: RecoveryReport,
+    /// The tables' liveness indexes for incremental compaction (`compact`); taken under
+    /// `inner`.
+    pub(crate) compactor: Mutex<crate::compact::Compactor>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -192,6 +199,7 @@ impl Durable {
             lock: Mutex::new(Some(lock)),
             inner: Mutex::new((manifest, state)),
             report,
+            compactor: Mutex::default(),
         };
         Ok((durable, tables))
     }
@@ -240,6 +248,7 @@ impl Durable {
         next.apply(&edits[0])?;
         manifest.append(&*self.vfs, &edits, &next)?;
         *state = next;
+        self.compactor.lock().forget(id);
         self.delete_segments(&files);
         Ok(())
     }
@@ -267,13 +276,21 @@ impl Durable {
             if table.dropped() {
                 continue;
             }
+            let before = stats.records;
             self.flush_table(guard, table, false, &mut stats)?;
+            let flushed = stats.records - before;
             let (_, state) = &*guard;
             let Some(id) = state.table_id(table.name()) else { continue };
             let files = &state.tables[&id].files;
             let on_disk: u64 = files.values().map(|f| f.records).sum();
             let too_many = files.len() > MAX_SEGMENTS;
-            if too_many || (on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64) {
+            let stale = on_disk >= COMPACT_MIN_RECORDS && on_disk > 2 * table.len() as u64;
+            // A table in memory compacts a bounded step at a time (`compact`); a tiered one
+            // (rows on disk only) is rewritten whole.
+            let rewrite = too_many
+                || (stale && table.is_tiered())
+                || self.compact_step(guard, table, flushed, &mut stats)? == Step::Rewrite;
+            if rewrite {
                 table.mark_all_dirty();
                 self.flush_table(guard, table, true, &mut stats)?;
                 stats.compactions += 1;
@@ -483,8 +500,10 @@ pub struct FlushStats {
     pub segments: u64,
     pub records: u64,
     pub bytes: u64,
-    /// Tables rewritten whole (see the module docs on compaction).
+    /// Tables rewritten whole (`Store::compact`; a tiered table past twice its live rows).
     pub compactions: u64,
+    /// Segment files whose live rows a compaction step moved out, deleted.
+    pub compacted_segments: u64,
 }
 
 /// A random non-zero id (store and checkpoint identities).

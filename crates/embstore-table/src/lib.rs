@@ -48,6 +48,7 @@ mod apply;
 mod arena;
 mod batch;
 mod checkpoint;
+mod compact;
 mod config;
 pub mod disk;
 mod durable;

@@ -187,7 +187,8 @@ fn compaction_keeps_disk_use_within_twice_the_live_rows() {
         } else {
             t.apply_gradients(&hot, &vec![0.5; hot.len() * 8], None).unwrap();
         }
-        compactions += store.flush().unwrap().compactions;
+        let st = store.flush().unwrap();
+        compactions += st.compactions + st.compacted_segments;
         let disk: u64 = std::fs::read_dir(dir.path().join("seg"))
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
@@ -542,5 +543,234 @@ fn a_crash_with_a_memory_budget_keeps_every_row_at_a_flushed_or_later_value() {
                 }
             }
         }
+    }
+}
+
+/// Bytes of the segment files in `dir`.
+fn seg_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir.join("seg")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+}
+
+#[test]
+fn a_flush_after_many_overwrites_writes_what_changed_not_the_whole_table() {
+    // 100k rows, then 40 flushes of 5,000 overwrites each (uniform: the worst case for picking
+    // stale files). Records on disk pass 2× the live rows by the 20th flush: a flush that then
+    // rewrote the whole table would write 100k records.
+    let root = tempfile::tempdir().unwrap();
+    let (dir, c1, c2) = (root.path().join("s"), root.path().join("c1"), root.path().join("c2"));
+    let store = Store::open(&dir).unwrap();
+    let t = store
+        .create_table(TableConfig::new("t", 8).with_optimizer(Optimizer::Sgd { lr: 0.1 }))
+        .unwrap();
+    let n = 100_000u64;
+    let ids: Vec<u64> = (0..n).collect();
+    t.assign(&ids, &vec![1.0; ids.len() * 8]).unwrap();
+    store.flush().unwrap();
+    store.checkpoint(&c1, None).unwrap();
+    let mut rng = Rng(0x5eed_0007);
+    println!("seed 0x5eed0007");
+    let (mut worst, mut steady, mut most, mut compacted) = (0f64, 0f64, 0u64, 0u64);
+    for round in 0..40 {
+        let hot = rng.ids(5_000, n);
+        t.apply_gradients(&hot, &vec![0.5; hot.len() * 8], None).unwrap();
+        t.remove(&rng.ids(20, n)).unwrap();
+        t.assign(&rng.ids(20, n + 1_000), &[0.25; 20 * 8]).unwrap();
+        let dirty = {
+            let mut u = hot.clone();
+            u.sort_unstable();
+            u.dedup();
+            u.len() as u64 + 40
+        };
+        let st = store.flush().unwrap();
+        assert_eq!(st.compactions, 0, "round {round}: the whole table was rewritten");
+        // The flush's records and at most max(2× its records, 4,096) more from compaction (four
+        // times that in the step that finishes a file drained over several flushes).
+        assert!(
+            st.records <= dirty + 4 * (2 * dirty).max(4096),
+            "round {round}: a flush of {dirty} changed rows wrote {} records",
+            st.records
+        );
+        most = most.max(st.records);
+        compacted += st.compacted_segments;
+        // A live row takes a record and a 24-byte footer entry.
+        let live = t.len() as u64 * (embstore_table_record_bytes(8, 0) + 24);
+        let ratio = seg_bytes(&dir) as f64 / live as f64;
+        worst = worst.max(ratio);
+        if round >= 25 {
+            steady = steady.max(ratio);
+        }
+    }
+    println!("worst disk / live {worst:.2}, most records in a flush {most}, files compacted {compacted}, steady {steady:.2}");
+    assert!(compacted > 5, "no stale file was compacted");
+    // Compaction runs from 1.5× the live rows; the first flush's file, drained over several
+    // flushes, is finished before disk use passes 2× (plus 4 KiB headers and the last flush).
+    assert!(steady <= 1.75, "disk stayed at {steady:.2}x the live rows");
+    assert!(worst <= 2.05, "disk reached {worst:.2}x the live rows");
+    // An incremental checkpoint over files compaction deleted restores to the same rows.
+    store.checkpoint(&c2, Some(&c1)).unwrap();
+    let want = snapshot(&store);
+    let restored = Store::restore(&c2, root.path().join("r"), None, |_, _| {}).unwrap();
+    assert_same(&snapshot(&restored), &want, "restored incremental checkpoint");
+    drop((t, store));
+    let store = Store::open(&dir).unwrap();
+    assert!(store.recovery().unwrap().orphan_segments.is_empty());
+    assert_same(&snapshot(&store), &want, "reopened");
+    // Reopened, the store indexes its files again over the next flushes and goes on compacting.
+    let t = store.table("t").unwrap();
+    let mut compacted = 0;
+    for _ in 0..15 {
+        let hot = rng.ids(5_000, n);
+        t.apply_gradients(&hot, &vec![0.5; hot.len() * 8], None).unwrap();
+        let st = store.flush().unwrap();
+        assert!(st.compactions == 0 && st.records <= 5_000 + 4 * 10_000, "{st:?}");
+        compacted += st.compacted_segments;
+        let live = t.len() as u64 * (embstore_table_record_bytes(8, 0) + 24);
+        worst = worst.max(seg_bytes(&dir) as f64 / live as f64);
+    }
+    assert!(compacted > 0 && worst <= 2.05, "after reopen: {compacted} files, {worst:.2}x");
+    let want = snapshot(&store);
+    drop(t);
+    drop(store);
+    let store = Store::open(&dir).unwrap();
+    assert_same(&snapshot(&store), &want, "reopened after compacting again");
+    // Store::compact still rewrites every table whole.
+    let st = store.compact(|_, _| {}).unwrap();
+    assert_eq!(st.compactions, 1);
+    // One record and one 24-byte footer entry a row.
+    let whole = n * (embstore_table_record_bytes(8, 0) + 24);
+    assert!(seg_bytes(&dir) <= whole + whole / 50, "{} bytes after compact", seg_bytes(&dir));
+}
+
+#[test]
+fn a_crash_during_incremental_compaction_reopens_to_what_was_flushed() {
+    // 30k rows, then flushes of ~8k overwrites with removals and new rows: from the third
+    // flush on each flush runs a compaction step (records on disk pass 1.5× the live rows and
+    // 64Ki). A crash at every file operation from the first step on reopens to what was flushed.
+    // Returns the snapshots at each completed flush, the state at a failed one, and the file
+    // operations before the first flush that compacted.
+    let script = |fs: &FaultFs, dir: &Path| -> (Vec<Snapshot>, Option<Snapshot>, u64) {
+        let mut rng = Rng(0x5eed_0008);
+        let mut done = vec![Snapshot::new()];
+        let mut first = 0;
+        let Ok(store) = Store::open_with(dir, 0, Arc::new(fs.clone())) else {
+            return (done, None, 0);
+        };
+        let config = TableConfig::new("t", 4).with_optimizer(adam()).with_shards(2);
+        let Ok(t) = store.create_table(config) else {
+            return (done, Some(Snapshot::new()), 0);
+        };
+        for round in 0..12 {
+            let mut step = || -> embstore_table::Result<()> {
+                if round == 0 {
+                    let ids: Vec<u64> = (0..30_000).collect();
+                    return t.assign(&ids, &vec![1.0; ids.len() * 4]);
+                }
+                let ids = rng.ids(8_000, 30_000);
+                t.apply_gradients(&ids, &vec![0.5; ids.len() * 4], None)?;
+                t.remove(&rng.ids(300, 30_000))?;
+                t.assign(&rng.ids(300, 31_000), &[0.25; 300 * 4])
+            };
+            if step().is_err() {
+                return (done, Some(snapshot(&store)), first);
+            }
+            let at = snapshot(&store);
+            let before = fs.ops();
+            match store.flush() {
+                Ok(st) if st.compacted_segments > 0 && first == 0 => first = before,
+                Ok(_) => {}
+                Err(_) => return (done, Some(at), first),
+            }
+            done.push(at);
+        }
+        (done, None, first)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let counter = FaultFs::new(u64::MAX);
+    let (all, _, first) = script(&counter, dir.path());
+    let total = counter.ops();
+    println!(
+        "seed 0x5eed0008: {total} file operations, {} flushes, from op {first}",
+        all.len() - 1
+    );
+    assert!(first > 0 && all.len() == 13, "the workload must compact");
+    // Earlier operations are those of plain flushes (the test above covers them).
+    for fail_at in first..=total {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new(fail_at);
+        let (done, failed, _) = script(&fs, dir.path());
+        fs.crash().unwrap();
+        let store = Store::open_with(dir.path(), 0, Arc::new(RealFs))
+            .unwrap_or_else(|e| panic!("fault at op {fail_at}: reopen failed: {e}"));
+        let got = snapshot(&store);
+        let last = done.last().unwrap();
+        // Before the first flush: the table may exist (created, durable at once) or not, empty.
+        let empty = done.len() == 1 && got.values().all(|(rows, _)| rows.is_empty());
+        let ok = &got == last || failed.as_ref() == Some(&got) || empty;
+        if !ok {
+            assert_same(&got, last, &format!("fault at op {fail_at}"));
+        }
+    }
+}
+
+#[test]
+fn writes_during_compaction_steps_never_take_a_row_back_past_the_last_flush() {
+    // One writer assigns every row a value that only grows (its round number) while the main
+    // thread flushes; compaction steps copy rows as they are at that moment. After the last
+    // flush the store is dropped unflushed and reopened: every row must hold a value at or
+    // after the one it had when the last flush began, and never one it did not have.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let config = TableConfig::new("t", 4).with_optimizer(Optimizer::Sgd { lr: 0.1 });
+    let t = store.create_table(config.with_shards(4)).unwrap();
+    let n = 40_000u64;
+    let ids: Vec<u64> = (0..n).collect();
+    t.assign(&ids, &vec![0.0; ids.len() * 4]).unwrap();
+    store.flush().unwrap();
+    let values = |t: &embstore_table::Table| -> Vec<f32> {
+        let mut out = vec![0.0; ids.len() * 4];
+        t.lookup(&ids, OnMiss::Error, &mut out, None).unwrap();
+        out.chunks(4).map(|r| r[0]).collect()
+    };
+    let stop = AtomicBool::new(false);
+    let (lower, last, compacted) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut rng = Rng(0x5eed_0009);
+            for round in 1..200_000u32 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let some = rng.ids(4_000, n);
+                t.assign(&some, &vec![round as f32; some.len() * 4]).unwrap();
+            }
+        });
+        let (mut lower, mut compacted) = (Vec::new(), 0);
+        let started = std::time::Instant::now();
+        for _ in 0..12 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            lower = values(&t); // what the flush below must keep, at least
+            compacted += store.flush().unwrap().compacted_segments;
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        (lower, values(&t), compacted)
+    });
+    println!("seed 0x5eed0009: {compacted} files compacted");
+    assert!(compacted > 0, "no compaction step ran");
+    drop(t);
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    let got = values(&store.table("t").unwrap());
+    for i in 0..ids.len() {
+        assert!(
+            lower[i] <= got[i] && got[i] <= last[i],
+            "row {i}: {} after reopen, {} when the last flush began, {} at the end",
+            got[i],
+            lower[i],
+            last[i]
+        );
     }
 }
