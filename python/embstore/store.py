@@ -681,7 +681,9 @@ class Store:
 
     def flush(self) -> dict[str, int]:
         """Make every write acknowledged before this call durable; return what was written
-        (``segments``, ``records``, ``bytes``, ``compactions``). A no-op in memory. On a full
+        (``segments``, ``records``, ``bytes``, ``compactions`` — tables rewritten whole — and
+        ``compacted_segments`` — stale files whose live rows the flush's compaction step moved
+        out and deleted). A no-op in memory. On a full
         disk it raises :class:`NoSpaceError` and loses nothing: the rows stay in memory and
         the next flush writes them."""
         return self._inner.flush()
@@ -689,9 +691,10 @@ class Store:
     def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
         """Rewrite every table's rows (from memory and from disk) into one fresh segment each
         and delete the older segments, so disk use drops to the live rows; return what was
-        written. ``progress=True`` prints tables done to stderr. Flushes run this by themselves
-        for a table whose disk use passes twice its live rows; call it by hand before
-        archiving a directory, say. A no-op in memory."""
+        written. ``progress=True`` prints tables done to stderr. Flushes compact by themselves,
+        a bounded step after each (the stalest files' live rows moved out, the files deleted),
+        so disk use stays within about twice the live rows and no flush rewrites a whole
+        table; call this by hand before archiving a directory, say. A no-op in memory."""
         return self._inner.compact(_progress(progress, "compact", "tables"))
 
     def checkpoint(

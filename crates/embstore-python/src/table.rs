@@ -314,6 +314,7 @@ fn flush_dict(py: Python<'_>, s: embstore_table::FlushStats) -> PyResult<Bound<'
     d.set_item("records", s.records)?;
     d.set_item("bytes", s.bytes)?;
     d.set_item("compactions", s.compactions)?;
+    d.set_item("compacted_segments", s.compacted_segments)?;
     Ok(d)
 }
 

@@ -176,8 +176,9 @@ impl Store {
     }
 
     /// Rewrites every table's rows into one fresh segment each and deletes the older segments
-    /// (a flush happens as part of it); `progress(done, total)` after each table. Compaction
-    /// also runs by itself during flushes once a table's disk use passes twice its live rows.
+    /// (a flush happens as part of it); `progress(done, total)` after each table. Flushes
+    /// compact by themselves, a bounded step after each (see `compact`), keeping disk use
+    /// within about twice the live rows; this is for a directory about to be archived.
     pub fn compact(&self, progress: impl FnMut(usize, usize)) -> Result<FlushStats> {
         self.check_open()?;
         match &self.durable {

@@ -209,7 +209,13 @@ def test_compact_by_hand_shows_progress_and_keeps_the_rows(tmp_path, capsys):
     assert out["compactions"] == 1 and out["records"] == 5000
     assert "compact: 1/1 tables" in capsys.readouterr().err
     assert_same(rows_of(store), want)
-    assert embstore.Store().compact() == {"segments": 0, "records": 0, "bytes": 0, "compactions": 0}
+    assert embstore.Store().compact() == {
+        "segments": 0,
+        "records": 0,
+        "bytes": 0,
+        "compactions": 0,
+        "compacted_segments": 0,
+    }
 
 
 def test_a_store_closes_with_a_flush_and_unlocks_its_directory(tmp_path):

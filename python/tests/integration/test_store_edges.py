@@ -170,3 +170,21 @@ def test_arguments_with_typos_get_the_error_that_fits(tmp_path):
     for bad in (-1, -(2**70), 2**70):
         with pytest.raises(InvalidArgumentError, match="num_shards"):
             embstore.Store.restore(ckpt, tmp_path / f"r{bad}", num_shards=bad)
+
+
+def test_flushes_compact_a_step_at_a_time_and_say_so(tmp_path):
+    store = embstore.Store(tmp_path / "s")
+    t = store.create_table("user", 4)
+    ids = np.arange(40_000)
+    flushes = []
+    for step in range(8):
+        some = ids[(ids * 7 + step) % 3 == 0] if step else ids
+        t.assign(some, np.full((len(some), 4), float(step), np.float32))
+        flushes.append(store.flush())
+    assert sum(f["compacted_segments"] for f in flushes) > 0, flushes
+    # No flush rewrote the whole table: each wrote what changed plus a bounded step.
+    assert all(f["compactions"] == 0 for f in flushes), flushes
+    assert max(f["records"] for f in flushes[1:]) < 3 * 40_000, flushes
+    disk = sum(p.stat().st_size for p in (tmp_path / "s" / "seg").iterdir())
+    assert disk < 2.2 * 40_000 * (64 + 24) + 8 * 8192, disk  # records and their footer entries
+    store.close()
