@@ -21,26 +21,49 @@ struct Running {
 }
 
 impl Running {
+    /// Stops the server; fails the test if serving ended in an error.
     async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        let _ = self.task.await;
+        self.task.await.expect("serve returned an error");
     }
 }
 
 async fn start(server: Arc<Server>) -> Running {
+    start_with(server, Default::default()).await
+}
+
+async fn start_with(server: Arc<Server>, options: embstore_server::ServeOptions) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        embstore_server::serve(server, listener, Default::default(), async {
+        embstore_server::serve(server, listener, options, async {
             let _ = rx.await;
         })
         .await
         .unwrap();
     });
     Running { addr, stop: Some(tx), task }
+}
+
+/// A server of `user` ids 0..10 over TLS with the test PKI's server pair (`mutual`: clients
+/// need a certificate of its CA) and `tokens`; its address by the name in its certificate.
+async fn start_tls(p: &Pki, mutual: bool, tokens: embstore_server::Tokens) -> (Running, String) {
+    let server = Server::new("tls", 64);
+    let ids: Vec<u64> = (0..10u64).collect();
+    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+    let tls = embstore_server::Tls {
+        cert_pem: p.server.0.clone().into_bytes(),
+        key_pem: p.server.1.clone().into_bytes(),
+        client_ca_pem: mutual.then(|| p.ca.clone().into_bytes()),
+    };
+    tls.check().unwrap();
+    let options = embstore_server::ServeOptions { tls: Some(tls), tokens, admin: false };
+    let running = start_with(server, options).await;
+    let port = running.addr.rsplit(':').next().unwrap().to_owned();
+    (running, format!("localhost:{port}"))
 }
 
 /// The rows of shard `shard` of `num_shards` among `ids`, each `[version, id, id % 7, 1]`.
@@ -338,21 +361,8 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
     let p = pki();
     let ids: Vec<u64> = (0..10u64).collect();
     for mutual in [false, true] {
-        let server = Server::new("tls", 64);
-        server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let tls = embstore_server::Tls {
-            cert_pem: p.server.0.clone().into_bytes(),
-            key_pem: p.server.1.clone().into_bytes(),
-            client_ca_pem: mutual.then(|| p.ca.clone().into_bytes()),
-        };
-        let (tx, rx) = oneshot::channel::<()>();
-        let serve_options = embstore_server::ServeOptions { tls: Some(tls), ..Default::default() };
-        let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
-            let _ = rx.await;
-        }));
-        let addrs = vec![format!("localhost:{port}")];
+        let (running, addr) = start_tls(&p, mutual, Default::default()).await;
+        let addrs = vec![addr];
         let quick = |tls: Option<ClientTls>| ClientOptions {
             deadline: Duration::from_secs(3),
             max_restarts: 0,
@@ -378,8 +388,7 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
         if mutual {
             assert!(Client::connect(&addrs, quick(Some(trusting(false)))).await.is_err());
         }
-        let _ = tx.send(());
-        task.await.unwrap().unwrap();
+        running.stop().await;
     }
 }
 
@@ -430,23 +439,9 @@ async fn tls_mistakes_name_their_cause() {
     use embstore_client::ClientTls;
     let p = pki();
     let ids: Vec<u64> = (0..10u64).collect();
-    let server = Server::new("tls", 64);
-    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let tls = embstore_server::Tls {
-        cert_pem: p.server.0.clone().into_bytes(),
-        key_pem: p.server.1.clone().into_bytes(),
-        client_ca_pem: None,
-    };
-    tls.check().unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
     let tokens = embstore_server::Tokens { read: Some("r3ad".into()), admin: None };
-    let serve_options = embstore_server::ServeOptions { tls: Some(tls), tokens, admin: false };
-    let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
-        let _ = rx.await;
-    }));
-    let addrs = vec![format!("localhost:{port}")];
+    let (running, addr) = start_tls(&p, false, tokens).await;
+    let addrs = vec![addr];
     let quick = |tls: Option<ClientTls>| ClientOptions {
         deadline: Duration::from_secs(3),
         max_restarts: 0,
@@ -471,8 +466,7 @@ async fn tls_mistakes_name_their_cause() {
     // The token read with its newline (as from a file) is the token.
     let c = Client::connect(&addrs, quick(Some(right.clone()))).await.unwrap();
     assert_eq!(c.lookup("user", &ids).await.unwrap().found, vec![true; 10]);
-    let _ = tx.send(());
-    task.await.unwrap().unwrap();
+    running.stop().await;
     // A TLS client at a plaintext port.
     let plain = start(Server::new("plain", 64)).await;
     let e = Client::connect(std::slice::from_ref(&plain.addr), quick(Some(right))).await;
