@@ -209,7 +209,10 @@ impl Durable {
     }
 
     /// Lets go of the directory's lock (the store was closed): another store may open it.
+    /// Under the manifest lock, so a segment write in flight (an eviction) finishes first and
+    /// none starts after (`write_segment` checks the lock is still held).
     pub(crate) fn unlock(&self) {
+        let _manifest = self.inner.lock();
         self.lock.lock().take();
     }
 
@@ -500,7 +503,9 @@ pub struct FlushStats {
     pub segments: u64,
     pub records: u64,
     pub bytes: u64,
-    /// Tables rewritten whole (`Store::compact`; a tiered table past twice its live rows).
+    /// Tables rewritten whole: by `Store::compact`, or by a flush for a table past
+    /// [`MAX_SEGMENTS`] files, a tiered table past twice its live rows, or a table whose keys
+    /// without a row (tombstones) pass a quarter of its rows.
     pub compactions: u64,
     /// Segment files whose live rows a compaction step moved out, deleted.
     pub compacted_segments: u64,
