@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use clap::Args;
 use embstore_cache::{
-    split_key, Backing, CacheConfig, CodecKind, InferenceCache, PolicyConfig, Synthetic, TierConfig,
+    split_key, Backing, CacheConfig, CodecKind, InferenceCache, LevelConfig, PolicyConfig,
+    Synthetic,
 };
 use embstore_table::{OnMiss, Store, Table, TableConfig};
 
@@ -154,21 +155,21 @@ pub(crate) fn run(args: CacheArgs) -> Result<(), String> {
     lines.push(format!("table, batch {:4}             {:>36.0} req/s", args.batch, tb));
     report.insert("table_batch".into(), serde_json::json!({"rps": tb}));
 
-    let configs: [(&str, f64, Vec<TierConfig>); 3] = [
-        ("cache f32 5%", 0.05, vec![TierConfig { codec: CodecKind::F32, share: 1.0 }]),
+    let configs: [(&str, f64, Vec<LevelConfig>); 3] = [
+        ("cache f32 5%", 0.05, vec![LevelConfig { codec: CodecKind::F32, share: 1.0 }]),
         (
             "cache f32/int8 5%",
             0.05,
             vec![
-                TierConfig { codec: CodecKind::F32, share: 0.5 },
-                TierConfig { codec: CodecKind::Int8, share: 0.5 },
+                LevelConfig { codec: CodecKind::F32, share: 0.5 },
+                LevelConfig { codec: CodecKind::Int8, share: 0.5 },
             ],
         ),
-        ("cache f32 all-fits", 1.6, vec![TierConfig { codec: CodecKind::F32, share: 1.0 }]),
+        ("cache f32 all-fits", 1.6, vec![LevelConfig { codec: CodecKind::F32, share: 1.0 }]),
     ];
     for (name, frac, tiers) in configs {
         let mut cfg = CacheConfig::new(t, d, (full_bytes as f64 * frac) as usize);
-        cfg.tiers = tiers;
+        cfg.levels = tiers;
         cfg.policy = policy.clone();
         let (mut a, mut b, mut c, mut bat, mut perfect) = (vec![], vec![], vec![], vec![], 0.0);
         for _ in 0..args.reps {

@@ -1,4 +1,4 @@
-//! Row codecs for the L2 tier (EVMix, design note `evstore.md` §3.2): an f32 row of
+//! Row codecs for the L2 level (EVMix, design note `evstore.md` §3.2): an f32 row of
 //! dimension `D` is stored in lower precision so that more rows fit in the same bytes.
 //!
 //! ```text

@@ -52,7 +52,7 @@ pub mod surrogate;
 pub mod trace;
 
 pub use cache::{
-    Backing, CacheConfig, CachePolicy, CacheStats, InferenceCache, L3Fill, Source, TierConfig,
+    Backing, CacheConfig, CachePolicy, CacheStats, InferenceCache, L3Fill, LevelConfig, Source,
 };
 pub use codec::{relative_rmse, Codec, CodecKind, Int4Row, Int8Row, F16, F32};
 #[cfg(feature = "compat")]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use embstore_cache::{
-    cache::{Backing, CacheConfig, CachePolicy, InferenceCache, L3Fill, Source, TierConfig},
+    cache::{Backing, CacheConfig, CachePolicy, InferenceCache, L3Fill, LevelConfig, Source},
     codec::CodecKind,
     surrogate::{self, Metric, SurrogateConfig, SurrogateFile, SurrogateTable, Surrogates},
     ErrorKind, EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
@@ -282,9 +282,9 @@ impl PyInferenceCache {
         let on_miss = OnMiss::parse(on_miss).map_err(crate::table::to_py_err)?;
         let mut cfg = CacheConfig::new(tables.len(), dim, memory_budget_bytes);
         cfg.policy = policy_config(policy, policy_params, tables.len())?;
-        cfg.tiers = tiers
+        cfg.levels = tiers
             .iter()
-            .map(|(c, share)| Ok(TierConfig { codec: codec(c)?, share: *share }))
+            .map(|(c, share)| Ok(LevelConfig { codec: codec(c)?, share: *share }))
             .collect::<PyResult<_>>()?;
         cfg.surrogate_share = surrogate_share;
         cfg.max_approx_per_request = max_approx_per_request;
@@ -415,7 +415,7 @@ impl PyInferenceCache {
         d.set_item("backing_reads", s.backing_reads)?;
         let m = self.inner.memory();
         let tiers = pyo3::types::PyList::empty(py);
-        for t in &m.tiers {
+        for t in &m.levels {
             let td = PyDict::new(py);
             td.set_item("codec", t.codec)?;
             td.set_item("capacity", t.capacity)?;

@@ -36,13 +36,13 @@ impl Policy for CachePolicy<'_> {
         self.cache.capacity()
     }
     fn len(&self) -> usize {
-        self.cache.memory().tiers.iter().map(|t| t.len).sum()
+        self.cache.memory().levels.iter().map(|t| t.len).sum()
     }
     fn contains(&self, key: u64) -> bool {
         let (t, id) = split_key(key);
         let key = key_of(t, id);
         let s = self.cache.shards[self.cache.shard_of(key)].read();
-        s.tiers.iter().any(|t| t.slot_of(key).is_some())
+        s.levels.iter().any(|t| t.slot_of(key).is_some())
     }
     fn access_into(&mut self, keys: &[u64], out: &mut RequestOutcome) {
         out.reset(keys.len());
@@ -74,7 +74,7 @@ impl Policy for CachePolicy<'_> {
     }
     fn metadata_bytes(&self) -> usize {
         let m = self.cache.memory();
-        m.tiers.iter().map(|t| t.metadata_bytes).sum::<usize>()
+        m.levels.iter().map(|t| t.metadata_bytes).sum::<usize>()
             + m.l3_bytes
             + m.surrogate_table_bytes
             + m.l3_queue_bytes
@@ -91,7 +91,7 @@ mod tests {
 
     #[test]
     fn one_f32_tier_scores_like_the_bare_policy() {
-        // The cache with one f32 tier and one shard is GroupLfu plus rows: the evaluator must
+        // The cache with one f32 level and one shard is GroupLfu plus rows: the evaluator must
         // give the same perfect hits for both, the bare policy seeing the keys the cache's
         // policy sees (GroupAssoc's sets are a hash of them).
         let trace = Synthetic {

@@ -4,7 +4,7 @@ use crate::codec::CodecKind;
 use crate::policy::PolicyConfig;
 use crate::{Error, Result};
 
-/// How L3 learns the surrogates of keys evicted from the last tier when their table's build is
+/// How L3 learns the surrogates of keys evicted from the last level when their table's build is
 /// on disk ([`SurrogateTable::Disk`](crate::surrogate::SurrogateTable::Disk); a build in memory
 /// is always read inline).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,9 +37,9 @@ impl L3Fill {
     }
 }
 
-/// One tier: a codec and its share of the budget.
+/// One level: a codec and its share of the budget.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TierConfig {
+pub struct LevelConfig {
     /// How rows are stored.
     pub codec: CodecKind,
     /// Share of the budget, in (0, 1].
@@ -55,11 +55,11 @@ pub struct CacheConfig {
     pub dim: usize,
     /// Bytes for everything: rows, metadata, indexes, L3.
     pub memory_budget_bytes: usize,
-    /// The replacement policy of each tier (it must keep rows in slots: not EV-ARC).
+    /// The replacement policy of each level (it must keep rows in slots: not EV-ARC).
     pub policy: PolicyConfig,
-    /// One or two tiers (L1, then L2), in order. Shares sum to at most 1.
-    pub tiers: Vec<TierConfig>,
-    /// Share of the budget for L3's map when surrogates are given (taken before the tiers'
+    /// One or two levels (L1, then L2), in order. Shares sum to at most 1.
+    pub levels: Vec<LevelConfig>,
+    /// Share of the budget for L3's map when surrogates are given (taken before the levels'
     /// shares are applied to the rest).
     pub surrogate_share: f64,
     /// Most surrogates served in one request.
@@ -75,7 +75,7 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// One f32 tier, [`GroupAssoc`](crate::GroupAssoc) with `S = num_tables` (more perfect
+    /// One f32 level, [`GroupAssoc`](crate::GroupAssoc) with `S = num_tables` (more perfect
     /// hits per byte than GroupLfu in every configuration measured: docs/benchmarks.md,
     /// issue 10, "The default policy"), 1 shard, no surrogates.
     pub fn new(num_tables: usize, dim: usize, memory_budget_bytes: usize) -> Self {
@@ -87,7 +87,7 @@ impl CacheConfig {
                 max_score: num_tables.clamp(1, 255) as u8,
                 ..crate::GroupAssocConfig::default()
             }),
-            tiers: vec![TierConfig { codec: CodecKind::F32, share: 1.0 }],
+            levels: vec![LevelConfig { codec: CodecKind::F32, share: 1.0 }],
             surrogate_share: 0.04,
             max_approx_per_request: 2,
             max_surrogate_dist: f32::INFINITY,
@@ -107,14 +107,14 @@ impl CacheConfig {
         if self.dim == 0 {
             return Err(Error::invalid("embedding dim must be at least 1, got 0"));
         }
-        if self.tiers.is_empty() || self.tiers.len() > 2 {
+        if self.levels.is_empty() || self.levels.len() > 2 {
             return Err(Error::invalid(format!(
                 "the cache takes 1 or 2 tiers, got {}",
-                self.tiers.len()
+                self.levels.len()
             )));
         }
-        let sum: f64 = self.tiers.iter().map(|t| t.share).sum();
-        for t in &self.tiers {
+        let sum: f64 = self.levels.iter().map(|t| t.share).sum();
+        for t in &self.levels {
             if !(t.share.is_finite() && t.share > 0.0) {
                 return Err(Error::invalid(format!(
                     "tier {} share must be in (0, 1], got {}",

@@ -158,7 +158,7 @@ mod tests {
     use crate::trace::table_key;
 
     /// Surrogate builds on disk serve exactly what the same builds in memory serve, read
-    /// inline or by the filler thread (synced after every request), at the same tier and L3
+    /// inline or by the filler thread (synced after every request), at the same level and L3
     /// sizes; the bytes in memory drop from 18 a row to the fences.
     #[test]
     fn surrogates_on_disk_serve_what_the_build_in_memory_serves() {
@@ -180,9 +180,9 @@ mod tests {
             .collect();
         let base = 12_000;
         let mut cfg = CacheConfig::new(t, d, base + surrogate_table_bytes(&in_memory));
-        cfg.tiers = vec![
-            TierConfig { codec: CodecKind::F32, share: 0.5 },
-            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        cfg.levels = vec![
+            LevelConfig { codec: CodecKind::F32, share: 0.5 },
+            LevelConfig { codec: CodecKind::Int8, share: 0.5 },
         ];
         cfg.surrogate_share = 0.1;
         let reference = InferenceCache::new(cfg.clone(), mem(d), in_memory).unwrap();
@@ -198,7 +198,7 @@ mod tests {
         assert_eq!(background.memory().l3_queue_bytes, 10 * 48);
         for c in [&inline, &background] {
             let (a, b) = (reference.memory(), c.memory());
-            assert_eq!((&a.tiers, a.l3_capacity), (&b.tiers, b.l3_capacity));
+            assert_eq!((&a.levels, a.l3_capacity), (&b.levels, b.l3_capacity));
             assert!(b.total_bytes <= b.budget_bytes, "{b:?}");
         }
         for r in trace.iter() {

@@ -61,13 +61,13 @@ mod tests {
         let ids: [u64; 7] =
             [-1i64 as u64, -2i64 as u64, i64::MIN as u64, i64::MAX as u64, 1 << 48, fmix64(42), 0];
         for policy in slot_policies(2) {
-            for two_tiers in [false, true] {
+            for two_levels in [false, true] {
                 let mut cfg = CacheConfig::new(2, d, 100_000);
                 cfg.policy = policy.clone();
-                if two_tiers {
-                    cfg.tiers = vec![
-                        TierConfig { codec: CodecKind::F32, share: 0.5 },
-                        TierConfig { codec: CodecKind::Int8, share: 0.5 },
+                if two_levels {
+                    cfg.levels = vec![
+                        LevelConfig { codec: CodecKind::F32, share: 0.5 },
+                        LevelConfig { codec: CodecKind::Int8, share: 0.5 },
                     ];
                 }
                 let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
@@ -78,7 +78,7 @@ mod tests {
                         let mut src = [Source::Store; 2];
                         c.lookup_ids(&tables, &both, &[0, 2], &mut rows, Some(&mut src)).unwrap();
                         let want = if round == 0 { Source::Store } else { Source::L1 };
-                        let ctx = format!("{}, two tiers {two_tiers}, id {id:#x}", policy.name());
+                        let ctx = format!("{}, two levels {two_levels}, id {id:#x}", policy.name());
                         assert_eq!(src, [want; 2], "{ctx}");
                         assert_eq!(&rows[..d], &row_of(0, id, d)[..], "{ctx}");
                         assert_eq!(&rows[d..], &row_of(1, id, d)[..], "{ctx}");
@@ -90,7 +90,7 @@ mod tests {
     }
 
     /// Random wide ids through evictions, demotions and drops (a budget of a few dozen entries,
-    /// two tiers, three tables; seed printed): every row is exactly what its source promises.
+    /// two levels, three tables; seed printed): every row is exactly what its source promises.
     #[test]
     fn wide_ids_through_eviction_and_demotion_keep_their_rows() {
         let seed = 0x64_b175;
@@ -101,9 +101,9 @@ mod tests {
         for policy in slot_policies(t as u8) {
             let mut cfg = CacheConfig::new(t, d, 12_000);
             cfg.policy = policy.clone();
-            cfg.tiers = vec![
-                TierConfig { codec: CodecKind::F32, share: 0.5 },
-                TierConfig { codec: CodecKind::Int8, share: 0.5 },
+            cfg.levels = vec![
+                LevelConfig { codec: CodecKind::F32, share: 0.5 },
+                LevelConfig { codec: CodecKind::Int8, share: 0.5 },
             ];
             let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
             let mut seen = [0u64; 4];

@@ -6,7 +6,7 @@ use crate::codec::{Codec, CodecKind};
 use crate::policy::Policy;
 use crate::{Error, Result};
 
-/// Bytes of the table tag of each slot of a tier: none for one table (nothing to tell apart),
+/// Bytes of the table tag of each slot of a level: none for one table (nothing to tell apart),
 /// 1 for up to 256 tables, else 2. In an array of their own: beside a 64-byte row a tag would
 /// make every row straddle two cache lines, while the dense array of 1 B tags stays cached.
 pub(super) fn tag_bytes(num_tables: usize) -> usize {
@@ -17,7 +17,7 @@ pub(super) fn tag_bytes(num_tables: usize) -> usize {
     }
 }
 
-pub(super) struct Tier {
+pub(super) struct Level {
     pub(super) codec: &'static dyn Codec,
     pub(super) policy: Box<dyn Policy>,
     /// Slot `i`'s row: `code` bytes at `i * code`.
@@ -29,7 +29,7 @@ pub(super) struct Tier {
     tag: usize,
 }
 
-impl Tier {
+impl Level {
     pub(super) fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
         let codec = codec.codec();
         let (code, tag) = (codec.bytes_per_row(cfg.dim), tag_bytes(cfg.num_tables));
@@ -108,7 +108,7 @@ impl Tier {
         self.set_tag(slot, key);
     }
 
-    /// Writes `key`'s row already in this tier's code (`code` bytes).
+    /// Writes `key`'s row already in this level's code (`code` bytes).
     pub(super) fn write_coded(&mut self, slot: u32, key: Key, coded: &[u8]) {
         let s = slot as usize * self.code;
         self.rows[s..s + self.code].copy_from_slice(coded);

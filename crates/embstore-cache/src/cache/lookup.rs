@@ -222,7 +222,7 @@ impl InferenceCache {
                     continue;
                 }
                 let v = &mut sc.vals[u * d..(u + 1) * d];
-                for (ti, t) in s.tiers.iter().enumerate() {
+                for (ti, t) in s.levels.iter().enumerate() {
                     if t.get_pk(sc.pks[u], table_of(sc.keys[u]), v) {
                         sc.src[u] = if ti == 0 { Source::L1 } else { Source::L2 };
                         break;
@@ -265,7 +265,7 @@ impl InferenceCache {
                 let alt_key = key_of(table, alt);
                 let s = self.shards[self.shard_of(alt_key)].read();
                 let v = &mut sc.vals[u * d..(u + 1) * d];
-                if s.tiers.iter().any(|t| t.get(alt_key, v)) {
+                if s.levels.iter().any(|t| t.get(alt_key, v)) {
                     sc.src[u] = Source::Surrogate;
                     sc.approx_of[u] = alt_key;
                     used += 1;
@@ -357,7 +357,7 @@ impl InferenceCache {
                         continue;
                     }
                     let pk = sc.pks[u];
-                    if s.tiers.len() > 1 && s.tiers[1].policy.contains(pk) {
+                    if s.levels.len() > 1 && s.levels[1].policy.contains(pk) {
                         l2_keys.push(pk);
                         l2_probe_hits += usize::from(sc.src[u] != Source::Store);
                     } else {
@@ -368,8 +368,8 @@ impl InferenceCache {
                 }
                 if !l2_keys.is_empty() {
                     let group = Group { other_hits: h - l2_probe_hits, size: g };
-                    let Shard { tiers, out2, .. } = s;
-                    tiers[1].policy.access_group_into(&l2_keys, group, out2);
+                    let Shard { levels, out2, .. } = s;
+                    levels[1].policy.access_group_into(&l2_keys, group, out2);
                     // Hits only: nothing is admitted or evicted.
                 }
                 if !l1_keys.is_empty() {
@@ -379,8 +379,8 @@ impl InferenceCache {
                     let extra = self.refetch(s, &l1_full, fetched, stats)?;
                     let group = Group { other_hits: h - l1_probe_hits, size: g };
                     {
-                        let Shard { tiers, out, .. } = s;
-                        tiers[0].policy.access_group_into(&l1_keys, group, out);
+                        let Shard { levels, out, .. } = s;
+                        levels[0].policy.access_group_into(&l1_keys, group, out);
                     }
                     stats.bypasses += u64::from(s.out.bypassed);
                     self.settle_l1(s, &l1_keys, &l1_full, sc, fetched, &extra, stats);
@@ -422,33 +422,33 @@ impl InferenceCache {
         // row, still in the old slot, moves to the new one below; they are not demoted.
         let mut moved: Vec<(u64, Key, Vec<u8>)> = Vec::new();
         for (&pk, &slot) in evicted.iter().zip(&slots) {
-            let k = s.tiers[0].key_in(slot, pk);
+            let k = s.levels[0].key_in(slot, pk);
             // A request has a few dozen keys: a scan beats building a set per request.
             if let Some(j) = keys.iter().position(|&a| a == pk) {
                 // A miss admitted and evicted within this call never had its row written.
                 if !s.out.hit[j] {
                     continue;
                 }
-                if s.tiers[0].policy.contains(pk) {
-                    moved.push((pk, k, s.tiers[0].row(slot).to_vec()));
+                if s.levels[0].policy.contains(pk) {
+                    moved.push((pk, k, s.levels[0].row(slot).to_vec()));
                     continue;
                 }
             }
-            if !self.cfg.demote || s.tiers.len() < 2 {
+            if !self.cfg.demote || s.levels.len() < 2 {
                 self.feed_l3(s, k, stats);
                 continue;
             }
-            let Shard { tiers, out2, tmp, .. } = s;
-            tiers[0].codec.decode(tiers[0].row(slot), tmp);
-            tiers[1].policy.admit(pk, 0, out2);
+            let Shard { levels, out2, tmp, .. } = s;
+            levels[0].codec.decode(levels[0].row(slot), tmp);
+            levels[1].policy.admit(pk, 0, out2);
             let dropped: Vec<Key> = out2
                 .evicted
                 .iter()
                 .zip(&out2.evicted_slots)
-                .map(|(&p, &sl)| tiers[1].key_in(sl, p))
+                .map(|(&p, &sl)| levels[1].key_in(sl, p))
                 .collect();
-            if let Some(slot2) = tiers[1].policy.slot_of(pk) {
-                tiers[1].write(slot2, k, tmp);
+            if let Some(slot2) = levels[1].policy.slot_of(pk) {
+                levels[1].write(slot2, k, tmp);
                 stats.demotions += 1;
             }
             for k2 in dropped {
@@ -456,21 +456,21 @@ impl InferenceCache {
             }
         }
         for (pk, k, row) in &moved {
-            if let Some(slot) = s.tiers[0].policy.slot_of(*pk) {
-                s.tiers[0].write_coded(slot, *k, row);
+            if let Some(slot) = s.levels[0].policy.slot_of(*pk) {
+                s.levels[0].write_coded(slot, *k, row);
             }
         }
         for (j, &pk) in keys.iter().enumerate() {
             if s.out.hit[j] {
                 continue;
             }
-            let Some(slot) = s.tiers[0].policy.slot_of(pk) else { continue };
+            let Some(slot) = s.levels[0].policy.slot_of(pk) else { continue };
             let k = full[j];
             let row = match fetched.get(&k) {
                 Some(&f) => &sc.vals[f as usize * d..(f as usize + 1) * d],
                 None => &extra[&k][..],
             };
-            s.tiers[0].write(slot, k, row);
+            s.levels[0].write(slot, k, row);
         }
         s.out.evicted = evicted;
         s.out.evicted_slots = slots;
@@ -486,7 +486,7 @@ impl InferenceCache {
     ) -> Result<hashbrown::HashMap<Key, Vec<f32>>> {
         let mut extra = hashbrown::HashMap::new();
         for &k in keys {
-            if !fetched.contains_key(&k) && !s.tiers[0].policy.contains(policy_key(k)) {
+            if !fetched.contains_key(&k) && !s.levels[0].policy.contains(policy_key(k)) {
                 let mut row = vec![0.0; self.cfg.dim];
                 self.read_backing(usize::from(table_of(k)), &[id_of(k)], &mut row, stats)?;
                 stats.refetches += 1;
@@ -558,9 +558,9 @@ mod tests {
         .unwrap();
         let mut cfg = CacheConfig::new(5, d, 40_000);
         cfg.policy = policy;
-        cfg.tiers = vec![
-            TierConfig { codec: CodecKind::F32, share: 0.5 },
-            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        cfg.levels = vec![
+            LevelConfig { codec: CodecKind::F32, share: 0.5 },
+            LevelConfig { codec: CodecKind::Int8, share: 0.5 },
         ];
         let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
         let mut seen = Vec::new();
@@ -607,7 +607,7 @@ mod tests {
         let e = c.lookup(&keys, &one(&keys), &mut out, None).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Backing);
         assert!(e.to_string().contains("disk on fire"), "{e}");
-        assert_eq!(c.memory().tiers[0].len, 0, "a failed read caches nothing");
+        assert_eq!(c.memory().levels[0].len, 0, "a failed read caches nothing");
         m.fail.store(false, Ordering::Relaxed);
         c.lookup(&keys, &one(&keys), &mut out, None).unwrap();
         assert_eq!(&out[..d], &row_of(0, 1, d)[..]);
@@ -688,9 +688,9 @@ mod tests {
         let mut cfg = CacheConfig::new(4, d, 200_000);
         cfg.policy = policy;
         cfg.shards = 4;
-        cfg.tiers = vec![
-            TierConfig { codec: CodecKind::F32, share: 0.4 },
-            TierConfig { codec: CodecKind::F16, share: 0.6 },
+        cfg.levels = vec![
+            LevelConfig { codec: CodecKind::F32, share: 0.4 },
+            LevelConfig { codec: CodecKind::F16, share: 0.6 },
         ];
         let c = InferenceCache::new(cfg, mem(d), vec![]).unwrap();
         let trace = Synthetic {
@@ -741,9 +741,9 @@ mod tests {
         let builds = 4 * 400 * 18;
         let mut cfg = CacheConfig::new(t, d, 12_000 + builds);
         cfg.policy = policy;
-        cfg.tiers = vec![
-            TierConfig { codec: CodecKind::F32, share: 0.5 },
-            TierConfig { codec: CodecKind::Int8, share: 0.5 },
+        cfg.levels = vec![
+            LevelConfig { codec: CodecKind::F32, share: 0.5 },
+            LevelConfig { codec: CodecKind::Int8, share: 0.5 },
         ];
         cfg.surrogate_share = 0.1;
         cfg.max_approx_per_request = 1;
@@ -764,7 +764,7 @@ mod tests {
         zero.max_approx_per_request = 0;
         let capped_off = InferenceCache::new(zero, mem(d), sur.clone()).unwrap();
         let mut plain = cfg.clone();
-        plain.memory_budget_bytes = 10_800; // the budget less builds and L3's 10 %: same tiers
+        plain.memory_budget_bytes = 10_800; // the budget less builds and L3's 10 %: same levels
         let without = InferenceCache::new(plain, mem(d), vec![]).unwrap();
         let mut approx = 0;
         for r in trace.iter() {
@@ -787,7 +787,7 @@ mod tests {
                     let alt = key_of(t, alt);
                     let sh = with.shards[with.shard_of(alt)].read();
                     let mut v = vec![0.0; d];
-                    Some((alt, sh.tiers.iter().any(|tier| tier.get(alt, &mut v)).then_some(v)))
+                    Some((alt, sh.levels.iter().any(|level| level.get(alt, &mut v)).then_some(v)))
                 })
                 .collect();
             let (rows, src) = run(&with);
@@ -804,10 +804,13 @@ mod tests {
                     let want = row.expect("the surrogate was resident at probe time");
                     assert_eq!(&rows[j * d..(j + 1) * d], &want[..], "the surrogate's own row");
                     let sh = with.shards[with.shard_of(k)].read();
-                    assert!(!sh.tiers.iter().any(|tier| tier.slot_of(k).is_some()), "not inserted");
+                    assert!(
+                        !sh.levels.iter().any(|level| level.slot_of(k).is_some()),
+                        "not inserted"
+                    );
                 }
             }
-            // max_approx = 0 is L1 + L2 alone, bit for bit (same tier sizes: L3's share of
+            // max_approx = 0 is L1 + L2 alone, bit for bit (same level sizes: L3's share of
             // the budget is taken in both, so compare against capped_off, not `without`).
             let (a, sa) = run(&capped_off);
             assert!(sa.iter().all(|&s| s != Source::Surrogate));

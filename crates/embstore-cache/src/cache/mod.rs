@@ -9,14 +9,14 @@
 //!    P3 commit   per request, per shard in ascending order, write lock:
 //!                  L2 hits: scores max-updated        L1 hits + misses: GroupLfu commit
 //!                  L1 victims -> demoted into L2 (decode, re-encode: no I/O)
-//!                  last-tier victims with a surrogate -> L3 (CLOCK map); from a build on
+//!                  last-level victims with a surrogate -> L3 (CLOCK map); from a build on
 //!                  disk, its block is read inline or by the background filler thread
 //!    P4 copy     every key's row (decoded) into `out`, its source into `sources`
 //! ```
 //!
-//! Budget: every byte is counted — each tier's rows (`capacity × codec bytes per row`) and
+//! Budget: every byte is counted — each level's rows (`capacity × codec bytes per row`) and
 //! its policy metadata (slots, index, lists), L3's map, surrogate builds held in memory (18 B a
-//! row; a build on disk holds 8 B per 227 rows) and the filler's queues. Tier `i` gets
+//! row; a build on disk holds 8 B per 227 rows) and the filler's queues. Level `i` gets
 //! `C_i = ⌊share_i · B / (row_i + meta)⌋` entries, then is shrunk until its measured bytes fit.
 //!
 //! Keys: a key is a table number and a raw 64-bit id (hashed, negative as int64: any bits).
@@ -28,8 +28,8 @@
 //! so such a pair is never served the other's row: while one holds the entry, the other is a
 //! miss served from the backing store.
 //!
-//! Invariants: a key is in at most one of L1/L2 (exclusive tiers); an L1/L2 hit returns
-//! exactly `decode(encode(row))` of its tier; a full miss returns the backing store's row
+//! Invariants: a key is in at most one of L1/L2 (exclusive levels); an L1/L2 hit returns
+//! exactly `decode(encode(row))` of its level; a full miss returns the backing store's row
 //! exactly; a surrogate is served only if resident at probe time, at most `max_approx` per
 //! request, never inserts the missing key and changes no score; a request that cannot be
 //! kept whole (every slot pinned) is served uncached and counted as a bypass, never blocked.
@@ -57,12 +57,12 @@ mod stats;
 mod testing;
 
 pub use adapter::CachePolicy;
-pub use config::{CacheConfig, L3Fill, TierConfig};
-pub use stats::{CacheMemory, CacheStats, TierMemory};
+pub use config::{CacheConfig, L3Fill, LevelConfig};
+pub use stats::{CacheMemory, CacheStats, LevelMemory};
 
 use filler::Filler;
 use key::{key_of, policy_key, table_of, Key};
-use level::{tag_bytes, Tier};
+use level::{tag_bytes, Level};
 
 /// The rows behind the cache (a store on disk, a remote client, …).
 pub trait Backing: Send + Sync {
@@ -74,9 +74,9 @@ pub trait Backing: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Source {
-    /// L1, the first tier (exact for an f32 tier).
+    /// L1, the first level (exact for an f32 level).
     L1 = 0,
-    /// L2, the second tier (its codec's precision).
+    /// L2, the second level (its codec's precision).
     L2 = 1,
     /// A surrogate's row (L3): an approximation.
     Surrogate = 2,
@@ -90,7 +90,7 @@ impl Source {
 }
 
 struct Shard {
-    tiers: Vec<Tier>,
+    levels: Vec<Level>,
     l3: Option<ClockMap>,
     out: RequestOutcome,
     out2: RequestOutcome,
@@ -115,7 +115,7 @@ impl fmt::Debug for InferenceCache {
     }
 }
 
-/// Entries of a tier with `bytes` for rows of `row` bytes and ~`meta` bytes of metadata each.
+/// Entries of a level with `bytes` for rows of `row` bytes and ~`meta` bytes of metadata each.
 fn entries_for(bytes: f64, row: usize, meta: usize) -> usize {
     (bytes / (row + meta) as f64).floor().max(0.0) as usize
 }
@@ -137,7 +137,7 @@ impl InferenceCache {
     /// A cache over `backing` per `cfg`; `surrogates[t]` is table `t`'s surrogate build (or
     /// `None`; an empty vector means none at all), in memory or on disk. The builds' bytes in
     /// memory come out of the budget first, then L3's share (its map and, for builds on disk
-    /// fed in the background, the filler's queues), then the tiers'. Errors: bad
+    /// fed in the background, the filler's queues), then the levels'. Errors: bad
     /// configuration, a budget too small for one request in every shard (fewer L1 entries
     /// than tables) or for the builds held in memory, surrogates of a different count or
     /// dimension.
@@ -200,8 +200,8 @@ impl InferenceCache {
         let rest = (avail - l3_total) / n as f64;
         let mut shards = Vec::with_capacity(n);
         for _ in 0..n {
-            let mut tiers = Vec::with_capacity(cfg.tiers.len());
-            for t in &cfg.tiers {
+            let mut levels = Vec::with_capacity(cfg.levels.len());
+            for t in &cfg.levels {
                 let share = rest * t.share;
                 let row = t.codec.codec().bytes_per_row(cfg.dim);
                 // Size with an estimate of the metadata, measure the real figure at that
@@ -212,7 +212,7 @@ impl InferenceCache {
                     let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
                     cap = entries_for(share, row, meta);
                 }
-                let tier = loop {
+                let level = loop {
                     if cap < cfg.num_tables.max(1) {
                         return Err(Error::invalid(format!(
                             "memory budget {} B gives the {} tier {cap} entries per shard, \
@@ -223,17 +223,17 @@ impl InferenceCache {
                             cfg.num_tables
                         )));
                     }
-                    let tier = Tier::new(&cfg, t.codec, cap)?;
-                    if tier.bytes() as f64 <= share {
-                        break tier;
+                    let level = Level::new(&cfg, t.codec, cap)?;
+                    if level.bytes() as f64 <= share {
+                        break level;
                     }
                     cap = ((cap as f64) * 0.99) as usize;
                 };
-                tiers.push(tier);
+                levels.push(level);
             }
             let l3 = (with_l3 && l3_cap > 0).then(|| ClockMap::new(l3_cap));
             shards.push(RwLock::new(Shard {
-                tiers,
+                levels,
                 l3,
                 out: RequestOutcome::default(),
                 out2: RequestOutcome::default(),
@@ -272,16 +272,16 @@ impl InferenceCache {
 
     /// Entries L1 and L2 can hold, all shards together.
     pub fn capacity(&self) -> usize {
-        self.memory().tiers.iter().map(|t| t.capacity).sum()
+        self.memory().levels.iter().map(|t| t.capacity).sum()
     }
 
     /// Where the budget went.
     pub fn memory(&self) -> CacheMemory {
-        let mut tiers: Vec<TierMemory> = self
+        let mut levels: Vec<LevelMemory> = self
             .cfg
-            .tiers
+            .levels
             .iter()
-            .map(|t| TierMemory {
+            .map(|t| LevelMemory {
                 codec: t.codec.name(),
                 capacity: 0,
                 len: 0,
@@ -292,7 +292,7 @@ impl InferenceCache {
         let (mut l3_capacity, mut l3_len, mut l3_bytes) = (0, 0, 0);
         for s in &self.shards {
             let s = s.read();
-            for (m, t) in tiers.iter_mut().zip(&s.tiers) {
+            for (m, t) in levels.iter_mut().zip(&s.levels) {
                 m.capacity += t.policy.capacity();
                 m.len += t.policy.len();
                 m.row_bytes += t.row_bytes();
@@ -304,17 +304,17 @@ impl InferenceCache {
                 l3_bytes += l3.heap_bytes();
             }
         }
-        let meta: usize = tiers.iter().map(|t| t.metadata_bytes).sum();
-        let cap: usize = tiers.iter().map(|t| t.capacity).sum();
+        let meta: usize = levels.iter().map(|t| t.metadata_bytes).sum();
+        let cap: usize = levels.iter().map(|t| t.capacity).sum();
         let surrogate_table_bytes = surrogate_table_bytes(&self.surrogates);
         let l3_queue_bytes = self.filler.as_ref().map_or(0, Filler::bytes);
-        let total = tiers.iter().map(|t| t.row_bytes + t.metadata_bytes).sum::<usize>()
+        let total = levels.iter().map(|t| t.row_bytes + t.metadata_bytes).sum::<usize>()
             + l3_bytes
             + surrogate_table_bytes
             + l3_queue_bytes;
         CacheMemory {
             budget_bytes: self.cfg.memory_budget_bytes,
-            tiers,
+            levels,
             l3_capacity,
             l3_len,
             l3_bytes,
@@ -329,7 +329,7 @@ impl InferenceCache {
     pub fn clear(&self) -> Result<()> {
         for s in &self.shards {
             let mut s = s.write();
-            for t in &mut s.tiers {
+            for t in &mut s.levels {
                 let cap = t.policy.capacity();
                 t.policy = self.cfg.policy.build(cap)?;
             }
@@ -405,7 +405,7 @@ impl InferenceCache {
 }
 
 impl InferenceCache {
-    /// Checks invariants: L1 ∩ L2 = ∅, every tier within its capacity, total bytes within
+    /// Checks invariants: L1 ∩ L2 = ∅, every level within its capacity, total bytes within
     /// the budget. O(C) with `keys` (trace keys, `table << 48 | id`) the keys to check
     /// exclusivity for; for tests.
     pub fn check_invariants(&self, keys: &[u64]) -> std::result::Result<(), String> {
@@ -425,7 +425,7 @@ impl InferenceCache {
         }
         for s in &self.shards {
             let s = s.read();
-            for t in &s.tiers {
+            for t in &s.levels {
                 if t.policy.len() > t.policy.capacity() {
                     return Err(format!(
                         "tier over capacity: {} > {}",
@@ -434,10 +434,10 @@ impl InferenceCache {
                     ));
                 }
             }
-            if s.tiers.len() == 2 {
+            if s.levels.len() == 2 {
                 if let Some(j) = pks
                     .iter()
-                    .position(|&k| s.tiers[0].policy.contains(k) && s.tiers[1].policy.contains(k))
+                    .position(|&k| s.levels[0].policy.contains(k) && s.levels[1].policy.contains(k))
                 {
                     return Err(format!("key {:#x} is in L1 and L2", keys[j]));
                 }

@@ -28,7 +28,7 @@ pub struct CacheStats {
     pub l1_evictions: u64,
     /// L1 victims demoted into L2.
     pub demotions: u64,
-    /// Entries evicted from the last tier (dropped).
+    /// Entries evicted from the last level (dropped).
     pub drops: u64,
     /// Keys added to L3's map.
     pub l3_inserts: u64,
@@ -81,9 +81,9 @@ impl CacheStats {
     }
 }
 
-/// Bytes and entries of one tier (all shards together).
+/// Bytes and entries of one level (all shards together).
 #[derive(Clone, Debug, PartialEq)]
-pub struct TierMemory {
+pub struct LevelMemory {
     /// The codec's name.
     pub codec: &'static str,
     /// Entries it can hold.
@@ -102,7 +102,7 @@ pub struct CacheMemory {
     /// The budget.
     pub budget_bytes: usize,
     /// L1, then L2 if configured.
-    pub tiers: Vec<TierMemory>,
+    pub levels: Vec<LevelMemory>,
     /// L3's map: capacity, entries, bytes.
     pub l3_capacity: usize,
     /// Entries in L3's map.

@@ -61,7 +61,7 @@ pub(super) fn check_rows(c: &InferenceCache, keys: &[u64], rows: &[f32], src: &[
         let (t, id) = split_key(k);
         let exact = row_of(usize::from(t), id, d);
         let got = &rows[j * d..(j + 1) * d];
-        let tier = match s {
+        let level = match s {
             Source::Store => {
                 assert_eq!(got, &exact[..], "a store row is exact");
                 continue;
@@ -70,12 +70,12 @@ pub(super) fn check_rows(c: &InferenceCache, keys: &[u64], rows: &[f32], src: &[
             Source::L1 => 0,
             Source::L2 => 1,
         };
-        let codec = c.cfg.tiers[tier].codec.codec();
+        let codec = c.cfg.levels[level].codec.codec();
         let mut code = vec![0u8; codec.bytes_per_row(d)];
         codec.encode(&exact, &mut code);
         let mut want = vec![0f32; d];
         codec.decode(&code, &mut want);
-        assert_eq!(got, &want[..], "a tier-{tier} hit is decode(encode(row)) of its codec");
+        assert_eq!(got, &want[..], "a level-{level} hit is decode(encode(row)) of its codec");
     }
 }
 
@@ -121,17 +121,17 @@ pub(super) fn four_tables(seed: u64, num_requests: usize) -> Trace {
     .unwrap()
 }
 
-/// What `src` promises for row `id` of table `t`: exact from the store or an f32 tier, the
+/// What `src` promises for row `id` of table `t`: exact from the store or an f32 level, the
 /// codec's `decode(encode(row))` from the others.
 pub(super) fn promised(c: &InferenceCache, t: u16, id: u64, src: Source) -> Vec<f32> {
     let d = c.cfg.dim;
     let exact = row_of(usize::from(t), id, d);
-    let tier = match src {
+    let level = match src {
         Source::L1 => 0,
         Source::L2 => 1,
         Source::Store | Source::Surrogate => return exact,
     };
-    let codec = c.cfg.tiers[tier].codec.codec();
+    let codec = c.cfg.levels[level].codec.codec();
     let mut code = vec![0u8; codec.bytes_per_row(d)];
     codec.encode(&exact, &mut code);
     let mut want = vec![0f32; d];

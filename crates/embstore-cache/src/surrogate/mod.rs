@@ -7,7 +7,7 @@
 //!   within the table, then per row the most-accessed neighbour within `max_dist` (ties go to
 //!   the nearest) → [`Surrogates`], saved to a checksummed file versioned with the checkpoint.
 //! - [`SurrogateFile`] (runtime): that file on disk, read one 4 KiB block per lookup.
-//! - [`ClockMap`] (runtime): the bounded key → (surrogate, distance) map of the L3 tier,
+//! - [`ClockMap`] (runtime): the bounded key → (surrogate, distance) map of L3,
 //!   replaced by CLOCK (a FIFO ring plus a reference bit).
 //!
 //! ```text
