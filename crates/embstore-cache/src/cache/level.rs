@@ -1,7 +1,7 @@
 //! One level of the cache (L1 or L2): a policy's slots holding coded rows and table tags.
 
 use super::key::{key_from_policy, policy_key, table_of, Key};
-use super::CacheConfig;
+use super::{CacheConfig, LevelConfig};
 use crate::codec::{Codec, CodecKind};
 use crate::policy::Policy;
 use crate::{Error, Result};
@@ -9,12 +9,17 @@ use crate::{Error, Result};
 /// Bytes of the table tag of each slot of a level: none for one table (nothing to tell apart),
 /// 1 for up to 256 tables, else 2. In an array of their own: beside a 64-byte row a tag would
 /// make every row straddle two cache lines, while the dense array of 1 B tags stays cached.
-pub(super) fn tag_bytes(num_tables: usize) -> usize {
+fn tag_bytes(num_tables: usize) -> usize {
     match num_tables {
         0 | 1 => 0,
         2..=256 => 1,
         _ => 2,
     }
+}
+
+/// Entries of a level with `bytes` for rows of `row` bytes and ~`meta` bytes of metadata each.
+pub(super) fn entries_for(bytes: f64, row: usize, meta: usize) -> usize {
+    (bytes / (row + meta) as f64).floor().max(0.0) as usize
 }
 
 pub(super) struct Level {
@@ -43,6 +48,36 @@ impl Level {
         }
         let (rows, tags) = (vec![0u8; capacity * code], vec![0u8; capacity * tag]);
         Ok(Self { codec, policy, rows, tags, code, tag })
+    }
+
+    /// A level of `lc`'s codec holding as many entries as fit `share` bytes, metadata
+    /// included. InvalidArgument when that is fewer than one request's keys (the tables).
+    pub(super) fn sized(cfg: &CacheConfig, lc: &LevelConfig, share: f64) -> Result<Self> {
+        let row = lc.codec.codec().bytes_per_row(cfg.dim);
+        // Size with an estimate of the metadata, measure the real figure at that capacity
+        // (the index is a power of two), size again with it, then shrink until the measured
+        // bytes fit the share.
+        let mut cap = entries_for(share, row, 32).max(1);
+        if let Ok(probe) = cfg.policy.build(cap) {
+            let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
+            cap = entries_for(share, row, meta);
+        }
+        loop {
+            if cap < cfg.num_tables.max(1) {
+                return Err(Error::invalid(format!(
+                    "memory budget {} B gives the {} tier {cap} entries per shard, fewer than \
+                     one request's {} keys: raise the budget or use fewer shards",
+                    cfg.memory_budget_bytes,
+                    lc.codec.name(),
+                    cfg.num_tables
+                )));
+            }
+            let level = Level::new(cfg, lc.codec, cap)?;
+            if level.bytes() as f64 <= share {
+                return Ok(level);
+            }
+            cap = ((cap as f64) * 0.99) as usize;
+        }
     }
 
     pub(super) fn bytes(&self) -> usize {

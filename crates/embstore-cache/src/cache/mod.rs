@@ -62,7 +62,7 @@ pub use stats::{CacheMemory, CacheStats, LevelMemory};
 
 use filler::Filler;
 use key::{key_of, policy_key, table_of, Key};
-use level::{tag_bytes, Level};
+use level::{entries_for, Level};
 
 /// The rows behind the cache (a store on disk, a remote client, …).
 pub trait Backing: Send + Sync {
@@ -115,11 +115,6 @@ impl fmt::Debug for InferenceCache {
     }
 }
 
-/// Entries of a level with `bytes` for rows of `row` bytes and ~`meta` bytes of metadata each.
-fn entries_for(bytes: f64, row: usize, meta: usize) -> usize {
-    (bytes / (row + meta) as f64).floor().max(0.0) as usize
-}
-
 /// Bytes the distinct surrogate builds hold in memory (one shared by two tables counts once).
 fn surrogate_table_bytes(surrogates: &[Option<SurrogateTable>]) -> usize {
     let mut seen: Vec<&SurrogateTable> = Vec::new();
@@ -131,6 +126,99 @@ fn surrogate_table_bytes(surrogates: &[Option<SurrogateTable>]) -> usize {
         }
     }
     bytes
+}
+
+/// Checks that `surrogates` (empty: none) name every table and were built from rows of the
+/// cache's dim (ShapeMismatch).
+fn check_surrogates(cfg: &CacheConfig, surrogates: &[Option<SurrogateTable>]) -> Result<()> {
+    if !surrogates.is_empty() && surrogates.len() != cfg.num_tables {
+        return Err(Error::shape(format!(
+            "surrogates must be given for {} tables, got {}",
+            cfg.num_tables,
+            surrogates.len()
+        )));
+    }
+    if let Some((t, s)) = surrogates
+        .iter()
+        .enumerate()
+        .filter_map(|(t, s)| Some((t, s.as_ref()?)))
+        .find(|(_, s)| s.dim() != cfg.dim)
+    {
+        return Err(Error::shape(format!(
+            "the surrogates of table {t} were built from rows of dim {}, the cache's is {}",
+            s.dim(),
+            cfg.dim
+        )));
+    }
+    Ok(())
+}
+
+/// Table `t`'s build on disk, or `None` (held in memory, or no build).
+fn disk_files(surrogates: &[Option<SurrogateTable>]) -> Vec<Option<Arc<SurrogateFile>>> {
+    surrogates
+        .iter()
+        .map(|s| match s {
+            Some(SurrogateTable::Disk(f)) => Some(f.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where the budget goes, per shard: what [`InferenceCache::new`] builds every shard with.
+struct Plan {
+    /// Whether any table has a surrogate build (then the shards get an L3 map).
+    with_l3: bool,
+    /// The L3 filler's queue length, when builds on disk are fed in the background.
+    queue_cap: Option<usize>,
+    /// Entries of each shard's L3 map.
+    l3_cap: usize,
+    /// Bytes of each shard's levels together (each takes its share of them).
+    rest: f64,
+}
+
+impl Plan {
+    /// The builds' bytes in memory and the filler's queues first, then L3's share of what is
+    /// left, then the levels' (InvalidArgument when the first do not fit the budget).
+    fn new(cfg: &CacheConfig, surrogates: &[Option<SurrogateTable>]) -> Result<Self> {
+        let with_l3 = surrogates.iter().any(Option::is_some);
+        let on_disk = surrogates.iter().any(|s| matches!(s, Some(SurrogateTable::Disk(_))));
+        let background = cfg.l3_fill == L3Fill::Background && on_disk;
+        // The filler's queues: about a quarter of the entries L3's share holds, 4 to 1,024
+        // (at 4 %, a budget of 11 KB gives 4 keys: 128 B).
+        let queue_cap = background.then(|| {
+            ((cfg.memory_budget_bytes as f64 * cfg.surrogate_share
+                / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
+                / 4.0) as usize)
+                .clamp(4, 1024)
+        });
+        let fixed = surrogate_table_bytes(surrogates) + queue_cap.map_or(0, Filler::bytes_for);
+        if with_l3 && fixed >= cfg.memory_budget_bytes {
+            return Err(Error::invalid(format!(
+                "the surrogate builds and the L3 filler's queues hold {fixed} B in memory, not \
+                 less than the {} B budget: open the builds from disk (SurrogateFile::open, \
+                 Python Surrogates.open) so that L3 reads a block when it is fed",
+                cfg.memory_budget_bytes
+            )));
+        }
+        let n = cfg.shards as f64;
+        // Without surrogates `fixed` is 0.
+        let avail = (cfg.memory_budget_bytes - fixed) as f64;
+        let l3_total = if with_l3 { avail * cfg.surrogate_share } else { 0.0 };
+        let l3_cap = entries_for(l3_total / n, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
+        Ok(Self { with_l3, queue_cap, l3_cap, rest: (avail - l3_total) / n })
+    }
+
+    /// One shard: its levels sized to their shares, its L3 map, its scratch.
+    fn shard(&self, cfg: &CacheConfig) -> Result<Shard> {
+        let levels = cfg.levels.iter().map(|l| Level::sized(cfg, l, self.rest * l.share));
+        Ok(Shard {
+            levels: levels.collect::<Result<_>>()?,
+            l3: (self.with_l3 && self.l3_cap > 0).then(|| ClockMap::new(self.l3_cap)),
+            out: RequestOutcome::default(),
+            out2: RequestOutcome::default(),
+            tmp: vec![0.0; cfg.dim],
+        })
+    }
 }
 
 impl InferenceCache {
@@ -147,102 +235,13 @@ impl InferenceCache {
         surrogates: Vec<Option<SurrogateTable>>,
     ) -> Result<Self> {
         cfg.validate()?;
-        if !surrogates.is_empty() && surrogates.len() != cfg.num_tables {
-            return Err(Error::shape(format!(
-                "surrogates must be given for {} tables, got {}",
-                cfg.num_tables,
-                surrogates.len()
-            )));
-        }
-        if let Some((t, s)) = surrogates
-            .iter()
-            .enumerate()
-            .filter_map(|(t, s)| Some((t, s.as_ref()?)))
-            .find(|(_, s)| s.dim() != cfg.dim)
-        {
-            return Err(Error::shape(format!(
-                "the surrogates of table {t} were built from rows of dim {}, the cache's is {}",
-                s.dim(),
-                cfg.dim
-            )));
-        }
-        let with_l3 = surrogates.iter().any(Option::is_some);
-        let files: Vec<Option<Arc<SurrogateFile>>> = surrogates
-            .iter()
-            .map(|s| match s {
-                Some(SurrogateTable::Disk(f)) => Some(f.clone()),
-                _ => None,
-            })
-            .collect();
-        let background = cfg.l3_fill == L3Fill::Background && files.iter().any(Option::is_some);
-        // The filler's queues: about a quarter of the entries L3's share holds, 4 to 1,024
-        // (at 4 %, a budget of 11 KB gives 4 keys: 128 B).
-        let queue_cap = background.then(|| {
-            ((cfg.memory_budget_bytes as f64 * cfg.surrogate_share
-                / ClockMap::BYTES_PER_ENTRY_ESTIMATE as f64
-                / 4.0) as usize)
-                .clamp(4, 1024)
-        });
-        let fixed = surrogate_table_bytes(&surrogates) + queue_cap.map_or(0, Filler::bytes_for);
-        if with_l3 && fixed >= cfg.memory_budget_bytes {
-            return Err(Error::invalid(format!(
-                "the surrogate builds and the L3 filler's queues hold {fixed} B in memory, not \
-                 less than the {} B budget: open the builds from disk (SurrogateFile::open, \
-                 Python Surrogates.open) so that L3 reads a block when it is fed",
-                cfg.memory_budget_bytes
-            )));
-        }
-        let n = cfg.shards;
-        // Without surrogates `fixed` is 0.
-        let avail = (cfg.memory_budget_bytes - fixed) as f64;
-        let l3_total = if with_l3 { avail * cfg.surrogate_share } else { 0.0 };
-        let l3_cap = entries_for(l3_total / n as f64, 0, ClockMap::BYTES_PER_ENTRY_ESTIMATE);
-        let rest = (avail - l3_total) / n as f64;
-        let mut shards = Vec::with_capacity(n);
-        for _ in 0..n {
-            let mut levels = Vec::with_capacity(cfg.levels.len());
-            for t in &cfg.levels {
-                let share = rest * t.share;
-                let row = t.codec.codec().bytes_per_row(cfg.dim);
-                // Size with an estimate of the metadata, measure the real figure at that
-                // capacity (the index is a power of two), size again with it, then shrink
-                // until the measured bytes fit the share.
-                let mut cap = entries_for(share, row, 32).max(1);
-                if let Ok(probe) = cfg.policy.build(cap) {
-                    let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
-                    cap = entries_for(share, row, meta);
-                }
-                let level = loop {
-                    if cap < cfg.num_tables.max(1) {
-                        return Err(Error::invalid(format!(
-                            "memory budget {} B gives the {} tier {cap} entries per shard, \
-                             fewer than one request's {} keys: raise the budget or use fewer \
-                             shards",
-                            cfg.memory_budget_bytes,
-                            t.codec.name(),
-                            cfg.num_tables
-                        )));
-                    }
-                    let level = Level::new(&cfg, t.codec, cap)?;
-                    if level.bytes() as f64 <= share {
-                        break level;
-                    }
-                    cap = ((cap as f64) * 0.99) as usize;
-                };
-                levels.push(level);
-            }
-            let l3 = (with_l3 && l3_cap > 0).then(|| ClockMap::new(l3_cap));
-            shards.push(RwLock::new(Shard {
-                levels,
-                l3,
-                out: RequestOutcome::default(),
-                out2: RequestOutcome::default(),
-                tmp: vec![0.0; cfg.dim],
-            }));
-        }
+        check_surrogates(&cfg, &surrogates)?;
+        let plan = Plan::new(&cfg, &surrogates)?;
+        let shards =
+            (0..cfg.shards).map(|_| plan.shard(&cfg).map(RwLock::new)).collect::<Result<_>>()?;
         // Started last, once nothing else can fail.
-        let filler = match queue_cap {
-            Some(cap) => Some(Filler::start(files, cap)?),
+        let filler = match plan.queue_cap {
+            Some(cap) => Some(Filler::start(disk_files(&surrogates), cap)?),
             None => None,
         };
         Ok(Self {
