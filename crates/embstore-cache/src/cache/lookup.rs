@@ -99,25 +99,7 @@ impl InferenceCache {
                 *s = sc.src[u as usize];
             }
         }
-        for r in 0..sc.offsets.len() - 1 {
-            let srcs = &sc.src[sc.offsets[r]..sc.offsets[r + 1]];
-            let count = |x: Source| srcs.iter().filter(|&&s| s == x).count();
-            let (l1, l2, ap, miss) = (
-                count(Source::L1),
-                count(Source::L2),
-                count(Source::Surrogate),
-                count(Source::Store),
-            );
-            stats.requests += 1;
-            stats.keys += srcs.len() as u64;
-            stats.l1_hits += l1 as u64;
-            stats.l2_hits += l2 as u64;
-            stats.approximated += ap as u64;
-            stats.misses += miss as u64;
-            stats.perfect += u64::from(ap + miss == 0);
-            stats.served_perfect += u64::from(miss == 0);
-            stats.note_request(miss);
-        }
+        tally(&sc, &mut stats);
         self.stats.lock().add(&stats);
         Ok(())
     }
@@ -438,22 +420,7 @@ impl InferenceCache {
                 self.feed_l3(s, k, stats);
                 continue;
             }
-            let Shard { levels, out2, tmp, .. } = s;
-            levels[0].codec.decode(levels[0].row(slot), tmp);
-            levels[1].policy.admit(pk, 0, out2);
-            let dropped: Vec<Key> = out2
-                .evicted
-                .iter()
-                .zip(&out2.evicted_slots)
-                .map(|(&p, &sl)| levels[1].key_in(sl, p))
-                .collect();
-            if let Some(slot2) = levels[1].policy.slot_of(pk) {
-                levels[1].write(slot2, k, tmp);
-                stats.demotions += 1;
-            }
-            for k2 in dropped {
-                self.feed_l3(s, k2, stats);
-            }
+            self.demote(s, slot, pk, k, stats);
         }
         for (pk, k, row) in &moved {
             if let Some(slot) = s.levels[0].policy.slot_of(*pk) {
@@ -474,6 +441,27 @@ impl InferenceCache {
         }
         s.out.evicted = evicted;
         s.out.evicted_slots = slots;
+    }
+
+    /// Moves L1's victim `k` (policy key `pk`, still in L1 slot `slot`) into L2: decoded and
+    /// re-encoded, no I/O. What L2 evicts to make room goes on to L3.
+    fn demote(&self, s: &mut Shard, slot: u32, pk: u64, k: Key, stats: &mut CacheStats) {
+        let Shard { levels, out2, tmp, .. } = s;
+        levels[0].codec.decode(levels[0].row(slot), tmp);
+        levels[1].policy.admit(pk, 0, out2);
+        let dropped: Vec<Key> = out2
+            .evicted
+            .iter()
+            .zip(&out2.evicted_slots)
+            .map(|(&p, &sl)| levels[1].key_in(sl, p))
+            .collect();
+        if let Some(slot2) = levels[1].policy.slot_of(pk) {
+            levels[1].write(slot2, k, tmp);
+            stats.demotions += 1;
+        }
+        for k2 in dropped {
+            self.feed_l3(s, k2, stats);
+        }
     }
 
     /// Rows of `keys` that are not in L1 now and were not fetched by the batch.
@@ -521,6 +509,26 @@ impl InferenceCache {
             l3.insert_tagged(policy_key(key), t, alt, dist);
             stats.l3_inserts += 1;
         }
+    }
+}
+
+/// Adds each request's figures (its keys by source, perfect or served-perfect, its misses)
+/// to `stats`.
+fn tally(sc: &Scratch, stats: &mut CacheStats) {
+    for r in 0..sc.offsets.len() - 1 {
+        let srcs = &sc.src[sc.offsets[r]..sc.offsets[r + 1]];
+        let count = |x: Source| srcs.iter().filter(|&&s| s == x).count();
+        let (l1, l2, ap, miss) =
+            (count(Source::L1), count(Source::L2), count(Source::Surrogate), count(Source::Store));
+        stats.requests += 1;
+        stats.keys += srcs.len() as u64;
+        stats.l1_hits += l1 as u64;
+        stats.l2_hits += l2 as u64;
+        stats.approximated += ap as u64;
+        stats.misses += miss as u64;
+        stats.perfect += u64::from(ap + miss == 0);
+        stats.served_perfect += u64::from(miss == 0);
+        stats.note_request(miss);
     }
 }
 
