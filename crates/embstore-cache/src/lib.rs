@@ -1,4 +1,4 @@
-//! # embstore-cache: the inference cache's L1 (EVStore's EVCache, done our way)
+//! # embstore-cache: the inference cache (EVStore's EVCache, EVMix and EVProx, done our way)
 //!
 //! An inference request needs one embedding row from each of its tables; the forward pass
 //! waits for the slowest one. What this cache maximises is therefore the **perfect-hit
@@ -6,20 +6,29 @@
 //! (design note `evstore.md` §1; EVStore, ASPLOS '23, §4.1).
 //!
 //! ## Parts
-//! - [`policy`] — the [`Policy`] trait (one call per request: probe all keys, then commit) and
-//!   its implementations: [`GroupLfu`] (the design note's L1: EV-LFU's group score with
-//!   request pinning and O(S) aging), [`GroupAssoc`] (the cache's default: the group score
-//!   plus a hit counter in a set-associative arena, 10 B of metadata per entry),
-//!   [`EvLfuPaper`] (the faithful EV-LFU, an ablation), [`EvArc`] (EV-ARC, an ablation), and
-//!   the per-key baselines [`Lru`] and [`Lfu`]. [`Evictable`] lets `Lru`, `Lfu` and
-//!   `GroupLfu` also run a store's hot-row cache (`embstore_table::evict::PolicyEviction`).
+//! - [`cache`] — [`InferenceCache`]: L1 and L2, each a level ([`LevelConfig`]: a codec and a
+//!   share of the byte budget) of rows kept by a request-level policy, and L3's surrogates,
+//!   over a [`Backing`] store, sharded; one folder with a file per part (config, keys,
+//!   levels, the lookup pipeline, the L3 filler thread, stats, and [`CachePolicy`], the whole
+//!   cache seen as a policy by the evaluator).
+//! - [`policy`] — the request-level replacement policies, from the `embstore-policy` crate
+//!   (re-exported here under the same names): the [`Policy`] trait (one call per request:
+//!   probe all keys, then commit), [`GroupAssoc`] (the cache's default: the group score plus
+//!   a hit counter in a set-associative arena, 10 B of metadata per entry), [`GroupLfu`] (the
+//!   design note's L1: EV-LFU's group score with request pinning and O(S) aging),
+//!   [`EvLfuPaper`] and [`EvArc`] (ablations) and the per-key baselines [`Lru`] and [`Lfu`].
+//! - [`codec`] — how a level stores rows: [`F32`], [`F16`], [`Int8Row`], [`Int4Row`] (and,
+//!   with feature `compat`, the paper's EV-16/8/4).
+//! - [`surrogate`] — L3: the offline k-NN build ([`surrogate::build`] → [`Surrogates`]), the
+//!   file's two formats, [`SurrogateFile`] (a build read a block per lookup) and the CLOCK map
+//!   L3 keeps at run time.
 //! - [`trace`] — [`Trace`] (`[N, G]` or ragged requests of table-qualified u64 keys,
 //!   `table << 48 | id`) and the [`Synthetic`] Criteo-like generator (26 tables, Zipf contexts,
 //!   co-access ρ), seeded and deterministic.
 //! - [`evaluate`](mod@evaluate) — [`evaluate()`] in [`Mode::Online`], [`Mode::Prefix`]
 //!   (primary) and [`Mode::Replay`], giving a [`Report`] with perfect, served-perfect and
 //!   individual hit rates, the compulsory-miss bound, the misses-per-request histogram and
-//!   bypasses.
+//!   bypasses; a bare policy or, through [`CachePolicy`], the whole cache.
 //!
 //! ## Invariants (every policy)
 //! - Hit flags are taken before the request changes anything (probe-first), so "perfect" means
@@ -27,7 +36,8 @@
 //! - At most `capacity` keys are resident; a request that cannot be kept whole is served
 //!   partially and reported as a bypass; nothing panics on any input.
 //! - Single-threaded and deterministic: the outcome depends only on (configuration, trace).
-//!   Sharding and concurrent probe/commit (note §5) are a layer above this one.
+//!   Sharding and concurrent probe/commit (note §5) are the [`cache`]'s, a layer above the
+//!   policies (one shard and one caller: deterministic too).
 //!
 //! ```
 //! use embstore_cache::{evaluate, GroupLfuConfig, Mode, PolicyConfig, Synthetic};

@@ -35,6 +35,21 @@
 //! kept whole (every slot pinned) is served uncached and counted as a bypass, never blocked.
 //! Requests of one batch are probed against the state before the batch (they are concurrent)
 //! and committed in order; with one shard and one caller the cache is deterministic.
+//!
+//! ## Parts
+//! - this file — [`InferenceCache`]: construction (the budget's plan, the shards), memory,
+//!   `clear`, `sync_l3`, [`Backing`] and [`Source`].
+//! - `config.rs` — [`CacheConfig`], [`LevelConfig`] (a codec and a share of the budget),
+//!   [`L3Fill`].
+//! - `key.rs` — a key (table, raw id) and the policy key the levels know it by.
+//! - `level.rs` — one level: the policy's slots holding coded rows and table tags, sized to
+//!   its share.
+//! - `lookup.rs` — the pipeline above (P1–P4) and L3's feed from evicted keys.
+//! - `filler.rs` — the L3 filler thread (builds on disk, [`L3Fill::Background`]).
+//! - `stats.rs` — [`CacheStats`], [`CacheMemory`], [`LevelMemory`].
+//! - `adapter.rs` — [`CachePolicy`]: the whole cache as a [`Policy`](crate::Policy), for the
+//!   perfect-hit evaluator.
+
 use std::fmt;
 use std::sync::Arc;
 

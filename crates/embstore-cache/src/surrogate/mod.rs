@@ -3,18 +3,23 @@
 //! of reading the backing store.
 //!
 //! ## Parts
-//! - [`build`] (offline, at checkpoint export, once per table): exact k-nearest neighbours
-//!   within the table, then per row the most-accessed neighbour within `max_dist` (ties go to
-//!   the nearest) → [`Surrogates`], saved to a checksummed file versioned with the checkpoint.
-//! - [`SurrogateFile`] (runtime): that file on disk, read one 4 KiB block per lookup.
-//! - [`ClockMap`] (runtime): the bounded key → (surrogate, distance) map of L3,
+//! - `build.rs` — [`build`] (offline, at checkpoint export, once per table): exact k-nearest
+//!   neighbours within the table, then per row the most-accessed neighbour within `max_dist`
+//!   (ties go to the nearest) → [`Surrogates`] (this file, with [`SurrogateConfig`] and
+//!   [`SurrogateTable`]).
+//! - `format.rs` — the file, both formats: format 2 (written; checksummed 4 KiB blocks,
+//!   versioned with the checkpoint) and format 1 (still read); [`Surrogates::save`] and
+//!   [`Surrogates::load`].
+//! - `file.rs` — [`SurrogateFile`] (runtime): a format-2 file on disk, read one 4 KiB block
+//!   per lookup.
+//! - `map.rs` — [`ClockMap`] (runtime): the bounded key → (surrogate, distance) map of L3,
 //!   replaced by CLOCK (a FIFO ring plus a reference bit).
 //!
 //! ```text
 //! build  rows [N x D] --unit norm (cosine)--> tasks of 256 queries x blocks of 256 candidates
 //!        --top-k per row--> exact f64 distance, keep <= max_dist --> max count (ties: nearest)
 //! file   header block | blocks of 227 (id, alt, dist) records, sorted, crc32 each | block index
-//!        ([`format`]): loaded whole ([`Surrogates::load`], 18 B a row) or read a block per
+//!        (format.rs): loaded whole ([`Surrogates::load`], 18 B a row) or read a block per
 //!        lookup ([`SurrogateFile`], 8 B per 227 rows in memory)
 //! L3     ring [ key | alt | dist | ref ] 20 B a slot; index key -> slot, 4 B a bucket
 //!             ^ hand: referenced -> clear the bit and pass; unreferenced -> the victim
