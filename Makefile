@@ -84,6 +84,27 @@ services: ## Install etcd (Debian's etcd-server) for the cluster tests, if it is
 		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q etcd-server >/dev/null; } || \
 		{ echo "error: cannot install etcd-server: apt-get install etcd-server, then retry"; exit 1; }; }
 
+.PHONY: valgrind memcheck diagram
+
+valgrind: ## Install valgrind (Debian) for memcheck, if it is missing
+	@command -v valgrind >/dev/null || { \
+		echo "==> installing valgrind (Debian) for make memcheck"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -q valgrind >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q valgrind >/dev/null; } || \
+		{ echo "error: cannot install valgrind: apt-get install valgrind, then retry"; exit 1; }; }
+
+# Miri cannot be installed on our machines: valgrind runs the unsafe code of the index, the
+# arenas and the I/O engine instead (scripts/memcheck.py names the tests; about 3 minutes).
+memcheck: toolchain valgrind ## Unsafe code of the index and the table engine under valgrind memcheck
+	$(PYTHON) scripts/memcheck.py
+
+diagram: setup ## Redraw docs/img/architecture.png from the crate graph (cargo metadata)
+	$(VPY) scripts/architecture_diagram.py
+
+# `make test` runs memcheck after the other checks (a prerequisite added here).
+test: memcheck
+
 test-rust: toolchain services ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
 	$(CARGO) test -p embstore-cache --features compat --locked --lib
