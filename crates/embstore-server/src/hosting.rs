@@ -1,5 +1,5 @@
 //! What a server hosts: per table, the versions and shards it holds ([`Hosted`]), each in a
-//! [`State`], with the rows behind them ([`Rows`]: a [`Table`] in memory, or a budgeted
+//! [`State`], with the rows behind them ([`RowSource`]: a [`Table`] in memory, or a budgeted
 //! [`Part`] linked from a checkpoint under [`TierOptions`]); loading from checkpoints, and
 //! `host`, `drain`, `unload`, which change what is held and raise `gen`.
 //!
@@ -39,7 +39,7 @@ impl State {
 
 /// Where a hosted shard's rows come from: an embstore [`Table`] (in memory or tiered), or, for
 /// the benchmark's side-by-side peer, another store behind the same server.
-pub trait Rows: Send + Sync + std::fmt::Debug {
+pub trait RowSource: Send + Sync + std::fmt::Debug {
     /// Floats per row.
     fn dim(&self) -> usize;
     /// Rows held.
@@ -70,7 +70,7 @@ pub trait Rows: Send + Sync + std::fmt::Debug {
     ) -> embstore_table::Result<()>;
 }
 
-impl Rows for Table {
+impl RowSource for Table {
     fn dim(&self) -> usize {
         Table::dim(self)
     }
@@ -111,7 +111,7 @@ impl Drop for Part {
     }
 }
 
-impl Rows for Part {
+impl RowSource for Part {
     fn dim(&self) -> usize {
         self.table.dim()
     }
@@ -119,7 +119,7 @@ impl Rows for Part {
         self.table.len()
     }
     fn bytes(&self) -> u64 {
-        Rows::bytes(&*self.table)
+        RowSource::bytes(&*self.table)
     }
     fn disk_bytes(&self) -> u64 {
         self.disk_bytes
@@ -136,7 +136,7 @@ impl Rows for Part {
         out: &mut [f32],
         found: &mut [bool],
     ) -> embstore_table::Result<()> {
-        Rows::lookup(&*self.table, ids, out, found)
+        RowSource::lookup(&*self.table, ids, out, found)
     }
 }
 
@@ -166,7 +166,7 @@ pub struct Hosted {
     /// Served or not (see [`State`]).
     pub state: State,
     /// The rows: exactly the ids of this shard.
-    pub table: Arc<dyn Rows>,
+    pub table: Arc<dyn RowSource>,
     /// When a request last named this version (ms since the epoch), for draining.
     pub last_request_ms: AtomicU64,
 }
@@ -270,7 +270,7 @@ impl Server {
         shard: u32,
         num_shards: u32,
         ckpt: &std::path::Path,
-    ) -> embstore_table::Result<Arc<dyn Rows>> {
+    ) -> embstore_table::Result<Arc<dyn RowSource>> {
         let (s, n) = (shard as usize, num_shards as usize);
         let Some(tier) = &self.tier else {
             return Ok(embstore_table::load_checkpoint_shard(ckpt, name, s, n)?);
@@ -304,7 +304,7 @@ impl Server {
         version: u64,
         shard: u32,
         num_shards: u32,
-        table: Arc<dyn Rows>,
+        table: Arc<dyn RowSource>,
     ) -> embstore_table::Result<()> {
         if !num_shards.is_power_of_two() || shard >= num_shards {
             return Err(embstore_table::Error::new(

@@ -25,7 +25,7 @@
 //!   refused by [`Tls::check`], naming the cause.
 //!
 //! ## Files
-//! - `hosting` — [`Server`], [`Hosted`], [`State`], [`Rows`], [`TierOptions`]: what is held,
+//! - `hosting` — [`Server`], [`Hosted`], [`State`], [`RowSource`], [`TierOptions`]: what is held,
 //!   and loading it from checkpoints.
 //! - `service` — [`Serving`], [`Admin`], the lookup path, [`to_status`], [`serve`].
 //! - `metrics` — the Prometheus metrics and [`serve_metrics`].
@@ -39,7 +39,7 @@ mod metrics;
 mod service;
 mod tls;
 
-pub use hosting::{Hosted, Rows, Server, State, TierOptions};
+pub use hosting::{Hosted, RowSource, Server, State, TierOptions};
 pub use metrics::{serve_metrics, serve_metrics_with};
 pub use service::{
     request_limit, serve, to_status, Admin, ServeOptions, Serving, DEFAULT_MAX_BATCH,

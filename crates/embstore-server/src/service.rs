@@ -326,7 +326,7 @@ pub async fn serve(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::hosting::Rows;
+    use crate::hosting::RowSource;
     use embstore_proto::v1::State as WireState;
     use embstore_table::{Store, Table, TableConfig};
 
@@ -427,7 +427,7 @@ pub(crate) mod tests {
     #[derive(Debug)]
     struct Wide;
 
-    impl Rows for Wide {
+    impl RowSource for Wide {
         fn dim(&self) -> usize {
             1 << 22
         }
