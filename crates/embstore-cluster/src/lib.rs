@@ -21,7 +21,11 @@
 //!   a version once).
 //! - While a table's roll is [`RollState::Running`], only its coordinator writes its record.
 
+mod admin;
 pub mod etcd;
+mod publish;
+mod roll;
+pub mod rpc;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -31,7 +35,10 @@ use std::time::Duration;
 use embstore_table::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
+pub use admin::{admin, AdminCall};
 pub use etcd::{Etcd, Kv};
+pub use publish::{publish, shards_for, Publish};
+pub use roll::{roll, RollPlan};
 
 /// Where live servers register: `NAMING + instance` → the address clients dial.
 pub const NAMING: &str = "/embstore/naming/";

@@ -386,7 +386,7 @@ pub(crate) fn admin(
     tls: Option<TlsPaths>,
 ) -> PyResult<Vec<HeldRow>> {
     let tls = client_tls(tls)?;
-    use embstore_client::AdminCall;
+    use embstore_cluster::AdminCall;
     let call = match (op, checkpoint) {
         ("load", Some(checkpoint)) => {
             AdminCall::Load { table, version, shard, num_shards, checkpoint }
@@ -415,7 +415,13 @@ pub(crate) fn admin(
     let rt = runtime(1)?;
     let timeout = Duration::from_secs_f64(timeout_s);
     let info = detached(py, || {
-        rt.block_on(embstore_client::admin(&address, call, timeout, token.as_deref(), tls.as_ref()))
+        rt.block_on(embstore_cluster::admin(
+            &address,
+            call,
+            timeout,
+            token.as_deref(),
+            tls.as_ref(),
+        ))
     })
     .map_err(to_py_err)?;
     Ok(held_rows(info))
@@ -431,7 +437,7 @@ fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
         .collect()
 }
 
-/// Rolls `table` to `version` over a fixed cluster (`embstore_client::roll`), printing a line
+/// Rolls `table` to `version` over a fixed cluster (`embstore_cluster::roll`), printing a line
 /// per step.
 #[pyfunction]
 #[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
@@ -452,7 +458,7 @@ pub(crate) fn roll(
 ) -> PyResult<()> {
     let (drain_quiet, drain_max, load_timeout) =
         roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
-    let plan = embstore_client::RollPlan {
+    let plan = embstore_cluster::RollPlan {
         table,
         version,
         checkpoint,
@@ -467,7 +473,7 @@ pub(crate) fn roll(
         tls: client_tls(tls)?,
     };
     let rt = runtime(1)?;
-    detached(py, || rt.block_on(embstore_client::roll(&plan, print_step))).map_err(to_py_err)
+    detached(py, || rt.block_on(embstore_cluster::roll(&plan, print_step))).map_err(to_py_err)
 }
 
 /// `(ca, cert, key, domain)`: a CA file, an optional client certificate and key (mutual TLS)
@@ -500,7 +506,7 @@ fn client_tls(tls: Option<TlsPaths>) -> PyResult<Option<embstore_client::ClientT
 }
 
 /// Publishes `checkpoint` as the next version of `table` over the cluster in etcd at `etcd`
-/// (`embstore_client::publish`), printing a line per step; returns the version now served.
+/// (`embstore_cluster::publish`), printing a line per step; returns the version now served.
 #[pyfunction]
 #[pyo3(signature = (etcd, table, checkpoint, num_shards=None, max_shard_bytes=1 << 30, replicas=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
 #[allow(clippy::too_many_arguments)]
@@ -524,7 +530,7 @@ pub(crate) fn publish(
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let (drain_quiet, drain_max, load_timeout) =
         roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
-    let p = embstore_client::Publish {
+    let p = embstore_cluster::Publish {
         table,
         checkpoint,
         num_shards,
@@ -541,7 +547,7 @@ pub(crate) fn publish(
     detached(py, || {
         rt.block_on(async {
             let etcd = Arc::new(embstore_cluster::Etcd::connect(&etcd, Duration::from_secs(3))?);
-            embstore_client::publish(etcd, &p, print_step).await
+            embstore_cluster::publish(etcd, &p, print_step).await
         })
     })
     .map_err(to_py_err)

@@ -17,14 +17,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use embstore_cluster::{
-    assign, controls, least_loaded, loads, members, put_control, repair, roll_lock, Control, Etcd,
-    Roll, RollState,
-};
 use embstore_table::{now_ms, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 
-use crate::{roll, ClientTls, RollPlan};
+use crate::roll::{roll, RollPlan};
+use crate::rpc::ClientTls;
+use crate::{
+    assign, controls, least_loaded, loads, members, put_control, repair, roll_lock, Control, Etcd,
+    Roll, RollState,
+};
 
 /// What to publish, and how.
 #[derive(Clone, Debug)]
@@ -201,7 +202,7 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
                         r.step = now.clone();
                         r.updated_ms = now_ms();
                     }
-                    let key = format!("{}{}", embstore_cluster::CONTROL, record.table);
+                    let key = format!("{}{}", crate::CONTROL, record.table);
                     if etcd.put(&key, &record.to_json(), 0).await.is_ok() {
                         written = now;
                     }
@@ -233,7 +234,7 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
             r.error = e.to_string();
         }
     }
-    let key = format!("{}{}", embstore_cluster::CONTROL, p.table);
+    let key = format!("{}{}", crate::CONTROL, p.table);
     etcd.put(&key, &done.to_json(), 0).await?;
     outcome.map(|()| version)
 }
