@@ -90,6 +90,7 @@ fn request(table: &str, checkpoint: &str, num_shards: Option<u32>) -> Publish {
         table: table.into(),
         checkpoint: checkpoint.into(),
         num_shards,
+        checkpoint_bytes: None,
         max_shard_bytes: 1 << 30,
         replicas: Some(2),
         coordinator: "test".into(),

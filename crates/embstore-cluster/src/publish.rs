@@ -3,10 +3,11 @@
 //!
 //! 1. Take the table's roll lock (one coordinator at a time; it expires with the coordinator).
 //! 2. Read the control record and the live servers. The next version is one past every version
-//!    recorded; its shard count is given, or follows from the checkpoint's size and the maximum
-//!    shard size; the assignment is the current one with dead servers' slots repaired (or a
-//!    fresh one for a new table or a new shape); the spare column is, per shard, the least
-//!    loaded live server holding no replica of that shard.
+//!    recorded; its shard count is given, or follows from the checkpoint's size (measured by
+//!    the caller, [`Publish::checkpoint_bytes`]) and the maximum shard size; the assignment is
+//!    the current one with dead servers' slots repaired (or a fresh one for a new table or a
+//!    new shape); the spare column is, per shard, the least loaded live server holding no
+//!    replica of that shard.
 //! 3. Record the roll as running, run it ([`crate::roll`]), recording each step.
 //! 4. On success the record names the new version, its checkpoint and assignment; on failure
 //!    the roll is recorded failed with its error, the version served stays the old one, and
@@ -33,9 +34,12 @@ pub struct Publish {
     pub table: String,
     /// The checkpoint to serve (a path on the servers).
     pub checkpoint: String,
-    /// The new version's shard count (a power of two); `None`: from the checkpoint's size and
-    /// `max_shard_bytes`, or the current count if the checkpoint cannot be read here.
+    /// The new version's shard count (a power of two); `None`: from `checkpoint_bytes` and
+    /// `max_shard_bytes`, or the current count if the checkpoint's size is unknown.
     pub num_shards: Option<u32>,
+    /// The bytes of the table in the checkpoint, if the caller could read them (the table
+    /// crate's `checkpoint_table_bytes`: the control plane does not read checkpoints).
+    pub checkpoint_bytes: Option<u64>,
     /// The largest shard an automatic shard count allows.
     pub max_shard_bytes: u64,
     /// Replicas per shard; `None`: as now, or 2 for a new table.
@@ -55,6 +59,18 @@ pub struct Publish {
 pub fn shards_for(bytes: u64, max_shard_bytes: u64) -> u32 {
     let need = bytes.div_ceil(max_shard_bytes.max(1)).max(1);
     need.next_power_of_two().min(1 << 16) as u32
+}
+
+/// The error of a publish that must pick a new table's shard count from a checkpoint it could
+/// not size.
+fn unsized_new_table(table: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "table '{table}' is new and its checkpoint could not be sized here: give the shard \
+             count (num_shards, --shards)"
+        ),
+    )
 }
 
 /// Publishes `p` (see the module docs); returns the version now served. Fails with `Locked`
@@ -92,19 +108,16 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
     let version = old.version.max(recorded) + 1;
     let num_shards = match p.num_shards {
         Some(n) => n,
-        None => match embstore_table::checkpoint_table_bytes(
-            std::path::Path::new(&p.checkpoint),
-            &p.table,
-        ) {
-            Ok(bytes) => shards_for(bytes, p.max_shard_bytes),
-            Err(e) if old.num_shards > 0 => {
+        None => match p.checkpoint_bytes {
+            Some(bytes) => shards_for(bytes, p.max_shard_bytes),
+            None if old.num_shards > 0 => {
                 progress(&format!(
-                    "cannot size the checkpoint here ({e}); keeping {} shards",
+                    "cannot size the checkpoint here; keeping {} shards",
                     old.num_shards
                 ));
                 old.num_shards
             }
-            Err(e) => return Err(e),
+            None => return Err(unsized_new_table(&p.table)),
         },
     };
     // Replicas: as asked, else as now, else 2 (a new table).

@@ -530,10 +530,26 @@ pub(crate) fn publish(
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let (drain_quiet, drain_max, load_timeout) =
         roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
+    // Without a shard count, the checkpoint's size picks one: measured here, where the table
+    // crate is linked (the control plane does not read checkpoints).
+    let checkpoint_bytes = match num_shards {
+        Some(_) => None,
+        None => {
+            match embstore_table::checkpoint_table_bytes(std::path::Path::new(&checkpoint), &table)
+            {
+                Ok(bytes) => Some(bytes),
+                Err(e) => {
+                    print_step(&format!("the checkpoint cannot be read here ({e})"));
+                    None
+                }
+            }
+        }
+    };
     let p = embstore_cluster::Publish {
         table,
         checkpoint,
         num_shards,
+        checkpoint_bytes,
         max_shard_bytes,
         replicas,
         coordinator: format!("{}:{}", host.trim(), std::process::id()),
