@@ -2,7 +2,8 @@
 //! the progress recorded in, the table's control record.
 //!
 //! 1. Take the table's roll lock (one coordinator at a time; it expires with the coordinator).
-//! 2. Read the control record and the live servers. The next version is one past every version
+//! 2. Read the control record and the live servers, and plan ([`plan`], a pure function of
+//!    them and the request). The next version is one past every version
 //!    recorded; its shard count is given, or follows from the checkpoint's size (measured by
 //!    the caller, [`Publish::checkpoint_bytes`]) and the maximum shard size; the assignment is
 //!    the current one with dead servers' slots repaired (or a fresh one for a new table or a
@@ -18,15 +19,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use embstore_table::{now_ms, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 
 use crate::roll::{roll, RollPlan};
 use crate::rpc::ClientTls;
-use crate::{
-    assign, controls, least_loaded, loads, members, put_control, repair, roll_lock, Control, Etcd,
-    Roll, RollState,
-};
+use crate::{controls, loads, members, put_control, roll_lock, Control, Etcd, Roll, RollState};
+
+mod plan;
+
+use plan::{plan, PublishPlan};
 
 /// What to publish, and how.
 #[derive(Clone, Debug)]
@@ -61,18 +65,6 @@ pub fn shards_for(bytes: u64, max_shard_bytes: u64) -> u32 {
     need.next_power_of_two().min(1 << 16) as u32
 }
 
-/// The error of a publish that must pick a new table's shard count from a checkpoint it could
-/// not size.
-fn unsized_new_table(table: &str) -> Error {
-    Error::new(
-        ErrorKind::InvalidArgument,
-        format!(
-            "table '{table}' is new and its checkpoint could not be sized here: give the shard \
-             count (num_shards, --shards)"
-        ),
-    )
-}
-
 /// Publishes `p` (see the module docs); returns the version now served. Fails with `Locked`
 /// while another roll of the table runs, `Unavailable` when etcd or too many servers are away,
 /// and with the failed step's error (the old version still served) otherwise.
@@ -83,90 +75,102 @@ pub async fn publish(etcd: Arc<Etcd>, p: &Publish, mut progress: impl FnMut(&str
     result
 }
 
+/// Under the roll lock: read the state, plan, record the roll as running, run it, record how
+/// it ended.
 async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> Result<u64> {
-    if let Some(n) = p.num_shards {
-        if n == 0 || !n.is_power_of_two() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("the shard count must be a power of two, got {n}"),
-            ));
+    let state = State::read(etcd, &p.table).await?;
+    let planned = plan(&state.old, &state.instances(), state.load.clone(), p)?;
+    for note in &planned.notes {
+        progress(note);
+    }
+    let record = start(etcd, p, &state, &planned).await?;
+    progress(&format!(
+        "table '{}': version {} -> {}, {} shards x {} replicas, spare column {:?}",
+        p.table,
+        state.old.version,
+        planned.version,
+        planned.num_shards,
+        planned.replicas,
+        planned.spare
+    ));
+    let (outcome, step) =
+        roll_recorded(etcd, &record, &state.roll_plan(p, &planned), progress).await;
+    finish(etcd, p, record, &planned, step, &outcome).await?;
+    outcome.map(|()| planned.version)
+}
+
+/// What a publish reads before it plans.
+#[derive(Debug)]
+struct State {
+    /// The table's control record (a default one for a new table) and its revision (0: none),
+    /// which the roll's first write compares against.
+    old: Control,
+    revision: i64,
+    /// The live servers: (instance, address).
+    live: Vec<(String, String)>,
+    /// Slots each instance holds for the other tables.
+    load: HashMap<String, usize>,
+}
+
+impl State {
+    async fn read(etcd: &Etcd, table: &str) -> Result<Self> {
+        let live = members(etcd).await?;
+        let all = controls(etcd).await?;
+        let (old, revision) = all
+            .iter()
+            .find(|(c, _)| c.table == table)
+            .cloned()
+            .unwrap_or_else(|| (Control { table: table.to_string(), ..Default::default() }, 0));
+        let load = loads(all.iter().filter(|(c, _)| c.table != table).map(|(c, _)| c));
+        Ok(Self { old, revision, live, load })
+    }
+
+    /// The live instances' names.
+    fn instances(&self) -> Vec<String> {
+        self.live.iter().map(|(i, _)| i.clone()).collect()
+    }
+
+    /// The address clients dial for `instance` (its name, if it is not live).
+    fn addr(&self, instance: &str) -> String {
+        self.live
+            .iter()
+            .find(|(i, _)| i == instance)
+            .map_or(instance.to_string(), |(_, a)| a.clone())
+    }
+
+    /// The roll that carries out `planned`, over the servers' addresses.
+    fn roll_plan(&self, p: &Publish, planned: &PublishPlan) -> RollPlan {
+        let old = (self.old.version > 0).then_some(self.old.version);
+        let addrs = |instances: &[String]| instances.iter().map(|i| self.addr(i)).collect();
+        RollPlan {
+            table: p.table.clone(),
+            version: planned.version,
+            checkpoint: p.checkpoint.clone(),
+            old_version: old,
+            old_num_shards: old.map(|_| self.old.num_shards),
+            columns: planned.columns.iter().map(|c| addrs(c)).collect(),
+            spare: addrs(&planned.spare),
+            drain_quiet: p.drain_quiet,
+            drain_max: p.drain_max,
+            load_timeout: p.load_timeout,
+            token: p.token.clone(),
+            tls: p.tls.clone(),
         }
     }
-    let live: Vec<(String, String)> = members(etcd).await?;
-    let names: Vec<String> = live.iter().map(|(i, _)| i.clone()).collect();
-    let addr = |instance: &str| {
-        live.iter().find(|(i, _)| i == instance).map_or(instance.to_string(), |(_, a)| a.clone())
-    };
-    let all = controls(etcd).await?;
-    let (old, revision) = all
-        .iter()
-        .find(|(c, _)| c.table == p.table)
-        .cloned()
-        .unwrap_or_else(|| (Control { table: p.table.clone(), ..Default::default() }, 0));
-    let mut load = loads(all.iter().filter(|(c, _)| c.table != p.table).map(|(c, _)| c));
-    let recorded = old.roll.as_ref().map_or(0, |r| r.to_version);
-    let version = old.version.max(recorded) + 1;
-    let num_shards = match p.num_shards {
-        Some(n) => n,
-        None => match p.checkpoint_bytes {
-            Some(bytes) => shards_for(bytes, p.max_shard_bytes),
-            None if old.num_shards > 0 => {
-                progress(&format!(
-                    "cannot size the checkpoint here; keeping {} shards",
-                    old.num_shards
-                ));
-                old.num_shards
-            }
-            None => return Err(unsized_new_table(&p.table)),
-        },
-    };
-    // Replicas: as asked, else as now, else 2 (a new table).
-    let replicas = p.replicas.or((old.replicas > 0).then_some(old.replicas)).unwrap_or(2);
-    let same_shape = old.num_shards == num_shards
-        && old.replicas == replicas
-        && old.assignment.len() == num_shards as usize;
-    let assignment = if same_shape {
-        let mut a = old.assignment.clone();
-        for i in a.iter().flatten() {
-            *load.entry(i.clone()).or_insert(0) += 1;
-        }
-        for (s, r, to) in repair(&old, &names, &mut load) {
-            progress(&format!("shard {s} replica {r}: {} is gone, {to} takes it", a[s][r]));
-            a[s][r] = to;
-        }
-        a
-    } else {
-        assign(num_shards, replicas, &names, &mut load)?
-    };
-    let columns: Vec<Vec<String>> = (0..replicas as usize)
-        .map(|r| assignment.iter().map(|shard| shard[r].clone()).collect())
-        .collect();
-    // A spare column only when there is an old version to keep serving at full capacity.
-    let mut spare = Vec::new();
-    if old.version > 0 {
-        for shard in &assignment {
-            match least_loaded(&names, &load, shard).cloned() {
-                Some(i) => {
-                    *load.entry(i.clone()).or_insert(0) += 1;
-                    spare.push(i);
-                }
-                None => {
-                    progress("no server is free for a spare column: capacity drops by one replica while a column moves");
-                    spare.clear();
-                    break;
-                }
-            }
-        }
-    }
+}
+
+/// Records the roll as running (compare-and-swap against the record read); returns the
+/// record. Fails with `Locked` if the record changed since.
+async fn start(etcd: &Etcd, p: &Publish, state: &State, planned: &PublishPlan) -> Result<Control> {
     let started = now_ms();
-    let mut record = old.clone();
+    let mut record = state.old.clone();
     record.roll = Some(Roll {
-        from_version: old.version,
-        to_version: version,
+        from_version: state.old.version,
+        to_version: planned.version,
         checkpoint: p.checkpoint.clone(),
-        num_shards,
-        columns: columns.clone(),
-        spare: spare.clone(),
+        num_shards: planned.num_shards,
+        columns: planned.columns.clone(),
+        spare: planned.spare.clone(),
         state: RollState::Running,
         step: "started".into(),
         coordinator: p.coordinator.clone(),
@@ -174,7 +178,7 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
         updated_ms: started,
         error: String::new(),
     });
-    if !put_control(etcd, &record, revision).await? {
+    if !put_control(etcd, &record, state.revision).await? {
         return Err(Error::new(
             ErrorKind::Locked,
             format!(
@@ -183,25 +187,17 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
             ),
         ));
     }
-    progress(&format!(
-        "table '{}': version {} -> {version}, {num_shards} shards x {replicas} replicas, spare column {:?}",
-        p.table, old.version, spare
-    ));
-    let plan = RollPlan {
-        table: p.table.clone(),
-        version,
-        checkpoint: p.checkpoint.clone(),
-        old_version: (old.version > 0).then_some(old.version),
-        old_num_shards: (old.version > 0).then_some(old.num_shards),
-        columns: columns.iter().map(|c| c.iter().map(|i| addr(i)).collect()).collect(),
-        spare: spare.iter().map(|i| addr(i)).collect(),
-        drain_quiet: p.drain_quiet,
-        drain_max: p.drain_max,
-        load_timeout: p.load_timeout,
-        token: p.token.clone(),
-        tls: p.tls.clone(),
-    };
-    // Steps go to etcd from a task, so that the roll never waits on etcd.
+    Ok(record)
+}
+
+/// Runs `plan`, passing each step to `progress` and, from a task every 500 ms, to `record` in
+/// etcd (so that the roll never waits on etcd); returns how it ended and its last step.
+async fn roll_recorded(
+    etcd: &Arc<Etcd>,
+    record: &Control,
+    plan: &RollPlan,
+    progress: &mut impl FnMut(&str),
+) -> (Result<()>, String) {
     let step = Arc::new(Mutex::new(String::new()));
     let recorder = {
         let (etcd, step, mut record) = (etcd.clone(), step.clone(), record.clone());
@@ -223,24 +219,39 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
             }
         })
     };
-    let outcome = roll(&plan, |line| {
+    let outcome = roll(plan, |line| {
         *step.lock() = line.to_string();
         progress(line);
     })
     .await;
     recorder.abort();
-    let mut done = record.clone();
-    let r = done.roll.as_mut().expect("set above");
-    r.step = step.lock().clone();
+    let last = step.lock().clone();
+    (outcome, last)
+}
+
+/// Records how the roll ended: on success the record names the new version, its checkpoint
+/// and assignment; on failure the roll is marked failed with its error and the version served
+/// stays the old one.
+async fn finish(
+    etcd: &Etcd,
+    p: &Publish,
+    record: Control,
+    planned: &PublishPlan,
+    step: String,
+    outcome: &Result<()>,
+) -> Result<()> {
+    let mut done = record;
+    let r = done.roll.as_mut().expect("set when the roll started");
+    r.step = step;
     r.updated_ms = now_ms();
-    match &outcome {
+    match outcome {
         Ok(()) => {
             r.state = RollState::Done;
-            done.version = version;
-            done.num_shards = num_shards;
-            done.replicas = replicas;
+            done.version = planned.version;
+            done.num_shards = planned.num_shards;
+            done.replicas = planned.replicas;
             done.checkpoint = p.checkpoint.clone();
-            done.assignment = assignment;
+            done.assignment = planned.assignment.clone();
         }
         Err(e) => {
             r.state = RollState::Failed;
@@ -248,6 +259,5 @@ async fn run(etcd: &Arc<Etcd>, p: &Publish, progress: &mut impl FnMut(&str)) -> 
         }
     }
     let key = format!("{}{}", crate::CONTROL, p.table);
-    etcd.put(&key, &done.to_json(), 0).await?;
-    outcome.map(|()| version)
+    etcd.put(&key, &done.to_json(), 0).await
 }
