@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use embstore_proto::v1::serving_client::ServingClient;
 use embstore_proto::v1::{DescribeRequest, ServerInfo};
-use embstore_table::{Error, ErrorKind, Result};
+use embstore_table::{now_ms, Error, ErrorKind, Result};
 
 use crate::admin::{admin, AdminCall};
 use crate::rpc::{channel, request, ClientTls};
@@ -56,88 +56,14 @@ impl RollPlan {
 /// is and says which step failed: every column not yet moved still serves the old version, so
 /// clients keep reading one complete version throughout.
 pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()> {
-    // The spare column names the shard count when there is one, else the first column.
-    let shards = match plan.spare.len() {
-        0 => plan.columns.first().map_or(0, Vec::len),
-        n => n,
-    };
-    if shards == 0 || !shards.is_power_of_two() {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("a column must have a power-of-two number of servers, got {shards}"),
-        ));
-    }
-    if let Some(bad) = plan.columns.iter().find(|c| c.len() != shards) {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("every column needs {shards} servers (one per shard), got {bad:?}"),
-        ));
-    }
-    if !plan.spare.is_empty() && plan.spare.len() != shards {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!(
-                "the spare column needs {shards} servers (one per shard), got {:?}",
-                plan.spare
-            ),
-        ));
-    }
-    let at = |what: String| move |e: Error| Error::new(e.kind(), format!("{what}: {e}"));
-    let load = |shard: usize| AdminCall::Load {
-        table: plan.table.clone(),
-        version: plan.version,
-        shard: shard as u32,
-        num_shards: shards as u32,
-        checkpoint: plan.checkpoint.clone(),
-    };
+    let shards = plan.shard_count()?;
     for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
-        plan.call(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
+        let load = plan.load(s, shards);
+        plan.call(addr, load, plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
     }
-    let quick = Duration::from_secs(10);
-    // The old version's shard a column's server holds at position `s`, if the count is known.
-    let old_shard =
-        |s: usize| plan.old_num_shards.filter(|&n| n as usize == shards).map(|_| s as u32);
     for (r, column) in plan.columns.iter().enumerate() {
-        if let Some(old) = plan.old_version {
-            for (s, addr) in column.iter().enumerate() {
-                progress(&format!("column {r} {addr}: drain version {old}"));
-                let call = AdminCall::Drain {
-                    table: plan.table.clone(),
-                    version: old,
-                    shard: old_shard(s),
-                };
-                match plan.call(addr, call, quick).await {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
-                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
-                }
-            }
-            let token = plan.token.as_deref();
-            let (quiet, max, tls) = (plan.drain_quiet, plan.drain_max, plan.tls.as_ref());
-            wait_quiet(&plan.table, old, column, quiet, max, token, tls).await;
-        }
-        for (s, addr) in column.iter().enumerate() {
-            if let Some(old) = plan.old_version {
-                let call = AdminCall::Unload {
-                    table: plan.table.clone(),
-                    version: old,
-                    shard: old_shard(s),
-                };
-                match plan.call(addr, call, quick).await {
-                    Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
-                    Err(e) if e.kind() == ErrorKind::TableNotFound => {}
-                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
-                }
-            }
-            progress(&format!(
-                "column {r} {addr}: load version {} shard {s}/{shards}",
-                plan.version
-            ));
-            plan.call(addr, load(s), plan.load_timeout)
-                .await
-                .map_err(at(format!("column {r} {addr}")))?;
-        }
+        move_column(plan, r, column, shards, &mut progress).await?;
     }
     for (s, addr) in plan.spare.iter().enumerate() {
         progress(&format!("spare {addr}: unload version {}", plan.version));
@@ -146,9 +72,116 @@ pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()>
             version: plan.version,
             shard: Some(s as u32),
         };
-        plan.call(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
+        plan.call(addr, call, QUICK).await.map_err(at(format!("spare {addr}")))?;
     }
     progress(&format!("done: table '{}' at version {}", plan.table, plan.version));
+    Ok(())
+}
+
+/// The longest a drain or an unload may take.
+const QUICK: Duration = Duration::from_secs(10);
+
+/// An error at step `what`, saying so.
+fn at(what: String) -> impl Fn(Error) -> Error {
+    move |e: Error| Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+impl RollPlan {
+    /// The shard count the plan names: the spare column's when there is one, else the first
+    /// column's. Fails with `InvalidArgument` unless it is a power of two and every column
+    /// (and the spare column) has one server per shard.
+    fn shard_count(&self) -> Result<usize> {
+        let shards = match self.spare.len() {
+            0 => self.columns.first().map_or(0, Vec::len),
+            n => n,
+        };
+        if shards == 0 || !shards.is_power_of_two() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("a column must have a power-of-two number of servers, got {shards}"),
+            ));
+        }
+        if let Some(bad) = self.columns.iter().find(|c| c.len() != shards) {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("every column needs {shards} servers (one per shard), got {bad:?}"),
+            ));
+        }
+        if !self.spare.is_empty() && self.spare.len() != shards {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "the spare column needs {shards} servers (one per shard), got {:?}",
+                    self.spare
+                ),
+            ));
+        }
+        Ok(shards)
+    }
+
+    /// The load of shard `shard` of `shards` of the new version.
+    fn load(&self, shard: usize, shards: usize) -> AdminCall {
+        AdminCall::Load {
+            table: self.table.clone(),
+            version: self.version,
+            shard: shard as u32,
+            num_shards: shards as u32,
+            checkpoint: self.checkpoint.clone(),
+        }
+    }
+
+    /// The old version's shard a column's server holds at position `s`, if the count is
+    /// known and the same (else the whole old version there is drained and unloaded).
+    fn old_shard(&self, s: usize, shards: usize) -> Option<u32> {
+        self.old_num_shards.filter(|&n| n as usize == shards).map(|_| s as u32)
+    }
+}
+
+/// Moves column `r` to the new version: each server drains the old version, the column waits
+/// until it is quiet, then each server unloads the old version and loads the new one.
+async fn move_column(
+    plan: &RollPlan,
+    r: usize,
+    column: &[String],
+    shards: usize,
+    progress: &mut impl FnMut(&str),
+) -> Result<()> {
+    if let Some(old) = plan.old_version {
+        for (s, addr) in column.iter().enumerate() {
+            progress(&format!("column {r} {addr}: drain version {old}"));
+            let call = AdminCall::Drain {
+                table: plan.table.clone(),
+                version: old,
+                shard: plan.old_shard(s, shards),
+            };
+            match plan.call(addr, call, QUICK).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
+                Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
+            }
+        }
+        let token = plan.token.as_deref();
+        let (quiet, max, tls) = (plan.drain_quiet, plan.drain_max, plan.tls.as_ref());
+        wait_quiet(&plan.table, old, column, quiet, max, token, tls).await;
+    }
+    for (s, addr) in column.iter().enumerate() {
+        if let Some(old) = plan.old_version {
+            let call = AdminCall::Unload {
+                table: plan.table.clone(),
+                version: old,
+                shard: plan.old_shard(s, shards),
+            };
+            match plan.call(addr, call, QUICK).await {
+                Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
+                Err(e) if e.kind() == ErrorKind::TableNotFound => {}
+                Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
+            }
+        }
+        progress(&format!("column {r} {addr}: load version {} shard {s}/{shards}", plan.version));
+        plan.call(addr, plan.load(s, shards), plan.load_timeout)
+            .await
+            .map_err(at(format!("column {r} {addr}")))?;
+    }
     Ok(())
 }
 
@@ -173,7 +206,7 @@ async fn wait_quiet(
             let Ok(info) = ServingClient::new(ch).describe(req).await else {
                 continue;
             };
-            let now = embstore_table::now_ms();
+            let now = now_ms();
             busy |= info.into_inner().held.iter().any(|h| {
                 h.table == table
                     && h.version == version
