@@ -5,8 +5,12 @@
 //! - [`Client`] — the servers it knows (address, newest `ServerInfo`, health, requests in
 //!   flight) and, per table, the version it pinned last.
 //! - [`Rows`] — a lookup's answer: `values` `[B, D]`, `found` `[B]`, and the `version`.
-//! - [`ClientOptions`] — the call deadline and the restart limit.
+//! - [`ClientOptions`] — the call deadline, the restart limit, the token and [`ClientTls`].
 //! - [`from_status`] — the one mapping from gRPC statuses to table errors.
+//!
+//! [`ClientTls`], [`from_status`] and the channel and TLS diagnosis the client calls through
+//! live in `embstore_cluster::rpc`, which the roll's admin calls share; the roll coordinator
+//! itself (`admin`, `roll`, `publish`) is the control plane's, in `embstore_cluster`.
 //!
 //! ## How a lookup runs
 //! 1. **Pick a version** from the view: the newest *complete* one (every shard has a READY or
@@ -28,7 +32,7 @@
 //!   table's dim make it (`answer_limit`), not gRPC's 4 MiB default; the server decodes any
 //!   request of up to its maximum batch.
 //! - **A failed connect says why** when the cause is TLS (the server speaks TLS, an unknown
-//!   CA, a server without TLS), instead of only "no server answered" (`tls_cause`).
+//!   CA, a server without TLS), instead of only "no server answered" (`embstore_cluster::rpc::tls_cause`).
 //! - **Tokens** lose surrounding whitespace, as when read from a file.
 
 use std::collections::{BTreeMap, HashMap};

@@ -9,7 +9,7 @@
 //!    the current one with dead servers' slots repaired (or a fresh one for a new table or a
 //!    new shape); the spare column is, per shard, the least loaded live server holding no
 //!    replica of that shard.
-//! 3. Record the roll as running, run it ([`crate::roll`]), recording each step.
+//! 3. Record the roll as running, run it ([`roll`](fn@crate::roll)), recording each step.
 //! 4. On success the record names the new version, its checkpoint and assignment; on failure
 //!    the roll is recorded failed with its error, the version served stays the old one, and
 //!    the servers restore what the roll took from them (they reload the recorded version).

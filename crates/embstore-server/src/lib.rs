@@ -1,5 +1,5 @@
 //! The batch-query server (docs/serving.md): it hosts shards of table versions and answers
-//! `Lookup` for exactly the (table, version, shard) a request names, with its [`ServerInfo`]
+//! `Lookup` for exactly the (table, version, shard) a request names, with its `ServerInfo`
 //! on every answer, OK or not, so that shard and version facts travel in the protocol.
 //!
 //! ## Parts

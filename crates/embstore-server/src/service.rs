@@ -19,8 +19,8 @@ use tonic::{Code, Request, Response, Status};
 use crate::hosting::{Hosted, Server, State};
 use crate::tls::{Tls, Tokens};
 
-/// Ids one lookup may carry, by default (the "a batch above the configured maximum"
-/// gets `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
+/// Ids one lookup may carry, by default (a batch above the configured maximum gets
+/// `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
 pub const DEFAULT_MAX_BATCH: usize = 1 << 20;
 
 /// Bytes of a lookup request beyond its ids (table name, version, shard, framing) that a
