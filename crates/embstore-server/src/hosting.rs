@@ -1,7 +1,8 @@
 //! What a server hosts: per table, the versions and shards it holds ([`Hosted`]), each in a
 //! [`State`], with the rows behind them ([`RowSource`]: a [`Table`] in memory, or a budgeted
 //! [`Part`] linked from a checkpoint under [`TierOptions`]); loading from checkpoints, and
-//! `host`, `drain`, `unload`, which change what is held and raise `gen`.
+//! `host`, `drain`, `unload`, which change what is held. The [`Server`]'s lookup path is in
+//! `service.rs`, its metrics in `metrics.rs`.
 //!
 //! Every change to what is held raises `gen`, so that answers carry a fresh `ServerInfo` to
 //! clients whose `known_gen` is older.
