@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions};
 use embstore_proto::v1::LookupResponse;
-use embstore_server::{Rows, Server};
+use embstore_server::{RowSource, Server};
 use embstore_table::{shard_of_key, Store, Table, TableConfig};
 use prost::Message;
 
@@ -215,7 +215,7 @@ impl Cluster {
 
     /// `SHARDS` × `REPLICAS` servers, replica r of shard s hosting `shards[s]` as version 1 of
     /// table "user" (replicas of a shard share its rows).
-    async fn hosting(prefix: &str, shards: &[Arc<dyn Rows>]) -> Result<Self, String> {
+    async fn hosting(prefix: &str, shards: &[Arc<dyn RowSource>]) -> Result<Self, String> {
         let names: Vec<String> = (0..SHARDS)
             .flat_map(|s| (0..REPLICAS).map(move |r| format!("{prefix}-s{s}r{r}")))
             .collect();
@@ -294,7 +294,7 @@ struct System {
     peer: Peer,
     cluster: Option<Cluster>,
     /// The shards' rows, for timing the storage alone.
-    shards: Vec<Arc<dyn Rows>>,
+    shards: Vec<Arc<dyn RowSource>>,
 }
 
 async fn run_async(args: ServingArgs) -> Result<(), String> {
@@ -315,7 +315,7 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
     let mut redis = None;
     if args.part("latency") || args.part("breakdown") || args.part("slo") {
         // embstore: each shard one table, shared by its two replicas (servers).
-        let mut shards: Vec<Arc<dyn Rows>> = Vec::new();
+        let mut shards: Vec<Arc<dyn RowSource>> = Vec::new();
         for (s, ids) in shard_ids.iter().enumerate() {
             let t = Store::new()
                 .create_table(TableConfig::new(format!("user{s}"), d))
@@ -459,7 +459,7 @@ async fn rocks_system(
 ) -> Result<Option<System>, String> {
     let dir = rocksdb_dir(args);
     let d = args.dim;
-    let mut shards: Vec<Arc<dyn Rows>> = Vec::new();
+    let mut shards: Vec<Arc<dyn RowSource>> = Vec::new();
     let start = Instant::now();
     for (s, ids) in shard_ids.iter().enumerate() {
         // The block cache: the shard's rows and keys, plus 25 % for block and entry overhead.

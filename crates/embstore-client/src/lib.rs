@@ -5,8 +5,12 @@
 //! - [`Client`] — the servers it knows (address, newest `ServerInfo`, health, requests in
 //!   flight) and, per table, the version it pinned last.
 //! - [`Rows`] — a lookup's answer: `values` `[B, D]`, `found` `[B]`, and the `version`.
-//! - [`ClientOptions`] — the call deadline and the restart limit.
+//! - [`ClientOptions`] — the call deadline, the restart limit, the token and [`ClientTls`].
 //! - [`from_status`] — the one mapping from gRPC statuses to table errors.
+//!
+//! [`ClientTls`], [`from_status`] and the channel and TLS diagnosis the client calls through
+//! live in `embstore_cluster::rpc`, which the roll's admin calls share; the roll coordinator
+//! itself (`admin`, `roll`, `publish`) is the control plane's, in `embstore_cluster`.
 //!
 //! ## How a lookup runs
 //! 1. **Pick a version** from the view: the newest *complete* one (every shard has a READY or
@@ -28,18 +32,15 @@
 //!   table's dim make it (`answer_limit`), not gRPC's 4 MiB default; the server decodes any
 //!   request of up to its maximum batch.
 //! - **A failed connect says why** when the cause is TLS (the server speaks TLS, an unknown
-//!   CA, a server without TLS), instead of only "no server answered" (`tls_cause`).
+//!   CA, a server without TLS), instead of only "no server answered" (`embstore_cluster::rpc::tls_cause`).
 //! - **Tokens** lose surrounding whitespace, as when read from a file.
-
-mod publish;
-
-pub use publish::{publish, shards_for, Publish};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use embstore_cluster::rpc::{channel, request, tls_cause};
 use embstore_proto::v1::serving_client::ServingClient;
 use embstore_proto::v1::{DescribeRequest, LookupRequest, LookupResponse, ServerInfo, State};
 use embstore_table::{shard_of_key, Error, ErrorKind, Result};
@@ -47,6 +48,8 @@ use parking_lot::Mutex;
 use prost::Message;
 use tonic::transport::Channel;
 use tonic::Code;
+
+pub use embstore_cluster::rpc::{from_status, ClientTls};
 
 /// How a [`Client`] calls.
 #[derive(Clone, Debug)]
@@ -68,37 +71,6 @@ pub struct ClientOptions {
     pub token: Option<String>,
     /// Talk TLS to the servers.
     pub tls: Option<ClientTls>,
-}
-
-/// TLS towards the servers: the CA their certificates chain to, the name to check them
-/// against (default: the address's host), and a client certificate for mutual TLS.
-#[derive(Clone, Debug)]
-pub struct ClientTls {
-    pub ca_pem: Vec<u8>,
-    pub domain: Option<String>,
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-/// A channel to `addr` (lazy: it connects on first use).
-fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result<Channel> {
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::new(ErrorKind::InvalidArgument, format!("bad address '{addr}': {e}"))
-    };
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
-    let mut ep = Channel::from_shared(uri).map_err(|e| bad(&e))?.connect_timeout(timeout);
-    if let Some(t) = tls {
-        let mut config = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem));
-        if let Some(d) = &t.domain {
-            config = config.domain_name(d.clone());
-        }
-        if let Some((cert, key)) = &t.identity {
-            config = config.identity(tonic::transport::Identity::from_pem(cert, key));
-        }
-        ep = ep.tls_config(config).map_err(|e| bad(&e))?;
-    }
-    Ok(ep.connect_lazy())
 }
 
 impl Default for ClientOptions {
@@ -661,23 +633,6 @@ async fn shard_call(
     out
 }
 
-/// The table error for a gRPC status (the one mapping of this boundary; the server's
-/// `to_status` is its inverse where one exists).
-pub fn from_status(status: &tonic::Status) -> Error {
-    let kind = match status.code() {
-        Code::InvalidArgument => ErrorKind::InvalidArgument,
-        Code::NotFound => ErrorKind::TableNotFound,
-        Code::AlreadyExists => ErrorKind::TableExists,
-        // OUT_OF_RANGE: a message over a limit of the transport (a request too large).
-        Code::ResourceExhausted | Code::OutOfRange => ErrorKind::Capacity,
-        Code::DataLoss => ErrorKind::Corruption,
-        Code::Unimplemented => ErrorKind::Unsupported,
-        Code::Unauthenticated | Code::PermissionDenied => ErrorKind::PermissionDenied,
-        _ => ErrorKind::Unavailable,
-    };
-    Error::new(kind, status.message())
-}
-
 /// `token` without surrounding whitespace (a token read from a file, or typed, often ends in
 /// a newline), checked to be one a header can carry.
 fn checked_token(token: &str) -> Result<String> {
@@ -692,306 +647,4 @@ fn checked_token(token: &str) -> Result<String> {
         ));
     }
     Ok(t.to_string())
-}
-
-/// Why a call to `addr` failed at the transport, when the cause is TLS: the TLS error of the
-/// handshake (`tls`: the client speaks TLS), or, for a plaintext client, whether the server
-/// answers a plaintext greeting with a TLS alert. `None`: not a TLS matter.
-async fn tls_cause(addr: &str, status: &tonic::Status, tls: bool) -> Option<String> {
-    // The whole chain, to search; the innermost error, to say.
-    let (mut chain, mut last) = (status.message().to_string(), status.message().to_string());
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        last = e.to_string();
-        chain.push_str(&format!(": {last}"));
-        source = e.source();
-    }
-    let has = |what: &str| chain.to_ascii_lowercase().contains(&what.to_ascii_lowercase());
-    if !tls {
-        return speaks_tls(addr).await.then(|| {
-            "the server speaks tls: give the ca its certificate chains to (tls_ca, --tls-ca)"
-                .to_string()
-        });
-    }
-    let cause = if has("UnknownIssuer") || has("BadSignature") || has("unknown ca") {
-        "unknown ca: the server's certificate does not chain to the ca given (tls_ca, --tls-ca)"
-    } else if has("NotValidForName") {
-        "the server's certificate is not valid for this name (tls_domain, --tls-domain)"
-    } else if has("CertificateRequired") || has("BadCertificate") || has("UnknownCA") {
-        "the server refused the client certificate, or needs one (tls_cert, --tls-cert)"
-    } else if has("Expired") {
-        "the server's certificate has expired or is not valid yet"
-    } else if has("InvalidContentType") || has("corrupt message") {
-        "the server does not speak tls (leave out tls_ca, --tls-ca)"
-    } else if has("invalid peer certificate") || has("alert") || has("handshake") {
-        return Some(format!("tls handshake failed: {last}"));
-    } else {
-        return None;
-    };
-    Some(format!("tls handshake failed: {cause}"))
-}
-
-/// Whether the server at `addr` answers an HTTP/2 greeting with a TLS record (an alert, as a
-/// TLS server answers bytes that are not a handshake), within a second.
-async fn speaks_tls(addr: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    let probe = async {
-        let mut conn = tokio::net::TcpStream::connect(host).await.ok()?;
-        conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
-        let mut head = [0u8; 3];
-        conn.read_exact(&mut head).await.ok()?;
-        // A TLS record: content type 21 (alert) or 22 (handshake), version 3.x.
-        Some(matches!(head, [21 | 22, 3, 0..=4]))
-    };
-    matches!(tokio::time::timeout(Duration::from_secs(1), probe).await, Ok(Some(true)))
-}
-
-/// `msg` as a request, with `authorization: Bearer <token>` when there is a token.
-fn request<T>(msg: T, token: Option<&str>) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    if let Some(t) = token {
-        if let Ok(v) = format!("Bearer {}", t.trim()).parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
-    }
-    req
-}
-
-/// The calls a roll's coordinator makes to one server's `Admin` service (served only by a
-/// server started with admin calls enabled). Each returns the server's `ServerInfo` after
-/// the change.
-#[derive(Clone, Debug)]
-pub enum AdminCall {
-    /// Load shard `shard` of `num_shards` of `table` from the checkpoint at `checkpoint` (a
-    /// path on the server's machine) as `version`.
-    Load { table: String, version: u64, shard: u32, num_shards: u32, checkpoint: String },
-    /// Mark `version` of `table` DRAINING (only shard `shard`, if given).
-    Drain { table: String, version: u64, shard: Option<u32> },
-    /// Stop serving `version` of `table` (only shard `shard`, if given).
-    Unload { table: String, version: u64, shard: Option<u32> },
-}
-
-/// Makes `call` to the server at `addr`, within `timeout` (a load reads a whole shard), with
-/// `token` if the server asks for one, over TLS when `tls` is given.
-pub async fn admin(
-    addr: &str,
-    call: AdminCall,
-    timeout: Duration,
-    token: Option<&str>,
-    tls: Option<&ClientTls>,
-) -> Result<ServerInfo> {
-    use embstore_proto::v1::admin_client::AdminClient;
-    use embstore_proto::v1::{LoadRequest, VersionRequest};
-    let mut rpc = AdminClient::new(channel(addr, timeout, tls)?);
-    let call = async move {
-        match call {
-            AdminCall::Load { table, version, shard, num_shards, checkpoint } => {
-                let msg = LoadRequest { table, version, shard, num_shards, checkpoint };
-                rpc.load(request(msg, token)).await
-            }
-            AdminCall::Drain { table, version, shard } => {
-                rpc.drain(request(VersionRequest { table, version, shard }, token)).await
-            }
-            AdminCall::Unload { table, version, shard } => {
-                rpc.unload(request(VersionRequest { table, version, shard }, token)).await
-            }
-        }
-    };
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(info)) => Ok(info.into_inner()),
-        Ok(Err(status)) if status.code() == Code::Unimplemented => Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("{addr} does not take admin calls (start it with --admin)"),
-        )),
-        Ok(Err(status)) => {
-            let e = from_status(&status);
-            match tls_cause(addr, &status, tls.is_some()).await {
-                Some(cause) if e.kind() == ErrorKind::Unavailable => {
-                    Err(Error::new(e.kind(), format!("{addr}: {cause}")))
-                }
-                _ => Err(e),
-            }
-        }
-        Err(_) => Err(Error::new(
-            ErrorKind::Unavailable,
-            format!("admin call to {addr} passed its timeout of {timeout:?}"),
-        )),
-    }
-}
-
-/// A roll of one table to a new version over a fixed cluster (docs/serving.md, "A roll"):
-/// `columns[r][s]` is the server of replica `r` of shard `s`, `spare[s]` the spare column's.
-#[derive(Clone, Debug)]
-pub struct RollPlan {
-    pub table: String,
-    /// The version to serve, and the checkpoint (a path on the servers) it comes from.
-    pub version: u64,
-    pub checkpoint: String,
-    /// The version the columns serve now (unloaded as each column moves); `None`: nothing.
-    pub old_version: Option<u64>,
-    /// The old version's shard count, when known: a column's server then drains and unloads
-    /// only its own shard of it (it may hold others, taken over from a dead server); `None`
-    /// (unknown, or a re-sharding roll): the whole old version there.
-    pub old_num_shards: Option<u32>,
-    pub columns: Vec<Vec<String>>,
-    /// One server per shard that holds the new version while the columns move (1/R extra
-    /// memory, no loss of capacity); empty: no spare column (the first version of a table, or
-    /// too few servers — capacity then drops by one replica while a column moves).
-    pub spare: Vec<String>,
-    /// A draining replica is unloaded once no lookup named the old version there for this
-    /// long, or after `drain_max` in all.
-    pub drain_quiet: Duration,
-    pub drain_max: Duration,
-    /// The longest one load may take.
-    pub load_timeout: Duration,
-    /// The admin token, if the servers ask for one.
-    pub token: Option<String>,
-    /// TLS towards the servers, if they serve it.
-    pub tls: Option<ClientTls>,
-}
-
-impl RollPlan {
-    /// An admin call to `addr` with the plan's token and TLS.
-    async fn call(&self, addr: &str, call: AdminCall, timeout: Duration) -> Result<ServerInfo> {
-        admin(addr, call, timeout, self.token.as_deref(), self.tls.as_ref()).await
-    }
-}
-
-/// Runs `plan`: the spare column loads the new version; then, column by column, each server
-/// drains the old version, waits until it is quiet, unloads it and loads the new one; then the
-/// spare column unloads. `progress` gets a line per step. On an error the roll stops where it
-/// is and says which step failed: every column not yet moved still serves the old version, so
-/// clients keep reading one complete version throughout.
-pub async fn roll(plan: &RollPlan, mut progress: impl FnMut(&str)) -> Result<()> {
-    // The spare column names the shard count when there is one, else the first column.
-    let shards = match plan.spare.len() {
-        0 => plan.columns.first().map_or(0, Vec::len),
-        n => n,
-    };
-    if shards == 0 || !shards.is_power_of_two() {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("a column must have a power-of-two number of servers, got {shards}"),
-        ));
-    }
-    if let Some(bad) = plan.columns.iter().find(|c| c.len() != shards) {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("every column needs {shards} servers (one per shard), got {bad:?}"),
-        ));
-    }
-    if !plan.spare.is_empty() && plan.spare.len() != shards {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!(
-                "the spare column needs {shards} servers (one per shard), got {:?}",
-                plan.spare
-            ),
-        ));
-    }
-    let at = |what: String| move |e: Error| Error::new(e.kind(), format!("{what}: {e}"));
-    let load = |shard: usize| AdminCall::Load {
-        table: plan.table.clone(),
-        version: plan.version,
-        shard: shard as u32,
-        num_shards: shards as u32,
-        checkpoint: plan.checkpoint.clone(),
-    };
-    for (s, addr) in plan.spare.iter().enumerate() {
-        progress(&format!("spare {addr}: load version {} shard {s}/{shards}", plan.version));
-        plan.call(addr, load(s), plan.load_timeout).await.map_err(at(format!("spare {addr}")))?;
-    }
-    let quick = Duration::from_secs(10);
-    // The old version's shard a column's server holds at position `s`, if the count is known.
-    let old_shard =
-        |s: usize| plan.old_num_shards.filter(|&n| n as usize == shards).map(|_| s as u32);
-    for (r, column) in plan.columns.iter().enumerate() {
-        if let Some(old) = plan.old_version {
-            for (s, addr) in column.iter().enumerate() {
-                progress(&format!("column {r} {addr}: drain version {old}"));
-                let call = AdminCall::Drain {
-                    table: plan.table.clone(),
-                    version: old,
-                    shard: old_shard(s),
-                };
-                match plan.call(addr, call, quick).await {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::TableNotFound => continue, // not held
-                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
-                }
-            }
-            let token = plan.token.as_deref();
-            let (quiet, max, tls) = (plan.drain_quiet, plan.drain_max, plan.tls.as_ref());
-            wait_quiet(&plan.table, old, column, quiet, max, token, tls).await;
-        }
-        for (s, addr) in column.iter().enumerate() {
-            if let Some(old) = plan.old_version {
-                let call = AdminCall::Unload {
-                    table: plan.table.clone(),
-                    version: old,
-                    shard: old_shard(s),
-                };
-                match plan.call(addr, call, quick).await {
-                    Ok(_) => progress(&format!("column {r} {addr}: unloaded version {old}")),
-                    Err(e) if e.kind() == ErrorKind::TableNotFound => {}
-                    Err(e) => return Err(at(format!("column {r} {addr}"))(e)),
-                }
-            }
-            progress(&format!(
-                "column {r} {addr}: load version {} shard {s}/{shards}",
-                plan.version
-            ));
-            plan.call(addr, load(s), plan.load_timeout)
-                .await
-                .map_err(at(format!("column {r} {addr}")))?;
-        }
-    }
-    for (s, addr) in plan.spare.iter().enumerate() {
-        progress(&format!("spare {addr}: unload version {}", plan.version));
-        let call = AdminCall::Unload {
-            table: plan.table.clone(),
-            version: plan.version,
-            shard: Some(s as u32),
-        };
-        plan.call(addr, call, quick).await.map_err(at(format!("spare {addr}")))?;
-    }
-    progress(&format!("done: table '{}' at version {}", plan.table, plan.version));
-    Ok(())
-}
-
-/// Waits until no lookup named `version` of `table` on any of `servers` for `quiet`, or
-/// `max` has passed.
-async fn wait_quiet(
-    table: &str,
-    version: u64,
-    servers: &[String],
-    quiet: Duration,
-    max: Duration,
-    token: Option<&str>,
-    tls: Option<&ClientTls>,
-) {
-    let start = std::time::Instant::now();
-    let quiet_ms = quiet.as_millis() as u64;
-    while start.elapsed() < max {
-        let mut busy = false;
-        for addr in servers {
-            let Ok(ch) = channel(addr, Duration::from_secs(2), tls) else { continue };
-            let req = request(DescribeRequest {}, token);
-            let Ok(info) = ServingClient::new(ch).describe(req).await else {
-                continue;
-            };
-            let now = embstore_table::now_ms();
-            busy |= info.into_inner().held.iter().any(|h| {
-                h.table == table
-                    && h.version == version
-                    && h.last_request_ms > 0
-                    && now.saturating_sub(h.last_request_ms) < quiet_ms
-            });
-        }
-        if !busy {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_client::{publish, Client, ClientOptions, Publish};
-use embstore_cluster::{control, Etcd, RollState, TestEtcd};
+use embstore_client::{Client, ClientOptions};
+use embstore_cluster::{control, publish, Etcd, Publish, RollState, TestEtcd};
 use embstore_server::member::{Member, MemberOptions};
 use embstore_server::{ServeOptions, Server};
 use embstore_table::{ErrorKind, Store, TableConfig};
@@ -90,6 +90,7 @@ fn request(table: &str, checkpoint: &str, num_shards: Option<u32>) -> Publish {
         table: table.into(),
         checkpoint: checkpoint.into(),
         num_shards,
+        checkpoint_bytes: None,
         max_shard_bytes: 1 << 30,
         replicas: Some(2),
         coordinator: "test".into(),
@@ -225,8 +226,8 @@ async fn a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd() {
     assert!(embstore_cluster::put_control(&etcd, &c, rev).await.unwrap());
     let emptied = c.assignment[1][0].clone();
     let unload =
-        embstore_client::AdminCall::Unload { table: "user".into(), version: 3, shard: None };
-    embstore_client::admin(&emptied, unload, Duration::from_secs(5), None, None).await.unwrap();
+        embstore_cluster::AdminCall::Unload { table: "user".into(), version: 3, shard: None };
+    embstore_cluster::admin(&emptied, unload, Duration::from_secs(5), None, None).await.unwrap();
     wait_for("an abandoned roll's column restored", Duration::from_secs(20), || {
         let emptied = emptied.clone();
         async move {

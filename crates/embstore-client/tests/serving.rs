@@ -294,7 +294,7 @@ async fn metrics_count_lookups_by_outcome_and_say_what_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_guard_lookups_and_admin_calls() {
-    use embstore_client::{admin, AdminCall};
+    use embstore_cluster::{admin, AdminCall};
     let ids: Vec<u64> = (0..10u64).collect();
     let server = Server::new("t", 64);
     server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
@@ -453,8 +453,9 @@ async fn tls_mistakes_name_their_cause() {
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.to_string().contains("server speaks tls"), "{e}");
     // An admin call too (what `embstore load`, `drain` and `publish` make).
-    let drain = embstore_client::AdminCall::Drain { table: "user".into(), version: 1, shard: None };
-    let e = embstore_client::admin(&addrs[0], drain, Duration::from_secs(3), None, None).await;
+    let drain =
+        embstore_cluster::AdminCall::Drain { table: "user".into(), version: 1, shard: None };
+    let e = embstore_cluster::admin(&addrs[0], drain, Duration::from_secs(3), None, None).await;
     assert!(e.unwrap_err().to_string().contains("server speaks tls"));
     // Trusting another CA, or the server's own CA's other leaf as a CA.
     for ca in [pki().ca, p.client.0.clone()] {

@@ -1,6 +1,7 @@
-//! Cluster coordination through etcd (docs/serving.md, "Who holds what"): which servers are
-//! alive, and which (table, shard, replica) each should hold. Shard and version facts still
-//! travel in the query protocol; nothing here is read on a lookup's path.
+//! The control plane (docs/serving.md, "Who holds what" and "A roll"): which servers are
+//! alive, which (table, shard, replica) each should hold, and the rolls that move a table to
+//! its next version. Shard and version facts still travel in the query protocol; nothing here
+//! is read on a lookup's path.
 //!
 //! ## Parts
 //! - [`Etcd`] — a thin etcd v3 client (ranges, puts, compare-and-swap, leases).
@@ -15,13 +16,23 @@
 //!   the slots of dead servers to live ones. Both are deterministic, so every server computes
 //!   the same answer from the same facts.
 //! - [`roll_lock`]: one roll per table at a time (a key under the coordinator's lease).
+//! - The roll coordinator: [`admin`] makes one [`AdminCall`] to a server (`admin.rs`);
+//!   [`roll`] carries out a [`RollPlan`] over a fixed cluster (`roll.rs`); [`publish`] rolls
+//!   a table over the cluster in etcd, its plan decided first by a pure function
+//!   (`publish.rs`, `publish/plan.rs`).
+//! - [`rpc`] — calling a server, for the roll here and the data-plane client alike: a channel
+//!   (TLS), a request with its token, [`rpc::from_status`], and why a connect failed.
 //!
 //! ## Invariants
 //! - A replica of a shard is never assigned twice to one server (a server holds each shard of
 //!   a version once).
 //! - While a table's roll is [`RollState::Running`], only its coordinator writes its record.
 
+mod admin;
 pub mod etcd;
+mod publish;
+mod roll;
+pub mod rpc;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -31,7 +42,10 @@ use std::time::Duration;
 use embstore_table::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
+pub use admin::{admin, AdminCall};
 pub use etcd::{Etcd, Kv};
+pub use publish::{publish, shards_for, Publish};
+pub use roll::{roll, RollPlan};
 
 /// Where live servers register: `NAMING + instance` → the address clients dial.
 pub const NAMING: &str = "/embstore/naming/";

@@ -53,6 +53,137 @@ impl Drop for Scratch {
     }
 }
 
+// The steps of `Server(...)` (PyServer::new), in the order it takes them.
+
+/// The lease TTL of a cluster member: at least a second.
+fn lease_ttl(seconds: f64) -> PyResult<Duration> {
+    if !(seconds.is_finite() && seconds >= 1.0) {
+        return Err(to_py_err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("lease_ttl_s must be at least 1 second, got {seconds}"),
+        )));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// The serving port's TLS from PEM files (both a certificate and its key, a client CA only
+/// with them), checked: a certificate and key that cannot serve (swapped, of two pairs) stop
+/// the server here, before it says it serves, rather than at every handshake.
+fn serving_tls(
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+    client_ca: Option<std::path::PathBuf>,
+) -> PyResult<Option<embstore_server::Tls>> {
+    let tls = match (cert, key) {
+        (Some(cert), Some(key)) => embstore_server::Tls {
+            cert_pem: read_pem(&cert)?,
+            key_pem: read_pem(&key)?,
+            client_ca_pem: client_ca.as_deref().map(read_pem).transpose()?,
+        },
+        (None, None) if client_ca.is_none() => return Ok(None),
+        _ => {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                "TLS needs both a certificate and its key (a client CA only with them)",
+            )))
+        }
+    };
+    tls.check().map_err(to_py_err)?;
+    Ok(Some(tls))
+}
+
+/// Refuses a store directory that holds no store.
+fn check_store_dir(dir: &std::path::Path) -> PyResult<()> {
+    if !dir.join("MANIFEST").is_file() {
+        return Err(to_py_err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{} holds no store (no MANIFEST)", dir.display()),
+        )));
+    }
+    Ok(())
+}
+
+/// Where budgeted shards are loaded: `data_dir`, or without one, a scratch directory this
+/// server removes when it goes. `None` without a budget (shards are loaded into memory).
+fn tier_options(
+    budget: Option<Arc<embstore_table::Budget>>,
+    data_dir: Option<std::path::PathBuf>,
+) -> (Option<embstore_server::TierOptions>, Option<Scratch>) {
+    let scratch = match (&budget, &data_dir) {
+        (Some(_), None) => Some(Scratch(
+            std::env::temp_dir().join(format!("embstore-serve-{}", std::process::id())),
+        )),
+        _ => None,
+    };
+    let tier = budget.map(|budget| embstore_server::TierOptions {
+        dir: data_dir.or_else(|| scratch.as_ref().map(|s| s.0.clone())).unwrap_or_default(),
+        budget,
+    });
+    (tier, scratch)
+}
+
+/// The listeners a server binds.
+type Listeners = (tokio::net::TcpListener, Option<tokio::net::TcpListener>);
+
+/// Opens the store at `store_dir` (under `budget`, if any) and binds `listen` and `metrics`,
+/// without the GIL.
+fn open_and_bind(
+    py: Python<'_>,
+    runtime: &tokio::runtime::Runtime,
+    store_dir: Option<&std::path::Path>,
+    budget: Option<Arc<embstore_table::Budget>>,
+    listen: &str,
+    metrics: Option<&str>,
+) -> PyResult<(Option<Arc<Store>>, Listeners)> {
+    detached(py, || -> embstore_table::Result<_> {
+        let mut options = StoreOptions::default();
+        if let Some(b) = &budget {
+            options = options.with_shared_budget(b.clone());
+        }
+        let store = match store_dir {
+            Some(dir) => Some(Arc::new(Store::open_with_options(
+                dir,
+                &options,
+                Arc::new(embstore_table::disk::vfs::RealFs),
+            )?)),
+            None => None,
+        };
+        let bind = |addr: &str| {
+            runtime.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| {
+                Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {addr}: {e}"))
+            })
+        };
+        let listeners: Listeners = (bind(listen)?, metrics.map(bind).transpose()?);
+        Ok((store, listeners))
+    })
+    .map_err(to_py_err)
+}
+
+/// The address `listener` is bound to (port 0 resolved).
+fn local_address(listener: &tokio::net::TcpListener) -> PyResult<String> {
+    let addr = listener.local_addr();
+    Ok(addr.map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?.to_string())
+}
+
+/// The server named `address`, budgeted when `tier` is given, hosting every table of `store`
+/// as version 1, shard 0 of 1 (static mode).
+fn hosting(
+    address: &str,
+    max_batch: usize,
+    tier: Option<embstore_server::TierOptions>,
+    store: Option<&Store>,
+) -> PyResult<Arc<Server>> {
+    let server = match tier {
+        Some(tier) => Server::with_tier(address, max_batch, tier).map_err(to_py_err)?,
+        None => Server::new(address, max_batch),
+    };
+    for name in store.map(|s| s.tables()).unwrap_or_default() {
+        let table = store.expect("listed").table(&name).map_err(to_py_err)?;
+        server.host(&name, 1, 0, 1, table).map_err(to_py_err)?;
+    }
+    Ok(server)
+}
+
 #[pymethods]
 impl PyServer {
     #[new]
@@ -76,99 +207,29 @@ impl PyServer {
         lease_ttl_s: f64,
         data_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
-        if !(lease_ttl_s.is_finite() && lease_ttl_s >= 1.0) {
-            return Err(to_py_err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("lease_ttl_s must be at least 1 second, got {lease_ttl_s}"),
-            )));
-        }
-        let tls = match (tls_cert, tls_key) {
-            (Some(cert), Some(key)) => Some(embstore_server::Tls {
-                cert_pem: read_pem(&cert)?,
-                key_pem: read_pem(&key)?,
-                client_ca_pem: tls_client_ca.as_deref().map(read_pem).transpose()?,
-            }),
-            (None, None) if tls_client_ca.is_none() => None,
-            _ => {
-                return Err(to_py_err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    "TLS needs both a certificate and its key (a client CA only with them)",
-                )))
-            }
-        };
-        // A certificate and key that cannot serve (swapped, of two pairs) stop the server here,
-        // before it says it serves, rather than at every handshake.
-        if let Some(t) = &tls {
-            t.check().map_err(to_py_err)?;
-        }
+        let lease_ttl = lease_ttl(lease_ttl_s)?;
+        let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
         if let Some(dir) = &store_dir {
-            if !dir.join("MANIFEST").is_file() {
-                return Err(to_py_err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("{} holds no store (no MANIFEST)", dir.display()),
-                )));
-            }
+            check_store_dir(dir)?;
         }
         let runtime = runtime(2)?;
         // One budget for the store's tables and every shard loaded later.
         let budget = memory_budget_bytes.map(embstore_table::Budget::shared).transpose();
         let budget = budget.map_err(to_py_err)?;
-        let scratch = match (&budget, &data_dir) {
-            (Some(_), None) => Some(Scratch(
-                std::env::temp_dir().join(format!("embstore-serve-{}", std::process::id())),
-            )),
-            _ => None,
-        };
-        let tier = budget.clone().map(|budget| embstore_server::TierOptions {
-            dir: data_dir.or_else(|| scratch.as_ref().map(|s| s.0.clone())).unwrap_or_default(),
-            budget,
-        });
-        let (store, listener) = detached(py, || -> embstore_table::Result<_> {
-            let mut options = StoreOptions::default();
-            if let Some(b) = &budget {
-                options = options.with_shared_budget(b.clone());
-            }
-            let store = match &store_dir {
-                Some(dir) => Some(Arc::new(Store::open_with_options(
-                    dir,
-                    &options,
-                    Arc::new(embstore_table::disk::vfs::RealFs),
-                )?)),
-                None => None,
-            };
-            let bind = |addr: &str| {
-                runtime.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| {
-                    Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {addr}: {e}"))
-                })
-            };
-            let listener = bind(&listen)?;
-            let metrics = metrics.as_deref().map(bind).transpose()?;
-            Ok((store, (listener, metrics)))
-        })
-        .map_err(to_py_err)?;
-        let (listener, metrics) = listener;
+        let (tier, scratch) = tier_options(budget.clone(), data_dir);
+        let (store, (listener, metrics)) =
+            open_and_bind(py, &runtime, store_dir.as_deref(), budget, &listen, metrics.as_deref())?;
         let metrics_address =
             metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
-        let address = listener
-            .local_addr()
-            .map_err(|e| to_py_err(Error::new(ErrorKind::Io, e.to_string())))?
-            .to_string();
         // A cluster member is known by the address clients dial: --advertise, or the bound
         // address (port 0 resolved).
-        let address = advertise.unwrap_or(address);
+        let address = advertise.unwrap_or(local_address(&listener)?);
         let member = etcd.map(|e| {
             let mut m = embstore_server::member::MemberOptions::new(e, &address);
-            m.lease_ttl = Duration::from_secs_f64(lease_ttl_s);
+            m.lease_ttl = lease_ttl;
             m
         });
-        let server = match tier {
-            Some(tier) => Server::with_tier(address.clone(), max_batch, tier).map_err(to_py_err)?,
-            None => Server::new(address.clone(), max_batch),
-        };
-        for name in store.as_ref().map(|s| s.tables()).unwrap_or_default() {
-            let table = store.as_ref().expect("listed").table(&name).map_err(to_py_err)?;
-            server.host(&name, 1, 0, 1, table).map_err(to_py_err)?;
-        }
+        let server = hosting(&address, max_batch, tier, store.as_deref())?;
         let (stop, _) = watch::channel(false);
         Ok(Self {
             runtime,
@@ -386,7 +447,7 @@ pub(crate) fn admin(
     tls: Option<TlsPaths>,
 ) -> PyResult<Vec<HeldRow>> {
     let tls = client_tls(tls)?;
-    use embstore_client::AdminCall;
+    use embstore_cluster::AdminCall;
     let call = match (op, checkpoint) {
         ("load", Some(checkpoint)) => {
             AdminCall::Load { table, version, shard, num_shards, checkpoint }
@@ -415,7 +476,13 @@ pub(crate) fn admin(
     let rt = runtime(1)?;
     let timeout = Duration::from_secs_f64(timeout_s);
     let info = detached(py, || {
-        rt.block_on(embstore_client::admin(&address, call, timeout, token.as_deref(), tls.as_ref()))
+        rt.block_on(embstore_cluster::admin(
+            &address,
+            call,
+            timeout,
+            token.as_deref(),
+            tls.as_ref(),
+        ))
     })
     .map_err(to_py_err)?;
     Ok(held_rows(info))
@@ -431,7 +498,7 @@ fn held_rows(info: embstore_proto::v1::ServerInfo) -> Vec<HeldRow> {
         .collect()
 }
 
-/// Rolls `table` to `version` over a fixed cluster (`embstore_client::roll`), printing a line
+/// Rolls `table` to `version` over a fixed cluster (`embstore_cluster::roll`), printing a line
 /// per step.
 #[pyfunction]
 #[pyo3(signature = (table, version, checkpoint, columns, spare, old_version=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
@@ -452,7 +519,7 @@ pub(crate) fn roll(
 ) -> PyResult<()> {
     let (drain_quiet, drain_max, load_timeout) =
         roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
-    let plan = embstore_client::RollPlan {
+    let plan = embstore_cluster::RollPlan {
         table,
         version,
         checkpoint,
@@ -467,7 +534,7 @@ pub(crate) fn roll(
         tls: client_tls(tls)?,
     };
     let rt = runtime(1)?;
-    detached(py, || rt.block_on(embstore_client::roll(&plan, print_step))).map_err(to_py_err)
+    detached(py, || rt.block_on(embstore_cluster::roll(&plan, print_step))).map_err(to_py_err)
 }
 
 /// `(ca, cert, key, domain)`: a CA file, an optional client certificate and key (mutual TLS)
@@ -500,7 +567,7 @@ fn client_tls(tls: Option<TlsPaths>) -> PyResult<Option<embstore_client::ClientT
 }
 
 /// Publishes `checkpoint` as the next version of `table` over the cluster in etcd at `etcd`
-/// (`embstore_client::publish`), printing a line per step; returns the version now served.
+/// (`embstore_cluster::publish`), printing a line per step; returns the version now served.
 #[pyfunction]
 #[pyo3(signature = (etcd, table, checkpoint, num_shards=None, max_shard_bytes=1 << 30, replicas=None, drain_quiet_s=2.0, drain_max_s=30.0, load_timeout_s=600.0, token=None, tls=None))]
 #[allow(clippy::too_many_arguments)]
@@ -524,10 +591,26 @@ pub(crate) fn publish(
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let (drain_quiet, drain_max, load_timeout) =
         roll_timing(drain_quiet_s, drain_max_s, load_timeout_s)?;
-    let p = embstore_client::Publish {
+    // Without a shard count, the checkpoint's size picks one: measured here, where the table
+    // crate is linked (the control plane does not read checkpoints).
+    let checkpoint_bytes = match num_shards {
+        Some(_) => None,
+        None => {
+            match embstore_table::checkpoint_table_bytes(std::path::Path::new(&checkpoint), &table)
+            {
+                Ok(bytes) => Some(bytes),
+                Err(e) => {
+                    print_step(&format!("the checkpoint cannot be read here ({e})"));
+                    None
+                }
+            }
+        }
+    };
+    let p = embstore_cluster::Publish {
         table,
         checkpoint,
         num_shards,
+        checkpoint_bytes,
         max_shard_bytes,
         replicas,
         coordinator: format!("{}:{}", host.trim(), std::process::id()),
@@ -541,7 +624,7 @@ pub(crate) fn publish(
     detached(py, || {
         rt.block_on(async {
             let etcd = Arc::new(embstore_cluster::Etcd::connect(&etcd, Duration::from_secs(3))?);
-            embstore_client::publish(etcd, &p, print_step).await
+            embstore_cluster::publish(etcd, &p, print_step).await
         })
     })
     .map_err(to_py_err)

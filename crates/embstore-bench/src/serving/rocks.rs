@@ -339,7 +339,7 @@ impl RocksRows {
     }
 }
 
-impl embstore_server::Rows for RocksRows {
+impl embstore_server::RowSource for RocksRows {
     fn dim(&self) -> usize {
         self.dim
     }
