@@ -42,11 +42,11 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::codec::{Codec, CodecKind};
-use crate::index::fmix64;
-use crate::policy::{Group, Policy, PolicyConfig, RequestOutcome};
 use crate::surrogate::{ClockMap, SurrogateFile, SurrogateTable};
 use crate::trace::split_key;
 use crate::{Error, Result};
+use embstore_policy::index::fmix64;
+use embstore_policy::{Group, Policy, PolicyConfig, RequestOutcome};
 
 /// One key of the cache: table `t` and its raw id as one u128, `t << 64 | id` (every id bit
 /// is the caller's).

@@ -26,10 +26,10 @@
 
 use std::fmt;
 
-use crate::index::KeySet;
-use crate::policy::{Policy, PolicyConfig, RequestOutcome};
 use crate::trace::Trace;
 use crate::{Error, Result};
+use embstore_policy::index::KeySet;
+use embstore_policy::{Policy, PolicyConfig, RequestOutcome};
 
 /// How the trace is turned into a warm-up stream and a measured stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -282,7 +282,7 @@ mod tests {
         // 2 [3,1] h1 s1: 3 evicts 2 (1 pinned), 3 at 1; 1 stays 2
         // 3 [1,2] h1 s1: 2 evicts 3 (1 pinned); 2 at 1     4 [1,2] h2: perfect
         let c =
-            crate::policy::GroupLfuConfig { max_score: 2, age_alpha: None, ..Default::default() };
+            embstore_policy::GroupLfuConfig { max_score: 2, age_alpha: None, ..Default::default() };
         let r = evaluate(&hand_trace(), &PolicyConfig::GroupLfu(c), 2, Mode::Online).unwrap();
         assert_eq!((r.hits, r.perfect), (6, 2));
         assert_eq!(r.misses_per_request, vec![2, 2, 1]);
@@ -308,7 +308,7 @@ mod tests {
             let e = evaluate_with(&t, p.as_mut(), Mode::Prefix, &o).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         }
-        let bad = PolicyConfig::GroupLfu(crate::policy::GroupLfuConfig {
+        let bad = PolicyConfig::GroupLfu(embstore_policy::GroupLfuConfig {
             age_alpha: Some(0.0),
             ..Default::default()
         });
@@ -348,13 +348,16 @@ mod tests {
         for c in [
             PolicyConfig::Lru,
             PolicyConfig::Lfu(Default::default()),
-            PolicyConfig::GroupLfu(crate::policy::GroupLfuConfig {
+            PolicyConfig::GroupLfu(embstore_policy::GroupLfuConfig {
                 max_score: 8,
                 ..Default::default()
             }),
             PolicyConfig::EvLfuPaper { max_score: 8 },
-            PolicyConfig::EvArc(crate::policy::EvArcConfig { max_score: 8, ..Default::default() }),
-            PolicyConfig::GroupAssoc(crate::policy::GroupAssocConfig {
+            PolicyConfig::EvArc(embstore_policy::EvArcConfig {
+                max_score: 8,
+                ..Default::default()
+            }),
+            PolicyConfig::GroupAssoc(embstore_policy::GroupAssocConfig {
                 max_score: 8,
                 ..Default::default()
             }),

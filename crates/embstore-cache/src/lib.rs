@@ -6,13 +6,14 @@
 //! (design note `evstore.md` §1; EVStore, ASPLOS '23, §4.1).
 //!
 //! ## Parts
-//! - [`policy`] — the [`Policy`] trait (one call per request: probe all keys, then commit) and
-//!   its implementations: [`GroupLfu`] (the design note's L1: EV-LFU's group score with
+//! - [`policy`] (re-exported from `embstore-policy`, where the store's eviction lives too) —
+//!   the [`Policy`] trait (one call per request: probe all keys, then commit) and its
+//!   implementations: [`GroupLfu`] (the design note's L1: EV-LFU's group score with
 //!   request pinning and O(S) aging), [`GroupAssoc`] (the cache's default: the group score
 //!   plus a hit counter in a set-associative arena, 10 B of metadata per entry),
 //!   [`EvLfuPaper`] (the faithful EV-LFU, an ablation), [`EvArc`] (EV-ARC, an ablation), and
 //!   the per-key baselines [`Lru`] and [`Lfu`]. [`Evictable`] lets `Lru`, `Lfu` and
-//!   `GroupLfu` also run a store's hot-row cache (`embstore_table::evict::PolicyEviction`).
+//!   `GroupLfu` also run a store's hot-row cache (`embstore_policy::PolicyEviction`).
 //! - [`trace`] — [`Trace`] (`[N, G]` or ragged requests of table-qualified u64 keys,
 //!   `table << 48 | id`) and the [`Synthetic`] Criteo-like generator (26 tables, Zipf contexts,
 //!   co-access ρ), seeded and deterministic.
@@ -45,9 +46,9 @@ pub mod cache;
 pub mod codec;
 mod error;
 pub mod evaluate;
-mod index;
-mod lists;
-pub mod policy;
+/// The request-level policies, which live in `embstore-policy` (the store's eviction runs
+/// them too); `embstore_cache::policy::…` paths keep working.
+pub use embstore_policy::request as policy;
 pub mod surrogate;
 pub mod trace;
 

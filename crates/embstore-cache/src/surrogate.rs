@@ -45,8 +45,8 @@ use std::sync::Arc;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::index::{SlotIndex, NIL};
 use crate::{Error, Result};
+use embstore_policy::index::{SlotIndex, NIL};
 
 mod file;
 pub use file::{SurrogateFile, BLOCK, RECORDS_PER_BLOCK};

@@ -441,7 +441,7 @@ mod tests {
             PolicyConfig::GroupLfu(GroupLfuConfig { age_alpha: Some(0.5), ..Default::default() }),
         ];
         for seed in seeds {
-            let mut rng = crate::trace::SplitMix64::new(seed);
+            let mut rng = crate::rng::SplitMix64::new(seed);
             let config = &configs[rng.below(configs.len() as u64) as usize];
             let cap = 1 + rng.below(12) as usize;
             let mut p = config.build_evictable(cap).unwrap();

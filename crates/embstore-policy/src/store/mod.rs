@@ -75,7 +75,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use embstore_index::hash::hash as fmix64;
+use crate::index::fmix64;
 
 use crate::{Error, Result};
 
@@ -134,10 +134,10 @@ pub enum EvictionConfig {
         age_every: u64,
     },
     /// One of the inference cache's policies (`lru`, `lfu`, `group_lfu`; see
-    /// [`embstore_cache::Evictable`]) run through [`PolicyEviction`]. In the store every
+    /// [`crate::Evictable`]) run through [`PolicyEviction`]. In the store every
     /// access is a request of one key: `group_lfu` then scores a hit `S` and a newcomer 0,
     /// halving scores every α × rows insertions.
-    Policy(embstore_cache::PolicyConfig),
+    Policy(crate::PolicyConfig),
 }
 
 impl Default for EvictionConfig {
@@ -193,7 +193,7 @@ impl EvictionConfig {
         let config = match norm.as_str() {
             "lru_lfu" => Self::default(),
             "none" | "noop" => Self::Noop,
-            _ => match embstore_cache::PolicyConfig::parse(&norm, 26) {
+            _ => match crate::PolicyConfig::parse(&norm, 26) {
                 Ok(p) => Self::Policy(p),
                 Err(_) => {
                     return Err(Error::invalid(format!(
@@ -233,7 +233,7 @@ const _: () = assert!(INITIAL_CAPACITY.is_power_of_two()); // see `slot_bytes`
 const READ_STRIPES: usize = 8;
 const READ_STRIPE_LEN: usize = 256;
 
-/// An inference-cache policy ([`embstore_cache::Evictable`]) as a shard's [`Eviction`].
+/// An inference-cache policy ([`crate::Evictable`]) as a shard's [`Eviction`].
 ///
 /// The policy's keys are the shard's slot numbers. `on_insert` is a one-key request that
 /// misses (the policy's capacity doubles first when it is full, so it never evicts on its
@@ -259,8 +259,8 @@ pub struct PolicyEviction {
 }
 
 struct Inner {
-    policy: Box<dyn embstore_cache::Evictable>,
-    out: embstore_cache::RequestOutcome,
+    policy: Box<dyn crate::Evictable>,
+    out: crate::RequestOutcome,
     drained: Vec<u32>,
     keys: Vec<u64>,
 }
@@ -276,8 +276,8 @@ impl fmt::Debug for PolicyEviction {
 
 impl PolicyEviction {
     /// The policy `config` names, for one shard. Errors: it cannot run here
-    /// ([`embstore_cache::PolicyConfig::build_evictable`]).
-    pub fn new(config: &embstore_cache::PolicyConfig) -> Result<Self> {
+    /// ([`crate::PolicyConfig::build_evictable`]).
+    pub fn new(config: &crate::PolicyConfig) -> Result<Self> {
         let policy =
             config.build_evictable(INITIAL_CAPACITY).map_err(|e| Error::invalid(e.to_string()))?;
         Ok(Self {
@@ -1384,7 +1384,7 @@ mod tests {
     /// and victims stay live and distinct.
     #[test]
     fn concurrent_accesses_are_buffered_and_replayed() {
-        let mut p = PolicyEviction::new(&embstore_cache::PolicyConfig::Lru).unwrap();
+        let mut p = PolicyEviction::new(&crate::PolicyConfig::Lru).unwrap();
         for slot in 0..2_000 {
             p.on_insert(slot);
         }

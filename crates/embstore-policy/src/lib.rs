@@ -1,0 +1,60 @@
+//! # embstore-policy: what to keep, for the store and for the inference cache
+//!
+//! Both layers that hold rows in memory must choose what leaves when memory is full. They
+//! choose differently, so this crate holds **two roles, not one trait**:
+//!
+//! | role | trait | unit | who calls it, and how |
+//! |---|---|---|---|
+//! | store eviction | [`Eviction`] | a slot (a row in a shard's memory) | a shard: `on_access` concurrently under the shard's *read* lock (`&self`, atomics), everything else under its write lock; the *store* decides when rows leave (`victims`) |
+//! | cache policy | [`Policy`] | a request (all keys of one lookup) | one thread at a time (`&mut self` for every call, the caller shards and locks); the *policy* decides, inside each commit, what to evict |
+//!
+//! The concurrency contracts are why they stay apart: an `Eviction` must take accesses from many
+//! readers at once and names victims only when asked, while a `Policy` sees a whole request
+//! (probe first, then commit) and evicts as part of admitting it. [`PolicyEviction`] crosses
+//! between the roles: it runs a cache policy ([`Evictable`]: `lru`, `lfu`, `group_lfu`) as a
+//! shard's `Eviction`.
+//!
+//! ## Parts
+//! - [`store`] — the per-slot side: the [`Eviction`] trait, [`EvictionConfig`], [`Noop`],
+//!   [`LruLfu`] (a CLOCK recency segment in front of a sampled-LFU frequency segment) and
+//!   [`PolicyEviction`] (a cache policy as an `Eviction`).
+//! - [`request`] — the request-level side: the [`Policy`] trait, [`RequestOutcome`], [`Group`],
+//!   [`PolicyConfig`] (`request/mod.rs`) and the policies [`GroupLfu`] / [`EvLfuPaper`],
+//!   [`GroupAssoc`], [`EvArc`], [`Lru`], [`Lfu`], one file each; [`Evictable`], the slot-level
+//!   side of a policy that lets it run under `PolicyEviction`.
+//! - [`index`] — the key → slot index the list-based policies are built on (4 B a bucket), with
+//!   the `fmix64` hasher and a deterministic [`KeySet`](index::KeySet); the cache's surrogate map
+//!   and evaluator use it too.
+//! - `lists` (private) — the slot arena with intrusive doubly linked lists that gives the
+//!   list-based policies O(1) moves and a deterministic eviction order.
+//!
+//! ## One config namespace
+//! [`EvictionConfig`] (store) and [`PolicyConfig`] (cache) both live here and parse the same
+//! way: a name, `-` and `_` alike, any case, default parameters, `NAMES` listing what is
+//! accepted. `EvictionConfig::parse` takes `lru_lfu`, `none` and the evictable cache policies
+//! (`lru`, `lfu`, `group_lfu`); `PolicyConfig::parse` takes the six cache policies.
+//!
+//! ## Invariants
+//! - Store eviction: `victims` names only live, unpinned slots, each once, at most `n`, and as
+//!   many as there are up to `n`; the same calls on policies built with the same seed give the
+//!   same victims.
+//! - Cache policies: hit flags are taken before the request changes anything (probe-first);
+//!   never more than `capacity` keys resident; a request that cannot be kept whole is served
+//!   partially and reported as bypassed; deterministic in (configuration, key sequence).
+//! - Nothing here panics on any input or blocks; errors are [`Error`] with an [`ErrorKind`].
+
+mod error;
+pub mod index;
+mod lists;
+pub mod request;
+#[cfg(test)]
+mod rng;
+pub mod store;
+
+pub use error::{Error, ErrorKind, Result};
+pub use request::{
+    EvArc, EvArcConfig, EvLfuPaper, Evictable, Flush, Group, GroupAssoc, GroupAssocConfig,
+    GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
+    PolicyConfig, RequestOutcome,
+};
+pub use store::{Eviction, EvictionConfig, LruLfu, Noop, PolicyEviction};
