@@ -1,6 +1,7 @@
 //! The one evaluator every policy is measured with (design note §1): perfect hits, served
 //! perfect hits, individual hits, the compulsory-miss bound and the misses-per-request
-//! histogram, in three modes.
+//! histogram, in three modes. The store's own eviction (`LruLfu`) is scored here too, wrapped
+//! as a request-level policy by `embstore_policy::EvictionPolicy` ([`evaluate_with`]).
 //!
 //! ```text
 //! Online   every request counted, cold start                  (worst case)
@@ -368,6 +369,49 @@ mod tests {
                 assert!(r.perfect_hit <= r.individual_hit);
                 assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
                 assert_eq!(r.misses_per_request[0], r.perfect);
+            }
+        }
+    }
+
+    /// The store's own policy (its default `LruLfu`, and `Noop`) scored by this evaluator
+    /// through `EvictionPolicy`, on the same trace as the cache's policies: the report keeps
+    /// every invariant, and LruLfu keeps some requests whole.
+    #[test]
+    fn the_store_default_policy_can_be_scored() {
+        use embstore_policy::{EvictionConfig, EvictionPolicy};
+        let t = crate::trace::Synthetic {
+            num_requests: 3_000,
+            num_tables: 8,
+            num_contexts: 2_000,
+            max_table_size: 5_000,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let cap = t.unique_keys() / 20;
+        for config in [EvictionConfig::default(), EvictionConfig::Noop] {
+            for mode in [Mode::Online, Mode::Prefix, Mode::Replay] {
+                let mut p = EvictionPolicy::new(&config, cap, 7).unwrap();
+                let r = evaluate_with(&t, &mut p, mode, &EvalOptions::default()).unwrap();
+                let name = config.name();
+                eprintln!(
+                    "{name} {mode}: perfect {:.3}, bound {:.3}",
+                    r.perfect_hit, r.compulsory_bound
+                );
+                assert_eq!((r.policy.as_str(), r.capacity), (name, cap));
+                assert!(r.perfect_hit <= r.compulsory_bound, "{name} {mode}");
+                assert!(r.perfect_hit <= r.individual_hit, "{name} {mode}");
+                assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
+                assert_eq!(r.misses_per_request[0], r.perfect);
+                assert_eq!(r.self_evictions, 0, "{name} {mode}");
+                assert!(r.metadata_bytes_per_entry > 0.0);
+                if config == EvictionConfig::Noop {
+                    // Never evicts: whatever arrives after the cache fills is bypassed.
+                    assert_eq!(r.evictions, 0);
+                } else {
+                    assert_eq!(r.bypasses, 0, "{name} {mode}");
+                    assert!(r.evictions > 0 && r.perfect > 0, "{name} {mode}: {r:?}");
+                }
             }
         }
     }

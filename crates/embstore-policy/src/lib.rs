@@ -10,14 +10,18 @@
 //!
 //! The concurrency contracts are why they stay apart: an `Eviction` must take accesses from many
 //! readers at once and names victims only when asked, while a `Policy` sees a whole request
-//! (probe first, then commit) and evicts as part of admitting it. [`PolicyEviction`] crosses
-//! between the roles: it runs a cache policy ([`Evictable`]: `lru`, `lfu`, `group_lfu`) as a
-//! shard's `Eviction`.
+//! (probe first, then commit) and evicts as part of admitting it. Two adapters cross between
+//! the roles: [`PolicyEviction`] runs a cache policy ([`Evictable`]: `lru`, `lfu`,
+//! `group_lfu`) as a shard's `Eviction`, and [`EvictionPolicy`] runs a store `Eviction` (the
+//! store's default [`LruLfu`]) as a request-level `Policy`, so the cache's perfect-hit
+//! evaluator can score the store's own choice.
 //!
 //! ## Parts
-//! - [`store`] — the per-slot side: the [`Eviction`] trait, [`EvictionConfig`], [`Noop`],
-//!   [`LruLfu`] (a CLOCK recency segment in front of a sampled-LFU frequency segment) and
-//!   [`PolicyEviction`] (a cache policy as an `Eviction`).
+//! - [`store`] — the per-slot side: the [`Eviction`] trait and [`EvictionConfig`]
+//!   (`store/mod.rs`); [`Noop`] (`store/noop.rs`); [`LruLfu`], a CLOCK recency segment in front
+//!   of a sampled-LFU frequency segment (`store/lru_lfu.rs`); [`PolicyEviction`], a cache
+//!   policy as an `Eviction` (`store/adapter.rs`); [`EvictionPolicy`], an `Eviction` as a
+//!   request-level `Policy` (`store/as_policy.rs`).
 //! - [`request`] — the request-level side: the [`Policy`] trait, [`RequestOutcome`], [`Group`],
 //!   [`PolicyConfig`] (`request/mod.rs`) and the policies [`GroupLfu`] / [`EvLfuPaper`],
 //!   [`GroupAssoc`], [`EvArc`], [`Lru`], [`Lfu`], one file each; [`Evictable`], the slot-level
@@ -57,4 +61,4 @@ pub use request::{
     GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
     PolicyConfig, RequestOutcome,
 };
-pub use store::{Eviction, EvictionConfig, LruLfu, Noop, PolicyEviction};
+pub use store::{Eviction, EvictionConfig, EvictionPolicy, LruLfu, Noop, PolicyEviction};

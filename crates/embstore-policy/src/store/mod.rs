@@ -12,6 +12,9 @@
 //!   segment; the default.
 //! - [`PolicyEviction`] (`adapter.rs`) — an inference-cache policy
 //!   ([`Evictable`](crate::Evictable): `lru`, `lfu`, `group_lfu`) as a shard's `Eviction`.
+//! - [`EvictionPolicy`] (`as_policy.rs`) — the other way round: an `Eviction` (the default
+//!   `LruLfu`) as a request-level [`Policy`](crate::Policy), so the cache's evaluator can score
+//!   the store's own policy.
 //!
 //! ## Concurrency contract
 //! `on_access` runs concurrently with itself under the shard's read lock, so it takes `&self`:
@@ -30,12 +33,14 @@
 //! live slots; each implementation's own tests sit at the bottom of its file.
 
 mod adapter;
+mod as_policy;
 mod lru_lfu;
 mod noop;
 #[cfg(test)]
 mod testkit;
 
 pub use adapter::PolicyEviction;
+pub use as_policy::EvictionPolicy;
 pub use lru_lfu::{
     LruLfu, AUTO_AGE_ROWS, DEFAULT_RECENCY_FRACTION, DEFAULT_SAMPLE, STEPS_PER_DOUBLING,
 };
@@ -150,6 +155,16 @@ impl EvictionConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// A short name for reports: `lru-lfu`, `none`, or the cache policy's own
+    /// ([`PolicyConfig::name`](crate::PolicyConfig::name)).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Noop => "none",
+            Self::LruLfu { .. } => "lru-lfu",
+            Self::Policy(p) => p.name(),
+        }
     }
 
     /// The names [`parse`](Self::parse) accepts.
