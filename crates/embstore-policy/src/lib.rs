@@ -29,8 +29,11 @@
 //! - [`index`] — the key → slot index the list-based policies are built on (4 B a bucket), with
 //!   the `fmix64` hasher and a deterministic [`KeySet`](index::KeySet); the cache's surrogate map
 //!   and evaluator use it too.
-//! - `lists` (private) — the slot arena with intrusive doubly linked lists that gives the
-//!   list-based policies O(1) moves and a deterministic eviction order.
+//! - `request/lists.rs` (private) — the slot arena with intrusive doubly linked lists that
+//!   gives the list-based policies O(1) moves and a deterministic eviction order.
+//!
+//! Layers inside the crate: `index` ← `request` ← `store` (the store's side names the
+//! request-level side for its adapters and `EvictionConfig::Policy`; never the other way).
 //!
 //! ## One config namespace
 //! [`EvictionConfig`] (store) and [`PolicyConfig`] (cache) both live here and parse the same
@@ -49,7 +52,6 @@
 
 mod error;
 pub mod index;
-mod lists;
 pub mod request;
 #[cfg(test)]
 mod rng;

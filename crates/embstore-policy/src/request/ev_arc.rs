@@ -30,7 +30,7 @@
 //! Memory: ghosts are slots too, so the arena holds `2C` slots: about twice GroupLfu's bytes
 //! per cached entry.
 
-use crate::lists::{Lists, CURRENT};
+use crate::request::lists::{Lists, CURRENT};
 use crate::request::{check_capacity, overflowed, score_of, Policy, RequestOutcome};
 use crate::{Error, Result};
 

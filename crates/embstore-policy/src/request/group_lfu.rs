@@ -32,7 +32,7 @@
 //! capacities 1,000–1,048,576, under the note's 48 B target (test
 //! `metadata_is_at_most_48_bytes_per_entry`).
 
-use crate::lists::{Lists, CURRENT, PINNED};
+use crate::request::lists::{Lists, CURRENT, PINNED};
 use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, score_of, Evictable, Group, Policy,
     RequestOutcome,

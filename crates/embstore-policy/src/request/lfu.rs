@@ -7,7 +7,7 @@
 //! on): every `α·C` insertions all counts halve, by the same O(S) bucket splicing as
 //! [`GroupLfu`](crate::request::GroupLfu). No request pinning: this is the classical policy.
 
-use crate::lists::{Lists, CURRENT};
+use crate::request::lists::{Lists, CURRENT};
 use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, Evictable, Policy, RequestOutcome,
 };

@@ -4,7 +4,7 @@
 //! full and appends the key. Keys of a request are processed in order, so with `G ≤ C` the
 //! whole request is resident afterwards (its keys are the `G` most recent).
 
-use crate::lists::{Lists, CURRENT};
+use crate::request::lists::{Lists, CURRENT};
 use crate::request::{check_capacity, overflowed, Evictable, Policy, RequestOutcome};
 use crate::Result;
 
