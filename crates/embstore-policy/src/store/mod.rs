@@ -362,4 +362,35 @@ mod tests {
         let e = EvictionConfig::parse("group_assoc").unwrap_err();
         assert!(e.message().contains("cannot run a store's hot-row cache"), "{}", e.message());
     }
+
+    /// One config namespace: both configs take the same string forms as before they shared a
+    /// crate (`-` and `_` alike, any case, default parameters), and a report's name parses
+    /// back to the config it came from.
+    #[test]
+    fn both_configs_parse_names_the_same_way() {
+        use crate::{GroupLfuConfig, LfuConfig, PolicyConfig};
+        let group_lfu =
+            |s| PolicyConfig::GroupLfu(GroupLfuConfig { max_score: s, ..Default::default() });
+        for (name, want) in [
+            ("lru_lfu", EvictionConfig::default()),
+            ("LRU-LFU", EvictionConfig::default()),
+            ("none", EvictionConfig::Noop),
+            ("noop", EvictionConfig::Noop),
+            ("lru", EvictionConfig::Policy(PolicyConfig::Lru)),
+            ("Lfu", EvictionConfig::Policy(PolicyConfig::Lfu(LfuConfig::default()))),
+            ("group-lfu", EvictionConfig::Policy(group_lfu(26))),
+        ] {
+            assert_eq!(EvictionConfig::parse(name).unwrap(), want, "{name}");
+            assert_eq!(EvictionConfig::parse(want.name()).unwrap(), want, "{name}");
+        }
+        assert_eq!(PolicyConfig::parse("Group-LFU", 8).unwrap(), group_lfu(8));
+        assert_eq!(PolicyConfig::parse("group_lfu", 0).unwrap(), group_lfu(1));
+        for name in PolicyConfig::NAMES {
+            let c = PolicyConfig::parse(name, 8).unwrap();
+            assert_eq!(PolicyConfig::parse(c.name(), 8).unwrap(), c, "{name}");
+            assert_eq!(PolicyConfig::parse(&name.to_ascii_uppercase(), 8).unwrap(), c, "{name}");
+        }
+        let e = PolicyConfig::parse("lru_lfu", 8).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::NotFound);
+    }
 }
