@@ -43,12 +43,13 @@
 //!
 //! ## Invariants
 //! - Store eviction: `victims` names only live, unpinned slots, each once, at most `n`, and as
-//!   many as there are up to `n`; the same calls on policies built with the same seed give the
-//!   same victims.
+//!   many as there are up to `n` (`Noop` names none); the same calls on policies built with
+//!   the same seed give the same victims.
 //! - Cache policies: hit flags are taken before the request changes anything (probe-first);
 //!   never more than `capacity` keys resident; a request that cannot be kept whole is served
 //!   partially and reported as bypassed; deterministic in (configuration, key sequence).
-//! - Nothing here panics on any input or blocks; errors are [`Error`] with an [`ErrorKind`].
+//! - Nothing here panics on any input; errors are [`Error`] with an [`ErrorKind`]. The cache
+//!   policies never block; the store side blocks only on `PolicyEviction`'s short stripe locks.
 
 mod error;
 pub mod index;
