@@ -1,6 +1,7 @@
 //! The one evaluator every policy is measured with (design note §1): perfect hits, served
 //! perfect hits, individual hits, the compulsory-miss bound and the misses-per-request
-//! histogram, in three modes.
+//! histogram, in three modes. The store's own eviction (`LruLfu`) is scored here too, wrapped
+//! as a request-level policy by `embstore_policy::EvictionPolicy` ([`evaluate_with`]).
 //!
 //! ```text
 //! Online   every request counted, cold start                  (worst case)
@@ -26,10 +27,10 @@
 
 use std::fmt;
 
-use crate::index::KeySet;
-use crate::policy::{Policy, PolicyConfig, RequestOutcome};
 use crate::trace::Trace;
 use crate::{Error, Result};
+use embstore_policy::index::KeySet;
+use embstore_policy::{Policy, PolicyConfig, RequestOutcome};
 
 /// How the trace is turned into a warm-up stream and a measured stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -282,7 +283,7 @@ mod tests {
         // 2 [3,1] h1 s1: 3 evicts 2 (1 pinned), 3 at 1; 1 stays 2
         // 3 [1,2] h1 s1: 2 evicts 3 (1 pinned); 2 at 1     4 [1,2] h2: perfect
         let c =
-            crate::policy::GroupLfuConfig { max_score: 2, age_alpha: None, ..Default::default() };
+            embstore_policy::GroupLfuConfig { max_score: 2, age_alpha: None, ..Default::default() };
         let r = evaluate(&hand_trace(), &PolicyConfig::GroupLfu(c), 2, Mode::Online).unwrap();
         assert_eq!((r.hits, r.perfect), (6, 2));
         assert_eq!(r.misses_per_request, vec![2, 2, 1]);
@@ -308,7 +309,7 @@ mod tests {
             let e = evaluate_with(&t, p.as_mut(), Mode::Prefix, &o).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         }
-        let bad = PolicyConfig::GroupLfu(crate::policy::GroupLfuConfig {
+        let bad = PolicyConfig::GroupLfu(embstore_policy::GroupLfuConfig {
             age_alpha: Some(0.0),
             ..Default::default()
         });
@@ -348,13 +349,16 @@ mod tests {
         for c in [
             PolicyConfig::Lru,
             PolicyConfig::Lfu(Default::default()),
-            PolicyConfig::GroupLfu(crate::policy::GroupLfuConfig {
+            PolicyConfig::GroupLfu(embstore_policy::GroupLfuConfig {
                 max_score: 8,
                 ..Default::default()
             }),
             PolicyConfig::EvLfuPaper { max_score: 8 },
-            PolicyConfig::EvArc(crate::policy::EvArcConfig { max_score: 8, ..Default::default() }),
-            PolicyConfig::GroupAssoc(crate::policy::GroupAssocConfig {
+            PolicyConfig::EvArc(embstore_policy::EvArcConfig {
+                max_score: 8,
+                ..Default::default()
+            }),
+            PolicyConfig::GroupAssoc(embstore_policy::GroupAssocConfig {
                 max_score: 8,
                 ..Default::default()
             }),
@@ -365,6 +369,49 @@ mod tests {
                 assert!(r.perfect_hit <= r.individual_hit);
                 assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
                 assert_eq!(r.misses_per_request[0], r.perfect);
+            }
+        }
+    }
+
+    /// The store's own policy (its default `LruLfu`, and `Noop`) scored by this evaluator
+    /// through `EvictionPolicy`, on the same trace as the cache's policies: the report keeps
+    /// every invariant, and LruLfu keeps some requests whole.
+    #[test]
+    fn the_store_default_policy_can_be_scored() {
+        use embstore_policy::{EvictionConfig, EvictionPolicy};
+        let t = crate::trace::Synthetic {
+            num_requests: 3_000,
+            num_tables: 8,
+            num_contexts: 2_000,
+            max_table_size: 5_000,
+            ..Default::default()
+        }
+        .generate()
+        .unwrap();
+        let cap = t.unique_keys() / 20;
+        for config in [EvictionConfig::default(), EvictionConfig::Noop] {
+            for mode in [Mode::Online, Mode::Prefix, Mode::Replay] {
+                let mut p = EvictionPolicy::new(&config, cap, 7).unwrap();
+                let r = evaluate_with(&t, &mut p, mode, &EvalOptions::default()).unwrap();
+                let name = config.name();
+                eprintln!(
+                    "{name} {mode}: perfect {:.3}, bound {:.3}",
+                    r.perfect_hit, r.compulsory_bound
+                );
+                assert_eq!((r.policy.as_str(), r.capacity), (name, cap));
+                assert!(r.perfect_hit <= r.compulsory_bound, "{name} {mode}");
+                assert!(r.perfect_hit <= r.individual_hit, "{name} {mode}");
+                assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
+                assert_eq!(r.misses_per_request[0], r.perfect);
+                assert_eq!(r.self_evictions, 0, "{name} {mode}");
+                assert!(r.metadata_bytes_per_entry > 0.0);
+                if config == EvictionConfig::Noop {
+                    // Never evicts: whatever arrives after the cache fills is bypassed.
+                    assert_eq!(r.evictions, 0);
+                } else {
+                    assert_eq!(r.bypasses, 0, "{name} {mode}");
+                    assert!(r.evictions > 0 && r.perfect > 0, "{name} {mode}: {r:?}");
+                }
             }
         }
     }

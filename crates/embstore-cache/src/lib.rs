@@ -55,9 +55,9 @@ pub mod cache;
 pub mod codec;
 mod error;
 pub mod evaluate;
-mod index;
-mod lists;
-pub mod policy;
+/// The request-level policies, which live in `embstore-policy` (the store's eviction runs
+/// them too); `embstore_cache::policy::…` paths keep working.
+pub use embstore_policy::request as policy;
 pub mod surrogate;
 pub mod trace;
 

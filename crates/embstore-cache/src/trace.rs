@@ -19,8 +19,8 @@
 //! Every constructor deduplicates each request (first occurrence kept, note §1: a key repeated
 //! in one request counts once) and rejects empty requests, so `G_i ≥ 1` for every request.
 
-use crate::index::KeySet;
 use crate::{Error, Result};
+use embstore_policy::index::KeySet;
 
 /// Bits of a key that hold the row id; the table index sits above them.
 pub const TABLE_SHIFT: u32 = 48;

@@ -99,5 +99,20 @@ impl From<embstore_index::Error> for Error {
     }
 }
 
+/// A replacement policy's error (an eviction config that does not validate), same message.
+/// An unknown policy name is an invalid argument here, as in the bindings.
+impl From<embstore_policy::Error> for Error {
+    fn from(err: embstore_policy::Error) -> Self {
+        use embstore_policy::ErrorKind as P;
+        let kind = match err.kind() {
+            P::ShapeMismatch => ErrorKind::ShapeMismatch,
+            P::Corrupt => ErrorKind::Corruption,
+            P::Io | P::Backing => ErrorKind::Io,
+            _ => ErrorKind::InvalidArgument,
+        };
+        Self::new(kind, err.message())
+    }
+}
+
 /// The result of every fallible table call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -53,7 +53,6 @@ mod config;
 pub mod disk;
 mod durable;
 mod error;
-pub mod evict;
 mod export;
 mod file;
 mod init;
@@ -81,6 +80,9 @@ pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
 };
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
+/// The memory tier's replacement policies, which live in `embstore-policy` (the store and the
+/// inference cache share them); `embstore_table::evict::…` paths keep working.
+pub use embstore_policy::store as evict;
 pub use error::{Error, ErrorKind, Result};
 pub use export::{Export, RowChunk};
 pub use init::Initializer;

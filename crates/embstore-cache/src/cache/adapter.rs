@@ -2,9 +2,9 @@
 
 use super::key::key_of;
 use super::{InferenceCache, Source};
-use crate::policy::{Policy, RequestOutcome};
 use crate::trace::split_key;
 use crate::Error;
+use embstore_policy::{Policy, RequestOutcome};
 
 /// An [`InferenceCache`] seen as a [`Policy`], so [`crate::evaluate_with`] scores the whole
 /// system (L1 + L2 + L3, rows and all) with the same evaluator as a bare policy. Each

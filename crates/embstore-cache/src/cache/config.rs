@@ -1,8 +1,8 @@
 //! What an inference cache is built from: its levels, policy, budget shares and L3 feed.
 
 use crate::codec::CodecKind;
-use crate::policy::PolicyConfig;
 use crate::{Error, Result};
+use embstore_policy::PolicyConfig;
 
 /// How L3 learns the surrogates of keys evicted from the last level when their table's build is
 /// on disk ([`SurrogateTable::Disk`](crate::surrogate::SurrogateTable::Disk); a build in memory

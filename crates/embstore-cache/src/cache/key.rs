@@ -48,8 +48,8 @@ mod tests {
     use crate::cache::testing::*;
     use crate::cache::*;
     use crate::codec::CodecKind;
-    use crate::index::fmix64;
     use crate::trace::SplitMix64;
+    use embstore_policy::index::fmix64;
 
     /// Raw 64-bit ids, as int64 users (TorchRec, HugeCTR: hashed, negative) and uint64 users
     /// have them: -1 (= 2^64 - 1 as uint64), -2, -2^63, 2^63 - 1, 2^48, a hashed id are cached and

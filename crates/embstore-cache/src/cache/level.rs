@@ -3,8 +3,8 @@
 use super::key::{key_from_policy, policy_key, table_of, Key};
 use super::{CacheConfig, LevelConfig};
 use crate::codec::{Codec, CodecKind};
-use crate::policy::Policy;
 use crate::{Error, Result};
+use embstore_policy::Policy;
 
 /// Bytes of the table tag of each slot of a level: none for one table (nothing to tell apart),
 /// 1 for up to 256 tables, else 2. In an array of their own: beside a 64-byte row a tag would

@@ -2,10 +2,10 @@
 
 use super::key::{id_of, key_of, policy_key, table_of, Key};
 use super::{CacheStats, InferenceCache, Shard, Source};
-use crate::policy::Group;
 use crate::surrogate::SurrogateTable;
 use crate::trace::split_key;
 use crate::{Error, Result};
+use embstore_policy::Group;
 
 /// Per-request scratch of one lookup: the request's distinct keys and what each got.
 #[derive(Default)]
@@ -538,9 +538,9 @@ mod tests {
     use crate::cache::testing::*;
     use crate::cache::*;
     use crate::codec::CodecKind;
-    use crate::policy::PolicyConfig;
     use crate::trace::{table_key, Synthetic};
     use crate::ErrorKind;
+    use embstore_policy::PolicyConfig;
     use std::sync::atomic::Ordering;
 
     #[test]

@@ -55,11 +55,11 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::index::fmix64;
-use crate::policy::RequestOutcome;
 use crate::surrogate::{ClockMap, SurrogateFile, SurrogateTable};
 use crate::trace::split_key;
 use crate::{Error, Result};
+use embstore_policy::index::fmix64;
+use embstore_policy::RequestOutcome;
 
 mod adapter;
 mod config;

@@ -2,9 +2,9 @@
 //! it, and checks that a served row is what its source promises.
 
 use super::*;
-use crate::policy::PolicyConfig;
 use crate::trace::{SplitMix64, Synthetic, Trace};
 use crate::GroupLfuConfig;
+use embstore_policy::PolicyConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Row of (table, id): a deterministic function, so every returned row can be checked.

@@ -3,7 +3,7 @@
 use half::f16;
 
 use super::f16_up;
-use crate::index::{SlotIndex, NIL};
+use embstore_policy::index::{SlotIndex, NIL};
 
 /// A ring slot of [`ClockMap`]: u32 halves give 4-byte alignment, so it packs into 20 bytes.
 #[derive(Clone, Copy, Debug)]

@@ -11,9 +11,10 @@
 //! - [`GroupAssoc`] — the group score plus a hit counter in a set-associative arena (no
 //!   index, no list links: 10 B of metadata per entry), for tiers where bytes are scarce.
 //! - [`PolicyConfig`] — picks a policy and its parameters; [`PolicyConfig::build`] makes one.
+//! - `lists` (private) — the slot arena and intrusive lists the list-based policies share.
 //! - [`Evictable`] — the slot-level side (remove, rename, victims in eviction order, grow) that
 //!   lets [`Lru`], [`Lfu`] and [`GroupLfu`] also run a store's hot-row cache, under the store's
-//!   `Eviction` trait ([`PolicyConfig::build_evictable`]).
+//!   [`Eviction`](crate::Eviction) trait ([`PolicyConfig::build_evictable`]).
 //!
 //! ## Contract every policy keeps
 //! - `hit[j]` is "key `j` was resident before this request changed anything" (probe-first, §1
@@ -38,6 +39,7 @@ mod ev_arc;
 mod group_assoc;
 mod group_lfu;
 mod lfu;
+mod lists;
 mod lru;
 #[cfg(test)]
 pub(crate) mod reference;
@@ -177,9 +179,10 @@ pub trait Policy: fmt::Debug + Send + Sync {
     }
 }
 
-/// A policy that can also run a store's hot-row cache (`embstore_table::evict::Eviction`,
-/// through its `PolicyEviction` adapter): there the store, not the policy, decides when a key
-/// leaves, keys are the store's slot numbers, and the number of keys is not known up front.
+/// A policy that can also run a store's hot-row cache ([`Eviction`](crate::Eviction), through
+/// the [`PolicyEviction`](crate::PolicyEviction) adapter): there the store, not the policy,
+/// decides when a key leaves, keys are the store's slot numbers, and the number of keys is not
+/// known up front.
 ///
 /// Between requests no key is pinned, so [`victims`](Self::victims) names keys in the exact
 /// order the policy's own commits would evict them. [`PolicyConfig::build_evictable`] builds
@@ -441,7 +444,7 @@ mod tests {
             PolicyConfig::GroupLfu(GroupLfuConfig { age_alpha: Some(0.5), ..Default::default() }),
         ];
         for seed in seeds {
-            let mut rng = crate::trace::SplitMix64::new(seed);
+            let mut rng = crate::rng::SplitMix64::new(seed);
             let config = &configs[rng.below(configs.len() as u64) as usize];
             let cap = 1 + rng.below(12) as usize;
             let mut p = config.build_evictable(cap).unwrap();

@@ -5,10 +5,10 @@
 //! count is a bucket, and a key that changes bucket goes to its tail, so ties go to the least
 //! recently used. Victim: the head of the lowest non-empty bucket. Aging (optional, default
 //! on): every `α·C` insertions all counts halve, by the same O(S) bucket splicing as
-//! [`GroupLfu`](crate::policy::GroupLfu). No request pinning: this is the classical policy.
+//! [`GroupLfu`](crate::request::GroupLfu). No request pinning: this is the classical policy.
 
-use crate::lists::{Lists, CURRENT};
-use crate::policy::{
+use crate::request::lists::{Lists, CURRENT};
+use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, Evictable, Policy, RequestOutcome,
 };
 use crate::Result;

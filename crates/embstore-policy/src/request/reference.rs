@@ -5,7 +5,7 @@
 //! is what splicing bucket `2j` before `2j+1` means. Everything is O(C) per operation.
 
 use super::{score_of, GroupLfuConfig};
-use crate::policy::Flush;
+use crate::request::Flush;
 
 #[derive(Clone, Debug)]
 struct Entry {

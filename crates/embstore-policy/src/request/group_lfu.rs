@@ -32,8 +32,8 @@
 //! capacities 1,000–1,048,576, under the note's 48 B target (test
 //! `metadata_is_at_most_48_bytes_per_entry`).
 
-use crate::lists::{Lists, CURRENT, PINNED};
-use crate::policy::{
+use crate::request::lists::{Lists, CURRENT, PINNED};
+use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, score_of, Evictable, Group, Policy,
     RequestOutcome,
 };
@@ -478,8 +478,8 @@ impl Policy for EvLfuPaper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::reference::RefGroupLfu;
-    use crate::trace::SplitMix64;
+    use crate::request::reference::RefGroupLfu;
+    use crate::rng::SplitMix64;
     use proptest::prelude::*;
 
     fn cfg(s: u8) -> GroupLfuConfig {

@@ -1,4 +1,6 @@
-//! The key → slot index of the L1 policies: open addressing over `u32` slot numbers only.
+//! The key → slot index of the request-level policies (and of the cache's surrogate map):
+//! open addressing over `u32` slot numbers only. Public because the cache's L3 map and its
+//! evaluator use it too ([`KeySet`], [`fmix64`]).
 //!
 //! The index stores no keys: it compares a probed key against the key its caller keeps in
 //! the slot (`key_of(slot)`), so it costs 4 bytes per bucket (§2.3 of the design note: "≈ 6 B
@@ -19,12 +21,12 @@
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// "No slot": marks an empty bucket here and the end of a list in `lists`.
-pub(crate) const NIL: u32 = u32::MAX;
+pub const NIL: u32 = u32::MAX;
 
 /// MurmurHash3's 64-bit finaliser: every input bit flips each output bit with probability
 /// about 1/2, so table-qualified keys (table in the top bits, small ids below) spread evenly.
 #[inline]
-pub(crate) fn fmix64(mut k: u64) -> u64 {
+pub fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;
@@ -36,7 +38,7 @@ pub(crate) fn fmix64(mut k: u64) -> u64 {
 /// A `Hasher` for `u64` keys through [`fmix64`]: deterministic (no random state), so sets
 /// built with it behave the same on every run.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FmixHasher(u64);
+pub struct FmixHasher(u64);
 
 impl Hasher for FmixHasher {
     fn finish(&self) -> u64 {
@@ -53,11 +55,11 @@ impl Hasher for FmixHasher {
 }
 
 /// A deterministic `HashSet<u64>`.
-pub(crate) type KeySet = hashbrown::HashSet<u64, BuildHasherDefault<FmixHasher>>;
+pub type KeySet = hashbrown::HashSet<u64, BuildHasherDefault<FmixHasher>>;
 
 /// Key → slot, open addressing over slot numbers (see the module docs).
 #[derive(Clone, Debug)]
-pub(crate) struct SlotIndex {
+pub struct SlotIndex {
     buckets: Box<[u32]>,
     mask: usize,
     len: usize,
@@ -66,7 +68,7 @@ pub(crate) struct SlotIndex {
 impl SlotIndex {
     /// An index for up to `capacity` keys: the smallest power of two ≥ 4/3 × capacity
     /// buckets (load ≤ 3/4), at least 4.
-    pub(crate) fn with_capacity(capacity: usize) -> Self {
+    pub fn with_capacity(capacity: usize) -> Self {
         let want = capacity.saturating_add(capacity / 3).saturating_add(1).max(4);
         let n = want.next_power_of_two();
         Self { buckets: vec![NIL; n].into_boxed_slice(), mask: n - 1, len: 0 }
@@ -79,7 +81,7 @@ impl SlotIndex {
     }
 
     /// Bytes this index owns on the heap.
-    pub(crate) fn heap_bytes(&self) -> usize {
+    pub fn heap_bytes(&self) -> usize {
         self.buckets.len() * std::mem::size_of::<u32>()
     }
 
@@ -106,14 +108,14 @@ impl SlotIndex {
 
     /// The slot of `key`, if stored.
     #[inline]
-    pub(crate) fn find(&self, key: u64, key_of: impl Fn(u32) -> u64) -> Option<u32> {
+    pub fn find(&self, key: u64, key_of: impl Fn(u32) -> u64) -> Option<u32> {
         self.position(key, key_of).map(|pos| self.buckets[pos])
     }
 
     /// Stores `key → slot`. The caller guarantees that `key` is not stored and that fewer
     /// than `capacity` keys are (so an empty bucket exists).
     #[inline]
-    pub(crate) fn insert(&mut self, key: u64, slot: u32) {
+    pub fn insert(&mut self, key: u64, slot: u32) {
         debug_assert!(self.len < self.buckets.len());
         let mut pos = self.home(key);
         while self.buckets[pos] != NIL {
@@ -125,7 +127,7 @@ impl SlotIndex {
 
     /// Removes `key` and returns its slot, if stored. `key_of` must still name the key of
     /// every stored slot, the removed one included.
-    pub(crate) fn remove(&mut self, key: u64, key_of: impl Fn(u32) -> u64) -> Option<u32> {
+    pub fn remove(&mut self, key: u64, key_of: impl Fn(u32) -> u64) -> Option<u32> {
         let mut hole = self.position(key, &key_of)?;
         let slot = self.buckets[hole];
         let mut j = hole;

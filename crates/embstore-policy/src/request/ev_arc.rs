@@ -30,8 +30,8 @@
 //! Memory: ghosts are slots too, so the arena holds `2C` slots: about twice GroupLfu's bytes
 //! per cached entry.
 
-use crate::lists::{Lists, CURRENT};
-use crate::policy::{check_capacity, overflowed, score_of, Policy, RequestOutcome};
+use crate::request::lists::{Lists, CURRENT};
+use crate::request::{check_capacity, overflowed, score_of, Policy, RequestOutcome};
 use crate::{Error, Result};
 
 /// Parameters of [`EvArc`].
@@ -278,7 +278,7 @@ impl Policy for EvArc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::SplitMix64;
+    use crate::rng::SplitMix64;
 
     fn arc(c: usize) -> EvArc {
         EvArc::new(c, EvArcConfig { max_score: 2, flush: false, ..Default::default() }).unwrap()

@@ -45,7 +45,7 @@
 //! cache smaller than `ways` is one fully associative set).
 
 use crate::index::fmix64;
-use crate::policy::{
+use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, score_of, Group, Policy, RequestOutcome,
 };
 use crate::{Error, Result};
@@ -495,7 +495,7 @@ impl Policy for GroupAssoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::SplitMix64;
+    use crate::rng::SplitMix64;
     use proptest::prelude::*;
     use std::collections::HashMap;
 

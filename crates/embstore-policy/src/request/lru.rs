@@ -4,8 +4,8 @@
 //! full and appends the key. Keys of a request are processed in order, so with `G ≤ C` the
 //! whole request is resident afterwards (its keys are the `G` most recent).
 
-use crate::lists::{Lists, CURRENT};
-use crate::policy::{check_capacity, overflowed, Evictable, Policy, RequestOutcome};
+use crate::request::lists::{Lists, CURRENT};
+use crate::request::{check_capacity, overflowed, Evictable, Policy, RequestOutcome};
 use crate::Result;
 
 /// Least recently used over u64 keys; see the module docs.
@@ -16,7 +16,7 @@ pub struct Lru {
 }
 
 impl Lru {
-    /// An empty LRU for `capacity` keys (1 ..= [`MAX_CAPACITY`](crate::policy::MAX_CAPACITY)).
+    /// An empty LRU for `capacity` keys (1 ..= [`MAX_CAPACITY`](crate::request::MAX_CAPACITY)).
     pub fn new(capacity: usize) -> Result<Self> {
         check_capacity(capacity)?;
         Ok(Self { lists: Lists::new(capacity, 1, 0), cap: capacity })

@@ -145,7 +145,7 @@ impl Lists {
         &mut self,
         keys: &[u64],
         mark: u8,
-        out: &mut crate::policy::RequestOutcome,
+        out: &mut super::RequestOutcome,
         resident: impl Fn(&Self, u32) -> bool,
     ) {
         for &k in keys {
@@ -160,7 +160,7 @@ impl Lists {
 
     /// Counts in `out` an eviction of slot `v`, and whether it takes a key of the request in
     /// progress (`CURRENT`); returns the latter.
-    pub(crate) fn note_eviction(&self, v: u32, out: &mut crate::policy::RequestOutcome) -> bool {
+    pub(crate) fn note_eviction(&self, v: u32, out: &mut super::RequestOutcome) -> bool {
         let current = self.flags(v) & CURRENT != 0;
         out.self_evicted += usize::from(current);
         out.evicted.push(self.key(v));
@@ -170,7 +170,7 @@ impl Lists {
 
     /// Evicts slot `v` ([`Lists::note_eviction`], then removes it); whether it took a key of
     /// the request in progress.
-    pub(crate) fn evict(&mut self, v: u32, out: &mut crate::policy::RequestOutcome) -> bool {
+    pub(crate) fn evict(&mut self, v: u32, out: &mut super::RequestOutcome) -> bool {
         let current = self.note_eviction(v, out);
         self.remove(v);
         current
