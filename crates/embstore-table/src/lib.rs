@@ -47,23 +47,18 @@
 mod apply;
 mod arena;
 mod batch;
-mod checkpoint;
-mod compact;
 mod config;
 pub mod disk;
 mod durable;
 mod error;
 pub mod evict;
 mod export;
-mod file;
 mod init;
 mod inspect;
 mod lookup;
 mod meta;
 mod optim;
-mod orphans;
 mod params;
-mod persist;
 mod sched;
 mod shard;
 mod sketch;
@@ -74,11 +69,11 @@ mod tier;
 mod version;
 mod write;
 
-pub use checkpoint::{
-    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
-};
 pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
+};
+pub use durable::checkpoint::{
+    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
 };
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 pub use error::{Error, ErrorKind, Result};

@@ -49,10 +49,10 @@ use std::sync::atomic::Ordering;
 
 use hashbrown::HashMap;
 
+use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
-use crate::durable::{segment_path, Durable, FlushStats};
 use crate::version::now_ms;
 use crate::{Error, Result, Table, Version};
 

@@ -24,17 +24,23 @@
 //! (and [`COMPACT_MIN_RECORDS`]) are rewritten whole: every row into a fresh segment that
 //! supersedes the older files, which are deleted.
 
+pub(crate) mod changes;
+pub(crate) mod checkpoint;
+pub(crate) mod compact;
+pub(crate) mod orphans;
+pub(crate) mod table_file;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::compact::Step;
+use self::compact::Step;
+use self::table_file::{config_text, parse_config_text};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
-use crate::file::{config_text, parse_config_text};
 use crate::version::{now_ms, Clock};
 use crate::{Error, ErrorKind, Result, Table};
 
@@ -87,7 +93,7 @@ pub(crate) struct Durable {
     pub(crate) report: RecoveryReport,
     /// The tables' liveness indexes for incremental compaction (`compact`); taken under
     /// `inner`.
-    pub(crate) compactor: Mutex<crate::compact::Compactor>,
+    pub(crate) compactor: Mutex<compact::Compactor>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -119,7 +125,7 @@ impl Durable {
             // Prove every unnamed segment superseded before anything changes on disk (the
             // manifest's torn tail included).
             let (state, _) = crate::disk::manifest::read(&*vfs, dir)?;
-            orphans = crate::orphans::deletable(&*vfs, dir, &state)?;
+            orphans = orphans::deletable(&*vfs, dir, &state)?;
             let (m, state, r) = Manifest::open(&*vfs, dir)?;
             report.torn_manifest_bytes = r.torn_bytes;
             (m, state)
