@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::table_file::parse_config_text;
 use super::{orphans, random_id, segment_path, Durable, Tiering, SEG_DIR};
-use crate::disk::manifest::{Manifest, State};
+use crate::disk::manifest::{Manifest, State, TableEntry};
 use crate::disk::segment::SegmentReader;
 use crate::disk::vfs::Vfs;
 use crate::version::Clock;
@@ -44,79 +44,21 @@ impl Durable {
         clock: &Arc<Clock>,
         tiering: Option<&Tiering>,
     ) -> Result<(Self, Vec<Arc<Table>>)> {
-        let io = |what: &str, p: &Path, e| Error::io(format!("{what} {}", p.display()), e);
         vfs.create_dir_all(&dir.join(SEG_DIR)).map_err(|e| io("create", dir, e))?;
         let lock = lock(dir)?;
         let mut report = RecoveryReport::default();
-        let mut orphans = Vec::new();
-        let (manifest, state) = if vfs.open(&dir.join(crate::disk::manifest::MANIFEST)).is_ok() {
-            // Prove every unnamed segment superseded before anything changes on disk (the
-            // manifest's torn tail included).
-            let (state, _) = crate::disk::manifest::read(&*vfs, dir)?;
-            orphans = orphans::deletable(&*vfs, dir, &state)?;
-            let (m, state, r) = Manifest::open(&*vfs, dir)?;
-            report.torn_manifest_bytes = r.torn_bytes;
-            (m, state)
-        } else {
-            let segs = vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))?;
-            if segs.iter().any(|n| n.ends_with(".seg")) {
-                return Err(Error::corrupt(format!(
-                    "{}: MANIFEST is missing but segments exist; refusing to start an empty \
-                     store over them",
-                    dir.display()
-                )));
-            }
-            report.created = true;
-            let state =
-                State { next_table_id: 1, next_seq: 1, store_id: random_id(), ..State::default() };
-            (Manifest::create(&*vfs, dir, &state)?, state)
-        };
+        let (manifest, state, orphans) = read_manifest(&*vfs, dir, &mut report)?;
         let mut tables = Vec::new();
         for (&id, entry) in &state.tables {
-            let bad = |what: &str| {
-                Error::corrupt(format!("{}: table id {id} in the manifest: {what}", dir.display()))
-            };
-            let (config, _) = parse_config_text(&entry.config, &bad)?;
-            let mut table = Table::with_clock(config, clock.clone())?;
-            if let Some(t) = tiering {
-                table.enable_tier(t.budget.clone(), t.eviction.clone())?;
-            }
-            for &seq in entry.files.keys() {
-                let path = segment_path(dir, seq);
-                let r = match tiering {
-                    Some(_) => SegmentReader::open_for_reads(&*vfs, &path)?,
-                    None => SegmentReader::open(&*vfs, &path)?,
-                };
-                let h = r.header();
-                if h.seq != seq
-                    || h.table_id != id
-                    || h.dim as usize != table.dim()
-                    || h.state_dim as usize != table.state_dim()
-                {
-                    return Err(Error::corrupt(format!(
-                        "{}: header does not match the manifest (seq {seq}, table {id})",
-                        path.display()
-                    )));
-                }
-                report.records += match (&table.tier, tiering) {
-                    // With a memory budget every row starts on disk: only the footers are read.
-                    (Some(tier), Some(t)) => {
-                        let slot = tier.files.write().reserve()?;
-                        let n = table.replay_footer(slot, &r, t.keep)?;
-                        tier.files.write().install(slot, seq, Arc::new(r));
-                        n
-                    }
-                    _ => {
-                        let (rows, tombstones) = table.replay(&r)?;
-                        rows + tombstones
-                    }
-                };
-                report.segments += 1;
-            }
-            table.set_step(entry.step);
-            table.disk_id.store(id, Ordering::Relaxed);
-            table.track_changes();
-            tables.push(Arc::new(table));
+            tables.push(Arc::new(rebuild_table(
+                &*vfs,
+                dir,
+                clock,
+                tiering,
+                id,
+                entry,
+                &mut report,
+            )?));
         }
         report.tables = tables.len();
         // Segments the manifest proves superseded (`orphans`) are what a crash left of a
@@ -137,6 +79,109 @@ impl Durable {
         };
         Ok((durable, tables))
     }
+}
+
+/// An I/O error on `p`.
+fn io(what: &str, p: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("{what} {}", p.display()), e)
+}
+
+/// Opens the manifest of `dir` (or creates one in a directory without a store) and lists the
+/// unnamed segments it proves superseded, before anything changes on disk.
+fn read_manifest(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    report: &mut RecoveryReport,
+) -> Result<(Manifest, State, Vec<String>)> {
+    if vfs.open(&dir.join(crate::disk::manifest::MANIFEST)).is_ok() {
+        // Prove every unnamed segment superseded before anything changes on disk (the
+        // manifest's torn tail included).
+        let (state, _) = crate::disk::manifest::read(vfs, dir)?;
+        let orphans = orphans::deletable(vfs, dir, &state)?;
+        let (m, state, r) = Manifest::open(vfs, dir)?;
+        report.torn_manifest_bytes = r.torn_bytes;
+        return Ok((m, state, orphans));
+    }
+    let segs = vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))?;
+    if segs.iter().any(|n| n.ends_with(".seg")) {
+        return Err(Error::corrupt(format!(
+            "{}: MANIFEST is missing but segments exist; refusing to start an empty store over \
+             them",
+            dir.display()
+        )));
+    }
+    report.created = true;
+    let state = State { next_table_id: 1, next_seq: 1, store_id: random_id(), ..State::default() };
+    Ok((Manifest::create(vfs, dir, &state)?, state, Vec::new()))
+}
+
+/// Rebuilds table `id` from its manifest entry and its segments, in seq order.
+fn rebuild_table(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    clock: &Arc<Clock>,
+    tiering: Option<&Tiering>,
+    id: u64,
+    entry: &TableEntry,
+    report: &mut RecoveryReport,
+) -> Result<Table> {
+    let bad = |what: &str| {
+        Error::corrupt(format!("{}: table id {id} in the manifest: {what}", dir.display()))
+    };
+    let (config, _) = parse_config_text(&entry.config, &bad)?;
+    let mut table = Table::with_clock(config, clock.clone())?;
+    if let Some(t) = tiering {
+        table.enable_tier(t.budget.clone(), t.eviction.clone())?;
+    }
+    for &seq in entry.files.keys() {
+        report.records += replay_file(vfs, dir, &table, tiering, id, seq)?;
+        report.segments += 1;
+    }
+    table.set_step(entry.step);
+    table.disk_id.store(id, Ordering::Relaxed);
+    table.track_changes();
+    Ok(table)
+}
+
+/// Replays segment `seq` of table `id` into `table` after checking its header against the
+/// manifest; returns its records. With a memory budget every row starts on disk: only the
+/// footer is read.
+fn replay_file(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    table: &Table,
+    tiering: Option<&Tiering>,
+    id: u64,
+    seq: u64,
+) -> Result<u64> {
+    let path = segment_path(dir, seq);
+    let r = match tiering {
+        Some(_) => SegmentReader::open_for_reads(vfs, &path)?,
+        None => SegmentReader::open(vfs, &path)?,
+    };
+    let h = r.header();
+    if h.seq != seq
+        || h.table_id != id
+        || h.dim as usize != table.dim()
+        || h.state_dim as usize != table.state_dim()
+    {
+        return Err(Error::corrupt(format!(
+            "{}: header does not match the manifest (seq {seq}, table {id})",
+            path.display()
+        )));
+    }
+    Ok(match (&table.tier, tiering) {
+        (Some(tier), Some(t)) => {
+            let slot = tier.files.write().reserve()?;
+            let n = table.replay_footer(slot, &r, t.keep)?;
+            tier.files.write().install(slot, seq, Arc::new(r));
+            n
+        }
+        _ => {
+            let (rows, tombstones) = table.replay(&r)?;
+            rows + tombstones
+        }
+    })
 }
 
 /// Locks `dir` for this process: one process (and one `Store`) opens a directory at a time.
