@@ -49,12 +49,12 @@ use std::sync::atomic::Ordering;
 
 use hashbrown::HashMap;
 
+use super::segment_write::SegmentTx;
 use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
-use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
+use crate::disk::segment::{SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
-use crate::version::now_ms;
-use crate::{Error, Result, Table, Version};
+use crate::{Result, Table, Version};
 
 /// Compaction runs while a table's records on disk exceed this multiple of its live rows
 /// (numerator, denominator): 1.5, so that a step that lags a few flushes behind still keeps
@@ -333,31 +333,19 @@ impl Durable {
         plan: &[Planned],
         stats: &mut FlushStats,
     ) -> Result<Option<Option<u64>>> {
-        let (manifest, state) = guard;
-        let seq = state.next_seq.max(1);
         let epoch = table.clear_epoch.load(Ordering::Acquire);
+        // Rolls back on any early return: the segment goes unless its record may have landed.
+        let mut tx = SegmentTx::begin_copy(self, guard, table);
+        let seq = tx.seq();
         let mut written = None;
         let mut edits = Vec::new();
-        let path = segment_path(self.dir(), seq);
         if plan.iter().any(|(_, keys, _)| !keys.is_empty()) {
-            let header = SegmentHeader {
-                dim: table.dim() as u32,
-                state_dim: table.state_dim() as u32,
-                seq,
-                table_id: id,
-                kind: SegmentKind::Compaction,
-                created_ms: now_ms(),
-            };
-            let fail = |e: Error| {
-                let _ = self.vfs.remove(&path);
-                e
-            };
-            let mut w = SegmentWriter::create(&*self.vfs, &path, header)?;
+            let mut w = tx.create(id, SegmentKind::Compaction)?;
             for (_, keys, _) in plan {
-                table.copy_current(keys, &mut w).map_err(fail)?;
+                table.copy_current(keys, &mut w)?;
             }
             if w.records() > 0 {
-                let info = w.finish().map_err(fail)?;
+                let info = w.finish()?;
                 edits.push(Edit::AddFile {
                     table: id,
                     seq,
@@ -370,14 +358,11 @@ impl Durable {
                 written = Some(seq);
             } else {
                 drop(w);
-                let _ = self.vfs.remove(&path);
+                tx.remove_file();
             }
         }
         // A `clear` or `load` overlapped the copy: the segment mixes both sides; throw it away.
         if epoch % 2 == 1 || table.clear_epoch.load(Ordering::Acquire) != epoch {
-            if written.is_some() {
-                let _ = self.vfs.remove(&path);
-            }
             return Ok(None);
         }
         let deleted: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.0).collect();
@@ -388,15 +373,11 @@ impl Durable {
         if edits.is_empty() {
             return Ok(Some(None));
         }
-        let mut next = state.clone();
+        let mut next = tx.state().clone();
         edits.iter().try_for_each(|e| next.apply(e))?;
-        if let Err(e) = manifest.append(&*self.vfs, &edits, &next) {
-            // The record may have reached the disk: keep the segment (an orphan the next open
-            // deletes if it did not) and never reuse its seq; `from` stays.
-            state.next_seq = state.next_seq.max(seq + 1);
-            return Err(e);
-        }
-        *state = next;
+        // A failed append keeps the segment and never reuses its seq; `from` stays.
+        tx.append(&edits, &next)?;
+        tx.commit(next);
         for from in deleted {
             let _ = self.vfs.remove(&segment_path(self.dir(), from));
         }

@@ -13,6 +13,10 @@
 //! see `orphans`) and its seq is never handed out again; the manifest rewrites itself before its
 //! next append. Rolling back runs under the table's gate when the commit had taken it, so no
 //! `clear`, `load` or demotion sees rows that point into a segment no record names.
+//!
+//! A compaction step's segment (`compact`) goes through the same guard
+//! ([`SegmentTx::begin_copy`]): it takes no rows out of the table, so its rollback only deletes
+//! the file or, once the append was tried, keeps it and spends its seq.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -201,13 +205,44 @@ impl<'a> SegmentTx<'a> {
         })
     }
 
+    /// Starts a segment at the log's next seq that takes no rows out of `table` (a compaction
+    /// step copies rows, their dirty bits untouched): a rollback only deletes the file, or —
+    /// once the append was tried — keeps it and never hands its seq out again.
+    pub(super) fn begin_copy(
+        durable: &'a Durable,
+        log: &'a mut (Manifest, State),
+        table: &'a Table,
+    ) -> Self {
+        let seq = log.1.next_seq.max(1);
+        Self {
+            durable,
+            table,
+            path: segment_path(&durable.dir, seq),
+            log,
+            seq,
+            cleared: false,
+            slot: None,
+            rows_taken: false,
+            restore_cleared: false,
+            file: false,
+            record_tried: false,
+            gate: None,
+            committed: false,
+        }
+    }
+
+    /// The segment's seq.
+    pub(super) fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// The state the manifest describes (before this segment).
-    fn state(&self) -> &State {
+    pub(super) fn state(&self) -> &State {
         &self.log.1
     }
 
     /// Creates the segment file of table `id`.
-    fn create(&mut self, id: u64, kind: SegmentKind) -> Result<SegmentWriter> {
+    pub(super) fn create(&mut self, id: u64, kind: SegmentKind) -> Result<SegmentWriter> {
         let header = SegmentHeader {
             dim: self.table.dim() as u32,
             state_dim: self.table.state_dim() as u32,
@@ -222,7 +257,7 @@ impl<'a> SegmentTx<'a> {
     }
 
     /// Deletes the segment file (it held nothing; the record still goes on).
-    fn remove_file(&mut self) {
+    pub(super) fn remove_file(&mut self) {
         let _ = self.durable.vfs.remove(&self.path);
         self.file = false;
     }
@@ -240,7 +275,7 @@ impl<'a> SegmentTx<'a> {
     }
 
     /// Appends `edits` to the manifest (`next`: the state after them).
-    fn append(&mut self, edits: &[Edit], next: &State) -> Result<()> {
+    pub(super) fn append(&mut self, edits: &[Edit], next: &State) -> Result<()> {
         // The record may reach the disk in part or whole even if the append fails.
         self.file = false;
         self.record_tried = true;
@@ -249,7 +284,7 @@ impl<'a> SegmentTx<'a> {
 
     /// The record is durable: `next` becomes the state, and every step stays. Returns the
     /// reserved file slot (now the caller's) and the gate, if held.
-    fn commit(mut self, next: State) -> (Option<u32>, Option<RwLockReadGuard<'a, ()>>) {
+    pub(super) fn commit(mut self, next: State) -> (Option<u32>, Option<RwLockReadGuard<'a, ()>>) {
         self.log.1 = next;
         self.committed = true;
         (self.slot.take(), self.gate.take())
