@@ -427,4 +427,26 @@ mod tests {
         let (_, tables) = Durable::open(dir.path(), Arc::new(RealFs), &clock, None).unwrap();
         assert_eq!(tables[0].len(), 3, "the committed segment is what reopening finds");
     }
+
+    #[test]
+    fn a_copy_dropped_before_its_record_deletes_its_file_and_leaves_the_rows_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (durable, table) = store(dir.path());
+        assert_eq!(flushed(&durable, &table), 3);
+        let id = table.disk_id.load(Ordering::Relaxed);
+        let path = {
+            let mut log = durable.inner.lock();
+            let mut tx = SegmentTx::begin_copy(&durable, &mut log, &table);
+            let seq = tx.seq();
+            let w = tx.create(id, SegmentKind::Compaction).unwrap();
+            let path = tx.path.clone();
+            assert!(path.exists());
+            drop(w);
+            drop(tx);
+            assert_eq!(log.1.next_seq, seq, "a seq no record named is handed out again");
+            path
+        };
+        assert!(!path.exists(), "the segment file was deleted");
+        assert_eq!(flushed(&durable, &table), 0, "no row was marked dirty");
+    }
 }
