@@ -8,8 +8,8 @@ use std::path::Path;
 use crate::disk::manifest::{self, FileEntry, State};
 use crate::disk::segment::{self, SegmentReader};
 use crate::disk::vfs::{RealFs, Vfs};
+use crate::durable::table_file::parse_config_text;
 use crate::durable::{segment_path, SEG_DIR};
-use crate::file::parse_config_text;
 use crate::{Error, ErrorKind, Result};
 
 /// One table of a store directory.
@@ -191,7 +191,7 @@ pub fn verify(
     // manifest finds the same state (a flush may have been writing its segment meanwhile).
     let mut last = state;
     for _ in 0..VERIFY_ATTEMPTS {
-        let Err(e) = crate::orphans::deletable(&RealFs, dir, &last) else { break };
+        let Err(e) = crate::durable::orphans::deletable(&RealFs, dir, &last) else { break };
         match manifest::read(&RealFs, dir) {
             Ok((now, _)) if now != last => last = now,
             _ => {

@@ -47,22 +47,17 @@
 mod apply;
 mod arena;
 mod batch;
-mod checkpoint;
-mod compact;
 mod config;
 pub mod disk;
 mod durable;
 mod error;
 mod export;
-mod file;
 mod init;
 mod inspect;
 mod lookup;
 mod meta;
 mod optim;
-mod orphans;
 mod params;
-mod persist;
 mod sched;
 mod shard;
 mod sketch;
@@ -73,11 +68,11 @@ mod tier;
 mod version;
 mod write;
 
-pub use checkpoint::{
-    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
-};
 pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
+};
+pub use durable::checkpoint::{
+    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
 };
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 /// The memory tier's replacement policies, which live in `embstore-policy` (the store and the

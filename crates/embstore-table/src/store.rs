@@ -8,9 +8,10 @@ use parking_lot::RwLock;
 
 use crate::config::validate_name;
 use crate::disk::vfs::{RealFs, Vfs};
+use crate::durable::table_file as file;
 use crate::durable::{Durable, FlushStats, RecoveryReport, Tiering};
 use crate::version::Clock;
-use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
+use crate::{Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
 /// Named embedding tables. Held in memory ([`Store::new`]) or kept in a directory
 /// ([`Store::open`]), where [`Store::flush`] makes every write so far durable. Cheap to share

@@ -1,6 +1,15 @@
-//! A table in one file: [`Table::save`] and [`Table::load`].
+//! A table in one file: [`Table::save`] and [`Table::load`] — the legacy one-table format.
 //!
-//! A simple, checksummed format, to be replaced by the SSD tier's checkpoints:
+//! What it is for: exporting one table (in memory or in a store) to a single file and loading
+//! it back into a table of the same layout, or into a store as a new table
+//! ([`Store::load_table`](crate::Store::load_table)); Python's `Table.save`/`Table.load` and
+//! `Store.load_table` call it. It predates the store's segments and checkpoints
+//! (`durable::checkpoint`), which are what a store is backed up and restored with; it is kept,
+//! unchanged and readable, for compatibility with the files users already hold. It is not a
+//! one-table checkpoint: it holds one point in time of one table, with no chain and no
+//! manifest.
+//!
+//! A simple, checksummed format:
 //!
 //! ```text
 //! "EMBSTBL1"                                 8-byte magic (format 1)

@@ -49,12 +49,12 @@ use std::sync::atomic::Ordering;
 
 use hashbrown::HashMap;
 
+use super::segment_write::SegmentTx;
+use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
-use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
+use crate::disk::segment::{SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
-use crate::durable::{segment_path, Durable, FlushStats};
-use crate::version::now_ms;
-use crate::{Error, Result, Table, Version};
+use crate::{Result, Table, Version};
 
 /// Compaction runs while a table's records on disk exceed this multiple of its live rows
 /// (numerator, denominator): 1.5, so that a step that lags a few flushes behind still keeps
@@ -80,6 +80,9 @@ const COPY_CHUNK: usize = 4096;
 pub(crate) struct Compactor {
     tables: HashMap<u64, Liveness>,
 }
+
+/// A step's plan for one file: (file, keys to move, whether they are its last).
+type Planned = (u64, Vec<u64>, bool);
 
 /// One table's liveness index.
 #[derive(Debug, Default)]
@@ -149,6 +152,109 @@ impl Liveness {
         }
         best.map(|(seq, _, _)| seq)
     }
+
+    /// Indexes the files among `files` (seq, records) not yet counted: those of the last
+    /// flush, or a few of a store opened from disk (up to `budget` × [`INDEX_PER_RECORD`]
+    /// footer entries, and at least one file). Returns whether every file is indexed.
+    fn index_new(
+        &mut self,
+        vfs: &dyn Vfs,
+        dir: &Path,
+        files: &BTreeMap<u64, u64>,
+        budget: u64,
+    ) -> Result<bool> {
+        let mut read = 0u64;
+        for (&seq, &records) in files {
+            if self.live.contains_key(&seq) {
+                continue;
+            }
+            if read > 0 && read + records > budget * INDEX_PER_RECORD {
+                return Ok(false);
+            }
+            if let Err(e) = self.index(vfs, &segment_path(dir, seq), seq) {
+                *self = Liveness::default(); // a file counted in part
+                return Err(e);
+            }
+            read += records;
+        }
+        Ok(true)
+    }
+
+    /// Plans a step: the live keys of the stalest files, up to `budget` records, while the
+    /// table (`rows` live rows, `files` seq → records) stays over its mark or a file is half
+    /// drained. Each entry is (file, keys to move, whether they are its last).
+    fn plan(
+        &mut self,
+        vfs: &dyn Vfs,
+        dir: &Path,
+        files: &BTreeMap<u64, u64>,
+        rows: u64,
+        budget: u64,
+    ) -> Result<Vec<Planned>> {
+        let over = |on_disk: u64| {
+            on_disk >= crate::COMPACT_MIN_RECORDS && on_disk * START.1 > rows * START.0
+        };
+        let mut on_disk: u64 = files.values().sum();
+        let mut plan: Vec<Planned> = Vec::new();
+        let mut left = budget as usize;
+        while left > 0 {
+            if self.draining.is_none() {
+                if !over(on_disk) {
+                    break;
+                }
+                let mut candidates = files.clone();
+                candidates.retain(|s, _| !plan.iter().any(|(f, _, _)| f == s));
+                let Some(seq) = self.stalest(&candidates) else { break };
+                let keys = match self.live_keys(vfs, &segment_path(dir, seq), seq) {
+                    Ok(keys) => keys,
+                    Err(e) => {
+                        *self = Liveness::default();
+                        return Err(e);
+                    }
+                };
+                self.draining = Some((seq, keys));
+            }
+            let (from, mut keys) = self.draining.take().expect("a file to drain");
+            // A file drained over several steps stays on disk until its last key moves: when
+            // the next steps would take disk use past twice the rows, finish it now (at most
+            // FINISH_MULTIPLE budgets, so that no flush turns into a rewrite of the table).
+            let finish = keys.len() > left
+                && on_disk + left as u64 > 2 * rows
+                && keys.len() as u64 <= FINISH_MULTIPLE * budget;
+            if finish {
+                left = keys.len();
+            }
+            let mut batch = keys.split_off(keys.len().saturating_sub(left));
+            batch.retain(|k| self.newest.get(k) == Some(&from));
+            left -= batch.len().min(left);
+            let last = keys.is_empty();
+            if last {
+                on_disk -= files[&from];
+            } else {
+                self.draining = Some((from, keys));
+            }
+            on_disk += batch.len() as u64;
+            plan.push((from, batch, last));
+        }
+        Ok(plan)
+    }
+
+    /// Notes that the rows of `plan` moved to segment `seq` (`None`: it held nothing) and
+    /// forgets the files they drained.
+    fn moved(&mut self, plan: &[Planned], seq: Option<u64>) {
+        if let Some(seq) = seq {
+            self.live.insert(seq, 0);
+        }
+        for (from, batch, last) in plan {
+            if let Some(seq) = seq {
+                batch.iter().for_each(|&k| self.note(k, seq));
+            }
+            if *last {
+                debug_assert_eq!(self.live.get(from), Some(&0), "file {from} drained");
+                self.live.remove(from);
+            }
+        }
+    }
 }
 
 impl Compactor {
@@ -183,21 +289,8 @@ impl Durable {
         if l.live.keys().any(|s| !files.contains_key(s)) {
             *l = Liveness::default();
         }
-        // Index the files not yet counted: those of the last flush, or a few of a store opened
-        // from disk.
-        let mut read = 0u64;
-        for (&seq, &records) in &files {
-            if l.live.contains_key(&seq) {
-                continue;
-            }
-            if read > 0 && read + records > budget * INDEX_PER_RECORD {
-                return Ok(Step::Done); // the index is not complete: no compaction yet
-            }
-            if let Err(e) = l.index(&*self.vfs, &segment_path(self.dir(), seq), seq) {
-                *l = Liveness::default(); // a file counted in part
-                return Err(e);
-            }
-            read += records;
+        if !l.index_new(&*self.vfs, self.dir(), &files, budget)? {
+            return Ok(Step::Done); // the index is not complete: no compaction yet
         }
         if table.cleared.load(Ordering::Relaxed) {
             l.draining = None;
@@ -206,87 +299,25 @@ impl Durable {
         // Keys on disk without a row (tombstones, or removals the next flush writes): never
         // reclaimed by moving files, so past a quarter of the rows the table is rewritten whole.
         let rows = table.len() as u64;
-        let mut on_disk: u64 = files.values().sum();
         let gone = (l.newest.len() as u64).saturating_sub(rows);
-        if on_disk >= crate::COMPACT_MIN_RECORDS && gone * 4 > rows {
+        if files.values().sum::<u64>() >= crate::COMPACT_MIN_RECORDS && gone * 4 > rows {
             l.draining = None;
             return Ok(Step::Rewrite);
         }
-        // Plan: live keys of the stalest files, up to the budget, while the table stays over
-        // its mark (or a file is half drained).
-        let over = |on_disk: u64| {
-            on_disk >= crate::COMPACT_MIN_RECORDS && on_disk * START.1 > rows * START.0
-        };
-        let mut plan: Vec<(u64, Vec<u64>, bool)> = Vec::new(); // (file, keys, last)
-        let mut left = budget as usize;
-        while left > 0 {
-            if l.draining.is_none() {
-                if !over(on_disk) {
-                    break;
-                }
-                let mut candidates = files.clone();
-                candidates.retain(|s, _| !plan.iter().any(|(f, _, _)| f == s));
-                let Some(seq) = l.stalest(&candidates) else { break };
-                let keys = match l.live_keys(&*self.vfs, &segment_path(self.dir(), seq), seq) {
-                    Ok(keys) => keys,
-                    Err(e) => {
-                        *l = Liveness::default();
-                        return Err(e);
-                    }
-                };
-                l.draining = Some((seq, keys));
-            }
-            let (from, mut keys) = l.draining.take().expect("a file to drain");
-            // A file drained over several steps stays on disk until its last key moves: when
-            // the next steps would take disk use past twice the rows, finish it now (at most
-            // FINISH_MULTIPLE budgets, so that no flush turns into a rewrite of the table).
-            let finish = keys.len() > left
-                && on_disk + left as u64 > 2 * rows
-                && keys.len() as u64 <= FINISH_MULTIPLE * budget;
-            if finish {
-                left = keys.len();
-            }
-            let mut batch = keys.split_off(keys.len().saturating_sub(left));
-            batch.retain(|k| l.newest.get(k) == Some(&from));
-            left -= batch.len().min(left);
-            let last = keys.is_empty();
-            if last {
-                on_disk -= files[&from];
-            } else {
-                l.draining = Some((from, keys));
-            }
-            on_disk += batch.len() as u64;
-            plan.push((from, batch, last));
-        }
+        let plan = l.plan(&*self.vfs, self.dir(), &files, rows, budget)?;
         if plan.is_empty() {
             return Ok(Step::Done);
         }
         match self.move_rows(guard, table, id, &plan, stats) {
-            Ok(None) => {
-                l.draining = None;
-                Ok(Step::Done)
-            }
-            Ok(Some(seq)) => {
-                if let Some(seq) = seq {
-                    l.live.insert(seq, 0);
-                }
-                for (from, batch, last) in &plan {
-                    if let Some(seq) = seq {
-                        batch.iter().for_each(|&k| l.note(k, seq));
-                    }
-                    if *last {
-                        debug_assert_eq!(l.live.get(from), Some(&0), "file {from} drained");
-                        l.live.remove(from);
-                    }
-                }
-                Ok(Step::Done)
-            }
+            Ok(None) => l.draining = None,
+            Ok(Some(seq)) => l.moved(&plan, seq),
+            // The index may no longer match the manifest: rebuild it.
             Err(e) => {
-                // The index may no longer match the manifest: rebuild it.
                 *l = Liveness::default();
-                Err(e)
+                return Err(e);
             }
         }
+        Ok(Step::Done)
     }
 
     /// Writes the current rows of the keys of `plan` (file, its live keys, whether they are
@@ -299,34 +330,22 @@ impl Durable {
         guard: &mut (Manifest, State),
         table: &Table,
         id: u64,
-        plan: &[(u64, Vec<u64>, bool)],
+        plan: &[Planned],
         stats: &mut FlushStats,
     ) -> Result<Option<Option<u64>>> {
-        let (manifest, state) = guard;
-        let seq = state.next_seq.max(1);
         let epoch = table.clear_epoch.load(Ordering::Acquire);
+        // Rolls back on any early return: the segment goes unless its record may have landed.
+        let mut tx = SegmentTx::begin_copy(self, guard, table);
+        let seq = tx.seq();
         let mut written = None;
         let mut edits = Vec::new();
-        let path = segment_path(self.dir(), seq);
         if plan.iter().any(|(_, keys, _)| !keys.is_empty()) {
-            let header = SegmentHeader {
-                dim: table.dim() as u32,
-                state_dim: table.state_dim() as u32,
-                seq,
-                table_id: id,
-                kind: SegmentKind::Compaction,
-                created_ms: now_ms(),
-            };
-            let fail = |e: Error| {
-                let _ = self.vfs.remove(&path);
-                e
-            };
-            let mut w = SegmentWriter::create(&*self.vfs, &path, header)?;
+            let mut w = tx.create(id, SegmentKind::Compaction)?;
             for (_, keys, _) in plan {
-                table.copy_current(keys, &mut w).map_err(fail)?;
+                table.copy_current(keys, &mut w)?;
             }
             if w.records() > 0 {
-                let info = w.finish().map_err(fail)?;
+                let info = w.finish()?;
                 edits.push(Edit::AddFile {
                     table: id,
                     seq,
@@ -339,14 +358,11 @@ impl Durable {
                 written = Some(seq);
             } else {
                 drop(w);
-                let _ = self.vfs.remove(&path);
+                tx.remove_file();
             }
         }
         // A `clear` or `load` overlapped the copy: the segment mixes both sides; throw it away.
         if epoch % 2 == 1 || table.clear_epoch.load(Ordering::Acquire) != epoch {
-            if written.is_some() {
-                let _ = self.vfs.remove(&path);
-            }
             return Ok(None);
         }
         let deleted: Vec<u64> = plan.iter().filter(|p| p.2).map(|p| p.0).collect();
@@ -357,15 +373,11 @@ impl Durable {
         if edits.is_empty() {
             return Ok(Some(None));
         }
-        let mut next = state.clone();
+        let mut next = tx.state().clone();
         edits.iter().try_for_each(|e| next.apply(e))?;
-        if let Err(e) = manifest.append(&*self.vfs, &edits, &next) {
-            // The record may have reached the disk: keep the segment (an orphan the next open
-            // deletes if it did not) and never reuse its seq; `from` stays.
-            state.next_seq = state.next_seq.max(seq + 1);
-            return Err(e);
-        }
-        *state = next;
+        // A failed append keeps the segment and never reuses its seq; `from` stays.
+        tx.append(&edits, &next)?;
+        tx.commit(next);
         for from in deleted {
             let _ = self.vfs.remove(&segment_path(self.dir(), from));
         }

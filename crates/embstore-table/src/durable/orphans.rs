@@ -16,10 +16,10 @@
 
 use std::path::Path;
 
+use super::SEG_DIR;
 use crate::disk::manifest::State;
 use crate::disk::segment;
 use crate::disk::vfs::Vfs;
-use crate::durable::SEG_DIR;
 use crate::{Error, Result};
 
 /// The names of the segment files in `dir` that `state` does not name and recovery may
