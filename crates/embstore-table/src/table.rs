@@ -361,3 +361,27 @@ pub(crate) fn same_layout(t: &Table, dim: usize, state_dim: usize) -> Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::shard_of_key;
+
+    /// The sharding contract client and server agree on: these placements must never change
+    /// (a change would send every request of a running cluster to the wrong shard).
+    #[test]
+    fn shard_of_key_known_values() {
+        let known: [(u64, usize, usize); 8] = [
+            (0, 1, 0),
+            (0, 8, 7),
+            (1, 8, 4),
+            (42, 16, 6),
+            (12345, 64, 9),
+            (7 << 40 | 3, 32, 21),
+            (u64::MAX, 1024, 762),
+            (1 << 63, 2, 1),
+        ];
+        for (key, shards, want) in known {
+            assert_eq!(shard_of_key(key, shards), want, "key {key} over {shards} shards");
+        }
+    }
+}
