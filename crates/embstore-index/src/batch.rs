@@ -9,7 +9,7 @@
 //! than its latency. Homes are hashed a block at a time (AVX2 where available) ahead of the ring.
 
 use crate::bucket::Bucket;
-use crate::table::{NeighborHash, Step};
+use crate::neighbor_hash::{NeighborHash, Step};
 use crate::Error;
 
 /// The payload written by [`NeighborHash::get_batch`] for a key that is not stored. Payloads
