@@ -46,7 +46,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::index::{SlotIndex, NIL};
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 mod file;
 pub use file::{SurrogateFile, BLOCK, RECORDS_PER_BLOCK};
@@ -464,7 +464,10 @@ impl Surrogates {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e: &dyn std::fmt::Display| {
-            Error::io(format!("cannot write surrogate file {}: {e}", path.display()))
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot write surrogate file {}: {e}", path.display()),
+            )
         };
         let name = path.file_name().ok_or_else(|| io(&"no file name"))?;
         let mut tmp = PathBuf::from(path);
@@ -505,7 +508,7 @@ impl Surrogates {
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let bytes = fs::read(path).map_err(|e| {
-            Error::io(format!("cannot read surrogate file {}: {e}", path.display()))
+            Error::new(ErrorKind::Io, format!("cannot read surrogate file {}: {e}", path.display()))
         })?;
         Self::decode(&bytes)
             .map_err(|m| Error::corrupt(format!("surrogate file {}: {m}", path.display())))
@@ -1125,7 +1128,7 @@ mod tests {
         fs::write(&path, s.encode_v1()).unwrap();
         assert_eq!(Surrogates::load(&path).unwrap(), s);
         let e = SurrogateFile::open(&path).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.message().contains("format version 1 cannot be read block by block"), "{e}");
     }
 
@@ -1187,13 +1190,13 @@ mod tests {
             match SurrogateFile::open(&path) {
                 Err(e) => {
                     assert!(!in_block, "byte {i}: {e}");
-                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corruption, "byte {i}: {e}");
                 }
                 Ok(f) => {
                     assert!(in_block, "byte {i} opened");
                     let b = (i / BLOCK - 1) as u64;
                     let e = f.get(b * RECORDS_PER_BLOCK as u64).unwrap_err();
-                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corruption, "byte {i}: {e}");
                     assert!(e.message().contains(&format!("block {b}")), "{e}");
                 }
             }
@@ -1239,7 +1242,7 @@ mod tests {
         b[HEADER + 3] ^= 1;
         fs::write(&path, &b).unwrap();
         let e = Surrogates::load(&path).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.message().contains("bad.surr: checksum mismatch"), "{e}");
         let missing = dir.path().join("missing.surr");
         let e = Surrogates::load(&missing).unwrap_err();

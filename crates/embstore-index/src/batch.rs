@@ -159,7 +159,7 @@ fn advance(slot: &mut Slot, buckets: &[Bucket]) -> Option<u64> {
 #[inline]
 fn check_len(keys: usize, got: usize, what: &'static str) -> Result<(), Error> {
     if keys != got {
-        return Err(Error::LengthMismatch { what, keys, got });
+        return Err(crate::error::length_mismatch(what, keys, got));
     }
     Ok(())
 }

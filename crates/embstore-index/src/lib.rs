@@ -44,7 +44,7 @@ mod neighbor_hash;
 
 pub use batch::{DEFAULT_RING, MISSING};
 pub use bucket::{BUCKET_BYTES, MAX_OFFSET};
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 pub use neighbor_hash::{Config, NeighborHash, Stats};
 
 /// The largest payload: 2^52 − 1.

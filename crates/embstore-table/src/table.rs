@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use embstore_index::hash::hash as fmix64;
+use embstore_common::fmix64;
+use embstore_common::shard::SHARD_SALT;
 use parking_lot::RwLock;
 
 use crate::batch::Groups;
@@ -23,9 +24,6 @@ use crate::{Error, ErrorKind, Export, Result, TableConfig};
 /// Batches at least this long run their shards in parallel; shorter ones run on the calling
 /// thread, where a hand-off to the pool would cost more than it saves.
 const PARALLEL_MIN: usize = 2048;
-
-/// Salt of the shard hash, so that shard bits and the index's home bits are independent.
-const SHARD_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 
 /// An embedding table: rows of `embedding_dim` f32 values keyed by u64 ids, with their optimizer
 /// state and metadata, split over shards. All methods take `&self` and are safe to call from
@@ -153,14 +151,9 @@ impl Table {
     }
 }
 
-/// The shard of `key` among `num_shards` (a power of two), as a table of that many shards
-/// places it. Serving splits a table version the same way: with `num_shards` ≤ a table's own
-/// shard count, serving shard `s` holds exactly the table's shards `i` with
-/// `i & (num_shards - 1) == s`.
-pub fn shard_of_key(key: u64, num_shards: usize) -> usize {
-    debug_assert!(num_shards.is_power_of_two());
-    (fmix64(key ^ SHARD_SALT) & (num_shards as u64).wrapping_sub(1)) as usize
-}
+/// The sharding contract, kept here for its old path (`embstore_table::shard_of_key`); its home
+/// is `embstore-common`, and [`Table::shard_of`] must place keys exactly as it does.
+pub use embstore_common::shard_of_key;
 
 impl Table {
     /// The admission sketch (made on first use), or `None` when admission is off.
@@ -360,28 +353,4 @@ pub(crate) fn same_layout(t: &Table, dim: usize, state_dim: usize) -> Result<()>
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shard_of_key;
-
-    /// The sharding contract client and server agree on: these placements must never change
-    /// (a change would send every request of a running cluster to the wrong shard).
-    #[test]
-    fn shard_of_key_known_values() {
-        let known: [(u64, usize, usize); 8] = [
-            (0, 1, 0),
-            (0, 8, 7),
-            (1, 8, 4),
-            (42, 16, 6),
-            (12345, 64, 9),
-            (7 << 40 | 3, 32, 21),
-            (u64::MAX, 1024, 762),
-            (1 << 63, 2, 1),
-        ];
-        for (key, shards, want) in known {
-            assert_eq!(shard_of_key(key, shards), want, "key {key} over {shards} shards");
-        }
-    }
 }

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use half::f16;
 
 use super::{Metric, SurrogateConfig, Surrogates, MAGIC, NONE};
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 /// The unit of the file and of every read.
 pub const BLOCK: usize = 4096;
@@ -305,7 +305,7 @@ impl SurrogateFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |e: &dyn std::fmt::Display| {
-            Error::io(format!("cannot read surrogate file {}: {e}", path.display()))
+            Error::new(ErrorKind::Io, format!("cannot read surrogate file {}: {e}", path.display()))
         };
         let corrupt = |m: String| Error::corrupt(format!("surrogate file {}: {m}", path.display()));
         let mut f = File::open(path).map_err(|e| io(&e))?;
@@ -395,7 +395,10 @@ impl SurrogateFile {
         let off = (BLOCK * (b + 1)) as u64;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.file.read_exact_at(blk, off).map_err(|e| {
-            Error::io(format!("cannot read surrogate file {} block {b}: {e}", self.path.display()))
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot read surrogate file {} block {b}: {e}", self.path.display()),
+            )
         })?;
         if !self.direct {
             drop_cached(&self.file, off, BLOCK as u64);
