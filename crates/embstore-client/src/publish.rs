@@ -21,7 +21,7 @@ use embstore_cluster::{
     assign, controls, least_loaded, loads, members, put_control, repair, roll_lock, Control, Etcd,
     Roll, RollState,
 };
-use embstore_table::{now_ms, Error, ErrorKind, Result};
+use embstore_common::{now_ms, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 
 use crate::{roll, ClientTls, RollPlan};

@@ -41,7 +41,7 @@ impl Hasher for FmixHasher {
         }
     }
     fn write_u64(&mut self, i: u64) {
-        self.0 = i;
+        self.0 ^= i;
     }
 }
 

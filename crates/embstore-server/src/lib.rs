@@ -34,13 +34,14 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use embstore_common::{now_ms, ErrorKind};
 use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
 use embstore_proto::v1::{
     DescribeRequest, Held, LoadRequest, LookupRequest, LookupResponse, ServerInfo,
     State as WireState, VersionRequest,
 };
-use embstore_table::{now_ms, ErrorKind, OnMiss, Table};
+use embstore_table::{OnMiss, Table};
 use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

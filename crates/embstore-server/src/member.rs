@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_cluster::{controls, loads, members, put_control, register, repair, Etcd};
-use embstore_table::now_ms;
+use embstore_common::now_ms;
 use parking_lot::Mutex;
 
 use crate::{Server, State};
