@@ -152,7 +152,7 @@ impl Table {
 }
 
 /// The sharding contract, kept here for its old path (`embstore_table::shard_of_key`); its home
-/// is `embstore-common`, and [`Table::shard_of`] must place keys exactly as it does.
+/// is `embstore-common`, and `Table::shard_of` must place keys exactly as it does.
 pub use embstore_common::shard_of_key;
 
 impl Table {
@@ -353,4 +353,23 @@ pub(crate) fn same_layout(t: &Table, dim: usize, state_dim: usize) -> Result<()>
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{shard_of_key, Store, TableConfig};
+
+    /// A table places keys exactly as the sharding contract does (servers and clients route by
+    /// `shard_of_key`, the table by its own mask).
+    #[test]
+    fn shard_of_agrees_with_shard_of_key() {
+        for num_shards in [1, 2, 8, 64] {
+            let mut config = TableConfig::new("t", 4);
+            config.num_shards = num_shards;
+            let t = Store::new().create_table(config).unwrap();
+            for key in (0..2000u64).chain([u64::MAX, 1 << 63, 7 << 40 | 3]) {
+                assert_eq!(t.shard_of(key), shard_of_key(key, num_shards), "key {key}");
+            }
+        }
+    }
 }
