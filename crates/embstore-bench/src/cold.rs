@@ -199,8 +199,8 @@ fn draw(data: &DataFiles, args: &ColdReadsArgs, rng: &mut SplitMix) -> Batch {
     let page = PAGE as u64;
     let mut records: Vec<(usize, u64)> = (0..args.batch)
         .map(|_| {
-            let f = (rng.next() % data.files.len() as u64) as usize;
-            (f, page + (rng.next() % data.records_per_file) * r)
+            let f = (rng.next_u64() % data.files.len() as u64) as usize;
+            (f, page + (rng.next_u64() % data.records_per_file) * r)
         })
         .collect();
     records.sort_unstable();
@@ -286,7 +286,7 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
         );
     }
 
-    let mut rng = SplitMix(args.seed);
+    let mut rng = SplitMix::new(args.seed);
     // Warm-up: rings and thread stacks exist before timing.
     for e in &engines {
         let b = draw(&data, &args, &mut rng);

@@ -25,10 +25,11 @@
 //! Equal work is checked: the checksum (sum of found payloads + number of misses) of every hash
 //! table must agree in every repetition, or the run fails.
 
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use embstore_common::{FmixHasher, SplitMix64};
 use embstore_index::hash::{hash, hash_shift};
 use embstore_index::{Config, NeighborHash, MISSING};
 use rand::SeedableRng;
@@ -98,36 +99,13 @@ impl Dist {
     }
 }
 
-/// `hash` as a `Hasher`, so that hashbrown hashes keys exactly as the index does.
-#[derive(Default)]
-struct Fmix(u64);
-
-impl Hasher for Fmix {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("only u64 keys are hashed")
-    }
-    fn write_u64(&mut self, k: u64) {
-        self.0 = hash(k);
-    }
-}
+/// `fmix64` as a `Hasher`, so that hashbrown hashes keys exactly as the index does.
+type Fmix = FmixHasher;
 
 type Brown = hashbrown::HashMap<u64, u64, BuildHasherDefault<Fmix>, PageAlloc>;
 
 /// SplitMix64, for keys and query choices (also the cold-read benchmark's offsets).
-pub(crate) struct SplitMix(pub(crate) u64);
-
-impl SplitMix {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
+pub(crate) type SplitMix = SplitMix64;
 
 #[inline(always)]
 fn prefetch<T>(p: &T) {
@@ -172,8 +150,8 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
         return Err(format!("--size must be a power of two >= 8, got {slots}"));
     }
     let n = (slots as f64 * args.load_factor) as usize;
-    let mut rng = SplitMix(args.seed ^ slots as u64);
-    let keys: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+    let mut rng = SplitMix::new(args.seed ^ slots as u64);
+    let keys: Vec<u64> = (0..n).map(|_| rng.next_u64()).collect();
     let payloads: Vec<u64> = (0..n as u64).collect();
     let t = Instant::now();
     let config = Config { slots, max_load_factor: args.load_factor, huge_pages: true };
@@ -225,17 +203,17 @@ fn build(slots: usize, args: &IndexArgs, want_4k: bool) -> Result<Tables, String
 }
 
 fn queries(t: &Tables, dist: Dist, count: usize, args: &IndexArgs) -> Vec<u64> {
-    let mut rng = SplitMix(args.seed.wrapping_mul(31) ^ t.slots as u64 ^ dist as u64);
+    let mut rng = SplitMix::new(args.seed.wrapping_mul(31) ^ t.slots as u64 ^ dist as u64);
     let mut zrng = rand::rngs::SmallRng::seed_from_u64(args.seed ^ ZIPF_STREAM);
     let zipf = rand_distr::Zipf::new(t.keys.len() as f64, 0.99).expect("zipf parameters");
     let hit = (args.hit_ratio.clamp(0.0, 1.0) * u32::MAX as f64) as u64;
     (0..count)
         .map(|_| {
-            if rng.next() >> 32 >= hit {
-                return rng.next(); // absent: a fresh random key (2^-64 odds of a collision)
+            if rng.next_u64() >> 32 >= hit {
+                return rng.next_u64(); // absent: a fresh random key (2^-64 odds of a collision)
             }
             let i = match dist {
-                Dist::Uniform => (rng.next() % t.keys.len() as u64) as usize,
+                Dist::Uniform => (rng.next_u64() % t.keys.len() as u64) as usize,
                 Dist::Zipf => zipf.sample(&mut zrng) as usize - 1,
             };
             t.keys[i]

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions};
+use embstore_common::SplitMix64;
 use embstore_proto::v1::LookupResponse;
 use embstore_server::{RowSource, Server};
 use embstore_table::{shard_of_key, Store, Table, TableConfig};
@@ -300,10 +301,9 @@ struct System {
 async fn run_async(args: ServingArgs) -> Result<(), String> {
     println!("{}", crate::machine_line());
     let d = args.dim;
-    let mut rng = args.seed;
-    let values: Vec<f32> = (0..args.rows as usize * d)
-        .map(|_| (splitmix(&mut rng) >> 40) as f32 / 16_777_216.0)
-        .collect();
+    let mut rng = SplitMix64::new(args.seed);
+    let values: Vec<f32> =
+        (0..args.rows as usize * d).map(|_| (rng.next_u64() >> 40) as f32 / 16_777_216.0).collect();
     let shard_ids: Vec<Vec<u64>> = (0..SHARDS)
         .map(|s| (0..args.rows).filter(|&k| shard_of_key(k, SHARDS) == s).collect())
         .collect();
@@ -541,9 +541,9 @@ fn breakdown(
     let d = args.dim;
     for sys in systems.iter().filter(|s| !s.shards.is_empty()) {
         for &batch in &args.batches {
-            let mut rng = args.seed ^ 0x5eed;
+            let mut rng = SplitMix64::new(args.seed ^ 0x5eed);
             let batches: Vec<Vec<u64>> = (0..256)
-                .map(|_| (0..batch).map(|_| splitmix(&mut rng) % args.rows).collect())
+                .map(|_| (0..batch).map(|_| rng.next_u64() % args.rows).collect())
                 .collect();
             // Shard 0's part of each batch, as one server sees it.
             let parts: Vec<Vec<u64>> = batches
@@ -662,8 +662,9 @@ async fn closed_loop(
         let peer = peer.clone();
         let (rows, seed, s) = (args.rows, args.seed, args.zipf);
         tasks.spawn(async move {
-            let mut rng = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let mut ids = Ids::new(rows, s, rng)?;
+            let seed = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut ids = Ids::new(rows, s, seed)?;
+            let mut rng = SplitMix64::new(seed);
             let mut lat = Vec::new();
             loop {
                 let now = start.elapsed();
@@ -706,25 +707,16 @@ impl Ids {
         Ok(Self { rows, zipf })
     }
 
-    fn next(&mut self, rng: &mut u64) -> u64 {
+    fn next(&mut self, rng: &mut SplitMix64) -> u64 {
         use rand_distr::Distribution;
         match &mut self.zipf {
-            None => splitmix(rng) % self.rows,
+            None => rng.next_u64() % self.rows,
             Some((z, r)) => {
                 let rank = z.sample(r) as u64 - 1;
                 ((rank as u128 * 2_654_435_761) % self.rows as u128) as u64
             }
         }
     }
-}
-
-/// SplitMix64: the next of a seeded stream of 64-bit values.
-pub(crate) fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// A table holding `ids` with `values` (`ids.len() × dim`).

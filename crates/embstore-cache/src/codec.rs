@@ -451,11 +451,11 @@ impl fmt::Display for CodecKind {
 impl FromStr for CodecKind {
     type Err = Error;
 
-    /// [`CodecKind::parse`]; an unknown name is a `NotFound` error.
+    /// [`CodecKind::parse`]; an unknown name is an `UnknownName` error.
     fn from_str(name: &str) -> Result<Self> {
         Self::parse(name).ok_or_else(|| {
             let known = Self::NAMES.join(", ");
-            Error::not_found(format!("unknown codec '{name}', expected one of: {known}"))
+            Error::unknown_name(format!("unknown codec '{name}', expected one of: {known}"))
         })
     }
 }
@@ -530,7 +530,7 @@ mod tests {
         }
         assert_eq!(CodecKind::parse("INT8"), None);
         let e = "bf16".parse::<CodecKind>().unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(e.kind(), crate::ErrorKind::UnknownName);
         assert!(e.message().starts_with("unknown codec 'bf16', expected one of: f32, f16, int8"));
     }
 

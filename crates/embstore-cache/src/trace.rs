@@ -157,43 +157,9 @@ impl Trace {
     }
 }
 
-/// SplitMix64 (Steele, Lea and Flood 2014): a tiny, fast, seedable generator whose output
-/// is fixed by its seed on every platform and version, so traces and figures are replayable.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Standard normal (Box-Muller, one draw of the pair).
-    pub fn normal(&mut self) -> f64 {
-        let r = (-2.0 * (1.0 - self.next_f64()).ln()).sqrt();
-        r * (std::f64::consts::TAU * self.next_f64()).cos()
-    }
-
-    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-32 for n < 2^32).
-    /// Returns 0 when `n == 0`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-}
+/// SplitMix64 (Steele, Lea and Flood 2014), the seeded generator of traces and figures; its
+/// home is `embstore-common` (this path stays for the crate's users).
+pub use embstore_common::SplitMix64;
 
 /// Zipf(α) over ranks `0..n` by inverse CDF (binary search in a precomputed table): rank `r`
 /// has probability ∝ `(r + 1)^-α`.

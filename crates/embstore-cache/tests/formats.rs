@@ -74,7 +74,7 @@ fn assert_build(s: &Surrogates) {
 fn surrogate_v1_loads_whole_and_is_refused_block_by_block() {
     assert_build(&Surrogates::load(fixture(1)).unwrap());
     let e = SurrogateFile::open(fixture(1)).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert_eq!(e.kind(), ErrorKind::Corruption);
     assert!(e.message().contains("format version 1 cannot be read block by block"), "{e}");
 }
 

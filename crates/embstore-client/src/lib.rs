@@ -41,9 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_cluster::rpc::{channel, request, tls_cause};
+use embstore_common::{Error, ErrorKind, Result};
+use embstore_proto::shard_of_key;
 use embstore_proto::v1::serving_client::ServingClient;
 use embstore_proto::v1::{DescribeRequest, LookupRequest, LookupResponse, ServerInfo, State};
-use embstore_table::{shard_of_key, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 use prost::Message;
 use tonic::transport::Channel;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use embstore_common::{Error, ErrorKind, Result};
 use embstore_proto::v1::ServerInfo;
-use embstore_table::{Error, ErrorKind, Result};
 use tonic::Code;
 
 use crate::rpc::{channel, from_status, request, tls_cause, ClientTls};

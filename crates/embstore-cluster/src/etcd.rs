@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use embstore_common::{Error, ErrorKind, Result};
 use embstore_proto::etcd::compare::{CompareResult, CompareTarget, TargetUnion};
 use embstore_proto::etcd::kv_client::KvClient;
 use embstore_proto::etcd::lease_client::LeaseClient;
@@ -14,7 +15,6 @@ use embstore_proto::etcd::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
-use embstore_table::{Error, ErrorKind, Result};
 use tonic::transport::Channel;
 
 /// One key as etcd holds it.

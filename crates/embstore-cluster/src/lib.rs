@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use embstore_table::{Error, ErrorKind, Result};
+use embstore_common::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
 pub use admin::{admin, AdminCall};

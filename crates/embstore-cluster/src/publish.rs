@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
-use embstore_table::{now_ms, Error, ErrorKind, Result};
+use embstore_common::{now_ms, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 
 use crate::roll::{roll, RollPlan};

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_proto::v1::serving_client::ServingClient;
 use embstore_proto::v1::{DescribeRequest, ServerInfo};
-use embstore_table::{now_ms, Error, ErrorKind, Result};
 
 use crate::admin::{admin, AdminCall};
 use crate::rpc::{channel, request, ClientTls};

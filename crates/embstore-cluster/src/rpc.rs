@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use embstore_table::{Error, ErrorKind, Result};
+use embstore_common::{Error, ErrorKind, Result};
 use tonic::transport::Channel;
 use tonic::Code;
 

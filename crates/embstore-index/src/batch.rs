@@ -9,7 +9,7 @@
 //! than its latency. Homes are hashed a block at a time (AVX2 where available) ahead of the ring.
 
 use crate::bucket::Bucket;
-use crate::table::{NeighborHash, Step};
+use crate::neighbor_hash::{NeighborHash, Step};
 use crate::Error;
 
 /// The payload written by [`NeighborHash::get_batch`] for a key that is not stored. Payloads
@@ -159,7 +159,7 @@ fn advance(slot: &mut Slot, buckets: &[Bucket]) -> Option<u64> {
 #[inline]
 fn check_len(keys: usize, got: usize, what: &'static str) -> Result<(), Error> {
     if keys != got {
-        return Err(Error::LengthMismatch { what, keys, got });
+        return Err(crate::error::length_mismatch(what, keys, got));
     }
     Ok(())
 }

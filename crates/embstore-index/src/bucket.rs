@@ -107,7 +107,7 @@ impl Buckets {
     /// Allocates `len` empty buckets. Arrays of 2 MiB and more are mapped with [`mem::map_zeroed`]
     /// (huge-page advice as asked); smaller ones come from the global allocator.
     pub(crate) fn zeroed(len: usize, huge_pages: bool) -> Result<Buckets, Error> {
-        let overflow = Error::CapacityOverflow { slots: len };
+        let overflow = crate::error::capacity_overflow(len);
         let bytes = len.checked_mul(std::mem::size_of::<Bucket>()).ok_or(overflow.clone())?;
         if bytes > isize::MAX as usize / 2 || len == 0 {
             return Err(overflow);

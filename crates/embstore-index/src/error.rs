@@ -1,49 +1,33 @@
-//! The index's error type.
+//! The index's errors: the shared [`Error`] of `embstore-common`, and the three ways an index
+//! call fails, each with its kind and exact message. Every fallible call leaves the table
+//! unchanged when it returns an error.
 
-use std::fmt;
+#[allow(unused_imports)]
+// `Result` is here so that `crate::error::Result` reads as in other crates.
+pub use embstore_common::{Error, ErrorKind, Result};
 
-/// What went wrong in an index call. Every fallible call leaves the table unchanged when it
-/// returns an error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Error {
-    /// A payload did not fit in the 52 payload bits of a bucket.
-    PayloadOutOfRange {
-        /// The rejected payload.
-        payload: u64,
-    },
-    /// Two slices of a batch call had different lengths.
-    LengthMismatch {
-        /// What the second slice holds (`"payloads"`, `"out"`).
-        what: &'static str,
-        /// Number of keys.
-        keys: usize,
-        /// Length of the second slice.
-        got: usize,
-    },
-    /// The table would need more buckets than can be addressed or allocated.
-    CapacityOverflow {
-        /// The number of slots that was asked for.
-        slots: usize,
-    },
+/// A payload did not fit in the 52 payload bits of a bucket ([`ErrorKind::InvalidArgument`]).
+pub(crate) fn payload_out_of_range(payload: u64) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "payload {payload} out of range: payloads must be < 2^52 ({})",
+            crate::MAX_PAYLOAD + 1
+        ),
+    )
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::PayloadOutOfRange { payload } => write!(
-                f,
-                "payload {payload} out of range: payloads must be < 2^52 ({})",
-                crate::MAX_PAYLOAD + 1
-            ),
-            Error::LengthMismatch { what, keys, got } => {
-                write!(f, "length mismatch: {keys} keys but {got} {what}")
-            }
-            Error::CapacityOverflow { slots } => {
-                write!(f, "cannot allocate an index of {slots} slots: capacity overflow")
-            }
-        }
-    }
+/// Two slices of a batch call had different lengths ([`ErrorKind::ShapeMismatch`]): `keys`
+/// keys but `got` of `what` (`"payloads"`, `"out"`).
+pub(crate) fn length_mismatch(what: &str, keys: usize, got: usize) -> Error {
+    Error::new(ErrorKind::ShapeMismatch, format!("length mismatch: {keys} keys but {got} {what}"))
 }
 
-impl std::error::Error for Error {}
+/// The table would need more buckets than can be addressed or allocated
+/// ([`ErrorKind::Capacity`]): `slots` is the number of slots that was asked for.
+pub(crate) fn capacity_overflow(slots: usize) -> Error {
+    Error::new(
+        ErrorKind::Capacity,
+        format!("cannot allocate an index of {slots} slots: capacity overflow"),
+    )
+}

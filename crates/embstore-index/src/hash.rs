@@ -1,4 +1,5 @@
-//! The key hash: MurmurHash3's 64-bit finaliser (`fmix64`), scalar and AVX2.
+//! The key hash: MurmurHash3's 64-bit finaliser (`fmix64`, from `embstore-common`), scalar
+//! and AVX2.
 //!
 //! Real feature ids are structured: a slot prefix in the high bits and a counter in the low
 //! bits (`slot << 40 | n`). A hash that only multiplies (or multiplies by an even constant, as
@@ -11,20 +12,11 @@
 //! at run time); the scalar path is the fallback everywhere else, and both are tested against
 //! each other.
 
-const C1: u64 = 0xff51_afd7_ed55_8ccd;
-const C2: u64 = 0xc4ce_b9fe_1a85_ec53;
+use embstore_common::hash::{FMIX64_C1 as C1, FMIX64_C2 as C2};
 
-/// Hashes one key (MurmurHash3 `fmix64`).
-#[inline(always)]
-pub fn hash(key: u64) -> u64 {
-    let mut k = key;
-    k ^= k >> 33;
-    k = k.wrapping_mul(C1);
-    k ^= k >> 33;
-    k = k.wrapping_mul(C2);
-    k ^= k >> 33;
-    k
-}
+/// Hashes one key (MurmurHash3 `fmix64`): the shared hash of `embstore-common`, which the
+/// AVX2 path below must match bit for bit.
+pub use embstore_common::fmix64 as hash;
 
 /// Writes `hash(keys[i]) >> shift` to `out[i]`, scalar. `shift` must be below 64.
 pub fn hash_shift_scalar(keys: &[u64], shift: u32, out: &mut [u64]) {

@@ -11,7 +11,7 @@
 //!   high 12 bits hold the signed offset to the next node of the bucket's chain (*inline
 //!   chaining*); the low 52 bits hold the payload. An empty bucket is marked by a zero link field,
 //!   so all keys stay storable and zeroed memory is an empty table.
-//! - [`table`](crate::table) — [`NeighborHash`]: insert with *lodger relocation* (a key whose home
+//! - [`neighbor_hash`](crate::neighbor_hash) — [`NeighborHash`]: insert with *lodger relocation* (a key whose home
 //!   bucket is held by a key from another home evicts that lodger to a free bucket and relinks
 //!   its chain; a key whose home holds a host joins the host's chain), *cacheline-aware neighbour
 //!   probing* for free buckets (the head's cacheline first, then the tail's, then outward both
@@ -40,12 +40,12 @@ mod bucket;
 mod error;
 pub mod hash;
 pub mod mem;
-mod table;
+mod neighbor_hash;
 
 pub use batch::{DEFAULT_RING, MISSING};
 pub use bucket::{BUCKET_BYTES, MAX_OFFSET};
-pub use error::Error;
-pub use table::{Config, NeighborHash, Stats};
+pub use error::{Error, ErrorKind};
+pub use neighbor_hash::{Config, NeighborHash, Stats};
 
 /// The largest payload: 2^52 − 1.
 pub const MAX_PAYLOAD: u64 = (1 << 52) - 1;

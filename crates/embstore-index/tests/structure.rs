@@ -1,6 +1,7 @@
 //! Deterministic structure checks (fixed seeds, no timing): how many cachelines a successful
 //! lookup probes (APCL) with random and with structured keys.
 
+use embstore_common::SplitMix64;
 use embstore_index::NeighborHash;
 
 const SLOTS: usize = 1 << 20;
@@ -16,13 +17,8 @@ fn filled(keys: impl Iterator<Item = u64>, load: f64) -> NeighborHash {
 }
 
 fn random_keys(seed: u64) -> impl Iterator<Item = u64> {
-    let mut x = seed;
-    std::iter::repeat_with(move || {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let z = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    })
+    let mut rng = SplitMix64::new(seed);
+    std::iter::repeat_with(move || rng.next_u64())
 }
 
 #[test]

@@ -18,41 +18,15 @@
 //! stored at most once. Costs: expected probes at load 3/4 are 2.5 (hit) and 8.5 (miss),
 //! each a read of `key_of`; the size never changes, so the bytes are exact from the start.
 
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 /// "No slot": marks an empty bucket here and the end of a list in `lists`.
 pub const NIL: u32 = u32::MAX;
 
-/// MurmurHash3's 64-bit finaliser: every input bit flips each output bit with probability
-/// about 1/2, so table-qualified keys (table in the top bits, small ids below) spread evenly.
-#[inline]
-pub fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^= k >> 33;
-    k
-}
-
-/// A `Hasher` for `u64` keys through [`fmix64`]: deterministic (no random state), so sets
-/// built with it behave the same on every run.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FmixHasher(u64);
-
-impl Hasher for FmixHasher {
-    fn finish(&self) -> u64 {
-        fmix64(self.0)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 ^= i;
-    }
-}
+/// MurmurHash3's 64-bit finaliser and a `Hasher` over it (from `embstore-common`): every input
+/// bit flips each output bit with probability about 1/2, so table-qualified keys (table in the
+/// top bits, small ids below) spread evenly; deterministic, so sets behave the same on every run.
+pub use embstore_common::{fmix64, FmixHasher};
 
 /// A deterministic `HashSet<u64>`.
 pub type KeySet = hashbrown::HashSet<u64, BuildHasherDefault<FmixHasher>>;

@@ -5,8 +5,13 @@
 //!   and the `Serving` service: [`v1::serving_server`] for servers, [`v1::serving_client`] for
 //!   clients.
 //!
-//! Generated code only, plus the two helpers every party needs to read a response's row bytes
-//! the same way: [`encode_rows`] and [`decode_rows`].
+//! Generated code only, plus what every party needs to agree on beside the messages: the two
+//! helpers that read a response's row bytes the same way ([`encode_rows`], [`decode_rows`]), and
+//! the sharding contract [`shard_of_key`] (re-exported from `embstore-common`), which decides
+//! the serving shard a client sends each id to.
+
+/// The serving shard of an id: client and server must place ids exactly alike.
+pub use embstore_common::shard_of_key;
 
 /// Version 1 of the contract (package `embstore.v1`).
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

@@ -8,7 +8,7 @@ use embstore_cache::{
     cache::{Backing, CacheConfig, CachePolicy, InferenceCache, L3Fill, LevelConfig, Source},
     codec::CodecKind,
     surrogate::{self, Metric, SurrogateConfig, SurrogateFile, SurrogateTable, Surrogates},
-    ErrorKind, EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
+    EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
 };
 use embstore_table::{OnMiss, Table};
 use numpy::{
@@ -21,18 +21,7 @@ use pyo3::types::PyDict;
 use crate::table::{slice, PyTable};
 use crate::{detached, errors};
 
-/// The one mapping from cache errors to Python exception classes.
-pub(crate) fn to_py_err(err: embstore_cache::Error) -> PyErr {
-    let msg = err.to_string();
-    match err.kind() {
-        ErrorKind::InvalidArgument => errors::InvalidArgumentError::new_err(msg),
-        ErrorKind::ShapeMismatch => errors::ShapeError::new_err(msg),
-        ErrorKind::NotFound => errors::InvalidArgumentError::new_err(msg),
-        ErrorKind::Corrupt => errors::CorruptionError::new_err(msg),
-        ErrorKind::Io | ErrorKind::Backing => errors::StorageError::new_err(msg),
-        _ => errors::EmbstoreError::new_err(msg),
-    }
-}
+use crate::to_py_err;
 
 /// Store tables as the cache's backing store.
 struct TableBacking {

@@ -5,7 +5,8 @@
 //! native calls ([`detached`]), and maps every Rust error to one Python exception class from
 //! `embstore.errors` ([`to_py_err`]).
 
-use embstore_index::{Config, Error as IndexError, NeighborHash};
+use embstore_common::{Error, ErrorKind};
+use embstore_index::{Config, NeighborHash};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -34,15 +35,50 @@ mod errors {
     pyo3::import_exception!(embstore.errors, PermissionDeniedError);
 }
 
-/// The one mapping from index errors to Python exception classes.
-fn to_py_err(err: IndexError) -> PyErr {
+/// The one mapping from error kinds to Python exception classes (index, table, cache and
+/// serving errors alike). Each class also derives from the built-in that fits (see
+/// `embstore/errors.py`); `python/tests/test_errors.py` raises every kind through here.
+pub(crate) fn to_py_err(err: Error) -> PyErr {
     let msg = err.to_string();
-    match err {
-        IndexError::PayloadOutOfRange { .. } => errors::InvalidArgumentError::new_err(msg),
-        IndexError::LengthMismatch { .. } => errors::ShapeError::new_err(msg),
-        IndexError::CapacityOverflow { .. } => errors::CapacityError::new_err(msg),
-        _ => errors::InvalidArgumentError::new_err(msg),
+    match err.kind() {
+        ErrorKind::InvalidArgument => errors::InvalidArgumentError::new_err(msg),
+        ErrorKind::ShapeMismatch => errors::ShapeError::new_err(msg),
+        ErrorKind::TableNotFound => errors::TableNotFoundError::new_err(msg),
+        ErrorKind::TableExists => errors::TableExistsError::new_err(msg),
+        ErrorKind::KeyNotFound => errors::KeyNotFoundError::new_err(msg),
+        ErrorKind::NonFinite => errors::NonFiniteError::new_err(msg),
+        ErrorKind::Corruption => errors::CorruptionError::new_err(msg),
+        ErrorKind::Io => errors::StorageError::new_err(msg),
+        ErrorKind::Capacity => errors::CapacityError::new_err(msg),
+        ErrorKind::NoSpace => errors::NoSpaceError::new_err(msg),
+        ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
+        ErrorKind::Closed => errors::StoreClosedError::new_err(msg),
+        ErrorKind::NotFound => errors::NotFoundError::new_err(msg),
+        ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
+        ErrorKind::Unavailable => errors::UnavailableError::new_err(msg),
+        ErrorKind::PermissionDenied => errors::PermissionDeniedError::new_err(msg),
+        // An unknown policy, codec or table id is a bad argument to the caller.
+        ErrorKind::UnknownName => errors::InvalidArgumentError::new_err(msg),
+        ErrorKind::Backing => errors::StorageError::new_err(msg),
+        _ => errors::EmbstoreError::new_err(msg),
     }
+}
+
+/// The names of every error kind, for the test of [`to_py_err`] (a kind added in Rust fails
+/// that test until the test's table, and so this mapping, names its class).
+#[pyfunction]
+fn _error_kinds() -> Vec<String> {
+    ErrorKind::ALL.iter().map(|k| format!("{k:?}")).collect()
+}
+
+/// Raises the Python exception that an error of the kind named `kind` (as [`_error_kinds`]
+/// names it) with `message` raises: the test seam of [`to_py_err`].
+#[pyfunction]
+fn _raise_error(kind: &str, message: &str) -> PyResult<()> {
+    let Some(&kind) = ErrorKind::ALL.iter().find(|k| format!("{k:?}") == kind) else {
+        return Err(errors::InvalidArgumentError::new_err(format!("unknown error kind {kind:?}")));
+    };
+    Err(to_py_err(Error::new(kind, message)))
 }
 
 /// Runs `f` with the GIL released: every native call over a batch goes through here.
@@ -162,6 +198,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CACHE_POLICIES", embstore_cache::PolicyConfig::NAMES)?;
     m.add("CACHE_CODECS", embstore_cache::codec::CodecKind::NAMES)?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_error, m)?)?;
     m.add_function(wrap_pyfunction!(table::inspect_dir, m)?)?;
     m.add_function(wrap_pyfunction!(serving::admin, m)?)?;
     m.add_function(wrap_pyfunction!(serving::roll, m)?)?;

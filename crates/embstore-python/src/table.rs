@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_table::{
-    ErrorKind, Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
+    Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
     TableConfig, Version,
 };
 use numpy::{
@@ -22,29 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::detached;
 use crate::errors;
 
-/// The one mapping from table errors to Python exception classes.
-pub(crate) fn to_py_err(err: embstore_table::Error) -> PyErr {
-    let msg = err.to_string();
-    match err.kind() {
-        ErrorKind::InvalidArgument => errors::InvalidArgumentError::new_err(msg),
-        ErrorKind::ShapeMismatch => errors::ShapeError::new_err(msg),
-        ErrorKind::TableNotFound => errors::TableNotFoundError::new_err(msg),
-        ErrorKind::TableExists => errors::TableExistsError::new_err(msg),
-        ErrorKind::KeyNotFound => errors::KeyNotFoundError::new_err(msg),
-        ErrorKind::NonFinite => errors::NonFiniteError::new_err(msg),
-        ErrorKind::Corruption => errors::CorruptionError::new_err(msg),
-        ErrorKind::Io => errors::StorageError::new_err(msg),
-        ErrorKind::Capacity => errors::CapacityError::new_err(msg),
-        ErrorKind::NoSpace => errors::NoSpaceError::new_err(msg),
-        ErrorKind::Locked => errors::StoreLockedError::new_err(msg),
-        ErrorKind::Closed => errors::StoreClosedError::new_err(msg),
-        ErrorKind::NotFound => errors::NotFoundError::new_err(msg),
-        ErrorKind::Unsupported => errors::UnsupportedFormatError::new_err(msg),
-        ErrorKind::Unavailable => errors::UnavailableError::new_err(msg),
-        ErrorKind::PermissionDenied => errors::PermissionDeniedError::new_err(msg),
-        _ => errors::EmbstoreError::new_err(msg),
-    }
-}
+pub(crate) use crate::to_py_err;
 
 fn invalid(msg: String) -> PyErr {
     errors::InvalidArgumentError::new_err(msg)

@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use embstore_common::ErrorKind;
 use embstore_proto::v1::{Held, ServerInfo, State as WireState};
-use embstore_table::{ErrorKind, OnMiss, Table};
+use embstore_table::{OnMiss, Table};
 use parking_lot::RwLock;
 
 use crate::metrics::Metrics;
@@ -68,7 +69,7 @@ pub trait RowSource: Send + Sync + std::fmt::Debug {
         ids: &[u64],
         out: &mut [f32],
         found: &mut [bool],
-    ) -> embstore_table::Result<()>;
+    ) -> embstore_common::Result<()>;
 }
 
 impl RowSource for Table {
@@ -89,7 +90,7 @@ impl RowSource for Table {
         ids: &[u64],
         out: &mut [f32],
         found: &mut [bool],
-    ) -> embstore_table::Result<()> {
+    ) -> embstore_common::Result<()> {
         Table::lookup(self, ids, OnMiss::Zeros, out, Some(found))
     }
 }
@@ -136,7 +137,7 @@ impl RowSource for Part {
         ids: &[u64],
         out: &mut [f32],
         found: &mut [bool],
-    ) -> embstore_table::Result<()> {
+    ) -> embstore_common::Result<()> {
         RowSource::lookup(&*self.table, ids, out, found)
     }
 }
@@ -201,9 +202,9 @@ impl Server {
         instance: impl Into<String>,
         max_batch: usize,
         tier: TierOptions,
-    ) -> embstore_table::Result<Arc<Self>> {
+    ) -> embstore_common::Result<Arc<Self>> {
         let io = |e: std::io::Error| {
-            embstore_table::Error::new(ErrorKind::Io, format!("{}: {e}", tier.dir.display()))
+            embstore_common::Error::new(ErrorKind::Io, format!("{}: {e}", tier.dir.display()))
         };
         std::fs::create_dir_all(&tier.dir).map_err(io)?;
         for entry in std::fs::read_dir(&tier.dir).map_err(io)? {
@@ -251,7 +252,7 @@ impl Server {
         shard: u32,
         num_shards: u32,
         ckpt: &std::path::Path,
-    ) -> embstore_table::Result<()> {
+    ) -> embstore_common::Result<()> {
         // The name becomes part of a directory's name (a budgeted server's shard parts).
         embstore_table::validate_table_name(name)?;
         let key = (name.to_string(), version, shard, num_shards);
@@ -271,7 +272,7 @@ impl Server {
         shard: u32,
         num_shards: u32,
         ckpt: &std::path::Path,
-    ) -> embstore_table::Result<Arc<dyn RowSource>> {
+    ) -> embstore_common::Result<Arc<dyn RowSource>> {
         let (s, n) = (shard as usize, num_shards as usize);
         let Some(tier) = &self.tier else {
             return Ok(embstore_table::load_checkpoint_shard(ckpt, name, s, n)?);
@@ -306,9 +307,9 @@ impl Server {
         shard: u32,
         num_shards: u32,
         table: Arc<dyn RowSource>,
-    ) -> embstore_table::Result<()> {
+    ) -> embstore_common::Result<()> {
         if !num_shards.is_power_of_two() || shard >= num_shards {
-            return Err(embstore_table::Error::new(
+            return Err(embstore_common::Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
                     "shard {shard} of {num_shards}: the shard count must be a power of two above \
@@ -510,7 +511,7 @@ mod tests {
                 let got = s.lookup(&r).unwrap();
                 let values = embstore_proto::decode_rows(&got.values, chunk.len(), d).unwrap();
                 for (i, &k) in chunk.iter().enumerate() {
-                    let mine = embstore_table::shard_of_key(k, 2) == shard as usize;
+                    let mine = embstore_common::shard_of_key(k, 2) == shard as usize;
                     assert_eq!(got.found[i] == 1, mine, "id {k}");
                     let want = if mine { row(k) } else { vec![0.0; d] };
                     assert_eq!(&values[i * d..][..d], &want[..], "id {k}");

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_cluster::{controls, loads, members, put_control, register, repair, Etcd};
-use embstore_table::now_ms;
+use embstore_common::now_ms;
 use parking_lot::Mutex;
 
 use crate::{Server, State};
@@ -73,7 +73,10 @@ pub struct Member {
 
 impl Member {
     /// Registers `server` in etcd. Fails with `Unavailable` when etcd does not answer.
-    pub async fn join(server: Arc<Server>, options: MemberOptions) -> embstore_table::Result<Self> {
+    pub async fn join(
+        server: Arc<Server>,
+        options: MemberOptions,
+    ) -> embstore_common::Result<Self> {
         let etcd = Arc::new(Etcd::connect(&options.etcd, Duration::from_secs(2))?);
         let registration =
             register(etcd.clone(), &options.instance, &options.addr, options.lease_ttl).await?;

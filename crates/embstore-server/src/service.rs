@@ -7,12 +7,12 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use embstore_common::{now_ms, ErrorKind};
 use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
 use embstore_proto::v1::{
     DescribeRequest, LoadRequest, LookupRequest, LookupResponse, ServerInfo, VersionRequest,
 };
-use embstore_table::{now_ms, ErrorKind};
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
@@ -440,7 +440,7 @@ pub(crate) mod tests {
         fn may_block(&self) -> bool {
             false
         }
-        fn lookup(&self, _: &[u64], _: &mut [f32], _: &mut [bool]) -> embstore_table::Result<()> {
+        fn lookup(&self, _: &[u64], _: &mut [f32], _: &mut [bool]) -> embstore_common::Result<()> {
             panic!("a lookup whose answer no frame can carry must be refused before reading")
         }
     }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use embstore_table::ErrorKind;
+use embstore_common::ErrorKind;
 use tonic::{Request, Status};
 
 impl Tls {
@@ -13,10 +13,10 @@ impl Tls {
     /// `InvalidArgument` naming the cause (a certificate and key given the wrong way round, a
     /// key of another certificate), so that a server refuses to start rather than fail each
     /// handshake.
-    pub fn check(&self) -> embstore_table::Result<()> {
+    pub fn check(&self) -> embstore_common::Result<()> {
         self.rustls_config()
             .map(drop)
-            .map_err(|e| embstore_table::Error::new(ErrorKind::InvalidArgument, e))
+            .map_err(|e| embstore_common::Error::new(ErrorKind::InvalidArgument, e))
     }
 
     /// This identity (and client CA) as a rustls server configuration, or why not.

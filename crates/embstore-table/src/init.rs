@@ -4,7 +4,7 @@
 //! drawn from a counter-based generator (`fmix64` of the seed, key and column) rather than from a
 //! stateful RNG, so the order in which rows are created does not matter.
 
-use embstore_index::hash::hash as fmix64;
+use embstore_common::fmix64;
 
 use crate::params::{self, Kinds};
 

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use embstore_index::hash::hash as fmix64;
+use embstore_common::fmix64;
 
 const DEPTH: usize = 4;
 

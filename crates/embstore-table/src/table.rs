@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use embstore_index::hash::hash as fmix64;
+use embstore_common::fmix64;
+use embstore_common::shard::SHARD_SALT;
 use parking_lot::RwLock;
 
 use crate::batch::Groups;
@@ -23,9 +24,6 @@ use crate::{Error, ErrorKind, Export, Result, TableConfig};
 /// Batches at least this long run their shards in parallel; shorter ones run on the calling
 /// thread, where a hand-off to the pool would cost more than it saves.
 const PARALLEL_MIN: usize = 2048;
-
-/// Salt of the shard hash, so that shard bits and the index's home bits are independent.
-const SHARD_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 
 /// An embedding table: rows of `embedding_dim` f32 values keyed by u64 ids, with their optimizer
 /// state and metadata, split over shards. All methods take `&self` and are safe to call from
@@ -153,14 +151,9 @@ impl Table {
     }
 }
 
-/// The shard of `key` among `num_shards` (a power of two), as a table of that many shards
-/// places it. Serving splits a table version the same way: with `num_shards` ≤ a table's own
-/// shard count, serving shard `s` holds exactly the table's shards `i` with
-/// `i & (num_shards - 1) == s`.
-pub fn shard_of_key(key: u64, num_shards: usize) -> usize {
-    debug_assert!(num_shards.is_power_of_two());
-    (fmix64(key ^ SHARD_SALT) & (num_shards as u64).wrapping_sub(1)) as usize
-}
+/// The sharding contract, kept here for its old path (`embstore_table::shard_of_key`); its home
+/// is `embstore-common`, and `Table::shard_of` must place keys exactly as it does.
+pub use embstore_common::shard_of_key;
 
 impl Table {
     /// The admission sketch (made on first use), or `None` when admission is off.
@@ -360,4 +353,23 @@ pub(crate) fn same_layout(t: &Table, dim: usize, state_dim: usize) -> Result<()>
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{shard_of_key, Store, TableConfig};
+
+    /// A table places keys exactly as the sharding contract does (servers and clients route by
+    /// `shard_of_key`, the table by its own mask).
+    #[test]
+    fn shard_of_agrees_with_shard_of_key() {
+        for num_shards in [1, 2, 8, 64] {
+            let mut config = TableConfig::new("t", 4);
+            config.num_shards = num_shards;
+            let t = Store::new().create_table(config).unwrap();
+            for key in (0..2000u64).chain([u64::MAX, 1 << 63, 7 << 40 | 3]) {
+                assert_eq!(t.shard_of(key), shard_of_key(key, num_shards), "key {key}");
+            }
+        }
+    }
 }

@@ -8,7 +8,6 @@
 //! that holds its initial value.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A row's version: hybrid timestamp, then replica id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -30,10 +29,8 @@ impl Version {
 /// than the skew of NTP-synchronised machines.
 pub(crate) const MAX_OBSERVE_AHEAD_MS: u64 = 1000;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// Milliseconds since the Unix epoch (its home is `embstore-common`).
+pub use embstore_common::now_ms;
 
 /// Issues strictly increasing versions for one replica.
 #[derive(Debug)]

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions};
+use embstore_common::SplitMix64;
 use embstore_server::Server;
 use embstore_table::{now_ms, Table};
 
-use super::{metric, splitmix, table_of, Cluster, ServingArgs, Stats, REPLICAS, SHARDS};
+use super::{metric, table_of, Cluster, ServingArgs, Stats, REPLICAS, SHARDS};
 
 /// Rolls per protocol setting.
 const ROLLS: u64 = 3;
@@ -229,10 +230,11 @@ async fn run_one(
         let (client, stop) = (client.clone(), stop.clone());
         let (batch, rows, seed) = (args.slo_batch, args.rows, args.seed);
         readers.spawn(async move {
-            let mut rng = seed ^ (c as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut rng =
+                SplitMix64::new(seed ^ (c as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let (mut reads, mut failed) = (Vec::<Read>::new(), 0usize);
             while !stop.load(Ordering::Relaxed) {
-                let ids: Vec<u64> = (0..batch).map(|_| splitmix(&mut rng) % rows).collect();
+                let ids: Vec<u64> = (0..batch).map(|_| rng.next_u64() % rows).collect();
                 let t0 = Instant::now();
                 let at = start.elapsed().as_secs_f64();
                 match client.lookup("user", &ids).await {

@@ -58,7 +58,7 @@ impl Filler {
         let worker = std::thread::Builder::new()
             .name("embstore-l3-fill".into())
             .spawn(move || sh.run())
-            .map_err(|e| Error::io(format!("cannot start the L3 filler thread: {e}")))?;
+            .map_err(|e| Error::io("cannot start the L3 filler thread", e))?;
         Ok(Self { shared, worker: Some(worker) })
     }
 

@@ -125,7 +125,7 @@ impl InferenceCache {
             )));
         }
         if let Some(&k) = keys.iter().find(|&&k| usize::from(table_of(k)) >= self.cfg.num_tables) {
-            return Err(Error::not_found(format!(
+            return Err(Error::unknown_name(format!(
                 "id {} names table {}, but the cache has {} tables",
                 id_of(k),
                 table_of(k),
@@ -601,7 +601,7 @@ mod tests {
         let mut out = vec![0.0; 2 * d];
         let cases: Vec<(Vec<u64>, Vec<usize>, usize, ErrorKind)> = vec![
             (vec![k(0, 1), k(1, 1)], vec![0, 0, 2], 2, ErrorKind::ShapeMismatch), // empty request
-            (vec![k(0, 1), k(5, 1)], vec![0, 2], 2, ErrorKind::NotFound),         // unknown table
+            (vec![k(0, 1), k(5, 1)], vec![0, 2], 2, ErrorKind::UnknownName),      // unknown table
             (vec![k(0, 1), k(1, 1)], vec![0, 1], 2, ErrorKind::ShapeMismatch),    // offsets short
             (vec![k(0, 1), k(1, 1)], vec![0, 2], 1, ErrorKind::ShapeMismatch),    // output short
         ];
@@ -842,7 +842,7 @@ mod tests {
         let e = c.lookup_ids(&[0], &[1, 2], &[0, 2], &mut out, None).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
         let e = c.lookup_ids(&[0, 2], &[1, 2], &[0, 2], &mut out, None).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(e.kind(), ErrorKind::UnknownName);
         assert_eq!(c.stats().requests, 0);
     }
 }

@@ -7,7 +7,7 @@
 //! (`O_DIRECT` where the file system allows it, else a buffered read whose pages are dropped
 //! from the page cache right after) and checks its crc32 before it trusts a byte of it.
 //!
-//! [`SurrogateFile::open`] checks the header and fences only; a damaged block is a Corrupt error
+//! [`SurrogateFile::open`] checks the header and fences only; a damaged block is a Corruption error
 //! when it is read (a surrogate naming an id the table lacks is harmless: that id is never
 //! resident, so it is never served).
 
@@ -23,7 +23,7 @@ use super::format::{
     RECORDS_PER_BLOCK,
 };
 use super::{SurrogateConfig, NONE};
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 /// A surrogate build on disk (format 2), read one 4 KiB block per lookup. It holds the header
 /// and one fence per block (8 B per 227 rows) in memory; see the module docs.
@@ -40,12 +40,12 @@ pub struct SurrogateFile {
 impl SurrogateFile {
     /// Opens a file written by [`Surrogates::save`](super::Surrogates::save), checking its
     /// header, size and fences (blocks are checked when read). Errors: Io (with the path) when
-    /// it cannot be read; Corrupt when it is damaged, or is a format-1 file (load it and save
+    /// it cannot be read; Corruption when it is damaged, or is a format-1 file (load it and save
     /// it again).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |e: &dyn std::fmt::Display| {
-            Error::io(format!("cannot read surrogate file {}: {e}", path.display()))
+            Error::new(ErrorKind::Io, format!("cannot read surrogate file {}: {e}", path.display()))
         };
         let corrupt = |m: String| Error::corrupt(format!("surrogate file {}: {m}", path.display()));
         let mut f = File::open(path).map_err(|e| io(&e))?;
@@ -88,7 +88,7 @@ impl SurrogateFile {
     }
 
     /// The surrogate of `id` and its distance, or `None` (unknown id, or none): one block
-    /// read. Errors: Io when the read fails, Corrupt when the block is damaged.
+    /// read. Errors: Io when the read fails, Corruption when the block is damaged.
     pub fn get(&self, id: u64) -> Result<Option<(u64, f32)>> {
         let mut out = Vec::new();
         self.get_many(&[id], &mut out)?;
@@ -135,7 +135,10 @@ impl SurrogateFile {
         let off = (BLOCK * (b + 1)) as u64;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.file.read_exact_at(blk, off).map_err(|e| {
-            Error::io(format!("cannot read surrogate file {} block {b}: {e}", self.path.display()))
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot read surrogate file {} block {b}: {e}", self.path.display()),
+            )
         })?;
         if !self.direct {
             drop_cached(&self.file, off, BLOCK as u64);

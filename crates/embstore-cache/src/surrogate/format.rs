@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use half::f16;
 
 use super::{Metric, SurrogateConfig, Surrogates, NONE};
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 pub(super) const MAGIC: &[u8; 8] = b"EMBSURR1";
 const HEADER: usize = 48;
@@ -286,7 +286,10 @@ impl Surrogates {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let io = |e: &dyn std::fmt::Display| {
-            Error::io(format!("cannot write surrogate file {}: {e}", path.display()))
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot write surrogate file {}: {e}", path.display()),
+            )
         };
         let name = path.file_name().ok_or_else(|| io(&"no file name"))?;
         let mut tmp = PathBuf::from(path);
@@ -321,13 +324,13 @@ impl Surrogates {
     /// ```
     ///
     /// Checksums cover every byte. Errors: Io (with the path) when the file cannot be read;
-    /// Corrupt when the magic, version, size, checksum or contents are wrong (ids not strictly
+    /// Corruption when the magic, version, size, checksum or contents are wrong (ids not strictly
     /// increasing, a surrogate that is the row itself or not one of the ids, a distance
     /// outside `[0, max_dist]`).
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let bytes = fs::read(path).map_err(|e| {
-            Error::io(format!("cannot read surrogate file {}: {e}", path.display()))
+            Error::new(ErrorKind::Io, format!("cannot read surrogate file {}: {e}", path.display()))
         })?;
         Self::decode(&bytes)
             .map_err(|m| Error::corrupt(format!("surrogate file {}: {m}", path.display())))
@@ -471,7 +474,7 @@ mod tests {
         fs::write(&path, s.encode_v1()).unwrap();
         assert_eq!(Surrogates::load(&path).unwrap(), s);
         let e = SurrogateFile::open(&path).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.message().contains("format version 1 cannot be read block by block"), "{e}");
     }
 
@@ -496,13 +499,13 @@ mod tests {
             match SurrogateFile::open(&path) {
                 Err(e) => {
                     assert!(!in_block, "byte {i}: {e}");
-                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corruption, "byte {i}: {e}");
                 }
                 Ok(f) => {
                     assert!(in_block, "byte {i} opened");
                     let b = (i / BLOCK - 1) as u64;
                     let e = f.get(b * RECORDS_PER_BLOCK as u64).unwrap_err();
-                    assert_eq!(e.kind(), ErrorKind::Corrupt, "byte {i}: {e}");
+                    assert_eq!(e.kind(), ErrorKind::Corruption, "byte {i}: {e}");
                     assert!(e.message().contains(&format!("block {b}")), "{e}");
                 }
             }
@@ -548,7 +551,7 @@ mod tests {
         b[HEADER + 3] ^= 1;
         fs::write(&path, &b).unwrap();
         let e = Surrogates::load(&path).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.message().contains("bad.surr: checksum mismatch"), "{e}");
         let missing = dir.path().join("missing.surr");
         let e = Surrogates::load(&missing).unwrap_err();

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use embstore_table::{Error, ErrorKind, Result};
+use embstore_common::{Error, ErrorKind, Result};
 
 use super::{shards_for, Publish};
 use crate::{assign, least_loaded, repair, Control};

@@ -252,7 +252,7 @@ impl PolicyConfig {
             "ev_arc" => Self::EvArc(EvArcConfig { max_score, ..Default::default() }),
             "group_assoc" => Self::GroupAssoc(GroupAssocConfig { max_score, ..Default::default() }),
             _ => {
-                return Err(Error::not_found(format!(
+                return Err(Error::unknown_name(format!(
                     "unknown policy {name:?}: expected one of {:?}",
                     Self::NAMES
                 )))

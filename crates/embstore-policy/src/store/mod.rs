@@ -391,6 +391,6 @@ mod tests {
             assert_eq!(PolicyConfig::parse(&name.to_ascii_uppercase(), 8).unwrap(), c, "{name}");
         }
         let e = PolicyConfig::parse("lru_lfu", 8).unwrap_err();
-        assert_eq!(e.kind(), crate::ErrorKind::NotFound);
+        assert_eq!(e.kind(), crate::ErrorKind::UnknownName);
     }
 }

@@ -1,6 +1,7 @@
 //! [`NeighborHash`]: the map, its insert/delete algorithms, growth and statistics.
 
 use crate::bucket::{same_line, Bucket, Buckets, BUCKETS_PER_LINE, MAX_OFFSET, PAYLOAD_MASK};
+use crate::error::{capacity_overflow, length_mismatch, payload_out_of_range};
 use crate::hash::hash;
 use crate::Error;
 
@@ -132,7 +133,7 @@ impl NeighborHash {
     pub fn with_config(config: Config) -> Result<Self, Error> {
         let slots = config.slots.max(MIN_SLOTS);
         if slots > MAX_SLOTS {
-            return Err(Error::CapacityOverflow { slots: config.slots });
+            return Err(capacity_overflow(config.slots));
         }
         let slots = slots.next_power_of_two();
         let max_load_factor = if config.max_load_factor.is_nan() {
@@ -264,18 +265,14 @@ impl NeighborHash {
 
     /// Inserts every `(keys[i], payloads[i])`, later pairs overwriting earlier ones. Lengths and
     /// all payloads are checked before anything is stored, so an invalid batch leaves the table
-    /// as it was. Should growing fail midway (`CapacityOverflow`: out of memory), the pairs before
+    /// as it was. Should growing fail midway (a capacity error: out of memory), the pairs before
     /// the failing one stay stored and nothing else changes.
     pub fn insert_batch(&mut self, keys: &[u64], payloads: &[u64]) -> Result<(), Error> {
         if keys.len() != payloads.len() {
-            return Err(Error::LengthMismatch {
-                what: "payloads",
-                keys: keys.len(),
-                got: payloads.len(),
-            });
+            return Err(length_mismatch("payloads", keys.len(), payloads.len()));
         }
         if let Some(&payload) = payloads.iter().find(|&&p| p > PAYLOAD_MASK) {
-            return Err(Error::PayloadOutOfRange { payload });
+            return Err(payload_out_of_range(payload));
         }
         // Look this many keys ahead: the prefetched home bucket arrives while the keys in
         // between are inserted.
@@ -516,7 +513,7 @@ impl NeighborHash {
         let want = self.len.saturating_add(additional);
         let mut slots = self.capacity();
         while (slots as f64 * self.config.max_load_factor) < want as f64 {
-            slots = slots.checked_mul(2).ok_or(Error::CapacityOverflow { slots: usize::MAX })?;
+            slots = slots.checked_mul(2).ok_or_else(|| capacity_overflow(usize::MAX))?;
         }
         if slots > self.capacity() {
             self.rehash(slots)?;
@@ -525,7 +522,7 @@ impl NeighborHash {
     }
 
     fn grow(&mut self) -> Result<(), Error> {
-        let slots = self.capacity().checked_mul(2).ok_or(Error::CapacityOverflow { slots: 0 })?;
+        let slots = self.capacity().checked_mul(2).ok_or_else(|| capacity_overflow(0))?;
         self.rehash(slots)
     }
 
@@ -537,7 +534,7 @@ impl NeighborHash {
             next.grow_at = usize::MAX; // all of `self` must fit; the load is at most half anyway
             for b in self.buckets.as_slice().iter().filter(|b| !b.is_empty()) {
                 if next.try_insert(b.key, b.payload()).is_none() {
-                    slots = slots.checked_mul(2).ok_or(Error::CapacityOverflow { slots })?;
+                    slots = slots.checked_mul(2).ok_or_else(|| capacity_overflow(slots))?;
                     continue 'attempt;
                 }
             }
@@ -638,7 +635,7 @@ impl NeighborHash {
 #[inline]
 fn check_payload(payload: u64) -> Result<(), Error> {
     if payload > PAYLOAD_MASK {
-        return Err(Error::PayloadOutOfRange { payload });
+        return Err(payload_out_of_range(payload));
     }
     Ok(())
 }
@@ -668,13 +665,22 @@ mod tests {
         let mut t = NeighborHash::new();
         t.insert(9, 1).unwrap();
         let err = t.insert(9, 1 << 52).unwrap_err();
-        assert_eq!(err, Error::PayloadOutOfRange { payload: 1 << 52 });
+        assert_eq!(err, payload_out_of_range(1 << 52));
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument);
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "payload {} out of range: payloads must be < 2^52 ({})",
+                1u64 << 52,
+                1u64 << 52
+            )
+        );
         assert!(err.to_string().starts_with("payload 4503599627370496 out of range"));
-        assert_eq!(t.insert(10, u64::MAX), Err(Error::PayloadOutOfRange { payload: u64::MAX }));
+        assert_eq!(t.insert(10, u64::MAX), Err(payload_out_of_range(u64::MAX)));
         assert_eq!((t.get(9), t.get(10), t.len()), (Some(1), None, 1));
         // A batch with one bad payload stores none of its pairs.
         let err = t.insert_batch(&[1, 2, 3], &[1, 1 << 60, 3]).unwrap_err();
-        assert_eq!(err, Error::PayloadOutOfRange { payload: 1 << 60 });
+        assert_eq!(err, payload_out_of_range(1 << 60));
         assert_eq!((t.get(1), t.get(3), t.len()), (None, None, 1));
     }
 
@@ -682,11 +688,15 @@ mod tests {
     fn mismatched_lengths_are_errors() {
         let mut t = NeighborHash::new();
         let err = t.insert_batch(&[1, 2], &[1]).unwrap_err();
-        assert_eq!(err, Error::LengthMismatch { what: "payloads", keys: 2, got: 1 });
+        assert_eq!(err, length_mismatch("payloads", 2, 1));
+        assert_eq!(err.kind(), crate::ErrorKind::ShapeMismatch);
+        assert_eq!(err.to_string(), "length mismatch: 2 keys but 1 payloads");
         assert_eq!(err.to_string(), "length mismatch: 2 keys but 1 payloads");
         assert!(t.is_empty());
         let mut out = [7u64; 3];
-        assert!(matches!(t.get_batch(&[1, 2], &mut out), Err(Error::LengthMismatch { .. })));
+        assert!(
+            matches!(t.get_batch(&[1, 2], &mut out), Err(e) if e.kind() == crate::ErrorKind::ShapeMismatch)
+        );
         assert_eq!(out, [7; 3], "nothing written on error");
         let mut flags = [false; 1];
         assert!(t.contains_batch(&[1, 2], &mut flags).is_err());

@@ -1,0 +1,28 @@
+//! # embstore-common: the shared vocabulary
+//!
+//! What two or more embstore crates must agree on lives here, below all of them, so that the
+//! data-plane client does not link the storage engine for one function. The parts:
+//!
+//! - [`error`]: the one [`Error`] (`kind` + exact lowercase message) and its
+//!   `#[non_exhaustive]` [`ErrorKind`]; every boundary (gRPC, Python) maps it by one table.
+//! - [`shard`]: [`shard_of_key`], the sharding contract client and server agree on. Its
+//!   placements are pinned by a test: changing them would misroute a running cluster.
+//! - [`hash`]: MurmurHash3's 64-bit finaliser [`fmix64`] and a `Hasher` over it.
+//! - [`clock`]: [`now_ms`], wall-clock milliseconds.
+//! - [`rand`]: [`SplitMix64`], the seeded generator that traces, benchmarks and tests share, so
+//!   a printed seed replays a run on every platform.
+//!
+//! Invariants: no dependency beyond std, no other embstore crate, and nothing here changes an
+//! output for a given input across versions (hashes, placements and streams are contracts).
+
+pub mod clock;
+pub mod error;
+pub mod hash;
+pub mod rand;
+pub mod shard;
+
+pub use clock::now_ms;
+pub use error::{Error, ErrorKind, Result};
+pub use hash::{fmix64, FmixHasher};
+pub use rand::SplitMix64;
+pub use shard::shard_of_key;
