@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::parse_config_text;
 use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State};
 use crate::disk::segment::SegmentReader;
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::durable::{random_id, segment_path, Durable, SEG_DIR};
-use crate::file::parse_config_text;
 use crate::{Error, ErrorKind, Result, Store, Table};
 
 /// What [`Store::checkpoint`] wrote.

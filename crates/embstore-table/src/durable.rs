@@ -31,10 +31,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::compact::Step;
+use crate::config::{config_text, parse_config_text};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
-use crate::file::{config_text, parse_config_text};
 use crate::version::{now_ms, Clock};
 use crate::{Error, ErrorKind, Result, Table};
 

@@ -5,11 +5,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+use crate::config::parse_config_text;
 use crate::disk::manifest::{self, FileEntry, State};
 use crate::disk::segment::{self, SegmentReader};
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::durable::{segment_path, SEG_DIR};
-use crate::file::parse_config_text;
 use crate::{Error, ErrorKind, Result};
 
 /// One table of a store directory.
