@@ -51,7 +51,7 @@ pub(crate) const SEG_DIR: &str = "seg";
 /// A store's memory budget and the replacement policy its tables use.
 #[derive(Clone, Debug)]
 pub(crate) struct Tiering {
-    pub(crate) budget: Arc<crate::tier::Budget>,
+    pub(crate) budget: Arc<crate::budget::Budget>,
     pub(crate) eviction: crate::evict::EvictionConfig,
     /// `Some((shard, n))`: index only the keys of serving shard `shard` of `n`
     /// ([`crate::shard_of_key`]) — a server's part of a checkpoint whose segments it links.
@@ -164,14 +164,9 @@ impl Durable {
                         path.display()
                     )));
                 }
-                report.records += match (&table.tier, tiering) {
+                report.records += match tiering {
                     // With a memory budget every row starts on disk: only the footers are read.
-                    (Some(tier), Some(t)) => {
-                        let slot = tier.files.write().reserve()?;
-                        let n = table.replay_footer(slot, &r, t.keep)?;
-                        tier.files.write().install(slot, seq, Arc::new(r));
-                        n
-                    }
+                    Some(t) if table.is_tiered() => table.replay_cold(seq, r, t.keep)?,
                     _ => {
                         let (rows, tombstones) = table.replay(&r)?;
                         rows + tombstones
@@ -398,12 +393,8 @@ impl Durable {
             created_ms: now_ms(),
         };
         let path = segment_path(&self.dir, seq);
-        let file = table.tier.as_ref().map(|t| t.files.write().reserve()).transpose()?;
-        let release = || {
-            if let (Some(t), Some(f)) = (&table.tier, file) {
-                t.files.write().release(f);
-            }
-        };
+        let file = table.reserve_file_slot()?;
+        let release = || table.release_file_slot(file);
         // Before the manifest record: the segment goes, and every row is written again later.
         let fail = |e: Error| {
             table.mark_all_dirty();
@@ -445,8 +436,8 @@ impl Durable {
         edits.push(Edit::Rows { table: id, rows: table.len() as u64 });
         let mut next = state.clone();
         edits.iter().try_for_each(|e| next.apply(e)).map_err(fail)?;
-        let reader = match (kept, &table.tier) {
-            (true, Some(_)) => {
+        let reader = match (kept, table.is_tiered()) {
+            (true, true) => {
                 Some(Arc::new(SegmentReader::open_for_reads(&*self.vfs, &path).map_err(fail)?))
             }
             _ => None,
@@ -474,19 +465,8 @@ impl Durable {
             return Err(e);
         }
         *state = next;
-        if let (Some(t), Some(f)) = (&table.tier, file) {
-            match reader {
-                Some(r) => t.files.write().install(f, seq, r),
-                None => t.files.write().release(f),
-            }
-            if cleared {
-                // Rows on disk move to the new segment before the old ones' slots go; rows in
-                // memory whose clean copy was in an old segment become dirty.
-                let old = t.files.read().slots_below(seq);
-                table.relocate_cold(&moved, &old);
-                let mut files = t.files.write();
-                old.into_iter().for_each(|s| files.release(s));
-            }
+        if let Some(f) = file {
+            table.on_segment_committed(f, seq, reader, cleared, &moved);
         }
         self.delete_segments(&superseded);
         Ok(kept.then_some(seq))

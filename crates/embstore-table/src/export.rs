@@ -86,13 +86,7 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 }
                 self.keys = {
                     let shard = t.shards[self.shard].read();
-                    let cold = shard.tier.as_ref().map(|t| &t.cold);
-                    shard
-                        .index
-                        .iter()
-                        .chain(cold.into_iter().flat_map(|c| c.iter()))
-                        .map(|(k, _)| k)
-                        .collect()
+                    shard.index.iter().chain(shard.cold_entries()).map(|(k, _)| k).collect()
                 };
                 self.keys.sort_unstable();
                 self.next = 0;
@@ -111,18 +105,17 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             // With a memory tier, the file table is held from classifying each key (in memory,
             // or on disk at a location) to reading the rows on disk, so no rewrite moves them
             // in between; each key is classified under one shard lock.
-            let files = t.tier.as_ref().map(|tier| tier.files.read());
+            let files = t.cold_files();
             let mut cold = Vec::new();
             {
                 let shard = t.shards[s].read();
-                let on_disk = shard.tier.as_ref().map(|tier| &tier.cold);
                 for &k in keys {
                     if let Some(slot) = shard.slot(k) {
                         chunk.ids.push(k);
                         chunk.values.extend_from_slice(shard.values.row(slot));
                         chunk.state.extend_from_slice(shard.state.row(slot));
                         chunk.meta.push(shard.meta[slot].unpack());
-                    } else if let Some(l) = on_disk.and_then(|c| c.get(k)) {
+                    } else if let Some(l) = shard.cold_loc(k) {
                         cold.push((k, l));
                     }
                 }

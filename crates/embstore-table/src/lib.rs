@@ -47,6 +47,7 @@
 mod apply;
 mod arena;
 mod batch;
+mod budget;
 mod checkpoint;
 mod compact;
 mod config;
@@ -74,6 +75,7 @@ mod tier;
 mod version;
 mod write;
 
+pub use budget::Budget;
 pub use checkpoint::{
     checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
 };
@@ -92,5 +94,4 @@ pub use sched::threads;
 pub use stats::{IndexStats, TableStats};
 pub use store::{Store, StoreOptions};
 pub use table::{shard_of_key, Table};
-pub use tier::Budget;
 pub use version::{now_ms, Version};

@@ -48,7 +48,7 @@ impl StoreOptions {
 
     /// Options with `budget` as the memory budget, shared with the other stores opened with it
     /// (a server's loaded shards, say): see [`Budget::shared`].
-    pub fn with_shared_budget(mut self, budget: Arc<crate::tier::Budget>) -> Self {
+    pub fn with_shared_budget(mut self, budget: Arc<crate::budget::Budget>) -> Self {
         self.shared_budget = Some(budget);
         self
     }
@@ -80,7 +80,7 @@ pub struct StoreOptions {
     pub background_eviction: bool,
     /// A budget shared with other stores ([`crate::Budget::shared`]); it takes the place of
     /// `memory_budget_bytes` and `background_eviction`.
-    pub shared_budget: Option<Arc<crate::tier::Budget>>,
+    pub shared_budget: Option<Arc<crate::budget::Budget>>,
 }
 
 impl Drop for Store {
@@ -155,7 +155,7 @@ impl Store {
             (None, Some(0)) => {
                 return Err(Error::invalid("memory_budget_bytes must be at least 1"))
             }
-            (None, Some(b)) => Some(crate::tier::Budget::new(b, options.background_eviction)),
+            (None, Some(b)) => Some(crate::budget::Budget::new(b, options.background_eviction)),
             (None, None) => None,
         };
         let tiering =
@@ -188,7 +188,7 @@ impl Store {
     }
 
     /// The memory budget of a store opened with one.
-    pub fn memory_budget(&self) -> Option<&crate::tier::Budget> {
+    pub fn memory_budget(&self) -> Option<&crate::budget::Budget> {
         self.tiering.as_ref().map(|t| &*t.budget)
     }
 

@@ -322,9 +322,7 @@ impl Table {
         let step = other.step.swap(self.step(), Ordering::Relaxed);
         self.set_step(step);
         for (a, b) in mine.iter_mut().zip(theirs.iter()) {
-            if let Some(t) = &b.tier {
-                a.attach_tier(t.emptied().expect("a tier's empty state"));
-            }
+            a.attach_cold_like(b);
         }
         if self.durable.load(Ordering::Relaxed) {
             for shard in mine.iter_mut() {

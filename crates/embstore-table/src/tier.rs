@@ -31,28 +31,19 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use embstore_index::{NeighborHash, MISSING};
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use embstore_index::MISSING;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::batch::Groups;
+use crate::budget::{Budget, Reclaim};
+use crate::disk::plan::{merged_reads, DirectRange};
 use crate::disk::segment::{Record, SegmentReader};
 use crate::durable::Durable;
-use crate::evict::{Eviction, EvictionConfig};
+use crate::evict::EvictionConfig;
 use crate::meta::PackedMeta;
+use crate::shard::cold::{loc, loc_parts, ColdSide, FileTable, NONE};
 use crate::{Error, ErrorKind, Result, RowChunk, Table};
 
-/// No disk copy.
-pub(crate) const NONE: u64 = u64::MAX;
-/// Record numbers take the low 31 bits of a location, file slots the 20 above them.
-const IDX_BITS: u32 = 31;
-const MAX_FILE_SLOTS: usize = 1 << 20;
-/// Eviction brings the rows it can free down to this share of the room the budget leaves them
-/// ([`Budget::marks`]), so that it runs in batches rather than after every call.
-const LOW_WATERMARK: f64 = 0.85;
-/// With background eviction, a call that leaves those rows above this share of their room
-/// hands the eviction to the store's evictor thread and returns; only a call that leaves the
-/// store over its budget (the evictor fell behind) evicts on the caller's thread.
-const BACKGROUND_MARK: f64 = 0.95;
 /// The most the evictor frees in one round (~50k rows of D 32 with Adagrad): it lets go of
 /// the shard locks it takes to choose and copy victims between rounds, so that a call waits for
 /// one round at most, not for a whole large eviction (10 % of the room is ~120 MB at 50M rows).
@@ -91,272 +82,6 @@ fn engine() -> &'static dyn crate::disk::io::ReadEngine {
     &**ENGINE.get_or_init(crate::disk::io::default_engine)
 }
 
-/// A disk location: file slot and record number.
-pub(crate) fn loc(file_slot: u32, record: u64) -> u64 {
-    debug_assert!(record < 1 << IDX_BITS);
-    (file_slot as u64) << IDX_BITS | record
-}
-
-fn loc_parts(loc: u64) -> (u32, u64) {
-    ((loc >> IDX_BITS) as u32, loc & ((1 << IDX_BITS) - 1))
-}
-
-/// Records whose pages lie at most this many bytes apart in one file are read together: one
-/// more request costs this disk about as long as moving ~20 KiB more in a larger one (fio:
-/// 81k IOPS of 4 KiB at queue depth 32, 1.6 GB/s sequential), so a gap below that is cheaper
-/// to read through than to skip.
-const MERGE_GAP: u64 = 16 << 10;
-/// The longest merged read, but for the pages of one more record that shares a page with it
-/// (records that share a page are always read together: reads never overlap).
-const MAX_READ: u64 = 256 << 10;
-
-/// A record's aligned pages in a file opened for direct reads: the record is at `offset +
-/// skip`, and is entry `n` of the caller's list.
-#[derive(Clone, Copy, Debug)]
-struct DirectRange {
-    fd: std::os::fd::RawFd,
-    offset: u64,
-    len: usize,
-    skip: usize,
-    n: usize,
-}
-
-/// The reads that cover `ranges` (sorted here by file and offset): records that share a page
-/// with the previous read in the same file join it; those within [`MERGE_GAP`] of it join
-/// while it stays within [`MAX_READ`] bytes. Returns the reads and, per record, `(n, read,
-/// byte offset in it)`.
-fn merged_reads(
-    ranges: &mut [DirectRange],
-) -> (Vec<crate::disk::io::PageRead>, Vec<(usize, usize, usize)>) {
-    ranges.sort_unstable_by_key(|r| (r.fd, r.offset));
-    let mut reqs: Vec<crate::disk::io::PageRead> = Vec::new();
-    let mut at = Vec::with_capacity(ranges.len());
-    for r in ranges.iter() {
-        let end = r.offset + r.len as u64;
-        let joins = reqs.last().is_some_and(|q| {
-            let q_end = q.offset + q.len as u64;
-            q.fd == r.fd
-                && (r.offset < q_end
-                    || r.offset <= q_end + MERGE_GAP && end.max(q_end) - q.offset <= MAX_READ)
-        });
-        if joins {
-            let q = reqs.last_mut().expect("joins a read");
-            q.len = (end.max(q.offset + q.len as u64) - q.offset) as usize;
-        } else {
-            reqs.push(crate::disk::io::PageRead { fd: r.fd, offset: r.offset, len: r.len });
-        }
-        let q = reqs.last().expect("a read");
-        at.push((r.n, reqs.len() - 1, (r.offset - q.offset) as usize + r.skip));
-    }
-    (reqs, at)
-}
-
-/// The memory budget of a store, shared by its tables, and its evictor.
-#[derive(Debug)]
-pub struct Budget {
-    limit: u64,
-    used: AtomicU64,
-    /// Of `used`, the bytes no eviction can free: indexes and pinned rows.
-    fixed: AtomicU64,
-    /// `None`: tables evict on the caller's thread after each call that leaves the store over
-    /// its budget.
-    evictor: Option<Evictor>,
-    /// The tables under this budget, so that a call evicting on its thread also takes the
-    /// shares of tables no call touches (idle tables would otherwise keep the budget exceeded).
-    members: Mutex<Vec<Weak<Table>>>,
-    /// Bytes of the rows pinned in the tables under this budget, as [`Table::pin`] counts them.
-    pinned: AtomicU64,
-    /// Evictions that failed (a full disk, say), and the last one's error.
-    errors: AtomicU64,
-    last_error: Mutex<Option<String>>,
-}
-
-/// The thread that evicts for the tables of a store whose calls left it above
-/// [`BACKGROUND_MARK`] of its budget (NeighborKV §2.1.2: eviction off the lookup path). It
-/// starts with the first such call and stops when the store is dropped ([`Budget::stop`]).
-#[derive(Debug, Default)]
-struct Evictor {
-    shared: Arc<EvictorShared>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-#[derive(Debug, Default)]
-struct EvictorShared {
-    queue: Mutex<EvictQueue>,
-    wake: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct EvictQueue {
-    tables: std::collections::VecDeque<Weak<Table>>,
-    busy: bool,
-    stop: bool,
-}
-
-impl Budget {
-    pub(crate) fn new(limit: u64, background: bool) -> Arc<Self> {
-        Arc::new(Self {
-            limit,
-            used: AtomicU64::new(0),
-            fixed: AtomicU64::new(0),
-            evictor: background.then(Evictor::default),
-            members: Mutex::new(Vec::new()),
-            pinned: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            last_error: Mutex::new(None),
-        })
-    }
-
-    /// Evictions of the store's tables that failed so far (each left its rows in memory).
-    pub fn eviction_errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
-    }
-
-    /// The error of the last eviction that failed, if one has (it stays after later ones
-    /// succeed: [`Budget::eviction_errors`] counts them).
-    pub fn last_eviction_error(&self) -> Option<String> {
-        self.last_error.lock().clone()
-    }
-
-    /// Notes a table under this budget (dropped tables are forgotten as they go).
-    fn register(&self, table: Weak<Table>) {
-        let mut members = self.members.lock();
-        members.retain(|t| t.strong_count() > 0);
-        members.push(table);
-    }
-
-    /// After a call's own eviction: the other tables' shares of what is still over the low
-    /// mark, on this thread (a table whose eviction runs already is skipped).
-    fn evict_others(&self, caller: &Table) {
-        let (_, _, low) = self.marks();
-        if self.used() <= low {
-            return;
-        }
-        let others: Vec<Arc<Table>> = self
-            .members
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|t| !std::ptr::eq(&**t, caller))
-            .collect();
-        for t in others {
-            if let Some(tier) = &t.tier {
-                // What is left over is the other tables' (the caller took its share): each
-                // takes as much of it as it can. A failure is noted in the budget; that
-                // table's next call meets it.
-                let _ = t.evict_share(tier, false, u64::MAX, Share::Rest);
-            }
-        }
-    }
-
-    /// A budget of `limit` bytes for several stores to share ([`crate::StoreOptions::with_shared_budget`]):
-    /// each table reports its bytes to it and evicts its share of the excess on the thread of
-    /// the call that brought rows in (no evictor thread). A table gives its bytes back when it
-    /// is dropped.
-    pub fn shared(limit: u64) -> Result<Arc<Self>> {
-        if limit == 0 {
-            return Err(Error::invalid("a memory budget must be at least 1 byte"));
-        }
-        Ok(Self::new(limit, false))
-    }
-
-    /// Replaces a table's `before` bytes by `after` in the total `of`; returns the new total.
-    fn adjust(of: &AtomicU64, before: u64, after: u64) -> u64 {
-        let update = |used: u64| Some(used.saturating_sub(before).saturating_add(after));
-        let prev = of.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
-        update(prev.unwrap_or_else(|v| v)).unwrap_or(0)
-    }
-
-    /// The eviction marks for the store's current bytes: `(background, over, low)`. The rows
-    /// eviction can free (hot and unpinned) may take what the indexes and pinned rows leave of
-    /// the budget — at least 5 % of it, so that a pinned working set larger than the budget
-    /// leaves a small cache rather than an eviction after every call that frees nothing.
-    /// Past `background` the evictor starts, past `over` calls evict themselves, and either
-    /// evicts down to `low`.
-    fn marks(&self) -> (u64, u64, u64) {
-        let fixed = self.fixed.load(Ordering::Relaxed);
-        let room = self.limit.saturating_sub(fixed).max(self.limit / 20) as f64;
-        let at = |share: f64| fixed.saturating_add((room * share) as u64);
-        (at(BACKGROUND_MARK), at(1.0), at(LOW_WATERMARK))
-    }
-
-    /// The budget in bytes.
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// Bytes the store's tables reported at their last call.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// Of [`Budget::used`], the bytes no eviction can free: indexes and pinned rows. When they
-    /// pass the budget (a pinned working set larger than it), the store holds them plus at
-    /// most 5 % of the budget of other rows.
-    pub fn fixed(&self) -> u64 {
-        self.fixed.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of the rows pinned in the store's tables, all together (at most 60 % of the
-    /// budget).
-    pub fn pinned(&self) -> u64 {
-        self.pinned.load(Ordering::Relaxed)
-    }
-
-    /// Whether evictions run on the store's evictor thread.
-    pub fn background(&self) -> bool {
-        self.evictor.is_some()
-    }
-
-    /// Hands `table` to the evictor (starting it if need be); false if there is no evictor,
-    /// it is stopped, or it could not be started (the caller then evicts itself).
-    fn queue(&self, table: Weak<Table>, queued: &std::sync::atomic::AtomicBool) -> bool {
-        let Some(ev) = &self.evictor else { return false };
-        let mut thread = ev.thread.lock();
-        if thread.is_none() {
-            let shared = ev.shared.clone();
-            let spawned = std::thread::Builder::new()
-                .name("embstore-evict".into())
-                .spawn(move || evictor_loop(&shared));
-            match spawned {
-                Ok(handle) => *thread = Some(handle),
-                Err(_) => return false,
-            }
-        }
-        drop(thread);
-        let mut q = ev.shared.queue.lock();
-        if q.stop {
-            return false;
-        }
-        if !queued.swap(true, Ordering::AcqRel) {
-            q.tables.push_back(table);
-            ev.shared.wake.notify_all();
-        }
-        true
-    }
-
-    /// Waits until the evictor has nothing queued or running (for tests and benchmarks that
-    /// read memory figures).
-    pub fn settle(&self) {
-        let Some(ev) = &self.evictor else { return };
-        let mut q = ev.shared.queue.lock();
-        while !q.stop && (q.busy || !q.tables.is_empty()) {
-            ev.shared.wake.wait(&mut q);
-        }
-    }
-
-    /// Stops the evictor and waits for its thread (when the store is dropped).
-    pub(crate) fn stop(&self) {
-        let Some(ev) = &self.evictor else { return };
-        ev.shared.queue.lock().stop = true;
-        ev.shared.wake.notify_all();
-        if let Some(handle) = ev.thread.lock().take() {
-            // Not on the evictor itself: it holds no store, so it never drops one.
-            let _ = handle.join();
-        }
-    }
-}
-
 /// Which part of the store's excess over its low mark a table evicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Share {
@@ -375,163 +100,10 @@ struct Report {
     evictable: u64,
 }
 
-fn evictor_loop(shared: &EvictorShared) {
-    loop {
-        let table = {
-            let mut q = shared.queue.lock();
-            loop {
-                if q.stop {
-                    q.tables.clear();
-                    shared.wake.notify_all();
-                    return;
-                }
-                if let Some(t) = q.tables.pop_front() {
-                    q.busy = true;
-                    break t;
-                }
-                shared.wake.wait(&mut q);
-            }
-        };
-        if let Some(table) = table.upgrade() {
-            if let Some(tier) = &table.tier {
-                tier.queued.store(false, Ordering::Release);
-                // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between
-                // them: calls wait for one round at most, never for a whole large eviction.
-                for _ in 0..1024 {
-                    // A failure (a full disk) is noted; the next call over the budget meets it.
-                    if !table.evict_share(tier, true, EVICTOR_ROUND, Share::Mine).unwrap_or(false) {
-                        break;
-                    }
-                    std::thread::yield_now();
-                }
-                // The other tables' shares too: no call of theirs may come to evict them.
-                tier.budget.evict_others(&table);
-                tier.trim_if_due();
-            }
-        }
-        let mut q = shared.queue.lock();
-        q.busy = false;
-        shared.wake.notify_all();
-    }
-}
-
-/// A shard's tier state (see the module docs).
-pub(crate) struct ShardTier {
-    pub(crate) cold: NeighborHash,
-    pub(crate) disk_loc: Vec<u64>,
-    pub(crate) keys: Vec<u64>,
-    pub(crate) policy: Box<dyn Eviction>,
-    config: EvictionConfig,
-    seed: u64,
-}
-
-impl std::fmt::Debug for ShardTier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardTier").field("cold", &self.cold.len()).finish_non_exhaustive()
-    }
-}
-
-impl ShardTier {
-    pub(crate) fn new(config: &EvictionConfig, seed: u64) -> Result<Self> {
-        Ok(Self {
-            cold: NeighborHash::new(),
-            disk_loc: Vec::new(),
-            keys: Vec::new(),
-            policy: config.build(seed),
-            config: config.clone(),
-            seed,
-        })
-    }
-
-    /// A fresh tier state of the same configuration (no rows, no cold index).
-    pub(crate) fn emptied(&self) -> Result<Self> {
-        Self::new(&self.config, self.seed)
-    }
-
-    /// Bytes beyond the hot rows' own: the cold index, and per hot slot its key, disk location
-    /// and policy state.
-    pub(crate) fn bytes(&self) -> usize {
-        self.cold.bytes() + self.keys.capacity() * self.slot_bytes()
-    }
-
-    /// Tier bytes per hot slot: key, disk location, policy state.
-    pub(crate) fn slot_bytes(&self) -> usize {
-        16 + self.policy.bytes_per_slot()
-    }
-
-    /// Notes `slot` (now holding `key`, with its disk copy at `disk`) as a new hot row.
-    pub(crate) fn on_insert(&mut self, slot: usize, key: u64, disk: u64) {
-        if slot >= self.keys.len() {
-            self.keys.resize(slot + 1, 0);
-            self.disk_loc.resize(slot + 1, NONE);
-        }
-        self.keys[slot] = key;
-        self.disk_loc[slot] = disk;
-        self.policy.on_insert(slot);
-    }
-}
-
-/// The segments a tiered table's locations point into, by file slot.
-#[derive(Debug, Default)]
-pub(crate) struct FileTable {
-    /// A reserved slot (a segment being written) holds `None` until it is installed.
-    slots: Vec<Option<(u64, Arc<SegmentReader>)>>,
-    free: Vec<u32>,
-}
-
-impl FileTable {
-    /// A free slot for a segment about to be written.
-    pub(crate) fn reserve(&mut self) -> Result<u32> {
-        match self.free.pop() {
-            Some(s) => Ok(s),
-            None if self.slots.len() < MAX_FILE_SLOTS => {
-                self.slots.push(None);
-                Ok((self.slots.len() - 1) as u32)
-            }
-            None => Err(Error::new(
-                ErrorKind::Capacity,
-                "a table's segments exceed 2^20 files; compaction is behind",
-            )),
-        }
-    }
-
-    /// Puts the sealed segment `seq` in `slot`.
-    pub(crate) fn install(&mut self, slot: u32, seq: u64, reader: Arc<SegmentReader>) {
-        self.slots[slot as usize] = Some((seq, reader));
-    }
-
-    /// Frees `slot` (a reservation that was not used, or a segment no location points into).
-    pub(crate) fn release(&mut self, slot: u32) {
-        self.slots[slot as usize] = None;
-        self.free.push(slot);
-    }
-
-    /// The slots of segments with seq below `seq`.
-    pub(crate) fn slots_below(&self, seq: u64) -> Vec<u32> {
-        (0..self.slots.len() as u32)
-            .filter(|&s| self.slots[s as usize].as_ref().is_some_and(|(q, _)| *q < seq))
-            .collect()
-    }
-
-    /// Whether `slot` holds a sealed, recorded segment.
-    pub(crate) fn installed(&self, slot: u32) -> bool {
-        matches!(self.slots.get(slot as usize), Some(Some(_)))
-    }
-
-    fn reader(&self, slot: u32) -> Result<Arc<SegmentReader>> {
-        match self.slots.get(slot as usize) {
-            Some(Some((_, r))) => Ok(r.clone()),
-            _ => Err(Error::corrupt(format!(
-                "a row points into file slot {slot}, which holds no segment"
-            ))),
-        }
-    }
-}
-
 /// A tiered table's state (see the module docs).
 pub(crate) struct Tier {
     gate: RwLock<()>,
-    pub(crate) files: RwLock<FileTable>,
+    files: RwLock<FileTable>,
     pins: Mutex<Pins>,
     budget: Arc<Budget>,
     /// This table's bytes, and of those the ones no eviction can free, as last added to the
@@ -540,15 +112,15 @@ pub(crate) struct Tier {
     reported_fixed: AtomicU64,
     /// Bytes of this table's pinned rows, as added to [`Budget::pinned`].
     pinned_bytes: AtomicU64,
-    pub(crate) durable: OnceLock<Weak<Durable>>,
+    durable: OnceLock<Weak<Durable>>,
     /// This table, for the evictor (set when its store attaches it).
-    me: OnceLock<Weak<Table>>,
+    me: OnceLock<Weak<dyn Reclaim>>,
     /// Whether the table waits in the evictor's queue.
     queued: std::sync::atomic::AtomicBool,
     evicting: Mutex<()>,
     /// Bytes of rows brought in or moved out since the heap was last trimmed ([`TRIM_AFTER`]).
     churn: AtomicU64,
-    pub(crate) counters: TierCounters,
+    counters: TierCounters,
 }
 
 impl Tier {
@@ -564,6 +136,49 @@ impl Tier {
             trim_heap();
         }
     }
+}
+
+impl Tier {
+    /// The file table, held for reading: no rewrite releases a slot meanwhile (an export holds
+    /// it from classifying keys to reading the rows on disk).
+    pub(crate) fn files(&self) -> parking_lot::RwLockReadGuard<'_, FileTable> {
+        self.files.read()
+    }
+
+    /// A file slot for a segment about to be written.
+    pub(crate) fn reserve_file(&self) -> Result<u32> {
+        self.files.write().reserve()
+    }
+
+    /// Frees a reserved file slot that no segment took.
+    pub(crate) fn release_file(&self, slot: u32) {
+        self.files.write().release(slot);
+    }
+
+    /// What the tier did, for `stats()`.
+    pub(crate) fn counts(&self) -> TierCounts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        TierCounts {
+            cold_reads: get(&c.cold_reads),
+            cold_ios: get(&c.cold_ios),
+            evicted_rows: get(&c.evicted_rows),
+            eviction_rounds: get(&c.eviction_rounds),
+            errors: get(&c.errors),
+            last_error: c.last_error.lock().clone(),
+        }
+    }
+}
+
+/// A copy of [`TierCounters`] (see [`Tier::counts`]).
+#[derive(Debug, Default)]
+pub(crate) struct TierCounts {
+    pub(crate) cold_reads: u64,
+    pub(crate) cold_ios: u64,
+    pub(crate) evicted_rows: u64,
+    pub(crate) eviction_rounds: u64,
+    pub(crate) errors: u64,
+    pub(crate) last_error: Option<String>,
 }
 
 impl std::fmt::Debug for Tier {
@@ -647,9 +262,9 @@ impl Drop for Entered<'_> {
 impl Drop for Tier {
     /// Gives the table's bytes back to the budget (which may outlive it: a shared one).
     fn drop(&mut self) {
-        Budget::adjust(&self.budget.used, *self.reported.get_mut(), 0);
-        Budget::adjust(&self.budget.fixed, *self.reported_fixed.get_mut(), 0);
-        Budget::adjust(&self.budget.pinned, *self.pinned_bytes.get_mut(), 0);
+        self.budget.adjust_used(*self.reported.get_mut(), 0);
+        self.budget.adjust_fixed(*self.reported_fixed.get_mut(), 0);
+        self.budget.sub_pinned(*self.pinned_bytes.get_mut());
     }
 }
 
@@ -661,8 +276,7 @@ impl Table {
         config: EvictionConfig,
     ) -> Result<()> {
         for (i, shard) in self.shards.iter().enumerate() {
-            shard.write().tier =
-                Some(Box::new(ShardTier::new(&config, self.config.seed ^ i as u64)?));
+            shard.write().attach_cold(ColdSide::new(&config, self.config.seed ^ i as u64)?);
         }
         self.tier = Some(Box::new(Tier {
             gate: RwLock::new(()),
@@ -692,8 +306,9 @@ impl Table {
     pub(crate) fn attach_durable(self: &Arc<Self>, durable: &Arc<Durable>) {
         if let Some(t) = &self.tier {
             let _ = t.durable.set(Arc::downgrade(durable));
-            if t.me.set(Arc::downgrade(self)).is_ok() {
-                t.budget.register(Arc::downgrade(self));
+            let me: Weak<dyn Reclaim> = Arc::downgrade(self) as Weak<Table>;
+            if t.me.set(me.clone()).is_ok() {
+                t.budget.register(me);
             }
         }
     }
@@ -734,6 +349,71 @@ impl Table {
         self.tier.as_ref().map(|t| t.gate.read_recursive())
     }
 
+    /// A file slot for a segment about to be written, in a tiered table (`None` otherwise).
+    pub(crate) fn reserve_file_slot(&self) -> Result<Option<u32>> {
+        self.tier.as_ref().map(|t| t.reserve_file()).transpose()
+    }
+
+    /// Frees a slot from [`Table::reserve_file_slot`] that no segment took.
+    pub(crate) fn release_file_slot(&self, slot: Option<u32>) {
+        if let (Some(t), Some(s)) = (&self.tier, slot) {
+            t.release_file(s);
+        }
+    }
+
+    /// A tiered table's file table, held for reading (see [`Tier::files`]).
+    pub(crate) fn cold_files(&self) -> Option<parking_lot::RwLockReadGuard<'_, FileTable>> {
+        self.tier.as_ref().map(|t| t.files())
+    }
+
+    /// What the tier did, for `stats()` (all 0 without a memory budget).
+    pub(crate) fn tier_counts(&self) -> TierCounts {
+        self.tier.as_ref().map(|t| t.counts()).unwrap_or_default()
+    }
+
+    /// Indexes the sealed segment `seq` (read by `r`, at open) as a tiered table's: its
+    /// records make their keys cold ([`Table::replay_footer`]) in a new file slot. Returns the
+    /// records indexed.
+    pub(crate) fn replay_cold(
+        &self,
+        seq: u64,
+        r: SegmentReader,
+        keep: Option<(usize, usize)>,
+    ) -> Result<u64> {
+        let tier = self.tier.as_ref().expect("tiered");
+        let slot = tier.files.write().reserve()?;
+        let n = self.replay_footer(slot, &r, keep)?;
+        tier.files.write().install(slot, seq, Arc::new(r));
+        Ok(n)
+    }
+
+    /// The hook a durable store calls once the manifest records segment `seq`, written into
+    /// file slot `file` of this tiered table: the segment (`reader`, `None` if it kept no row)
+    /// takes its slot; after a rewrite or a clear (`cleared`), rows on disk move to their new
+    /// records (`moved`) and the older segments' slots go.
+    pub(crate) fn on_segment_committed(
+        &self,
+        file: u32,
+        seq: u64,
+        reader: Option<Arc<SegmentReader>>,
+        cleared: bool,
+        moved: &[crate::durable::Moved],
+    ) {
+        let Some(t) = &self.tier else { return };
+        match reader {
+            Some(r) => t.files.write().install(file, seq, r),
+            None => t.files.write().release(file),
+        }
+        if cleared {
+            // Rows on disk move to the new segment before the old ones' slots go; rows in
+            // memory whose clean copy was in an old segment become dirty.
+            let old = t.files.read().slots_below(seq);
+            self.relocate_cold(moved, &old);
+            let mut files = t.files.write();
+            old.into_iter().for_each(|s| files.release(s));
+        }
+    }
+
     /// Appends every row on disk to `w` (a rewrite into file slot `file`): returns each one's
     /// key with its old and new location.
     pub(crate) fn copy_cold(
@@ -749,7 +429,7 @@ impl Table {
         for lock in self.shards.iter() {
             let mut cold: Vec<(u64, u64)> = {
                 let shard = lock.read();
-                shard.tier.as_ref().expect("tiered").cold.iter().collect()
+                shard.cold.as_ref().expect("tiered").index.iter().collect()
             };
             cold.sort_unstable_by_key(|&(_, l)| l);
             for part in cold.chunks(4096) {
@@ -767,7 +447,7 @@ impl Table {
             let keys: Vec<(u64, usize)> =
                 shard.index.iter().map(|(k, s)| (k, s as usize)).collect();
             for (key, slot) in keys {
-                let t = shard.tier.as_mut().expect("tiered");
+                let t = shard.cold.as_mut().expect("tiered");
                 let disk = t.disk_loc[slot];
                 if shard.meta[slot].is_dirty() || disk == NONE || !old.contains(&loc_parts(disk).0)
                 {
@@ -793,11 +473,11 @@ impl Table {
         for (lock, moved) in self.shards.iter().zip(by_shard) {
             let mut shard = lock.write();
             let shard = &mut *shard;
-            let Some(t) = shard.tier.as_mut() else { continue };
+            let Some(t) = shard.cold.as_mut() else { continue };
             for &&(key, from, to) in &moved {
-                if t.cold.get(key) == Some(from) {
+                if t.index.get(key) == Some(from) {
                     // Replacing a key's payload cannot fail for lack of room.
-                    let _ = t.cold.insert(key, to);
+                    let _ = t.index.insert(key, to);
                 }
             }
             let stale: Vec<(u64, usize)> = shard
@@ -809,7 +489,7 @@ impl Table {
                 })
                 .collect();
             for (key, slot) in stale {
-                shard.tier.as_mut().expect("tiered").disk_loc[slot] = NONE;
+                shard.cold.as_mut().expect("tiered").disk_loc[slot] = NONE;
                 shard.mark_dirty(slot, key);
             }
         }
@@ -831,14 +511,14 @@ impl Table {
                 continue;
             }
             let shard = self.shards[s].read();
-            let t = shard.tier.as_ref().expect("a tiered table's shards are tiered");
+            let t = shard.cold.as_ref().expect("a tiered table's shards are tiered");
             if access == Access::ByCaller {
                 // Hot and cold indexes hold disjoint keys: the cold probe alone finds the rows
                 // to read (the caller's own probe notes the accesses).
-                if !t.cold.is_empty() {
+                if !t.index.is_empty() {
                     slots.clear();
                     slots.resize(keys.len(), 0);
-                    t.cold.get_batch(keys, &mut slots)?;
+                    t.index.get_batch(keys, &mut slots)?;
                     let found = keys.iter().zip(&slots).filter(|(_, &l)| l != MISSING);
                     wanted.extend(found.map(|(&id, &l)| (id, l)));
                 }
@@ -856,12 +536,12 @@ impl Table {
                     slot => t.policy.on_access(slot as usize),
                 }
             }
-            if misses.is_empty() || t.cold.is_empty() {
+            if misses.is_empty() || t.index.is_empty() {
                 continue;
             }
             slots.clear();
             slots.resize(misses.len(), 0);
-            t.cold.get_batch(&misses, &mut slots)?;
+            t.index.get_batch(&misses, &mut slots)?;
             for (&id, &l) in misses.iter().zip(&slots) {
                 if l != MISSING {
                     wanted.push((id, l));
@@ -897,8 +577,8 @@ impl Table {
                 let (a, b) = span(busy[i]);
                 let mut shard = self.shards[busy[i]].write();
                 for ((key, l), rec) in wanted[a..b].iter().zip(&records[a - lo..b - lo]) {
-                    let t = shard.tier.as_ref().expect("tiered");
-                    if shard.index.get(*key).is_some() || t.cold.get(*key) != Some(*l) {
+                    let t = shard.cold.as_ref().expect("tiered");
+                    if shard.index.get(*key).is_some() || t.index.get(*key) != Some(*l) {
                         continue; // another call promoted it (or it moved) meanwhile
                     }
                     shard.promote(*key, *l, rec)?;
@@ -919,7 +599,7 @@ impl Table {
     ) -> Result<Vec<Record>> {
         // All records whose pages can be read directly go to the I/O engine in one batch, all
         // in flight together: each record's 1–2 aligned pages, merged with its neighbours' in
-        // the same file when they share a page or lie close ([`merged_reads`]). The rest are
+        // the same file when they share a page or lie close ([`merged_reads`](crate::disk::plan::merged_reads)). The rest are
         // read one by one through the file layer.
         let mut out: Vec<Option<Record>> = vec![None; wanted.len()];
         let mut ranges = Vec::new();
@@ -978,7 +658,7 @@ impl Table {
             // Freed slots count as rows: their memory is still held (eviction moves rows down
             // into them and gives the room back, see `Shard::compact_tiered`).
             let held = shard.slots();
-            let t = shard.tier.as_ref().map_or(0, |t| t.cold.bytes() + held * t.slot_bytes());
+            let t = shard.cold.as_ref().map_or(0, |t| t.index.bytes() + held * t.slot_bytes());
             b += held * row + shard.index.bytes() + t;
             rows += shard.len();
         }
@@ -991,13 +671,9 @@ impl Table {
         let pinned = tier.pins.lock().len().min(hot) as u64;
         let evictable = ((hot as u64 - pinned) * self.evict_row_bytes()).min(mine);
         let before = tier.reported_fixed.swap(mine - evictable, Ordering::Relaxed);
-        Budget::adjust(&tier.budget.fixed, before, mine - evictable);
+        tier.budget.adjust_fixed(before, mine - evictable);
         let before = tier.reported.swap(mine, Ordering::Relaxed);
-        Report {
-            used: Budget::adjust(&tier.budget.used, before, mine),
-            grew: mine > before,
-            evictable,
-        }
+        Report { used: tier.budget.adjust_used(before, mine), grew: mine > before, evictable }
     }
 
     /// After a call: reports this table's memory. A call that brought rows in and left the
@@ -1020,7 +696,7 @@ impl Table {
             if used <= background {
                 return;
             }
-            let me = tier.me.get().cloned().unwrap_or_default();
+            let me = tier.me.get().cloned().unwrap_or_else(|| Weak::<Table>::new());
             if (used <= over || !grew) && tier.budget.queue(me, &tier.queued) {
                 return;
             }
@@ -1083,8 +759,7 @@ impl Table {
             let message = e.to_string();
             tier.counters.errors.fetch_add(1, Ordering::Relaxed);
             *tier.counters.last_error.lock() = Some(message.clone());
-            tier.budget.errors.fetch_add(1, Ordering::Relaxed);
-            *tier.budget.last_error.lock() = Some(message);
+            tier.budget.note_error(message);
             self.report(tier);
             return Err(e);
         }
@@ -1126,7 +801,7 @@ impl Table {
                 let want = (per_shard - keys.len()).min(VICTIM_CHUNK);
                 let mut shard = lock.write();
                 let shard = &mut *shard;
-                let t = shard.tier.as_mut().expect("tiered");
+                let t = shard.cold.as_mut().expect("tiered");
                 slots.clear();
                 let (tk, ch) = (&t.keys, &chosen);
                 let held =
@@ -1227,13 +902,13 @@ impl Table {
             *pins.entry(k).or_insert(0) += 1;
         }
         let row = self.evict_row_bytes();
-        let limit = (tier.budget.limit as f64 * MAX_PINNED_FRACTION) as u64;
+        let limit = (tier.budget.limit() as f64 * MAX_PINNED_FRACTION) as u64;
         let added = (pins.len() - before) as u64 * row;
         // The pins of every table under the budget count (when each table checked only its
         // own, seven tables pinned 1.8 times the budget between them).
-        let total = tier.budget.pinned.fetch_add(added, Ordering::Relaxed) + added;
+        let total = tier.budget.add_pinned(added);
         if added > 0 && total > limit {
-            tier.budget.pinned.fetch_sub(added, Ordering::Relaxed);
+            tier.budget.sub_pinned(added);
             let rows = pins.len() - before;
             unpin_locked(&mut pins, ids);
             return Err(Error::new(
@@ -1242,7 +917,7 @@ impl Table {
                     "pinning {rows} more rows would take {total} bytes of pinned rows, over 60 % \
                      of the memory budget ({} bytes); raise memory_budget_bytes or use smaller \
                      batches",
-                    tier.budget.limit
+                    tier.budget.limit()
                 ),
             ));
         }
@@ -1261,7 +936,7 @@ impl Table {
             unpin_locked(&mut pins, ids);
             let freed = (before - pins.len()) as u64 * self.evict_row_bytes();
             tier.pinned_bytes.fetch_sub(freed, Ordering::Relaxed);
-            tier.budget.pinned.fetch_sub(freed, Ordering::Relaxed);
+            tier.budget.sub_pinned(freed);
         }
         let Report { used, .. } = self.report(tier);
         let (_, over, _) = tier.budget.marks();
@@ -1274,7 +949,7 @@ impl Table {
 
     /// Rows on disk only.
     pub(crate) fn cold_rows(&self) -> usize {
-        self.shards.iter().map(|s| s.read().tier.as_ref().map_or(0, |t| t.cold.len())).sum()
+        self.shards.iter().map(|s| s.read().cold_len()).sum()
     }
 
     /// Indexes the records of a sealed segment in `slot` (at open): a record makes its key
@@ -1293,11 +968,11 @@ impl Table {
                 return Ok(());
             }
             let mut shard = self.shards[self.shard_of(key)].write();
-            let t = shard.tier.as_mut().expect("tiered");
+            let t = shard.cold.as_mut().expect("tiered");
             if tombstone {
-                t.cold.remove(key);
+                t.index.remove(key);
             } else {
-                t.cold.insert(key, loc(slot, i))?;
+                t.index.insert(key, loc(slot, i))?;
             }
             n += 1;
             Ok(())
@@ -1324,96 +999,27 @@ impl Table {
     }
 }
 
-impl crate::shard::Shard {
-    /// Moves the cold row `key` (read from `l`) into memory, clean.
-    pub(crate) fn promote(&mut self, key: u64, l: u64, rec: &Record) -> Result<()> {
-        let mut meta = PackedMeta::pack(&rec.meta);
-        meta.set_dirty(false);
-        let slot = self.insert_clean(key, meta)?;
-        self.values.row_mut(slot).copy_from_slice(&rec.values);
-        self.state.row_mut(slot).copy_from_slice(&rec.state);
-        let t = self.tier.as_mut().expect("tiered");
-        t.cold.remove(key);
-        t.on_insert(slot, key, l);
-        Ok(())
+impl Reclaim for Table {
+    fn reclaim_rest(&self) {
+        if let Some(tier) = &self.tier {
+            let _ = self.evict_share(tier, false, u64::MAX, Share::Rest);
+        }
     }
 
-    /// Moves the hot row `key` to the cold index if it is clean with a disk copy; whether it
-    /// did.
-    pub(crate) fn demote(&mut self, key: u64, durable: impl Fn(u64) -> bool) -> Result<bool> {
-        let Some(slot) = self.slot(key) else { return Ok(false) };
-        let t = self.tier.as_ref().expect("tiered");
-        let disk = t.disk_loc[slot];
-        if self.meta[slot].is_dirty() || disk == NONE || !durable(disk) {
-            return Ok(false);
+    fn reclaim_queued(&self) {
+        let Some(tier) = &self.tier else { return };
+        tier.queued.store(false, Ordering::Release);
+        // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between them: calls
+        // wait for one round at most, never for a whole large eviction.
+        for _ in 0..1024 {
+            // A failure (a full disk) is noted; the next call over the budget meets it.
+            if !self.evict_share(tier, true, EVICTOR_ROUND, Share::Mine).unwrap_or(false) {
+                break;
+            }
+            std::thread::yield_now();
         }
-        self.tier.as_mut().expect("tiered").cold.insert(key, disk)?;
-        self.drop_row(key);
-        Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Every record's pages lie inside its read, reads stay page-aligned and within
-        /// MAX_READ (but for one record sharing a page), two reads never overlap in one file,
-        /// and records that share a page (or lie within MERGE_GAP) share a read.
-        #[test]
-        fn merged_reads_cover_every_record_once(
-            recs in proptest::collection::vec((0i32..3, 0u64..400, 1usize..3, 0usize..4096), 0..300)
-        ) {
-            let mut ranges: Vec<DirectRange> = recs
-                .iter()
-                .enumerate()
-                .map(|(n, &(fd, page, pages, skip))| DirectRange {
-                    fd,
-                    offset: page * 4096,
-                    len: pages * 4096,
-                    skip: skip.min(pages * 4096 - 1),
-                    n,
-                })
-                .collect();
-            let by_n: Vec<DirectRange> = ranges.clone();
-            let (reqs, at) = merged_reads(&mut ranges);
-            prop_assert_eq!(at.len(), recs.len());
-            for q in &reqs {
-                prop_assert!(q.offset % 4096 == 0 && q.len % 4096 == 0);
-                // Past MAX_READ only by one record's pages (at most 2) that share a page.
-                prop_assert!(q.len as u64 <= MAX_READ + 2 * 4096);
-            }
-            for (i, a) in reqs.iter().enumerate() {
-                for b in &reqs[i + 1..] {
-                    let disjoint = a.fd != b.fd
-                        || a.offset + a.len as u64 <= b.offset
-                        || b.offset + b.len as u64 <= a.offset;
-                    prop_assert!(disjoint, "{:?} and {:?} overlap", (a.fd, a.offset, a.len), (b.fd, b.offset, b.len));
-                }
-            }
-            let mut seen = vec![false; recs.len()];
-            for &(n, req, from) in &at {
-                let (r, q) = (by_n[n], &reqs[req]);
-                seen[n] = true;
-                prop_assert_eq!(q.fd, r.fd);
-                prop_assert_eq!(q.offset + from as u64, r.offset + r.skip as u64);
-                prop_assert!(r.offset >= q.offset);
-                prop_assert!(r.offset + r.len as u64 <= q.offset + q.len as u64);
-            }
-            prop_assert!(seen.iter().all(|&s| s));
-            // Adjacent reads of one file are apart by more than MERGE_GAP, or the second
-            // would have made the first longer than MAX_READ.
-            let mut sorted: Vec<_> = reqs.iter().collect();
-            sorted.sort_by_key(|q| (q.fd, q.offset));
-            for w in sorted.windows(2) {
-                if w[0].fd == w[1].fd {
-                    let gap = w[1].offset - (w[0].offset + w[0].len as u64);
-                    let merged = w[1].offset + w[1].len as u64 - w[0].offset;
-                    prop_assert!(gap > MERGE_GAP || merged > MAX_READ);
-                }
-            }
-        }
+        // The other tables' shares too: no call of theirs may come to evict them.
+        tier.budget.evict_others(self);
+        tier.trim_if_due();
     }
 }
