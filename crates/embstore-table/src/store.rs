@@ -83,6 +83,12 @@ pub struct StoreOptions {
     pub shared_budget: Option<Arc<crate::budget::Budget>>,
 }
 
+impl crate::tier::Spill for Durable {
+    fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
+        Durable::write_rows_of(self, table, keys)
+    }
+}
+
 impl Drop for Store {
     /// Stops the store's evictor (it finishes the eviction in flight first).
     fn drop(&mut self) {

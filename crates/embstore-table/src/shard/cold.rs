@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use embstore_index::NeighborHash;
+use embstore_index::{NeighborHash, MISSING};
 
 use super::Shard;
 use crate::disk::segment::{Record, SegmentReader};
@@ -149,6 +149,67 @@ impl FileTable {
 }
 
 impl Shard {
+    /// Appends to `cold` the ids among `keys` whose rows are on disk, with their locations;
+    /// with `note_hot`, notes an access to each id in memory for the replacement policy (else
+    /// the caller's own probe does, and only the cold index is probed here). Batched probes:
+    /// the index prefetches ahead. `slots` and `misses` are scratch space.
+    pub(crate) fn find_cold(
+        &self,
+        keys: &[u64],
+        note_hot: bool,
+        slots: &mut Vec<u64>,
+        misses: &mut Vec<u64>,
+        cold: &mut Vec<(u64, u64)>,
+    ) -> Result<()> {
+        let t = self.cold.as_ref().expect("a tiered table's shards are tiered");
+        if !note_hot {
+            // Hot and cold indexes hold disjoint keys: the cold probe alone finds the rows to
+            // read.
+            if !t.index.is_empty() {
+                slots.clear();
+                slots.resize(keys.len(), 0);
+                t.index.get_batch(keys, slots)?;
+                let found = keys.iter().zip(slots.iter()).filter(|(_, &l)| l != MISSING);
+                cold.extend(found.map(|(&id, &l)| (id, l)));
+            }
+            return Ok(());
+        }
+        // The hot index, then the cold index for the misses.
+        slots.clear();
+        slots.resize(keys.len(), 0);
+        self.index.get_batch(keys, slots)?;
+        misses.clear();
+        for (&id, &slot) in keys.iter().zip(slots.iter()) {
+            match slot {
+                MISSING => misses.push(id),
+                slot => t.policy.on_access(slot as usize),
+            }
+        }
+        if misses.is_empty() || t.index.is_empty() {
+            return Ok(());
+        }
+        slots.clear();
+        slots.resize(misses.len(), 0);
+        t.index.get_batch(misses, slots)?;
+        for (&id, &l) in misses.iter().zip(slots.iter()) {
+            if l != MISSING {
+                cold.push((id, l));
+            }
+        }
+        Ok(())
+    }
+
+    /// Promotes `key` from `l` (its record `rec`) unless it is in memory already or its row
+    /// moved meanwhile (another call promoted it, or a rewrite relocated it).
+    #[inline]
+    pub(crate) fn promote_if_cold(&mut self, key: u64, l: u64, rec: &Record) -> Result<()> {
+        let t = self.cold.as_ref().expect("tiered");
+        if self.index.get(key).is_some() || t.index.get(key) != Some(l) {
+            return Ok(());
+        }
+        self.promote(key, l, rec)
+    }
+
     /// Moves the cold row `key` (read from `l`) into memory, clean.
     pub(crate) fn promote(&mut self, key: u64, l: u64, rec: &Record) -> Result<()> {
         let mut meta = PackedMeta::pack(&rec.meta);
