@@ -35,6 +35,7 @@ use crate::config::{config_text, parse_config_text};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
 use crate::disk::vfs::Vfs;
+use crate::tier::Gate;
 use crate::version::{now_ms, Clock};
 use crate::{Error, ErrorKind, Result, Table};
 

@@ -1,6 +1,8 @@
 //! [`Export`]: a table's rows in chunks, with their optimizer state and metadata.
 
-use crate::{RowMeta, Table};
+use crate::shard::cold::FileTable;
+use crate::tier::Gate;
+use crate::{Result, RowMeta, Table};
 
 /// One chunk of [`Table::export`]: `n` rows, and what an import needs to check they fit.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,7 +125,7 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             // Rows on disk are read from their segments, not brought into memory. A read that
             // fails (a damaged segment) ends the export with an error (`take_error`).
             if let (false, Some(files)) = (cold.is_empty(), &files) {
-                if let Err(e) = t.export_cold(files, &cold, &mut chunk) {
+                if let Err(e) = read_cold(t, files, &cold, &mut chunk) {
                     self.error = Some(e);
                     self.next = self.keys.len();
                     self.shard = t.shards.len();
@@ -135,4 +137,21 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             }
         }
     }
+}
+
+/// Appends the rows `wanted` of `t` (key and disk location, captured with `files` held) to
+/// `chunk`, read from disk without promoting them.
+fn read_cold(
+    t: &Table,
+    files: &FileTable,
+    wanted: &[(u64, u64)],
+    chunk: &mut RowChunk,
+) -> Result<()> {
+    for ((key, _), rec) in wanted.iter().zip(t.read_cold(files, wanted)?) {
+        chunk.ids.push(*key);
+        chunk.values.extend_from_slice(&rec.values);
+        chunk.state.extend_from_slice(&rec.state);
+        chunk.meta.push(rec.meta);
+    }
+    Ok(())
 }

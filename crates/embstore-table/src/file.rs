@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{config_text, parse_config_text};
 use crate::stats::Counters;
 use crate::table::same_layout;
+use crate::tier::Gate;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table, TableConfig, Version};
 
 const MAGIC: &[u8; 8] = b"EMBSTBL1";

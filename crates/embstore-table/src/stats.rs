@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::tier::Gate;
 use crate::Table;
 
 /// Counters and sizes of a table (see [`Table::stats`]).

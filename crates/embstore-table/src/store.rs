@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use crate::config::validate_name;
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::durable::{Durable, FlushStats, RecoveryReport, Tiering};
+use crate::tier::Gate;
 use crate::version::Clock;
 use crate::{file, Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
@@ -83,7 +84,7 @@ pub struct StoreOptions {
     pub shared_budget: Option<Arc<crate::budget::Budget>>,
 }
 
-impl crate::tier::Spill for Durable {
+impl crate::tier::Spill<Table> for Durable {
     fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
         Durable::write_rows_of(self, table, keys)
     }

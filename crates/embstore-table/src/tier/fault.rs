@@ -1,5 +1,5 @@
 //! Fault-in: a call on a tiered table brings the rows of its ids that are on disk into memory
-//! before it runs ([`Table::enter`]): under each shard's read lock it notes an access for every
+//! before it runs ([`Gate::enter`]): under each shard's read lock it notes an access for every
 //! hot id and collects the cold ones, reads their records in one batch from the segments (each
 //! checked against its CRC and key), and promotes them under the shard's write lock (unless
 //! another call did first). No lock or dynamic call is added per row: the engine is reached once
@@ -8,12 +8,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
-use super::{Entered, Tier};
+use super::reclaim::Evict;
+use super::{Entered, Host, Tier};
 use crate::batch::Groups;
 use crate::disk::plan::{merged_reads, DirectRange};
 use crate::disk::segment::Record;
 use crate::shard::cold::{loc_parts, FileTable};
-use crate::{Error, Result, Table};
+use crate::{Error, Result};
 
 /// Cold rows a call reads and promotes per round: its temporaries (records and their page
 /// buffers, ~5 KiB a row) stay near 20 MiB, which the allocator reuses from call to call,
@@ -28,30 +29,32 @@ fn engine() -> &'static dyn crate::disk::io::ReadEngine {
 
 /// Who notes a call's accesses to rows already in memory, for the replacement policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Access {
+pub(crate) enum Access {
     /// `fault_in`, which probes the hot index for them.
     Noted,
-    /// The call itself, in its shard pass ([`Table::note_accesses`]).
+    /// The call itself, in its shard pass
+    /// ([`Shard::note_accesses`](crate::shard::Shard::note_accesses)).
     ByCaller,
 }
 
-impl Table {
+/// Fault-in, for the table above the tier ([`Host`]).
+pub(crate) trait Fault: Host {
     /// Promotes the cold ids among `groups` (and with [`Access::Noted`], notes accesses to the
     /// hot ones): one read lock per shard to sort them out, one batch of reads for all of them,
     /// then the shards promote their rows in parallel.
-    pub(super) fn fault_in(&self, tier: &Tier, groups: &Groups, access: Access) -> Result<usize> {
+    fn fault_in(&self, tier: &Tier, groups: &Groups, access: Access) -> Result<usize> {
         // Held from capturing locations to reading them: a rewrite cannot release the slots
         // they point into meanwhile (it takes the file table for writing).
         let files = tier.files.read();
         let files = &*files;
-        let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards.len()];
+        let mut cold: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.shards().len()];
         let (mut slots, mut misses) = (Vec::new(), Vec::new());
         for (s, wanted) in cold.iter_mut().enumerate() {
             let (keys, _) = groups.shard(s);
             if keys.is_empty() {
                 continue;
             }
-            let shard = self.shards[s].read();
+            let shard = self.shards()[s].read();
             let note_hot = access == Access::Noted;
             shard.find_cold(keys, note_hot, &mut slots, &mut misses, wanted)?;
         }
@@ -78,7 +81,7 @@ impl Table {
         Ok(wanted.len())
     }
 
-    /// One round of [`Table::fault_in`]: reads the records of `wanted[round]` (by shard between
+    /// One round of [`Fault::fault_in`]: reads the records of `wanted[round]` (by shard between
     /// `bounds`) and promotes them, the shards in parallel.
     fn promote_round(
         &self,
@@ -99,7 +102,7 @@ impl Table {
             .collect();
         crate::sched::Scheduler::global().run(busy.len(), busy.len() > 1, |i| {
             let (a, b) = span(busy[i]);
-            let mut shard = self.shards[busy[i]].write();
+            let mut shard = self.shards()[busy[i]].write();
             for ((key, l), rec) in wanted[a..b].iter().zip(&records[a - lo..b - lo]) {
                 // Unless another call promoted it (or it moved) meanwhile.
                 shard.promote_if_cold(*key, *l, rec)?;
@@ -109,7 +112,7 @@ impl Table {
     }
 
     /// Reads the records at `locs` (sorted by location), checking each one's key.
-    pub(super) fn read_records(
+    fn read_records(
         &self,
         files: &FileTable,
         tier: &Tier,
@@ -117,7 +120,7 @@ impl Table {
     ) -> Result<Vec<Record>> {
         // All records whose pages can be read directly go to the I/O engine in one batch, all
         // in flight together: each record's 1–2 aligned pages, merged with its neighbours' in
-        // the same file when they share a page or lie close ([`merged_reads`](crate::disk::plan::merged_reads)). The rest are
+        // the same file when they share a page or lie close ([`merged_reads`]). The rest are
         // read one by one through the file layer.
         let mut out: Vec<Option<Record>> = vec![None; wanted.len()];
         let mut ranges = Vec::new();
@@ -165,10 +168,10 @@ impl Table {
     /// Brings the rows of `ids` that are on disk into memory, as a call on them would, and
     /// returns how many it read; rows in memory count as used, ids with no row are ignored,
     /// and no value changes. For a pipeline that reads batch n+1's rows while batch n trains
-    /// (pin them first, with [`Table::pin`], so that no eviction drops them before their
-    /// batch). A no-op (0) on a table without a memory budget.
-    pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
-        let Some(tier) = &self.tier else { return Ok(0) };
+    /// (pin them first, with [`Table::pin`](crate::Table::pin), so that no eviction drops them
+    /// before their batch). A no-op (0) on a table without a memory budget.
+    fn prefetch(&self, ids: &[u64]) -> Result<usize> {
+        let Some(tier) = self.tier() else { return Ok(0) };
         let groups = self.group(ids)?;
         self.make_room(tier)?;
         let gate = tier.gate.read();
@@ -177,3 +180,5 @@ impl Table {
         read
     }
 }
+
+impl<H: Host> Fault for H {}

@@ -4,9 +4,9 @@
 //! The tier is a layer under the table, over the shards' cold sides
 //! ([`crate::shard::cold`]: cold index, disk locations, file slots, promote and demote):
 //! - the **gate** (here): a call on a tiered table (lookup, contains, apply_gradients, assign,
-//!   import, remove, meta) holds it for reading ([`Table::enter`]), `clear`, `load` and
-//!   demotion for writing; and the hooks a durable store calls ([`Table::replay_cold`] at open,
-//!   [`Table::on_segment_committed`] after each segment, [`Table::copy_cold`] in a rewrite);
+//!   import, remove, meta) holds it for reading ([`Gate::enter`]), `clear`, `load` and
+//!   demotion for writing; and the hooks a durable store calls ([`Gate::replay_cold`] at open,
+//!   [`Gate::on_segment_committed`] after each segment, [`Gate::copy_cold`] in a rewrite);
 //! - **fault-in** (`fault`): the call's cold ids are read from the segments and promoted before
 //!   it runs, so it runs exactly as on an in-memory table and every row it touches is in memory;
 //! - **reclaim** (`reclaim`): after the call (gate released) the table reports its memory to the
@@ -30,20 +30,55 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::batch::Groups;
 use crate::budget::{Budget, Reclaim};
-use crate::disk::segment::SegmentReader;
-use crate::evict::EvictionConfig;
-use crate::shard::cold::{loc, loc_parts, ColdSide, FileTable, NONE};
-use crate::{Result, RowChunk, Table};
+use crate::disk::segment::{Record, SegmentReader};
+use crate::shard::cold::{loc, loc_parts, FileTable, NONE};
+use crate::shard::Shard;
+use crate::version::Version;
+use crate::Result;
+
+pub(crate) use self::fault::Fault;
+pub(crate) use self::pins::Pinning;
+pub(crate) use self::reclaim::Evict;
 
 use self::fault::Access;
 use self::pins::Pins;
 
+/// What the tier needs of the table above it: its shards, their layout and the tier it holds.
+/// The tier's calls ([`Gate`], [`Fault`], [`Evict`], [`Pinning`]) are generic over it, so they
+/// are compiled for the table itself: no dynamic call on the fault-in or lookup path.
+pub(crate) trait Host: Send + Sync + Sized + 'static {
+    /// The shards, each behind its lock.
+    fn shards(&self) -> &[RwLock<Shard>];
+    /// The shard of `key`.
+    fn shard_of(&self, key: u64) -> usize;
+    /// The shard of `key` among `num_shards` serving shards (the sharding contract).
+    fn serving_shard_of(&self, key: u64, num_shards: usize) -> usize;
+    /// Values per row.
+    fn dim(&self) -> usize;
+    /// Optimizer state floats per row.
+    fn state_dim(&self) -> usize;
+    /// `ids` grouped by shard (checks that the table is live).
+    fn group(&self, ids: &[u64]) -> Result<Groups>;
+    /// Notes a version read from disk, so that later writes get greater ones.
+    fn observe(&self, version: Version);
+    /// The tier, in a table with a memory budget.
+    fn tier(&self) -> Option<&Tier>;
+}
+
 /// Where a tiered table writes the dirty rows an eviction chose, durably, before it drops them:
 /// its store. A trait, so that the tier names no store; called once per eviction round.
-pub(crate) trait Spill: Send + Sync {
+pub(crate) trait Spill<H>: Send + Sync + 'static {
     /// Writes the rows of `keys` of `table` that are dirty to a new segment, recorded in the
     /// manifest, and sets their disk locations (they are clean after it).
-    fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()>;
+    fn write_rows_of(&self, table: &H, keys: &[u64]) -> Result<()>;
+}
+
+/// A table's [`Spill`] bound to it ([`Gate::attach_durable`]): fails once the store is gone.
+type SpillFn = dyn Fn(&[u64]) -> Result<()> + Send + Sync;
+
+/// The error of an eviction whose store is closed.
+fn store_closed() -> crate::Error {
+    crate::Error::new(crate::ErrorKind::Io, "the store of this table is closed; cannot evict")
 }
 
 /// A row on disk copied by a rewrite: (key, old location, new location).
@@ -61,7 +96,7 @@ pub(crate) struct Tier {
     reported_fixed: AtomicU64,
     /// Bytes of this table's pinned rows, as added to [`Budget::pinned`].
     pinned_bytes: AtomicU64,
-    durable: OnceLock<Weak<dyn Spill>>,
+    durable: OnceLock<Box<SpillFn>>,
     /// This table, for the evictor (set when its store attaches it).
     me: OnceLock<Weak<dyn Reclaim>>,
     /// Whether the table waits in the evictor's queue.
@@ -115,6 +150,27 @@ pub(crate) struct TierCounts {
     pub(crate) last_error: Option<String>,
 }
 
+impl Tier {
+    /// A tier under `budget` for a table whose shards were just given their cold sides.
+    pub(crate) fn new(budget: Arc<Budget>) -> Self {
+        Tier {
+            gate: RwLock::new(()),
+            files: RwLock::new(FileTable::default()),
+            pins: Mutex::new(Pins::default()),
+            budget,
+            reported: AtomicU64::new(0),
+            reported_fixed: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            durable: OnceLock::new(),
+            me: OnceLock::new(),
+            queued: std::sync::atomic::AtomicBool::new(false),
+            evicting: Mutex::new(()),
+            churn: AtomicU64::new(0),
+            counters: TierCounters::default(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Tier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tier").field("budget", &self.budget).finish_non_exhaustive()
@@ -135,12 +191,12 @@ pub(crate) struct TierCounters {
 
 /// A call in flight on a table: holds a tiered table's gate for reading; when dropped, reports
 /// the table's memory and evicts if the store is over budget.
-pub(crate) struct Entered<'a> {
-    table: &'a Table,
+pub(crate) struct Entered<'a, H: Host> {
+    table: &'a H,
     gate: Option<RwLockReadGuard<'a, ()>>,
 }
 
-impl Drop for Entered<'_> {
+impl<H: Host> Drop for Entered<'_, H> {
     fn drop(&mut self) {
         if self.gate.take().is_some() {
             self.table.after_call();
@@ -157,45 +213,19 @@ impl Drop for Tier {
     }
 }
 
-impl Table {
-    /// Makes this table tiered under `budget` (before any row is stored or replayed).
-    pub(crate) fn enable_tier(
-        &mut self,
-        budget: Arc<Budget>,
-        config: EvictionConfig,
-    ) -> Result<()> {
-        for (i, shard) in self.shards.iter().enumerate() {
-            shard.write().attach_cold(ColdSide::new(&config, self.config.seed ^ i as u64)?);
-        }
-        self.tier = Some(Box::new(Tier {
-            gate: RwLock::new(()),
-            files: RwLock::new(FileTable::default()),
-            pins: Mutex::new(Pins::default()),
-            budget,
-            reported: AtomicU64::new(0),
-            reported_fixed: AtomicU64::new(0),
-            pinned_bytes: AtomicU64::new(0),
-            durable: OnceLock::new(),
-            me: OnceLock::new(),
-            queued: std::sync::atomic::AtomicBool::new(false),
-            evicting: Mutex::new(()),
-            churn: AtomicU64::new(0),
-            counters: TierCounters::default(),
-        }));
-        Ok(())
-    }
-
-    /// Whether the table has a memory tier (its store has a memory budget).
-    pub fn is_tiered(&self) -> bool {
-        self.tier.is_some()
-    }
-
+/// The gate and the hooks, for the table above the tier ([`Host`]).
+pub(crate) trait Gate: Host {
     /// Lets a tiered table write evicted rows through its store's `durable` (and its store's
     /// evictor reach it).
-    pub(crate) fn attach_durable<D: Spill + 'static>(self: &Arc<Self>, durable: &Arc<D>) {
-        if let Some(t) = &self.tier {
-            let _ = t.durable.set(Arc::downgrade(durable) as Weak<dyn Spill>);
-            let me: Weak<dyn Reclaim> = Arc::downgrade(self) as Weak<Table>;
+    fn attach_durable<D: Spill<Self>>(self: &Arc<Self>, durable: &Arc<D>) {
+        if let Some(t) = self.tier() {
+            let (store, table) = (Arc::downgrade(durable), Arc::downgrade(self));
+            let spill = move |keys: &[u64]| match (store.upgrade(), table.upgrade()) {
+                (Some(store), Some(table)) => store.write_rows_of(&table, keys),
+                _ => Err(store_closed()),
+            };
+            let _ = t.durable.set(Box::new(spill));
+            let me: Weak<dyn Reclaim> = Arc::downgrade(self) as Weak<Self>;
             if t.me.set(me.clone()).is_ok() {
                 t.budget.register(me);
             }
@@ -204,21 +234,21 @@ impl Table {
 
     /// Starts a call on `ids`: a tiered table brings their rows into memory first, and notes
     /// an access to each of them.
-    pub(crate) fn enter(&self, ids: &[u64]) -> Result<Entered<'_>> {
-        let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+    fn enter(&self, ids: &[u64]) -> Result<Entered<'_, Self>> {
+        let Some(tier) = self.tier() else { return Ok(Entered { table: self, gate: None }) };
         self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, &self.group(ids)?, Access::Noted)?;
         Ok(Entered { table: self, gate: Some(gate) })
     }
 
-    /// [`Table::enter`] for a call that has grouped its ids already and probes every one of
-    /// them in its shard pass, noting the accesses there ([`Table::note_accesses`]): only the
-    /// cold index is probed here, and only in shards with rows on disk. Lookups and
-    /// `apply_gradients` take this path, so that a table whose rows are all in memory pays one
-    /// probe per id, not two.
-    pub(crate) fn enter_grouped(&self, groups: &Groups) -> Result<Entered<'_>> {
-        let Some(tier) = &self.tier else { return Ok(Entered { table: self, gate: None }) };
+    /// [`Gate::enter`] for a call that has grouped its ids already and probes every one of
+    /// them in its shard pass, noting the accesses there
+    /// ([`Shard::note_accesses`](crate::shard::Shard::note_accesses)): only the cold index is
+    /// probed here, and only in shards with rows on disk. Lookups and `apply_gradients` take this
+    /// path, so that a table whose rows are all in memory pays one probe per id, not two.
+    fn enter_grouped(&self, groups: &Groups) -> Result<Entered<'_, Self>> {
+        let Some(tier) = self.tier() else { return Ok(Entered { table: self, gate: None }) };
         self.make_room(tier)?;
         let gate = tier.gate.read();
         self.fault_in(tier, groups, Access::ByCaller)?;
@@ -227,49 +257,44 @@ impl Table {
 
     /// Holds a tiered table's gate for writing: no call and no eviction runs meanwhile (for
     /// `clear` and `load`, which replace every row).
-    pub(crate) fn exclusive(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
-        self.tier.as_ref().map(|t| t.gate.write())
+    fn exclusive(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
+        self.tier().map(|t| t.gate.write())
     }
 
     /// Holds a tiered table's gate for reading (no `clear`, `load` or demotion meanwhile).
-    pub(crate) fn shared_gate(&self) -> Option<RwLockReadGuard<'_, ()>> {
+    fn shared_gate(&self) -> Option<RwLockReadGuard<'_, ()>> {
         // Recursive: a flush that rewrites must not queue behind a `clear` waiting for an
         // eviction that waits for this flush's manifest lock.
-        self.tier.as_ref().map(|t| t.gate.read_recursive())
+        self.tier().map(|t| t.gate.read_recursive())
     }
 
     /// A file slot for a segment about to be written, in a tiered table (`None` otherwise).
-    pub(crate) fn reserve_file_slot(&self) -> Result<Option<u32>> {
-        self.tier.as_ref().map(|t| t.reserve_file()).transpose()
+    fn reserve_file_slot(&self) -> Result<Option<u32>> {
+        self.tier().map(|t| t.reserve_file()).transpose()
     }
 
-    /// Frees a slot from [`Table::reserve_file_slot`] that no segment took.
-    pub(crate) fn release_file_slot(&self, slot: Option<u32>) {
-        if let (Some(t), Some(s)) = (&self.tier, slot) {
+    /// Frees a slot from [`Gate::reserve_file_slot`] that no segment took.
+    fn release_file_slot(&self, slot: Option<u32>) {
+        if let (Some(t), Some(s)) = (self.tier(), slot) {
             t.release_file(s);
         }
     }
 
     /// A tiered table's file table, held for reading (see [`Tier::files`]).
-    pub(crate) fn cold_files(&self) -> Option<parking_lot::RwLockReadGuard<'_, FileTable>> {
-        self.tier.as_ref().map(|t| t.files())
+    fn cold_files(&self) -> Option<parking_lot::RwLockReadGuard<'_, FileTable>> {
+        self.tier().map(|t| t.files())
     }
 
     /// What the tier did, for `stats()` (all 0 without a memory budget).
-    pub(crate) fn tier_counts(&self) -> TierCounts {
-        self.tier.as_ref().map(|t| t.counts()).unwrap_or_default()
+    fn tier_counts(&self) -> TierCounts {
+        self.tier().map(|t| t.counts()).unwrap_or_default()
     }
 
     /// Indexes the sealed segment `seq` (read by `r`, at open) as a tiered table's: its
-    /// records make their keys cold ([`Table::replay_footer`]) in a new file slot. Returns the
+    /// records make their keys cold ([`Gate::replay_footer`]) in a new file slot. Returns the
     /// records indexed.
-    pub(crate) fn replay_cold(
-        &self,
-        seq: u64,
-        r: SegmentReader,
-        keep: Option<(usize, usize)>,
-    ) -> Result<u64> {
-        let tier = self.tier.as_ref().expect("tiered");
+    fn replay_cold(&self, seq: u64, r: SegmentReader, keep: Option<(usize, usize)>) -> Result<u64> {
+        let tier = self.tier().expect("tiered");
         let slot = tier.files.write().reserve()?;
         let n = self.replay_footer(slot, &r, keep)?;
         tier.files.write().install(slot, seq, Arc::new(r));
@@ -280,7 +305,7 @@ impl Table {
     /// file slot `file` of this tiered table: the segment (`reader`, `None` if it kept no row)
     /// takes its slot; after a rewrite or a clear (`cleared`), rows on disk move to their new
     /// records (`moved`) and the older segments' slots go.
-    pub(crate) fn on_segment_committed(
+    fn on_segment_committed(
         &self,
         file: u32,
         seq: u64,
@@ -288,7 +313,7 @@ impl Table {
         cleared: bool,
         moved: &[Moved],
     ) {
-        let Some(t) = &self.tier else { return };
+        let Some(t) = self.tier() else { return };
         match reader {
             Some(r) => t.files.write().install(file, seq, r),
             None => t.files.write().release(file),
@@ -305,17 +330,17 @@ impl Table {
 
     /// Appends every row on disk to `w` (a rewrite into file slot `file`): returns each one's
     /// key with its old and new location.
-    pub(crate) fn copy_cold(
+    fn copy_cold(
         &self,
         w: &mut crate::disk::segment::SegmentWriter,
         file: u32,
     ) -> Result<Vec<Moved>> {
-        let Some(tier) = &self.tier else { return Ok(Vec::new()) };
+        let Some(tier) = self.tier() else { return Ok(Vec::new()) };
         let old: std::collections::HashSet<u32> =
             tier.files.read().slots_below(w.seq()).into_iter().collect();
-        let (d, sd) = (self.dim(), self.state_dim);
+        let (d, sd) = (self.dim(), self.state_dim());
         let mut moved = Vec::new();
-        for lock in self.shards.iter() {
+        for lock in self.shards().iter() {
             let mut cold: Vec<(u64, u64)> = {
                 let shard = lock.read();
                 shard.cold.as_ref().expect("tiered").index.iter().collect()
@@ -353,13 +378,13 @@ impl Table {
     /// After a rewrite (or a clear) superseded the segments in `old`: rows on disk that did not
     /// move since they were copied point to their new records, and rows in memory whose clean
     /// copy was in an old segment become dirty (the next flush or eviction writes them).
-    pub(crate) fn relocate_cold(&self, moved: &[Moved], old: &[u32]) {
+    fn relocate_cold(&self, moved: &[Moved], old: &[u32]) {
         let old: std::collections::HashSet<u32> = old.iter().copied().collect();
-        let mut by_shard: Vec<Vec<&Moved>> = vec![Vec::new(); self.shards.len()];
+        let mut by_shard: Vec<Vec<&Moved>> = vec![Vec::new(); self.shards().len()];
         for m in moved {
             by_shard[self.shard_of(m.0)].push(m);
         }
-        for (lock, moved) in self.shards.iter().zip(by_shard) {
+        for (lock, moved) in self.shards().iter().zip(by_shard) {
             let mut shard = lock.write();
             let shard = &mut *shard;
             let Some(t) = shard.cold.as_mut() else { continue };
@@ -402,14 +427,14 @@ impl Table {
     }
 
     /// Rows on disk only.
-    pub(crate) fn cold_rows(&self) -> usize {
-        self.shards.iter().map(|s| s.read().cold_len()).sum()
+    fn cold_rows(&self) -> usize {
+        self.shards().iter().map(|s| s.read().cold_len()).sum()
     }
 
     /// Indexes the records of a sealed segment in `slot` (at open): a record makes its key
     /// cold at that location, a tombstone removes the key. With `keep = Some((s, n))` only the
     /// keys of serving shard `s` of `n` count.
-    pub(crate) fn replay_footer(
+    fn replay_footer(
         &self,
         slot: u32,
         reader: &SegmentReader,
@@ -417,11 +442,11 @@ impl Table {
     ) -> Result<u64> {
         let mut n = 0;
         reader.for_each_footer(|i, key, tombstone, version| {
-            self.clock.observe(version);
-            if keep.is_some_and(|(s, n)| crate::shard_of_key(key, n) != s) {
+            self.observe(version);
+            if keep.is_some_and(|(s, n)| self.serving_shard_of(key, n) != s) {
                 return Ok(());
             }
-            let mut shard = self.shards[self.shard_of(key)].write();
+            let mut shard = self.shards()[self.shard_of(key)].write();
             let t = shard.cold.as_mut().expect("tiered");
             if tombstone {
                 t.index.remove(key);
@@ -434,21 +459,12 @@ impl Table {
         Ok(n)
     }
 
-    /// The rows `wanted` (key and disk location, captured with `files` held) read from disk
-    /// without promoting them (for export): appended to `chunk`.
-    pub(crate) fn export_cold(
-        &self,
-        files: &FileTable,
-        wanted: &[(u64, u64)],
-        chunk: &mut RowChunk,
-    ) -> Result<()> {
-        let Some(tier) = &self.tier else { return Ok(()) };
-        for ((key, _), rec) in wanted.iter().zip(self.read_records(files, tier, wanted)?) {
-            chunk.ids.push(*key);
-            chunk.values.extend_from_slice(&rec.values);
-            chunk.state.extend_from_slice(&rec.state);
-            chunk.meta.push(rec.meta);
-        }
-        Ok(())
+    /// The records of the rows `wanted` (key and disk location, captured with `files` held),
+    /// read from disk without promoting them (for export); none without a memory tier.
+    fn read_cold(&self, files: &FileTable, wanted: &[(u64, u64)]) -> Result<Vec<Record>> {
+        let Some(tier) = self.tier() else { return Ok(Vec::new()) };
+        self.read_records(files, tier, wanted)
     }
 }
+
+impl<H: Host> Gate for H {}

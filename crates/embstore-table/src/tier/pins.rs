@@ -1,12 +1,14 @@
-//! Pins: rows a caller keeps in memory until it lets go ([`Table::pin`], counted), so that no
-//! eviction drops the rows of a batch between its prefetch and its step. The pinned rows of all
-//! the tables under one budget together may take at most [`MAX_PINNED_FRACTION`] of it.
+//! Pins: rows a caller keeps in memory until it lets go ([`Table::pin`](crate::Table::pin),
+//! counted), so that no eviction drops the rows of a batch between its prefetch and its step. The
+//! pinned rows of all the tables under one budget together may take at most [`MAX_PINNED_FRACTION`]
+//! of it.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use super::reclaim::{Report, Share};
-use crate::{Error, ErrorKind, Result, Table};
+use super::reclaim::{Evict, Report, Share};
+use super::Host;
+use crate::{Error, ErrorKind, Result};
 
 /// Pinned rows, of all the tables under a budget together, may take at most this share of it
 /// (the rest is for the cache).
@@ -15,12 +17,12 @@ const MAX_PINNED_FRACTION: f64 = 0.6;
 /// Pin counts by key. Ids are hashed with the index's mixer, not SipHash: a training step pins
 /// and unpins every id of its batch, and ids come from the trainer, not from an adversary
 /// (a caller that could choose colliding ids could as well pin the whole budget).
-pub(super) type Pins = HashMap<u64, u32, KeyHash>;
-pub(super) type KeyHash = std::hash::BuildHasherDefault<Fmix>;
+pub(crate) type Pins = HashMap<u64, u32, KeyHash>;
+pub(crate) type KeyHash = std::hash::BuildHasherDefault<Fmix>;
 
 /// A `Hasher` for `u64` keys: the index's 64-bit finaliser (murmur3's fmix64).
 #[derive(Default)]
-pub(super) struct Fmix(u64);
+pub(crate) struct Fmix(u64);
 
 impl std::hash::Hasher for Fmix {
     fn finish(&self) -> u64 {
@@ -48,12 +50,13 @@ fn unpin_locked(pins: &mut Pins, ids: &[u64]) {
     }
 }
 
-impl Table {
-    /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
-    /// twice). Fails with `Capacity` if the rows pinned in all the tables under the budget
-    /// would exceed 60 % of it.
-    pub fn pin(&self, ids: &[u64]) -> Result<()> {
-        let Some(tier) = &self.tier else { return Ok(()) };
+/// Pins, for the table above the tier ([`Host`]).
+pub(crate) trait Pinning: Host {
+    /// Pins the rows of `ids` in memory until [`Table::unpin`](crate::Table::unpin) (counted: pin
+    /// twice, unpin twice). Fails with `Capacity` if the rows pinned in all the tables under the
+    /// budget would exceed 60 % of it.
+    fn pin(&self, ids: &[u64]) -> Result<()> {
+        let Some(tier) = self.tier() else { return Ok(()) };
         let mut pins = tier.pins.lock();
         // Optimistic: count every id in (one hash probe each, the common case), and take the
         // counts back out if the pinned rows would pass the limit.
@@ -85,11 +88,11 @@ impl Table {
         Ok(())
     }
 
-    /// Releases pins taken by [`Table::pin`]. Where the rows they held leave the store over its
-    /// budget (pinned rows may pass it), evicts the excess here, so that a store comes back
-    /// under its budget when training stops, with no later call.
-    pub fn unpin(&self, ids: &[u64]) {
-        let Some(tier) = &self.tier else { return };
+    /// Releases pins taken by [`Table::pin`](crate::Table::pin). Where the rows they held leave the
+    /// store over its budget (pinned rows may pass it), evicts the excess here, so that a store
+    /// comes back under its budget when training stops, with no later call.
+    fn unpin(&self, ids: &[u64]) {
+        let Some(tier) = self.tier() else { return };
         {
             let mut pins = tier.pins.lock();
             let before = pins.len();
@@ -107,3 +110,5 @@ impl Table {
         }
     }
 }
+
+impl<H: Host> Pinning for H {}

@@ -16,11 +16,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
 use super::pins::{KeyHash, Pins};
-use super::Tier;
+use super::{Gate, Host, Tier};
 use crate::budget::Reclaim;
 use crate::meta::PackedMeta;
 use crate::shard::cold::loc_parts;
-use crate::{Error, ErrorKind, Result, Table};
+use crate::{ErrorKind, Result};
 
 /// The most the evictor frees in one round (~50k rows of D 32 with Adagrad): it lets go of
 /// the shard locks it takes to choose and copy victims between rounds, so that a call waits for
@@ -52,20 +52,20 @@ fn trim_heap() {
 
 /// Which part of the store's excess over its low mark a table evicts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Share {
+pub(crate) enum Share {
     /// Its share, by the bytes each table can free.
     Mine,
     /// As much as it can: what a call's own share left over.
     Rest,
 }
 
-/// What [`Table::report`] found: the store's bytes, whether this table grew since its last
+/// What [`Evict::report`] found: the store's bytes, whether this table grew since its last
 /// report (a call brought rows in), and the bytes of this table that eviction can free (hot,
 /// unpinned rows).
-pub(super) struct Report {
-    pub(super) used: u64,
-    pub(super) grew: bool,
-    pub(super) evictable: u64,
+pub(crate) struct Report {
+    pub(crate) used: u64,
+    pub(crate) grew: bool,
+    pub(crate) evictable: u64,
 }
 
 impl Tier {
@@ -83,7 +83,8 @@ impl Tier {
     }
 }
 
-impl Table {
+/// Reclaim, for the table above the tier ([`Host`]).
+pub(crate) trait Evict: Host {
     /// Bytes this table holds in memory, as the budget counts them: per hot row its values,
     /// state, metadata and tier state — freed slots counted as rows —, plus the hot and cold
     /// indexes at their capacity. Eviction leaves no freed slot behind and gives back the arena
@@ -91,9 +92,9 @@ impl Table {
     /// memory passes this by that headroom at most (and by a call's temporaries, during it).
     /// Returns them with the number of rows in memory.
     fn memory_and_rows(&self) -> (u64, usize) {
-        let row = (self.dim() + self.state_dim) * 4 + std::mem::size_of::<PackedMeta>();
+        let row = (self.dim() + self.state_dim()) * 4 + std::mem::size_of::<PackedMeta>();
         let (mut b, mut rows) = (0, 0);
-        for shard in self.shards.iter() {
+        for shard in self.shards().iter() {
             let shard = shard.read();
             // Freed slots count as rows: their memory is still held (eviction moves rows down
             // into them and gives the room back, see `Shard::compact_tiered`).
@@ -106,7 +107,7 @@ impl Table {
     }
 
     /// Reports this table's memory to the budget (see [`Report`]).
-    pub(super) fn report(&self, tier: &Tier) -> Report {
+    fn report(&self, tier: &Tier) -> Report {
         let (mine, hot) = self.memory_and_rows();
         let pinned = tier.pins.lock().len().min(hot) as u64;
         let evictable = ((hot as u64 - pinned) * self.evict_row_bytes()).min(mine);
@@ -122,13 +123,13 @@ impl Table {
     /// waiting for the evictor's eviction of the table if one runs. A call that added nothing
     /// (its rows were in, read ahead by `prefetch`, say) never evicts: the next call that adds
     /// rows does, or the evictor, which takes over past the background mark.
-    pub(super) fn after_call(&self) {
-        let Some(tier) = &self.tier else { return };
+    fn after_call(&self) {
+        let Some(tier) = self.tier() else { return };
         self.evict_after_call(tier);
         tier.trim_if_due();
     }
 
-    /// [`Table::after_call`]'s eviction.
+    /// [`Evict::after_call`]'s eviction.
     fn evict_after_call(&self, tier: &Tier) {
         let Report { used, grew, .. } = self.report(tier);
         let (background, over, _) = tier.budget.marks();
@@ -136,7 +137,7 @@ impl Table {
             if used <= background {
                 return;
             }
-            let me = tier.me.get().cloned().unwrap_or_else(|| Weak::<Table>::new());
+            let me = tier.me.get().cloned().unwrap_or_else(|| Weak::<Self>::new());
             if (used <= over || !grew) && tier.budget.queue(me, &tier.queued) {
                 return;
             }
@@ -159,7 +160,7 @@ impl Table {
     ///
     /// Only a full disk fails the call: another I/O error (a failing device) is noted and the
     /// call goes on in memory, as before, so that a store whose disk went away keeps serving.
-    pub(super) fn make_room(&self, tier: &Tier) -> Result<()> {
+    fn make_room(&self, tier: &Tier) -> Result<()> {
         let (_, over, _) = tier.budget.marks();
         if tier.budget.used() <= over {
             return Ok(());
@@ -175,7 +176,7 @@ impl Table {
     /// none if one is. Whether the cap left some of the share for another round; a failed
     /// eviction (its rows stay in memory) is noted in the table's and the budget's counters and
     /// returned.
-    pub(super) fn evict_share(&self, tier: &Tier, wait: bool, cap: u64, of: Share) -> Result<bool> {
+    fn evict_share(&self, tier: &Tier, wait: bool, cap: u64, of: Share) -> Result<bool> {
         let _one = if wait {
             tier.evicting.lock()
         } else {
@@ -208,14 +209,14 @@ impl Table {
     }
 
     /// What one hot row costs, as eviction (what it frees) and pinning (what it holds) count it.
-    pub(super) fn evict_row_bytes(&self) -> u64 {
-        ((self.dim() + self.state_dim) * 4 + 16 + 16 + 16) as u64
+    fn evict_row_bytes(&self) -> u64 {
+        ((self.dim() + self.state_dim()) * 4 + 16 + 16 + 16) as u64
     }
 
     /// Evicts about `bytes` of hot rows (see the module docs).
     /// `yield_to_calls`: take the gate for demotion only between calls
-    /// ([`Table::gate_when_idle`]), as the evictor and callers waiting on it do.
-    pub(crate) fn evict_bytes(&self, tier: &Tier, bytes: u64, yield_to_calls: bool) -> Result<()> {
+    /// ([`Gate::gate_when_idle`]), as the evictor and callers waiting on it do.
+    fn evict_bytes(&self, tier: &Tier, bytes: u64, yield_to_calls: bool) -> Result<()> {
         tier.counters.eviction_rounds.fetch_add(1, Ordering::Relaxed);
         let row = self.evict_row_bytes();
         let n = (bytes / row).max(1) as usize;
@@ -227,10 +228,8 @@ impl Table {
         let (victims, dirty) = self.choose_victims(n, &pins);
         // 2. Dirty victims to a durable segment first.
         if !dirty.is_empty() {
-            let durable = tier.durable.get().and_then(Weak::upgrade).ok_or_else(|| {
-                Error::new(ErrorKind::Io, "the store of this table is closed; cannot evict")
-            })?;
-            durable.write_rows_of(self, &dirty)?;
+            let spill = tier.durable.get().ok_or_else(super::store_closed)?;
+            spill(&dirty)?;
             tier.counters.evicted_dirty.fetch_add(dirty.len() as u64, Ordering::Relaxed);
         }
         // 3. Demote, with no call in flight.
@@ -242,15 +241,15 @@ impl Table {
         Ok(())
     }
 
-    /// Step 1 of [`Table::evict_bytes`]: `n` victims that are not pinned, by shard, and the
+    /// Step 1 of [`Evict::evict_bytes`]: `n` victims that are not pinned, by shard, and the
     /// dirty ones among them. Shares of `n` per shard; what a shard cannot give (its rows are
     /// pinned, or few) goes to the shards after it.
     fn choose_victims(&self, n: usize, pins: &Pins) -> (Vec<Vec<u64>>, Vec<u64>) {
         let mut left = n;
-        let mut victims: Vec<Vec<u64>> = Vec::with_capacity(self.shards.len());
+        let mut victims: Vec<Vec<u64>> = Vec::with_capacity(self.shards().len());
         let mut dirty = Vec::new();
-        for (i, lock) in self.shards.iter().enumerate() {
-            let per_shard = left.div_ceil(self.shards.len() - i);
+        for (i, lock) in self.shards().iter().enumerate() {
+            let per_shard = left.div_ceil(self.shards().len() - i);
             let mut keys = Vec::with_capacity(per_shard);
             let mut slots = Vec::new();
             // Slots chosen by earlier chunks: still in the policy's lists until step 3.
@@ -284,7 +283,7 @@ impl Table {
         (victims, dirty)
     }
 
-    /// Step 3 of [`Table::evict_bytes`], under the gate for writing: moves every victim still
+    /// Step 3 of [`Evict::evict_bytes`], under the gate for writing: moves every victim still
     /// clean and unpinned to the cold index, then compacts each shard; returns the rows moved.
     fn demote_victims(&self, tier: &Tier, victims: &[Vec<u64>]) -> Result<u64> {
         let pins = tier.pins.lock();
@@ -292,7 +291,7 @@ impl Table {
         // writing: such a row stays in memory until that segment is durable.
         let files = tier.files.read();
         let mut moved = 0u64;
-        for (lock, keys) in self.shards.iter().zip(victims) {
+        for (lock, keys) in self.shards().iter().zip(victims) {
             let mut shard = lock.write();
             for &key in keys {
                 if !pins.contains_key(&key)
@@ -311,15 +310,17 @@ impl Table {
     }
 }
 
-impl Reclaim for Table {
+impl<H: Host> Evict for H {}
+
+impl<H: Host> Reclaim for H {
     fn reclaim_rest(&self) {
-        if let Some(tier) = &self.tier {
+        if let Some(tier) = self.tier() {
             let _ = self.evict_share(tier, false, u64::MAX, Share::Rest);
         }
     }
 
     fn reclaim_queued(&self) {
-        let Some(tier) = &self.tier else { return };
+        let Some(tier) = self.tier() else { return };
         tier.queued.store(false, Ordering::Release);
         // Rounds of at most EVICTOR_ROUND bytes, letting go of every lock between them: calls
         // wait for one round at most, never for a whole large eviction.
