@@ -1,7 +1,7 @@
 //! Batches split by shard: [`Groups`] (one stable counting sort of the ids by shard) and
 //! [`SharedOut`] (disjoint writes of shard tasks into one output buffer).
 
-use crate::{Error, Result, Table};
+use crate::{Error, Result};
 
 /// Ids grouped by shard: `keys[bounds[s]..bounds[s + 1]]` are shard `s`'s ids, in batch order,
 /// and `pos` gives each one's position in the batch.
@@ -19,17 +19,16 @@ impl Groups {
     }
 }
 
-impl Table {
-    /// Groups `ids` by shard (see [`Groups`]).
-    pub(crate) fn group(&self, ids: &[u64]) -> Result<Groups> {
-        self.check_live()?;
+impl Groups {
+    /// Groups `ids` over `n` shards by `shard_of` (see [`Groups`]).
+    #[inline]
+    pub(crate) fn new(ids: &[u64], n: usize, shard_of: impl Fn(u64) -> usize) -> Result<Self> {
         if ids.len() > u32::MAX as usize {
             return Err(Error::invalid(format!(
                 "a batch holds at most 2^32 - 1 ids, got {}",
                 ids.len()
             )));
         }
-        let n = self.shards.len();
         if n == 1 {
             return Ok(Groups {
                 keys: ids.to_vec(),
@@ -37,7 +36,7 @@ impl Table {
                 bounds: vec![0, ids.len()],
             });
         }
-        let shard: Vec<u16> = ids.iter().map(|&k| self.shard_of(k) as u16).collect();
+        let shard: Vec<u16> = ids.iter().map(|&k| shard_of(k) as u16).collect();
         let mut bounds = vec![0usize; n + 1];
         for &s in &shard {
             bounds[s as usize + 1] += 1;

@@ -1,6 +1,8 @@
 //! [`Export`]: a table's rows in chunks, with their optimizer state and metadata.
 
-use crate::{RowMeta, Table};
+use crate::shard::cold::FileTable;
+use crate::tier::Gate;
+use crate::{Result, RowMeta, Table};
 
 /// One chunk of [`Table::export`]: `n` rows, and what an import needs to check they fit.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -86,13 +88,7 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 }
                 self.keys = {
                     let shard = t.shards[self.shard].read();
-                    let cold = shard.tier.as_ref().map(|t| &t.cold);
-                    shard
-                        .index
-                        .iter()
-                        .chain(cold.into_iter().flat_map(|c| c.iter()))
-                        .map(|(k, _)| k)
-                        .collect()
+                    shard.index.iter().chain(shard.cold_entries()).map(|(k, _)| k).collect()
                 };
                 self.keys.sort_unstable();
                 self.next = 0;
@@ -111,18 +107,17 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             // With a memory tier, the file table is held from classifying each key (in memory,
             // or on disk at a location) to reading the rows on disk, so no rewrite moves them
             // in between; each key is classified under one shard lock.
-            let files = t.tier.as_ref().map(|tier| tier.files.read());
+            let files = t.cold_files();
             let mut cold = Vec::new();
             {
                 let shard = t.shards[s].read();
-                let on_disk = shard.tier.as_ref().map(|tier| &tier.cold);
                 for &k in keys {
                     if let Some(slot) = shard.slot(k) {
                         chunk.ids.push(k);
                         chunk.values.extend_from_slice(shard.values.row(slot));
                         chunk.state.extend_from_slice(shard.state.row(slot));
                         chunk.meta.push(shard.meta[slot].unpack());
-                    } else if let Some(l) = on_disk.and_then(|c| c.get(k)) {
+                    } else if let Some(l) = shard.cold_loc(k) {
                         cold.push((k, l));
                     }
                 }
@@ -130,7 +125,7 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             // Rows on disk are read from their segments, not brought into memory. A read that
             // fails (a damaged segment) ends the export with an error (`take_error`).
             if let (false, Some(files)) = (cold.is_empty(), &files) {
-                if let Err(e) = t.export_cold(files, &cold, &mut chunk) {
+                if let Err(e) = read_cold(t, files, &cold, &mut chunk) {
                     self.error = Some(e);
                     self.next = self.keys.len();
                     self.shard = t.shards.len();
@@ -142,4 +137,21 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
             }
         }
     }
+}
+
+/// Appends the rows `wanted` of `t` (key and disk location, captured with `files` held) to
+/// `chunk`, read from disk without promoting them.
+fn read_cold(
+    t: &Table,
+    files: &FileTable,
+    wanted: &[(u64, u64)],
+    chunk: &mut RowChunk,
+) -> Result<()> {
+    for ((key, _), rec) in wanted.iter().zip(t.read_cold(files, wanted)?) {
+        chunk.ids.push(*key);
+        chunk.values.extend_from_slice(&rec.values);
+        chunk.state.extend_from_slice(&rec.state);
+        chunk.meta.push(rec.meta);
+    }
+    Ok(())
 }

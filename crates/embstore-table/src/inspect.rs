@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+use crate::config::parse_config_text;
 use crate::disk::manifest::{self, FileEntry, State};
 use crate::disk::segment::{self, SegmentReader};
 use crate::disk::vfs::{RealFs, Vfs};
-use crate::durable::table_file::parse_config_text;
 use crate::durable::{segment_path, SEG_DIR};
 use crate::{Error, ErrorKind, Result};
 

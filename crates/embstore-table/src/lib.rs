@@ -14,6 +14,11 @@
 //!   [`Table::apply_gradients`] (`apply`), [`Table::assign`], [`Table::import`],
 //!   [`Table::remove`] (`write`), [`Table::export`] (`export`), [`Table::save`]/[`Table::load`]
 //!   (`file`), [`Table::evict_expired`], [`Table::stats`] and [`Table::index_stats`] (`stats`).
+//! - Under a memory budget ([`Budget`], `budget`: the store-wide bytes and the evictor thread,
+//!   reaching tables only through the `Reclaim` trait) a durable store's tables grow larger
+//!   than memory: the memory tier (`tier`: the gate, fault-in, reclaim, pins) is a layer under
+//!   the table, over each shard's cold side (`shard/cold`: cold index, disk locations, file
+//!   slots); cold reads are planned (`disk/plan`) for the I/O engine (`disk/io`).
 //! - [`Optimizer`] — SGD, Adagrad, row-wise Adagrad, Adam, FTRL, following torch's formulas.
 //! - [`Initializer`] — initial values as a pure function of (seed, key, column), so a row first
 //!   touched on any machine gets the same value with no coordination.
@@ -47,6 +52,7 @@
 mod apply;
 mod arena;
 mod batch;
+mod budget;
 mod config;
 pub mod disk;
 mod durable;
@@ -68,6 +74,7 @@ mod tier;
 mod version;
 mod write;
 
+pub use budget::Budget;
 pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
 };
@@ -89,5 +96,4 @@ pub use sched::threads;
 pub use stats::{IndexStats, TableStats};
 pub use store::{Store, StoreOptions};
 pub use table::{shard_of_key, Table};
-pub use tier::Budget;
 pub use version::{now_ms, Version};

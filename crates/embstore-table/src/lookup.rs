@@ -6,6 +6,7 @@ use parking_lot::Mutex;
 use crate::batch::SharedOut;
 use crate::meta::PackedMeta;
 use crate::stats::Counters;
+use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, Table};
 

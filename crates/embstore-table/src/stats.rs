@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::tier::Gate;
 use crate::Table;
 
 /// Counters and sizes of a table (see [`Table::stats`]).
@@ -103,12 +104,13 @@ impl Table {
         for shard in self.shards.iter() {
             let shard = shard.read();
             rows_per_shard.push(shard.len());
-            reserved += shard.bytes_reserved() + shard.tier.as_ref().map_or(0, |t| t.bytes());
+            reserved += shard.bytes_reserved() + shard.cold_bytes();
             used += shard.bytes_used();
         }
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let rows_on_disk = self.cold_rows();
+        let tier = self.tier_counts();
         TableStats {
             rows: rows_per_shard.iter().sum::<usize>() + rows_on_disk,
             bytes_reserved: reserved,
@@ -123,15 +125,12 @@ impl Table {
             skipped_non_finite: get(&c.skipped_non_finite),
             repaired_on_load: get(&c.repaired_on_load),
             rows_on_disk,
-            cold_reads: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_reads)),
-            cold_read_ios: self.tier.as_ref().map_or(0, |t| get(&t.counters.cold_ios)),
-            evicted_to_disk: self.tier.as_ref().map_or(0, |t| get(&t.counters.evicted_rows)),
-            eviction_rounds: self.tier.as_ref().map_or(0, |t| get(&t.counters.eviction_rounds)),
-            eviction_errors: self.tier.as_ref().map_or(0, |t| get(&t.counters.errors)),
-            last_eviction_error: self
-                .tier
-                .as_ref()
-                .and_then(|t| t.counters.last_error.lock().clone()),
+            cold_reads: tier.cold_reads,
+            cold_read_ios: tier.cold_ios,
+            evicted_to_disk: tier.evicted_rows,
+            eviction_rounds: tier.eviction_rounds,
+            eviction_errors: tier.errors,
+            last_eviction_error: tier.last_error,
             step: self.step(),
             rows_per_shard,
         }

@@ -10,6 +10,7 @@ use crate::config::validate_name;
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::durable::table_file as file;
 use crate::durable::{Durable, FlushStats, RecoveryReport, Tiering};
+use crate::tier::Gate;
 use crate::version::Clock;
 use crate::{Error, ErrorKind, Result, Table, TableConfig, MAX_REPLICA};
 
@@ -49,7 +50,7 @@ impl StoreOptions {
 
     /// Options with `budget` as the memory budget, shared with the other stores opened with it
     /// (a server's loaded shards, say): see [`Budget::shared`].
-    pub fn with_shared_budget(mut self, budget: Arc<crate::tier::Budget>) -> Self {
+    pub fn with_shared_budget(mut self, budget: Arc<crate::budget::Budget>) -> Self {
         self.shared_budget = Some(budget);
         self
     }
@@ -81,7 +82,13 @@ pub struct StoreOptions {
     pub background_eviction: bool,
     /// A budget shared with other stores ([`crate::Budget::shared`]); it takes the place of
     /// `memory_budget_bytes` and `background_eviction`.
-    pub shared_budget: Option<Arc<crate::tier::Budget>>,
+    pub shared_budget: Option<Arc<crate::budget::Budget>>,
+}
+
+impl crate::tier::Spill<Table> for Durable {
+    fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
+        Durable::write_rows_of(self, table, keys)
+    }
 }
 
 impl Drop for Store {
@@ -156,7 +163,7 @@ impl Store {
             (None, Some(0)) => {
                 return Err(Error::invalid("memory_budget_bytes must be at least 1"))
             }
-            (None, Some(b)) => Some(crate::tier::Budget::new(b, options.background_eviction)),
+            (None, Some(b)) => Some(crate::budget::Budget::new(b, options.background_eviction)),
             (None, None) => None,
         };
         let tiering =
@@ -189,7 +196,7 @@ impl Store {
     }
 
     /// The memory budget of a store opened with one.
-    pub fn memory_budget(&self) -> Option<&crate::tier::Budget> {
+    pub fn memory_budget(&self) -> Option<&crate::budget::Budget> {
         self.tiering.as_ref().map(|t| &*t.budget)
     }
 

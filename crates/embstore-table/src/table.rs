@@ -14,11 +14,15 @@ use embstore_common::shard::SHARD_SALT;
 use parking_lot::RwLock;
 
 use crate::batch::Groups;
+use crate::budget::Budget;
+use crate::evict::EvictionConfig;
 use crate::sched::Scheduler;
+use crate::shard::cold::ColdSide;
 use crate::shard::Shard;
 use crate::sketch::CountMin;
 use crate::stats::Counters;
-use crate::version::{now_ms, Clock};
+use crate::tier::{Fault, Gate, Host, Pinning, Tier};
+use crate::version::{now_ms, Clock, Version};
 use crate::{Error, ErrorKind, Export, Result, TableConfig};
 
 /// Batches at least this long run their shards in parallel; shorter ones run on the calling
@@ -47,7 +51,7 @@ pub struct Table {
     /// Every row was replaced (`clear`, `load`) since the last flush.
     pub(crate) cleared: AtomicBool,
     /// In a durable store with a memory budget: the memory tier (`tier`).
-    pub(crate) tier: Option<Box<crate::tier::Tier>>,
+    pub(crate) tier: Option<Box<Tier>>,
     /// In a durable store: the table's id in the manifest.
     pub(crate) disk_id: AtomicU64,
     /// Moves on at the start and at the end of every `clear` and `load` (odd while one runs),
@@ -143,6 +147,12 @@ impl Table {
     /// Writes `key`'s initial values to `out` (`D` floats).
     pub fn initial_row(&self, key: u64, out: &mut [f32]) {
         self.config.initializer.fill(self.config.seed, key, out);
+    }
+
+    /// Groups `ids` by shard (see [`Groups`]).
+    pub(crate) fn group(&self, ids: &[u64]) -> Result<Groups> {
+        self.check_live()?;
+        Groups::new(ids, self.shards.len(), |k| self.shard_of(k))
     }
 
     #[inline]
@@ -315,9 +325,7 @@ impl Table {
         let step = other.step.swap(self.step(), Ordering::Relaxed);
         self.set_step(step);
         for (a, b) in mine.iter_mut().zip(theirs.iter()) {
-            if let Some(t) = &b.tier {
-                a.attach_tier(t.emptied().expect("a tier's empty state"));
-            }
+            a.attach_cold_like(b);
         }
         if self.durable.load(Ordering::Relaxed) {
             for shard in mine.iter_mut() {
@@ -332,6 +340,90 @@ impl Table {
     /// Every row, `chunk_rows` at a time (see [`Export`]).
     pub fn export(&self, chunk_rows: usize) -> Export<&Self> {
         Export::new(self, chunk_rows)
+    }
+}
+
+/// The memory tier, a layer under the table: the table hands it its shards and layout
+/// ([`Host`]), and offers the tier's public calls.
+impl Table {
+    /// Makes this table tiered under `budget` (before any row is stored or replayed).
+    pub(crate) fn enable_tier(
+        &mut self,
+        budget: Arc<Budget>,
+        config: EvictionConfig,
+    ) -> Result<()> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            shard.write().attach_cold(ColdSide::new(&config, self.config.seed ^ i as u64)?);
+        }
+        self.tier = Some(Box::new(Tier::new(budget)));
+        Ok(())
+    }
+
+    /// Whether the table has a memory tier (its store has a memory budget).
+    pub fn is_tiered(&self) -> bool {
+        self.tier.is_some()
+    }
+
+    /// Brings the rows of `ids` that are on disk into memory, as a call on them would, and
+    /// returns how many it read; rows in memory count as used, ids with no row are ignored,
+    /// and no value changes. For a pipeline that reads batch n+1's rows while batch n trains
+    /// (pin them first, with [`Table::pin`], so that no eviction drops them before their
+    /// batch). A no-op (0) on a table without a memory budget.
+    pub fn prefetch(&self, ids: &[u64]) -> Result<usize> {
+        Fault::prefetch(self, ids)
+    }
+
+    /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
+    /// twice). Fails with `Capacity` if the rows pinned in all the tables under the budget
+    /// would exceed 60 % of it.
+    pub fn pin(&self, ids: &[u64]) -> Result<()> {
+        Pinning::pin(self, ids)
+    }
+
+    /// Releases pins taken by [`Table::pin`]. Where the rows they held leave the store over its
+    /// budget (pinned rows may pass it), evicts the excess here, so that a store comes back
+    /// under its budget when training stops, with no later call.
+    pub fn unpin(&self, ids: &[u64]) {
+        Pinning::unpin(self, ids)
+    }
+}
+
+impl Host for Table {
+    #[inline]
+    fn shards(&self) -> &[RwLock<Shard>] {
+        &self.shards
+    }
+
+    #[inline]
+    fn shard_of(&self, key: u64) -> usize {
+        Table::shard_of(self, key)
+    }
+
+    fn serving_shard_of(&self, key: u64, num_shards: usize) -> usize {
+        shard_of_key(key, num_shards)
+    }
+
+    #[inline]
+    fn dim(&self) -> usize {
+        self.config.embedding_dim
+    }
+
+    #[inline]
+    fn state_dim(&self) -> usize {
+        self.state_dim
+    }
+
+    fn group(&self, ids: &[u64]) -> Result<Groups> {
+        Table::group(self, ids)
+    }
+
+    fn observe(&self, version: Version) {
+        self.clock.observe(version);
+    }
+
+    #[inline]
+    fn tier(&self) -> Option<&Tier> {
+        self.tier.as_deref()
     }
 }
 

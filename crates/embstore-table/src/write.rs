@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::meta::PackedMeta;
 use crate::stats::Counters;
+use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table};
 

@@ -23,8 +23,8 @@
 //! 91k at 128, so a batch needs many reads in flight; `embstore-bench cold-reads` compares the
 //! engines against that bound.
 
-// The memory tier's cold reads are the user to come; until then the tests here and
-// `embstore-bench cold-reads` (which includes this file) are the only callers.
+// Callers: the memory tier's cold reads (`tier/fault.rs`, which plans its batches with
+// `plan::merged_reads`) and `embstore-bench cold-reads`.
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::fmt;

@@ -37,7 +37,7 @@ const MANIFEST_TMP: &str = "MANIFEST.tmp";
 /// One change to the store's state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Edit {
-    /// A table and its config (`file::config_text`).
+    /// A table and its config (`config::config_text`).
     CreateTable {
         id: u64,
         name: String,

@@ -150,8 +150,8 @@ impl Table {
                     }
                     buf.values.extend_from_slice(shard.values.row(slot));
                     buf.state.extend_from_slice(shard.state.row(slot));
-                    if let (Some(f), Some(t)) = (file, shard.tier.as_mut()) {
-                        t.disk_loc[slot] = crate::tier::loc(f, base + buf.rows.len() as u64);
+                    if let Some(f) = file {
+                        shard.set_disk_copy(slot, f, base + buf.rows.len() as u64);
                     }
                     buf.rows.push((key, shard.meta[slot].unpack()));
                     shard.meta[slot].set_dirty(false);

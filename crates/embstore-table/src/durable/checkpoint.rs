@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::table_file::parse_config_text;
 use super::{random_id, segment_path, Durable, SEG_DIR};
+use crate::config::parse_config_text;
 use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State};
 use crate::disk::segment::SegmentReader;
 use crate::disk::vfs::{RealFs, Vfs};

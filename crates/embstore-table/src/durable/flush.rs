@@ -7,6 +7,7 @@ use super::compact::Step;
 use super::{Durable, COMPACT_MIN_RECORDS, MAX_SEGMENTS};
 use crate::disk::manifest::{Manifest, State};
 use crate::disk::segment::SegmentKind;
+use crate::tier::Gate;
 use crate::{Result, Table};
 
 impl Durable {

@@ -54,8 +54,7 @@ use parking_lot::Mutex;
 
 pub use self::flush::FlushStats;
 pub use self::recovery::RecoveryReport;
-pub(crate) use self::segment_write::Moved;
-use self::table_file::config_text;
+use crate::config::config_text;
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::vfs::Vfs;
 use crate::{Result, Table};
@@ -71,7 +70,7 @@ pub(crate) const SEG_DIR: &str = "seg";
 /// A store's memory budget and the replacement policy its tables use.
 #[derive(Clone, Debug)]
 pub(crate) struct Tiering {
-    pub(crate) budget: Arc<crate::tier::Budget>,
+    pub(crate) budget: Arc<crate::budget::Budget>,
     pub(crate) eviction: crate::evict::EvictionConfig,
     /// `Some((shard, n))`: index only the keys of serving shard `shard` of `n`
     /// ([`crate::shard_of_key`]) — a server's part of a checkpoint whose segments it links.

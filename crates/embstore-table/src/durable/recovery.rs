@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::table_file::parse_config_text;
 use super::{orphans, random_id, segment_path, Durable, Tiering, SEG_DIR};
+use crate::config::parse_config_text;
 use crate::disk::manifest::{Manifest, State, TableEntry};
 use crate::disk::segment::SegmentReader;
 use crate::disk::vfs::Vfs;
+use crate::tier::Gate;
 use crate::version::Clock;
 use crate::{Error, ErrorKind, Result, Table};
 
@@ -170,13 +171,9 @@ fn replay_file(
             path.display()
         )));
     }
-    Ok(match (&table.tier, tiering) {
-        (Some(tier), Some(t)) => {
-            let slot = tier.files.write().reserve()?;
-            let n = table.replay_footer(slot, &r, t.keep)?;
-            tier.files.write().install(slot, seq, Arc::new(r));
-            n
-        }
+    Ok(match tiering {
+        // With a memory budget every row starts on disk: only the footers are read.
+        Some(t) if table.is_tiered() => table.replay_cold(seq, r, t.keep)?,
         _ => {
             let (rows, tombstones) = table.replay(&r)?;
             rows + tombstones

@@ -27,6 +27,7 @@ use parking_lot::RwLockReadGuard;
 use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
+use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Result, Table};
 
@@ -87,8 +88,8 @@ impl Durable {
         edits.push(Edit::Rows { table: id, rows: table.len() as u64 });
         let mut next = tx.state().clone();
         edits.iter().try_for_each(|e| next.apply(e))?;
-        let reader = match (kept, &table.tier) {
-            (true, Some(_)) => Some(Arc::new(SegmentReader::open_for_reads(&*self.vfs, &tx.path)?)),
+        let reader = match (kept, table.is_tiered()) {
+            (true, true) => Some(Arc::new(SegmentReader::open_for_reads(&*self.vfs, &tx.path)?)),
             _ => None,
         };
         // The commit: no `clear`, `load` or demotion of this table runs from here to the end.
@@ -110,10 +111,7 @@ impl Durable {
     }
 }
 
-/// A committed segment's part in the tier of `table`: its reader goes into file `slot` (or the
-/// slot is released when the segment held nothing); after a clear or rewrite, rows on disk move
-/// to the new segment before the old ones' slots go, and rows in memory whose clean copy was in
-/// an old segment become dirty. Runs under the table's gate.
+/// A committed segment's part in the tier of `table` (see `Gate::on_segment_committed`).
 fn install_segment(
     table: &Table,
     slot: u32,
@@ -122,29 +120,17 @@ fn install_segment(
     cleared: bool,
     moved: &[Moved],
 ) {
-    let Some(t) = &table.tier else { return };
-    match reader {
-        Some(r) => t.files.write().install(slot, seq, r),
-        None => t.files.write().release(slot),
-    }
-    if cleared {
-        let old = t.files.read().slots_below(seq);
-        table.relocate_cold(moved, &old);
-        let mut files = t.files.write();
-        old.into_iter().for_each(|s| files.release(s));
-    }
+    table.on_segment_committed(slot, seq, reader, cleared, moved);
 }
 
 /// Reserves a file slot in the tier of `table` for a new segment (`None`: not tiered).
 fn reserve_slot(table: &Table) -> Result<Option<u32>> {
-    table.tier.as_ref().map(|t| t.files.write().reserve()).transpose()
+    table.reserve_file_slot()
 }
 
 /// Gives back a slot [`reserve_slot`] gave that no segment was installed in.
 fn release_slot(table: &Table, slot: u32) {
-    if let Some(t) = &table.tier {
-        t.files.write().release(slot);
-    }
+    table.release_file_slot(Some(slot));
 }
 
 /// One segment write in progress: each step done is recorded, and dropping it before

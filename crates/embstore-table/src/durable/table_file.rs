@@ -28,15 +28,12 @@
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use crate::config::NonFinite;
+use crate::config::{config_text, parse_config_text};
 use crate::stats::Counters;
 use crate::table::same_layout;
-use crate::{
-    Error, ErrorKind, Initializer, Optimizer, Result, RowChunk, RowMeta, Table, TableConfig,
-    Version,
-};
+use crate::tier::Gate;
+use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table, TableConfig, Version};
 
 const MAGIC: &[u8; 8] = b"EMBSTBL1";
 /// Rows per block.
@@ -178,76 +175,6 @@ fn header_text(t: &Table) -> String {
     config_text(t.config(), t.step())
 }
 
-/// A table's config and step as `key=value` lines: the header of a table file, and the config
-/// a store's manifest keeps for each table.
-pub(crate) fn config_text(c: &TableConfig, step: u64) -> String {
-    let ttl = c.ttl.map_or("none".to_owned(), |d| d.as_millis().to_string());
-    let non_finite = match c.non_finite {
-        NonFinite::Reject => "reject",
-        NonFinite::Skip => "skip",
-    };
-    format!(
-        "name={}\nembedding_dim={}\nnum_shards={}\nseed={}\ninitializer={}\noptimizer={}\n\
-         admission_min_count={}\nadmission_sketch_width={}\nttl_ms={ttl}\nnon_finite={non_finite}\n\
-         huge_pages={}\nstep={}\n",
-        c.name,
-        c.embedding_dim,
-        c.num_shards,
-        c.seed,
-        spec(c.initializer.name(), &c.initializer.params()),
-        spec(c.optimizer.name(), &c.optimizer.params()),
-        c.admission_min_count,
-        c.admission_sketch_width,
-        c.huge_pages,
-        step,
-    )
-}
-
-/// `name key=value ...`, each value the shortest decimal that reads back as the same f32.
-fn spec(name: &str, params: &[(&str, f32)]) -> String {
-    let mut out = name.to_owned();
-    for (key, value) in params {
-        out.push_str(&format!(" {key}={value:?}"));
-    }
-    out
-}
-
-/// Parses a [`spec`] (or the positional form `name v1 v2 ...` of files written before the
-/// parameters were named) with `build` (`Optimizer::from_params` or `Initializer::from_params`).
-fn parse_spec<T>(
-    text: &str,
-    build: impl Fn(&str, &[&str], &dyn Fn(&str) -> Option<f32>) -> Result<T>,
-    names: impl Fn(&T) -> Vec<(&'static str, f32)>,
-) -> Option<T> {
-    let mut words = text.split_whitespace();
-    let name = words.next()?;
-    let words: Vec<&str> = words.collect();
-    let mut given: Vec<(&str, f32)> = Vec::new();
-    if words.iter().all(|w| w.contains('=')) {
-        for w in &words {
-            let (k, v) = w.split_once('=')?;
-            if given.iter().any(|(g, _)| *g == k) {
-                return None;
-            }
-            given.push((k, v.parse().ok()?));
-        }
-    } else {
-        // Positional: the parameters in their defined order, all of them.
-        let order = names(&build(name, &[], &|_| None).ok()?);
-        if order.len() != words.len() {
-            return None;
-        }
-        for ((k, _), w) in order.iter().zip(&words) {
-            given.push((k, w.parse().ok()?));
-        }
-    }
-    let keys: Vec<&str> = given.iter().map(|(k, _)| *k).collect();
-    let value = |k: &str| given.iter().find(|(g, _)| *g == k).map(|(_, v)| *v);
-    let built = build(name, &keys, &value).ok()?;
-    // Every parameter must be present: a missing one is not silently defaulted.
-    (names(&built).len() == given.len()).then_some(built)
-}
-
 fn read_exact(r: &mut impl Read, buf: &mut [u8], path: &Path) -> Result<()> {
     r.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -283,73 +210,6 @@ fn parse_header(r: &mut impl Read, path: &Path) -> Result<(TableConfig, u64)> {
     }
     let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8"))?;
     parse_config_text(&text, &bad)
-}
-
-/// Reads [`config_text`] back strictly (every key present once, integers of their own type);
-/// `bad` makes the error for a defect.
-pub(crate) fn parse_config_text(
-    text: &str,
-    bad: &dyn Fn(&str) -> Error,
-) -> Result<(TableConfig, u64)> {
-    let mut fields: Vec<(&str, &str)> = Vec::new();
-    for line in text.lines() {
-        let (key, value) = line.split_once('=').ok_or_else(|| bad("header line without '='"))?;
-        if fields.iter().any(|(k, _)| *k == key) {
-            return Err(bad(&format!("{key} given twice")));
-        }
-        fields.push((key, value));
-    }
-    let field = |key: &str| {
-        fields
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| *v)
-            .ok_or_else(|| bad(&format!("missing {key}")))
-    };
-    // Each integer is parsed as its own type: a value that does not fit is an error, never a
-    // truncation.
-    fn int<T: std::str::FromStr>(v: &str, key: &str, bad: &dyn Fn(&str) -> Error) -> Result<T> {
-        v.parse::<T>().map_err(|_| bad(&format!("bad {key}: {v:?}")))
-    }
-    let b = bad;
-    let config = TableConfig {
-        name: field("name")?.to_owned(),
-        embedding_dim: int(field("embedding_dim")?, "embedding_dim", b)?,
-        num_shards: int(field("num_shards")?, "num_shards", b)?,
-        seed: int(field("seed")?, "seed", b)?,
-        initializer: parse_spec(
-            field("initializer")?,
-            |n, g, f| Initializer::from_params(n, g, f),
-            Initializer::params,
-        )
-        .ok_or_else(|| bad("bad initializer"))?,
-        optimizer: parse_spec(
-            field("optimizer")?,
-            |n, g, f| Optimizer::from_params(n, g, f),
-            Optimizer::params,
-        )
-        .ok_or_else(|| bad("bad optimizer"))?,
-        admission_min_count: int(field("admission_min_count")?, "admission_min_count", b)?,
-        admission_sketch_width: int(field("admission_sketch_width")?, "admission_sketch_width", b)?,
-        ttl: match field("ttl_ms")? {
-            "none" => None,
-            v => Some(Duration::from_millis(int(v, "ttl_ms", b)?)),
-        },
-        non_finite: match field("non_finite")? {
-            "reject" => NonFinite::Reject,
-            "skip" => NonFinite::Skip,
-            v => return Err(bad(&format!("bad non_finite: {v:?}"))),
-        },
-        huge_pages: match field("huge_pages")? {
-            "true" => true,
-            "false" => false,
-            v => return Err(bad(&format!("bad huge_pages: {v:?}"))),
-        },
-    };
-    let step = int(field("step")?, "step", b)?;
-    // Keys from later versions are ignored.
-    config.validate().map_err(|e| bad(e.message()))?;
-    Ok((config, step))
 }
 
 fn encode_block(chunk: &RowChunk, buf: &mut Vec<u8>) {

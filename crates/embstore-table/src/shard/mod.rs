@@ -8,9 +8,13 @@
 
 use embstore_index::NeighborHash;
 
+use self::cold::{ColdSide, NONE};
+
 use crate::arena::Arena;
 use crate::meta::PackedMeta;
 use crate::{Error, ErrorKind, Optimizer, Result};
+
+pub(crate) mod cold;
 
 /// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`: then its memory
 /// is at most about twice what its rows need, and each compaction (O(live rows)) is paid for by
@@ -36,8 +40,8 @@ pub(crate) struct Shard {
     /// In a durable store: the keys whose rows turned dirty since the last flush (each once,
     /// when its row goes from clean to dirty), so that a flush needs no scan of the shard.
     pub(crate) dirty_keys: Option<Vec<u64>>,
-    /// In a table with a memory budget: the cold index and per-slot tier state (`tier`).
-    pub(crate) tier: Option<Box<crate::tier::ShardTier>>,
+    /// In a table with a memory budget: the cold index and per-slot cold-side state (`cold`).
+    pub(crate) cold: Option<Box<ColdSide>>,
 }
 
 impl Shard {
@@ -61,7 +65,7 @@ impl Shard {
             huge_pages,
             removed: None,
             dirty_keys: None,
-            tier: None,
+            cold: None,
         };
         if rows > 0 {
             shard.reserve_slots(rows)?;
@@ -85,7 +89,7 @@ impl Shard {
     /// returned them: `MISSING` for no row) were used; a no-op without a memory tier.
     #[inline]
     pub(crate) fn note_accesses(&self, slots: &[u64]) {
-        if let Some(t) = &self.tier {
+        if let Some(t) = &self.cold {
             for &s in slots.iter().filter(|&&s| s != embstore_index::MISSING) {
                 t.policy.on_access(s as usize);
             }
@@ -107,9 +111,9 @@ impl Shard {
         if let Some(dirty) = &mut self.dirty_keys {
             dirty.push(key);
         }
-        if let Some(t) = &mut self.tier {
-            t.cold.remove(key); // a cold copy is older than this new row
-            t.on_insert(slot, key, crate::tier::NONE);
+        if let Some(t) = &mut self.cold {
+            t.index.remove(key); // a cold copy is older than this new row
+            t.on_insert(slot, key, NONE);
         }
         Ok(slot)
     }
@@ -128,12 +132,12 @@ impl Shard {
         Ok(slot)
     }
 
-    /// Gives the shard a tier state, registering every row it holds (all hot, none on disk).
-    pub(crate) fn attach_tier(&mut self, mut t: crate::tier::ShardTier) {
+    /// Gives the shard a cold side, registering every row it holds (all hot, none on disk).
+    pub(crate) fn attach_cold(&mut self, mut t: ColdSide) {
         for (key, slot) in self.index.iter() {
-            t.on_insert(slot as usize, key, crate::tier::NONE);
+            t.on_insert(slot as usize, key, NONE);
         }
-        self.tier = Some(Box::new(t));
+        self.cold = Some(Box::new(t));
     }
 
     /// Records a write of `key`'s row (at `slot`) with `version`.
@@ -194,8 +198,8 @@ impl Shard {
 
     /// Removes `key`'s row; whether it had one. Call [`Shard::shrink_if_sparse`] after a batch.
     pub(crate) fn remove(&mut self, key: u64) -> bool {
-        if let Some(t) = &mut self.tier {
-            t.cold.remove(key);
+        if let Some(t) = &mut self.cold {
+            t.index.remove(key);
         }
         let Some(slot) = self.slot(key) else { return false };
         if let Some(removed) = &mut self.removed {
@@ -211,9 +215,9 @@ impl Shard {
             let slot = slot as usize;
             self.meta[slot] = PackedMeta::default();
             self.free.push(slot);
-            if let Some(t) = &mut self.tier {
+            if let Some(t) = &mut self.cold {
                 t.policy.on_remove(slot);
-                t.disk_loc[slot] = crate::tier::NONE;
+                t.disk_loc[slot] = NONE;
             }
         }
     }
@@ -239,7 +243,7 @@ impl Shard {
         let mut next = Self::with_rows(dim, state_dim, self.huge_pages, self.len())?;
         // The policy starts over for the moved rows (their access history is lost: compaction
         // is rare, and every row re-enters the recency segment).
-        next.tier = match &mut self.tier {
+        next.cold = match &mut self.cold {
             Some(t) => Some(Box::new(t.emptied()?)),
             None => None,
         };
@@ -249,12 +253,12 @@ impl Shard {
             next.meta.push(self.meta[old]);
             next.values.row_mut(new).copy_from_slice(self.values.row(old));
             next.state.row_mut(new).copy_from_slice(self.state.row(old));
-            if let (Some(t), Some(old_t)) = (&mut next.tier, &self.tier) {
+            if let (Some(t), Some(old_t)) = (&mut next.cold, &self.cold) {
                 t.on_insert(new, key, old_t.disk_loc[old]);
             }
         }
-        if let (Some(t), Some(old_t)) = (&mut next.tier, &mut self.tier) {
-            std::mem::swap(&mut t.cold, &mut old_t.cold);
+        if let (Some(t), Some(old_t)) = (&mut next.cold, &mut self.cold) {
+            std::mem::swap(&mut t.index, &mut old_t.index);
         }
         next.removed = self.removed.take();
         next.dirty_keys = self.dirty_keys.take();
@@ -271,7 +275,7 @@ impl Shard {
     /// (only a shard under half full was compacted): 114 MiB held for a 64 MiB budget.
     pub(crate) fn compact_tiered(&mut self, keep_rows: usize) {
         let len = self.len();
-        let Some(t) = self.tier.as_mut() else { return };
+        let Some(t) = self.cold.as_mut() else { return };
         if !self.free.is_empty() {
             let high = self.meta.len();
             let mut free_slot = vec![false; high];
@@ -314,12 +318,12 @@ impl Shard {
     /// Drops every row and releases the memory.
     pub(crate) fn clear(&mut self) -> Result<()> {
         let tracking = self.removed.is_some();
-        let tier = match &mut self.tier {
+        let cold = match &mut self.cold {
             Some(t) => Some(Box::new(t.emptied()?)),
             None => None,
         };
         *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
-        self.tier = tier;
+        self.cold = cold;
         if tracking {
             self.track_changes();
         }
