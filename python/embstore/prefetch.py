@@ -27,8 +27,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from embstore._arrays import _as_ids
 from embstore.errors import CapacityError, InvalidArgumentError
-from embstore.store import Table, _as_ids
+from embstore.table import Table
 
 B = TypeVar("B")
 # A fetch's pins taken, and the (table, ids) whose pin was refused.

@@ -26,8 +26,8 @@ import os
 from typing import Any
 
 from embstore import _native
+from embstore._arrays import _as_ids
 from embstore.errors import InvalidArgumentError
-from embstore.store import _as_ids
 
 __all__ = ["RemoteClient", "connect"]
 

@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
+from embstore._arrays import _python_ints
 from embstore._native import synthetic_trace
 from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
-from embstore.store import _python_ints
 
 __all__ = [
     "CODECS",

@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embstore import _native
+from embstore._arrays import _as_ids
 from embstore.config import Optimizer
 from embstore.errors import (
     CapacityError,
@@ -85,7 +86,7 @@ from embstore.errors import (
     NotCopyableError,
     ShapeError,
 )
-from embstore.store import Table, _as_ids
+from embstore.table import Table
 
 # Version of the dict get_extra_state returns.
 _STATE_FORMAT = 1

@@ -91,7 +91,7 @@ def test_ids_in_every_form_give_the_same_rows(table: embstore.Table) -> None:
 
 
 def test_zero_copy_for_contiguous_int64(table: embstore.Table) -> None:
-    from embstore.store import _as_ids
+    from embstore._arrays import _as_ids
 
     a = np.arange(10, dtype=np.int64)
     assert np.shares_memory(_as_ids(a)[0], a)
