@@ -386,7 +386,7 @@ def bench_overhead(
     one = ids[:1].copy()
     one_u64 = one.view(np.uint64)
     empty = np.empty(0, dtype=np.int64)
-    inner = table._inner
+    inner = table.native()
     buf = np.empty((len(ids), table.embedding_dim), np.float32)
 
     def binding() -> None:

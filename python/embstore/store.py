@@ -18,15 +18,7 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
-from embstore.config import (
-    _INITIALIZERS,
-    _OPTIMIZERS,
-    SGD,
-    Initializer,
-    Normal,
-    Optimizer,
-    to_params,
-)
+from embstore.config import Initializer, Optimizer, TableSpec, to_native_spec
 from embstore.errors import InvalidArgumentError, StoreClosedError
 from embstore.table import ExportChunk, Table
 
@@ -260,8 +252,8 @@ class Store:
 
     def create_table(
         self,
-        name: str,
-        embedding_dim: int,
+        name: str | TableSpec,
+        embedding_dim: int | None = None,
         *,
         optimizer: Optimizer | None = None,
         initializer: Initializer | None = None,
@@ -273,10 +265,13 @@ class Store:
         on_non_finite: str = "error",
         huge_pages: bool = True,
     ) -> Table:
-        """Create a table.
+        """Create a table from a :class:`TableSpec`, or from the spec's fields given as
+        arguments: ``create_table(spec)`` and ``create_table("user", 64, optimizer=...)`` are
+        the same call.
 
         Args:
-            name: unique in the store.
+            name: a :class:`TableSpec` (then no other argument), or the table's name, unique in
+                the store.
             embedding_dim: ``D``, 1..4096.
             optimizer: :class:`SGD` (default, lr 0.01), :class:`Adagrad`,
                 :class:`RowWiseAdagrad`, :class:`Adam` or :class:`FTRL`.
@@ -299,59 +294,31 @@ class Store:
             TableExistsError: the name is taken.
             InvalidArgumentError: a parameter is out of range.
         """
-        optimizer = SGD() if optimizer is None else optimizer
-        initializer = Normal() if initializer is None else initializer
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"name must be a str, got {name!r}")
-        if type(optimizer) not in _OPTIMIZERS.values():
-            raise InvalidArgumentError(
-                f"optimizer must be an embstore optimizer, got {optimizer!r}"
+        if isinstance(name, TableSpec):
+            given = (embedding_dim, optimizer, initializer, num_shards, seed, admission_min_count)
+            given += (admission_sketch_width, ttl, on_non_finite, huge_pages)
+            if given != (None, None, None, 8, 0, 0, 1 << 20, None, "error", True):
+                raise InvalidArgumentError(
+                    "create_table takes a TableSpec or the spec's fields as arguments, not both"
+                )
+            spec = name
+        else:
+            if embedding_dim is None:
+                raise TypeError("create_table() missing required argument: 'embedding_dim'")
+            spec = TableSpec(
+                name,
+                embedding_dim,
+                optimizer=optimizer,  # None: SGD(), as in TableSpec
+                initializer=initializer,
+                num_shards=num_shards,
+                seed=seed,
+                admission_min_count=admission_min_count,
+                admission_sketch_width=admission_sketch_width,
+                ttl=ttl,
+                on_non_finite=on_non_finite,
+                huge_pages=huge_pages,
             )
-        if type(initializer) not in _INITIALIZERS.values():
-            raise InvalidArgumentError(
-                f"initializer must be an embstore initializer, got {initializer!r}"
-            )
-        if on_non_finite not in ("error", "skip"):
-            raise InvalidArgumentError(
-                f"on_non_finite must be 'error' or 'skip', got {on_non_finite!r}"
-            )
-        if isinstance(ttl, _dt.timedelta):
-            ttl = ttl.total_seconds()
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
-            raise InvalidArgumentError(f"ttl must be seconds or a timedelta, got {ttl!r}")
-        # Python checks types and the native integer ranges only; the values' meaning (dims,
-        # powers of two, ...) is checked once, in the Rust core, whose message names the field.
-        # Out of the native type's range, the core's own bound is quoted.
-        ints = (
-            ("embedding_dim", embedding_dim, f"1..={_native.MAX_EMBEDDING_DIM}", 2**63),
-            ("num_shards", num_shards, "a power of two in 1..=1024", 2**63),
-            ("seed", seed, "0..2**64", 2**64),
-            ("admission_min_count", admission_min_count, "0..2**32", 2**32),
-            ("admission_sketch_width", admission_sketch_width, "0..=2**28", 2**63),
-        )
-        for arg, value, bounds, high in ints:
-            if isinstance(value, bool) or not isinstance(value, int | np.integer):
-                raise InvalidArgumentError(f"{arg} must be an int, got {value!r}")
-            if not 0 <= value < high:
-                raise InvalidArgumentError(f"{arg} must be in {bounds}, got {value}")
-        opt_kind, opt_params = to_params(optimizer)
-        init_kind, init_params = to_params(initializer)
-        inner = self._inner.create_table(
-            name,
-            int(embedding_dim),
-            init_kind,
-            init_params,
-            opt_kind,
-            opt_params,
-            int(num_shards),
-            int(seed),
-            int(admission_min_count),
-            int(admission_sketch_width),
-            None if ttl is None else float(ttl),
-            on_non_finite == "skip",
-            bool(huge_pages),
-        )
-        return Table(inner)
+        return Table(self._inner.create_table(to_native_spec(spec)))
 
     def table(self, name: str) -> Table:
         """The table called ``name``; :class:`TableNotFoundError` if there is none."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from embstore import _native
 from embstore._arrays import _as_ids, _as_rows, _check_out, _out, _uint_array
-from embstore.config import from_params
+from embstore.config import TableSpec, from_native_spec
 from embstore.errors import InvalidArgumentError, ShapeError
 
 
@@ -70,6 +70,14 @@ class Table:
     def __init__(self, inner: _native.Table):
         self._inner = inner
 
+    def native(self) -> _native.Table:
+        """The native table this handle wraps: the seam through which embstore's own modules
+        hand a table to other native objects (the inference cache holds the native tables, a
+        benchmark times the binding alone). It takes arguments exactly as they leave
+        :mod:`embstore._arrays` (contiguous ``uint64[B]`` ids, ``float32[B, D]`` rows) and checks
+        nothing else, so code outside embstore should call the table's own methods."""
+        return self._inner
+
     def __repr__(self) -> str:
         return repr(self._inner)
 
@@ -113,24 +121,12 @@ class Table:
         self._inner.set_step(int(value))
 
     @property
-    def config(self) -> dict[str, Any]:
-        """The table's configuration, as the keyword arguments of :meth:`Store.create_table`:
-        ``store.create_table(**table.config)`` makes a table configured alike (rename it by
-        passing ``name=`` after the dict, e.g. ``{**table.config, "name": "copy"}``)."""
-        c = self._inner.config()
-        return {
-            "name": c["name"],
-            "embedding_dim": c["embedding_dim"],
-            "optimizer": from_params(c["optimizer"]),
-            "initializer": from_params(c["initializer"]),
-            "num_shards": c["num_shards"],
-            "seed": c["seed"],
-            "admission_min_count": c["admission_min_count"],
-            "admission_sketch_width": c["admission_sketch_width"],
-            "ttl": c["ttl_seconds"],
-            "on_non_finite": "skip" if c["skip_non_finite"] else "error",
-            "huge_pages": c["huge_pages"],
-        }
+    def config(self) -> TableSpec:
+        """The table's :class:`~embstore.TableSpec`: ``store.create_table(table.config)`` makes
+        a table configured alike. It also reads as the keyword arguments of
+        :meth:`Store.create_table`: ``store.create_table(**{**table.config, "name": "copy"})``
+        (or ``dataclasses.replace(table.config, name="copy")``) makes a renamed one."""
+        return from_native_spec(self._inner.config())
 
     def lookup(
         self,

@@ -235,7 +235,7 @@ class InferenceCache:
                 f"memory_budget_bytes must be positive, got {memory_budget_bytes}"
             )
         tiers = {"f32": 1.0} if tiers is None else dict(tiers)
-        native_tables = [store.table(name)._inner for name in self.tables]
+        native_tables = [store.table(name).native() for name in self.tables]
         sur = None
         if surrogates:
             unknown = [k for k in surrogates if k not in self.tables]
@@ -243,7 +243,7 @@ class InferenceCache:
                 raise TableNotFoundError(
                     f"surrogates for tables {unknown} that the cache does not hold"
                 )
-            sur = [surrogates[t]._inner if t in surrogates else None for t in self.tables]
+            sur = [surrogates[t].native() if t in surrogates else None for t in self.tables]
         self._inner = _native.InferenceCache(
             native_tables,
             int(memory_budget_bytes),
@@ -334,6 +334,11 @@ class InferenceCache:
             return out
         return out, {name: src[:, i] for i, name in enumerate(self.tables)}
 
+    def native(self) -> Any:
+        """The native cache this object wraps, for embstore's own modules (the evaluator
+        scores the whole system through it); not for use outside embstore."""
+        return self._inner
+
     def stats(self) -> dict[str, Any]:
         """Counters and memory: ``perfect_hits`` (exact), ``served_perfect_hits`` (with
         surrogates), their rates, per-tier hits, ``misses_per_request`` (a histogram of
@@ -370,6 +375,11 @@ class Surrogates:
 
     def __init__(self, inner: Any):
         self._inner = inner
+
+    def native(self) -> Any:
+        """The native surrogate map this object wraps, which :class:`InferenceCache` hands to
+        the native cache; not for use outside embstore."""
+        return self._inner
 
     def __len__(self) -> int:
         return len(self._inner)
@@ -543,7 +553,7 @@ def evaluate(
     """
     keys, offsets = _as_trace(trace)
     if isinstance(policy, InferenceCache):
-        return policy._inner.evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
+        return policy.native().evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
     if capacity_bytes is not None:
         if capacity is not None:
             raise InvalidArgumentError("give capacity or capacity_bytes, not both")

@@ -155,7 +155,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
             all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
             all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
             lr = float(group["lr"])
-            stepped += table._inner.apply_gradients(all_ids, all_grads.numpy(), lr)
+            stepped += table.apply_gradients(all_ids, all_grads.numpy(), lr=lr)
         return loss if closure is not None else stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:

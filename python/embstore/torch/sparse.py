@@ -89,7 +89,7 @@ def _state_fields(d: int, s: int) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 def _optimizer(table: Table) -> Optimizer:
     """The table's optimizer (``SGD(lr=...)``, ...); ``._kind`` names it (``"adam"``)."""
-    return table.config["optimizer"]
+    return table.config.optimizer
 
 
 # Backward passes a module keeps before it warns that EmbeddingOptimizer.zero_grad() is not
