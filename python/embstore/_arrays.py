@@ -1,7 +1,7 @@
 """Argument normalisers shared by every module that hands arrays to native code: ids to
-contiguous ``uint64[B]`` (:func:`_as_ids`), rows to ``float32[B, D]`` (:func:`_as_rows`), a
-caller's ``out`` buffer checked (:func:`_check_out`), metadata arrays (:func:`_uint_array`) and
-results back on the ids' torch device (:func:`_out`).
+contiguous ``uint64[B]`` (:func:`as_ids`), rows to ``float32[B, D]`` (:func:`as_rows`), a
+caller's ``out`` buffer checked (:func:`check_out`), metadata arrays (:func:`uint_array`) and
+results back on the ids' torch device (:func:`on_device`).
 
 Invariants: what leaves here is C-contiguous and aligned, so native code reads it without a
 copy; a bad argument raises :class:`DTypeError` / :class:`ShapeError` /
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from embstore.table import Table
 
 
-def _torch_tensor(x: Any) -> Any:
+def torch_tensor(x: Any) -> Any:
     """``x`` if it is a torch tensor (without importing torch), else None."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
@@ -30,25 +30,25 @@ def _torch_tensor(x: Any) -> Any:
     return None
 
 
-def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
+def as_ids(ids: Any) -> tuple[np.ndarray, Any]:
     """Normalise ``ids`` to a contiguous ``uint64[B]`` array; also return the torch device of
     tensor input (None for anything else)."""
     device = None
     if type(ids) is np.ndarray:
         arr = ids
         if arr.dtype.kind == "O" and arr.ndim == 1:
-            arr = _python_ints(arr.tolist(), arr)
-    elif (t := _torch_tensor(ids)) is not None:
+            arr = python_ints(arr.tolist(), arr)
+    elif (t := torch_tensor(ids)) is not None:
         device = t.device
         if t.dtype.is_floating_point or t.dtype.is_complex:  # bfloat16 has no numpy dtype
             raise DTypeError(f"ids must be 1-D int64, got {t.dim()}-D {str(t.dtype)[6:]}")
-        arr = _torch_numpy(t)  # a bool tensor is refused by the dtype check below
+        arr = torch_numpy(t)  # a bool tensor is refused by the dtype check below
     else:
         arr = np.asarray(ids)
         if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to numpy
             arr = arr.astype(np.int64)
         elif arr.dtype.kind in "fO" and arr.ndim == 1:
-            arr = _python_ints(ids, arr)
+            arr = python_ints(ids, arr)
     if arr.dtype != np.int64 and arr.dtype != np.uint64:
         if arr.dtype.kind not in "iu":
             raise DTypeError(f"ids must be 1-D int64, got {arr.ndim}-D {arr.dtype}")
@@ -60,7 +60,7 @@ def _as_ids(ids: Any) -> tuple[np.ndarray, Any]:
     return arr.view(np.uint64), device
 
 
-def _python_ints(seq: Any, arr: np.ndarray) -> np.ndarray:
+def python_ints(seq: Any, arr: np.ndarray) -> np.ndarray:
     """A sequence of Python ints that numpy could not type (it mixes ids below 2**63 with ids
     at or above it) as ``uint64``; anything else comes back unchanged for the dtype check."""
     items = list(seq)
@@ -71,7 +71,7 @@ def _python_ints(seq: Any, arr: np.ndarray) -> np.ndarray:
     return np.fromiter((int(x) & (2**64 - 1) for x in items), dtype=np.uint64, count=len(items))
 
 
-def _torch_numpy(t: Any) -> np.ndarray:
+def torch_numpy(t: Any) -> np.ndarray:
     """A CPU tensor's data as numpy (no copy when contiguous); other devices are copied."""
     t = t.detach()
     if t.device.type != "cpu":
@@ -79,13 +79,13 @@ def _torch_numpy(t: Any) -> np.ndarray:
     return t.contiguous().numpy()
 
 
-def _as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
+def as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
     """Normalise ``x`` to a C-contiguous ``float32[n, D]`` array."""
-    if (t := _torch_tensor(x)) is not None:
+    if (t := torch_tensor(x)) is not None:
         if not t.dtype.is_floating_point:
             raise DTypeError(f"{what} must be float32, got {str(t.dtype)[6:]}")
         # float16/bfloat16 (AMP) become float32 here: numpy has no bfloat16.
-        x = _torch_numpy(t.float())  # .float() is a no-op for float32
+        x = torch_numpy(t.float())  # .float() is a no-op for float32
     arr = np.asarray(x)
     if arr.dtype != np.float32:
         if arr.dtype.kind != "f" and not (arr.size == 0 and arr.dtype.kind in "iuf"):
@@ -107,7 +107,7 @@ def _as_rows(x: Any, n: int, table: Table, what: str) -> np.ndarray:
     return arr
 
 
-def _check_out(out: Any, ids: np.ndarray, dim: int) -> None:
+def check_out(out: Any, ids: np.ndarray, dim: int) -> None:
     """``out`` must be a writable, aligned, C-contiguous ``float32[B, D]`` numpy array that
     shares no memory with the ids: anything else would be written wrongly, or not at all."""
     if not isinstance(out, np.ndarray) or out.dtype != np.float32:
@@ -125,7 +125,7 @@ def _check_out(out: Any, ids: np.ndarray, dim: int) -> None:
         raise InvalidArgumentError("out shares memory with the ids")
 
 
-def _uint_array(x: Any, dtype: Any, what: str, n: int) -> np.ndarray:
+def uint_array(x: Any, dtype: Any, what: str, n: int) -> np.ndarray:
     """``x`` as a contiguous ``dtype[n]`` array of non-negative integers that fit ``dtype``."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
@@ -139,7 +139,7 @@ def _uint_array(x: Any, dtype: Any, what: str, n: int) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-def _out(arr: np.ndarray, device: Any) -> Any:
+def on_device(arr: np.ndarray, device: Any) -> Any:
     """``arr`` as a torch tensor on ``device`` when the ids were a tensor, else as is."""
     if device is None:
         return arr

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from embstore._arrays import _as_ids
+from embstore._arrays import as_ids
 from embstore.errors import CapacityError, InvalidArgumentError
 from embstore.table import Table
 
@@ -108,7 +108,7 @@ def _pipeline(
                         f"ids() must map embstore.Table to ids, got a key {type(table).__name__}"
                     )
                 if table.tiered:
-                    work.append((table, _as_ids(raw)[0]))
+                    work.append((table, as_ids(raw)[0]))
             ahead.append((batch, pool.submit(fetch, work)))
 
     try:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from embstore import _native
-from embstore._arrays import _as_ids, _as_rows, _check_out, _out, _uint_array
+from embstore._arrays import as_ids, as_rows, check_out, on_device, uint_array
 from embstore.config import TableSpec, from_native_spec
 from embstore.errors import InvalidArgumentError, ShapeError
 
@@ -153,16 +153,16 @@ class Table:
         Returns:
             ``values`` or ``(values, found)``; numpy, or torch on the ids' device.
         """
-        arr, device = _as_ids(ids)
+        arr, device = as_ids(ids)
         if out is None:
             out = np.empty((len(arr), self._inner.embedding_dim), np.float32)
         else:
-            _check_out(out, arr, self._inner.embedding_dim)
+            check_out(out, arr, self._inner.embedding_dim)
         found = np.empty(len(arr), np.bool_) if return_found else None
         self._inner.lookup(arr, out, on_miss, found)
         if return_found:
-            return _out(out, device), _out(found, device)
-        return _out(out, device)
+            return on_device(out, device), on_device(found, device)
+        return on_device(out, device)
 
     def apply_gradients(self, ids: Any, grads: Any, *, lr: float | None = None) -> int:
         """One optimizer step per unique id, with the gradients of duplicate ids summed first
@@ -181,15 +181,15 @@ class Table:
             NonFiniteError: a gradient is NaN or infinite (unless the table skips them);
                 nothing is applied.
         """
-        arr, _ = _as_ids(ids)
-        rows = _as_rows(grads, len(arr), self, "grads")
+        arr, _ = as_ids(ids)
+        rows = as_rows(grads, len(arr), self, "grads")
         return self._inner.apply_gradients(arr, rows, None if lr is None else float(lr))
 
     def assign(self, ids: Any, values: Any) -> None:
         """Set rows: ``values`` is ``float32[B, D]``; missing ids get a row; for a repeated id
         the last row wins; optimizer state of existing rows is kept."""
-        arr, _ = _as_ids(ids)
-        self._inner.assign(arr, _as_rows(values, len(arr), self, "values"))
+        arr, _ = as_ids(ids)
+        self._inner.assign(arr, as_rows(values, len(arr), self, "values"))
 
     @property
     def tiered(self) -> bool:
@@ -202,7 +202,7 @@ class Table:
         the store's tables together may take at most 60 % of the budget: beyond that
         :class:`CapacityError` says so (a working set too large for the budget), instead of
         thrashing or blocking."""
-        self._inner.pin(_as_ids(ids)[0])
+        self._inner.pin(as_ids(ids)[0])
 
     def prefetch(self, ids: Any) -> int:
         """Bring the rows of ``ids`` that are on disk into memory now, as a lookup would,
@@ -210,19 +210,19 @@ class Table:
         Meant for a thread that reads the next batch's rows while this one trains (see
         :func:`embstore.prefetch`, which also pins them until their batch is done); ids with
         no row are ignored. Without a memory budget it does nothing and returns 0."""
-        return self._inner.prefetch(_as_ids(ids)[0])
+        return self._inner.prefetch(as_ids(ids)[0])
 
     def unpin(self, ids: Any) -> None:
         """Release pins taken by :meth:`pin`. Where the released rows leave the store over its
         memory budget, the excess is evicted here, so the store is back under its budget when
         training stops."""
-        self._inner.unpin(_as_ids(ids)[0])
+        self._inner.unpin(as_ids(ids)[0])
 
     @contextlib.contextmanager
     def pinned(self, ids: Any) -> Iterator[None]:
         """``with table.pinned(ids):`` keeps the rows of ``ids`` in memory for the block —
         between a batch's lookup and its ``apply_gradients``, the working set of a step."""
-        arr = _as_ids(ids)[0]
+        arr = as_ids(ids)[0]
         self._inner.pin(arr)
         try:
             yield
@@ -231,25 +231,25 @@ class Table:
 
     def remove(self, ids: Any) -> int:
         """Remove the rows of ``ids``; return how many existed."""
-        return self._inner.remove(_as_ids(ids)[0])
+        return self._inner.remove(as_ids(ids)[0])
 
     def contains(self, ids: Any) -> Any:
         """``bool[B]``: whether each id has a row."""
-        arr, device = _as_ids(ids)
-        return _out(self._inner.contains(arr), device)
+        arr, device = as_ids(ids)
+        return on_device(self._inner.contains(arr), device)
 
     def initial_values(self, ids: Any) -> Any:
         """``float32[B, D]``: the initial value each id gets (stores nothing)."""
-        arr, device = _as_ids(ids)
+        arr, device = as_ids(ids)
         out = np.empty((len(arr), self._inner.embedding_dim), np.float32)
         self._inner.initial_rows(arr, out)
-        return _out(out, device)
+        return on_device(out, device)
 
     def metadata(self, ids: Any) -> dict[str, np.ndarray]:
         """Per-id metadata: ``found``, ``versions``, ``replicas``, ``update_counts``,
         ``last_update_ms`` (zeros where ``found`` is False)."""
         keys = ("found", "versions", "replicas", "update_counts", "last_update_ms")
-        return dict(zip(keys, self._inner.meta(_as_ids(ids)[0]), strict=True))
+        return dict(zip(keys, self._inner.meta(as_ids(ids)[0]), strict=True))
 
     def clear(self) -> None:
         """Remove every row; reset the step counter and the admission counts."""
@@ -287,8 +287,8 @@ class Table:
         step counter to the exporting table's, so Adam's bias correction goes on from there.
         ``last_update_ms`` is kept only for rows never written (version 0): a written row's
         last update is its version's millisecond."""
-        arr, _ = _as_ids(ids)
-        rows = _as_rows(values, len(arr), self, "values")
+        arr, _ = as_ids(ids)
+        rows = as_rows(values, len(arr), self, "values")
         st = None
         if state is not None:
             st = np.ascontiguousarray(state, dtype=np.float32)
@@ -300,7 +300,7 @@ class Table:
         names = ["versions", "replicas", "update_counts", "last_update_ms"]
         dtypes = [np.uint64, np.uint32, np.uint64, np.uint64]
         meta = [
-            None if m is None else _uint_array(m, d, name, len(arr))
+            None if m is None else uint_array(m, d, name, len(arr))
             for m, d, name in zip(meta, dtypes, names, strict=True)
         ]
         if step is not None and (

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
-from embstore._arrays import _python_ints
+from embstore._arrays import python_ints
 from embstore._native import synthetic_trace
 from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
 
@@ -81,7 +81,7 @@ def _ids(x: Any, what: str) -> np.ndarray:
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     if not isinstance(x, np.ndarray) and a.dtype.kind in "fO" and a.ndim == 1:
-        a = _python_ints(x, a)  # Python ints numpy could not type (negatives and >= 2**63)
+        a = python_ints(x, a)  # Python ints numpy could not type (negatives and >= 2**63)
     if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
         raise InvalidArgumentError(f"{what} must be integer ids, got dtype {a.dtype}")
     if a.ndim != 1:

@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embstore import _native
-from embstore._arrays import _as_ids
+from embstore._arrays import as_ids
 from embstore.config import Optimizer
 from embstore.errors import (
     CapacityError,
@@ -157,7 +157,7 @@ class _StoreModule(nn.Module):
         """``float32[N, D]`` rows of the flat ids, on the ids' device, wired for backward."""
         # A copy: the gradient must go to these ids even if the caller reuses the input
         # tensor's memory before backward or step().
-        arr = np.array(_as_ids(ids.reshape(-1))[0], copy=True)
+        arr = np.array(as_ids(ids.reshape(-1))[0], copy=True)
         track = torch.is_grad_enabled() and self.training
         if track and self.table.tiered:
             # The step's working set stays in memory until EmbeddingOptimizer.zero_grad()
