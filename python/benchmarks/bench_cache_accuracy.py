@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import finish, log, run_record
+from lib.records import finish, log, run_record
 from torch import nn
 
 import embstore

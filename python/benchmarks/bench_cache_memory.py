@@ -75,7 +75,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import finish, log, run_record
 from bench_cache_accuracy import (
     CTR,
     DATA_DIR,
@@ -89,6 +88,7 @@ from bench_cache_accuracy import (
     train,
     warm,
 )
+from lib.records import finish, log, run_record
 
 import embstore
 from embstore.cache import build_surrogates, evaluate, traces

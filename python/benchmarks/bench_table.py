@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import cpu_model, finish, git_commit, log
+from lib.records import cpu_model, finish, git_commit, log
 
 import embstore
 

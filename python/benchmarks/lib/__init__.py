@@ -1,0 +1,7 @@
+"""The small library the benchmark scripts in python/benchmarks/ share (and the demo,
+``examples/movielens_ctr.py``, for its model). The scripts run from their folder, so they
+import it as ``lib``.
+
+- ``records``: progress lines, the machine record (date, CPU, cores, commit) and the common end
+  of a benchmark's ``main`` (goals, then JSON or a report).
+"""
