@@ -1,4 +1,5 @@
-//! Native `Store` and `Table`: thin wrappers over `embstore_table`, used by `embstore.store`.
+//! Native `Store` and `Table`: thin wrappers over `embstore_table`, used by `embstore.store` and
+//! `embstore.table`.
 //!
 //! Arguments arrive normalised by the Python layer: ids as C-contiguous `uint64[B]`, rows as
 //! C-contiguous `float32[B, D]`. Every batch call releases the GIL while it runs.
