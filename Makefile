@@ -91,8 +91,8 @@ test-rust: toolchain services ## Rust unit, property and doc tests
 test-python: develop data services ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
 
-test-fast: develop ## pytest without the etcd, data and benchmark tests (no services, no download)
-	$(VENV)/bin/pytest -q -m "not etcd and not data and not benchmark" python/tests \
+test-fast: develop ## pytest without the etcd, data, benchmark and slow tests (no services, no download)
+	$(VENV)/bin/pytest -q -m "not etcd and not data and not benchmark and not slow" python/tests \
 		--doctest-modules python/embstore
 
 bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
