@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python services ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
+        test-python test-fast services ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
         fmt clean
 
 help: ## List the targets
@@ -111,6 +111,10 @@ test-rust: toolchain services ## Rust unit, property and doc tests
 
 test-python: develop data services ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
+
+test-fast: develop ## pytest without the etcd, data, benchmark and slow tests (no services, no download)
+	$(VENV)/bin/pytest -q -m "not etcd and not data and not benchmark and not slow" python/tests \
+		--doctest-modules python/embstore
 
 bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
 	$(CARGO) run --release -p embstore-bench -- index $(ARGS)

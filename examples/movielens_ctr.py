@@ -51,6 +51,11 @@ from torch import nn
 import embstore
 import embstore.torch as et
 
+# The model's dense half (DLRM's dot interaction and MLP) is shared with the benchmarks that
+# measure this model: python/benchmarks/lib/ctr.py.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python" / "benchmarks"))
+from lib.ctr import DotInteraction
+
 DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / ".data" / "ml-100k"
 EMBEDDING_DIM = 16
 TEST_FRACTION = 0.2
@@ -196,24 +201,15 @@ def batches(data: Interactions, batch_size: int, order: np.ndarray) -> Iterator[
         )
 
 
-class DLRM(nn.Module):
-    """Embeddings from embstore -> pairwise dot products + concatenation -> MLP -> logit."""
+class DLRM(DotInteraction):
+    """Embeddings from embstore -> pairwise dot products + concatenation -> MLP -> logit (the
+    dense half is ``DotInteraction``, shared with the benchmarks)."""
 
     def __init__(self, tables: dict[str, embstore.Table], hidden: tuple[int, ...] = (64, 32)):
         super().__init__()
         self.fields = nn.ModuleList(et.Embedding(tables[f]) for f in SINGLE_FIELDS)
         self.genres = et.EmbeddingBag(tables["genres"], mode="mean")
-        n = len(FIELDS)
-        pair_i, pair_j = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("pair_i", pair_i)
-        self.register_buffer("pair_j", pair_j)
-        layers: list[nn.Module] = []
-        width = n * EMBEDDING_DIM + len(pair_i)
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
+        self.build_head(len(FIELDS), EMBEDDING_DIM, hidden)
 
     def forward(
         self, ids: torch.Tensor, genre_ids: torch.Tensor, genre_offsets: torch.Tensor
@@ -221,9 +217,7 @@ class DLRM(nn.Module):
         """Logits ``[B]`` for ``ids [B, 6]`` and the genre bags (``input``, ``offsets``)."""
         embs = [emb(ids[:, k]) for k, emb in enumerate(self.fields)]
         embs.append(self.genres(genre_ids, genre_offsets))
-        e = torch.stack(embs, dim=1)  # [B, 7, D]
-        dots = torch.bmm(e, e.transpose(1, 2))[:, self.pair_i, self.pair_j]  # [B, 21]
-        return self.mlp(torch.cat([e.flatten(1), dots], dim=1)).squeeze(1)
+        return self.dense(torch.stack(embs, dim=1))  # [B, 7, D] -> [B]
 
 
 class LookupTimer:

@@ -68,7 +68,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import finish, log, run_record
+from lib.records import finish, log, run_record
 
 import embstore
 from embstore import _native

@@ -66,7 +66,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import finish, log, run_record
+from lib.ctr import DotInteraction
+from lib.records import finish, log, run_record
 from torch import nn
 
 import embstore
@@ -177,30 +178,16 @@ def per_user_split(users: np.ndarray, test_fraction: float = TEST_FRACTION) -> n
     return test
 
 
-class CTR(nn.Module):
-    """One embedding per field -> pairwise dots + concatenation -> MLP -> logit."""
+class CTR(DotInteraction):
+    """One embedding per field -> pairwise dots + concatenation -> MLP -> logit (the demo's
+    dense half, ``lib.ctr.DotInteraction``)."""
 
     def __init__(self, sizes: Sequence[int], dim: int = DIM, hidden: Sequence[int] = HIDDEN):
         super().__init__()
         self.emb = nn.ModuleList(nn.Embedding(n, dim) for n in sizes)
         for e in self.emb:
             nn.init.normal_(e.weight, std=0.01)
-        f = len(sizes)
-        pair_i, pair_j = torch.triu_indices(f, f, offset=1)
-        self.register_buffer("pair_i", pair_i)
-        self.register_buffer("pair_j", pair_j)
-        layers: list[nn.Module] = []
-        width = f * dim + len(pair_i)
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        layers.append(nn.Linear(width, 1))
-        self.mlp = nn.Sequential(*layers)
-
-    def dense(self, e: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B]`` from the field vectors ``[B, F, D]``."""
-        dots = torch.bmm(e, e.transpose(1, 2))[:, self.pair_i, self.pair_j]
-        return self.mlp(torch.cat([e.flatten(1), dots], dim=1)).squeeze(1)
+        self.build_head(len(sizes), dim, hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B]`` for ids ``[B, F]``."""

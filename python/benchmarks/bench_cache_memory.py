@@ -75,7 +75,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import finish, log, run_record
 from bench_cache_accuracy import (
     CTR,
     DATA_DIR,
@@ -89,6 +88,8 @@ from bench_cache_accuracy import (
     train,
     warm,
 )
+from lib.records import finish, log, run_record
+from lib.timing import summarize
 
 import embstore
 from embstore.cache import build_surrogates, evaluate, traces
@@ -156,15 +157,11 @@ def serve(
 
 
 def summary(t_look: np.ndarray, t_all: np.ndarray) -> dict[str, float]:
-    us = 1e-3
-    return {
-        "lookup_mean_us": float(t_look.mean() * us),
-        "lookup_p50_us": float(np.percentile(t_look, 50) * us),
-        "lookup_p99_us": float(np.percentile(t_look, 99) * us),
-        "request_mean_us": float(t_all.mean() * us),
-        "request_p50_us": float(np.percentile(t_all, 50) * us),
-        "request_p99_us": float(np.percentile(t_all, 99) * us),
-    }
+    """Per-request latency (ns in, µs out) of the lookups alone and of whole requests."""
+    stats, us = ("mean", "p50", "p99"), 1e-3
+    return summarize(t_look, stats, prefix="lookup_", suffix="_us", scale=us) | summarize(
+        t_all, stats, prefix="request_", suffix="_us", scale=us
+    )
 
 
 def digest(rows: Sequence[np.ndarray]) -> str:

@@ -53,7 +53,8 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import finish, log, run_record
+from lib.records import finish, log, run_record
+from lib.workloads import fill
 
 import embstore
 
@@ -85,14 +86,6 @@ def zipf_batches(rows: int, batches: int, batch: int, seed: int) -> list[np.ndar
     return out
 
 
-def fill(table: Any, rows: int) -> float:
-    t0 = time.perf_counter()
-    for start in range(0, rows, 1 << 18):
-        ids = np.arange(start, min(rows, start + (1 << 18)), dtype=np.int64)
-        table.lookup(ids)
-    return time.perf_counter() - t0
-
-
 def train(table: Any, batches: list[np.ndarray], grads: np.ndarray) -> None:
     for ids in batches:
         table.lookup(ids)
@@ -102,7 +95,7 @@ def train(table: Any, batches: list[np.ndarray], grads: np.ndarray) -> None:
 def run_memory(args: argparse.Namespace, batches: list[np.ndarray], grads: np.ndarray) -> dict:
     store = embstore.Store()
     t = store.create_table("t", DIM, optimizer=embstore.Adagrad(lr=0.05))
-    fill_s = fill(t, args.rows)
+    fill_s = fill(t, args.rows, 1 << 18)
     log(f"memory: filled {args.rows:,} rows in {fill_s:.1f} s")
     t0 = time.perf_counter()
     train(t, batches, grads)
@@ -117,7 +110,7 @@ def run_durable(
     path = root / "embstore"
     store = embstore.Store(path)
     t = store.create_table("t", DIM, optimizer=embstore.Adagrad(lr=0.05))
-    fill_s = fill(t, args.rows)
+    fill_s = fill(t, args.rows, 1 << 18)
     w0, t0 = write_bytes(), time.perf_counter()
     first = store.flush()
     first_s, first_w = time.perf_counter() - t0, write_bytes() - w0

@@ -28,6 +28,8 @@ import threading
 import time
 
 import numpy as np
+from lib.timing import summarize
+from lib.workloads import fill
 
 import embstore
 
@@ -42,12 +44,7 @@ def timed(fn, n: int) -> list[float]:
 
 
 def summary(us: list[float]) -> dict[str, float]:
-    a = np.array(us)
-    return {
-        "p50_us": float(np.median(a)),
-        "p99_us": float(np.percentile(a, 99)),
-        "max_us": float(a.max()),
-    }
+    return summarize(us, ("p50", "p99", "max"), suffix="_us")
 
 
 def background(work, stop: threading.Event) -> threading.Thread:
@@ -60,19 +57,14 @@ def background(work, stop: threading.Event) -> threading.Thread:
     return t
 
 
-def fill(table: embstore.Table, rows: int) -> None:
-    for lo in range(0, rows, 1 << 20):
-        table.lookup(np.arange(lo, min(rows, lo + (1 << 20)), dtype=np.int64))
-
-
 def run(rows: int, calls: int) -> dict[str, object]:
     rng = np.random.default_rng(0)
     store = embstore.Store()
     a = store.create_table("a", embedding_dim=16)
     b = store.create_table("b", embedding_dim=16)
     print(f"filling 2 tables of {rows:,} rows", file=sys.stderr)
-    fill(a, rows)
-    fill(b, rows)
+    fill(a, rows, 1 << 20)
+    fill(b, rows, 1 << 20)
     small = rng.integers(0, rows, 64)
     grads = np.ones((64, 16), np.float32)
     batch = rng.integers(0, rows, 4096)

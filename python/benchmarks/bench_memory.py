@@ -76,7 +76,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _common import cpu_model, finish, git_commit, log
+from lib.records import cpu_model, finish, git_commit, log
 
 import embstore
 

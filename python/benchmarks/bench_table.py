@@ -42,7 +42,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import cpu_model, finish, git_commit, log
+from lib.records import cpu_model, finish, git_commit, log
+from lib.timing import summarize
+from lib.workloads import zipf_ranks
 
 import embstore
 
@@ -94,16 +96,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # Workload
 
 
-def zipf_ranks(rng: np.random.Generator, n: int, rows: int, a: float) -> np.ndarray:
-    """``n`` 0-based ranks below ``rows``, ``P(rank = k) ∝ (k + 1) ** -a`` (inverse CDF)."""
-    cdf = np.arange(1, rows + 1, dtype=np.float64)
-    np.power(cdf, -a, out=cdf)
-    np.cumsum(cdf, out=cdf)
-    cdf /= cdf[-1]
-    ranks = np.searchsorted(cdf, rng.random(n), side="right")
-    return np.minimum(ranks, rows - 1).astype(np.int64)
-
-
 def make_batches(
     rng: np.random.Generator, dist: str, perm: np.ndarray, n_batches: int, batch: int
 ) -> np.ndarray:
@@ -126,11 +118,7 @@ def time_batches(fn: Callable[[Any], Any], batches: Sequence[Any]) -> int:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "median": float(np.median(values)),
-        "min": float(min(values)),
-        "max": float(max(values)),
-    }
+    return summarize(values, ("median", "min", "max"))
 
 
 def rotate(names: list[str], r: int) -> list[str]:
@@ -386,7 +374,7 @@ def bench_overhead(
     one = ids[:1].copy()
     one_u64 = one.view(np.uint64)
     empty = np.empty(0, dtype=np.int64)
-    inner = table._inner
+    inner = table.native()
     buf = np.empty((len(ids), table.embedding_dim), np.float32)
 
     def binding() -> None:

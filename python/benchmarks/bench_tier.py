@@ -54,7 +54,9 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import finish, log, run_record
+from lib.records import finish, log, run_record
+from lib.timing import summarize
+from lib.workloads import fill, zipf_ids
 
 import embstore
 
@@ -69,27 +71,6 @@ def drop_page_cache(root: pathlib.Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-_CDF: dict[tuple[float, int], np.ndarray] = {}
-
-
-def zipf_ids(rng: np.random.Generator, a: float, rows: int, n: int, perm: np.ndarray) -> np.ndarray:
-    """``n`` ids whose ranks follow Zipf(``a``) over ``rows`` (any a > 0: an inverse CDF),
-    ranks mapped to ids by ``perm``."""
-    cdf = _CDF.get((a, rows))
-    if cdf is None:
-        w = np.arange(1, rows + 1, dtype=np.float64) ** -a
-        cdf = _CDF[(a, rows)] = np.cumsum(w) / w.sum()
-    ranks = np.searchsorted(cdf, rng.random(n), side="right")
-    return perm[np.minimum(ranks, rows - 1)]
-
-
-def fill(table: Any, rows: int, chunk: int = 1 << 16) -> float:
-    t0 = time.perf_counter()
-    for start in range(0, rows, chunk):
-        table.lookup(np.arange(start, min(rows, start + chunk), dtype=np.int64))
-    return time.perf_counter() - t0
 
 
 # --- 1. training -----------------------------------------------------------------------------
@@ -222,8 +203,7 @@ def latencies(fn: Any, batches: list[np.ndarray]) -> dict:
         t0 = time.perf_counter()
         fn(ids)
         lat.append(time.perf_counter() - t0)
-    lat_ms = np.array(lat) * 1e3
-    return {"avg_ms": float(lat_ms.mean()), "p99_ms": float(np.percentile(lat_ms, 99))}
+    return summarize(np.array(lat) * 1e3, ("avg", "p99"), suffix="_ms")
 
 
 def bench_kv(args: argparse.Namespace, root: pathlib.Path) -> dict:

@@ -31,6 +31,7 @@ from embstore.config import (
     Constant,
     Normal,
     RowWiseAdagrad,
+    TableSpec,
     Uniform,
     Zeros,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "Table",
     "TableExistsError",
     "TableNotFoundError",
+    "TableSpec",
     "UnavailableError",
     "Uniform",
     "UnsupportedFormatError",

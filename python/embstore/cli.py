@@ -12,6 +12,7 @@ import argparse
 import json
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from embstore.errors import EmbstoreError
@@ -76,12 +77,45 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
         print(f"  orphan segments (deleted at the next open): {', '.join(r['orphan_segments'])}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``embstore`` command line: one subparser per subcommand, each with ``run`` (the
+    function that carries it out) as a default, and ``config_parser`` on those that read
+    ``--config``."""
     parser = argparse.ArgumentParser(
         prog="embstore",
         description="Look at embstore store directories and checkpoints; serve them.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_inspect(sub)
+    _add_verify(sub)
+    serve, status = _add_serve(sub), _add_status(sub)
+    _add_admin(sub)
+    for p in (serve, status, _add_publish(sub)):
+        p.add_argument(
+            "--config",
+            metavar="TOML",
+            help="read settings from this TOML file: keys are the long flags without dashes "
+            '(listen = "127.0.0.1:7000", etcd = "http://...", max_batch = 4096); flags '
+            "given on the command line win",
+        )
+        p.set_defaults(config_parser=p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        try:
+            args.config_parser.set_defaults(**_config(args.config, args.config_parser))
+        except ValueError as e:
+            print(f"embstore {args.command}: {e}", file=sys.stderr)
+            return 2
+        args = parser.parse_args(argv)
+    return args.run(args)
+
+
+def _add_inspect(sub: Any) -> None:
     p = sub.add_parser(
         "inspect",
         help="tables, rows, bytes and formats of a store or checkpoint (reads the manifest)",
@@ -92,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("dir", help="a store directory or a checkpoint")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_inspect)
+
+
+def _add_verify(sub: Any) -> None:
     v = sub.add_parser(
         "verify",
         help="read every record and check every checksum; exit 1 on damage",
@@ -105,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("dir", help="a store directory or a checkpoint")
     v.add_argument("--json", action="store_true", help="print one JSON object")
     v.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    v.set_defaults(run=_verify)
+
+
+def _add_serve(sub: Any) -> argparse.ArgumentParser:
     srv = sub.add_parser(
         "serve",
         help="serve every table of a store directory over gRPC (batch lookups)",
@@ -198,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="most ids one lookup may carry (default: %(default)s)",
     )
+    srv.set_defaults(run=_serve)
+    return srv
+
+
+def _add_status(sub: Any) -> argparse.ArgumentParser:
     st = sub.add_parser(
         "status",
         help="what each server holds: tables, versions, shards, states",
@@ -210,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.add_argument("--token-file", metavar="FILE", help="a read or admin token, if one is needed")
     _tls_args(st)
+    st.set_defaults(run=_status)
+    return st
+
+
+def _add_admin(sub: Any) -> None:
     for name, what in (
         ("load", "load a shard of a table version from a checkpoint; returns once it is ready"),
         ("drain", "mark a table version draining (still served; clients prefer others)"),
@@ -229,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             a.add_argument(
                 "--num-shards", type=int, default=1, help="shards of the version (default: 1)"
             )
+        a.set_defaults(run=_admin)
+
+
+def _add_publish(sub: Any) -> argparse.ArgumentParser:
     pub = sub.add_parser(
         "publish",
         help="roll a table to a new version, one column of replicas at a time",
@@ -297,36 +353,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="or after S seconds in all (default: 30)",
     )
-    for p in (srv, st, pub):
-        p.add_argument(
-            "--config",
-            metavar="TOML",
-            help="read settings from this TOML file: keys are the long flags without dashes "
-            '(listen = "127.0.0.1:7000", etcd = "http://...", max_batch = 4096); flags '
-            "given on the command line win",
-        )
-    args = parser.parse_args(argv)
-    if getattr(args, "config", None):
-        subparser = {"serve": srv, "status": st, "publish": pub}[args.command]
-        try:
-            subparser.set_defaults(**_config(args.config, subparser))
-        except ValueError as e:
-            print(f"embstore {args.command}: {e}", file=sys.stderr)
-            return 2
-        args = parser.parse_args(argv)
-    if args.command == "publish":
-        return _publish(args)
-    if args.command in ("load", "drain", "unload"):
-        return _admin(args)
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "status":
-        return _status(args)
+    pub.set_defaults(run=_publish)
+    return pub
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    return _report(args, lambda a: inspect(a.dir))
+
+
+def _verify(args: argparse.Namespace) -> int:
+    return _report(args, lambda a: verify(a.dir, progress=not a.quiet and not a.json))
+
+
+def _report(args: argparse.Namespace, read: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
+    """Print what ``read`` found in ``args.dir``, as JSON or text; exit 1 on damage, 2 when
+    the directory cannot be read."""
     try:
-        if args.command == "inspect":
-            report = inspect(args.dir)
-        else:
-            report = verify(args.dir, progress=not args.quiet and not args.json)
+        report = read(args)
     except EmbstoreError as e:
         print(f"embstore {args.command}: {args.dir}: {e}", file=sys.stderr)
         return 2

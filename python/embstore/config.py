@@ -1,4 +1,4 @@
-"""Optimizers and initializers of embedding tables.
+"""A table's configuration (:class:`TableSpec`) and its optimizers and initializers.
 
 Optimizers run inside the store ("server-side"): ``apply_gradients`` sums the gradients of
 duplicate ids and then takes one step per unique id, on that row only, following the torch
@@ -9,9 +9,13 @@ id, so a row first touched on any machine starts the same.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import datetime as _dt
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
+from embstore import _native
 from embstore.errors import InvalidArgumentError
 
 
@@ -192,6 +196,173 @@ def from_params(params: dict[str, Any]) -> Optimizer | Initializer:
     return _INITIALIZERS[kind](**params)
 
 
+@dataclass(frozen=True, eq=False)
+class TableSpec:
+    """Everything a table is created with, as one value (as TorchRec's ``EmbeddingBagConfig``).
+
+    :meth:`Store.create_table` takes one (``store.create_table(spec)``) or builds one from its
+    keyword arguments, and :attr:`Table.config` returns the spec of an existing table. The
+    fields are checked here, at construction, with the errors ``create_table`` raises; the
+    values' meaning (dims, powers of two, optimizer parameters) is checked once, in the core.
+    Tables have no ``num_embeddings``: rows are keyed by raw 64-bit ids, as many as are used.
+
+    A spec also reads as the keyword arguments of ``create_table``: ``spec["num_shards"]``,
+    ``store.create_table(**spec)``, ``{**spec, "name": "copy"}``, and it equals the dict of its
+    fields. ``dataclasses.replace(spec, name="copy")`` makes a renamed copy.
+
+    Example::
+
+        >>> import dataclasses, embstore
+        >>> spec = embstore.TableSpec("user", embedding_dim=16, optimizer=embstore.Adagrad())
+        >>> store = embstore.Store()
+        >>> user = store.create_table(spec)
+        >>> user.config == spec
+        True
+        >>> store.create_table(dataclasses.replace(spec, name="user2")).config.num_shards
+        8
+
+    Args:
+        name: unique in the store.
+        embedding_dim: ``D``, 1..4096.
+        optimizer: :class:`SGD` (default, lr 0.01), :class:`Adagrad`, :class:`RowWiseAdagrad`,
+            :class:`Adam` or :class:`FTRL`.
+        initializer: :class:`Normal` (default, std 0.01), :class:`Uniform`, :class:`Constant`
+            or :class:`Zeros`.
+        num_shards: a power of two; each shard has its own index and lock, and large batches
+            run their shards in parallel.
+        seed: of the initializer.
+        admission_min_count: a new id gets a row only on its n-th ``lookup``; before that
+            lookups return its initial value without storing it and its gradients are dropped
+            (0 or 1: at once).
+        admission_sketch_width: counters per row of the count-min sketch behind admission.
+        ttl: seconds (a timedelta is converted); :meth:`Table.evict_expired` removes rows not
+            updated for this long. ``None``: rows never expire.
+        on_non_finite: ``"error"`` rejects a batch with a NaN/Inf gradient; ``"skip"`` skips
+            those ids and steps the rest.
+        huge_pages: back large arenas and indexes with transparent huge pages.
+
+    Raises:
+        InvalidArgumentError: a field has the wrong type or is out of its native range.
+    """
+
+    name: str
+    embedding_dim: int
+    optimizer: Optimizer = field(default_factory=SGD)
+    initializer: Initializer = field(default_factory=Normal)
+    num_shards: int = 8
+    seed: int = 0
+    admission_min_count: int = 0
+    admission_sketch_width: int = 1 << 20
+    ttl: float | None = None
+    on_non_finite: str = "error"
+    huge_pages: bool = True
+
+    def __post_init__(self) -> None:
+        # Frozen: the normalised values (defaults for None, a timedelta as seconds, numpy
+        # integers as int) are written through object.__setattr__, once, here.
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.optimizer is None:
+            put("optimizer", SGD())
+        if self.initializer is None:
+            put("initializer", Normal())
+        if not isinstance(self.name, str):
+            raise InvalidArgumentError(f"name must be a str, got {self.name!r}")
+        if type(self.optimizer) not in _OPTIMIZERS.values():
+            raise InvalidArgumentError(
+                f"optimizer must be an embstore optimizer, got {self.optimizer!r}"
+            )
+        if type(self.initializer) not in _INITIALIZERS.values():
+            raise InvalidArgumentError(
+                f"initializer must be an embstore initializer, got {self.initializer!r}"
+            )
+        if self.on_non_finite not in ("error", "skip"):
+            raise InvalidArgumentError(
+                f"on_non_finite must be 'error' or 'skip', got {self.on_non_finite!r}"
+            )
+        ttl = self.ttl
+        if isinstance(ttl, _dt.timedelta):
+            ttl = ttl.total_seconds()
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+            raise InvalidArgumentError(f"ttl must be seconds or a timedelta, got {ttl!r}")
+        put("ttl", None if ttl is None else float(ttl))
+        # Python checks types and the native integer ranges only; the values' meaning (dims,
+        # powers of two, ...) is checked once, in the Rust core, whose message names the field.
+        # Out of the native type's range, the core's own bound is quoted.
+        ints = (
+            ("embedding_dim", f"1..={_native.MAX_EMBEDDING_DIM}", 2**63),
+            ("num_shards", "a power of two in 1..=1024", 2**63),
+            ("seed", "0..2**64", 2**64),
+            ("admission_min_count", "0..2**32", 2**32),
+            ("admission_sketch_width", "0..=2**28", 2**63),
+        )
+        for arg, bounds, high in ints:
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise InvalidArgumentError(f"{arg} must be an int, got {value!r}")
+            if not 0 <= value < high:
+                raise InvalidArgumentError(f"{arg} must be in {bounds}, got {value}")
+            put(arg, int(value))
+        put("huge_pages", bool(self.huge_pages))
+
+    # The mapping face: the keyword arguments of Store.create_table.
+    def keys(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TableSpec | dict):
+            return {k: self[k] for k in self.keys()} == {k: other[k] for k in other.keys()}
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self[k] for k in self.keys()))
+
+
+def to_native_spec(spec: TableSpec) -> dict[str, Any]:
+    """The one value a table's configuration crosses to native code as (``TableSpecArg`` in
+    ``crates/embstore-python/src/table.rs``)."""
+    opt_kind, opt_params = to_params(spec.optimizer)
+    init_kind, init_params = to_params(spec.initializer)
+    return {
+        "name": spec.name,
+        "embedding_dim": spec.embedding_dim,
+        "init_kind": init_kind,
+        "init_params": init_params,
+        "opt_kind": opt_kind,
+        "opt_params": opt_params,
+        "num_shards": spec.num_shards,
+        "seed": spec.seed,
+        "admission_min_count": spec.admission_min_count,
+        "admission_sketch_width": spec.admission_sketch_width,
+        "ttl_seconds": spec.ttl,
+        "skip_non_finite": spec.on_non_finite == "skip",
+        "huge_pages": spec.huge_pages,
+    }
+
+
+def from_native_spec(c: dict[str, Any]) -> TableSpec:
+    """The :class:`TableSpec` of a native ``Table.config()`` dict."""
+    return TableSpec(
+        name=c["name"],
+        embedding_dim=c["embedding_dim"],
+        optimizer=from_params(c["optimizer"]),
+        initializer=from_params(c["initializer"]),
+        num_shards=c["num_shards"],
+        seed=c["seed"],
+        admission_min_count=c["admission_min_count"],
+        admission_sketch_width=c["admission_sketch_width"],
+        ttl=c["ttl_seconds"],
+        on_non_finite="skip" if c["skip_non_finite"] else "error",
+        huge_pages=c["huge_pages"],
+    )
+
+
 __all__ = [
     "FTRL",
     "SGD",
@@ -202,6 +373,7 @@ __all__ = [
     "Normal",
     "Optimizer",
     "RowWiseAdagrad",
+    "TableSpec",
     "Uniform",
     "Zeros",
 ]

@@ -27,8 +27,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from embstore._arrays import as_ids
 from embstore.errors import CapacityError, InvalidArgumentError
-from embstore.store import Table, _as_ids
+from embstore.table import Table
 
 B = TypeVar("B")
 # A fetch's pins taken, and the (table, ids) whose pin was refused.
@@ -107,7 +108,7 @@ def _pipeline(
                         f"ids() must map embstore.Table to ids, got a key {type(table).__name__}"
                     )
                 if table.tiered:
-                    work.append((table, _as_ids(raw)[0]))
+                    work.append((table, as_ids(raw)[0]))
             ahead.append((batch, pool.submit(fetch, work)))
 
     try:

@@ -26,8 +26,8 @@ import os
 from typing import Any
 
 from embstore import _native
+from embstore._arrays import as_ids
 from embstore.errors import InvalidArgumentError
-from embstore.store import _as_ids
 
 __all__ = ["RemoteClient", "connect"]
 
@@ -56,7 +56,7 @@ class RemoteClient:
         :class:`CapacityError` for a batch above the servers' maximum."""
         if not isinstance(table, str):
             raise InvalidArgumentError(f"table must be a str, got {type(table).__name__}")
-        arr = _as_ids(ids)[0]
+        arr = as_ids(ids)[0]
         values, found, version = self._inner.lookup(table, arr)
         out: tuple[Any, ...] = (values,)
         if return_found:

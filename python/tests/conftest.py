@@ -6,6 +6,15 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCHMARK_TESTS = pathlib.Path(__file__).resolve().parent / "benchmark"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under benchmark/ runs a benchmark script: mark it ``benchmark`` (so
+    ``make test-fast`` can leave them out) without a marker line in each file."""
+    for item in items:
+        if BENCHMARK_TESTS in pathlib.Path(item.fspath).parents:
+            item.add_marker(pytest.mark.benchmark)
 
 
 @pytest.fixture

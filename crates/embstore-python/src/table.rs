@@ -1,4 +1,5 @@
-//! Native `Store` and `Table`: thin wrappers over `embstore_table`, used by `embstore.store`.
+//! Native `Store` and `Table`: thin wrappers over `embstore_table`, used by `embstore.store` and
+//! `embstore.table`.
 //!
 //! Arguments arrive normalised by the Python layer: ids as C-contiguous `uint64[B]`, rows as
 //! C-contiguous `float32[B, D]`. Every batch call releases the GIL while it runs.
@@ -26,6 +27,70 @@ pub(crate) use crate::to_py_err;
 
 fn invalid(msg: String) -> PyErr {
     errors::InvalidArgumentError::new_err(msg)
+}
+
+/// A table's configuration as it crosses from Python: the dict `TableSpec._native_spec()` builds
+/// (types and integer ranges already checked there). Its fields' meaning (dims, powers of two,
+/// optimizer parameters) is checked once, by `TableConfig`'s own validation in the core, so a
+/// message names the field the same way wherever a table is created.
+#[derive(FromPyObject)]
+struct TableSpecArg {
+    #[pyo3(item)]
+    name: String,
+    #[pyo3(item)]
+    embedding_dim: usize,
+    #[pyo3(item)]
+    init_kind: String,
+    #[pyo3(item)]
+    init_params: Py<PyDict>,
+    #[pyo3(item)]
+    opt_kind: String,
+    #[pyo3(item)]
+    opt_params: Py<PyDict>,
+    #[pyo3(item)]
+    num_shards: usize,
+    #[pyo3(item)]
+    seed: u64,
+    #[pyo3(item)]
+    admission_min_count: u32,
+    #[pyo3(item)]
+    admission_sketch_width: usize,
+    #[pyo3(item)]
+    ttl_seconds: Option<f64>,
+    #[pyo3(item)]
+    skip_non_finite: bool,
+    #[pyo3(item)]
+    huge_pages: bool,
+}
+
+impl TableSpecArg {
+    fn into_config(self, py: Python<'_>) -> PyResult<TableConfig> {
+        let ttl = match self.ttl_seconds {
+            Some(s) => {
+                Some(Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(
+                    || invalid(format!("ttl must be a positive number of seconds, got {s}")),
+                )?)
+            }
+            None => None,
+        };
+        Ok(TableConfig {
+            name: self.name,
+            embedding_dim: self.embedding_dim,
+            initializer: from_dict(&self.init_kind, self.init_params.bind(py), |n, g, f| {
+                Initializer::from_params(n, g, f)
+            })?,
+            optimizer: from_dict(&self.opt_kind, self.opt_params.bind(py), |n, g, f| {
+                Optimizer::from_params(n, g, f)
+            })?,
+            num_shards: self.num_shards,
+            seed: self.seed,
+            admission_min_count: self.admission_min_count,
+            admission_sketch_width: self.admission_sketch_width,
+            ttl,
+            non_finite: if self.skip_non_finite { NonFinite::Skip } else { NonFinite::Reject },
+            huge_pages: self.huge_pages,
+        })
+    }
 }
 
 pub(crate) fn slice<'a, T: numpy::Element>(
@@ -214,49 +279,9 @@ impl PyStore {
         Ok(d)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (name, embedding_dim, init_kind, init_params, opt_kind, opt_params,
-        num_shards, seed, admission_min_count, admission_sketch_width, ttl_seconds,
-        skip_non_finite, huge_pages))]
-    fn create_table(
-        &self,
-        name: String,
-        embedding_dim: usize,
-        init_kind: &str,
-        init_params: &Bound<'_, PyDict>,
-        opt_kind: &str,
-        opt_params: &Bound<'_, PyDict>,
-        num_shards: usize,
-        seed: u64,
-        admission_min_count: u32,
-        admission_sketch_width: usize,
-        ttl_seconds: Option<f64>,
-        skip_non_finite: bool,
-        huge_pages: bool,
-    ) -> PyResult<PyTable> {
-        let ttl = match ttl_seconds {
-            Some(s) => {
-                Some(Duration::try_from_secs_f64(s).ok().filter(|d| !d.is_zero()).ok_or_else(
-                    || invalid(format!("ttl must be a positive number of seconds, got {s}")),
-                )?)
-            }
-            None => None,
-        };
-        let config = TableConfig {
-            name,
-            embedding_dim,
-            initializer: from_dict(init_kind, init_params, |n, g, f| {
-                Initializer::from_params(n, g, f)
-            })?,
-            optimizer: from_dict(opt_kind, opt_params, |n, g, f| Optimizer::from_params(n, g, f))?,
-            num_shards,
-            seed,
-            admission_min_count,
-            admission_sketch_width,
-            ttl,
-            non_finite: if skip_non_finite { NonFinite::Skip } else { NonFinite::Reject },
-            huge_pages,
-        };
+    /// Creates the table `spec` describes: `embstore.TableSpec`'s native dict, one value.
+    fn create_table(&self, py: Python<'_>, spec: TableSpecArg) -> PyResult<PyTable> {
+        let config = spec.into_config(py)?;
         self.inner.create_table(config).map(PyTable::new).map_err(to_py_err)
     }
 

@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
+from embstore._arrays import python_ints
 from embstore._native import synthetic_trace
 from embstore.errors import InvalidArgumentError, ShapeError, TableNotFoundError
-from embstore.store import _python_ints
 
 __all__ = [
     "CODECS",
@@ -81,7 +81,7 @@ def _ids(x: Any, what: str) -> np.ndarray:
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     if not isinstance(x, np.ndarray) and a.dtype.kind in "fO" and a.ndim == 1:
-        a = _python_ints(x, a)  # Python ints numpy could not type (negatives and >= 2**63)
+        a = python_ints(x, a)  # Python ints numpy could not type (negatives and >= 2**63)
     if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
         raise InvalidArgumentError(f"{what} must be integer ids, got dtype {a.dtype}")
     if a.ndim != 1:
@@ -235,7 +235,7 @@ class InferenceCache:
                 f"memory_budget_bytes must be positive, got {memory_budget_bytes}"
             )
         tiers = {"f32": 1.0} if tiers is None else dict(tiers)
-        native_tables = [store.table(name)._inner for name in self.tables]
+        native_tables = [store.table(name).native() for name in self.tables]
         sur = None
         if surrogates:
             unknown = [k for k in surrogates if k not in self.tables]
@@ -243,7 +243,7 @@ class InferenceCache:
                 raise TableNotFoundError(
                     f"surrogates for tables {unknown} that the cache does not hold"
                 )
-            sur = [surrogates[t]._inner if t in surrogates else None for t in self.tables]
+            sur = [surrogates[t].native() if t in surrogates else None for t in self.tables]
         self._inner = _native.InferenceCache(
             native_tables,
             int(memory_budget_bytes),
@@ -334,6 +334,11 @@ class InferenceCache:
             return out
         return out, {name: src[:, i] for i, name in enumerate(self.tables)}
 
+    def native(self) -> Any:
+        """The native cache this object wraps, for embstore's own modules (the evaluator
+        scores the whole system through it); not for use outside embstore."""
+        return self._inner
+
     def stats(self) -> dict[str, Any]:
         """Counters and memory: ``perfect_hits`` (exact), ``served_perfect_hits`` (with
         surrogates), their rates, per-tier hits, ``misses_per_request`` (a histogram of
@@ -370,6 +375,11 @@ class Surrogates:
 
     def __init__(self, inner: Any):
         self._inner = inner
+
+    def native(self) -> Any:
+        """The native surrogate map this object wraps, which :class:`InferenceCache` hands to
+        the native cache; not for use outside embstore."""
+        return self._inner
 
     def __len__(self) -> int:
         return len(self._inner)
@@ -543,7 +553,7 @@ def evaluate(
     """
     keys, offsets = _as_trace(trace)
     if isinstance(policy, InferenceCache):
-        return policy._inner.evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
+        return policy.native().evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
     if capacity_bytes is not None:
         if capacity is not None:
             raise InvalidArgumentError("give capacity or capacity_bytes, not both")

@@ -96,6 +96,7 @@ def test_tiny_policy_and_system(run_bench, tmp_path):
     assert all(isinstance(g["met"], bool) for g in r["goals"])
 
 
+@pytest.mark.data
 @pytest.mark.skipif(not HAS_ML, reason="the latency part runs on ML11 (.data/ml-100k)")
 def test_tiny_latency(run_bench, tmp_path):
     pytest.importorskip("torch")

@@ -108,6 +108,7 @@ def test_native_warm_up_leaves_the_state_of_python_lookups(bench):
     assert np.any(src0 == embstore.cache.SOURCES.index("l2"))  # L2 was exercised
 
 
+@pytest.mark.data
 @pytest.mark.skipif(
     not (DATA / "ml-100k.inter").is_file(), reason="MovieLens-100k absent (make data)"
 )

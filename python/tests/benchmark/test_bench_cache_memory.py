@@ -22,6 +22,7 @@ def test_first_met_needs_every_larger_budget_within_the_limit(bench):
     assert bench.first_met({}, 10.0) is None
 
 
+@pytest.mark.data
 @pytest.mark.skipif(
     not (DATA / "ml-100k.inter").is_file(), reason="MovieLens-100k absent (make data)"
 )

@@ -16,9 +16,12 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 from test_serving import _embstore, _Served
 
 import embstore
+
+pytestmark = pytest.mark.etcd
 
 ROWS = 1000
 

@@ -16,6 +16,8 @@ import pytest
 
 import embstore
 
+pytestmark = pytest.mark.data
+
 # Over 2 epochs, seeds 0-7 gave test AUC 0.7816-0.7833 against a popularity AUC of 0.7090
 # (margin 0.0726-0.0743); the bounds leave room for other CPUs' floating-point differences.
 MIN_AUC = 0.76

@@ -18,6 +18,9 @@ import venv
 
 import pytest
 
+# Builds a release wheel and installs it into a fresh virtualenv: minutes.
+pytestmark = pytest.mark.slow
+
 
 def maturin() -> str:
     """maturin beside this interpreter, else on PATH; a clear failure when neither exists."""

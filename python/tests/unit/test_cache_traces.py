@@ -149,6 +149,7 @@ def test_movielens_reports_a_missing_column(tiny):
         traces.movielens(tiny)
 
 
+@pytest.mark.data
 @pytest.mark.skipif(not (ML100K / "ml-100k.inter").exists(), reason="ML-100k not downloaded")
 def test_movielens_100k_sizes():
     ml7 = traces.movielens(ML100K, fields=7)

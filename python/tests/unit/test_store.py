@@ -91,12 +91,12 @@ def test_ids_in_every_form_give_the_same_rows(table: embstore.Table) -> None:
 
 
 def test_zero_copy_for_contiguous_int64(table: embstore.Table) -> None:
-    from embstore.store import _as_ids
+    from embstore._arrays import as_ids
 
     a = np.arange(10, dtype=np.int64)
-    assert np.shares_memory(_as_ids(a)[0], a)
+    assert np.shares_memory(as_ids(a)[0], a)
     t = torch.arange(10)
-    assert _as_ids(t)[0].ctypes.data == t.data_ptr()
+    assert as_ids(t)[0].ctypes.data == t.data_ptr()
 
 
 @pytest.mark.parametrize(

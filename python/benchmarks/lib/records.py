@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts in this folder: progress lines, the commit and CPU
+"""Records of a benchmark run: progress lines, the commit and CPU
 model for the machine record."""
 
 from __future__ import annotations

@@ -1,0 +1,199 @@
+"""When the embedding modules' gradients reach their tables: :class:`EmbeddingOptimizer`.
+
+The forward pass pulls rows from the table. The backward pass keeps the gradient of the pulled
+rows (accumulating over backward passes, as ``.grad`` does); :meth:`EmbeddingOptimizer.step`
+hands them to the tables (one ``apply_gradients`` per table, duplicate ids summed) and
+:meth:`EmbeddingOptimizer.zero_grad` drops them. Dense layers keep using ``torch.optim``::
+
+    loss.backward()
+    dense_opt.step(); sparse_opt.step()
+    dense_opt.zero_grad(); sparse_opt.zero_grad()
+
+Why on ``step()`` and not inside backward: it keeps torch's contract that nothing changes until
+``step()``. Gradient accumulation over several backward passes, a table shared by two modules
+(both gradients summed into one step, as torch sums them into one ``.grad``), skipping a step
+on a NaN loss or an AMP overflow, and ``zero_grad()`` all behave as they do for
+``nn.Embedding``; applying inside backward would take one optimizer step per module and per
+backward pass, which for Adagrad and Adam is a different update. :class:`EmbeddingOptimizer`
+is a ``torch.optim.Optimizer`` with one param group per table, so ``torch.optim.lr_scheduler``
+schedules the tables' learning rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from embstore.errors import InvalidArgumentError, NotCopyableError
+from embstore.table import Table
+from embstore.torch.sparse import _optimizer, _StoreModule
+
+
+def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:
+    if isinstance(modules, nn.Module):
+        modules = [modules]
+    found: dict[int, _StoreModule] = {}  # by identity: a module listed twice steps once
+    for m in modules:
+        found.update((id(x), x) for x in m.modules() if isinstance(x, _StoreModule))
+    return list(found.values())
+
+
+def _table_lr(table: Table) -> float:
+    """The learning rate the table's optimizer was created with."""
+    return float(_optimizer(table).lr)
+
+
+class EmbeddingOptimizer(torch.optim.Optimizer):
+    """Applies the gradients that embstore modules collected to their tables.
+
+    Each table is stepped by its own optimizer (given at ``create_table``); this object only
+    decides *when*, and with which learning rate: at :meth:`step`, with every pending gradient
+    of a table — from all modules and backward passes since the last step — in one
+    ``apply_gradients`` call, however many modules or handles reach the table.
+
+    It is a ``torch.optim.Optimizer`` with one param group per table (``"params"`` empty,
+    ``"table"`` its name, ``"lr"`` its learning rate), so ``torch.optim.lr_scheduler``
+    (``StepLR``, ``LambdaLR``, ``CosineAnnealingLR``, …) schedules the tables' learning rates:
+    a scheduler multiplies each group's initial lr — the table's own, or ``lr`` — and
+    :meth:`step` hands each group's current lr to ``apply_gradients(..., lr=)``. Tables with
+    different learning rates keep their ratio under one schedule. ``state_dict()`` /
+    ``load_state_dict()`` save and restore the groups (``lr``, ``initial_lr``); the rows and
+    their optimizer state travel in the model's ``state_dict()``.
+
+    Args:
+        modules: a model (searched with ``.modules()``) or modules holding
+            :class:`Embedding`/:class:`EmbeddingBag` layers.
+        lr: when set, every table's learning rate, in place of the one its optimizer was
+            created with (``opt.lr = x`` sets every group's lr between steps; ``None``: each
+            table's own again).
+
+    Example::
+
+        >>> import embstore, embstore.torch as et, torch
+        >>> store = embstore.Store()
+        >>> emb = et.Embedding(store.create_table("item", 4, optimizer=embstore.Adagrad(lr=0.1)))
+        >>> opt = et.EmbeddingOptimizer(emb)
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        >>> emb(torch.tensor([1, 2])).sum().backward()
+        >>> opt.step(), sched.step(), opt.param_groups[0]["lr"]
+        (2, None, 0.05)
+    """
+
+    def __init__(self, modules: nn.Module | Iterable[nn.Module], lr: float | None = None):
+        found = _store_modules(modules)
+        if not found:
+            raise InvalidArgumentError("no embstore.torch Embedding or EmbeddingBag found")
+        if lr is not None:
+            lr = _check_lr(lr)
+        # One group per table, in the order the modules were found; a Table compares equal
+        # for every handle of one table (``store.table(name)`` makes a new one per call).
+        tables = list(dict.fromkeys(m.table for m in found))
+        groups = [
+            {"params": [], "table": t.name, "lr": _table_lr(t) if lr is None else lr}
+            for t in tables
+        ]
+        self._building = True
+        super().__init__(groups, {"lr": lr})
+        self._building = False
+        self.modules = found
+        self._tables = tables
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate of every group, or None when the groups differ."""
+        lrs = {float(g["lr"]) for g in self.param_groups}
+        return lrs.pop() if len(lrs) == 1 else None
+
+    @lr.setter
+    def lr(self, value: float | None) -> None:
+        for group, table in zip(self.param_groups, self._tables, strict=True):
+            group["lr"] = _table_lr(table) if value is None else _check_lr(value)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Only the constructor adds groups: one per table of the modules."""
+        if not self._building:
+            raise InvalidArgumentError(
+                "EmbeddingOptimizer has one param group per table of its modules; "
+                "make a new EmbeddingOptimizer to step other modules"
+            )
+        super().add_param_group(param_group)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """Apply every pending gradient with each table's group lr.
+
+        As with ``torch.optim``, gradients stay until :meth:`zero_grad`: a second ``step()``
+        without ``zero_grad()`` (or a new backward pass) steps with them again.
+
+        Args:
+            closure: as for ``torch.optim``: called first, with gradients enabled, to compute
+                the loss (and run backward).
+
+        Returns:
+            The closure's loss when one is given; otherwise the rows stepped.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        pending: dict[Table, tuple[list[np.ndarray], list[torch.Tensor]]] = {
+            t: ([], []) for t in self._tables
+        }
+        for m in self.modules:
+            ids, grads = pending[m.table]
+            for i, g in m._pending:
+                ids.append(i)
+                grads.append(g)
+        stepped = 0
+        for group, table in zip(self.param_groups, self._tables, strict=True):
+            ids, grads = pending[table]
+            if not ids:
+                continue
+            all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
+            all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
+            lr = float(group["lr"])
+            stepped += table.apply_gradients(all_ids, all_grads.numpy(), lr=lr)
+        return loss if closure is not None else stepped
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every pending gradient and release the rows pinned by the forward passes
+        (``set_to_none`` is accepted for torch's signature)."""
+        for m in self.modules:
+            m._pending.clear()
+            m._warned = False
+            for ids in m._pinned:
+                m.table.unpin(ids)
+            m._pinned.clear()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the groups' ``lr`` (and a scheduler's ``initial_lr``) from
+        :meth:`state_dict`; the groups must be for the same tables, in the same order."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+        saved = [g.get("table") for g in groups] if isinstance(groups, list) else None
+        ours = [g["table"] for g in self.param_groups]
+        if saved != ours:
+            raise InvalidArgumentError(
+                f"the optimizer state is for tables {saved}, this EmbeddingOptimizer steps {ours}"
+            )
+        super().load_state_dict(state_dict)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise NotCopyableError(
+            "EmbeddingOptimizer cannot be pickled or copied: it holds its modules' tables. "
+            "Save opt.state_dict() and load it into a new EmbeddingOptimizer"
+        )
+
+
+def _check_lr(lr: Any) -> float:
+    if isinstance(lr, bool) or not isinstance(lr, int | float | np.floating | torch.Tensor):
+        raise InvalidArgumentError(f"lr must be a float >= 0, got {lr!r}")
+    value = float(lr)
+    if not value >= 0 or value == float("inf"):
+        raise InvalidArgumentError(f"lr must be a finite float >= 0, got {lr!r}")
+    return value
+
+
+__all__ = ["EmbeddingOptimizer"]
