@@ -54,12 +54,17 @@ def test_a_circle_is_found_and_named(diagram):
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="until the layering lands")
 def test_the_training_store_does_not_link_the_inference_cache(diagram, graph):
     assert "embstore-cache" not in diagram.depends_on(graph, "embstore-table")
 
 
-@pytest.mark.xfail(strict=True, reason="until the layering lands")
 def test_the_client_and_the_cluster_crate_do_not_link_the_storage_engine(diagram, graph):
     for crate in ("embstore-client", "embstore-cluster"):
         assert "embstore-table" not in diagram.depends_on(graph, crate), crate
+
+
+def test_the_shared_vocabulary_and_the_policies_sit_below_the_engines(diagram, graph):
+    assert diagram.depends_on(graph, "embstore-common") == set()
+    assert diagram.depends_on(graph, "embstore-index") <= {"embstore-common"}
+    assert diagram.depends_on(graph, "embstore-policy") <= {"embstore-common", "embstore-index"}
+    assert "embstore-common" in diagram.depends_on(graph, "embstore-proto")
