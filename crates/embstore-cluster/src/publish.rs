@@ -41,9 +41,11 @@ pub struct Publish {
     /// The new version's shard count (a power of two); `None`: from `checkpoint_bytes` and
     /// `max_shard_bytes`, or the current count if the checkpoint's size is unknown.
     pub num_shards: Option<u32>,
-    /// The bytes of the table in the checkpoint, if the caller could read them (the table
-    /// crate's `checkpoint_table_bytes`: the control plane does not read checkpoints).
-    pub checkpoint_bytes: Option<u64>,
+    /// The bytes of the table in the checkpoint as the caller measured them (the table crate's
+    /// `checkpoint_table_bytes`: the control plane does not read checkpoints): `Err` when the
+    /// checkpoint could not be read there, `None` when it was not measured (a shard count is
+    /// given).
+    pub checkpoint_bytes: Option<Result<u64>>,
     /// The largest shard an automatic shard count allows.
     pub max_shard_bytes: u64,
     /// Replicas per shard; `None`: as now, or 2 for a new table.

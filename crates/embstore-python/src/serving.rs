@@ -2,6 +2,7 @@
 //! (what `embstore.connect` returns). Each owns a tokio runtime; every blocking call releases
 //! the GIL.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -595,16 +596,7 @@ pub(crate) fn publish(
     // crate is linked (the control plane does not read checkpoints).
     let checkpoint_bytes = match num_shards {
         Some(_) => None,
-        None => {
-            match embstore_table::checkpoint_table_bytes(std::path::Path::new(&checkpoint), &table)
-            {
-                Ok(bytes) => Some(bytes),
-                Err(e) => {
-                    print_step(&format!("the checkpoint cannot be read here ({e})"));
-                    None
-                }
-            }
-        }
+        None => Some(embstore_table::checkpoint_table_bytes(Path::new(&checkpoint), &table)),
     };
     let p = embstore_cluster::Publish {
         table,

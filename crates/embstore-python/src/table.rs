@@ -176,8 +176,7 @@ impl PyStore {
         background_eviction: bool,
         eviction: &str,
     ) -> PyResult<Self> {
-        let eviction = embstore_table::evict::EvictionConfig::parse(eviction)
-            .map_err(|e| to_py_err(e.into()))?;
+        let eviction = embstore_table::evict::EvictionConfig::parse(eviction).map_err(to_py_err)?;
         let store = match path {
             None => Store::with_replica(replica),
             Some(path) => detached(py, || {

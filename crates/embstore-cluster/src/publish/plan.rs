@@ -80,25 +80,31 @@ fn next_version(old: &Control) -> u64 {
 
 /// The new version's shard count (see the module docs).
 fn shard_count(old: &Control, p: &Publish, notes: &mut Vec<String>) -> Result<u32> {
-    match (p.num_shards, p.checkpoint_bytes) {
+    match (p.num_shards, &p.checkpoint_bytes) {
         (Some(n), _) if n == 0 || !n.is_power_of_two() => Err(Error::new(
             ErrorKind::InvalidArgument,
             format!("the shard count must be a power of two, got {n}"),
         )),
         (Some(n), _) => Ok(n),
-        (None, Some(bytes)) => Ok(shards_for(bytes, p.max_shard_bytes)),
-        (None, None) if old.num_shards > 0 => {
+        (None, Some(Ok(bytes))) => Ok(shards_for(*bytes, p.max_shard_bytes)),
+        (None, Some(Err(e))) if old.num_shards > 0 => {
             notes.push(format!(
-                "cannot size the checkpoint here; keeping {} shards",
+                "cannot size the checkpoint here ({e}); keeping {} shards",
                 old.num_shards
             ));
+            Ok(old.num_shards)
+        }
+        // A new table whose checkpoint cannot be read: the read's own error.
+        (None, Some(Err(e))) => Err(e.clone()),
+        (None, None) if old.num_shards > 0 => {
+            notes.push(format!("the checkpoint was not sized; keeping {} shards", old.num_shards));
             Ok(old.num_shards)
         }
         (None, None) => Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "table '{}' is new and its checkpoint could not be sized here: give the shard \
-                 count (num_shards, --shards)",
+                "table '{}' is new and its checkpoint was not sized: give the shard count \
+                 (num_shards, --shards)",
                 p.table
             ),
         )),
@@ -167,7 +173,14 @@ mod tests {
         xs.iter().map(|x| x.to_string()).collect()
     }
 
+    /// A request whose checkpoint could not be read where it was sized.
+    fn unreadable(num_shards: Option<u32>) -> Publish {
+        let e = Error::new(ErrorKind::NotFound, "no checkpoint at /ckpt/2");
+        Publish { checkpoint_bytes: Some(Err(e)), ..request(num_shards, None) }
+    }
+
     fn request(num_shards: Option<u32>, checkpoint_bytes: Option<u64>) -> Publish {
+        let checkpoint_bytes = checkpoint_bytes.map(Ok);
         Publish {
             table: "user".into(),
             checkpoint: "/ckpt/2".into(),
@@ -225,16 +238,26 @@ mod tests {
         let e = plan(&old, &live, HashMap::new(), &request(None, None)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         assert!(e.to_string().contains("give the shard count"), "{e}");
+        // A checkpoint that cannot be read: the read's own error, kind and message.
+        let e = plan(&old, &live, HashMap::new(), &unreadable(None)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert_eq!(e.to_string(), "no checkpoint at /ckpt/2");
     }
 
     #[test]
     fn an_unreadable_checkpoint_keeps_the_shard_count() {
         let old = served(2, &[&["a", "b"], &["b", "a"]]);
         let live = names(&["a", "b"]);
-        let got = plan(&old, &live, HashMap::new(), &request(None, None)).unwrap();
+        let got = plan(&old, &live, HashMap::new(), &unreadable(None)).unwrap();
         assert_eq!((got.version, got.num_shards, got.replicas), (3, 2, 2));
         assert_eq!(got.assignment, old.assignment, "the same shape keeps the assignment");
-        assert_eq!(got.notes[0], "cannot size the checkpoint here; keeping 2 shards");
+        assert_eq!(
+            got.notes[0],
+            "cannot size the checkpoint here (no checkpoint at /ckpt/2); keeping 2 shards"
+        );
+        let got = plan(&old, &live, HashMap::new(), &request(None, None)).unwrap();
+        assert_eq!(got.num_shards, 2);
+        assert_eq!(got.notes[0], "the checkpoint was not sized; keeping 2 shards");
         // A size that is known wins over the current count.
         let got = plan(&old, &live, HashMap::new(), &request(None, Some(50))).unwrap();
         assert_eq!(got.num_shards, 1);
