@@ -8,7 +8,7 @@
 //! once. With W misses overlapping, throughput approaches the memory system's parallelism rather
 //! than its latency. Homes are hashed a block at a time (AVX2 where available) ahead of the ring.
 
-use crate::bucket::Bucket;
+use crate::bucket::{prefetch, Bucket};
 use crate::neighbor_hash::{NeighborHash, Step};
 use crate::Error;
 
@@ -22,20 +22,6 @@ pub const DEFAULT_RING: usize = 32;
 
 /// Keys hashed per block ahead of the ring.
 const HASH_BLOCK: usize = 256;
-
-/// Issues a prefetch of the cacheline holding `b` into all cache levels. A hint only: it never
-/// faults and changes no state that the program can observe.
-#[inline(always)]
-pub(crate) fn prefetch(b: &Bucket) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: `b` is a valid reference; prefetching an address never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((b as *const Bucket).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = b;
-}
 
 #[derive(Clone, Copy)]
 struct Slot {

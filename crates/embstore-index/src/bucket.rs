@@ -171,6 +171,20 @@ impl std::fmt::Debug for Buckets {
     }
 }
 
+/// Issues a prefetch of the cacheline holding `b` into all cache levels. A hint only: it never
+/// faults and changes no state that the program can observe.
+#[inline(always)]
+pub(crate) fn prefetch(b: &Bucket) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: `b` is a valid reference; prefetching an address never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((b as *const Bucket).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = b;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -279,7 +279,7 @@ impl NeighborHash {
         const AHEAD: usize = 8;
         for i in 0..keys.len() {
             if let Some(&ahead) = keys.get(i + AHEAD) {
-                crate::batch::prefetch(&self.buckets.as_slice()[self.home(ahead)]);
+                crate::bucket::prefetch(&self.buckets.as_slice()[self.home(ahead)]);
             }
             loop {
                 if self.try_insert(keys[i], payloads[i]).is_some() {
