@@ -33,14 +33,15 @@
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
 
+mod endpoint;
 mod hosting;
 pub mod member;
 mod metrics;
 mod service;
 mod tls;
 
+pub use endpoint::{serve_metrics, serve_metrics_with};
 pub use hosting::{Hosted, RowSource, Server, State, TierOptions};
-pub use metrics::{serve_metrics, serve_metrics_with};
 pub use service::{
     request_limit, serve, to_status, Admin, ServeOptions, Serving, DEFAULT_MAX_BATCH,
 };
