@@ -8,10 +8,10 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 
 use crate::config::NonFinite;
+use crate::counters::Counters;
 use crate::lookup::PREFETCH_AHEAD;
 use crate::meta::PackedMeta;
 use crate::optim::{max_abs_bits, Step};
-use crate::stats::Counters;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, Table, Version};

@@ -48,6 +48,13 @@ pub struct Export<T: std::ops::Deref<Target = Table>> {
     error: Option<crate::Error>,
 }
 
+impl Table {
+    /// Every row, `chunk_rows` at a time (see [`Export`]).
+    pub fn export(&self, chunk_rows: usize) -> Export<&Self> {
+        Export::new(self, chunk_rows)
+    }
+}
+
 impl<T: std::ops::Deref<Target = Table>> Export<T> {
     /// An export of `table`'s rows in chunks of up to `chunk_rows` (at least 1).
     pub fn new(table: T, chunk_rows: usize) -> Self {

@@ -53,7 +53,9 @@ mod apply;
 mod arena;
 mod batch;
 mod budget;
+mod checkpoint;
 mod config;
+mod counters;
 pub mod disk;
 mod durable;
 mod error;
@@ -75,12 +77,11 @@ mod version;
 mod write;
 
 pub use budget::Budget;
+pub use checkpoint::open_checkpoint_shard;
 pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
 };
-pub use durable::checkpoint::{
-    checkpoint_table_bytes, load_checkpoint_shard, open_checkpoint_shard, CheckpointReport,
-};
+pub use durable::checkpoint::{checkpoint_table_bytes, load_checkpoint_shard, CheckpointReport};
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 /// The memory tier's replacement policies, which live in `embstore-policy` (the store and the
 /// inference cache share them); `embstore_table::evict::…` paths keep working.

@@ -4,8 +4,8 @@ use embstore_index::MISSING;
 use parking_lot::Mutex;
 
 use crate::batch::SharedOut;
+use crate::counters::Counters;
 use crate::meta::PackedMeta;
-use crate::stats::Counters;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, Table};

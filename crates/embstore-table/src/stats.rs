@@ -74,27 +74,6 @@ pub struct IndexStats {
     pub displaced: usize,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) inserts: AtomicU64,
-    pub(crate) updates: AtomicU64,
-    pub(crate) removed: AtomicU64,
-    pub(crate) evicted: AtomicU64,
-    pub(crate) dropped_unadmitted: AtomicU64,
-    pub(crate) skipped_non_finite: AtomicU64,
-    pub(crate) repaired_on_load: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: usize) {
-        if n > 0 {
-            counter.fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-}
-
 impl Table {
     /// Counters and sizes: O(shards), each shard's lock held only to read a few sizes.
     pub fn stats(&self) -> TableStats {

@@ -15,15 +15,15 @@ use parking_lot::RwLock;
 
 use crate::batch::Groups;
 use crate::budget::Budget;
+use crate::counters::Counters;
 use crate::evict::EvictionConfig;
 use crate::sched::Scheduler;
 use crate::shard::cold::ColdSide;
 use crate::shard::Shard;
 use crate::sketch::CountMin;
-use crate::stats::Counters;
 use crate::tier::{Fault, Gate, Host, Pinning, Tier};
 use crate::version::{now_ms, Clock, Version};
-use crate::{Error, ErrorKind, Export, Result, TableConfig};
+use crate::{Error, ErrorKind, Result, TableConfig};
 
 /// Batches at least this long run their shards in parallel; shorter ones run on the calling
 /// thread, where a hand-off to the pool would cost more than it saves.
@@ -335,11 +335,6 @@ impl Table {
             self.cleared.store(true, Ordering::Relaxed);
         }
         self.clear_epoch.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Every row, `chunk_rows` at a time (see [`Export`]).
-    pub fn export(&self, chunk_rows: usize) -> Export<&Self> {
-        Export::new(self, chunk_rows)
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::counters::Counters;
 use crate::meta::PackedMeta;
-use crate::stats::Counters;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table};

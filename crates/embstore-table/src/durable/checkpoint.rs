@@ -24,9 +24,9 @@ use crate::config::parse_config_text;
 use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State};
 use crate::disk::segment::SegmentReader;
 use crate::disk::vfs::{RealFs, Vfs};
-use crate::{Error, ErrorKind, Result, Store, Table};
+use crate::{Error, ErrorKind, Result, Table};
 
-/// What [`Store::checkpoint`] wrote.
+/// What `Store::checkpoint` wrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CheckpointReport {
@@ -120,7 +120,7 @@ impl Durable {
 }
 
 /// Creates `dir` (and `dir/seg`), which must not exist or be empty.
-fn prepare_empty_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+pub(crate) fn prepare_empty_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
     if let Ok(entries) = std::fs::read_dir(dir) {
         if entries.count() > 0 {
             return Err(Error::invalid(format!(
@@ -153,7 +153,7 @@ fn read_checkpoint(path: &Path) -> Result<(PathBuf, State)> {
 
 /// The chain of checkpoints that ends at `path`, oldest first: each one's parent found at its
 /// recorded path or, failing that, beside the child (a folder of backups copied elsewhere).
-fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
+pub(crate) fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
     let mut out = vec![read_checkpoint(path)?];
     loop {
         let (child_path, child) = out.last().expect("not empty");
@@ -196,7 +196,7 @@ fn chain(path: &Path) -> Result<Vec<(PathBuf, State)>> {
 
 /// Per table id, the segments of a checkpoint chain that hold its rows (by seq): each
 /// checkpoint adds its files and drops those its table superseded.
-fn chain_files(chain: &[(PathBuf, State)]) -> BTreeMap<u64, BTreeMap<u64, PathBuf>> {
+pub(crate) fn chain_files(chain: &[(PathBuf, State)]) -> BTreeMap<u64, BTreeMap<u64, PathBuf>> {
     chain_entries(chain)
         .into_iter()
         .map(|(id, set)| (id, set.into_iter().map(|(seq, (p, _))| (seq, p)).collect()))
@@ -222,13 +222,13 @@ fn chain_entries(chain: &[(PathBuf, State)]) -> BTreeMap<u64, SegmentsOf> {
 type SegmentsOf = BTreeMap<u64, (PathBuf, FileEntry)>;
 
 /// The config a checkpoint's manifest records for table `t`.
-fn table_config(t: &manifest::TableEntry) -> Result<crate::TableConfig> {
+pub(crate) fn table_config(t: &manifest::TableEntry) -> Result<crate::TableConfig> {
     let bad = |w: &str| Error::corrupt(format!("table '{}' in the checkpoint: {w}", t.name));
     parse_config_text(&t.config, &bad).map(|(config, _)| config)
 }
 
 /// Replays the segment at `path` into `table`, after checking that it belongs to table `id`.
-fn replay_segment(table: &Table, id: u64, path: &Path) -> Result<()> {
+pub(crate) fn replay_segment(table: &Table, id: u64, path: &Path) -> Result<()> {
     let r = SegmentReader::open(&RealFs, path)?;
     if r.header().table_id != id || r.header().dim as usize != table.dim() {
         return Err(Error::corrupt(format!(
@@ -250,7 +250,7 @@ fn table_in_chain(
 }
 
 /// [`table_in_chain`] with the chain's newest state and each segment's manifest entry.
-fn table_and_chain(
+pub(crate) fn table_and_chain(
     ckpt: &Path,
     name: &str,
 ) -> Result<(u64, manifest::TableEntry, State, SegmentsOf)> {
@@ -327,114 +327,4 @@ pub fn load_checkpoint_shard(
     }
     part.set_step(t.step);
     Ok(Arc::new(part))
-}
-
-/// Opens shard `shard` of `num_shards` of table `name` of the checkpoint in `ckpt` (with the
-/// chain it builds on) as a store in `dir` (a new or empty directory) under the memory budget
-/// of `options`: the budgeted load of a serving shard, which may be larger than memory.
-///
-/// The table's segments are hard-linked into `dir` (segments are immutable; across file
-/// systems they are copied), and the store indexes only this shard's keys from their footers:
-/// every row starts on disk, no row is read, and rows come into memory as lookups use them
-/// (the memory tier, `tier`). The other shards' records stay in the linked files, unread.
-/// Returns the store and the table; dropping the store releases `dir`, which the caller
-/// removes. Fails with `InvalidArgument` without a memory budget in `options` (use
-/// [`load_checkpoint_shard`] to hold a shard in memory).
-pub fn open_checkpoint_shard(
-    ckpt: &Path,
-    name: &str,
-    shard: usize,
-    num_shards: usize,
-    dir: &Path,
-    options: &crate::StoreOptions,
-) -> Result<(Store, Arc<Table>)> {
-    if !num_shards.is_power_of_two() || shard >= num_shards {
-        return Err(Error::invalid(format!(
-            "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
-        )));
-    }
-    if options.memory_budget_bytes.is_none() && options.shared_budget.is_none() {
-        return Err(Error::invalid(
-            "a budgeted shard load needs a memory budget (StoreOptions::with_memory_budget)",
-        ));
-    }
-    let (id, mut entry, newest, files) = table_and_chain(ckpt, name)?;
-    let vfs = RealFs;
-    prepare_empty_dir(&vfs, dir)?;
-    for (&seq, (from, _)) in &files {
-        let to = segment_path(dir, seq);
-        vfs.link(from, &to)
-            .map_err(|e| Error::io(format!("link {} to {}", from.display(), to.display()), e))?;
-    }
-    let seg = dir.join(SEG_DIR);
-    vfs.sync_dir(&seg).map_err(|e| Error::io(format!("sync directory {}", seg.display()), e))?;
-    entry.files = files.iter().map(|(&seq, &(_, f))| (seq, f)).collect();
-    entry.superseded_below = 0;
-    let state = State {
-        next_table_id: newest.next_table_id.max(id + 1),
-        next_seq: newest.next_seq.max(files.keys().next_back().map_or(1, |s| s + 1)),
-        store_id: random_id(),
-        tables: BTreeMap::from([(id, entry)]),
-        ..State::default()
-    };
-    drop(Manifest::create(&vfs, dir, &state)?);
-    let store = Store::open_part(dir, options, Arc::new(RealFs), Some((shard, num_shards)))?;
-    let table = store.table(name)?;
-    Ok((store, table))
-}
-
-impl Store {
-    /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
-    /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty
-    /// directory. With `since` (an earlier checkpoint of this store), writes only the segments
-    /// newer than it: restoring then needs the whole chain. Fails for a store in memory.
-    pub fn checkpoint(
-        &self,
-        dest: impl AsRef<Path>,
-        since: Option<&Path>,
-    ) -> Result<CheckpointReport> {
-        self.check_open()?;
-        let durable = self.durable().ok_or_else(|| {
-            Error::invalid("checkpoints need a store kept in a directory (opened with a path)")
-        })?;
-        let tables: Vec<Arc<Table>> = self.all_tables();
-        durable.checkpoint(&tables, dest.as_ref(), since)
-    }
-
-    /// Creates a store in `dest` (a new or empty directory) from the checkpoint in `ckpt` and
-    /// the chain of checkpoints it builds on, with every table on `num_shards` shards (or its
-    /// own), and opens it. `progress` is called after each segment read with (done, total).
-    pub fn restore(
-        ckpt: impl AsRef<Path>,
-        dest: impl AsRef<Path>,
-        num_shards: Option<usize>,
-        mut progress: impl FnMut(usize, usize),
-    ) -> Result<Store> {
-        let chain = chain(ckpt.as_ref())?;
-        // The tables of the newest checkpoint, with the files of the whole chain.
-        let newest = &chain.last().expect("not empty").1;
-        let files = chain_files(&chain);
-        let dest = dest.as_ref();
-        prepare_empty_dir(&RealFs, dest)?;
-        let store = Store::open(dest)?;
-        let total: usize =
-            newest.tables.keys().map(|id| files.get(id).map_or(0, |f| f.len())).sum();
-        let mut done = 0;
-        for (&id, t) in &newest.tables {
-            let mut config = table_config(t)?;
-            if let Some(n) = num_shards {
-                config.num_shards = n;
-            }
-            let table = Arc::new(Table::with_clock(config, store.clock().clone())?);
-            for path in files.get(&id).map(|f| f.values().collect::<Vec<_>>()).unwrap_or_default() {
-                replay_segment(&table, id, path)?;
-                done += 1;
-                progress(done, total);
-            }
-            table.set_step(t.step);
-            store.adopt_table(table)?;
-        }
-        store.flush()?;
-        Ok(store)
-    }
 }

@@ -10,7 +10,9 @@
 //! - `changes`: a table's side — tracking, copying out and replaying its changed rows;
 //! - `compact`: the bounded compaction step after a flush, and its liveness index;
 //! - `orphans`: which unnamed segment files recovery may delete;
-//! - `checkpoint`: checkpoints, their chains, restore and serving-shard loads;
+//! - `checkpoint`: writing a checkpoint directory, reading its chain, loading a serving shard
+//!   into memory (the store-level API — `Store::checkpoint`, `Store::restore`,
+//!   `open_checkpoint_shard` — is the crate's top-level `checkpoint.rs`, above the store);
 //! - `table_file`: `Table::save`/`Table::load`'s one-table file (the legacy format).
 //!
 //! ```text

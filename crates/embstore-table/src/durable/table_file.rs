@@ -30,7 +30,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::config::{config_text, parse_config_text};
-use crate::stats::Counters;
+use crate::counters::Counters;
 use crate::table::same_layout;
 use crate::tier::Gate;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table, TableConfig, Version};

@@ -1,0 +1,127 @@
+//! A store's checkpoints as the store's API: [`Store::checkpoint`], [`Store::restore`], and a
+//! serving shard opened from a checkpoint as a budgeted store ([`open_checkpoint_shard`]).
+//! The engine below them — writing a checkpoint's directory, reading its chain, loading a shard
+//! into memory — is `durable::checkpoint`; this file sits above both the store and it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::disk::manifest::{Manifest, State};
+use crate::disk::vfs::{RealFs, Vfs};
+use crate::durable::checkpoint::{
+    chain, chain_files, prepare_empty_dir, replay_segment, table_and_chain, table_config,
+    CheckpointReport,
+};
+use crate::durable::{random_id, segment_path, SEG_DIR};
+use crate::{Error, Result, Store, Table};
+
+/// Opens shard `shard` of `num_shards` of table `name` of the checkpoint in `ckpt` (with the
+/// chain it builds on) as a store in `dir` (a new or empty directory) under the memory budget
+/// of `options`: the budgeted load of a serving shard, which may be larger than memory.
+///
+/// The table's segments are hard-linked into `dir` (segments are immutable; across file
+/// systems they are copied), and the store indexes only this shard's keys from their footers:
+/// every row starts on disk, no row is read, and rows come into memory as lookups use them
+/// (the memory tier, `tier`). The other shards' records stay in the linked files, unread.
+/// Returns the store and the table; dropping the store releases `dir`, which the caller
+/// removes. Fails with `InvalidArgument` without a memory budget in `options` (use
+/// [`load_checkpoint_shard`] to hold a shard in memory).
+pub fn open_checkpoint_shard(
+    ckpt: &Path,
+    name: &str,
+    shard: usize,
+    num_shards: usize,
+    dir: &Path,
+    options: &crate::StoreOptions,
+) -> Result<(Store, Arc<Table>)> {
+    if !num_shards.is_power_of_two() || shard >= num_shards {
+        return Err(Error::invalid(format!(
+            "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
+        )));
+    }
+    if options.memory_budget_bytes.is_none() && options.shared_budget.is_none() {
+        return Err(Error::invalid(
+            "a budgeted shard load needs a memory budget (StoreOptions::with_memory_budget)",
+        ));
+    }
+    let (id, mut entry, newest, files) = table_and_chain(ckpt, name)?;
+    let vfs = RealFs;
+    prepare_empty_dir(&vfs, dir)?;
+    for (&seq, (from, _)) in &files {
+        let to = segment_path(dir, seq);
+        vfs.link(from, &to)
+            .map_err(|e| Error::io(format!("link {} to {}", from.display(), to.display()), e))?;
+    }
+    let seg = dir.join(SEG_DIR);
+    vfs.sync_dir(&seg).map_err(|e| Error::io(format!("sync directory {}", seg.display()), e))?;
+    entry.files = files.iter().map(|(&seq, &(_, f))| (seq, f)).collect();
+    entry.superseded_below = 0;
+    let state = State {
+        next_table_id: newest.next_table_id.max(id + 1),
+        next_seq: newest.next_seq.max(files.keys().next_back().map_or(1, |s| s + 1)),
+        store_id: random_id(),
+        tables: BTreeMap::from([(id, entry)]),
+        ..State::default()
+    };
+    drop(Manifest::create(&vfs, dir, &state)?);
+    let store = Store::open_part(dir, options, Arc::new(RealFs), Some((shard, num_shards)))?;
+    let table = store.table(name)?;
+    Ok((store, table))
+}
+
+impl Store {
+    /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
+    /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty
+    /// directory. With `since` (an earlier checkpoint of this store), writes only the segments
+    /// newer than it: restoring then needs the whole chain. Fails for a store in memory.
+    pub fn checkpoint(
+        &self,
+        dest: impl AsRef<Path>,
+        since: Option<&Path>,
+    ) -> Result<CheckpointReport> {
+        self.check_open()?;
+        let durable = self.durable().ok_or_else(|| {
+            Error::invalid("checkpoints need a store kept in a directory (opened with a path)")
+        })?;
+        let tables: Vec<Arc<Table>> = self.all_tables();
+        durable.checkpoint(&tables, dest.as_ref(), since)
+    }
+
+    /// Creates a store in `dest` (a new or empty directory) from the checkpoint in `ckpt` and
+    /// the chain of checkpoints it builds on, with every table on `num_shards` shards (or its
+    /// own), and opens it. `progress` is called after each segment read with (done, total).
+    pub fn restore(
+        ckpt: impl AsRef<Path>,
+        dest: impl AsRef<Path>,
+        num_shards: Option<usize>,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Store> {
+        let chain = chain(ckpt.as_ref())?;
+        // The tables of the newest checkpoint, with the files of the whole chain.
+        let newest = &chain.last().expect("not empty").1;
+        let files = chain_files(&chain);
+        let dest = dest.as_ref();
+        prepare_empty_dir(&RealFs, dest)?;
+        let store = Store::open(dest)?;
+        let total: usize =
+            newest.tables.keys().map(|id| files.get(id).map_or(0, |f| f.len())).sum();
+        let mut done = 0;
+        for (&id, t) in &newest.tables {
+            let mut config = table_config(t)?;
+            if let Some(n) = num_shards {
+                config.num_shards = n;
+            }
+            let table = Arc::new(Table::with_clock(config, store.clock().clone())?);
+            for path in files.get(&id).map(|f| f.values().collect::<Vec<_>>()).unwrap_or_default() {
+                replay_segment(&table, id, path)?;
+                done += 1;
+                progress(done, total);
+            }
+            table.set_step(t.step);
+            store.adopt_table(table)?;
+        }
+        store.flush()?;
+        Ok(store)
+    }
+}
