@@ -456,30 +456,13 @@ impl Client {
         place: &Placement,
     ) -> std::result::Result<Rows, Retry> {
         let d = place.embedding_dim as usize;
-        let mut by_shard: Vec<(Vec<u64>, Vec<usize>)> =
-            vec![(Vec::new(), Vec::new()); place.num_shards as usize];
-        for (pos, &id) in ids.iter().enumerate() {
-            let s = shard_of_key(id, place.num_shards as usize);
-            by_shard[s].0.push(id);
-            by_shard[s].1.push(pos);
-        }
+        let by_shard = group_by_shard(ids, place.num_shards as usize);
         let mut tasks = tokio::task::JoinSet::new();
         for (s, (keys, _)) in by_shard.iter().enumerate() {
             if keys.is_empty() {
                 continue;
             }
-            // READY replicas by fewest requests in flight, then the DRAINING ones. With the
-            // protocol off: every server holding the shard at any version, in turn (a client
-            // that knows shards but not versions).
-            let order = if self.options.consistent {
-                let (ready, draining) = &place.replicas[s];
-                let mut order = ready.clone();
-                order.sort_by_key(|&i| self.endpoint(i).outstanding.load(Ordering::Relaxed));
-                order.extend(draining);
-                order
-            } else {
-                self.any_version(table, s as u32, place.num_shards)
-            };
+            let order = self.replica_order(table, s, place);
             let req = LookupRequest {
                 table: table.to_string(),
                 version: if self.options.consistent { place.version } else { 0 },
@@ -522,29 +505,66 @@ impl Client {
                     continue;
                 }
             };
-            let positions = &by_shard[s].1;
-            // The frame's size is checked once; rows then go straight to their places.
-            let well_formed = resp.values.len() == positions.len() * d * 4
-                && (resp.version == place.version || !self.options.consistent)
-                && resp.found.len() == positions.len();
-            if !well_formed {
+            let version_ok = resp.version == place.version || !self.options.consistent;
+            if !place_rows(&resp, &by_shard[s].1, d, version_ok, &mut values, &mut found) {
                 outcome = Err(Retry::Fail(Error::new(
                     ErrorKind::Corruption,
                     format!("a malformed answer for shard {s} of table '{table}'"),
                 )));
-                continue;
-            }
-            for (j, &pos) in positions.iter().enumerate() {
-                embstore_proto::copy_row(
-                    &resp.values[j * d * 4..][..d * 4],
-                    &mut values[pos * d..][..d],
-                );
-                found[pos] = resp.found[j] != 0;
             }
         }
         outcome?;
         Ok(Rows { values, found, embedding_dim: d, version: place.version })
     }
+
+    /// Whom to ask for shard `s`, in turn: READY replicas by fewest requests in flight, then
+    /// the DRAINING ones. With the protocol off: every server holding the shard at any version
+    /// (a client that knows shards but not versions).
+    fn replica_order(&self, table: &str, s: usize, place: &Placement) -> Vec<usize> {
+        if !self.options.consistent {
+            return self.any_version(table, s as u32, place.num_shards);
+        }
+        let (ready, draining) = &place.replicas[s];
+        let mut order = ready.clone();
+        order.sort_by_key(|&i| self.endpoint(i).outstanding.load(Ordering::Relaxed));
+        order.extend(draining);
+        order
+    }
+}
+
+/// The ids of a batch by shard (`shard_of_key`): each shard's ids and their batch positions.
+fn group_by_shard(ids: &[u64], num_shards: usize) -> Vec<(Vec<u64>, Vec<usize>)> {
+    let mut by_shard = vec![(Vec::new(), Vec::new()); num_shards];
+    for (pos, &id) in ids.iter().enumerate() {
+        let s = shard_of_key(id, num_shards);
+        by_shard[s].0.push(id);
+        by_shard[s].1.push(pos);
+    }
+    by_shard
+}
+
+/// Copies a shard's answer into its batch positions of `values`/`found` (rows of `d`). The
+/// frame's size (and its version, `version_ok`) is checked once, before any row moves; `false`
+/// when it is malformed (nothing is copied).
+fn place_rows(
+    resp: &LookupResponse,
+    positions: &[usize],
+    d: usize,
+    version_ok: bool,
+    values: &mut [f32],
+    found: &mut [bool],
+) -> bool {
+    let well_formed = resp.values.len() == positions.len() * d * 4
+        && version_ok
+        && resp.found.len() == positions.len();
+    if !well_formed {
+        return false;
+    }
+    for (j, &pos) in positions.iter().enumerate() {
+        embstore_proto::copy_row(&resp.values[j * d * 4..][..d * 4], &mut values[pos * d..][..d]);
+        found[pos] = resp.found[j] != 0;
+    }
+    true
 }
 
 /// What a failed attempt means for the batch.
