@@ -73,8 +73,8 @@ clippy: toolchain
 	$(CARGO) clippy -p embstore-cache --all-targets --features compat --locked -- -D warnings
 
 ruff: setup
-	$(VENV)/bin/ruff check python examples
-	$(VENV)/bin/ruff format --check python examples
+	$(VENV)/bin/ruff check python examples scripts
+	$(VENV)/bin/ruff format --check python examples scripts
 
 services: ## Install etcd (Debian's etcd-server) for the cluster tests, if it is missing
 	@command -v etcd >/dev/null || { \
