@@ -61,7 +61,7 @@ build: toolchain ## Build every Rust crate in release mode
 demo: develop data ## The main job: train a DLRM-style CTR model on MovieLens-100k
 	$(VPY) examples/movielens_ctr.py --data-dir $(DATA)/ml-100k $(ARGS)
 
-test: lint test-rust test-python ## Everything CI runs: formatting, lints, Rust and Python tests
+test: lint test-rust test-python ## Everything CI runs: formatting, lints, Rust tests, memcheck, Python tests
 
 lint: fmt-check clippy ruff ## rustfmt --check, clippy -D warnings, ruff
 
