@@ -1,5 +1,5 @@
 //! `embstore-bench cache`: per-request latency and throughput of `InferenceCache::lookup`
-//! against a plain in-memory table lookup of the same ids (issue 10, benchmark 5).
+//! against a plain in-memory table lookup of the same ids (docs/benchmarks.md, "The inference cache", benchmark 5).
 //!
 //! The synthetic Criteo-like trace (26 tables, Zipf contexts, ρ 0.7) gives the requests; every
 //! key's row lives in an in-memory `embstore_table` store (the backing store). Measured, after

@@ -458,7 +458,7 @@ fn report(
             ratio(rapf)
         );
     }
-    // The goals are stated for 16M slots and more.
+    // The goals are stated for 16M slots and more.
     let goal_size = t.slots >= 1 << 24;
     if let (true, Some(b), Some(h), Some(ra)) = (goal_size, med("embstore_batch"), brown, rapf) {
         let mark = |ok: bool| if ok { "met" } else { "NOT met" };

@@ -1,4 +1,4 @@
-//! `serving` — issue 9's benchmarks of the batch-query service, on loopback, peers side by side
+//! `serving` — the batch-query service's benchmarks, on loopback, peers side by side
 //! in the same run and on the same cores:
 //!
 //! 1. **latency** — the paper's Table 4: batches of random ids looked up through the service

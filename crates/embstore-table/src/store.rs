@@ -77,8 +77,8 @@ pub struct StoreOptions {
     /// calls do not wait for evictions (calls that bring rows in evict themselves only when
     /// the store is over its budget). `false` (the default): evictions run on the thread of a
     /// call that brought rows in and left the store over its budget — measured faster for the
-    /// demo's training under a budget and no slower at 10M rows (docs/benchmarks.md, "Durable stores, checkpoints, tables larger than memory",
-    /// round 3).
+    /// demo's training under a budget and no slower at 10M rows (docs/benchmarks.md, "Durable
+    /// stores, checkpoints, tables larger than memory", round 3).
     pub background_eviction: bool,
     /// A budget shared with other stores ([`crate::Budget::shared`]); it takes the place of
     /// `memory_budget_bytes` and `background_eviction`.

@@ -1,4 +1,4 @@
-//! Shards larger than memory (issue 9, "memory-budgeted with the NVMe tier"): the table is
+//! Shards larger than memory (memory-budgeted, with the NVMe tier): the table is
 //! written to a durable store and checkpointed; then, for each of `--budget-fractions`, a
 //! cluster of `SHARDS` servers (one replica each) loads its shard from the checkpoint — into
 //! memory (fraction 0) or budgeted at that fraction of the shard's rows

@@ -1,4 +1,4 @@
-//! Rolling updates under load (issue 9's benchmark 3): a cluster of 2 shards × 2 replicas
+//! Rolling updates under load (the serving benchmark 3): a cluster of 2 shards × 2 replicas
 //! (columns a and b) and a spare column, in this process, rolled from version v to v + 1
 //! `--rolls` times as docs/serving.md describes — the spare column loads v + 1; each column in
 //! turn drains v, waits until no lookup named v for `--drain-quiet-ms` (at most 5 s), and

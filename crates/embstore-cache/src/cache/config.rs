@@ -77,7 +77,7 @@ pub struct CacheConfig {
 impl CacheConfig {
     /// One f32 level, [`GroupAssoc`](crate::GroupAssoc) with `S = num_tables` (more perfect
     /// hits per byte than GroupLfu in every configuration measured: docs/benchmarks.md,
-    /// issue 10, "The default policy"), 1 shard, no surrogates.
+    /// "The inference cache", "The default policy"), 1 shard, no surrogates.
     pub fn new(num_tables: usize, dim: usize, memory_budget_bytes: usize) -> Self {
         Self {
             num_tables,
