@@ -222,6 +222,7 @@ def cluster(etcd: list[str]) -> tuple[list[tuple[str, str]], list[str]]: ...
 
 # The inference cache (crates/embstore-cache through crates/embstore-python/src/cache.rs).
 CACHE_POLICIES: tuple[str, ...]
+STORE_POLICIES: tuple[str, ...]
 CACHE_CODECS: tuple[str, ...]
 
 class Surrogates:

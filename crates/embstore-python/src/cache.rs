@@ -10,6 +10,7 @@ use embstore_cache::{
     surrogate::{self, Metric, SurrogateConfig, SurrogateFile, SurrogateTable, Surrogates},
     EvalOptions, Mode, Policy, PolicyConfig, Report, RequestOutcome, Trace,
 };
+use embstore_policy::{EvictionConfig, EvictionPolicy};
 use embstore_table::{OnMiss, Table};
 use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
@@ -588,6 +589,9 @@ pub(crate) fn evaluate<'py>(
     let mode = parse_mode(mode)?;
     let opts = EvalOptions { warm_frac, ..EvalOptions::default() };
     if let Ok(name) = policy.extract::<String>() {
+        if STORE_POLICIES.contains(&name.to_ascii_lowercase().replace('-', "_").as_str()) {
+            return evaluate_store_policy(py, &trace, &name, capacity, mode, policy_params, &opts);
+        }
         let s = max_score.unwrap_or_else(|| trace.max_request_len());
         let cfg = policy_config(&name, policy_params, s)?;
         let report = detached(py, || {
@@ -607,6 +611,36 @@ pub(crate) fn evaluate<'py>(
         d.set_item("policy", name)?;
     }
     Ok(d)
+}
+
+/// The store's own eviction policies the evaluator also scores (per-slot policies run as a
+/// cache of `capacity` keys): names only the store has; `lru`, `lfu`, `group_lfu` are the
+/// cache's own and evaluated as such.
+pub(crate) const STORE_POLICIES: [&str; 1] = ["lru_lfu"];
+
+/// `evaluate` for one of [`STORE_POLICIES`]: the store's per-slot eviction as a request-level
+/// policy ([`EvictionPolicy`]), with the defaults a store uses; it takes no parameters.
+fn evaluate_store_policy<'py>(
+    py: Python<'py>,
+    trace: &Trace,
+    name: &str,
+    capacity: usize,
+    mode: Mode,
+    params: Option<&Bound<'py, PyDict>>,
+    opts: &EvalOptions,
+) -> PyResult<Bound<'py, PyDict>> {
+    if params.is_some_and(|p| !p.is_empty()) {
+        return Err(errors::InvalidArgumentError::new_err(format!(
+            "policy {name:?} (the store's eviction) takes no parameters"
+        )));
+    }
+    let config = EvictionConfig::parse(name).map_err(to_py_err)?;
+    let report = detached(py, || {
+        let mut p = EvictionPolicy::new(&config, capacity, 0)?;
+        embstore_cache::evaluate_with(trace, &mut p, mode, opts)
+    })
+    .map_err(to_py_err)?;
+    report_dict(py, &report)
 }
 
 /// The synthetic Criteo-like trace of the design note as uint64 `[N, T]` table-qualified keys.

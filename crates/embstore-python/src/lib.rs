@@ -196,6 +196,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::build_surrogates, m)?)?;
     m.add_function(wrap_pyfunction!(cache::synthetic_trace, m)?)?;
     m.add("CACHE_POLICIES", embstore_cache::PolicyConfig::NAMES)?;
+    m.add("STORE_POLICIES", cache::STORE_POLICIES)?;
     m.add("CACHE_CODECS", embstore_cache::codec::CodecKind::NAMES)?;
     m.add_function(wrap_pyfunction!(simd_available, m)?)?;
     m.add_function(wrap_pyfunction!(_error_kinds, m)?)?;

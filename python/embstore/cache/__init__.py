@@ -56,6 +56,7 @@ __all__ = [
     "CODECS",
     "POLICIES",
     "SOURCES",
+    "STORE_POLICIES",
     "InferenceCache",
     "Surrogates",
     "build_surrogates",
@@ -66,6 +67,8 @@ __all__ = [
 
 #: Our replacement policies (``policy=``), defined once in the Rust crate.
 POLICIES: tuple[str, ...] = tuple(_native.CACHE_POLICIES)
+#: The store's own eviction policies that :func:`evaluate` also scores (run as a cache).
+STORE_POLICIES: tuple[str, ...] = tuple(_native.STORE_POLICIES)
 #: Row codecs a tier can use (``tiers=`` keys).
 CODECS: tuple[str, ...] = tuple(_native.CACHE_CODECS)
 #: ``sources`` values of :meth:`InferenceCache.lookup`: index → where the row came from.
@@ -537,9 +540,11 @@ def evaluate(
     Args:
         trace: uint64 ``[N, G]`` table-qualified keys (``table << 48 | id``), a list of
             per-request key arrays, or a :class:`~embstore.cache.traces.Trace`.
-        policy: one of :data:`POLICIES` (lowercase); a libCacheSim policy name as libCacheSim
-            spells it (``"LRU"``, ``"S3FIFO"``, ``"ARC"``, … when ``libcachesim`` is
-            installed); an object with ``access(keys) -> flags``;
+        policy: one of :data:`POLICIES` (lowercase); one of :data:`STORE_POLICIES`
+            (``"lru_lfu"``: the training store's default eviction, LRU in front of LFU, run
+            as a cache of ``capacity`` keys; no ``policy_params``); a libCacheSim policy name
+            as libCacheSim spells it (``"LRU"``, ``"S3FIFO"``, ``"ARC"``, … when
+            ``libcachesim`` is installed); an object with ``access(keys) -> flags``;
             or an :class:`InferenceCache` (the whole system, evaluated as it is).
         capacity: entries (int), or a fraction of the trace's unique keys (float in (0, 1)).
         capacity_bytes, dim: alternatively, a byte budget for fp32 rows of ``dim`` values plus
@@ -570,7 +575,8 @@ def evaluate(
         raise InvalidArgumentError(f"capacity must be a positive int, got {capacity!r}")
     # Ours are lowercase (lru, group_lfu); libCacheSim's are capitalised (LRU, S3FIFO): the
     # case decides, so "LRU" is libCacheSim's LRU and "lru" ours.
-    if isinstance(policy, str) and policy.replace("-", "_") not in POLICIES:
+    ours = (*POLICIES, *STORE_POLICIES)
+    if isinstance(policy, str) and policy.replace("-", "_") not in ours:
         from embstore.cache import _libcachesim
 
         policy = _libcachesim.LibCacheSimPolicy(policy, int(capacity))

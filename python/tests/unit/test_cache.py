@@ -189,6 +189,26 @@ def test_evaluate_bad_input():
         evaluate(trace, "lru", 2, policy_params={"age_alpha": 1.0})
 
 
+def test_evaluate_scores_the_training_stores_own_eviction():
+    assert embstore.cache.STORE_POLICIES == ("lru_lfu",)
+    trace = embstore._native.synthetic_trace(
+        num_requests=2000, num_tables=4, max_table_size=2000, seed=3
+    )
+    r = evaluate(trace, "lru_lfu", capacity=0.1)
+    assert r["policy"] == "lru-lfu"  # report names are hyphenated, as "group-lfu"
+    assert 0.0 < r["perfect_hit"] <= r["compulsory_bound"]
+    assert r["perfect_hit"] <= r["individual_hit"]
+    assert sum(r["misses_per_request"]) == r["requests"]
+    # Deterministic, and "lru-lfu" spells the same policy.
+    again = evaluate(trace, "lru-lfu", capacity=0.1)
+    assert (again["perfect_hit"], again["individual_hit"]) == (
+        r["perfect_hit"],
+        r["individual_hit"],
+    )
+    with pytest.raises(embstore.InvalidArgumentError, match="takes no parameters"):
+        evaluate(trace, "lru_lfu", capacity=0.1, policy_params={"age_alpha": 1.0})
+
+
 def test_evaluate_drives_a_python_policy_and_the_whole_cache(store):
     class Everything:
         name = "oracle"
