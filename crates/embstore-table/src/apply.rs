@@ -14,7 +14,7 @@ use crate::meta::PackedMeta;
 use crate::optim::{max_abs_bits, Step};
 use crate::tier::Gate;
 use crate::version::now_ms;
-use crate::{Error, ErrorKind, Result, Table, Version};
+use crate::{Error, ErrorKind, Result, Table};
 
 /// The largest gradient whose square is finite in float32 (√f32::MAX ≈ 1.84e19): every
 /// optimizer but SGD squares the gradient.
@@ -87,7 +87,6 @@ impl Table {
             None
         };
         let step = optimizer.prepare(lr, self.next_step());
-        let version = self.clock.tick();
         let stepped = AtomicU64::new(0);
         let refused = Mutex::new(None::<u64>);
         self.run(&groups, |s, keys, pos| {
@@ -95,7 +94,7 @@ impl Table {
                 Some(all) => std::mem::take(&mut *all[s].lock()),
                 None => coalesce(keys, pos, grads, d),
             };
-            let tally = self.step_shard(s, &sums, &step, version)?;
+            let tally = self.step_shard(s, &sums, &step)?;
             let c = &self.counters;
             Counters::add(&c.updates, tally.stepped);
             Counters::add(&c.inserts, tally.inserted);
@@ -167,13 +166,7 @@ impl Table {
     }
 
     /// Steps one shard's unique ids under its write lock.
-    fn step_shard(
-        &self,
-        s: usize,
-        sums: &Coalesced,
-        step: &Step,
-        version: Version,
-    ) -> Result<Tally> {
+    fn step_shard(&self, s: usize, sums: &Coalesced, step: &Step) -> Result<Tally> {
         let (uniq, sums) = sums;
         let d = self.dim();
         let skip_non_finite = self.config.non_finite == NonFinite::Skip;
@@ -181,6 +174,10 @@ impl Table {
         let mut slots = vec![0u64; uniq.len()];
         let mut shard = self.shards[s].write();
         let shard = &mut *shard;
+        // Drawn under the shard's write lock: in every shard, versions follow the order of
+        // writes, so a reader that has seen a shard up to version V finds every later write
+        // above V (tests/versions.rs).
+        let version = self.clock.tick();
         shard.index.get_batch(uniq, &mut slots)?;
         shard.note_accesses(&slots);
         let mut tally = Tally::default();

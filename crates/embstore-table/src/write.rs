@@ -188,13 +188,15 @@ impl Table {
         if ids.is_empty() {
             return Ok(());
         }
-        let version = self.clock.tick();
         if let Some(meta) = meta {
             meta.iter().for_each(|m| self.clock.observe(m.version));
         }
         let created = PackedMeta::created(now_ms());
         self.run(&groups, |s, keys, pos| {
             let mut shard = self.shards[s].write();
+            // Drawn under the shard's write lock, so that versions follow the order of writes
+            // in every shard (see `apply_gradients`).
+            let version = self.clock.tick();
             let mut inserted = 0;
             for (&key, &p) in keys.iter().zip(pos) {
                 let p = p as usize;
