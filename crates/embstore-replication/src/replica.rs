@@ -1,0 +1,355 @@
+//! One replica's sync state machine: rows in segments, each segment's knowledge and cache, and
+//! the three steps of pull-based sync (Ekko §4.3).
+//!
+//! - [`Replica::local_write`]: tick and write are one step (W1), so versions enter each segment
+//!   in increasing order and `vv[self]` never passes a write not yet made.
+//! - [`Replica::serve_pull`]: the responder reads its VV *before* selecting (R1); a row that
+//!   changes after the read only gets newer, so it still passes the filter.
+//! - [`Replica::apply_reply`]: the requester applies rows last-writer-wins and merges the VV
+//!   only after the whole reply (R2). A reply that is rejected changes nothing.
+//!
+//! Invariant (V3): for each segment, origin `o` and write of version `v` from `o` with
+//! `v.timestamp <= vv.get(o)`, the row's version is at least `v`.
+//! The state machine is pure: no I/O, no threads, no wall clock (callers pass `now_ms`).
+
+use crate::cache::UpdateCache;
+use crate::version::{Clock, Version};
+use crate::vv::Vv;
+use embstore_common::{fmix64, Error, ErrorKind, Result};
+use std::collections::BTreeMap;
+
+/// The most sync segments a replica may have (2^20, as the spec clamps them).
+pub const MAX_SEGMENTS: u32 = 1 << 20;
+
+/// A row: its version and its values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The version of the write that produced the values.
+    pub version: Version,
+    /// The embedding values (`dim` floats).
+    pub values: Vec<f32>,
+}
+
+/// The sync bookkeeping of one segment.
+#[derive(Clone, Debug, Default)]
+pub struct SegSync {
+    /// The segment's knowledge.
+    pub vv: Vv,
+    /// Recently written keys and the dominator VV.
+    pub cache: UpdateCache,
+}
+
+/// One segment: its rows (in key order, so scans are deterministic) and its sync state.
+#[derive(Clone, Debug, Default)]
+struct Segment {
+    rows: BTreeMap<u64, Row>,
+    sync: SegSync,
+}
+
+/// A pull's answer: the rows the requester lacks and the responder's VV read before selecting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    /// The segment.
+    pub seg: u32,
+    /// `(key, row)` with `row.version.timestamp > vv_r.get(row.version.replica)`.
+    pub rows: Vec<(u64, Row)>,
+    /// The responder's knowledge of the segment.
+    pub vv_s: Vv,
+    /// Whether the update cache answered (no scan).
+    pub from_cache: bool,
+}
+
+/// A way for [`Replica::apply_reply`] to break R2, so tests can show the checker catches it.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Mutant {
+    /// The correct protocol.
+    #[default]
+    None,
+    /// Merge the VV but drop the reply's last row (a merge before all rows were applied).
+    DropLastRow,
+}
+
+/// One replica of a table: `segments` sync segments of rows of `dim` floats.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    id: u32,
+    dim: usize,
+    clock: Clock,
+    segments: Vec<Segment>,
+    #[cfg(test)]
+    pub(crate) mutant: Mutant,
+}
+
+/// The segment of `key` among `segments` (the upper hash bits, so that it stays independent of
+/// a table shard chosen by the lower ones).
+pub fn seg_of(key: u64, segments: u32) -> u32 {
+    ((fmix64(key) >> 32) % u64::from(segments.max(1))) as u32
+}
+
+impl Replica {
+    /// A replica named `id` with `segments` segments of rows of `dim` floats.
+    pub fn new(id: u32, segments: u32, dim: usize) -> Result<Self> {
+        if segments == 0 || segments > MAX_SEGMENTS {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("segments must be in 1..={MAX_SEGMENTS}, got {segments}"),
+            ));
+        }
+        if dim == 0 {
+            return Err(Error::new(ErrorKind::InvalidArgument, "dim must be positive, got 0"));
+        }
+        Ok(Self {
+            id,
+            dim,
+            clock: Clock::new(),
+            segments: vec![Segment::default(); segments as usize],
+            #[cfg(test)]
+            mutant: Mutant::None,
+        })
+    }
+
+    /// The replica's id (the origin of its writes).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The number of segments.
+    pub fn segments(&self) -> u32 {
+        self.segments.len() as u32
+    }
+
+    /// The segment of `key`.
+    pub fn seg_of(&self, key: u64) -> u32 {
+        seg_of(key, self.segments())
+    }
+
+    /// The clock's last timestamp.
+    pub fn clock_last(&self) -> u64 {
+        self.clock.last()
+    }
+
+    fn segment(&self, seg: u32) -> Result<&Segment> {
+        self.segments.get(seg as usize).ok_or_else(|| self.bad_seg(seg))
+    }
+
+    fn bad_seg(&self, seg: u32) -> Error {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("segment {seg} out of range: the replica has {} segments", self.segments.len()),
+        )
+    }
+
+    /// The row of `key`, if stored.
+    pub fn row(&self, key: u64) -> Option<&Row> {
+        self.segments[self.seg_of(key) as usize].rows.get(&key)
+    }
+
+    /// The rows of segment `seg` in key order.
+    pub fn rows(&self, seg: u32) -> Result<impl Iterator<Item = (u64, &Row)>> {
+        Ok(self.segment(seg)?.rows.iter().map(|(k, r)| (*k, r)))
+    }
+
+    /// Segment `seg`'s sync state.
+    pub fn sync(&self, seg: u32) -> Result<&SegSync> {
+        Ok(&self.segment(seg)?.sync)
+    }
+
+    fn check_dim(&self, values: &[f32]) -> Result<()> {
+        if values.len() != self.dim {
+            return Err(Error::new(
+                ErrorKind::ShapeMismatch,
+                format!("values must have {} floats, got {}", self.dim, values.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes `key` here as origin (W1: the tick and the write are one step). Returns the
+    /// write's version.
+    pub fn local_write(&mut self, key: u64, values: Vec<f32>, now_ms: u64) -> Result<Version> {
+        self.check_dim(&values)?;
+        let v = Version::new(self.clock.tick(now_ms)?, self.id);
+        let seg = self.seg_of(key) as usize;
+        let s = &mut self.segments[seg];
+        s.rows.insert(key, Row { version: v, values });
+        s.sync.vv.raise(self.id, v.timestamp);
+        s.sync.cache.on_write(key, v);
+        Ok(v)
+    }
+
+    /// Answers a pull of segment `seg` from a requester knowing `vv_r`: from the cache on a
+    /// hit, else by a full scan.
+    pub fn serve_pull(&self, seg: u32, vv_r: &Vv) -> Result<Reply> {
+        let s = self.segment(seg)?;
+        // R1: the knowledge is read before the selection starts.
+        let vv_s = s.sync.vv.clone();
+        if s.sync.cache.hits(vv_r) {
+            let rows = s
+                .sync
+                .cache
+                .select(vv_r)
+                .into_iter()
+                .filter_map(|k| s.rows.get(&k).map(|r| (k, r.clone())))
+                .collect();
+            return Ok(Reply { seg, rows, vv_s, from_cache: true });
+        }
+        Ok(Reply { seg, rows: Self::scan(s, vv_r), vv_s, from_cache: false })
+    }
+
+    /// The full-scan selection of segment `seg` (what a miss returns), for comparisons.
+    pub fn scan_pull(&self, seg: u32, vv_r: &Vv) -> Result<Vec<(u64, Row)>> {
+        Ok(Self::scan(self.segment(seg)?, vv_r))
+    }
+
+    fn scan(s: &Segment, vv_r: &Vv) -> Vec<(u64, Row)> {
+        s.rows
+            .iter()
+            .filter(|(_, r)| r.version.timestamp > vv_r.get(r.version.replica))
+            .map(|(k, r)| (*k, r.clone()))
+            .collect()
+    }
+
+    /// Applies a pull's reply: each row last-writer-wins, then the VV merge (R2). The reply is
+    /// checked whole first (segment, row shapes, rows in their segment), so a bad reply changes
+    /// nothing. Returns how many rows were written.
+    pub fn apply_reply(&mut self, reply: &Reply) -> Result<usize> {
+        let seg = reply.seg;
+        self.segment(seg)?;
+        for (k, r) in &reply.rows {
+            self.check_dim(&r.values)?;
+            if self.seg_of(*k) != seg {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("key {k} is not in segment {seg}"),
+                ));
+            }
+        }
+        #[cfg(test)]
+        let rows: &[(u64, Row)] = match self.mutant {
+            Mutant::None => &reply.rows,
+            Mutant::DropLastRow => &reply.rows[..reply.rows.len().saturating_sub(1)],
+        };
+        #[cfg(not(test))]
+        let rows: &[(u64, Row)] = &reply.rows;
+        let s = &mut self.segments[seg as usize];
+        let mut written = 0;
+        for (k, r) in rows {
+            // LWW: an equal version is the same write, so only a strictly newer one is applied.
+            if s.rows.get(k).is_none_or(|old| r.version > old.version) {
+                s.rows.insert(*k, r.clone());
+                s.sync.cache.on_write(*k, r.version);
+                self.clock.observe(r.version.timestamp);
+                written += 1;
+            }
+        }
+        s.sync.vv.merge(&reply.vv_s);
+        Ok(written)
+    }
+
+    /// Prunes every segment's update cache to `now_ms - d_prop_ms`.
+    pub fn prune(&mut self, now_ms: u64, d_prop_ms: u64) {
+        for s in &mut self.segments {
+            s.sync.cache.prune(now_ms, d_prop_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bad_input_is_an_error_and_changes_nothing() {
+        assert_eq!(Replica::new(0, 0, 4).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let e = Replica::new(0, 4, 0).unwrap_err();
+        assert!(e.to_string().contains("dim must be positive, got 0"), "{e}");
+        let mut r = Replica::new(1, 4, 2).unwrap();
+        let e = r.local_write(5, vec![1.0], 10).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
+        assert!(e.to_string().contains("values must have 2 floats, got 1"), "{e}");
+        assert!(r
+            .serve_pull(9, &Vv::new())
+            .unwrap_err()
+            .to_string()
+            .contains("segment 9 out of range: the replica has 4 segments"));
+        let mut src = Replica::new(2, 4, 2).unwrap();
+        src.local_write(5, vec![1.0, 2.0], 10).unwrap();
+        let seg = src.seg_of(5);
+        let mut reply = src.serve_pull(seg, &Vv::new()).unwrap();
+        reply.rows.push((5, Row { version: Version::new(99, 2), values: vec![0.0] }));
+        assert_eq!(r.apply_reply(&reply).unwrap_err().kind(), ErrorKind::ShapeMismatch);
+        reply.rows.pop();
+        reply.seg = (seg + 1) % 4;
+        assert!(r.apply_reply(&reply).unwrap_err().to_string().contains("is not in segment"));
+        assert!(r.row(5).is_none());
+        assert_eq!(r.sync(seg).unwrap().vv, Vv::new());
+    }
+
+    #[test]
+    fn a_pull_ships_only_what_the_requester_lacks() {
+        let mut p = Replica::new(0, 1, 1).unwrap();
+        let mut f = Replica::new(1, 1, 1).unwrap();
+        p.local_write(1, vec![1.0], 10).unwrap();
+        f.apply_reply(&p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap()).unwrap();
+        p.local_write(2, vec![2.0], 11).unwrap();
+        let reply = p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap();
+        assert_eq!(reply.rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2]);
+        f.apply_reply(&reply).unwrap();
+        assert_eq!(f.sync(0).unwrap().vv, p.sync(0).unwrap().vv);
+        assert!(p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap().rows.is_empty());
+        // The follower's next own write is above everything it applied (observe).
+        assert!(f.local_write(3, vec![3.0], 0).unwrap().timestamp > p.sync(0).unwrap().vv.get(0));
+    }
+
+    /// The mutant that merges the VV without all rows leaves knowledge (V3) without the row:
+    /// the VV covers a write the segment does not hold, so no later pull would resend it.
+    #[test]
+    fn the_drop_last_row_mutant_breaks_knowledge() {
+        let mut p = Replica::new(0, 1, 1).unwrap();
+        let mut f = Replica::new(1, 1, 1).unwrap();
+        f.mutant = Mutant::DropLastRow;
+        let v1 = p.local_write(1, vec![1.0], 10).unwrap();
+        let v2 = p.local_write(2, vec![2.0], 10).unwrap();
+        f.apply_reply(&p.serve_pull(0, &Vv::new()).unwrap()).unwrap();
+        assert!(f.sync(0).unwrap().vv.get(0) >= v2.timestamp);
+        assert_eq!(f.row(1).map(|r| r.version), Some(v1));
+        assert!(f.row(2).is_none());
+        assert!(p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap().rows.is_empty());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// V2 (LWW): any permutation, with duplicates, of a set of row writes leaves each key's
+        /// max-version row.
+        #[test]
+        fn lww_leaves_the_max(writes in proptest::collection::btree_map((0u64..1000, 0u32..4), (0u64..6, -5i32..5), 1..40),
+                              order in proptest::collection::vec(any::<proptest::sample::Index>(), 1..120)) {
+            let writes: Vec<(u64, Row)> = writes.into_iter()
+                .map(|((ts, o), (k, x))| (k, Row { version: Version::new(ts + 1, o), values: vec![x as f32] }))
+                .collect();
+            let mut r = Replica::new(9, 1, 1).unwrap();
+            // Every write at least once, then the random duplicates, in a shuffled order.
+            let mut seq: Vec<usize> = (0..writes.len()).collect();
+            seq.extend(order.iter().map(|i| i.index(writes.len())));
+            for (i, j) in order.iter().enumerate() {
+                let a = i % seq.len();
+                let b = j.index(seq.len());
+                seq.swap(a, b);
+            }
+            for i in seq {
+                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), from_cache: false };
+                r.apply_reply(&reply).unwrap();
+            }
+            let mut best: BTreeMap<u64, &Row> = BTreeMap::new();
+            for (k, row) in &writes {
+                if best.get(k).is_none_or(|b| row.version > b.version) { best.insert(*k, row); }
+            }
+            for (k, row) in best {
+                prop_assert_eq!(r.row(k), Some(row));
+            }
+        }
+    }
+}
