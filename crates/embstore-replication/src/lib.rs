@@ -10,6 +10,8 @@
 //! - [`cache`]: [`UpdateCache`], the recently written keys and the dominator VV that let a pull
 //!   skip the scan.
 //! - [`replica`]: [`Replica`], rows in segments, `local_write`, `serve_pull`, `apply_reply`.
+//! - [`sim`]: a deterministic simulated network (drop, duplicate, reorder, delay, partition)
+//!   and the checker of the protocol's invariants against a global history of writes.
 //!
 //! Invariants: versions from one replica strictly increase; LWW leaves the max version; a
 //! segment's VV covers only writes its rows hold (V3); VVs and row versions only grow; after a
@@ -18,6 +20,7 @@
 
 pub mod cache;
 pub mod replica;
+pub mod sim;
 pub mod version;
 pub mod vv;
 

@@ -1,0 +1,437 @@
+//! A deterministic simulation of pull-based sync, and the checker of its invariants.
+//!
+//! `N` replicas; one primary writes. Pulls and replies travel as messages through a simulated
+//! network that drops, duplicates, reorders and delays them, and that can be partitioned into
+//! two sides and healed. Every choice comes from one seeded [`SplitMix64`], so a seed replays a
+//! run exactly; a failure names its seed and step.
+//!
+//! After every step [`Sim::check`] compares the replicas with the global history of committed
+//! writes: V3 (a VV covers only writes the rows hold), V4 (VVs and row versions only grow),
+//! C1/C2 (the update cache's invariants); V1 and V6 are checked as each write is made, C3 on
+//! every pull the cache answers. [`Sim::heal_and_quiesce`] then checks V5 (convergence).
+
+use crate::replica::{Replica, Reply};
+use crate::version::Version;
+use crate::vv::Vv;
+use embstore_common::SplitMix64;
+use std::collections::BTreeMap;
+
+/// The knobs of one simulated run.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Replicas (at least 2); replica 0 starts as the primary.
+    pub replicas: usize,
+    /// Sync segments per replica.
+    pub segments: u32,
+    /// Keys drawn from `0..keys`.
+    pub keys: u64,
+    /// Percent of delivered messages dropped.
+    pub drop_pct: u64,
+    /// Percent of delivered messages also kept in flight for a second delivery.
+    pub dup_pct: u64,
+    /// Whether the primary moves now and then to another replica (a failover).
+    pub failover: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self { replicas: 4, segments: 4, keys: 32, drop_pct: 15, dup_pct: 10, failover: false }
+    }
+}
+
+/// A message on the simulated network.
+#[derive(Clone, Debug)]
+enum Msg {
+    Pull { from: usize, to: usize, seg: u32, vv: Vv },
+    Reply { to: usize, from: usize, reply: Reply },
+}
+
+impl Msg {
+    fn link(&self) -> (usize, usize) {
+        match self {
+            Msg::Pull { from, to, .. } | Msg::Reply { from, to, .. } => (*from, *to),
+        }
+    }
+}
+
+/// The simulated cluster: replicas, messages in flight, the partition and the history.
+#[derive(Debug)]
+pub struct Sim {
+    cfg: SimConfig,
+    rng: SplitMix64,
+    now_ms: u64,
+    primary: usize,
+    replicas: Vec<Replica>,
+    in_flight: Vec<(u64, Msg)>,
+    /// The side of each replica; a message between different sides is lost.
+    side: Vec<u8>,
+    /// Every committed write: `(key, version)`.
+    history: Vec<(u64, Version)>,
+    /// Per replica and segment, the last local write's version (V6).
+    last_local: Vec<Vec<Version>>,
+    /// The state at the last check, for V4: per replica, the VVs and row versions.
+    seen: Vec<(Vec<Vv>, BTreeMap<u64, Version>)>,
+    /// Pulls the update cache answered.
+    pub hits: u64,
+    /// Pulls answered by a scan.
+    pub misses: u64,
+}
+
+impl Sim {
+    /// A cluster of empty replicas.
+    pub fn new(cfg: SimConfig, seed: u64) -> Result<Self, String> {
+        if cfg.replicas < 2 {
+            return Err(format!("a simulation needs at least 2 replicas, got {}", cfg.replicas));
+        }
+        let replicas = (0..cfg.replicas)
+            .map(|i| Replica::new(i as u32, cfg.segments, 1).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = cfg.replicas;
+        let segs = cfg.segments as usize;
+        Ok(Self {
+            rng: SplitMix64::new(seed),
+            now_ms: 1_000,
+            primary: 0,
+            in_flight: Vec::new(),
+            side: vec![0; n],
+            history: Vec::new(),
+            last_local: vec![vec![Version::ZERO; segs]; n],
+            seen: vec![(vec![Vv::new(); segs], BTreeMap::new()); n],
+            hits: 0,
+            misses: 0,
+            replicas,
+            cfg,
+        })
+    }
+
+    /// The replicas.
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+
+    /// Committed writes so far.
+    pub fn history(&self) -> &[(u64, Version)] {
+        &self.history
+    }
+
+    #[cfg(test)]
+    pub(crate) fn replicas_mut(&mut self) -> &mut [Replica] {
+        &mut self.replicas
+    }
+
+    fn pick(&mut self, n: usize) -> usize {
+        self.rng.below(n as u64) as usize
+    }
+
+    fn send(&mut self, msg: Msg) {
+        let delay = self.rng.below(40);
+        self.in_flight.push((self.now_ms + delay, msg));
+    }
+
+    /// One random step, then the checks.
+    pub fn step(&mut self) -> Result<(), String> {
+        let roll = self.rng.below(100);
+        match roll {
+            0..=24 => self.write()?,
+            25..=49 => {
+                let r = self.pick(self.cfg.replicas);
+                let s = (r + 1 + self.pick(self.cfg.replicas - 1)) % self.cfg.replicas;
+                let seg = self.rng.below(u64::from(self.cfg.segments)) as u32;
+                let vv = self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv.clone();
+                self.send(Msg::Pull { from: r, to: s, seg, vv });
+            }
+            50..=84 => {
+                self.deliver_one(true)?;
+            }
+            85..=91 => self.now_ms += 1 + self.rng.below(30),
+            92..=94 => {
+                let r = self.pick(self.cfg.replicas);
+                let d_prop = self.rng.below(120);
+                self.replicas[r].prune(self.now_ms, d_prop);
+            }
+            95..=96 => {
+                for i in 0..self.side.len() {
+                    self.side[i] = (self.rng.below(2)) as u8;
+                }
+            }
+            97..=98 => self.side.iter_mut().for_each(|s| *s = 0),
+            _ => {
+                if self.cfg.failover {
+                    self.primary = self.pick(self.cfg.replicas);
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn write(&mut self) -> Result<(), String> {
+        let p = self.primary;
+        let key = self.rng.below(self.cfg.keys);
+        let x = self.rng.below(1000) as f32;
+        let r = &mut self.replicas[p];
+        // V1: the new version exceeds every version the replica issued or applied.
+        let floor = r.clock_last();
+        let v = r.local_write(key, vec![x], self.now_ms).map_err(|e| e.to_string())?;
+        if v.timestamp <= floor {
+            return Err(format!("V1: replica {p} issued {v:?} not above {floor}"));
+        }
+        let seg = r.seg_of(key) as usize;
+        // V6: local writes enter each segment in version order.
+        if v <= self.last_local[p][seg] {
+            return Err(format!(
+                "V6: segment {seg} of replica {p} got {v:?} after {:?}",
+                self.last_local[p][seg]
+            ));
+        }
+        self.last_local[p][seg] = v;
+        self.history.push((key, v));
+        Ok(())
+    }
+
+    /// Delivers one due message (a random one, so messages reorder), maybe dropping or
+    /// duplicating it. Returns whether one was delivered.
+    fn deliver_one(&mut self, faults: bool) -> Result<bool, String> {
+        let due: Vec<usize> = (0..self.in_flight.len())
+            .filter(|&i| !faults || self.in_flight[i].0 <= self.now_ms)
+            .collect();
+        if due.is_empty() {
+            self.now_ms += 1;
+            return Ok(false);
+        }
+        let i = due[self.pick(due.len())];
+        let (_, msg) = if faults && self.rng.below(100) < self.cfg.dup_pct {
+            self.in_flight[i].clone()
+        } else {
+            self.in_flight.swap_remove(i)
+        };
+        let (a, b) = msg.link();
+        if faults && (self.rng.below(100) < self.cfg.drop_pct || self.side[a] != self.side[b]) {
+            return Ok(true);
+        }
+        match msg {
+            Msg::Pull { from, to, seg, vv } => {
+                let s = &self.replicas[to];
+                let reply = s.serve_pull(seg, &vv).map_err(|e| e.to_string())?;
+                if reply.from_cache {
+                    self.hits += 1;
+                    // C3: on a hit, the cache selects exactly what a full scan selects.
+                    let scan = s.scan_pull(seg, &vv).map_err(|e| e.to_string())?;
+                    if scan != reply.rows {
+                        return Err(format!(
+                            "C3: replica {to} segment {seg}: cache {:?} != scan {:?}",
+                            reply.rows, scan
+                        ));
+                    }
+                } else {
+                    self.misses += 1;
+                }
+                if faults {
+                    self.send(Msg::Reply { to: from, from: to, reply });
+                } else {
+                    self.in_flight.push((self.now_ms, Msg::Reply { to: from, from: to, reply }));
+                }
+            }
+            Msg::Reply { to, reply, .. } => {
+                self.replicas[to].apply_reply(&reply).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// V3, V4, C1 and C2 over every replica and segment.
+    pub fn check(&mut self) -> Result<(), String> {
+        for (ri, r) in self.replicas.iter().enumerate() {
+            for &(key, v) in &self.history {
+                let seg = r.seg_of(key);
+                let vv = &r.sync(seg).map_err(|e| e.to_string())?.vv;
+                if v.timestamp <= vv.get(v.replica) {
+                    let have = r.row(key).map_or(Version::ZERO, |row| row.version);
+                    if have < v {
+                        return Err(format!(
+                            "V3: replica {ri} segment {seg} knows {v:?} of key {key} (vv {:?}) but holds {have:?}",
+                            vv.entries()
+                        ));
+                    }
+                }
+            }
+            let (old_vvs, old_rows) = &self.seen[ri];
+            let mut vvs = Vec::with_capacity(old_vvs.len());
+            let mut rows = BTreeMap::new();
+            for seg in 0..r.segments() {
+                let sync = r.sync(seg).map_err(|e| e.to_string())?;
+                if !sync.vv.dominates(&old_vvs[seg as usize]) {
+                    return Err(format!("V4: replica {ri} segment {seg}'s vv went down"));
+                }
+                vvs.push(sync.vv.clone());
+                for (k, row) in r.rows(seg).map_err(|e| e.to_string())? {
+                    let v = row.version;
+                    match sync.cache.get(k) {
+                        Some(c) if c != v || v.timestamp <= sync.cache.t_prune_to() => {
+                            return Err(format!(
+                                "C2: replica {ri} key {k}: cached {c:?}, row {v:?}"
+                            ));
+                        }
+                        None if v.timestamp > sync.cache.dvv().get(v.replica) => {
+                            return Err(format!(
+                                "C1: replica {ri} key {k}: uncached {v:?} above the dvv"
+                            ));
+                        }
+                        _ => {}
+                    }
+                    rows.insert(k, v);
+                }
+            }
+            for (k, v) in old_rows {
+                if rows.get(k).is_none_or(|now| now < v) {
+                    return Err(format!("V4: replica {ri} key {k} went below {v:?}"));
+                }
+            }
+            self.seen[ri] = (vvs, rows);
+        }
+        Ok(())
+    }
+
+    /// Heals the partition, delivers everything in flight without faults, then has every
+    /// replica pull every segment from every other until nothing changes; checks V5.
+    pub fn heal_and_quiesce(&mut self) -> Result<(), String> {
+        self.side.iter_mut().for_each(|s| *s = 0);
+        while self.deliver_one(false)? {}
+        let n = self.replicas.len();
+        for _round in 0..n {
+            let mut changed = false;
+            for r in 0..n {
+                for s in 0..n {
+                    if r == s {
+                        continue;
+                    }
+                    for seg in 0..self.cfg.segments {
+                        let vv = self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv.clone();
+                        let reply =
+                            self.replicas[s].serve_pull(seg, &vv).map_err(|e| e.to_string())?;
+                        changed |=
+                            self.replicas[r].apply_reply(&reply).map_err(|e| e.to_string())? > 0;
+                        changed |= self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv != vv;
+                    }
+                }
+            }
+            self.check()?;
+            if !changed {
+                break;
+            }
+        }
+        let first = &self.replicas[0];
+        for (ri, r) in self.replicas.iter().enumerate().skip(1) {
+            for seg in 0..first.segments() {
+                let (a, b) = (
+                    first.sync(seg).map_err(|e| e.to_string())?,
+                    r.sync(seg).map_err(|e| e.to_string())?,
+                );
+                if a.vv != b.vv {
+                    return Err(format!(
+                        "V5: segment {seg}: vv of replica 0 {:?} != replica {ri} {:?}",
+                        a.vv.entries(),
+                        b.vv.entries()
+                    ));
+                }
+                let ra: Vec<_> = first.rows(seg).map_err(|e| e.to_string())?.collect();
+                let rb: Vec<_> = r.rows(seg).map_err(|e| e.to_string())?.collect();
+                if ra != rb {
+                    return Err(format!(
+                        "V5: segment {seg}: rows of replica 0 and replica {ri} differ"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `steps` random steps with checks after each, then heal and quiesce (V5).
+    pub fn run(&mut self, steps: usize) -> Result<(), String> {
+        for i in 0..steps {
+            self.step().map_err(|e| format!("step {i}: {e}"))?;
+        }
+        self.heal_and_quiesce().map_err(|e| format!("after heal: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::Mutant;
+
+    fn run_seeds(cfg: &SimConfig, seeds: std::ops::Range<u64>, steps: usize) -> (u64, u64) {
+        let (mut hits, mut misses) = (0, 0);
+        for seed in seeds {
+            let mut sim = Sim::new(cfg.clone(), seed).unwrap();
+            if let Err(e) = sim.run(steps) {
+                panic!("seed {seed}: {e}");
+            }
+            assert!(!sim.history().is_empty(), "seed {seed}: no writes");
+            hits += sim.hits;
+            misses += sim.misses;
+        }
+        (hits, misses)
+    }
+
+    /// V1, V3, V4, V5, V6, C1-C3 over many seeds with drops, duplicates, reordering, delays
+    /// and partitions; both cache paths are exercised.
+    #[test]
+    fn the_invariants_hold_under_faults() {
+        let (hits, misses) = run_seeds(&SimConfig::default(), 0..60, 400);
+        assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
+    }
+
+    #[test]
+    fn the_invariants_hold_with_failovers_and_heavy_loss() {
+        let cfg = SimConfig {
+            replicas: 5,
+            segments: 3,
+            keys: 12,
+            drop_pct: 40,
+            dup_pct: 30,
+            failover: true,
+        };
+        run_seeds(&cfg, 1000..1040, 400);
+    }
+
+    #[test]
+    fn one_segment_two_replicas() {
+        let cfg = SimConfig { replicas: 2, segments: 1, keys: 4, ..SimConfig::default() };
+        run_seeds(&cfg, 2000..2040, 300);
+    }
+
+    /// The checker catches a broken R2: replicas that merge a reply's VV without applying all
+    /// of its rows fail V3 on some seed.
+    #[test]
+    fn the_checker_catches_a_merge_before_all_rows() {
+        let mut caught = None;
+        for seed in 0..60 {
+            let mut sim = Sim::new(SimConfig::default(), seed).unwrap();
+            sim.replicas_mut().iter_mut().for_each(|r| r.mutant = Mutant::DropLastRow);
+            if let Err(e) = sim.run(400) {
+                caught = Some((seed, e));
+                break;
+            }
+        }
+        let (seed, e) = caught.expect("no seed caught the mutant");
+        assert!(e.contains("V3:"), "seed {seed}: {e}");
+    }
+
+    #[test]
+    fn a_seed_replays_exactly() {
+        let mut a = Sim::new(SimConfig::default(), 7).unwrap();
+        let mut b = Sim::new(SimConfig::default(), 7).unwrap();
+        a.run(300).unwrap();
+        b.run(300).unwrap();
+        assert_eq!(a.history(), b.history());
+        assert_eq!((a.hits, a.misses), (b.hits, b.misses));
+    }
+
+    #[test]
+    fn too_few_replicas_is_an_error() {
+        assert_eq!(
+            Sim::new(SimConfig { replicas: 1, ..SimConfig::default() }, 0).unwrap_err(),
+            "a simulation needs at least 2 replicas, got 1"
+        );
+    }
+}
