@@ -49,6 +49,26 @@ impl UpdateCache {
             return;
         };
         let cut = ms.min(crate::version::MAX_MS) << CTR_BITS | ((1 << CTR_BITS) - 1);
+        self.advance(cut);
+    }
+
+    /// Prunes until at most `cap` rows stay cached: `t_prune_to` rises to the timestamp of the
+    /// `len - cap`-th oldest cached row (rows sharing that timestamp go too, so the cache may
+    /// end below `cap`).
+    pub fn prune_to_cap(&mut self, cap: usize) {
+        if self.entries.len() <= cap {
+            return;
+        }
+        let mut ts: Vec<u64> = self.entries.values().map(|v| v.timestamp).collect();
+        let k = self.entries.len() - cap - 1;
+        let (_, cut, _) = ts.select_nth_unstable(k);
+        let cut = *cut;
+        self.advance(cut);
+    }
+
+    /// Raises `t_prune_to` to `cut` (never lowers it) and moves the rows at or below it into
+    /// the DVV.
+    fn advance(&mut self, cut: u64) {
         self.t_prune_to = self.t_prune_to.max(cut);
         let t = self.t_prune_to;
         let dvv = &mut self.dvv;
@@ -111,6 +131,7 @@ mod tests {
     enum Op {
         Write { key: u64, origin: u32, dt: u64 },
         Prune { d_prop: u64 },
+        Cap { cap: usize },
         Pull { lag: Vec<u64> },
     }
 
@@ -118,6 +139,7 @@ mod tests {
         prop_oneof![
             4 => (0u64..12, 0u32..3, 0u64..40).prop_map(|(key, origin, dt)| Op::Write { key, origin, dt }),
             1 => (0u64..200).prop_map(|d_prop| Op::Prune { d_prop }),
+            1 => (0usize..6).prop_map(|cap| Op::Cap { cap }),
             2 => proptest::collection::vec(0u64..300, 3).prop_map(|lag| Op::Pull { lag }),
         ]
     }
@@ -126,7 +148,7 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
         /// Against a model segment (a map of key -> version): C1 and C2 after every step, C4's
-        /// monotone `t_prune_to`, and C3: on every hit, the cache's selection equals the full
+        /// monotone `t_prune_to` and `|cache| <= cap` after a prune to a cap, and C3: on every hit, the cache's selection equals the full
         /// scan's.
         #[test]
         fn invariants_and_differential(ops in proptest::collection::vec(op(), 1..150)) {
@@ -151,6 +173,10 @@ mod tests {
                         }
                     }
                     Op::Prune { d_prop } => cache.prune(now, d_prop),
+                    Op::Cap { cap } => {
+                        cache.prune_to_cap(cap);
+                        prop_assert!(cache.len() <= cap, "C4: {} cached over the cap {}", cache.len(), cap);
+                    }
                     Op::Pull { lag } => {
                         let mut vv_r = Vv::new();
                         for (o, l) in lag.iter().enumerate() {
