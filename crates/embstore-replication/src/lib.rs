@@ -9,6 +9,9 @@
 //! - [`vv`]: [`Vv`], a segment's knowledge (get, merge = pointwise max, dominates).
 //! - [`cache`]: [`UpdateCache`], the recently written keys and the dominator VV that let a pull
 //!   skip the scan.
+//! - [`sv`]: [`Sv`], shard versions: a name for a segment's knowledge; `succeq` lets a
+//!   requester skip a pull that cannot bring anything.
+//! - [`changes`]: [`changes::ChangeIndex`], the segments whose sv changed since a cursor.
 //! - [`replica`]: [`Replica`], rows in segments, `local_write`, `serve_pull`, `apply_reply`.
 //! - [`sim`]: a deterministic simulated network (drop, duplicate, reorder, delay, partition)
 //!   and the checker of the protocol's invariants against a global history of writes.
@@ -19,12 +22,15 @@
 //! does I/O or reads a clock, so every run replays from its seed.
 
 pub mod cache;
+pub mod changes;
 pub mod replica;
 pub mod sim;
+pub mod sv;
 pub mod version;
 pub mod vv;
 
 pub use cache::UpdateCache;
 pub use replica::{seg_of, Replica, Reply, Row, SegSync};
+pub use sv::Sv;
 pub use version::{Clock, Version};
 pub use vv::Vv;

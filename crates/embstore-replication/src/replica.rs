@@ -8,11 +8,18 @@
 //! - [`Replica::apply_reply`]: the requester applies rows last-writer-wins and merges the VV
 //!   only after the whole reply (R2). A reply that is rejected changes nothing.
 //!
+//! Each segment also carries a shard version ([`Sv`]): a new one on every local write, and on
+//! apply either the responder's (when the merged VV equals its VV) or a new one (when the VV
+//! changed otherwise), so that equal svs mean equal VVs (S1, S2). Every sv change is recorded
+//! in the [`ChangeIndex`], which lists the segments changed since a cursor.
+//!
 //! Invariant (V3): for each segment, origin `o` and write of version `v` from `o` with
 //! `v.timestamp <= vv.get(o)`, the row's version is at least `v`.
 //! The state machine is pure: no I/O, no threads, no wall clock (callers pass `now_ms`).
 
 use crate::cache::UpdateCache;
+use crate::changes::ChangeIndex;
+use crate::sv::Sv;
 use crate::version::{Clock, Version};
 use crate::vv::Vv;
 use embstore_common::{fmix64, Error, ErrorKind, Result};
@@ -37,6 +44,8 @@ pub struct SegSync {
     pub vv: Vv,
     /// Recently written keys and the dominator VV.
     pub cache: UpdateCache,
+    /// The shard version: names `vv` (equal svs, equal VVs).
+    pub sv: Sv,
 }
 
 /// One segment: its rows (in key order, so scans are deterministic) and its sync state.
@@ -55,6 +64,8 @@ pub struct Reply {
     pub rows: Vec<(u64, Row)>,
     /// The responder's knowledge of the segment.
     pub vv_s: Vv,
+    /// The responder's shard version, read with `vv_s`.
+    pub sv_s: Sv,
     /// Whether the update cache answered (no scan).
     pub from_cache: bool,
 }
@@ -77,6 +88,7 @@ pub struct Replica {
     dim: usize,
     clock: Clock,
     segments: Vec<Segment>,
+    changes: ChangeIndex,
     #[cfg(test)]
     pub(crate) mutant: Mutant,
 }
@@ -103,7 +115,14 @@ impl Replica {
             id,
             dim,
             clock: Clock::new(),
-            segments: vec![Segment::default(); segments as usize],
+            // Each segment starts with its own sv, `(0, id)`: no two replicas share one.
+            segments: (0..segments)
+                .map(|_| Segment {
+                    sync: SegSync { sv: Sv::new(0, id), ..SegSync::default() },
+                    ..Segment::default()
+                })
+                .collect(),
+            changes: ChangeIndex::new(segments),
             #[cfg(test)]
             mutant: Mutant::None,
         })
@@ -175,6 +194,9 @@ impl Replica {
         s.rows.insert(key, Row { version: v, values });
         s.sync.vv.raise(self.id, v.timestamp);
         s.sync.cache.on_write(key, v);
+        // The write's own timestamp is a fresh tick of this replica: a new sv without a tick.
+        s.sync.sv = Sv::new(v.timestamp, self.id);
+        self.changes.bump(seg as u32);
         Ok(v)
     }
 
@@ -184,6 +206,7 @@ impl Replica {
         let s = self.segment(seg)?;
         // R1: the knowledge is read before the selection starts.
         let vv_s = s.sync.vv.clone();
+        let sv_s = s.sync.sv;
         if s.sync.cache.hits(vv_r) {
             let rows = s
                 .sync
@@ -192,9 +215,9 @@ impl Replica {
                 .into_iter()
                 .filter_map(|k| s.rows.get(&k).map(|r| (k, r.clone())))
                 .collect();
-            return Ok(Reply { seg, rows, vv_s, from_cache: true });
+            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: true });
         }
-        Ok(Reply { seg, rows: Self::scan(s, vv_r), vv_s, from_cache: false })
+        Ok(Reply { seg, rows: Self::scan(s, vv_r), vv_s, sv_s, from_cache: false })
     }
 
     /// The full-scan selection of segment `seg` (what a miss returns), for comparisons.
@@ -243,8 +266,30 @@ impl Replica {
                 written += 1;
             }
         }
+        let before = s.sync.vv.clone();
         s.sync.vv.merge(&reply.vv_s);
+        let old_sv = s.sync.sv;
+        if s.sync.vv == reply.vv_s {
+            // Same knowledge as the responder: take its name. When it was already the same,
+            // keep the numerically larger, so two replicas that pull from each other settle
+            // on one sv instead of swapping forever (S4).
+            s.sync.sv = if before == reply.vv_s { old_sv.max(reply.sv_s) } else { reply.sv_s };
+        } else if s.sync.vv != before {
+            // New knowledge no one has named: a fresh sv. The clock runs out only after 2^64
+            // ticks; then the last value is reused rather than failing after rows were written.
+            let c = self.clock.tick(0).unwrap_or(u64::MAX);
+            s.sync.sv = Sv::new(c, self.id);
+        }
+        if s.sync.sv != old_sv {
+            self.changes.bump(seg);
+        }
         Ok(written)
+    }
+
+    /// The segments whose sv changed after `cursor` with their svs, and the next cursor.
+    pub fn changed_since(&self, cursor: u64) -> (Vec<(u32, Sv)>, u64) {
+        let (segs, upto) = self.changes.since(cursor);
+        (segs.into_iter().map(|g| (g, self.segments[g as usize].sync.sv)).collect(), upto)
     }
 
     /// Prunes every segment's update cache to `now_ms - d_prop_ms`.
@@ -319,6 +364,41 @@ mod tests {
         assert!(p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap().rows.is_empty());
     }
 
+    /// S4: two replicas with equal VVs and different svs that pull from each other
+    /// concurrently end with equal svs after one exchange each.
+    #[test]
+    fn concurrent_pulls_settle_on_one_sv() {
+        let mut a = Replica::new(0, 1, 1).unwrap();
+        let mut b = Replica::new(1, 1, 1).unwrap();
+        a.local_write(1, vec![1.0], 10).unwrap();
+        b.local_write(2, vec![2.0], 10).unwrap();
+        // Both ask at once, then both apply: each learns the other's write, so each VV changes
+        // to one the responder did not have and each names it with a fresh sv.
+        let (ra, rb) = (
+            b.serve_pull(0, &a.sync(0).unwrap().vv).unwrap(),
+            a.serve_pull(0, &b.sync(0).unwrap().vv).unwrap(),
+        );
+        a.apply_reply(&ra).unwrap();
+        b.apply_reply(&rb).unwrap();
+        let (sa, sb) = (a.sync(0).unwrap().sv, b.sync(0).unwrap().sv);
+        assert_eq!(a.sync(0).unwrap().vv, b.sync(0).unwrap().vv);
+        assert_ne!(sa, sb);
+        assert!(!sa.succeq(&sb) && !sb.succeq(&sa));
+        let (ra, rb) = (
+            b.serve_pull(0, &a.sync(0).unwrap().vv).unwrap(),
+            a.serve_pull(0, &b.sync(0).unwrap().vv).unwrap(),
+        );
+        assert!(ra.rows.is_empty() && rb.rows.is_empty());
+        a.apply_reply(&ra).unwrap();
+        b.apply_reply(&rb).unwrap();
+        assert_eq!(a.sync(0).unwrap().sv, b.sync(0).unwrap().sv);
+        assert_eq!(a.sync(0).unwrap().sv, sa.max(sb));
+        // Each sv change was listed by the change index.
+        let (changed, upto) = a.changed_since(0);
+        assert_eq!(changed, vec![(0, sa.max(sb))]);
+        assert!(a.changed_since(upto).0.is_empty());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -340,7 +420,7 @@ mod tests {
                 seq.swap(a, b);
             }
             for i in seq {
-                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), from_cache: false };
+                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false };
                 r.apply_reply(&reply).unwrap();
             }
             let mut best: BTreeMap<u64, &Row> = BTreeMap::new();
