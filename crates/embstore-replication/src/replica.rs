@@ -79,6 +79,8 @@ pub(crate) enum Mutant {
     None,
     /// Merge the VV but drop the reply's last row (a merge before all rows were applied).
     DropLastRow,
+    /// Adopt the responder's sv even when the merged VV differs from its VV.
+    AlwaysAdoptSv,
 }
 
 /// One replica of a table: `segments` sync segments of rows of `dim` floats.
@@ -249,12 +251,13 @@ impl Replica {
             }
         }
         #[cfg(test)]
-        let rows: &[(u64, Row)] = match self.mutant {
-            Mutant::None => &reply.rows,
-            Mutant::DropLastRow => &reply.rows[..reply.rows.len().saturating_sub(1)],
+        let (rows, adopt_anyway): (&[(u64, Row)], bool) = match self.mutant {
+            Mutant::None => (&reply.rows, false),
+            Mutant::DropLastRow => (&reply.rows[..reply.rows.len().saturating_sub(1)], false),
+            Mutant::AlwaysAdoptSv => (&reply.rows, true),
         };
         #[cfg(not(test))]
-        let rows: &[(u64, Row)] = &reply.rows;
+        let (rows, adopt_anyway): (&[(u64, Row)], bool) = (&reply.rows, false);
         let s = &mut self.segments[seg as usize];
         let mut written = 0;
         for (k, r) in rows {
@@ -269,7 +272,7 @@ impl Replica {
         let before = s.sync.vv.clone();
         s.sync.vv.merge(&reply.vv_s);
         let old_sv = s.sync.sv;
-        if s.sync.vv == reply.vv_s {
+        if adopt_anyway || s.sync.vv == reply.vv_s {
             // Same knowledge as the responder: take its name. When it was already the same,
             // keep the numerically larger, so two replicas that pull from each other settle
             // on one sv instead of swapping forever (S4).

@@ -7,7 +7,7 @@
 //!
 //! After every step [`Sim::check`] compares the replicas with the global history of committed
 //! writes: V3 (a VV covers only writes the rows hold), V4 (VVs and row versions only grow),
-//! C1/C2 (the update cache's invariants); V1 and V6 are checked as each write is made, C3 on
+//! C1/C2 (the update cache's invariants), S1/S2 (shard versions name knowledge); V1 and V6 are checked as each write is made, C3 on
 //! every pull the cache answers. [`Sim::heal_and_quiesce`] then checks V5 (convergence).
 
 use crate::replica::{Replica, Reply};
@@ -31,11 +31,21 @@ pub struct SimConfig {
     pub dup_pct: u64,
     /// Whether the primary moves now and then to another replica (a failover).
     pub failover: bool,
+    /// Whether quiescence skips a pull when the requester's sv succeeds the responder's.
+    pub skip_by_sv: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self { replicas: 4, segments: 4, keys: 32, drop_pct: 15, dup_pct: 10, failover: false }
+        Self {
+            replicas: 4,
+            segments: 4,
+            keys: 32,
+            drop_pct: 15,
+            dup_pct: 10,
+            failover: false,
+            skip_by_sv: true,
+        }
     }
 }
 
@@ -75,6 +85,8 @@ pub struct Sim {
     pub hits: u64,
     /// Pulls answered by a scan.
     pub misses: u64,
+    /// Quiescence pulls skipped because the requester's sv succeeded the responder's.
+    pub skipped: u64,
 }
 
 impl Sim {
@@ -99,6 +111,7 @@ impl Sim {
             seen: vec![(vec![Vv::new(); segs], BTreeMap::new()); n],
             hits: 0,
             misses: 0,
+            skipped: 0,
             replicas,
             cfg,
         })
@@ -238,8 +251,24 @@ impl Sim {
         Ok(true)
     }
 
-    /// V3, V4, C1 and C2 over every replica and segment.
+    /// V3, V4, C1, C2 over every replica and segment; S1 and S2 over every pair.
     pub fn check(&mut self) -> Result<(), String> {
+        for (ai, a) in self.replicas.iter().enumerate() {
+            for (bi, b) in self.replicas.iter().enumerate() {
+                for seg in 0..a.segments() {
+                    let (x, y) = (
+                        a.sync(seg).map_err(|e| e.to_string())?,
+                        b.sync(seg).map_err(|e| e.to_string())?,
+                    );
+                    if x.sv.succeq(&y.sv) && !x.vv.dominates(&y.vv) {
+                        return Err(format!("S1: segment {seg}: sv of {ai} {:?} succeeds {bi}'s {:?} but its vv does not dominate", x.sv, y.sv));
+                    }
+                    if x.sv == y.sv && x.vv != y.vv {
+                        return Err(format!("S2: segment {seg}: replicas {ai} and {bi} share sv {:?} with different vvs", x.sv));
+                    }
+                }
+            }
+        }
         for (ri, r) in self.replicas.iter().enumerate() {
             for &(key, v) in &self.history {
                 let seg = r.seg_of(key);
@@ -305,7 +334,14 @@ impl Sim {
                         continue;
                     }
                     for seg in 0..self.cfg.segments {
-                        let vv = self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv.clone();
+                        let sv_s = self.replicas[s].sync(seg).map_err(|e| e.to_string())?.sv;
+                        let mine = self.replicas[r].sync(seg).map_err(|e| e.to_string())?;
+                        if self.cfg.skip_by_sv && mine.sv.succeq(&sv_s) {
+                            // S1: the requester knows all the responder knows; nothing to pull.
+                            self.skipped += 1;
+                            continue;
+                        }
+                        let vv = mine.vv.clone();
                         let reply =
                             self.replicas[s].serve_pull(seg, &vv).map_err(|e| e.to_string())?;
                         changed |=
@@ -390,6 +426,7 @@ mod tests {
             drop_pct: 40,
             dup_pct: 30,
             failover: true,
+            skip_by_sv: true,
         };
         run_seeds(&cfg, 1000..1040, 400);
     }
@@ -415,6 +452,46 @@ mod tests {
         }
         let (seed, e) = caught.expect("no seed caught the mutant");
         assert!(e.contains("V3:"), "seed {seed}: {e}");
+    }
+
+    /// S3 (differential): with the sv skip on or off, the same seed ends in the same rows and
+    /// VVs, and the skip did skip pulls.
+    #[test]
+    fn skipping_by_shard_version_loses_nothing() {
+        let mut skipped = 0;
+        for seed in 3000..3030 {
+            let mut on = Sim::new(SimConfig::default(), seed).unwrap();
+            let mut off =
+                Sim::new(SimConfig { skip_by_sv: false, ..SimConfig::default() }, seed).unwrap();
+            on.run(300).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            off.run(300).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            skipped += on.skipped;
+            assert_eq!(off.skipped, 0);
+            for (a, b) in on.replicas().iter().zip(off.replicas()) {
+                for seg in 0..a.segments() {
+                    assert_eq!(a.sync(seg).unwrap().vv, b.sync(seg).unwrap().vv, "seed {seed}");
+                    assert!(a.rows(seg).unwrap().eq(b.rows(seg).unwrap()), "seed {seed}");
+                }
+            }
+        }
+        assert!(skipped > 0);
+    }
+
+    /// The checker catches a broken sv rule: replicas that adopt the responder's sv whatever
+    /// their merged VV fail S2 (or S1) on some seed.
+    #[test]
+    fn the_checker_catches_an_sv_adopted_for_other_knowledge() {
+        let mut caught = None;
+        for seed in 0..60 {
+            let mut sim = Sim::new(SimConfig::default(), seed).unwrap();
+            sim.replicas_mut().iter_mut().for_each(|r| r.mutant = Mutant::AlwaysAdoptSv);
+            if let Err(e) = sim.run(400) {
+                caught = Some((seed, e));
+                break;
+            }
+        }
+        let (seed, e) = caught.expect("no seed caught the mutant");
+        assert!(e.contains("S1:") || e.contains("S2:"), "seed {seed}: {e}");
     }
 
     #[test]
