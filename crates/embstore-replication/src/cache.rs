@@ -156,7 +156,6 @@ mod tests {
             let mut rows: BTreeMap<u64, Version> = BTreeMap::new();
             let mut clocks = [0u64; 3];
             let mut now = 1000u64;
-            let mut hits = 0;
             for op in ops {
                 let before = cache.t_prune_to();
                 match op {
@@ -183,7 +182,6 @@ mod tests {
                             vv_r.raise(o as u32, clocks[o].saturating_sub(l << CTR_BITS));
                         }
                         if cache.hits(&vv_r) {
-                            hits += 1;
                             let scan: Vec<u64> = rows.iter()
                                 .filter(|(_, v)| v.timestamp > vv_r.get(v.replica))
                                 .map(|(k, _)| *k).collect();
@@ -204,7 +202,6 @@ mod tests {
                 prop_assert!(cache.dvv().max_timestamp() <= cache.t_prune_to(), "C2: dvv above t_prune_to");
                 prop_assert!(cache.len() <= rows.len());
             }
-            let _ = hits;
         }
     }
 
