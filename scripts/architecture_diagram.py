@@ -41,7 +41,7 @@ ROLES = {
     "embstore-policy": "replacement policies: store eviction, cache policies",
     "embstore-table": "tables, shards, optimizers; tier, durability, disk/",
     "embstore-cache": "inference cache: levels, codecs, surrogates, evaluator",
-    "embstore-replication": "sync state machine and transports",
+    "embstore-replication": "dissemination: the sync state machine, simulated network",
     "embstore-proto": "gRPC wire contract",
     "embstore-cluster": "control plane: etcd, assignments, rolls, publish",
     "embstore-server": "services: hosting, lookup, admin, metrics, TLS",
