@@ -13,6 +13,7 @@ import pathlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from inspect import signature as _signature
 from typing import Any
 
 import numpy as np
@@ -297,7 +298,7 @@ class Store:
         if isinstance(name, TableSpec):
             given = (embedding_dim, optimizer, initializer, num_shards, seed, admission_min_count)
             given += (admission_sketch_width, ttl, on_non_finite, huge_pages)
-            if given != (None, None, None, 8, 0, 0, 1 << 20, None, "error", True):
+            if given != _CREATE_TABLE_DEFAULTS:
                 raise InvalidArgumentError(
                     "create_table takes a TableSpec or the spec's fields as arguments, not both"
                 )
@@ -342,6 +343,13 @@ class Store:
         """Create a table from a file written by :meth:`Table.save`, named as saved or
         ``name``."""
         return Table(self._inner.load_table(os.fspath(path), name))
+
+
+# The defaults of create_table's arguments after `name`, in order: a spec given with any other
+# value is refused (read from the signature, so the two cannot drift apart).
+_CREATE_TABLE_DEFAULTS = tuple(
+    p.default for p in list(_signature(Store.create_table).parameters.values())[2:]
+)
 
 
 @dataclass(frozen=True)

@@ -334,9 +334,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_policy_stays_under_its_bound() {
-        let t = crate::trace::Synthetic {
+    /// The evaluator's small Synthetic trace: 3,000 requests over 8 tables.
+    fn small_trace() -> crate::trace::Trace {
+        crate::trace::Synthetic {
             num_requests: 3_000,
             num_tables: 8,
             num_contexts: 2_000,
@@ -344,7 +344,21 @@ mod tests {
             ..Default::default()
         }
         .generate()
-        .unwrap();
+        .unwrap()
+    }
+
+    /// What every report keeps: perfect hits under the compulsory bound and the per-key hit
+    /// rate, and a misses-per-request histogram that adds up to the requests.
+    fn assert_report_bounds(r: &Report, mode: Mode) {
+        assert!(r.perfect_hit <= r.compulsory_bound, "{} {mode}", r.policy);
+        assert!(r.perfect_hit <= r.individual_hit, "{} {mode}", r.policy);
+        assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
+        assert_eq!(r.misses_per_request[0], r.perfect);
+    }
+
+    #[test]
+    fn every_policy_stays_under_its_bound() {
+        let t = small_trace();
         let cap = t.unique_keys() / 20;
         for c in [
             PolicyConfig::Lru,
@@ -365,10 +379,7 @@ mod tests {
         ] {
             for mode in [Mode::Online, Mode::Prefix, Mode::Replay] {
                 let r = evaluate(&t, &c, cap, mode).unwrap();
-                assert!(r.perfect_hit <= r.compulsory_bound, "{} {mode}", r.policy);
-                assert!(r.perfect_hit <= r.individual_hit);
-                assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
-                assert_eq!(r.misses_per_request[0], r.perfect);
+                assert_report_bounds(&r, mode);
             }
         }
     }
@@ -379,15 +390,7 @@ mod tests {
     #[test]
     fn the_store_default_policy_can_be_scored() {
         use embstore_policy::{EvictionConfig, EvictionPolicy};
-        let t = crate::trace::Synthetic {
-            num_requests: 3_000,
-            num_tables: 8,
-            num_contexts: 2_000,
-            max_table_size: 5_000,
-            ..Default::default()
-        }
-        .generate()
-        .unwrap();
+        let t = small_trace();
         let cap = t.unique_keys() / 20;
         for config in [EvictionConfig::default(), EvictionConfig::Noop] {
             for mode in [Mode::Online, Mode::Prefix, Mode::Replay] {
@@ -399,10 +402,7 @@ mod tests {
                     r.perfect_hit, r.compulsory_bound
                 );
                 assert_eq!((r.policy.as_str(), r.capacity), (name, cap));
-                assert!(r.perfect_hit <= r.compulsory_bound, "{name} {mode}");
-                assert!(r.perfect_hit <= r.individual_hit, "{name} {mode}");
-                assert_eq!(r.misses_per_request.iter().sum::<u64>(), r.requests);
-                assert_eq!(r.misses_per_request[0], r.perfect);
+                assert_report_bounds(&r, mode);
                 assert_eq!(r.self_evictions, 0, "{name} {mode}");
                 assert!(r.metadata_bytes_per_entry > 0.0);
                 if config == EvictionConfig::Noop {

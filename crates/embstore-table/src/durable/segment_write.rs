@@ -104,33 +104,12 @@ impl Durable {
         tx.append(&edits, &next)?;
         let (slot, _gate) = tx.commit(next);
         if let Some(slot) = slot {
-            install_segment(table, slot, seq, reader, cleared, &moved);
+            // The segment's part in the tier: its reader in the slot, rows moved on a rewrite.
+            table.on_segment_committed(slot, seq, reader, cleared, &moved);
         }
         self.delete_segments(&superseded);
         Ok(kept.then_some(seq))
     }
-}
-
-/// A committed segment's part in the tier of `table` (see `Gate::on_segment_committed`).
-fn install_segment(
-    table: &Table,
-    slot: u32,
-    seq: u64,
-    reader: Option<Arc<SegmentReader>>,
-    cleared: bool,
-    moved: &[Moved],
-) {
-    table.on_segment_committed(slot, seq, reader, cleared, moved);
-}
-
-/// Reserves a file slot in the tier of `table` for a new segment (`None`: not tiered).
-fn reserve_slot(table: &Table) -> Result<Option<u32>> {
-    table.reserve_file_slot()
-}
-
-/// Gives back a slot [`reserve_slot`] gave that no segment was installed in.
-fn release_slot(table: &Table, slot: u32) {
-    table.release_file_slot(Some(slot));
 }
 
 /// One segment write in progress: each step done is recorded, and dropping it before
@@ -172,7 +151,7 @@ impl<'a> SegmentTx<'a> {
         rewrite: bool,
     ) -> Result<Self> {
         let seq = log.1.next_seq.max(1);
-        let slot = reserve_slot(table)?;
+        let slot = table.reserve_file_slot()?;
         let took = table.take_cleared();
         Ok(Self {
             durable,
@@ -297,7 +276,7 @@ impl Drop for SegmentTx<'_> {
             let _ = self.durable.vfs.remove(&self.path);
         }
         if let Some(slot) = self.slot.take() {
-            release_slot(self.table, slot);
+            self.table.release_file_slot(slot);
         }
     }
 }

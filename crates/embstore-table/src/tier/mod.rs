@@ -274,9 +274,9 @@ pub(crate) trait Gate: Host {
     }
 
     /// Frees a slot from [`Gate::reserve_file_slot`] that no segment took.
-    fn release_file_slot(&self, slot: Option<u32>) {
-        if let (Some(t), Some(s)) = (self.tier(), slot) {
-            t.release_file(s);
+    fn release_file_slot(&self, slot: u32) {
+        if let Some(t) = self.tier() {
+            t.release_file(slot);
         }
     }
 
