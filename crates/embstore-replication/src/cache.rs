@@ -30,6 +30,18 @@ impl UpdateCache {
         Self::default()
     }
 
+    /// A cache with nothing cached whose DVV is `dvv`, for a segment whose existing rows are all
+    /// at or below `dvv` (C1): `t_prune_to` starts at the DVV's largest timestamp (C2), so
+    /// only writes after it are cached.
+    pub fn covering(dvv: Vv) -> Self {
+        Self { t_prune_to: dvv.max_timestamp(), dvv, entries: BTreeMap::new() }
+    }
+
+    /// Forgets `key` (its row left without a tombstone): C1 concerns existing rows only.
+    pub fn forget(&mut self, key: u64) {
+        self.entries.remove(&key);
+    }
+
     /// Records a write of `key` at version `v` (local or applied from a peer). A cached key
     /// stays cached: versions only grow, so its new version is still above `t_prune_to`.
     pub fn on_write(&mut self, key: u64, v: Version) {

@@ -71,6 +71,7 @@ mod shard;
 mod sketch;
 mod stats;
 mod store;
+pub mod sync;
 mod table;
 mod tier;
 mod version;

@@ -57,6 +57,8 @@ pub struct Table {
     /// Moves on at the start and at the end of every `clear` and `load` (odd while one runs),
     /// so that a flush can tell it overlapped one.
     pub(crate) clear_epoch: AtomicU64,
+    /// In a table that syncs: the state its shards share (`sync`).
+    pub(crate) sync: OnceLock<Arc<crate::sync::SyncShared>>,
 }
 
 impl std::fmt::Debug for Table {
@@ -94,6 +96,7 @@ impl Table {
             tier: None,
             disk_id: AtomicU64::new(0),
             clear_epoch: AtomicU64::new(0),
+            sync: OnceLock::new(),
             config,
         })
     }
@@ -321,6 +324,8 @@ impl Table {
         let mut theirs: Vec<_> = other.shards.iter().map(|s| s.write()).collect();
         for (a, b) in mine.iter_mut().zip(theirs.iter_mut()) {
             std::mem::swap(&mut **a, &mut **b);
+            // The sync state stays with its table (a table that syncs refuses a load).
+            std::mem::swap(&mut a.sync, &mut b.sync);
         }
         let step = other.step.swap(self.step(), Ordering::Relaxed);
         self.set_step(step);

@@ -44,6 +44,11 @@ impl Clock {
         Self { replica, last: AtomicU64::new(0) }
     }
 
+    /// The replica id this clock stamps into versions.
+    pub(crate) fn replica(&self) -> u32 {
+        self.replica
+    }
+
     /// The next version: the physical time, or one past the last timestamp if that is later.
     pub(crate) fn tick(&self) -> Version {
         let physical = now_ms() << 16;

@@ -216,6 +216,12 @@ impl Table {
                     }
                 }
                 match meta {
+                    // In a table that syncs an import is a write like any other: its rows get
+                    // a new version (so peers take them) and keep the rest of their metadata.
+                    Some(given) if shard.sync.is_some() => {
+                        shard.set_meta(slot, key, PackedMeta::pack(&given[p]));
+                        shard.record_write(slot, key, version);
+                    }
                     Some(given) => shard.set_meta(slot, key, PackedMeta::pack(&given[p])),
                     None => shard.record_write(slot, key, version),
                 }

@@ -108,6 +108,13 @@ impl Table {
     /// memory for both sets while it runs.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<u64> {
         let path = path.as_ref();
+        if self.syncs() {
+            return Err(Error::invalid(format!(
+                "table '{}' syncs with peers and cannot be replaced from a file: import the \
+                 rows instead (they then sync as writes)",
+                self.name()
+            )));
+        }
         let (mut r, file_len) = open(path)?;
         let (config, step) = parse_header(&mut r, path)?;
         same_layout(self, config.embedding_dim, config.optimizer.state_dim(config.embedding_dim))?;

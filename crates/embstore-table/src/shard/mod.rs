@@ -12,6 +12,7 @@ use self::cold::{ColdSide, NONE};
 
 use crate::arena::Arena;
 use crate::meta::PackedMeta;
+use crate::sync::part::ShardSync;
 use crate::{Error, ErrorKind, Optimizer, Result};
 
 pub(crate) mod cold;
@@ -42,6 +43,8 @@ pub(crate) struct Shard {
     pub(crate) dirty_keys: Option<Vec<u64>>,
     /// In a table with a memory budget: the cold index and per-slot cold-side state (`cold`).
     pub(crate) cold: Option<Box<ColdSide>>,
+    /// In a table that syncs: the sync state of the shard's parts (`sync`).
+    pub(crate) sync: Option<Box<ShardSync>>,
 }
 
 impl Shard {
@@ -66,6 +69,7 @@ impl Shard {
             removed: None,
             dirty_keys: None,
             cold: None,
+            sync: None,
         };
         if rows > 0 {
             shard.reserve_slots(rows)?;
@@ -145,6 +149,10 @@ impl Shard {
     pub(crate) fn record_write(&mut self, slot: usize, key: u64, version: crate::Version) {
         self.note_dirty(slot, key);
         self.meta[slot].write(version);
+        if let Some(sync) = &mut self.sync {
+            // The row's version as stored (one past a newer imported one, see `write`).
+            sync.on_local(key, self.meta[slot].unpack().version, self.index.len());
+        }
     }
 
     /// Replaces the metadata of `key`'s row (at `slot`) with `meta` (an import).
@@ -198,6 +206,17 @@ impl Shard {
 
     /// Removes `key`'s row; whether it had one. Call [`Shard::shrink_if_sparse`] after a batch.
     pub(crate) fn remove(&mut self, key: u64) -> bool {
+        let removed = self.remove_row(key);
+        if removed {
+            if let Some(sync) = &mut self.sync {
+                sync.on_local_remove(key, self.index.len());
+            }
+        }
+        removed
+    }
+
+    /// [`Shard::remove`] without a sync tombstone (a synced removal records its own).
+    pub(crate) fn remove_row(&mut self, key: u64) -> bool {
         if let Some(t) = &mut self.cold {
             t.index.remove(key);
         }
@@ -262,6 +281,7 @@ impl Shard {
         }
         next.removed = self.removed.take();
         next.dirty_keys = self.dirty_keys.take();
+        next.sync = self.sync.take();
         *self = next;
         Ok(true)
     }
@@ -318,12 +338,25 @@ impl Shard {
     /// Drops every row and releases the memory.
     pub(crate) fn clear(&mut self) -> Result<()> {
         let tracking = self.removed.is_some();
+        // A shard that syncs leaves a tombstone for every row it drops.
+        let dropped: Vec<u64> = match self.sync {
+            Some(_) => self.index.iter().chain(self.cold_entries()).map(|(k, _)| k).collect(),
+            None => Vec::new(),
+        };
         let cold = match &mut self.cold {
             Some(t) => Some(Box::new(t.emptied()?)),
             None => None,
         };
-        *self = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        let fresh = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        let sync = self.sync.take();
+        *self = fresh;
         self.cold = cold;
+        self.sync = sync;
+        if let Some(sync) = &mut self.sync {
+            for key in dropped {
+                sync.on_local_remove(key, 0);
+            }
+        }
         if tracking {
             self.track_changes();
         }

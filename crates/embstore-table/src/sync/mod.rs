@@ -1,0 +1,399 @@
+//! Dissemination support inside the table: the sync state of Ekko-style pull replication
+//! (`embstore-replication` holds the protocol; `docs/dissemination.md` the whole design).
+//!
+//! A table that syncs splits every shard into *sync parts* (a part lives inside one shard, so
+//! its state sits under the shard's lock). Each part keeps a version vector (what it knows), an
+//! update cache (recently written keys, so that a pull from a nearly current peer needs no
+//! scan) and a shard version (a name for its knowledge). Every write updates them in the same
+//! locked step as the row (W1), every removal leaves a tombstone, and the table answers:
+//!
+//! - [`Table::sync_changes`]: which parts changed since a cursor (long-poll with
+//!   [`Table::sync_wait`]);
+//! - [`Table::sync_pull`]: the rows of a part newer than a requester's VV, with the part's VV
+//!   read before selecting (R1);
+//! - [`Table::sync_apply`]: a peer's reply, checked whole, applied last-writer-wins, with the
+//!   VV merged after the last row (R2).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use embstore_common::fmix64;
+use embstore_common::shard::SHARD_SALT;
+use embstore_replication::changes::ChangeIndex;
+use parking_lot::{Condvar, Mutex};
+
+pub use embstore_replication::{Sv, Vv};
+
+use crate::version::Clock;
+use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
+
+mod apply;
+pub(crate) mod part;
+mod pull;
+
+/// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
+/// each for a table of a million 64-float rows, the size Ekko's test-bed used.
+pub const DEFAULT_PARTS: u32 = 1024;
+/// The most sync parts a table may have.
+pub const MAX_PARTS: u32 = 1 << 20;
+
+/// How a table syncs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncOptions {
+    /// Sync parts in the table: a power of two, at least the number of shards (rounded up to
+    /// it). Peers of one table must use the same number.
+    pub parts: u32,
+    /// How long a write stays in the update cache (the expected propagation time): a peer
+    /// that is at most this far behind is answered from the cache.
+    pub d_prop_ms: u64,
+    /// The most rows a part's update cache keeps, as a share of its rows (at least 64).
+    pub cache_max_frac: f64,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        Self { parts: DEFAULT_PARTS, d_prop_ms: 10_000, cache_max_frac: 0.01 }
+    }
+}
+
+/// Where a key's sync part is: its shard's parts are `shard * per_shard ..`, and the part
+/// within the shard comes from hash bits the shard does not use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub(crate) per_shard: u32,
+    shard_mask: u64,
+}
+
+impl Layout {
+    #[inline]
+    pub(crate) fn sub_of(&self, key: u64) -> usize {
+        ((fmix64(key ^ SHARD_SALT) >> 32) & u64::from(self.per_shard - 1)) as usize
+    }
+
+    #[inline]
+    pub(crate) fn part_of(&self, key: u64) -> u32 {
+        let shard = (fmix64(key ^ SHARD_SALT) & self.shard_mask) as u32;
+        shard * self.per_shard + self.sub_of(key) as u32
+    }
+
+    /// The shard of `part` and its index within the shard.
+    #[inline]
+    pub(crate) fn split(&self, part: u32) -> (usize, usize) {
+        ((part / self.per_shard) as usize, (part % self.per_shard) as usize)
+    }
+}
+
+/// What a table's sync did (counters since sync was enabled).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SyncStats {
+    /// Sync parts.
+    pub parts: u32,
+    /// This process's epoch: changes when the process restarts (peers then list every part).
+    pub epoch: u64,
+    /// Rows held in the update caches.
+    pub cached_rows: usize,
+    /// Tombstones held (removed rows whose removal may still have to be shipped).
+    pub tombstones: usize,
+    /// Pulls answered from the update cache.
+    pub pulls_cached: u64,
+    /// Pulls answered by a scan of the part.
+    pub pulls_scanned: u64,
+    /// Rows (and tombstones) sent in replies.
+    pub rows_sent: u64,
+    /// Replies applied.
+    pub replies_applied: u64,
+    /// Rows (and tombstones) of applied replies that were newer and written.
+    pub rows_applied: u64,
+    /// Replies refused whole (bad shape, wrong part, non-finite values, a version too far
+    /// ahead).
+    pub replies_rejected: u64,
+    /// The update cache's propagation horizon, in ms.
+    pub d_prop_ms: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct SyncCounters {
+    pub(crate) pulls_cached: AtomicU64,
+    pub(crate) pulls_scanned: AtomicU64,
+    pub(crate) rows_sent: AtomicU64,
+    pub(crate) replies_applied: AtomicU64,
+    pub(crate) rows_applied: AtomicU64,
+    pub(crate) replies_rejected: AtomicU64,
+}
+
+/// One reply to a pull of a part: the rows the requester lacks (columnar), and the part's
+/// knowledge read before they were selected.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PartReply {
+    /// The part.
+    pub part: u32,
+    /// `[n]` keys.
+    pub keys: Vec<u64>,
+    /// `[n]` metadata (versions decide, last writer wins).
+    pub meta: Vec<RowMeta>,
+    /// `[n]` whether the row was removed (its values are zeros).
+    pub tombstone: Vec<bool>,
+    /// `[n, D]` values.
+    pub values: Vec<f32>,
+    /// `[n, S]` optimizer state, only to peers that may train (`None` for inference peers).
+    pub state: Option<Vec<f32>>,
+    /// The responder's knowledge of the part.
+    pub vv: Vv,
+    /// The responder's shard version of the part, read with `vv`.
+    pub sv: Sv,
+    /// Whether the update cache answered (no scan).
+    pub from_cache: bool,
+}
+
+impl PartReply {
+    /// Rows (and tombstones) in the reply.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the reply carries no row.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// The parts changed since a cursor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Changes {
+    /// The responder's epoch: a cursor from another epoch lists every part.
+    pub epoch: u64,
+    /// The cursor to pass next.
+    pub upto: u64,
+    /// `(part, sv)` of every part changed after the cursor.
+    pub parts: Vec<(u32, Sv)>,
+}
+
+/// Sync state shared by a table's shards: the clock, the change index and its waiters.
+pub(crate) struct SyncShared {
+    pub(crate) clock: Arc<Clock>,
+    pub(crate) layout: Layout,
+    pub(crate) epoch: u64,
+    changes: Mutex<ChangeIndex>,
+    changed: Condvar,
+    d_prop_ms: AtomicU64,
+    cache_max_frac: f64,
+    pub(crate) counters: SyncCounters,
+}
+
+impl SyncShared {
+    /// Records that part `part`'s sv changed and wakes long-polls.
+    pub(crate) fn changed(&self, part: u32) {
+        self.changes.lock().bump(part);
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn d_prop_ms(&self) -> u64 {
+        self.d_prop_ms.load(Ordering::Relaxed)
+    }
+
+    /// The most rows a part of `part_rows` rows may cache.
+    pub(crate) fn cache_cap(&self, part_rows: usize) -> usize {
+        (part_rows as f64 * self.cache_max_frac) as usize
+    }
+}
+
+/// A table's version into the protocol's.
+#[inline]
+pub(crate) fn rv(v: Version) -> embstore_replication::Version {
+    embstore_replication::Version::new(v.timestamp, v.replica)
+}
+
+fn not_syncing(t: &Table) -> Error {
+    Error::invalid(format!("table '{}' does not sync: enable sync on it first", t.name()))
+}
+
+impl Table {
+    /// Starts keeping sync state for this table: every row it holds now counts as known.
+    /// Call it before the table takes writes from other threads (a store does it when it
+    /// opens with sync on). Enabling again with the same options is a no-op.
+    pub fn enable_sync(&self, options: &SyncOptions) -> Result<()> {
+        self.check_live()?;
+        let shards = self.shards.len() as u32;
+        if !options.parts.is_power_of_two() || options.parts > MAX_PARTS {
+            return Err(Error::invalid(format!(
+                "sync parts must be a power of two up to {MAX_PARTS}, got {}",
+                options.parts
+            )));
+        }
+        if !(options.cache_max_frac > 0.0 && options.cache_max_frac <= 1.0) {
+            return Err(Error::invalid(format!(
+                "cache_max_frac must be in (0, 1], got {}",
+                options.cache_max_frac
+            )));
+        }
+        let parts = options.parts.max(shards);
+        if let Some(s) = self.sync.get() {
+            if s.layout.per_shard * shards == parts {
+                return Ok(());
+            }
+            return Err(Error::invalid(format!(
+                "table '{}' already syncs with {} parts, not {parts}",
+                self.name(),
+                s.layout.per_shard * shards
+            )));
+        }
+        let layout = Layout { per_shard: parts / shards, shard_mask: u64::from(shards - 1) };
+        // Each part knows the rows it holds: per origin, the newest version among them.
+        let mut vvs = vec![Vv::new(); parts as usize];
+        let mut export = self.export(4096);
+        for chunk in export.by_ref() {
+            for (k, m) in chunk.ids.iter().zip(&chunk.meta) {
+                if m.version != Version::default() {
+                    vvs[layout.part_of(*k) as usize].raise(m.version.replica, m.version.timestamp);
+                }
+            }
+        }
+        if let Some(e) = export.take_error() {
+            return Err(e);
+        }
+        let shared = Arc::new(SyncShared {
+            clock: self.clock.clone(),
+            layout,
+            epoch: fmix64(crate::version::now_ms() ^ u64::from(std::process::id()) << 40) | 1,
+            changes: Mutex::new(ChangeIndex::new(parts)),
+            changed: Condvar::new(),
+            d_prop_ms: AtomicU64::new(options.d_prop_ms),
+            cache_max_frac: options.cache_max_frac,
+            counters: SyncCounters::default(),
+        });
+        if self.sync.set(shared.clone()).is_err() {
+            return Err(Error::invalid("sync was enabled concurrently"));
+        }
+        let mut vvs = vvs.into_iter();
+        for (s, shard) in self.shards.iter().enumerate() {
+            let mine: Vec<Vv> = vvs.by_ref().take(layout.per_shard as usize).collect();
+            shard.write().sync =
+                Some(Box::new(part::ShardSync::new(shared.clone(), s as u32, mine)));
+        }
+        let mut changes = shared.changes.lock();
+        (0..parts).for_each(|p| changes.bump(p));
+        Ok(())
+    }
+
+    fn sync_shared(&self) -> Result<&Arc<SyncShared>> {
+        self.sync.get().ok_or_else(|| not_syncing(self))
+    }
+
+    /// Whether the table keeps sync state.
+    pub fn syncs(&self) -> bool {
+        self.sync.get().is_some()
+    }
+
+    /// Sync parts of the table.
+    pub fn sync_parts(&self) -> Result<u32> {
+        let s = self.sync_shared()?;
+        Ok(s.layout.per_shard * self.shards.len() as u32)
+    }
+
+    /// The sync part of `key`.
+    pub fn sync_part_of(&self, key: u64) -> Result<u32> {
+        Ok(self.sync_shared()?.layout.part_of(key))
+    }
+
+    /// The parts whose sv changed after `cursor` of `epoch` (every part for another epoch).
+    pub fn sync_changes(&self, epoch: u64, cursor: u64) -> Result<Changes> {
+        let s = self.sync_shared()?;
+        let since = if epoch == s.epoch { cursor } else { 0 };
+        // The index is read first and the svs after, each under its shard's lock (never both
+        // locks at once: writers take the index under a shard lock). An sv that changes in
+        // between is newer, and it is listed again under the next cursor.
+        let (parts, upto) = s.changes.lock().since(since);
+        let parts = parts
+            .into_iter()
+            .map(|p| {
+                let (shard, sub) = s.layout.split(p);
+                let g = self.shards[shard].read();
+                (p, g.sync.as_ref().expect("a syncing table's shards sync").parts[sub].sv)
+            })
+            .collect();
+        Ok(Changes { epoch: s.epoch, upto, parts })
+    }
+
+    /// Waits up to `timeout` for a change after `cursor` of `epoch`; whether there is one.
+    pub fn sync_wait(&self, epoch: u64, cursor: u64, timeout: Duration) -> Result<bool> {
+        let s = self.sync_shared()?;
+        if epoch != s.epoch {
+            return Ok(true);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut changes = s.changes.lock();
+        loop {
+            if changes.since(cursor).1 > cursor {
+                return Ok(true);
+            }
+            if s.changed.wait_until(&mut changes, deadline).timed_out() {
+                return Ok(changes.since(cursor).1 > cursor);
+            }
+        }
+    }
+
+    /// This replica's knowledge of `part`: its VV and shard version.
+    pub fn sync_knowledge(&self, part: u32) -> Result<(Vv, Sv)> {
+        let (shard, sub) = self.check_part(part)?;
+        let g = self.shards[shard].read();
+        let p = &g.sync.as_ref().expect("syncing").parts[sub];
+        Ok((p.vv.clone(), p.sv))
+    }
+
+    fn check_part(&self, part: u32) -> Result<(usize, usize)> {
+        let s = self.sync_shared()?;
+        let parts = s.layout.per_shard * self.shards.len() as u32;
+        if part >= parts {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("sync part {part} out of range: table '{}' has {parts}", self.name()),
+            ));
+        }
+        Ok(s.layout.split(part))
+    }
+
+    /// Prunes every part's update cache now (writes and pulls do it every 250 ms).
+    pub fn sync_prune(&self) -> Result<()> {
+        self.sync_shared()?;
+        for shard in self.shards.iter() {
+            let mut g = shard.write();
+            let rows = g.len();
+            g.sync.as_mut().expect("syncing").maybe_prune(true, rows);
+        }
+        Ok(())
+    }
+
+    /// Sets the update cache's propagation horizon (ms).
+    pub fn set_sync_d_prop(&self, d_prop_ms: u64) -> Result<()> {
+        self.sync_shared()?.d_prop_ms.store(d_prop_ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// What sync did so far.
+    pub fn sync_stats(&self) -> Result<SyncStats> {
+        let s = self.sync_shared()?;
+        let c = &s.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (mut cached_rows, mut tombstones) = (0, 0);
+        for shard in self.shards.iter() {
+            let g = shard.read();
+            let sy = g.sync.as_ref().expect("syncing");
+            cached_rows += sy.cached();
+            tombstones += sy.tombs.len();
+        }
+        Ok(SyncStats {
+            parts: s.layout.per_shard * self.shards.len() as u32,
+            epoch: s.epoch,
+            cached_rows,
+            tombstones,
+            pulls_cached: get(&c.pulls_cached),
+            pulls_scanned: get(&c.pulls_scanned),
+            rows_sent: get(&c.rows_sent),
+            replies_applied: get(&c.replies_applied),
+            rows_applied: get(&c.rows_applied),
+            replies_rejected: get(&c.replies_rejected),
+            d_prop_ms: s.d_prop_ms(),
+        })
+    }
+}

@@ -1,0 +1,90 @@
+//! [`Table::sync_pull`]: the rows of a part that a requester lacks.
+
+use std::sync::atomic::Ordering;
+
+use super::{PartReply, Vv};
+use crate::tier::Gate;
+use crate::{Result, RowMeta, Table, Version};
+
+impl Table {
+    /// The rows (and tombstones) of `part` whose version is newer than what `vv_r` knows of
+    /// their origin, with the part's VV and sv read *before* the selection (R1: a row that
+    /// changes meanwhile only gets newer, so it is still selected or shipped next time). From
+    /// the update cache when `vv_r` dominates the part's DVV, else by a scan of the part (rows
+    /// on disk included, read without promoting them). `with_state` adds optimizer state (for
+    /// peers that may take over training).
+    pub fn sync_pull(&self, part: u32, vv_r: &Vv, with_state: bool) -> Result<PartReply> {
+        self.check_live()?;
+        let (s, sub) = self.check_part(part)?;
+        let sync = self.sync_shared()?.clone();
+        let (d, sd) = (self.dim(), self.state_dim);
+        let mut r = PartReply { part, state: with_state.then(Vec::new), ..PartReply::default() };
+        let newer = |v: Version| v.timestamp > vv_r.get(v.replica);
+        // A tiered table's file table is held from classifying keys to reading those on
+        // disk, so no rewrite moves them in between (as an export does).
+        let files = self.cold_files();
+        let mut cold = Vec::new();
+        {
+            let shard = self.shards[s].read();
+            let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
+            let p = &sy.parts[sub];
+            (r.vv, r.sv) = (p.vv.clone(), p.sv);
+            let keys: Vec<u64> = if p.cache.hits(vv_r) {
+                r.from_cache = true;
+                p.cache.select(vv_r)
+            } else {
+                let mine = |&(k, _): &(u64, u64)| sy.sub(k) == sub;
+                let mut keys: Vec<u64> = shard.index.iter().filter(mine).map(|(k, _)| k).collect();
+                keys.extend(shard.cold_entries().filter(mine).map(|(k, _)| k));
+                keys.extend(sy.tombs.keys().filter(|&&k| sy.sub(k) == sub));
+                keys
+            };
+            for k in keys {
+                if let Some(slot) = shard.slot(k) {
+                    let meta = shard.meta[slot].unpack();
+                    if newer(meta.version) {
+                        r.keys.push(k);
+                        r.meta.push(meta);
+                        r.tombstone.push(false);
+                        r.values.extend_from_slice(shard.values.row(slot));
+                        if let Some(st) = &mut r.state {
+                            st.extend_from_slice(shard.state.row(slot));
+                        }
+                    }
+                } else if let Some(l) = shard.cold_loc(k) {
+                    cold.push((k, l));
+                } else if let Some(&v) = sy.tombs.get(&k) {
+                    if newer(v) {
+                        let meta =
+                            RowMeta { version: v, update_count: 0, last_update_ms: v.millis() };
+                        r.keys.push(k);
+                        r.meta.push(meta);
+                        r.tombstone.push(true);
+                        r.values.resize(r.values.len() + d, 0.0);
+                        if let Some(st) = &mut r.state {
+                            st.resize(st.len() + sd, 0.0);
+                        }
+                    }
+                }
+            }
+        }
+        if let (false, Some(files)) = (cold.is_empty(), &files) {
+            for ((k, _), rec) in cold.iter().zip(self.read_cold(files, &cold)?) {
+                if newer(rec.meta.version) {
+                    r.keys.push(*k);
+                    r.meta.push(rec.meta);
+                    r.tombstone.push(false);
+                    r.values.extend_from_slice(&rec.values);
+                    if let Some(st) = &mut r.state {
+                        st.extend_from_slice(&rec.state);
+                    }
+                }
+            }
+        }
+        let c = &sync.counters;
+        let which = if r.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
+        which.fetch_add(1, Ordering::Relaxed);
+        c.rows_sent.fetch_add(r.len() as u64, Ordering::Relaxed);
+        Ok(r)
+    }
+}

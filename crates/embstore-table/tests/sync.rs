@@ -1,0 +1,207 @@
+//! Sync between tables: a follower that pulls the changed parts of a primary holds exactly the
+//! primary's rows (values, versions, removals); a pull from a nearly current follower is
+//! answered from the update cache; a bad reply changes nothing; concurrent writers and pulls
+//! converge; rows on disk (a memory budget) are shipped like rows in memory.
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use embstore_table::disk::vfs::RealFs;
+use embstore_table::sync::{Changes, SyncOptions};
+use embstore_table::{ErrorKind, Optimizer, RowMeta, Store, StoreOptions, Table, TableConfig};
+
+const D: usize = 4;
+
+fn config() -> TableConfig {
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
+    TableConfig::new("t", D).with_optimizer(opt).with_shards(4)
+}
+
+fn options() -> SyncOptions {
+    SyncOptions { parts: 16, ..SyncOptions::default() }
+}
+
+/// A store with replica id `replica` holding one syncing table.
+fn syncing(replica: u32) -> (Store, Arc<Table>) {
+    let store = Store::with_replica(replica).unwrap();
+    let t = store.create_table(config()).unwrap();
+    t.enable_sync(&options()).unwrap();
+    (store, t)
+}
+
+/// Every row: key → (values, meta).
+fn rows(t: &Table) -> BTreeMap<u64, (Vec<f32>, RowMeta)> {
+    let mut out = BTreeMap::new();
+    for c in t.export(1 << 20) {
+        for (i, k) in c.ids.iter().enumerate() {
+            out.insert(*k, (c.values[i * D..][..D].to_vec(), c.meta[i]));
+        }
+    }
+    out
+}
+
+/// The follower's cursor on a primary.
+#[derive(Default)]
+struct Book {
+    epoch: u64,
+    upto: u64,
+}
+
+/// One pull round of `dst` from `src`: the parts changed since the cursor whose sv `dst` does
+/// not already succeed; returns (parts listed, parts pulled, rows applied, cache answers).
+fn round(src: &Table, dst: &Table, book: &mut Book, state: bool) -> (usize, usize, usize, usize) {
+    let Changes { epoch, upto, parts } = src.sync_changes(book.epoch, book.upto).unwrap();
+    let (mut pulled, mut applied, mut cached) = (0, 0, 0);
+    for &(part, sv) in &parts {
+        let (vv, mine) = dst.sync_knowledge(part).unwrap();
+        if mine.succeq(&sv) {
+            continue;
+        }
+        let reply = src.sync_pull(part, &vv, state).unwrap();
+        cached += reply.from_cache as usize;
+        applied += dst.sync_apply(&reply).unwrap();
+        pulled += 1;
+    }
+    (book.epoch, book.upto) = (epoch, upto);
+    (parts.len(), pulled, applied, cached)
+}
+
+#[test]
+fn a_follower_holds_exactly_the_primarys_rows_and_pulls_only_what_changed() {
+    let (_p, primary) = syncing(1);
+    let (_f, follower) = syncing(2);
+    let ids: Vec<u64> = (0..500).collect();
+    let grads: Vec<f32> = (0..ids.len() * D).map(|i| (i % 7) as f32 - 3.0).collect();
+    primary.apply_gradients(&ids, &grads, None).unwrap();
+    let mut book = Book::default();
+    let (listed, pulled, applied, _) = round(&primary, &follower, &mut book, false);
+    assert_eq!((listed, pulled, applied), (16, 16, 500));
+    assert_eq!(rows(&follower), rows(&primary));
+    // Nothing changed: nothing listed.
+    assert_eq!(round(&primary, &follower, &mut book, false).0, 0);
+    // Three rows change: only their parts are listed, answered from the cache.
+    let few = [3u64, 77, 401];
+    primary.assign(&few, &[1.5; 3 * D]).unwrap();
+    let parts: std::collections::BTreeSet<u32> =
+        few.iter().map(|&k| primary.sync_part_of(k).unwrap()).collect();
+    let (listed, pulled, applied, cached) = round(&primary, &follower, &mut book, false);
+    assert_eq!((listed, pulled, applied, cached), (parts.len(), parts.len(), 3, parts.len()));
+    assert_eq!(rows(&follower), rows(&primary));
+    // The follower knows what the primary knows, part by part, under the same name.
+    for part in 0..16 {
+        assert_eq!(follower.sync_knowledge(part).unwrap(), primary.sync_knowledge(part).unwrap());
+    }
+    // A removal travels as a tombstone.
+    assert_eq!(primary.remove(&[77, 9999]).unwrap(), 1);
+    round(&primary, &follower, &mut book, false);
+    assert!(follower.meta(&[77]).unwrap()[0].is_none());
+    assert_eq!(rows(&follower), rows(&primary));
+    assert_eq!(primary.sync_stats().unwrap().tombstones, 1);
+}
+
+#[test]
+fn optimizer_state_travels_only_when_asked_for() {
+    let (_p, primary) = syncing(1);
+    let (_f, inference) = syncing(2);
+    let (_g, standby) = syncing(3);
+    primary.apply_gradients(&[5, 6], &[1.0; 2 * D], None).unwrap();
+    round(&primary, &inference, &mut Book::default(), false);
+    round(&primary, &standby, &mut Book::default(), true);
+    let state = |t: &Table| t.export(16).flat_map(|c| c.state).collect::<Vec<f32>>();
+    assert_eq!(state(&standby), state(&primary));
+    assert!(state(&primary).iter().any(|&s| s != 0.0));
+    assert!(state(&inference).iter().all(|&s| s == 0.0), "inference replicas get values only");
+    assert_eq!(rows(&inference), rows(&primary));
+}
+
+#[test]
+fn a_bad_reply_is_a_typed_error_and_changes_nothing() {
+    let (_p, primary) = syncing(1);
+    let (_f, follower) = syncing(2);
+    primary.assign(&[1, 2, 3], &[0.5; 3 * D]).unwrap();
+    let part = primary.sync_part_of(1).unwrap();
+    let (vv, _) = follower.sync_knowledge(part).unwrap();
+    let good = primary.sync_pull(part, &vv, false).unwrap();
+    assert!(!good.is_empty());
+    let mut bad = Vec::new();
+    let mut r = good.clone();
+    r.values[0] = f32::NAN;
+    bad.push((r, ErrorKind::NonFinite, "non-finite values"));
+    let mut r = good.clone();
+    r.values.pop();
+    bad.push((r, ErrorKind::ShapeMismatch, "values must hold"));
+    let mut r = good.clone();
+    r.meta[0].version.timestamp = (embstore_table::now_ms() + 2 * 86_400_000) << 16;
+    bad.push((r, ErrorKind::InvalidArgument, "more than a day ahead"));
+    let mut r = good.clone();
+    r.keys[0] = (0..).find(|&k| primary.sync_part_of(k).unwrap() != part).unwrap();
+    bad.push((r, ErrorKind::InvalidArgument, "is not in sync part"));
+    let mut r = good.clone();
+    r.part = 99;
+    bad.push((r, ErrorKind::InvalidArgument, "out of range"));
+    let before = (rows(&follower), follower.sync_knowledge(part).unwrap());
+    for (r, kind, msg) in bad {
+        let e = follower.sync_apply(&r).unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains(msg), "{e}");
+        assert_eq!((rows(&follower), follower.sync_knowledge(part).unwrap()), before);
+    }
+    assert_eq!(follower.sync_stats().unwrap().replies_rejected, 5);
+    follower.sync_apply(&good).unwrap();
+    let e = follower.sync_pull(1 << 20, &vv, false).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let plain = Table::new(config()).unwrap();
+    assert!(plain.sync_pull(0, &vv, false).unwrap_err().to_string().contains("does not sync"));
+}
+
+#[test]
+fn concurrent_writers_and_pulls_converge() {
+    let (_p, primary) = syncing(1);
+    let (_f, follower) = syncing(2);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (t, stop) = (primary.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) && n < 200_000 {
+                    let ids = [(n * 31 + w) % 2000, (n * 17 + 3 * w) % 2000];
+                    if n % 50 == 49 {
+                        t.remove(&ids[..1]).unwrap();
+                    } else {
+                        t.apply_gradients(&ids, &[0.25; 2 * D], None).unwrap();
+                    }
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let mut book = Book::default();
+    for _ in 0..200 {
+        round(&primary, &follower, &mut book, false);
+    }
+    stop.store(true, Ordering::Relaxed);
+    writers.into_iter().for_each(|w| w.join().unwrap());
+    round(&primary, &follower, &mut book, false);
+    assert_eq!(rows(&follower), rows(&primary));
+    let s = primary.sync_stats().unwrap();
+    assert!(s.pulls_cached > 0, "{s:?}");
+}
+
+#[test]
+fn rows_on_disk_are_shipped_like_rows_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = StoreOptions::default().with_replica(1).with_memory_budget(24 << 10);
+    let store = Store::open_with_options(dir.path(), &opened, Arc::new(RealFs)).unwrap();
+    let primary = store.create_table(config()).unwrap();
+    let ids: Vec<u64> = (0..3000).collect();
+    primary.assign(&ids, &vec![0.75; ids.len() * D]).unwrap();
+    store.flush().unwrap();
+    store.memory_budget().unwrap().settle();
+    primary.enable_sync(&options()).unwrap();
+    assert!(primary.stats().rows_on_disk > 0, "some rows are on disk only");
+    let (_f, follower) = syncing(2);
+    round(&primary, &follower, &mut Book::default(), true);
+    assert_eq!(rows(&follower), rows(&primary));
+    assert_eq!(follower.len(), 3000);
+}
