@@ -147,6 +147,21 @@ pub fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+impl TableConfig {
+    /// The config as `key=value` lines (the form a table file's header and a store's manifest
+    /// hold), for handing a table's definition to another process.
+    pub fn to_text(&self) -> String {
+        config_text(self, 0)
+    }
+
+    /// Reads [`TableConfig::to_text`] back strictly; a defect is an
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming it.
+    pub fn from_text(text: &str) -> Result<Self> {
+        let bad = |m: &str| Error::invalid(format!("bad table config: {m}"));
+        parse_config_text(text, &bad).map(|(c, _)| c)
+    }
+}
+
 /// A table's config and step as `key=value` lines: the header of a table file, and the config
 /// a store's manifest keeps for each table.
 pub(crate) fn config_text(c: &TableConfig, step: u64) -> String {

@@ -25,6 +25,8 @@ pub struct Store {
     tiering: Option<Tiering>,
     /// [`Store::close`] ran.
     closed: std::sync::atomic::AtomicBool,
+    /// Set by [`Store::enable_sync`]: every table keeps sync state, new ones from creation.
+    sync: parking_lot::Mutex<Option<crate::sync::SyncOptions>>,
 }
 
 impl StoreOptions {
@@ -111,6 +113,7 @@ impl Store {
     pub fn new() -> Self {
         Self {
             tables: RwLock::new(BTreeMap::new()),
+            sync: parking_lot::Mutex::new(None),
             clock: Arc::new(Clock::new(0)),
             durable: None,
             tiering: None,
@@ -176,6 +179,7 @@ impl Store {
         let tables = tables.into_iter().map(|t| (t.name().to_owned(), t)).collect();
         Ok(Self {
             tables: RwLock::new(tables),
+            sync: parking_lot::Mutex::new(None),
             clock,
             durable: Some(durable),
             tiering,
@@ -282,12 +286,45 @@ impl Store {
             ));
         }
         let table = Arc::new(self.new_table(config)?);
+        self.start_sync(&table)?;
         if let Some(durable) = &self.durable {
             durable.create_table(&table)?;
             table.attach_durable(durable);
         }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
+    }
+
+    /// Makes every table keep sync state (see [`crate::sync`]), and every table created later
+    /// from its creation. Call it before other threads write (a server does it as it starts).
+    /// Enabling again with the same options is a no-op; with others, an error.
+    pub fn enable_sync(&self, options: &crate::sync::SyncOptions) -> Result<()> {
+        self.check_open()?;
+        let mut sync = self.sync.lock();
+        if let Some(have) = &*sync {
+            if have != options {
+                return Err(Error::invalid(format!(
+                    "the store syncs already, with other options ({have:?})"
+                )));
+            }
+        }
+        for table in self.tables.read().values() {
+            table.enable_sync(options)?;
+        }
+        *sync = Some(options.clone());
+        Ok(())
+    }
+
+    /// The store's sync options, once [`Store::enable_sync`] ran.
+    pub fn sync_options(&self) -> Option<crate::sync::SyncOptions> {
+        self.sync.lock().clone()
+    }
+
+    fn start_sync(&self, table: &Table) -> Result<()> {
+        match &*self.sync.lock() {
+            Some(options) => table.enable_sync(options),
+            None => Ok(()),
+        }
     }
 
     /// The table called `name`.
@@ -335,6 +372,7 @@ impl Store {
         }
         let table = Arc::new(self.new_table(config)?);
         table.load(path)?;
+        self.start_sync(&table)?;
         let mut tables = self.tables.write();
         if tables.contains_key(table.name()) {
             return Err(exists(table.name()));

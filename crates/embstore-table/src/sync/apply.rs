@@ -77,6 +77,11 @@ impl Table {
         }
         let me = self.clock.replica();
         let sy = shard.sync.as_mut().expect("syncing");
+        if reply.partial {
+            // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
+            sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
+            return Ok(written);
+        }
         let p = &mut sy.parts[sub];
         let before = p.vv.clone();
         p.vv.merge(&reply.vv);

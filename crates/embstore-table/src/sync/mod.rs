@@ -144,6 +144,9 @@ pub struct PartReply {
     pub sv: Sv,
     /// Whether the update cache answered (no scan).
     pub from_cache: bool,
+    /// A leading piece of a reply split for the wire: its rows are applied, and the knowledge
+    /// (`vv`, `sv`) is merged only from the last piece (R2).
+    pub partial: bool,
 }
 
 impl PartReply {
@@ -155,6 +158,35 @@ impl PartReply {
     /// Whether the reply carries no row.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Splits the reply into pieces of at most `rows` rows each (at least one piece); every
+    /// piece but the last is `partial`.
+    pub fn split(self, rows: usize) -> Vec<PartReply> {
+        let rows = rows.max(1);
+        if self.len() <= rows {
+            return vec![self];
+        }
+        let (d, sd) =
+            (self.values.len() / self.len(), self.state.as_ref().map(|s| s.len() / self.len()));
+        let pieces = self.len().div_ceil(rows);
+        (0..pieces)
+            .map(|i| {
+                let (a, b) = (i * rows, ((i + 1) * rows).min(self.len()));
+                PartReply {
+                    part: self.part,
+                    keys: self.keys[a..b].to_vec(),
+                    meta: self.meta[a..b].to_vec(),
+                    tombstone: self.tombstone[a..b].to_vec(),
+                    values: self.values[a * d..b * d].to_vec(),
+                    state: self.state.as_ref().zip(sd).map(|(s, sd)| s[a * sd..b * sd].to_vec()),
+                    vv: self.vv.clone(),
+                    sv: self.sv,
+                    from_cache: self.from_cache,
+                    partial: i + 1 < pieces,
+                }
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,418 @@
+//! [`Follower`]: keeps a store's tables current from a peer's sync port.
+//!
+//! One thread per table, each with its own connection, runs pull rounds (Ekko's four steps):
+//! ask which parts changed since the cursor (a long-poll that returns at once on a change),
+//! keep the parts whose sv this replica does not already succeed, pull them with this
+//! replica's VVs, and apply each reply (rows last-writer-wins, then the knowledge). A part
+//! stays pending until a reply for it is applied, so a broken connection or a refused reply is
+//! retried without the peer listing it again. The follower keeps serving reads throughout.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use embstore_common::{now_ms, Error, ErrorKind, Result};
+use embstore_replication::Sv;
+use embstore_table::sync::SyncOptions;
+use embstore_table::{Store, Table, TableConfig};
+use parking_lot::Mutex;
+
+use crate::wire::{self, Kind};
+
+/// Parts asked for in one pull request.
+const PARTS_PER_PULL: usize = 256;
+/// Lag samples kept per table (for p50/p99).
+const LAG_SAMPLES: usize = 4096;
+
+/// How a [`Follower`] runs.
+#[derive(Clone, Debug)]
+pub struct FollowOptions {
+    /// The replication token the source expects (empty: none).
+    pub token: String,
+    /// The tables to follow (empty: every table the source serves when the follower starts).
+    pub tables: Vec<String>,
+    /// Whether to take optimizer state as well (a replica that may take over training).
+    pub with_state: bool,
+    /// How long a change list waits at the source for a change (the long-poll), in ms.
+    pub wait_ms: u32,
+    /// The pause before reconnecting after an error, in ms.
+    pub retry_ms: u64,
+    /// How long to wait for a connection and for any reply, in ms.
+    pub timeout_ms: u64,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        Self {
+            token: String::new(),
+            tables: Vec::new(),
+            with_state: false,
+            wait_ms: 1000,
+            retry_ms: 200,
+            timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Where one followed table stands.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TableSync {
+    /// The table.
+    pub table: String,
+    /// The source's address.
+    pub source: String,
+    /// Whether the connection is up now.
+    pub connected: bool,
+    /// Whether the last round left nothing pending (every changed part pulled and applied).
+    pub caught_up: bool,
+    /// Parts known changed at the source and not yet applied here.
+    pub parts_pending: usize,
+    /// Freshness: for each applied reply with new rows, now − the newest row's write time,
+    /// over the last 4,096 replies (ms).
+    pub lag_ms_p50: Option<f64>,
+    pub lag_ms_p99: Option<f64>,
+    /// When the last round finished (ms since the epoch; 0: never).
+    pub last_round_ms: u64,
+    /// Pull requests, parts received, replies answered from the source's update cache.
+    pub pulls: u64,
+    pub parts: u64,
+    pub parts_from_cache: u64,
+    /// Rows (and tombstones) written here.
+    pub rows_applied: u64,
+    /// Frame bytes received and sent.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Errors (connection lost, a refused reply) and the last one.
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+/// A running follower; [`Follower::stop`] (or drop) ends its threads.
+#[derive(Debug)]
+pub struct Follower {
+    stop: Arc<AtomicBool>,
+    status: Vec<Arc<Mutex<Status>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    s: TableSync,
+    lags: VecDeque<f64>,
+}
+
+impl Follower {
+    /// Connects to the sync port at `source`, creates the source's tables that `store` lacks
+    /// (with the source's config), turns sync on in `store` with the source's part counts, and
+    /// starts one pulling thread per table. Fails when the source cannot be reached, refuses
+    /// the token, or serves a table whose config differs from this store's table of that name.
+    pub fn start(store: Arc<Store>, source: &str, options: FollowOptions) -> Result<Self> {
+        let (_, infos) = connect(source, &options, &options.tables)?;
+        let mut tables = Vec::new();
+        for info in &infos {
+            let config = TableConfig::from_text(&info.config)?;
+            let t = match store.table(&info.name) {
+                Ok(t) => {
+                    check_same(&t, &config)?;
+                    t
+                }
+                Err(e) if e.kind() == ErrorKind::TableNotFound => store.create_table(config)?,
+                Err(e) => return Err(e),
+            };
+            tables.push((t, info.parts));
+        }
+        let parts = tables.iter().map(|(_, p)| *p).max().unwrap_or(1);
+        let sync = store.sync_options().unwrap_or(SyncOptions { parts, ..SyncOptions::default() });
+        store.enable_sync(&sync)?;
+        for (t, p) in &tables {
+            if t.sync_parts()? != *p {
+                return Err(Error::invalid(format!(
+                    "table '{}' has {} sync parts here and {p} at {source}: peers must agree",
+                    t.name(),
+                    t.sync_parts()?
+                )));
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut status, mut threads) = (Vec::new(), Vec::new());
+        for (t, _) in tables {
+            let st = Arc::new(Mutex::new(Status::default()));
+            st.lock().s.table = t.name().to_owned();
+            st.lock().s.source = source.to_owned();
+            let (stop, st2, source, options) =
+                (stop.clone(), st.clone(), source.to_owned(), options.clone());
+            let th = std::thread::Builder::new()
+                .name(format!("embstore-follow-{}", t.name()))
+                .spawn(move || follow_table(&t, &source, &options, &stop, &st2))
+                .map_err(|e| Error::io("cannot start a follower thread", e))?;
+            status.push(st);
+            threads.push(th);
+        }
+        Ok(Self { stop, status, threads })
+    }
+
+    /// Where each followed table stands.
+    pub fn status(&self) -> Vec<TableSync> {
+        self.status
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                let mut out = s.s.clone();
+                let mut v: Vec<f64> = s.lags.iter().copied().collect();
+                if !v.is_empty() {
+                    v.sort_by(f64::total_cmp);
+                    let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+                    (out.lag_ms_p50, out.lag_ms_p99) = (Some(q(0.5)), Some(q(0.99)));
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Waits until every table is caught up (a round that left nothing pending after the
+    /// source's writes before this call), or `timeout`; whether they all are.
+    pub fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let since = now_ms();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let all = self.status().iter().all(|s| s.caught_up && s.last_round_ms > since);
+            if all || Instant::now() >= deadline {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops every thread (within the long-poll's wait).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn check_same(t: &Table, source: &TableConfig) -> Result<()> {
+    let mine = t.config();
+    if mine.embedding_dim != source.embedding_dim
+        || mine.optimizer.name() != source.optimizer.name()
+        || mine.num_shards != source.num_shards
+    {
+        return Err(Error::invalid(format!(
+            "table '{}' here (dim {}, {}, {} shards) differs from the source's (dim {}, {}, {} \
+             shards)",
+            t.name(),
+            mine.embedding_dim,
+            mine.optimizer.name(),
+            mine.num_shards,
+            source.embedding_dim,
+            source.optimizer.name(),
+            source.num_shards
+        )));
+    }
+    Ok(())
+}
+
+/// One connection to a source's sync port.
+struct Link {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Link {
+    fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
+        wire::write_frame(&mut self.w, kind, body)?;
+        self.w.flush().map_err(|e| Error::io("sync send", e))?;
+        self.bytes_out += 9 + body.len() as u64;
+        Ok(())
+    }
+
+    /// The next frame; an `Error` frame becomes the error it carries.
+    fn recv(&mut self) -> Result<(Kind, Vec<u8>)> {
+        let (k, b) = wire::read_frame(&mut self.r)?;
+        self.bytes_in += 9 + b.len() as u64;
+        if k == Kind::Error {
+            return Err(wire::decode_error(&b)?);
+        }
+        Ok((k, b))
+    }
+
+    fn expect(&mut self, want: Kind) -> Result<Vec<u8>> {
+        let (k, b) = self.recv()?;
+        if k != want {
+            return Err(Error::corrupt(format!("expected a {want:?} frame, got {k:?}")));
+        }
+        Ok(b)
+    }
+}
+
+fn connect(
+    source: &str,
+    options: &FollowOptions,
+    tables: &[String],
+) -> Result<(Link, Vec<wire::TableInfo>)> {
+    let timeout = Duration::from_millis(options.timeout_ms.max(1));
+    let addr = source
+        .to_socket_addrs()
+        .map_err(|e| Error::io(format!("cannot resolve sync source {source}"), e))?
+        .next()
+        .ok_or_else(|| Error::invalid(format!("sync source {source} resolves to no address")))?;
+    let s = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| Error::io(format!("cannot reach sync source {source}"), e))?;
+    let _ = s.set_nodelay(true);
+    // Replies may take the long-poll's wait plus the transfer.
+    let read_timeout = timeout + Duration::from_millis(u64::from(options.wait_ms));
+    s.set_read_timeout(Some(read_timeout)).map_err(|e| Error::io("sync connection", e))?;
+    let r = BufReader::with_capacity(256 << 10, s.try_clone().map_err(|e| Error::io("sync", e))?);
+    let mut link = Link { r, w: BufWriter::new(s), bytes_in: 0, bytes_out: 0 };
+    let hello = wire::Hello {
+        token: options.token.clone(),
+        with_state: options.with_state,
+        tables: tables.to_vec(),
+    };
+    link.send(Kind::Hello, &hello.encode())?;
+    let infos = wire::decode_welcome(&link.expect(Kind::Welcome)?)?;
+    Ok((link, infos))
+}
+
+/// What a follower knows of its source's parts (the neighbour book).
+#[derive(Default)]
+struct Book {
+    epoch: u64,
+    cursor: u64,
+    their_sv: HashMap<u32, Sv>,
+    pending: BTreeSet<u32>,
+}
+
+fn follow_table(
+    t: &Table,
+    source: &str,
+    options: &FollowOptions,
+    stop: &AtomicBool,
+    status: &Mutex<Status>,
+) {
+    let mut book = Book::default();
+    while !stop.load(Ordering::Relaxed) {
+        let result = connect(source, options, &[t.name().to_owned()]).and_then(|(mut link, _)| {
+            status.lock().s.connected = true;
+            let r = rounds(t, &mut link, options, stop, status, &mut book);
+            let mut s = status.lock();
+            s.s.bytes_in += link.bytes_in;
+            s.s.bytes_out += link.bytes_out;
+            r
+        });
+        let mut s = status.lock();
+        s.s.connected = false;
+        if let Err(e) = result {
+            s.s.errors += 1;
+            s.s.last_error = Some(e.to_string());
+            s.s.caught_up = false;
+        }
+        drop(s);
+        // Sleep in small steps so that a stop is seen quickly.
+        let until = Instant::now() + Duration::from_millis(options.retry_ms);
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn rounds(
+    t: &Table,
+    link: &mut Link,
+    options: &FollowOptions,
+    stop: &AtomicBool,
+    status: &Mutex<Status>,
+    book: &mut Book,
+) -> Result<()> {
+    while !stop.load(Ordering::Relaxed) {
+        let list = wire::List {
+            table: t.name().to_owned(),
+            epoch: book.epoch,
+            cursor: book.cursor,
+            // With parts pending (a failed pull), ask without waiting.
+            wait_ms: if book.pending.is_empty() { options.wait_ms } else { 0 },
+        };
+        link.send(Kind::List, &list.encode())?;
+        let (changes, _their_now) = wire::decode_changed(&link.expect(Kind::Changed)?)?;
+        if changes.epoch != book.epoch {
+            // The source restarted (or this is the first round): its list is complete.
+            book.their_sv.clear();
+            book.pending.clear();
+        }
+        for (p, sv) in &changes.parts {
+            book.their_sv.insert(*p, *sv);
+            book.pending.insert(*p);
+        }
+        (book.epoch, book.cursor) = (changes.epoch, changes.upto);
+        let mut todo = Vec::new();
+        for &p in &book.pending {
+            let mine = t.sync_knowledge(p)?.1;
+            if !book.their_sv.get(&p).is_some_and(|sv| mine.succeq(sv)) {
+                todo.push(p);
+            }
+        }
+        book.pending = todo.iter().copied().collect();
+        for batch in todo.chunks(PARTS_PER_PULL) {
+            let parts = batch
+                .iter()
+                .map(|&p| Ok((p, t.sync_knowledge(p)?.0)))
+                .collect::<Result<Vec<_>>>()?;
+            link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
+            pull_replies(t, link, status, book)?;
+        }
+        let mut s = status.lock();
+        s.s.pulls += todo.len().div_ceil(PARTS_PER_PULL) as u64;
+        s.s.parts_pending = book.pending.len();
+        s.s.caught_up = book.pending.is_empty();
+        s.s.last_round_ms = now_ms();
+        s.s.bytes_in += std::mem::take(&mut link.bytes_in);
+        s.s.bytes_out += std::mem::take(&mut link.bytes_out);
+    }
+    Ok(())
+}
+
+fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut Book) -> Result<()> {
+    loop {
+        let (kind, body) = link.recv()?;
+        match kind {
+            Kind::PullDone => return Ok(()),
+            Kind::Part => {
+                let reply = wire::decode_part(&body, t.dim(), t.state_dim())?;
+                let newest = reply.meta.iter().map(|m| m.version.millis()).max();
+                let written = t.sync_apply(&reply)?;
+                if !reply.partial {
+                    book.pending.remove(&reply.part);
+                }
+                let mut s = status.lock();
+                s.s.parts += u64::from(!reply.partial);
+                s.s.parts_from_cache += u64::from(!reply.partial && reply.from_cache);
+                s.s.rows_applied += written as u64;
+                if let (Some(newest), true) = (newest, written > 0) {
+                    let lag = now_ms().saturating_sub(newest) as f64;
+                    if s.lags.len() == LAG_SAMPLES {
+                        s.lags.pop_front();
+                    }
+                    s.lags.push_back(lag);
+                }
+            }
+            k => return Err(Error::corrupt(format!("unexpected sync frame {k:?} in a pull"))),
+        }
+    }
+}

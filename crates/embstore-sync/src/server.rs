@@ -1,0 +1,302 @@
+//! [`SyncServer`]: the sync port of a store. Each connection says `Hello` (token, tables,
+//! whether it wants optimizer state), then asks `List` (long-poll: the parts changed since its
+//! cursor) and `Pull` (the rows of parts newer than its VVs), one request at a time. One thread
+//! per connection: a replica has a few neighbours, each with one connection per table.
+
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use embstore_common::{now_ms, Error, ErrorKind, Result};
+use embstore_table::sync::SyncOptions;
+use embstore_table::{Store, Table};
+use parking_lot::Mutex;
+
+use crate::wire::{self, Kind};
+
+/// The longest a `List` waits for a change.
+pub const MAX_WAIT_MS: u32 = 5_000;
+
+/// A connection with no request for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a [`SyncServer`] runs.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// The replication token a client must present (`None`: any client is served).
+    pub token: Option<String>,
+    /// The sync options the store's tables get (see [`Store::enable_sync`]).
+    pub sync: SyncOptions,
+}
+
+/// What the sync port did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections refused (bad token, bad hello).
+    pub refused: u64,
+    /// Frame bytes received and sent.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Pull requests served and parts answered.
+    pub pulls: u64,
+    pub parts: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    refused: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    pulls: AtomicU64,
+    parts: AtomicU64,
+}
+
+/// A running sync port; [`SyncServer::stop`] (or drop) closes it and its connections.
+#[derive(Debug)]
+pub struct SyncServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    counters: Arc<Counters>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Counters")
+    }
+}
+
+impl SyncServer {
+    /// Turns sync on in `store` ([`Store::enable_sync`]) and serves it on `addr`
+    /// (`host:port`; port 0 picks one, see [`SyncServer::addr`]).
+    pub fn start(store: Arc<Store>, addr: &str, options: ServeOptions) -> Result<Self> {
+        store.enable_sync(&options.sync)?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| Error::io(format!("cannot listen for sync on {addr}"), e))?;
+        let local = listener.local_addr().map_err(|e| Error::io("sync listener", e))?;
+        listener.set_nonblocking(true).map_err(|e| Error::io("sync listener", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let counters = Arc::new(Counters::default());
+        let token = Arc::new(options.token);
+        let accept = {
+            let (stop, conns, counters) = (stop.clone(), conns.clone(), counters.clone());
+            std::thread::Builder::new()
+                .name("embstore-sync-accept".into())
+                .spawn(move || accept_loop(listener, store, token, stop, conns, counters))
+                .map_err(|e| Error::io("cannot start the sync thread", e))?
+        };
+        Ok(Self { addr: local, stop, conns, counters, accept: Some(accept) })
+    }
+
+    /// The address the port listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What the port did so far.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            connections: g(&c.connections),
+            refused: g(&c.refused),
+            bytes_in: g(&c.bytes_in),
+            bytes_out: g(&c.bytes_out),
+            pulls: g(&c.pulls),
+            parts: g(&c.parts),
+        }
+    }
+
+    /// Stops accepting and closes every connection.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.conns.lock().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for SyncServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    store: Arc<Store>,
+    token: Arc<Option<String>>,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    counters: Arc<Counters>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                counters.connections.fetch_add(1, Ordering::Relaxed);
+                let _ = stream.set_nonblocking(false);
+                let _ = stream.set_nodelay(true);
+                // A client that goes quiet for longer than any long-poll is gone.
+                let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
+                if let Ok(c) = stream.try_clone() {
+                    let mut all = conns.lock();
+                    all.retain(|s| s.peer_addr().is_ok());
+                    all.push(c);
+                }
+                let (store, token, counters) = (store.clone(), token.clone(), counters.clone());
+                let _ = std::thread::Builder::new().name("embstore-sync-conn".into()).spawn(
+                    move || {
+                        let _ = serve_conn(&store, stream, token.as_deref(), &counters);
+                    },
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Compares tokens in time independent of where they differ.
+fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+struct Conn<'a> {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+    counters: &'a Counters,
+}
+
+impl Conn<'_> {
+    fn recv(&mut self) -> Result<(Kind, Vec<u8>)> {
+        let (k, b) = wire::read_frame(&mut self.r)?;
+        self.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
+        Ok((k, b))
+    }
+
+    fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
+        wire::write_frame(&mut self.w, kind, body)?;
+        self.counters.bytes_out.fetch_add(9 + body.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.w.flush().map_err(|e| Error::io("sync send", e))
+    }
+
+    fn fail(&mut self, e: &Error) -> Result<()> {
+        self.send(Kind::Error, &wire::encode_error(e))?;
+        self.flush()
+    }
+}
+
+fn serve_conn(
+    store: &Store,
+    stream: TcpStream,
+    token: Option<&str>,
+    counters: &Counters,
+) -> Result<()> {
+    let r = BufReader::new(stream.try_clone().map_err(|e| Error::io("sync connection", e))?);
+    let mut c = Conn { r, w: BufWriter::with_capacity(256 << 10, stream), counters };
+    let hello = match c.recv().and_then(|(k, b)| match k {
+        Kind::Hello => wire::Hello::decode(&b),
+        _ => Err(Error::corrupt("a sync connection must start with Hello")),
+    }) {
+        Ok(h) => h,
+        Err(e) => {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            return c.fail(&e);
+        }
+    };
+    if let Some(want) = token {
+        if !same_token(want, &hello.token) {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            let e = Error::new(ErrorKind::PermissionDenied, "wrong replication token");
+            return c.fail(&e);
+        }
+    }
+    let names = if hello.tables.is_empty() { store.tables() } else { hello.tables.clone() };
+    let tables = match names.iter().map(|n| store.table(n)).collect::<Result<Vec<_>>>() {
+        Ok(t) => t,
+        Err(e) => return c.fail(&e),
+    };
+    let infos = tables
+        .iter()
+        .map(|t| {
+            let s = t.sync_stats()?;
+            Ok(wire::TableInfo {
+                name: t.name().to_owned(),
+                config: t.config().to_text(),
+                parts: s.parts,
+                epoch: s.epoch,
+            })
+        })
+        .collect::<Result<Vec<_>>>();
+    match infos {
+        Ok(infos) => {
+            c.send(Kind::Welcome, &wire::encode_welcome(&infos))?;
+            c.flush()?;
+        }
+        Err(e) => return c.fail(&e),
+    }
+    loop {
+        let (kind, body) = c.recv()?;
+        let done = match kind {
+            Kind::List => list(store, &mut c, &body),
+            Kind::Pull => pull(store, &mut c, &body, hello.with_state),
+            _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
+        };
+        match done {
+            Ok(()) => c.flush()?,
+            // A frame that does not parse ends the connection; any other error is answered.
+            Err(e) if e.kind() == ErrorKind::Corruption => return c.fail(&e),
+            Err(e) => c.fail(&e)?,
+        }
+    }
+}
+
+fn table_of(store: &Store, name: &str) -> Result<Arc<Table>> {
+    store.table(name)
+}
+
+fn list(store: &Store, c: &mut Conn<'_>, body: &[u8]) -> Result<()> {
+    let l = wire::List::decode(body)?;
+    let t = table_of(store, &l.table)?;
+    let wait = Duration::from_millis(u64::from(l.wait_ms.min(MAX_WAIT_MS)));
+    t.sync_wait(l.epoch, l.cursor, wait)?;
+    let changes = t.sync_changes(l.epoch, l.cursor)?;
+    c.send(Kind::Changed, &wire::encode_changed(&changes, now_ms()))
+}
+
+fn pull(store: &Store, c: &mut Conn<'_>, body: &[u8], with_state: bool) -> Result<()> {
+    let (name, parts) = wire::decode_pull(body)?;
+    let t = table_of(store, &name)?;
+    c.counters.pulls.fetch_add(1, Ordering::Relaxed);
+    for (part, vv) in parts {
+        let reply = t.sync_pull(part, &vv, with_state)?;
+        // Pieces of about 8 MiB, well under the frame limit.
+        let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
+        for piece in reply.split((8 << 20) / row_bytes) {
+            c.send(Kind::Part, &wire::encode_part(&piece))?;
+        }
+        c.counters.parts.fetch_add(1, Ordering::Relaxed);
+    }
+    c.send(Kind::PullDone, &[])
+}

@@ -1,0 +1,514 @@
+//! The sync port's wire format: length-prefixed, checksummed frames over one TCP connection,
+//! each a request or a reply (`docs/dissemination.md` lists them byte by byte).
+//!
+//! ```text
+//! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
+//! Hello    = magic u32 "EKSY" | protocol u16 | token str | with_state u8 | tables [str]
+//! Welcome  = tables [name str | config str | parts u32 | epoch u64]
+//! List     = table str | epoch u64 | cursor u64 | wait_ms u32
+//! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
+//! Pull     = table str | parts [part u32 | vv]
+//! Part     = part u32 | flags u8 (1 cache, 2 partial) | vv | sv_c u64 | sv_id u32 | n u32 | has_state u8
+//!            | n × (key u64 | ts u64 | replica u32 | update_count u64 | last_update_ms u64
+//!                   | flags u8) | n×D f32 values | (n×S f32 state)
+//! PullDone = (empty)        Error = kind u8 | message str
+//! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
+//! ```
+//!
+//! A frame that is truncated, oversized, fails its checksum or does not parse is an
+//! [`ErrorKind::Corruption`] error; the connection is then dropped and nothing of it applied.
+
+use std::io::{Read, Write};
+
+use embstore_common::{Error, ErrorKind, Result};
+use embstore_replication::{Sv, Vv};
+use embstore_table::sync::{Changes, PartReply};
+use embstore_table::{RowMeta, Version};
+
+/// The first four bytes of a Hello ("EKSY").
+pub const MAGIC: u32 = u32::from_le_bytes(*b"EKSY");
+/// The protocol version this build speaks.
+pub const PROTOCOL: u16 = 1;
+/// The largest frame body accepted (a reply larger than this is split by the responder).
+pub const MAX_FRAME: usize = 64 << 20;
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Client → server: the first frame (token, tables, whether state is wanted).
+    Hello = 1,
+    /// Server → client: the tables served.
+    Welcome = 2,
+    /// Client → server: the parts changed since a cursor (long-poll).
+    List = 3,
+    /// Server → client: the answer to `List`.
+    Changed = 4,
+    /// Client → server: pull these parts, each with the requester's VV.
+    Pull = 5,
+    /// Server → client: one part's reply.
+    Part = 6,
+    /// Server → client: the last frame of a pull's answer.
+    PullDone = 7,
+    /// Server → client: a request failed (the connection stays usable unless it was Hello).
+    Error = 8,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Result<Self> {
+        Ok(match b {
+            1 => Kind::Hello,
+            2 => Kind::Welcome,
+            3 => Kind::List,
+            4 => Kind::Changed,
+            5 => Kind::Pull,
+            6 => Kind::Part,
+            7 => Kind::PullDone,
+            8 => Kind::Error,
+            _ => return Err(Error::corrupt(format!("unknown sync frame kind {b}"))),
+        })
+    }
+}
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
+    if body.len() > MAX_FRAME {
+        return Err(Error::invalid(format!(
+            "a sync frame of {} bytes exceeds the limit of {MAX_FRAME}",
+            body.len()
+        )));
+    }
+    let mut head = [0u8; 9];
+    head[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    head[4] = kind as u8;
+    head[5..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+    w.write_all(&head).and_then(|_| w.write_all(body)).map_err(|e| Error::io("sync send", e))
+}
+
+/// Reads one frame: its kind and body (bytes read = 9 + body length).
+pub fn read_frame(r: &mut impl Read) -> Result<(Kind, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    r.read_exact(&mut head).map_err(|e| Error::io("sync receive", e))?;
+    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+    if len > MAX_FRAME {
+        return Err(Error::corrupt(format!(
+            "a sync frame announces {len} bytes, over the limit of {MAX_FRAME}"
+        )));
+    }
+    let kind = Kind::from_u8(head[4])?;
+    let crc = u32::from_le_bytes(head[5..].try_into().expect("4 bytes"));
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)"))
+        }
+        _ => Error::io("sync receive", e),
+    })?;
+    if crc32fast::hash(&body) != crc {
+        return Err(Error::corrupt("a sync frame failed its checksum"));
+    }
+    Ok((kind, body))
+}
+
+/// A frame body under construction.
+#[derive(Default)]
+pub(crate) struct Enc(pub(crate) Vec<u8>);
+
+impl Enc {
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub(crate) fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn str(&mut self, s: &str) -> &mut Self {
+        self.u32(s.len() as u32);
+        self.0.extend_from_slice(s.as_bytes());
+        self
+    }
+    pub(crate) fn f32s(&mut self, v: &[f32]) -> &mut Self {
+        self.0.reserve(v.len() * 4);
+        for x in v {
+            self.0.extend_from_slice(&x.to_le_bytes());
+        }
+        self
+    }
+    pub(crate) fn vv(&mut self, vv: &Vv) -> &mut Self {
+        self.u16(vv.entries().len() as u16);
+        for &(o, t) in vv.entries() {
+            self.u32(o).u64(t);
+        }
+        self
+    }
+}
+
+/// A frame body being read; every read past the end is a [`ErrorKind::Corruption`] error.
+pub(crate) struct Dec<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Dec<'a> {
+    pub(crate) fn new(b: &'a [u8]) -> Self {
+        Self { b, pos: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| {
+            Error::corrupt(format!("a sync frame ends early (needs {n} more bytes)"))
+        })?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    pub(crate) fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub(crate) fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    pub(crate) fn str(&mut self) -> Result<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| Error::corrupt("a sync frame holds a string that is not utf-8"))
+    }
+    /// A count of items each at least `min_bytes` long, checked against what is left.
+    pub(crate) fn count(&mut self, min_bytes: usize) -> Result<usize> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_bytes) > self.b.len() - self.pos {
+            return Err(Error::corrupt(format!("a sync frame announces {n} items it cannot hold")));
+        }
+        Ok(n)
+    }
+    pub(crate) fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
+        let raw = self.take(n.checked_mul(4).ok_or_else(|| Error::corrupt("count overflow"))?)?;
+        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect())
+    }
+    pub(crate) fn vv(&mut self) -> Result<Vv> {
+        let n = self.u16()?;
+        let mut vv = Vv::new();
+        for _ in 0..n {
+            let (o, t) = (self.u32()?, self.u64()?);
+            vv.raise(o, t);
+        }
+        Ok(vv)
+    }
+    /// Fails unless every byte was read.
+    pub(crate) fn end(&self) -> Result<()> {
+        if self.pos != self.b.len() {
+            return Err(Error::corrupt(format!(
+                "a sync frame has {} bytes past its end",
+                self.b.len() - self.pos
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A client's first frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hello {
+    pub token: String,
+    pub with_state: bool,
+    /// The tables wanted (empty: all).
+    pub tables: Vec<String>,
+}
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.u32(MAGIC).u16(PROTOCOL).str(&self.token).u8(self.with_state as u8);
+        e.u32(self.tables.len() as u32);
+        self.tables.iter().for_each(|t| {
+            e.str(t);
+        });
+        e.0
+    }
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        let mut d = Dec::new(b);
+        if d.u32()? != MAGIC {
+            return Err(Error::corrupt("not an embstore sync client (bad magic)"));
+        }
+        let p = d.u16()?;
+        if p != PROTOCOL {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("sync protocol {p} is not spoken here (this build speaks {PROTOCOL})"),
+            ));
+        }
+        let token = d.str()?;
+        let with_state = d.u8()? != 0;
+        let n = d.count(4)?;
+        let tables = (0..n).map(|_| d.str()).collect::<Result<_>>()?;
+        d.end()?;
+        Ok(Self { token, with_state, tables })
+    }
+}
+
+/// A table the server offers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableInfo {
+    pub name: String,
+    /// [`embstore_table::TableConfig::to_text`].
+    pub config: String,
+    pub parts: u32,
+    pub epoch: u64,
+}
+
+pub fn encode_welcome(tables: &[TableInfo]) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.u32(tables.len() as u32);
+    for t in tables {
+        e.str(&t.name).str(&t.config).u32(t.parts).u64(t.epoch);
+    }
+    e.0
+}
+
+pub fn decode_welcome(b: &[u8]) -> Result<Vec<TableInfo>> {
+    let mut d = Dec::new(b);
+    let n = d.count(20)?;
+    let tables = (0..n)
+        .map(|_| {
+            Ok(TableInfo { name: d.str()?, config: d.str()?, parts: d.u32()?, epoch: d.u64()? })
+        })
+        .collect::<Result<_>>()?;
+    d.end()?;
+    Ok(tables)
+}
+
+/// A long-poll for changes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct List {
+    pub table: String,
+    pub epoch: u64,
+    pub cursor: u64,
+    pub wait_ms: u32,
+}
+
+impl List {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.str(&self.table).u64(self.epoch).u64(self.cursor).u32(self.wait_ms);
+        e.0
+    }
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        let mut d = Dec::new(b);
+        let l = Self { table: d.str()?, epoch: d.u64()?, cursor: d.u64()?, wait_ms: d.u32()? };
+        d.end()?;
+        Ok(l)
+    }
+}
+
+pub fn encode_changed(c: &Changes, now_ms: u64) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.u64(c.epoch).u64(c.upto).u64(now_ms).u32(c.parts.len() as u32);
+    for (p, sv) in &c.parts {
+        e.u32(*p).u64(sv.c).u32(sv.id);
+    }
+    e.0
+}
+
+/// `Changed`: the changes and the responder's clock when it answered.
+pub fn decode_changed(b: &[u8]) -> Result<(Changes, u64)> {
+    let mut d = Dec::new(b);
+    let (epoch, upto, now) = (d.u64()?, d.u64()?, d.u64()?);
+    let n = d.count(16)?;
+    let parts =
+        (0..n).map(|_| Ok((d.u32()?, Sv::new(d.u64()?, d.u32()?)))).collect::<Result<_>>()?;
+    d.end()?;
+    Ok((Changes { epoch, upto, parts }, now))
+}
+
+/// A pull: the table and each part with the requester's VV.
+pub fn encode_pull(table: &str, parts: &[(u32, Vv)]) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.str(table).u32(parts.len() as u32);
+    for (p, vv) in parts {
+        e.u32(*p).vv(vv);
+    }
+    e.0
+}
+
+pub fn decode_pull(b: &[u8]) -> Result<(String, Vec<(u32, Vv)>)> {
+    let mut d = Dec::new(b);
+    let table = d.str()?;
+    let n = d.count(6)?;
+    let parts = (0..n).map(|_| Ok((d.u32()?, d.vv()?))).collect::<Result<_>>()?;
+    d.end()?;
+    Ok((table, parts))
+}
+
+const TOMBSTONE: u8 = 1;
+
+/// One part's reply (rows of `dim` values, and `state_dim` state floats when it carries state).
+pub fn encode_part(r: &PartReply) -> Vec<u8> {
+    let n = r.len();
+    let mut e = Enc(Vec::with_capacity(64 + n * 41 + r.values.len() * 4));
+    let flags = r.from_cache as u8 | (r.partial as u8) << 1;
+    e.u32(r.part).u8(flags).vv(&r.vv).u64(r.sv.c).u32(r.sv.id);
+    e.u32(n as u32).u8(r.state.is_some() as u8);
+    for i in 0..n {
+        let m = &r.meta[i];
+        e.u64(r.keys[i]).u64(m.version.timestamp).u32(m.version.replica);
+        e.u64(m.update_count).u64(m.last_update_ms);
+        e.u8(if r.tombstone[i] { TOMBSTONE } else { 0 });
+    }
+    e.f32s(&r.values);
+    if let Some(st) = &r.state {
+        e.f32s(st);
+    }
+    e.0
+}
+
+/// Reads a `Part` frame for a table of `dim` values and `state_dim` state floats.
+pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> {
+    let mut d = Dec::new(b);
+    let part = d.u32()?;
+    let flags = d.u8()?;
+    if flags > 3 {
+        return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
+    }
+    let vv = d.vv()?;
+    let sv = Sv::new(d.u64()?, d.u32()?);
+    let n = d.count(41)?;
+    let has_state = d.u8()? != 0;
+    let (from_cache, partial) = (flags & 1 != 0, flags & 2 != 0);
+    let mut r = PartReply { part, from_cache, partial, vv, sv, ..PartReply::default() };
+    for _ in 0..n {
+        r.keys.push(d.u64()?);
+        let version = Version { timestamp: d.u64()?, replica: d.u32()? };
+        r.meta.push(RowMeta { version, update_count: d.u64()?, last_update_ms: d.u64()? });
+        let flags = d.u8()?;
+        if flags & !TOMBSTONE != 0 {
+            return Err(Error::corrupt(format!("a sync row has unknown flags {flags:#x}")));
+        }
+        r.tombstone.push(flags & TOMBSTONE != 0);
+    }
+    r.values = d.f32s(n * dim)?;
+    if has_state {
+        r.state = Some(d.f32s(n * state_dim)?);
+    }
+    d.end()?;
+    Ok(r)
+}
+
+/// The one-byte code of an error kind on the wire, and back (unknown codes read as `Io`).
+pub fn kind_code(k: ErrorKind) -> u8 {
+    KINDS.iter().position(|&x| x == k).map_or(255, |i| i as u8)
+}
+
+pub fn kind_of(code: u8) -> ErrorKind {
+    KINDS.get(code as usize).copied().unwrap_or(ErrorKind::Io)
+}
+
+const KINDS: [ErrorKind; 12] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::ShapeMismatch,
+    ErrorKind::TableNotFound,
+    ErrorKind::NonFinite,
+    ErrorKind::Corruption,
+    ErrorKind::Io,
+    ErrorKind::Capacity,
+    ErrorKind::NoSpace,
+    ErrorKind::Unsupported,
+    ErrorKind::Unavailable,
+    ErrorKind::Closed,
+    ErrorKind::PermissionDenied,
+];
+
+pub fn encode_error(e: &Error) -> Vec<u8> {
+    let mut b = Enc::default();
+    b.u8(kind_code(e.kind())).str(e.message());
+    b.0
+}
+
+pub fn decode_error(b: &[u8]) -> Result<Error> {
+    let mut d = Dec::new(b);
+    let e = Error::new(kind_of(d.u8()?), d.str()?);
+    d.end()?;
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reply(n: usize, d: usize, s: Option<usize>, partial: bool) -> PartReply {
+        let mut vv = Vv::new();
+        vv.raise(1, 77);
+        vv.raise(9, 5);
+        PartReply {
+            part: 3,
+            keys: (0..n as u64).map(|k| k * 31).collect(),
+            meta: (0..n as u64)
+                .map(|i| RowMeta {
+                    version: Version { timestamp: 100 + i, replica: 1 },
+                    update_count: i,
+                    last_update_ms: 9,
+                })
+                .collect(),
+            tombstone: (0..n).map(|i| i.is_multiple_of(3)).collect(),
+            values: (0..n * d).map(|i| i as f32 * 0.5).collect(),
+            state: s.map(|s| (0..n * s).map(|i| i as f32).collect()),
+            vv,
+            sv: Sv::new(42, 1),
+            from_cache: n.is_multiple_of(2),
+            partial,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Every message reads back as written, and every truncation of it is a clean
+        /// `Corruption` error, never a panic or a wrong value.
+        #[test]
+        fn messages_round_trip_and_truncations_are_errors(
+            n in 0usize..20, d in 1usize..6, s in proptest::option::of(1usize..4), partial: bool,
+        ) {
+            let r = reply(n, d, s, partial);
+            let b = encode_part(&r);
+            prop_assert_eq!(&decode_part(&b, d, s.unwrap_or(0)).unwrap(), &r);
+            for cut in 0..b.len() {
+                let e = decode_part(&b[..cut], d, s.unwrap_or(0)).unwrap_err();
+                prop_assert_eq!(e.kind(), ErrorKind::Corruption);
+            }
+            let h = Hello { token: "t".repeat(n), with_state: partial, tables: vec!["a".into(); n % 3] };
+            prop_assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+            let parts: Vec<(u32, Vv)> = (0..n as u32).map(|p| (p, r.vv.clone())).collect();
+            prop_assert_eq!(decode_pull(&encode_pull("items", &parts)).unwrap(), ("items".to_owned(), parts));
+            let mut framed = Vec::new();
+            write_frame(&mut framed, Kind::Part, &b).unwrap();
+            for cut in 0..framed.len() {
+                prop_assert!(read_frame(&mut &framed[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_refused_before_reading_it() {
+        let mut head = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+        head.extend_from_slice(&[6, 0, 0, 0, 0]);
+        let e = read_frame(&mut &head[..]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corruption);
+        assert!(e.to_string().contains("over the limit"), "{e}");
+        let e = Hello::decode(&[1, 2, 3, 4, 1, 0]).unwrap_err();
+        assert!(e.to_string().contains("bad magic"), "{e}");
+    }
+}

@@ -1,0 +1,204 @@
+//! The sync port and the follower over loopback TCP: a follower that joins empty holds the
+//! primary's rows and then follows its writes; a wrong token, garbage, a truncated frame and a
+//! reply with a version a day ahead are typed errors that change nothing, and the follower
+//! keeps serving and recovers.
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use embstore_common::ErrorKind;
+use embstore_sync::wire::{self, Kind};
+use embstore_sync::{FollowOptions, Follower, ServeOptions, SyncServer};
+use embstore_table::sync::{PartReply, SyncOptions};
+use embstore_table::{Optimizer, RowMeta, Store, Table, TableConfig, Version};
+
+const D: usize = 8;
+
+fn primary() -> (Arc<Store>, Arc<Table>, SyncServer) {
+    let store = Arc::new(Store::with_replica(1).unwrap());
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
+    let t = store.create_table(TableConfig::new("items", D).with_optimizer(opt)).unwrap();
+    let options = ServeOptions {
+        token: Some("s3cret".into()),
+        sync: SyncOptions { parts: 64, ..SyncOptions::default() },
+    };
+    let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
+    (store, t, server)
+}
+
+fn follow_options() -> FollowOptions {
+    FollowOptions { token: "s3cret".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
+}
+
+fn rows(t: &Table) -> Vec<(u64, Vec<f32>, RowMeta)> {
+    let mut out: Vec<_> = t
+        .export(1 << 20)
+        .flat_map(|c| {
+            (0..c.len())
+                .map(|i| (c.ids[i], c.values[i * D..][..D].to_vec(), c.meta[i]))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort_by_key(|r| r.0);
+    out
+}
+
+#[test]
+fn a_follower_joins_empty_then_follows_writes() {
+    let (_p, t, server) = primary();
+    let ids: Vec<u64> = (0..5000).collect();
+    t.apply_gradients(&ids, &vec![0.5; ids.len() * D], None).unwrap();
+    let replica = Arc::new(Store::with_replica(2).unwrap());
+    let f = Follower::start(replica.clone(), &server.addr().to_string(), follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    let r = replica.table("items").unwrap();
+    assert_eq!(rows(&r), rows(&t));
+    // Writes while it follows: a few rows, then a removal.
+    for step in 0..20u64 {
+        let ids = [step * 7 % 5000, 9000 + step];
+        t.apply_gradients(&ids, &[0.25; 2 * D], None).unwrap();
+    }
+    t.remove(&[3]).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    assert_eq!(rows(&r), rows(&t));
+    let s = &f.status()[0];
+    assert!(s.connected && s.caught_up && s.errors == 0, "{s:?}");
+    assert!(s.rows_applied >= 5000 + 21, "{s:?}");
+    assert!(s.parts_from_cache > 0, "incremental pulls hit the cache: {s:?}");
+    assert!(s.lag_ms_p50.is_some() && s.bytes_in > 5000 * (D as u64) * 4, "{s:?}");
+    assert!(server.stats().pulls > 0);
+    f.stop();
+    server.stop();
+}
+
+#[test]
+fn a_wrong_token_or_an_unknown_table_is_refused() {
+    let (_p, _t, server) = primary();
+    let addr = server.addr().to_string();
+    let store = Arc::new(Store::with_replica(2).unwrap());
+    let bad = FollowOptions { token: "guess".into(), ..follow_options() };
+    let e = Follower::start(store.clone(), &addr, bad).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("wrong replication token"), "{e}");
+    let unknown = FollowOptions { tables: vec!["nope".into()], ..follow_options() };
+    let e = Follower::start(store.clone(), &addr, unknown).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TableNotFound, "{e}");
+    assert!(store.tables().is_empty(), "nothing was created");
+    assert_eq!(server.stats().refused, 1);
+}
+
+#[test]
+fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
+    let (_p, t, server) = primary();
+    t.assign(&[1, 2], &[1.0; 2 * D]).unwrap();
+    // Garbage: an Error frame back, then the connection closes.
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.write_all(&[3, 0, 0, 0, 1, 0, 0, 0, 0, 1, 2, 3]).unwrap();
+    let (k, body) = wire::read_frame(&mut s).unwrap();
+    assert_eq!(k, Kind::Error);
+    let e = wire::decode_error(&body).unwrap();
+    assert_eq!(e.kind(), ErrorKind::Corruption, "{e}");
+    // A frame cut short, then EOF: the server drops it without answering.
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    let hello = wire::Hello { token: "s3cret".into(), with_state: false, tables: vec![] };
+    let mut framed = Vec::new();
+    wire::write_frame(&mut framed, Kind::Hello, &hello.encode()).unwrap();
+    s.write_all(&framed[..framed.len() - 3]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read_to_end(&mut rest);
+    // A checksum mismatch is refused too.
+    assert!(wire::read_frame(&mut &framed[..]).is_ok());
+    let mut flipped = framed.clone();
+    *flipped.last_mut().unwrap() ^= 1;
+    let e = wire::read_frame(&mut &flipped[..]).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    // Still serving.
+    let replica = Arc::new(Store::with_replica(2).unwrap());
+    let f = Follower::start(replica.clone(), &server.addr().to_string(), follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)));
+    assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
+}
+
+/// A fake source that serves one table whose every reply carries `reply`.
+fn fake_source(
+    reply: PartReply,
+    config: TableConfig,
+    parts: u32,
+) -> (String, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        // Two connections: the follower's start, then its table thread.
+        for _ in 0..2 {
+            let Ok((mut s, _)) = l.accept() else { return };
+            let _ = wire::read_frame(&mut s);
+            let info =
+                wire::TableInfo { name: "items".into(), config: config.to_text(), parts, epoch: 7 };
+            wire::write_frame(&mut s, Kind::Welcome, &wire::encode_welcome(&[info])).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+            while let Ok((k, _)) = wire::read_frame(&mut s) {
+                let c = embstore_table::sync::Changes {
+                    epoch: 7,
+                    upto: 1,
+                    parts: vec![(reply.part, embstore_table::sync::Sv::new(5, 1))],
+                };
+                match k {
+                    Kind::List => {
+                        wire::write_frame(&mut s, Kind::Changed, &wire::encode_changed(&c, 0))
+                            .unwrap()
+                    }
+                    Kind::Pull => {
+                        wire::write_frame(&mut s, Kind::Part, &wire::encode_part(&reply)).unwrap();
+                        wire::write_frame(&mut s, Kind::PullDone, &[]).unwrap();
+                    }
+                    _ => return,
+                }
+            }
+        }
+    });
+    (addr, h)
+}
+
+#[test]
+fn a_reply_a_day_ahead_is_refused_and_the_follower_keeps_serving() {
+    let config = TableConfig::new("items", D);
+    let parts = 64;
+    let probe = Table::new(config.clone()).unwrap();
+    probe.enable_sync(&SyncOptions { parts, ..SyncOptions::default() }).unwrap();
+    let key = 42;
+    let part = probe.sync_part_of(key).unwrap();
+    let ahead = (embstore_table::now_ms() + 3 * 86_400_000) << 16;
+    let reply = PartReply {
+        part,
+        keys: vec![key],
+        meta: vec![RowMeta {
+            version: Version { timestamp: ahead, replica: 1 },
+            update_count: 1,
+            last_update_ms: 0,
+        }],
+        tombstone: vec![false],
+        values: vec![1.0; D],
+        ..PartReply::default()
+    };
+    let (addr, h) = fake_source(reply, config, parts);
+    let store = Arc::new(Store::with_replica(2).unwrap());
+    let f = Follower::start(store.clone(), &addr, follow_options()).unwrap();
+    let t = store.table("items").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while f.status()[0].errors == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = &f.status()[0];
+    assert!(
+        s.errors > 0 && s.last_error.as_deref().unwrap_or("").contains("more than a day ahead"),
+        "{s:?}"
+    );
+    assert!(t.is_empty(), "nothing applied");
+    let mut out = vec![0.0; D];
+    t.lookup(&[key], embstore_table::OnMiss::Zeros, &mut out, None).unwrap();
+    f.stop();
+    let _ = h.join();
+}
