@@ -137,7 +137,7 @@ test-rust: toolchain services ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
 	$(CARGO) test -p embstore-cache --features compat --locked --lib
 
-test-python: develop data services ## pytest (unit, integration, doctests, examples)
+test-python: develop data services wan-deps ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
 
 test-fast: develop ## pytest without the etcd, data, benchmark and slow tests (no services, no download)

@@ -40,6 +40,7 @@ from dissemination.wan import (
     Wan,
     WanConfig,
     WanUnavailable,
+    check_available,
     netns_connect,
     server_addr,
     server_ns,
@@ -359,6 +360,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = WanConfig(args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, qms=args.qms)
+    try:
+        check_available(args.python)
+    except WanUnavailable as e:
+        print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
+        return 2
     idle = idle_box_pct(1.0)
     log(f"box CPU before the run (other work on the machine): {idle} %")
     records = []

@@ -279,8 +279,10 @@ class Wan:
             )
             # iproute2 of Debian 12 prints no JSON for htb classes: parse the text form.
             for handle, sent in _CLASS_SENT.findall(res.stdout):
+                # wan2.sh names DC j's class "1:$j" and tc reads that as hex; it prints it back
+                # with the same digits, so the decimal reading of the minor is j again.
                 major, minor = handle.split(":")
-                j = int(minor, 16) if minor else 0
+                j = int(minor) if minor.isdigit() else 0
                 if major == "1" and 1 <= j <= self.cfg.dcs and j != i:
                     out[(i, j)] = int(sent)
         return out
