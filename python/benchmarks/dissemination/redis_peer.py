@@ -297,6 +297,13 @@ def parse_args(argv=None):
     g.add_argument("--nic", type=float, default=50, help="per-server NIC Mbit/s (default 50)")
     g.add_argument("--wan", type=float, default=48, help="per DC-pair WAN Mbit/s (default 48)")
     g.add_argument("--one-way-ms", type=float, default=25, help="one-way WAN delay (default 25)")
+    g.add_argument(
+        "--slow",
+        nargs=3,
+        type=float,
+        metavar=("SRC", "DST", "MBIT"),
+        help="one slower DC pair, e.g. 1 2 12.8 (the heterogeneous runs)",
+    )
     g.add_argument("--qms", type=int, default=100, help="WAN queue bound in ms (default 100)")
     g = ap.add_argument_group("workload")
     g.add_argument(
@@ -359,7 +366,14 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = WanConfig(args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, qms=args.qms)
+    slow = None if args.slow is None else (int(args.slow[0]), int(args.slow[1]), args.slow[2])
+    try:
+        cfg = WanConfig(
+            args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, slow=slow, qms=args.qms
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         check_available(args.python)
     except WanUnavailable as e:
@@ -372,9 +386,7 @@ def main(argv=None) -> int:
         with Wan(cfg, python=args.python, log=log) as w:
             for rate in args.rates:
                 rec = run_rate(w, args, rate)
-                rec.update(
-                    network=cfg.__dict__ | {"slow": None}, box_cpu_before_pct=idle, **run_record()
-                )
+                rec.update(network=dict(cfg.__dict__), box_cpu_before_pct=idle, **run_record())
                 records.append(rec)
     except WanUnavailable as e:
         print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
