@@ -22,6 +22,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,10 +114,14 @@ class Cluster:
                 time.sleep(0.02)
             settled = 0 if behind else settled + 1
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"replicas not in sync after {timeout:.0f} s: {behind} (logs under {self.dir})"
-                )
+                tails = "".join(f"\n--- {s[0]}-{s[1]}:\n" + self.log_tail(s) for s in behind[:3])
+                raise RuntimeError(f"replicas not in sync after {timeout:.0f} s: {behind}{tails}")
             time.sleep(1.0)
+
+    def log_tail(self, server: tuple[int, int], lines: int = 5) -> str:
+        """The last lines of a server's redis log (the folder goes when the run ends)."""
+        f = self.dir / f"s{server[0]}-{server[1]}" / "redis.log"
+        return "\n".join(f.read_text().splitlines()[-lines:]) if f.exists() else "(no log)"
 
     def primary_offset(self) -> int:
         info = info_fields(self.conns[(1, 1)].call("INFO", "replication"))
@@ -364,8 +369,16 @@ def parse_args(argv=None):
     return args
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwind through the
+    # finally blocks, so the servers are stopped and the namespaces removed.
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     slow = None if args.slow is None else (int(args.slow[0]), int(args.slow[1]), args.slow[2])
     try:
         cfg = WanConfig(
