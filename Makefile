@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
+        test-python test-fast services wan-deps ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
         fmt clean
 
 help: ## List the targets
@@ -84,6 +84,34 @@ services: ## Install etcd (Debian's etcd-server) for the cluster tests, if it is
 		{ $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q etcd-server >/dev/null; } || \
 		{ echo "error: cannot install etcd-server: apt-get install etcd-server, then retry"; exit 1; }; }
 
+# The emulated WAN (../shared/tools/wan) needs iptables (legacy), libnetfilter-queue-dev and the
+# NetfilterQueue module in the venv (delayd.py); the Redis peer of the dissemination benchmark
+# needs redis-server, whose Debian service is stopped and disabled (the benchmark starts its own).
+wan-deps: ## Install what the emulated WAN and the Redis peer need (apt + python/requirements-wan.txt)
+	@SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	if ! command -v iptables-legacy >/dev/null || ! command -v redis-server >/dev/null || \
+	   [ ! -f /usr/include/libnetfilter_queue/libnetfilter_queue.h ]; then \
+		echo "==> installing iptables, libnetfilter-queue-dev, redis-server (Debian) for the emulated WAN"; \
+		$$SUDO apt-get install -y -q iptables libnetfilter-queue-dev redis-server >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -q >/dev/null && \
+		  $$SUDO apt-get install -y -q iptables libnetfilter-queue-dev redis-server >/dev/null; } || \
+		{ echo "error: cannot install iptables libnetfilter-queue-dev redis-server: apt-get install them, then retry"; exit 1; }; \
+	fi; \
+	if [ -x /usr/sbin/iptables-legacy ] && [ "$$(readlink -f "$$(command -v iptables)")" != "$$(readlink -f /usr/sbin/iptables-legacy)" ]; then \
+		$$SUDO update-alternatives --set iptables /usr/sbin/iptables-legacy >/dev/null; fi; \
+	if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then \
+		$$SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true; \
+	else \
+		$$SUDO service redis-server stop >/dev/null 2>&1 || true; \
+		$$SUDO update-rc.d redis-server disable >/dev/null 2>&1 || true; \
+	fi; \
+	if command -v redis-cli >/dev/null && redis-cli -p 6379 ping >/dev/null 2>&1; then \
+		echo "error: a redis-server still answers on port 6379: stop it (the benchmark starts its own)"; exit 1; fi
+	@[ -x $(VPY) ] || $(PYTHON) -m venv $(VENV)
+	@$(VPY) -c 'import netfilterqueue' 2>/dev/null || { \
+		echo "==> installing python/requirements-wan.txt (NetfilterQueue) into $(VENV)"; \
+		$(VPY) -m pip install --quiet --progress-bar off -r python/requirements-wan.txt; }
+
 .PHONY: valgrind memcheck diagram
 
 valgrind: ## Install valgrind (Debian) for memcheck, if it is missing
@@ -109,7 +137,7 @@ test-rust: toolchain services ## Rust unit, property and doc tests
 	$(CARGO) test --workspace --exclude embstore-python --locked
 	$(CARGO) test -p embstore-cache --features compat --locked --lib
 
-test-python: develop data services ## pytest (unit, integration, doctests, examples)
+test-python: develop data services wan-deps ## pytest (unit, integration, doctests, examples)
 	EMBSTORE_DATA=$(CURDIR)/$(DATA) $(VENV)/bin/pytest -q python/tests --doctest-modules python/embstore
 
 test-fast: develop ## pytest without the etcd, data, benchmark and slow tests (no services, no download)

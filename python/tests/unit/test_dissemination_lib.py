@@ -1,0 +1,75 @@
+"""The pure parts of the dissemination benchmark harness (no namespaces): the seeded trace,
+the latency definition (max over replicas of visible - commit) and the writer's SET encoding."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+from dissemination import latency
+from dissemination.redis_writer import encode_sets
+from dissemination.resp import Conn
+from dissemination.trace import Trace, rate_for_rho, rho
+
+
+def test_trace_is_deterministic_and_batched_at_the_rate():
+    t = Trace(seed=3, rows=1000, rate=2000, duration=0.5, batch_ms=10)
+    k1, v1 = t.keys_values()
+    k2, v2 = Trace(seed=3, rows=1000, rate=2000, duration=0.5).keys_values()
+    assert np.array_equal(k1, k2) and np.array_equal(v1, v2)
+    assert not np.array_equal(
+        k1, Trace(seed=4, rows=1000, rate=2000, duration=0.5).keys_values()[0]
+    )
+    assert k1.min() >= 0 and k1.max() < 1000 and v1.shape == (1000, 16) and v1.dtype == np.float32
+    b = list(t.batches())
+    assert len(b) == 50 and all(stop - start == 20 for _, start, stop in b)
+    assert b[-1][2] == t.updates and b[0][0] == pytest.approx(0.01)
+    # Zipf: the hottest key takes far more than 1/rows of the updates.
+    assert np.bincount(k1).max() > 50
+    with pytest.raises(ValueError):
+        Trace(rate=0)
+
+
+def test_rho_round_trips():
+    rate = rate_for_rho(0.9, 122, 30, 3, 50)
+    assert rho(rate * 122, 30, 3, 50) == pytest.approx(0.9)
+    assert 4_700 < rate < 4_900  # the spec's "rho = 0.9 <=> about 4.8 k rows/s"
+
+
+def test_latency_is_the_max_over_replicas_and_weighted_by_rows():
+    commits = np.array([[1_000, 10, 3], [2_000, 20, 1], [3_000, 30, 1]])
+    fast = np.array([[1_500, 10], [2_500, 30]])
+    slow = np.array([[4_000, 20], [9_000, 30]])
+    lat, missing = latency.update_latencies(commits, {"f": fast, "s": slow})
+    assert missing == 0
+    assert np.allclose(lat, [0.003, 0.002, 0.006])
+    s = latency.summary(commits, {"f": fast, "s": slow}, wan_bytes=500)
+    assert s["updates"] == 5 and s["wan_bytes_per_update"] == 100.0
+    assert s["mean_s"] == pytest.approx((3 * 0.003 + 0.002 + 0.006) / 5)
+    lat, missing = latency.update_latencies(commits, {"f": fast, "never": np.array([[5, 10]])})
+    assert missing == 2 and np.isnan(lat[1:]).all()
+
+
+class _FakeSock:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def recv(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+
+def test_encoded_sets_parse_back():
+    keys = np.array([0, 42, 1048575])
+    values = np.arange(48, dtype=np.float32).reshape(3, 16)
+    raw = encode_sets(keys, values).tobytes()
+    conn = Conn(_FakeSock(raw))
+    for key, row in zip(keys, values, strict=True):
+        cmd = conn.reply()
+        assert cmd[0] == b"SET" and cmd[1] == b"r%07d" % key
+        assert np.array_equal(np.frombuffer(cmd[2], dtype=np.float32), row)
+    assert len(raw) == 3 * 98
