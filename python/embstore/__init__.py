@@ -60,6 +60,7 @@ from embstore.index import NeighborHash
 from embstore.prefetch import prefetch
 from embstore.serving import RemoteClient, connect
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
+from embstore.sync import SyncPort
 
 __all__ = [
     "FTRL",
@@ -89,6 +90,7 @@ __all__ = [
     "ShapeError",
     "StorageError",
     "Store",
+    "SyncPort",
     "StoreClosedError",
     "StoreLockedError",
     "Table",

@@ -234,6 +234,32 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         help="also serve GET /metrics (Prometheus text format) there (default: off)",
     )
     srv.add_argument(
+        "--sync-listen",
+        metavar="HOST:PORT",
+        help="also expose the store's tables for followers to pull fresh rows from "
+        "(docs/dissemination.md) (default: off)",
+    )
+    srv.add_argument(
+        "--follow",
+        metavar="HOST:PORT",
+        help="hold a copy of the tables of the sync port at HOST:PORT and keep pulling what "
+        "changes while serving lookups (with --store: the copy lives there; else in memory)",
+    )
+    srv.add_argument(
+        "--sync-token-file",
+        metavar="FILE",
+        help="the replication token: --sync-listen requires it of followers, --follow "
+        "presents it (default: none)",
+    )
+    srv.add_argument(
+        "--replica-id",
+        type=int,
+        default=None,
+        metavar="N",
+        help="this replica's id in row versions (default: 0, or a random one with --follow); "
+        "replicas that sync need distinct ids",
+    )
+    srv.add_argument(
         "--max-batch",
         type=int,
         default=1 << 20,
@@ -464,6 +490,10 @@ def _serve(args: argparse.Namespace) -> int:
             args.advertise,
             args.lease_ttl,
             args.data_dir,
+            args.sync_listen,
+            _token(args.sync_token_file),
+            args.follow,
+            args.replica_id,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -482,6 +512,11 @@ def _serve(args: argparse.Namespace) -> int:
         admin += f", member of the cluster in etcd {args.etcd}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
+    if server.sync_address:
+        admin += f", sync port on {server.sync_address}"
+    if args.follow:
+        admin += f", following {args.follow}"
+        source = args.store or "an in-memory copy"
     if args.memory_budget:
         where = args.data_dir or "a directory under $TMPDIR"
         admin += f", memory budget {_size(args.memory_budget)} (loaded shards in {where})"

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
+from embstore import sync as _sync
 from embstore.config import Initializer, Optimizer, TableSpec, to_native_spec
 from embstore.errors import InvalidArgumentError, StoreClosedError
+from embstore.sync import SyncPort
 from embstore.table import ExportChunk, Table
 
 
@@ -33,7 +35,8 @@ class Store:
             reopening gives every row its value at the last flush (or a later one). One
             process opens a directory at a time (:class:`StoreLockedError`). ``None``: a store
             held only in memory, exactly as fast as ever.
-        replica_id: written into every row version (used by replication later); 0..=2**31 - 1.
+        replica_id: written into every row version; 0..=2**31 - 1. Replicas that sync with
+            each other need distinct ids (:meth:`follow` draws a random one).
         memory_budget_bytes: with ``path``, the bytes of memory the tables may hold (indexes,
             rows, metadata, all counted); rows beyond it live on disk only and are read back
             when a call uses them, so tables may be many times larger than memory. Lookups of
@@ -132,12 +135,110 @@ class Store:
             background_eviction,
             eviction,
         )
+        self._follower: Any = None
 
     @classmethod
     def _wrap(cls, inner: Any) -> Store:
         store = cls.__new__(cls)
         store._store = inner
+        store._follower = None
         return store
+
+    def serve_sync(
+        self, listen: str = "127.0.0.1:0", *, token: str | None = None, parts: int = 1024
+    ) -> SyncPort:
+        """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
+        one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
+        write is versioned and remembered for followers, each removal leaves a tombstone.
+        ``token``: a replication token followers must present. ``parts``: sync parts per
+        table (a power of two, at least the shard count); followers take the source's.
+
+        Start it before other threads write. A table that syncs cannot be replaced by
+        :meth:`Table.load` (import its rows instead: they sync as writes)."""
+        return _sync.serve(self._inner, listen, token, parts)
+
+    @classmethod
+    def follow(
+        cls,
+        source: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        tables: list[str] | None = None,
+        with_state: bool = False,
+        replica_id: int | None = None,
+        memory_budget_bytes: int | None = None,
+        wait_ms: int = 1000,
+    ) -> Store:
+        """A store that follows the sync port at ``source`` (``host:port``): it gets the
+        source's tables (all, or ``tables``), pulls their rows, then keeps pulling what
+        changes, one thread per table, while you read from it. It joins empty (or from the
+        rows already in ``path``, which it keeps and pulls over). ``with_state`` also takes
+        optimizer state (a replica that may take over training; inference replicas need
+        values only). Rows that were created by lookups and never written hold their initial
+        values, which the follower's lookups compute alike: they are not shipped.
+        ``replica_id``: this replica's id (default: a random one; it must
+        differ from the source's). :meth:`sync_status` says how fresh it is;
+        :meth:`wait_caught_up` waits for it to catch up; :meth:`close` stops following.
+
+        >>> import embstore
+        >>> primary = embstore.Store(replica_id=1)
+        >>> t = primary.create_table("item", embedding_dim=4)
+        >>> port = primary.serve_sync()
+        >>> t.assign([1, 2, 3], [[0.5] * 4] * 3)
+        >>> replica = embstore.Store.follow(port.address)
+        >>> replica.wait_caught_up(timeout=30)
+        True
+        >>> len(replica["item"])
+        3
+        >>> replica.close(); port.stop()
+        """
+        store = cls(
+            path,
+            replica_id=_sync.new_replica_id() if replica_id is None else replica_id,
+            memory_budget_bytes=memory_budget_bytes,
+        )
+        try:
+            store._follower = _sync.start_follower(
+                store._inner,
+                source,
+                token=token,
+                tables=tables,
+                with_state=with_state,
+                wait_ms=wait_ms,
+            )
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def sync_status(self) -> list[dict[str, Any]]:
+        """For a following store, per table: whether it is connected and caught up, the
+        parts still to pull, the freshness lag (``lag_ms_p50``/``lag_ms_p99``: now minus the
+        newest row's write time, over recent replies), rows applied, bytes in and out, the
+        share of pulls the source answered from its update cache (``cache_hit_rate``), and
+        errors with the last one. An empty list when the store follows nothing."""
+        if self._follower is None:
+            return []
+        out = []
+        for s in self._follower.status():
+            s = dict(s)
+            s["cache_hit_rate"] = s["parts_from_cache"] / s["parts"] if s["parts"] else None
+            out.append(s)
+        return out
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        """Waits until every followed table has pulled all changes the source had when this
+        was called (or ``timeout`` seconds); whether it has. ``False`` when not following."""
+        if self._follower is None:
+            return False
+        return bool(self._follower.wait_caught_up(float(timeout)))
+
+    def stop_following(self) -> None:
+        """Stops pulling (the rows stay, and the store keeps serving them)."""
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
 
     @property
     def _inner(self) -> Any:
@@ -158,6 +259,7 @@ class Store:
         call still running may finish after the flush."""
         if self._store is None:
             return
+        self.stop_following()
         self._store.close()
         self._store = None
 

@@ -359,6 +359,15 @@ class Table:
         budget raises :class:`NoSpaceError` until space is freed."""
         return self._inner.stats()
 
+    def sync_stats(self) -> dict[str, Any] | None:
+        """For a table that syncs (its store serves a sync port or follows one), what sync
+        did: ``parts``, ``epoch`` (changes when the process restarts), ``cached_rows`` (rows in
+        the update caches), ``tombstones``, pulls answered from the cache (``pulls_cached``)
+        or by a scan (``pulls_scanned``), ``rows_sent``, ``replies_applied``,
+        ``rows_applied``, ``replies_rejected`` and ``d_prop_ms`` (how long a write stays in
+        the update cache). ``None`` for a table that does not sync."""
+        return self._inner.sync_stats()
+
     def index_stats(self) -> dict[str, Any]:
         """A full scan of every shard's index (O(rows); for diagnosis, not for polling):
         ``len``, ``capacity``, ``apcl`` (average probed cachelines per lookup), ``longest_chain``,

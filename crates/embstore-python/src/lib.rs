@@ -13,6 +13,7 @@ use pyo3::types::PyDict;
 
 mod cache;
 mod serving;
+mod sync;
 mod table;
 
 mod errors {
@@ -189,6 +190,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyTable>()?;
     m.add_class::<table::PyExport>()?;
     m.add_class::<serving::PyServer>()?;
+    m.add_class::<sync::PySyncServer>()?;
+    m.add_class::<sync::PyFollower>()?;
     m.add_class::<serving::PyClient>()?;
     m.add_class::<cache::PyInferenceCache>()?;
     m.add_class::<cache::PySurrogates>()?;

@@ -41,6 +41,9 @@ pub(crate) struct PyServer {
     /// Membership in a cluster in etcd, joined by `run()`.
     member: Option<embstore_server::member::MemberOptions>,
     _store: Option<Arc<Store>>,
+    /// The sync port (`--sync-listen`) and the follower (`--follow`), if any.
+    sync: Option<embstore_sync::SyncServer>,
+    follower: Option<embstore_sync::Follower>,
     /// The data dir this server made for itself (no `data_dir` given): removed with it.
     _scratch: Option<Scratch>,
 }
@@ -135,9 +138,10 @@ fn open_and_bind(
     budget: Option<Arc<embstore_table::Budget>>,
     listen: &str,
     metrics: Option<&str>,
+    replica: u32,
 ) -> PyResult<(Option<Arc<Store>>, Listeners)> {
     detached(py, || -> embstore_table::Result<_> {
-        let mut options = StoreOptions::default();
+        let mut options = StoreOptions::default().with_replica(replica);
         if let Some(b) = &budget {
             options = options.with_shared_budget(b.clone());
         }
@@ -156,6 +160,54 @@ fn open_and_bind(
         };
         let listeners: Listeners = (bind(listen)?, metrics.map(bind).transpose()?);
         Ok((store, listeners))
+    })
+    .map_err(to_py_err)
+}
+
+/// A random replica id (1..2^31): every replica of a table needs its own.
+fn random_replica() -> u32 {
+    let seed = embstore_common::now_ms() ^ (u64::from(std::process::id()) << 32);
+    1 + (embstore_common::fmix64(seed) % u64::from(embstore_table::MAX_REPLICA)) as u32
+}
+
+/// Starts the sync port of `store` on `listen`, and a follower of `follow` into it (which
+/// creates the source's tables before the server hosts them).
+fn start_sync(
+    py: Python<'_>,
+    store: Option<&Arc<Store>>,
+    listen: Option<String>,
+    token: Option<String>,
+    follow: Option<&str>,
+) -> PyResult<(Option<embstore_sync::SyncServer>, Option<embstore_sync::Follower>)> {
+    let Some(store) = store else {
+        if listen.is_some() {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                "sync_listen needs a store (store_dir) or a source to follow",
+            )));
+        }
+        return Ok((None, None));
+    };
+    detached(py, || {
+        let follower = follow
+            .map(|source| {
+                let options = embstore_sync::FollowOptions {
+                    token: token.clone().unwrap_or_default(),
+                    ..embstore_sync::FollowOptions::default()
+                };
+                embstore_sync::Follower::start(store.clone(), source, options)
+            })
+            .transpose()?;
+        let sync = listen
+            .map(|addr| {
+                let options = embstore_sync::ServeOptions {
+                    token: token.clone(),
+                    sync: store.sync_options().unwrap_or_default(),
+                };
+                embstore_sync::SyncServer::start(store.clone(), &addr, options)
+            })
+            .transpose()?;
+        Ok((sync, follower))
     })
     .map_err(to_py_err)
 }
@@ -188,7 +240,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -207,6 +259,10 @@ impl PyServer {
         advertise: Option<String>,
         lease_ttl_s: f64,
         data_dir: Option<std::path::PathBuf>,
+        sync_listen: Option<String>,
+        sync_token: Option<String>,
+        follow: Option<String>,
+        replica: Option<u32>,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -218,8 +274,25 @@ impl PyServer {
         let budget = memory_budget_bytes.map(embstore_table::Budget::shared).transpose();
         let budget = budget.map_err(to_py_err)?;
         let (tier, scratch) = tier_options(budget.clone(), data_dir);
-        let (store, (listener, metrics)) =
-            open_and_bind(py, &runtime, store_dir.as_deref(), budget, &listen, metrics.as_deref())?;
+        let (store, (listener, metrics)) = open_and_bind(
+            py,
+            &runtime,
+            store_dir.as_deref(),
+            budget,
+            &listen,
+            metrics.as_deref(),
+            replica.unwrap_or(if follow.is_some() { random_replica() } else { 0 }),
+        )?;
+        // A follower without a store directory holds its copy in memory.
+        let store = match (store, &follow) {
+            (None, Some(_)) => {
+                let r = replica.unwrap_or_else(random_replica);
+                Some(Arc::new(Store::with_replica(r).map_err(to_py_err)?))
+            }
+            (store, _) => store,
+        };
+        let (sync, follower) =
+            start_sync(py, store.as_ref(), sync_listen, sync_token, follow.as_deref())?;
         let metrics_address =
             metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
         // A cluster member is known by the address clients dial: --advertise, or the bound
@@ -248,8 +321,22 @@ impl PyServer {
             },
             member,
             _store: store,
+            sync,
+            follower,
             _scratch: scratch,
         })
+    }
+
+    /// `host:port` of the sync port (`sync_listen`), if one runs.
+    #[getter]
+    fn sync_address(&self) -> Option<String> {
+        self.sync.as_ref().map(|s| s.addr().to_string())
+    }
+
+    /// Where each followed table stands (empty when the server follows nothing).
+    fn sync_status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        let all = self.follower.as_ref().map(|f| f.status()).unwrap_or_default();
+        all.iter().map(|s| crate::sync::status_dict(py, s)).collect()
     }
 
     /// `host:port` the server listens on (the port the OS chose for port 0).

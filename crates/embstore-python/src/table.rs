@@ -161,7 +161,7 @@ fn out_rows<'a>(
 /// Native store (see `embstore.Store`).
 #[pyclass(module = "embstore._native", name = "Store", frozen)]
 pub(crate) struct PyStore {
-    inner: Arc<Store>,
+    pub(crate) inner: Arc<Store>,
 }
 
 #[pymethods]
@@ -748,6 +748,10 @@ impl PyTable {
         d.set_item("step", s.step)?;
         d.set_item("rows_per_shard", s.rows_per_shard)?;
         Ok(d)
+    }
+
+    fn sync_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        crate::sync::table_sync_stats(py, &self.inner)
     }
 
     fn index_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

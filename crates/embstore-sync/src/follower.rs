@@ -111,7 +111,15 @@ impl Follower {
     /// starts one pulling thread per table. Fails when the source cannot be reached, refuses
     /// the token, or serves a table whose config differs from this store's table of that name.
     pub fn start(store: Arc<Store>, source: &str, options: FollowOptions) -> Result<Self> {
-        let (_, infos) = connect(source, &options, &options.tables)?;
+        let (_, replica, infos) = connect(source, &options, &options.tables)?;
+        if replica == store.replica() {
+            // Shard versions name knowledge by replica id: two replicas sharing one could take
+            // each other's names for knowledge they do not have.
+            return Err(Error::invalid(format!(
+                "this store and the sync source {source} have the same replica id {replica}: \
+                 every replica needs its own"
+            )));
+        }
         let mut tables = Vec::new();
         for info in &infos {
             let config = TableConfig::from_text(&info.config)?;
@@ -266,7 +274,7 @@ fn connect(
     source: &str,
     options: &FollowOptions,
     tables: &[String],
-) -> Result<(Link, Vec<wire::TableInfo>)> {
+) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
     let timeout = Duration::from_millis(options.timeout_ms.max(1));
     let addr = source
         .to_socket_addrs()
@@ -287,8 +295,8 @@ fn connect(
         tables: tables.to_vec(),
     };
     link.send(Kind::Hello, &hello.encode())?;
-    let infos = wire::decode_welcome(&link.expect(Kind::Welcome)?)?;
-    Ok((link, infos))
+    let (replica, infos) = wire::decode_welcome(&link.expect(Kind::Welcome)?)?;
+    Ok((link, replica, infos))
 }
 
 /// What a follower knows of its source's parts (the neighbour book).
@@ -309,14 +317,15 @@ fn follow_table(
 ) {
     let mut book = Book::default();
     while !stop.load(Ordering::Relaxed) {
-        let result = connect(source, options, &[t.name().to_owned()]).and_then(|(mut link, _)| {
-            status.lock().s.connected = true;
-            let r = rounds(t, &mut link, options, stop, status, &mut book);
-            let mut s = status.lock();
-            s.s.bytes_in += link.bytes_in;
-            s.s.bytes_out += link.bytes_out;
-            r
-        });
+        let result =
+            connect(source, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
+                status.lock().s.connected = true;
+                let r = rounds(t, &mut link, options, stop, status, &mut book);
+                let mut s = status.lock();
+                s.s.bytes_in += link.bytes_in;
+                s.s.bytes_out += link.bytes_out;
+                r
+            });
         let mut s = status.lock();
         s.s.connected = false;
         if let Err(e) = result {

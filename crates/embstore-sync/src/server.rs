@@ -251,7 +251,7 @@ fn serve_conn(
         .collect::<Result<Vec<_>>>();
     match infos {
         Ok(infos) => {
-            c.send(Kind::Welcome, &wire::encode_welcome(&infos))?;
+            c.send(Kind::Welcome, &wire::encode_welcome(store.replica(), &infos))?;
             c.flush()?;
         }
         Err(e) => return c.fail(&e),

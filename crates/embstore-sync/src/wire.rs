@@ -4,7 +4,7 @@
 //! ```text
 //! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
 //! Hello    = magic u32 "EKSY" | protocol u16 | token str | with_state u8 | tables [str]
-//! Welcome  = tables [name str | config str | parts u32 | epoch u64]
+//! Welcome  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
 //! List     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
 //! Pull     = table str | parts [part u32 | vv]
@@ -270,17 +270,19 @@ pub struct TableInfo {
     pub epoch: u64,
 }
 
-pub fn encode_welcome(tables: &[TableInfo]) -> Vec<u8> {
+/// The server's replica id and its tables.
+pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {
     let mut e = Enc::default();
-    e.u32(tables.len() as u32);
+    e.u32(replica).u32(tables.len() as u32);
     for t in tables {
         e.str(&t.name).str(&t.config).u32(t.parts).u64(t.epoch);
     }
     e.0
 }
 
-pub fn decode_welcome(b: &[u8]) -> Result<Vec<TableInfo>> {
+pub fn decode_welcome(b: &[u8]) -> Result<(u32, Vec<TableInfo>)> {
     let mut d = Dec::new(b);
+    let replica = d.u32()?;
     let n = d.count(20)?;
     let tables = (0..n)
         .map(|_| {
@@ -288,7 +290,7 @@ pub fn decode_welcome(b: &[u8]) -> Result<Vec<TableInfo>> {
         })
         .collect::<Result<_>>()?;
     d.end()?;
-    Ok(tables)
+    Ok((replica, tables))
 }
 
 /// A long-poll for changes.

@@ -81,6 +81,9 @@ fn a_wrong_token_or_an_unknown_table_is_refused() {
     let e = Follower::start(store.clone(), &addr, bad).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
     assert!(e.to_string().contains("wrong replication token"), "{e}");
+    let same = Arc::new(Store::with_replica(1).unwrap());
+    let e = Follower::start(same, &addr, follow_options()).unwrap_err();
+    assert!(e.to_string().contains("same replica id 1"), "{e}");
     let unknown = FollowOptions { tables: vec!["nope".into()], ..follow_options() };
     let e = Follower::start(store.clone(), &addr, unknown).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TableNotFound, "{e}");
@@ -137,7 +140,7 @@ fn fake_source(
             let _ = wire::read_frame(&mut s);
             let info =
                 wire::TableInfo { name: "items".into(), config: config.to_text(), parts, epoch: 7 };
-            wire::write_frame(&mut s, Kind::Welcome, &wire::encode_welcome(&[info])).unwrap();
+            wire::write_frame(&mut s, Kind::Welcome, &wire::encode_welcome(1, &[info])).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
             while let Ok((k, _)) = wire::read_frame(&mut s) {
                 let c = embstore_table::sync::Changes {

@@ -315,6 +315,11 @@ impl Store {
         Ok(())
     }
 
+    /// The replica id this store writes into row versions.
+    pub fn replica(&self) -> u32 {
+        self.clock.replica()
+    }
+
     /// The store's sync options, once [`Store::enable_sync`] ran.
     pub fn sync_options(&self) -> Option<crate::sync::SyncOptions> {
         self.sync.lock().clone()

@@ -1,0 +1,152 @@
+//! Dissemination bindings: a store's sync port (`embstore.Store.serve_sync`), a follower that
+//! keeps a store current from one (`embstore.Store.follow`), and a table's sync counters.
+
+use std::time::Duration;
+
+use embstore_sync::{FollowOptions, Follower, ServeOptions, SyncServer, TableSync};
+use embstore_table::sync::SyncOptions;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::table::PyStore;
+use crate::{detached, to_py_err};
+
+/// A running sync port (see `embstore.SyncPort`).
+#[pyclass(module = "embstore._native", name = "SyncServer", frozen)]
+pub(crate) struct PySyncServer {
+    inner: Mutex<Option<SyncServer>>,
+    addr: String,
+}
+
+#[pymethods]
+impl PySyncServer {
+    #[new]
+    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS))]
+    fn new(
+        py: Python<'_>,
+        store: &PyStore,
+        listen: &str,
+        token: Option<String>,
+        parts: u32,
+    ) -> PyResult<Self> {
+        let options = ServeOptions { token, sync: SyncOptions { parts, ..SyncOptions::default() } };
+        let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))
+            .map_err(to_py_err)?;
+        Ok(Self { addr: s.addr().to_string(), inner: Mutex::new(Some(s)) })
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.addr.clone()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.lock().as_ref().map(|s| s.stats()).unwrap_or_default();
+        let d = PyDict::new(py);
+        d.set_item("connections", s.connections)?;
+        d.set_item("refused", s.refused)?;
+        d.set_item("bytes_in", s.bytes_in)?;
+        d.set_item("bytes_out", s.bytes_out)?;
+        d.set_item("pulls", s.pulls)?;
+        d.set_item("parts", s.parts)?;
+        Ok(d)
+    }
+
+    fn stop(&self, py: Python<'_>) {
+        if let Some(s) = self.inner.lock().take() {
+            detached(py, || s.stop());
+        }
+    }
+}
+
+/// A running follower (see `embstore.Store.follow`).
+#[pyclass(module = "embstore._native", name = "Follower", frozen)]
+pub(crate) struct PyFollower {
+    inner: Mutex<Option<Follower>>,
+}
+
+pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("table", &s.table)?;
+    d.set_item("source", &s.source)?;
+    d.set_item("connected", s.connected)?;
+    d.set_item("caught_up", s.caught_up)?;
+    d.set_item("parts_pending", s.parts_pending)?;
+    d.set_item("lag_ms_p50", s.lag_ms_p50)?;
+    d.set_item("lag_ms_p99", s.lag_ms_p99)?;
+    d.set_item("last_round_ms", s.last_round_ms)?;
+    d.set_item("pulls", s.pulls)?;
+    d.set_item("parts", s.parts)?;
+    d.set_item("parts_from_cache", s.parts_from_cache)?;
+    d.set_item("rows_applied", s.rows_applied)?;
+    d.set_item("bytes_in", s.bytes_in)?;
+    d.set_item("bytes_out", s.bytes_out)?;
+    d.set_item("errors", s.errors)?;
+    d.set_item("last_error", &s.last_error)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyFollower {
+    #[new]
+    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000))]
+    fn new(
+        py: Python<'_>,
+        store: &PyStore,
+        source: &str,
+        token: String,
+        tables: Vec<String>,
+        with_state: bool,
+        wait_ms: u32,
+    ) -> PyResult<Self> {
+        let options =
+            FollowOptions { token, tables, with_state, wait_ms, ..FollowOptions::default() };
+        let f = detached(py, || Follower::start(store.inner.clone(), source, options))
+            .map_err(to_py_err)?;
+        Ok(Self { inner: Mutex::new(Some(f)) })
+    }
+
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let all = self.inner.lock().as_ref().map(|f| f.status()).unwrap_or_default();
+        all.iter().map(|s| status_dict(py, s)).collect()
+    }
+
+    fn wait_caught_up(&self, py: Python<'_>, timeout_s: f64) -> bool {
+        let guard = self.inner.lock();
+        let Some(f) = guard.as_ref() else { return false };
+        detached(py, || f.wait_caught_up(Duration::from_secs_f64(timeout_s.max(0.0))))
+    }
+
+    fn stop(&self, py: Python<'_>) {
+        if let Some(f) = self.inner.lock().take() {
+            detached(py, || f.stop());
+        }
+    }
+}
+
+/// A table's sync counters as a dict, `None` for a table that does not sync.
+pub(crate) fn table_sync_stats<'py>(
+    py: Python<'py>,
+    t: &embstore_table::Table,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    {
+        if !t.syncs() {
+            return Ok(None);
+        }
+        let s = t.sync_stats().map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("parts", s.parts)?;
+        d.set_item("epoch", s.epoch)?;
+        d.set_item("cached_rows", s.cached_rows)?;
+        d.set_item("tombstones", s.tombstones)?;
+        d.set_item("pulls_cached", s.pulls_cached)?;
+        d.set_item("pulls_scanned", s.pulls_scanned)?;
+        d.set_item("rows_sent", s.rows_sent)?;
+        d.set_item("replies_applied", s.replies_applied)?;
+        d.set_item("rows_applied", s.rows_applied)?;
+        d.set_item("replies_rejected", s.replies_rejected)?;
+        d.set_item("d_prop_ms", s.d_prop_ms)?;
+        Ok(Some(d))
+    }
+}

@@ -1,0 +1,88 @@
+"""Dissemination: keep replicas of a store's tables fresh by pulling changed rows.
+
+A store that trains exposes its tables on a *sync port* (:meth:`embstore.Store.serve_sync`);
+a replica in another process or data centre *follows* it (:meth:`embstore.Store.follow`):
+it asks which sync parts changed, pulls the rows newer than what it knows, applies them
+last-writer-wins, and serves lookups all the while. Only changed rows move, each once per
+pull however often it changed; a follower that falls behind, restarts or joins empty catches
+up by the same pulls. ``docs/dissemination.md`` describes the protocol, the wire format and
+the failure cases.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from embstore import _native
+from embstore.errors import InvalidArgumentError
+
+
+class SyncPort:
+    """A store's sync port (from :meth:`embstore.Store.serve_sync`): followers connect to
+    :attr:`address`. Stop it with :meth:`stop` or a ``with`` block."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the port listens on."""
+        return str(self._inner.address)
+
+    def stats(self) -> dict[str, int]:
+        """Connections accepted and refused, frame bytes in and out, pulls and parts served."""
+        return dict(self._inner.stats())
+
+    def stop(self) -> None:
+        """Closes the port and its connections (followers retry until it is back)."""
+        self._inner.stop()
+
+    def __enter__(self) -> SyncPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"SyncPort({self.address!r})"
+
+
+def serve(store_inner: Any, listen: str, token: str | None, parts: int) -> SyncPort:
+    """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
+    if not isinstance(listen, str) or ":" not in listen:
+        raise InvalidArgumentError(f"listen must be 'host:port', got {listen!r}")
+    if token is not None and not isinstance(token, str):
+        raise InvalidArgumentError(f"token must be a str, got {token!r}")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or parts & (parts - 1):
+        raise InvalidArgumentError(f"parts must be a power of two, got {parts!r}")
+    return SyncPort(_native.SyncServer(store_inner, listen, token, parts))
+
+
+def new_replica_id() -> int:
+    """A random replica id in 1..2**31 - 1: every replica needs its own (ids name what a
+    replica knows); a replica that lost its state rejoins under a new one."""
+    return 1 + secrets.randbelow(_native.MAX_REPLICA)
+
+
+def start_follower(
+    store_inner: Any,
+    source: str,
+    *,
+    token: str | None,
+    tables: list[str] | None,
+    with_state: bool,
+    wait_ms: int,
+) -> Any:
+    """The native follower (see :meth:`embstore.Store.follow`)."""
+    if not isinstance(source, str) or ":" not in source:
+        raise InvalidArgumentError(f"source must be 'host:port' of a sync port, got {source!r}")
+    if tables is not None and (
+        isinstance(tables, str) or not all(isinstance(t, str) for t in tables)
+    ):
+        raise InvalidArgumentError(f"tables must be a list of names, got {tables!r}")
+    if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or not 0 <= wait_ms <= 5000:
+        raise InvalidArgumentError(f"wait_ms must be in 0..5000, got {wait_ms!r}")
+    return _native.Follower(
+        store_inner, source, token or "", list(tables or []), bool(with_state), wait_ms
+    )

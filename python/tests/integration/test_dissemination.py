@@ -1,0 +1,148 @@
+"""Dissemination: a follower holds the primary's rows and keeps up with its writes, in one
+process (`Store.follow`) and across processes (`embstore serve --follow`) through kill -9 of
+the follower mid-pull and of the primary; bad tokens and id clashes are typed errors."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore.errors import InvalidArgumentError, PermissionDeniedError
+
+HERE = pathlib.Path(__file__).parent
+
+
+def _rows(t: embstore.Table) -> dict[int, np.ndarray]:
+    out: dict[int, np.ndarray] = {}
+    for c in t.export(4096):
+        out.update(zip(c.ids.tolist(), c.values, strict=True))
+    return out
+
+
+def _same(a: dict[int, np.ndarray], b: dict[int, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_an_embedded_follower_holds_the_primarys_rows_and_follows_its_writes() -> None:
+    primary = embstore.Store(replica_id=1)
+    t = primary.create_table("item", embedding_dim=4, optimizer=embstore.Adagrad(lr=0.1))
+    t.assign(np.arange(1000), np.ones((1000, 4), np.float32))
+    with primary.serve_sync(token="tok") as port:
+        replica = embstore.Store.follow(port.address, token="tok")
+        try:
+            assert replica.wait_caught_up(timeout=30)
+            assert _same(_rows(replica["item"]), _rows(t))
+            rng = np.random.default_rng(3)
+            for _ in range(50):
+                ids = rng.integers(0, 2000, size=32)
+                t.apply_gradients(ids, rng.standard_normal((32, 4)).astype(np.float32))
+            t.remove([1, 2, 3])
+            assert replica.wait_caught_up(timeout=30)
+            assert _same(_rows(replica["item"]), _rows(t))
+            (s,) = replica.sync_status()
+            assert s["table"] == "item" and s["connected"] and s["caught_up"], s
+            assert s["errors"] == 0 and s["rows_applied"] >= 1000 and s["bytes_in"] > 16_000, s
+            assert s["cache_hit_rate"] > 0.5 and s["lag_ms_p99"] is not None, s
+            stats = t.sync_stats()
+            assert stats is not None and stats["tombstones"] == 3 and stats["rows_sent"] > 0
+            # Lookups on the replica answer while it follows.
+            assert replica["item"].lookup([5]).shape == (1, 4)
+        finally:
+            replica.close()
+        # A wrong token, and a replica with the primary's own id, are refused.
+        with pytest.raises(PermissionDeniedError, match="wrong replication token"):
+            embstore.Store.follow(port.address, token="nope")
+        with pytest.raises(InvalidArgumentError, match="same replica id 1"):
+            embstore.Store.follow(port.address, token="tok", replica_id=1)
+        with pytest.raises(InvalidArgumentError, match="source must be 'host:port'"):
+            embstore.Store.follow("nowhere")
+    assert embstore.Store().create_table("x", embedding_dim=2).sync_stats() is None
+
+
+class _Proc:
+    """A process whose first stdout line matches ``pattern``; stopped by PID."""
+
+    def __init__(self, args: list[str], pattern: str) -> None:
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        m = re.search(pattern, line)
+        if m is None:
+            self.kill()
+            raise AssertionError(f"unexpected first line {line!r}: {self.proc.stderr.read()!r}")
+        self.match = m
+
+    def wait_line(self, text: str, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if text in line:
+                return
+            if not line and self.proc.poll() is not None:
+                break
+        raise AssertionError(f"no {text!r}: {self.proc.stderr.read() if self.proc.stderr else ''}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # SIGKILL: no goodbye
+        self.proc.wait(timeout=10)
+
+
+def _primary(path: pathlib.Path, listen: str, steps: int, seed: int, out: pathlib.Path) -> _Proc:
+    args = [sys.executable, str(HERE / "sync_primary.py"), str(path), listen, str(steps)]
+    return _Proc([*args, str(seed), str(out)], r"^ready (127\.0\.0\.1:\d+)")
+
+
+def _converges(client: embstore.serving.RemoteClient, npz: pathlib.Path, timeout: float) -> None:
+    """Waits until lookups on the follower equal the primary's rows in ``npz`` (zeros for
+    removed or absent ids)."""
+    want = np.load(npz)
+    expected = np.zeros((3000, 8), np.float32)
+    expected[want["ids"]] = want["values"]
+    deadline = time.monotonic() + timeout
+    got = None
+    while time.monotonic() < deadline:
+        got = client.lookup("item", np.arange(3000))
+        if np.array_equal(got, expected):
+            return
+        time.sleep(0.2)
+    diff = int((got != expected).any(axis=1).sum()) if got is not None else -1
+    raise AssertionError(f"the follower never converged: {diff} rows differ")
+
+
+def test_followers_converge_through_kill_9_of_the_follower_and_of_the_primary(tmp_path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    primary = _primary(tmp_path / "p", "127.0.0.1:0", 150, 1, tmp_path / "a.npz")
+    source = primary.match.group(1)
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    follow = [*serve, "--follow", source, "--sync-token-file", str(token)]
+    procs = [primary]
+    try:
+        follower = _Proc(follow, r" on (127\.0\.0\.1:\d+):")
+        procs.append(follower)
+        time.sleep(0.3)  # mid-pull: the primary is still writing
+        follower.kill()
+        follower = _Proc(follow, r" on (127\.0\.0\.1:\d+):")  # joins empty, new replica id
+        procs.append(follower)
+        primary.wait_line("done", timeout=60)
+        client = embstore.connect(follower.match.group(1))
+        _converges(client, tmp_path / "a.npz", timeout=30)
+        # kill -9 of the primary, restarted from its directory on the same port (a new epoch):
+        # the follower reconnects, and converges on what the restarted primary holds.
+        primary.kill()
+        primary = _primary(tmp_path / "p", source, 100, 2, tmp_path / "b.npz")
+        procs.append(primary)
+        primary.wait_line("done", timeout=60)
+        _converges(client, tmp_path / "b.npz", timeout=30)
+    finally:
+        for p in procs:
+            p.kill()
