@@ -70,7 +70,9 @@ class _Proc:
     """A process whose first stdout line matches ``pattern``; stopped by PID."""
 
     def __init__(self, args: list[str], pattern: str) -> None:
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         m = re.search(pattern, line)
