@@ -252,6 +252,12 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "presents it (default: none)",
     )
     srv.add_argument(
+        "--sync-events",
+        metavar="FILE",
+        help="with --follow: append a 20-byte record per applied reply to FILE (time in µs, "
+        "part, newest timestamp known), for measuring dissemination latency (default: off)",
+    )
+    srv.add_argument(
         "--replica-id",
         type=int,
         default=None,
@@ -494,6 +500,7 @@ def _serve(args: argparse.Namespace) -> int:
             _token(args.sync_token_file),
             args.follow,
             args.replica_id,
+            args.sync_events,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)

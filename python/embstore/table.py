@@ -359,6 +359,11 @@ class Table:
         budget raises :class:`NoSpaceError` until space is freed."""
         return self._inner.stats()
 
+    def sync_parts_of(self, ids: Any) -> np.ndarray:
+        """The sync part of each id (``uint32``), for a table that syncs: replicas pull and
+        apply whole parts, so an id's part tells which replies carry it."""
+        return self._inner.sync_parts_of(as_ids(ids)[0])
+
     def sync_stats(self) -> dict[str, Any] | None:
         """For a table that syncs (its store serves a sync port or follows one), what sync
         did: ``parts``, ``epoch`` (changes when the process restarts), ``cached_rows`` (rows in

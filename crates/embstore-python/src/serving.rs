@@ -178,6 +178,7 @@ fn start_sync(
     listen: Option<String>,
     token: Option<String>,
     follow: Option<&str>,
+    events: Option<std::path::PathBuf>,
 ) -> PyResult<(Option<embstore_sync::SyncServer>, Option<embstore_sync::Follower>)> {
     let Some(store) = store else {
         if listen.is_some() {
@@ -193,6 +194,7 @@ fn start_sync(
             .map(|source| {
                 let options = embstore_sync::FollowOptions {
                     token: token.clone().unwrap_or_default(),
+                    events: events.clone(),
                     ..embstore_sync::FollowOptions::default()
                 };
                 embstore_sync::Follower::start(store.clone(), source, options)
@@ -240,7 +242,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -263,6 +265,7 @@ impl PyServer {
         sync_token: Option<String>,
         follow: Option<String>,
         replica: Option<u32>,
+        sync_events: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -291,8 +294,14 @@ impl PyServer {
             }
             (store, _) => store,
         };
-        let (sync, follower) =
-            start_sync(py, store.as_ref(), sync_listen, sync_token, follow.as_deref())?;
+        let (sync, follower) = start_sync(
+            py,
+            store.as_ref(),
+            sync_listen,
+            sync_token,
+            follow.as_deref(),
+            sync_events,
+        )?;
         let metrics_address =
             metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
         // A cluster member is known by the address clients dial: --advertise, or the bound

@@ -750,6 +750,18 @@ impl PyTable {
         Ok(d)
     }
 
+    /// The sync part of each id (`uint32[B]`), for a table that syncs.
+    fn sync_parts_of<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<Bound<'py, numpy::PyArray1<u32>>> {
+        let ids = slice(&ids, "ids")?;
+        let parts =
+            ids.iter().map(|&k| self.inner.sync_part_of(k)).collect::<Result<Vec<u32>, _>>();
+        Ok(numpy::PyArray1::from_vec(py, parts.map_err(to_py_err)?))
+    }
+
     fn sync_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         crate::sync::table_sync_stats(py, &self.inner)
     }

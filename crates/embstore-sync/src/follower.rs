@@ -43,6 +43,10 @@ pub struct FollowOptions {
     pub retry_ms: u64,
     /// How long to wait for a connection and for any reply, in ms.
     pub timeout_ms: u64,
+    /// A file to append one record to per applied reply, for measuring dissemination latency:
+    /// `time_us u64 | part u32 | newest_ts u64` (little-endian; the time in µs since the Unix
+    /// epoch, the part's largest known timestamp over its origins after the reply).
+    pub events: Option<std::path::PathBuf>,
 }
 
 impl Default for FollowOptions {
@@ -54,6 +58,7 @@ impl Default for FollowOptions {
             wait_ms: 1000,
             retry_ms: 200,
             timeout_ms: 10_000,
+            events: None,
         }
     }
 }
@@ -316,11 +321,21 @@ fn follow_table(
     status: &Mutex<Status>,
 ) {
     let mut book = Book::default();
+    let mut events = options.events.as_ref().and_then(|p| {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
+        match f {
+            Ok(f) => Some(BufWriter::new(f)),
+            Err(e) => {
+                status.lock().s.last_error = Some(format!("cannot open {}: {e}", p.display()));
+                None
+            }
+        }
+    });
     while !stop.load(Ordering::Relaxed) {
         let result =
             connect(source, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
                 status.lock().s.connected = true;
-                let r = rounds(t, &mut link, options, stop, status, &mut book);
+                let r = rounds(t, &mut link, options, stop, status, &mut book, &mut events);
                 let mut s = status.lock();
                 s.s.bytes_in += link.bytes_in;
                 s.s.bytes_out += link.bytes_out;
@@ -349,6 +364,7 @@ fn rounds(
     stop: &AtomicBool,
     status: &Mutex<Status>,
     book: &mut Book,
+    events: &mut Option<BufWriter<std::fs::File>>,
 ) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         let list = wire::List {
@@ -384,7 +400,10 @@ fn rounds(
                 .map(|&p| Ok((p, t.sync_knowledge(p)?.0)))
                 .collect::<Result<Vec<_>>>()?;
             link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
-            pull_replies(t, link, status, book)?;
+            pull_replies(t, link, status, book, events)?;
+        }
+        if let Some(e) = events.as_mut() {
+            let _ = e.flush();
         }
         let mut s = status.lock();
         s.s.pulls += todo.len().div_ceil(PARTS_PER_PULL) as u64;
@@ -397,7 +416,13 @@ fn rounds(
     Ok(())
 }
 
-fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut Book) -> Result<()> {
+fn pull_replies(
+    t: &Table,
+    link: &mut Link,
+    status: &Mutex<Status>,
+    book: &mut Book,
+    events: &mut Option<BufWriter<std::fs::File>>,
+) -> Result<()> {
     loop {
         let (kind, body) = link.recv()?;
         match kind {
@@ -408,6 +433,17 @@ fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut B
                 let written = t.sync_apply(&reply)?;
                 if !reply.partial {
                     book.pending.remove(&reply.part);
+                    if let Some(e) = events.as_mut() {
+                        let newest = t.sync_knowledge(reply.part)?.0.max_timestamp();
+                        let us = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_micros() as u64);
+                        let mut rec = [0u8; 20];
+                        rec[..8].copy_from_slice(&us.to_le_bytes());
+                        rec[8..12].copy_from_slice(&reply.part.to_le_bytes());
+                        rec[12..].copy_from_slice(&newest.to_le_bytes());
+                        let _ = e.write_all(&rec);
+                    }
                 }
                 let mut s = status.lock();
                 s.s.parts += u64::from(!reply.partial);
