@@ -124,29 +124,3 @@ impl PyFollower {
         }
     }
 }
-
-/// A table's sync counters as a dict, `None` for a table that does not sync.
-pub(crate) fn table_sync_stats<'py>(
-    py: Python<'py>,
-    t: &embstore_table::Table,
-) -> PyResult<Option<Bound<'py, PyDict>>> {
-    {
-        if !t.syncs() {
-            return Ok(None);
-        }
-        let s = t.sync_stats().map_err(to_py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("parts", s.parts)?;
-        d.set_item("epoch", s.epoch)?;
-        d.set_item("cached_rows", s.cached_rows)?;
-        d.set_item("tombstones", s.tombstones)?;
-        d.set_item("pulls_cached", s.pulls_cached)?;
-        d.set_item("pulls_scanned", s.pulls_scanned)?;
-        d.set_item("rows_sent", s.rows_sent)?;
-        d.set_item("replies_applied", s.replies_applied)?;
-        d.set_item("rows_applied", s.rows_applied)?;
-        d.set_item("replies_rejected", s.replies_rejected)?;
-        d.set_item("d_prop_ms", s.d_prop_ms)?;
-        Ok(Some(d))
-    }
-}

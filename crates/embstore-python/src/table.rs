@@ -763,7 +763,7 @@ impl PyTable {
     }
 
     fn sync_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        crate::sync::table_sync_stats(py, &self.inner)
+        table_sync_stats(py, &self.inner)
     }
 
     fn index_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -841,5 +841,31 @@ impl PyExport {
         chunk
             .map(|c| chunk_tuple(py, c.values.len() / c.len(), c.state.len() / c.len(), c))
             .transpose()
+    }
+}
+
+/// A table's sync counters as a dict, `None` for a table that does not sync.
+pub(crate) fn table_sync_stats<'py>(
+    py: Python<'py>,
+    t: &embstore_table::Table,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    {
+        if !t.syncs() {
+            return Ok(None);
+        }
+        let s = t.sync_stats().map_err(to_py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("parts", s.parts)?;
+        d.set_item("epoch", s.epoch)?;
+        d.set_item("cached_rows", s.cached_rows)?;
+        d.set_item("tombstones", s.tombstones)?;
+        d.set_item("pulls_cached", s.pulls_cached)?;
+        d.set_item("pulls_scanned", s.pulls_scanned)?;
+        d.set_item("rows_sent", s.rows_sent)?;
+        d.set_item("replies_applied", s.replies_applied)?;
+        d.set_item("rows_applied", s.rows_applied)?;
+        d.set_item("replies_rejected", s.replies_rejected)?;
+        d.set_item("d_prop_ms", s.d_prop_ms)?;
+        Ok(Some(d))
     }
 }

@@ -58,7 +58,7 @@ pub struct Table {
     /// so that a flush can tell it overlapped one.
     pub(crate) clear_epoch: AtomicU64,
     /// In a table that syncs: the state its shards share (`sync`).
-    pub(crate) sync: OnceLock<Arc<crate::sync::SyncShared>>,
+    pub(crate) sync: OnceLock<Arc<crate::shard::sync::SyncShared>>,
 }
 
 impl std::fmt::Debug for Table {

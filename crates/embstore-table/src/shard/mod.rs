@@ -10,12 +10,13 @@ use embstore_index::NeighborHash;
 
 use self::cold::{ColdSide, NONE};
 
+use self::sync::ShardSync;
 use crate::arena::Arena;
 use crate::meta::PackedMeta;
-use crate::sync::part::ShardSync;
 use crate::{Error, ErrorKind, Optimizer, Result};
 
 pub(crate) mod cold;
+pub(crate) mod sync;
 
 /// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`: then its memory
 /// is at most about twice what its rows need, and each compaction (O(live rows)) is paid for by

@@ -5,8 +5,9 @@ use std::sync::atomic::Ordering;
 
 use embstore_replication::Sv;
 
-use super::{rv, PartReply};
+use super::PartReply;
 use crate::meta::PackedMeta;
+use crate::shard::sync::rv;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, Table, Version, MAX_REPLICA};

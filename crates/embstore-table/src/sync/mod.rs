@@ -19,17 +19,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_common::fmix64;
-use embstore_common::shard::SHARD_SALT;
 use embstore_replication::changes::ChangeIndex;
 use parking_lot::{Condvar, Mutex};
 
 pub use embstore_replication::{Sv, Vv};
 
-use crate::version::Clock;
+use crate::shard::sync::{Adapt, Layout, ShardSync, SyncCounters, SyncShared};
 use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
 mod apply;
-pub(crate) mod part;
 mod pull;
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
@@ -45,42 +43,20 @@ pub struct SyncOptions {
     /// it). Peers of one table must use the same number.
     pub parts: u32,
     /// How long a write stays in the update cache (the expected propagation time): a peer
-    /// that is at most this far behind is answered from the cache.
+    /// that is at most this far behind is answered from the cache. The starting value when
+    /// `adaptive`.
     pub d_prop_ms: u64,
+    /// Whether D_prop follows what pulls see (every 5 s: at least twice how far behind the
+    /// furthest requester was, raised while hits stay under 99.5 %, lowered while caches
+    /// overflow their cap; 1–120 s).
+    pub adaptive: bool,
     /// The most rows a part's update cache keeps, as a share of its rows (at least 64).
     pub cache_max_frac: f64,
 }
 
 impl Default for SyncOptions {
     fn default() -> Self {
-        Self { parts: DEFAULT_PARTS, d_prop_ms: 10_000, cache_max_frac: 0.01 }
-    }
-}
-
-/// Where a key's sync part is: its shard's parts are `shard * per_shard ..`, and the part
-/// within the shard comes from hash bits the shard does not use.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    pub(crate) per_shard: u32,
-    shard_mask: u64,
-}
-
-impl Layout {
-    #[inline]
-    pub(crate) fn sub_of(&self, key: u64) -> usize {
-        ((fmix64(key ^ SHARD_SALT) >> 32) & u64::from(self.per_shard - 1)) as usize
-    }
-
-    #[inline]
-    pub(crate) fn part_of(&self, key: u64) -> u32 {
-        let shard = (fmix64(key ^ SHARD_SALT) & self.shard_mask) as u32;
-        shard * self.per_shard + self.sub_of(key) as u32
-    }
-
-    /// The shard of `part` and its index within the shard.
-    #[inline]
-    pub(crate) fn split(&self, part: u32) -> (usize, usize) {
-        ((part / self.per_shard) as usize, (part % self.per_shard) as usize)
+        Self { parts: DEFAULT_PARTS, d_prop_ms: 10_000, adaptive: true, cache_max_frac: 0.01 }
     }
 }
 
@@ -110,16 +86,6 @@ pub struct SyncStats {
     pub replies_rejected: u64,
     /// The update cache's propagation horizon, in ms.
     pub d_prop_ms: u64,
-}
-
-#[derive(Default)]
-pub(crate) struct SyncCounters {
-    pub(crate) pulls_cached: AtomicU64,
-    pub(crate) pulls_scanned: AtomicU64,
-    pub(crate) rows_sent: AtomicU64,
-    pub(crate) replies_applied: AtomicU64,
-    pub(crate) rows_applied: AtomicU64,
-    pub(crate) replies_rejected: AtomicU64,
 }
 
 /// One reply to a pull of a part: the rows the requester lacks (columnar), and the part's
@@ -201,41 +167,6 @@ pub struct Changes {
     pub parts: Vec<(u32, Sv)>,
 }
 
-/// Sync state shared by a table's shards: the clock, the change index and its waiters.
-pub(crate) struct SyncShared {
-    pub(crate) clock: Arc<Clock>,
-    pub(crate) layout: Layout,
-    pub(crate) epoch: u64,
-    changes: Mutex<ChangeIndex>,
-    changed: Condvar,
-    d_prop_ms: AtomicU64,
-    cache_max_frac: f64,
-    pub(crate) counters: SyncCounters,
-}
-
-impl SyncShared {
-    /// Records that part `part`'s sv changed and wakes long-polls.
-    pub(crate) fn changed(&self, part: u32) {
-        self.changes.lock().bump(part);
-        self.changed.notify_all();
-    }
-
-    pub(crate) fn d_prop_ms(&self) -> u64 {
-        self.d_prop_ms.load(Ordering::Relaxed)
-    }
-
-    /// The most rows a part of `part_rows` rows may cache.
-    pub(crate) fn cache_cap(&self, part_rows: usize) -> usize {
-        (part_rows as f64 * self.cache_max_frac) as usize
-    }
-}
-
-/// A table's version into the protocol's.
-#[inline]
-pub(crate) fn rv(v: Version) -> embstore_replication::Version {
-    embstore_replication::Version::new(v.timestamp, v.replica)
-}
-
 fn not_syncing(t: &Table) -> Error {
     Error::invalid(format!("table '{}' does not sync: enable sync on it first", t.name()))
 }
@@ -292,6 +223,12 @@ impl Table {
             changed: Condvar::new(),
             d_prop_ms: AtomicU64::new(options.d_prop_ms),
             cache_max_frac: options.cache_max_frac,
+            adapt: Adapt {
+                hit_term_ms: AtomicU64::new(options.d_prop_ms),
+                window_start_ms: AtomicU64::new(crate::version::now_ms()),
+                ..Adapt::default()
+            },
+            adaptive: options.adaptive,
             counters: SyncCounters::default(),
         });
         if self.sync.set(shared.clone()).is_err() {
@@ -300,8 +237,7 @@ impl Table {
         let mut vvs = vvs.into_iter();
         for (s, shard) in self.shards.iter().enumerate() {
             let mine: Vec<Vv> = vvs.by_ref().take(layout.per_shard as usize).collect();
-            shard.write().sync =
-                Some(Box::new(part::ShardSync::new(shared.clone(), s as u32, mine)));
+            shard.write().sync = Some(Box::new(ShardSync::new(shared.clone(), s as u32, mine)));
         }
         let mut changes = shared.changes.lock();
         (0..parts).for_each(|p| changes.bump(p));
@@ -427,5 +363,54 @@ impl Table {
             replies_rejected: get(&c.replies_rejected),
             d_prop_ms: s.d_prop_ms(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::sync::ADAPT_EVERY_MS;
+    use crate::TableConfig;
+
+    /// Runs one controller window of `hits`/`misses` pulls whose furthest requester was
+    /// `behind` ms behind; returns D_prop after it.
+    fn window(s: &SyncShared, hits: u64, misses: u64, behind: u64) -> u64 {
+        (0..hits).for_each(|_| s.note_pull(true, Some(behind)));
+        (0..misses).for_each(|_| s.note_pull(false, None));
+        let past = crate::version::now_ms() - ADAPT_EVERY_MS - 1;
+        s.adapt.window_start_ms.store(past, Ordering::Relaxed);
+        s.note_pull(true, None);
+        s.d_prop_ms()
+    }
+
+    #[test]
+    fn d_prop_follows_the_lag_and_the_hit_rate_within_its_bounds() {
+        let t = Table::new(TableConfig::new("t", 2)).unwrap();
+        t.enable_sync(&SyncOptions { parts: 8, ..SyncOptions::default() }).unwrap();
+        let s = t.sync.get().unwrap();
+        assert_eq!(s.d_prop_ms(), 10_000);
+        // All hits, requesters 1 s behind: the hit term (10 s) stays.
+        assert_eq!(window(s, 100, 0, 1_000), 10_000);
+        // Requesters 30 s behind: twice that.
+        assert_eq!(window(s, 100, 0, 30_000), 60_000);
+        // Misses over 0.5 %: the hit term grows by half, each window, up to 120 s.
+        assert_eq!(window(s, 90, 10, 0), 15_000);
+        assert_eq!(window(s, 90, 10, 0), 22_500);
+        for _ in 0..20 {
+            window(s, 0, 10, 0);
+        }
+        assert_eq!(s.d_prop_ms(), 120_000);
+        // Caches over their cap: it shrinks by 30 % a window, down to 1 s.
+        for _ in 0..40 {
+            s.adapt.over_cap.fetch_add(1, Ordering::Relaxed);
+            window(s, 1, 0, 0);
+        }
+        assert_eq!(s.d_prop_ms(), 1_000);
+        // Fixed when not adaptive.
+        let f = Table::new(TableConfig::new("f", 2)).unwrap();
+        let fixed =
+            SyncOptions { parts: 8, adaptive: false, d_prop_ms: 4_000, ..SyncOptions::default() };
+        f.enable_sync(&fixed).unwrap();
+        assert_eq!(window(f.sync.get().unwrap(), 0, 100, 90_000), 4_000);
     }
 }

@@ -29,6 +29,10 @@ impl Table {
             let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
             let p = &sy.parts[sub];
             (r.vv, r.sv) = (p.vv.clone(), p.sv);
+            let known = vv_r.max_timestamp();
+            let behind =
+                (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
+            sync.note_pull(p.cache.hits(vv_r), behind);
             let keys: Vec<u64> = if p.cache.hits(vv_r) {
                 r.from_cache = true;
                 p.cache.select(vv_r)

@@ -1,0 +1,241 @@
+//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`SegSync`] (version vector, update cache, shard version) per
+//! sync part of the shard, and the tombstones of removed rows. It lives inside the shard, under
+//! the shard's lock, so that a row write and its VV, cache and sv changes are one step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use embstore_common::fmix64;
+use embstore_common::shard::SHARD_SALT;
+use embstore_replication::changes::ChangeIndex;
+use embstore_replication::{SegSync, Sv, UpdateCache, Vv};
+use hashbrown::HashMap;
+use parking_lot::{Condvar, Mutex};
+
+use crate::version::{now_ms, Clock};
+use crate::Version;
+
+/// How often a shard's update caches are pruned to `now - D_prop` (on a write or a pull).
+const PRUNE_EVERY_MS: u64 = 250;
+/// A part's cache never needs to be pruned below this many rows.
+const CACHE_MIN_ROWS: usize = 64;
+
+/// The sync state of one table shard.
+pub(crate) struct ShardSync {
+    pub(crate) shared: Arc<SyncShared>,
+    /// The shard's index among the table's shards.
+    pub(crate) shard: u32,
+    /// One per sync part of this shard.
+    pub(crate) parts: Vec<SegSync>,
+    /// Removed rows: key → the removal's version. A tombstone is shipped like a row and kept
+    /// while the key has no row (see `docs/dissemination.md` on their lifetime).
+    pub(crate) tombs: HashMap<u64, Version>,
+    last_prune_ms: u64,
+}
+
+impl ShardSync {
+    /// A shard's sync state whose parts know `vvs` (one per part: the rows it holds).
+    pub(crate) fn new(shared: Arc<SyncShared>, shard: u32, vvs: Vec<Vv>) -> Self {
+        let me = shared.clock.replica();
+        let parts = vvs
+            .into_iter()
+            .map(|vv| SegSync {
+                cache: UpdateCache::covering(vv.clone()),
+                vv,
+                // A new name for every part at every start: a peer that adopted an older one
+                // pulls once and adopts this one (the VVs decide what moves).
+                sv: Sv::new(shared.clock.tick().timestamp, me),
+            })
+            .collect();
+        Self { shared, shard, parts, tombs: HashMap::new(), last_prune_ms: 0 }
+    }
+
+    /// The part (within this shard) of `key`.
+    #[inline]
+    pub(crate) fn sub(&self, key: u64) -> usize {
+        self.shared.layout.sub_of(key)
+    }
+
+    /// The table-wide id of sub-part `sub` of this shard.
+    #[inline]
+    pub(crate) fn part_id(&self, sub: usize) -> u32 {
+        self.shard * self.shared.layout.per_shard + sub as u32
+    }
+
+    /// A local write of `key` that left its row at version `v` (W1: under the shard lock, with
+    /// `v` drawn there): the part knows it, caches it and gets a new sv.
+    pub(crate) fn on_local(&mut self, key: u64, v: Version, shard_rows: usize) {
+        self.tombs.remove(&key);
+        let sub = self.sub(key);
+        let p = &mut self.parts[sub];
+        p.vv.raise(v.replica, v.timestamp);
+        p.cache.on_write(key, rv(v));
+        p.sv = Sv::new(v.timestamp, self.shared.clock.replica());
+        let id = self.part_id(sub);
+        self.shared.changed(id);
+        self.maybe_prune(false, shard_rows);
+    }
+
+    /// A local removal of `key`: a tombstone at a fresh version.
+    pub(crate) fn on_local_remove(&mut self, key: u64, shard_rows: usize) {
+        let v = self.shared.clock.tick();
+        self.on_local(key, v, shard_rows);
+        self.tombs.insert(key, v);
+    }
+
+    /// Prunes every part's cache to `now - D_prop`, at most every [`PRUNE_EVERY_MS`] unless
+    /// `force`, and each to its cap (a share of the part's rows, of `shard_rows` in all).
+    pub(crate) fn maybe_prune(&mut self, force: bool, shard_rows: usize) {
+        let now = now_ms();
+        if !force && now.saturating_sub(self.last_prune_ms) < PRUNE_EVERY_MS {
+            return;
+        }
+        self.last_prune_ms = now;
+        let d_prop = self.shared.d_prop_ms();
+        let n = self.parts.len();
+        for p in &mut self.parts {
+            p.cache.prune(now, d_prop);
+            let part_rows = shard_rows / n.max(1);
+            let cap = self.shared.cache_cap(part_rows).max(CACHE_MIN_ROWS);
+            if p.cache.len() > cap {
+                p.cache.prune_to_cap(cap);
+                self.shared.adapt.over_cap.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Rows cached, over the parts.
+    pub(crate) fn cached(&self) -> usize {
+        self.parts.iter().map(|p| p.cache.len()).sum()
+    }
+}
+
+/// Where a key's sync part is: its shard's parts are `shard * per_shard ..`, and the part
+/// within the shard comes from hash bits the shard does not use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub(crate) per_shard: u32,
+    pub(crate) shard_mask: u64,
+}
+
+impl Layout {
+    #[inline]
+    pub(crate) fn sub_of(&self, key: u64) -> usize {
+        ((fmix64(key ^ SHARD_SALT) >> 32) & u64::from(self.per_shard - 1)) as usize
+    }
+
+    #[inline]
+    pub(crate) fn part_of(&self, key: u64) -> u32 {
+        let shard = (fmix64(key ^ SHARD_SALT) & self.shard_mask) as u32;
+        shard * self.per_shard + self.sub_of(key) as u32
+    }
+
+    /// The shard of `part` and its index within the shard.
+    #[inline]
+    pub(crate) fn split(&self, part: u32) -> (usize, usize) {
+        ((part / self.per_shard) as usize, (part % self.per_shard) as usize)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct SyncCounters {
+    pub(crate) pulls_cached: AtomicU64,
+    pub(crate) pulls_scanned: AtomicU64,
+    pub(crate) rows_sent: AtomicU64,
+    pub(crate) replies_applied: AtomicU64,
+    pub(crate) rows_applied: AtomicU64,
+    pub(crate) replies_rejected: AtomicU64,
+}
+
+/// How often D_prop adapts, and its bounds.
+pub(crate) const ADAPT_EVERY_MS: u64 = 5_000;
+const D_PROP_MIN_MS: u64 = 1_000;
+const D_PROP_MAX_MS: u64 = 120_000;
+
+/// The D_prop controller's window: pulls that hit and missed the cache, how far behind the
+/// furthest requester was, and whether a cache passed its cap. D_prop = max(2 × behind,
+/// hit term), where the hit term grows by half while hits stay under 99.5 % and shrinks by
+/// 30 % when caches overflow their cap, all within 1–120 s.
+#[derive(Default)]
+pub(crate) struct Adapt {
+    pub(crate) window_start_ms: AtomicU64,
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    pub(crate) max_behind_ms: AtomicU64,
+    pub(crate) over_cap: AtomicU64,
+    pub(crate) hit_term_ms: AtomicU64,
+}
+
+/// Sync state shared by a table's shards: the clock, the change index and its waiters.
+pub(crate) struct SyncShared {
+    pub(crate) clock: Arc<Clock>,
+    pub(crate) layout: Layout,
+    pub(crate) epoch: u64,
+    pub(crate) changes: Mutex<ChangeIndex>,
+    pub(crate) changed: Condvar,
+    pub(crate) d_prop_ms: AtomicU64,
+    pub(crate) cache_max_frac: f64,
+    /// `None`: D_prop stays where it is set; else the controller's state.
+    pub(crate) adapt: Adapt,
+    pub(crate) adaptive: bool,
+    pub(crate) counters: SyncCounters,
+}
+
+impl SyncShared {
+    /// Records that part `part`'s sv changed and wakes long-polls.
+    pub(crate) fn changed(&self, part: u32) {
+        self.changes.lock().bump(part);
+        self.changed.notify_all();
+    }
+
+    /// Notes a pull answered from the cache (`hit`) or by a scan, from a requester `behind_ms`
+    /// behind this part's newest write (`None`: it knew nothing of it); every
+    /// [`ADAPT_EVERY_MS`] the propagation horizon D_prop is set from what was seen.
+    pub(crate) fn note_pull(&self, hit: bool, behind_ms: Option<u64>) {
+        let a = &self.adapt;
+        (if hit { &a.hits } else { &a.misses }).fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = behind_ms {
+            a.max_behind_ms.fetch_max(b, Ordering::Relaxed);
+        }
+        let now = now_ms();
+        let start = a.window_start_ms.load(Ordering::Relaxed);
+        if !self.adaptive || now.saturating_sub(start) < ADAPT_EVERY_MS {
+            return;
+        }
+        if a.window_start_ms
+            .compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another pull closes this window
+        }
+        let hits = a.hits.swap(0, Ordering::Relaxed);
+        let misses = a.misses.swap(0, Ordering::Relaxed);
+        let behind = a.max_behind_ms.swap(0, Ordering::Relaxed);
+        let over_cap = a.over_cap.swap(0, Ordering::Relaxed) > 0;
+        let mut hit_term = a.hit_term_ms.load(Ordering::Relaxed);
+        if over_cap {
+            hit_term = hit_term * 7 / 10;
+        } else if hits + misses > 0 && (hits as f64) < 0.995 * (hits + misses) as f64 {
+            hit_term = hit_term * 3 / 2;
+        }
+        hit_term = hit_term.clamp(D_PROP_MIN_MS, D_PROP_MAX_MS);
+        a.hit_term_ms.store(hit_term, Ordering::Relaxed);
+        let d = (2 * behind).max(hit_term).clamp(D_PROP_MIN_MS, D_PROP_MAX_MS);
+        self.d_prop_ms.store(d, Ordering::Relaxed);
+    }
+
+    pub(crate) fn d_prop_ms(&self) -> u64 {
+        self.d_prop_ms.load(Ordering::Relaxed)
+    }
+
+    /// The most rows a part of `part_rows` rows may cache.
+    pub(crate) fn cache_cap(&self, part_rows: usize) -> usize {
+        (part_rows as f64 * self.cache_max_frac) as usize
+    }
+}
+
+/// A table's version into the protocol's.
+#[inline]
+pub(crate) fn rv(v: Version) -> embstore_replication::Version {
+    embstore_replication::Version::new(v.timestamp, v.replica)
+}
