@@ -324,6 +324,7 @@ def run(
     quiet: bool = False,
     store_dir: str | pathlib.Path | None = None,
     memory_budget_bytes: int | None = None,
+    follower: bool = False,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
@@ -332,6 +333,12 @@ def run(
     tables stay on disk (``embstore.Store(store_dir)`` reopens them). ``memory_budget_bytes``
     (with ``store_dir``) caps the memory the tables hold: the other rows live on disk and are
     read back when a batch uses them — the numbers are still the same.
+
+    With ``follower``, the training store serves a sync port and a replica follows it while
+    it trains (``embstore.Store.follow``, the way an inference server in another data centre
+    would): after every epoch it reports the replica's freshness lag and checks that the
+    replica serves the test users' rows exactly as the trainer holds them (``follower`` in the
+    result).
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
@@ -376,6 +383,7 @@ def run(
         for field in FIELDS
     }
     model = DLRM(tables)
+    sync = Follow(store) if follower else None
 
     def batch_ids(batch: Batch) -> dict[embstore.Table, torch.Tensor]:
         """The ids each table is looked up with in ``batch`` (for the prefetch thread)."""
@@ -444,6 +452,9 @@ def run(
             f"modules; {stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
             "(lookups + step)"
         )
+        if sync is not None:
+            stats["follower"] = sync.check(tables["user"], test.ids[:, 0])
+            say(sync.line(stats["follower"]))
         if "flush" in stats:
             f = stats["flush"]
             say(
@@ -452,6 +463,8 @@ def run(
             )
 
     last = history[-1]
+    if sync is not None:
+        sync.close()
     return {
         "test_auc": last["test_auc"],
         "test_logloss": last["test_logloss"],
@@ -472,7 +485,53 @@ def run(
         "test_size": len(test),
         "seconds": time.perf_counter() - started,
         "epochs": history,
+        **({"follower": last["follower"]} if sync is not None else {}),
     }
+
+
+class Follow:
+    """A replica following the training store over its sync port (as an inference server in
+    another data centre would), and the check that it serves what the trainer holds."""
+
+    def __init__(self, store: embstore.Store) -> None:
+        self.port = store.serve_sync("127.0.0.1:0")
+        self.replica = embstore.Store.follow(self.port.address)
+
+    def check(self, table: embstore.Table, users: np.ndarray) -> dict[str, Any]:
+        """Waits for the replica to catch up, then compares its rows of ``users`` (what it
+        serves them) with the trainer's."""
+        lags = [s for s in self.replica.sync_status() if s["lag_ms_p50"] is not None]
+        start = time.perf_counter()
+        caught_up = self.replica.wait_caught_up(timeout=30)
+        wait_ms = (time.perf_counter() - start) * 1e3
+        users = np.unique(users)
+        served = self.replica[table.name].lookup(users, on_miss="zeros")
+        trained = table.lookup(users, on_miss="zeros")
+        same = int((served == trained).all(axis=1).sum())
+        return {
+            "lag_ms_p50": max((s["lag_ms_p50"] for s in lags), default=None),
+            "lag_ms_p99": max((s["lag_ms_p99"] for s in lags), default=None),
+            "caught_up": caught_up,
+            "catch_up_ms": wait_ms,
+            "users": len(users),
+            "users_equal": same,
+            "bytes_in": sum(s["bytes_in"] for s in self.replica.sync_status()),
+        }
+
+    @staticmethod
+    def line(f: dict[str, Any]) -> str:
+        p50, p99 = f["lag_ms_p50"], f["lag_ms_p99"]
+        lag = f"lag p50 {p50:.0f} ms, p99 {p99:.0f} ms" if p50 is not None else "no lag yet"
+        return (
+            f"  follower: {lag} while training (worst table); in sync again "
+            f"{f['catch_up_ms']:.0f} ms after the epoch (one change-list round); serves {f['users_equal']:,} of "
+            f"{f['users']:,} test users' rows exactly as trained; "
+            f"{f['bytes_in'] / 1e6:.1f} MB pulled so far"
+        )
+
+    def close(self) -> None:
+        self.replica.close()
+        self.port.stop()
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -548,6 +607,13 @@ def main(argv: list[str] | None = None) -> int:
         "bytes, in (0, 1]",
     )
     parser.add_argument(
+        "--follower",
+        action="store_true",
+        help="also run a replica that follows the training store over its sync port and "
+        "report, every epoch, how fresh it is and whether it serves the test users' rows as "
+        "trained",
+    )
+    parser.add_argument(
         "--store-dir",
         type=pathlib.Path,
         default=None,
@@ -563,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet=args.quiet,
             store_dir=args.store_dir,
             memory_budget_bytes=args.memory_budget,
+            follower=args.follower,
         )
     except (FileNotFoundError, FileExistsError, embstore.InvalidArgumentError) as err:
         print(f"error: {err}", file=sys.stderr)
