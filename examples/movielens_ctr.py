@@ -524,8 +524,8 @@ class Follow:
         lag = f"lag p50 {p50:.0f} ms, p99 {p99:.0f} ms" if p50 is not None else "no lag yet"
         return (
             f"  follower: {lag} while training (worst table); in sync again "
-            f"{f['catch_up_ms']:.0f} ms after the epoch (one change-list round); serves {f['users_equal']:,} of "
-            f"{f['users']:,} test users' rows exactly as trained; "
+            f"{f['catch_up_ms']:.0f} ms after the epoch (one change-list round); serves "
+            f"{f['users_equal']:,} of {f['users']:,} test users' rows exactly as trained; "
             f"{f['bytes_in'] / 1e6:.1f} MB pulled so far"
         )
 
