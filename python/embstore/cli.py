@@ -241,9 +241,25 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
     )
     srv.add_argument(
         "--follow",
+        nargs="?",
+        const="",
         metavar="HOST:PORT",
         help="hold a copy of the tables of the sync port at HOST:PORT and keep pulling what "
-        "changes while serving lookups (with --store: the copy lives there; else in memory)",
+        "changes while serving lookups (with --store: the copy lives there; else in memory). "
+        "Without HOST:PORT, with --etcd and --dc: pull each table from this data centre's "
+        "leader, or, being the leader, from the primary",
+    )
+    srv.add_argument(
+        "--dc",
+        metavar="NAME",
+        help="this server's data centre: with --etcd, register the sync port there (a store "
+        "that trains as a primary) and find sources there (--follow); --etcd then serves sync "
+        "only, not the roll cluster",
+    )
+    srv.add_argument(
+        "--sync-advertise",
+        metavar="HOST:PORT",
+        help="the sync address others dial, registered in etcd (default: the --sync-listen one)",
     )
     srv.add_argument(
         "--sync-token-file",
@@ -479,6 +495,10 @@ def _token(path: str | None) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     from embstore import _native
 
+    if args.follow == "" and not (args.etcd and args.dc):
+        print("embstore serve: --follow needs HOST:PORT, or --etcd and --dc", file=sys.stderr)
+        return 2
+    sync_etcd = _etcd(args.etcd) if args.dc else None
     try:
         server = _native.Server(
             args.store,
@@ -492,7 +512,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.tls_cert,
             args.tls_key,
             args.tls_client_ca,
-            _etcd(args.etcd),
+            None if args.dc else _etcd(args.etcd),
             args.advertise,
             args.lease_ttl,
             args.data_dir,
@@ -501,29 +521,35 @@ def _serve(args: argparse.Namespace) -> int:
             args.follow,
             args.replica_id,
             args.sync_events,
+            sync_etcd,
+            args.dc,
+            args.sync_advertise,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2
     if server.tables:
         tables = f"tables {', '.join(server.tables)} (version 1)"
-    elif args.etcd:
+    elif args.etcd and not args.dc:
         tables = "the tables the cluster assigns here, as etcd records them"
     elif args.admin:
         tables = "no tables yet (`embstore load` loads them)"
     else:
         tables = "no tables"
     source = args.store or "no store"
-    admin = ", admin calls on" if args.admin or args.etcd else ""
-    if args.etcd:
+    admin = ", admin calls on" if args.admin or (args.etcd and not args.dc) else ""
+    if args.etcd and not args.dc:
         admin += f", member of the cluster in etcd {args.etcd}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
     if server.sync_address:
         admin += f", sync port on {server.sync_address}"
-    if args.follow:
-        admin += f", following {args.follow}"
+    if args.follow is not None:
+        via = args.follow or f"the sources in etcd for {args.dc}"
+        admin += f", following {via}"
         source = args.store or "an in-memory copy"
+    elif args.dc:
+        admin += f", registered in etcd as a primary of {args.dc}"
     if args.memory_budget:
         where = args.data_dir or "a directory under $TMPDIR"
         admin += f", memory budget {_size(args.memory_budget)} (loaded shards in {where})"
@@ -630,6 +656,7 @@ def _status(args: argparse.Namespace) -> int:
         return 2
     servers = list(args.servers)
     tables: list[dict[str, Any]] = []
+    sync: list[dict[str, Any]] = []
     if args.etcd:
         try:
             members, controls = _native.cluster(_etcd(args.etcd))
@@ -637,14 +664,20 @@ def _status(args: argparse.Namespace) -> int:
             print(f"embstore status: {e}", file=sys.stderr)
             return 1
         tables = [json.loads(c) for c in controls]
+        try:
+            sync = _native.sync_members(_etcd(args.etcd))
+        except EmbstoreError as e:
+            print(f"embstore status: {e}", file=sys.stderr)
+            return 1
         servers += [addr for _, addr in members if addr not in servers]
         if not args.json:
             for t in tables:
                 _print_control(t)
+            _print_sync(sync)
         if not servers:
             if args.json:
-                print(json.dumps({"tables": tables, "servers": {}}))
-            else:
+                print(json.dumps({"tables": tables, "servers": {}, "sync": sync}))
+            elif not sync:
                 print("no server is registered")
             return 0
     try:
@@ -664,11 +697,21 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     held_by = {a: None if h is None else [list(x) for x in h] for a, h in view}
     if args.json:
-        print(json.dumps({"tables": tables, "servers": held_by} if args.etcd else held_by))
+        out = {"tables": tables, "servers": held_by, "sync": sync} if args.etcd else held_by
+        print(json.dumps(out))
         return 0
     for addr, held in view:
         _print_held(addr, held)
     return 0
+
+
+def _print_sync(members: list[dict[str, Any]]) -> None:
+    """The replicas that sync, by data centre: primaries, and per followed table its lag, the
+    parts still to pull, bytes pulled and its source (the DC's leader or a primary)."""
+    for m in sorted(members, key=lambda m: (m["dc"], not m["primary"], m["replica"])):
+        role = "primary" if m["primary"] else "replica"
+        port = f" sync port {m['addr']}" if m["addr"] else ""
+        print(f"sync {m['dc']} {role} {m['replica']}{port}: {m['status'] or '-'}")
 
 
 def _print_control(t: dict[str, Any]) -> None:

@@ -209,6 +209,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serving::roll, m)?)?;
     m.add_function(wrap_pyfunction!(serving::publish, m)?)?;
     m.add_function(wrap_pyfunction!(serving::cluster, m)?)?;
+    m.add_function(wrap_pyfunction!(sync::sync_members, m)?)?;
     m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;
     m.add("OPTIMIZERS", embstore_table::Optimizer::NAMES)?;
     m.add("INITIALIZERS", embstore_table::Initializer::NAMES)?;

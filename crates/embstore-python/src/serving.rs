@@ -44,6 +44,7 @@ pub(crate) struct PyServer {
     /// The sync port (`--sync-listen`) and the follower (`--follow`), if any.
     sync: Option<embstore_sync::SyncServer>,
     follower: Option<embstore_sync::Follower>,
+    directory: Option<Arc<embstore_sync::Directory>>,
     /// The data dir this server made for itself (no `data_dir` given): removed with it.
     _scratch: Option<Scratch>,
 }
@@ -170,46 +171,103 @@ fn random_replica() -> u32 {
     1 + (embstore_common::fmix64(seed) % u64::from(embstore_table::MAX_REPLICA)) as u32
 }
 
-/// Starts the sync port of `store` on `listen`, and a follower of `follow` into it (which
-/// creates the source's tables before the server hosts them).
-fn start_sync(
-    py: Python<'_>,
-    store: Option<&Arc<Store>>,
+/// The sync flags of `embstore serve` (docs/dissemination.md).
+#[derive(Default)]
+pub(crate) struct SyncArgs {
+    /// `--sync-listen`: serve a sync port there.
     listen: Option<String>,
+    /// `--sync-advertise`: the address others dial (default: the bound one).
+    advertise: Option<String>,
+    /// `--sync-token-file`'s token.
     token: Option<String>,
-    follow: Option<&str>,
+    /// `--follow HOST:PORT`, or `Some("")` for `--follow` through etcd.
+    follow: Option<String>,
+    /// `--sync-events`.
     events: Option<std::path::PathBuf>,
-) -> PyResult<(Option<embstore_sync::SyncServer>, Option<embstore_sync::Follower>)> {
+    /// `--etcd` with `--dc`: register there, and find sources there.
+    etcd: Option<Vec<String>>,
+    dc: Option<String>,
+}
+
+/// What [`start_sync`] started.
+#[derive(Default)]
+struct Synced {
+    server: Option<embstore_sync::SyncServer>,
+    follower: Option<embstore_sync::Follower>,
+    directory: Option<Arc<embstore_sync::Directory>>,
+}
+
+fn invalid(msg: &str) -> PyErr {
+    to_py_err(Error::new(ErrorKind::InvalidArgument, msg))
+}
+
+/// Starts the sync port of `store`, its registration in etcd, and a follower into it (which
+/// creates the source's tables before the server hosts them).
+fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResult<Synced> {
+    if a.etcd.is_some() != a.dc.is_some() {
+        return Err(invalid("syncing through etcd needs both etcd and dc"));
+    }
+    let through_etcd = a.follow.as_deref() == Some("");
+    if through_etcd && a.etcd.is_none() {
+        return Err(invalid(
+            "follow without an address finds its source in etcd: give etcd and dc",
+        ));
+    }
     let Some(store) = store else {
-        if listen.is_some() {
-            return Err(to_py_err(Error::new(
-                ErrorKind::InvalidArgument,
-                "sync_listen needs a store (store_dir) or a source to follow",
-            )));
+        if a.listen.is_some() || a.etcd.is_some() {
+            return Err(invalid("sync_listen needs a store (store_dir) or a source to follow"));
         }
-        return Ok((None, None));
+        return Ok(Synced::default());
     };
     detached(py, || {
-        let follower = follow
-            .map(|source| {
-                let options = embstore_sync::FollowOptions {
-                    token: token.clone().unwrap_or_default(),
-                    events: events.clone(),
-                    ..embstore_sync::FollowOptions::default()
-                };
-                embstore_sync::Follower::start(store.clone(), source, options)
-            })
-            .transpose()?;
-        let sync = listen
-            .map(|addr| {
-                let options = embstore_sync::ServeOptions {
-                    token: token.clone(),
-                    sync: store.sync_options().unwrap_or_default(),
-                };
-                embstore_sync::SyncServer::start(store.clone(), &addr, options)
-            })
-            .transpose()?;
-        Ok((sync, follower))
+        let mut out = Synced::default();
+        let follow_options = embstore_sync::FollowOptions {
+            token: a.token.clone().unwrap_or_default(),
+            events: a.events.clone(),
+            ..embstore_sync::FollowOptions::default()
+        };
+        // A follower of a fixed source creates its tables first (with the source's layout),
+        // then serves them.
+        if let Some(source) = a.follow.as_deref().filter(|s| !s.is_empty()) {
+            let f = embstore_sync::Follower::start(store.clone(), source, follow_options.clone());
+            out.follower = Some(f?);
+        }
+        if let Some(addr) = &a.listen {
+            let options = embstore_sync::ServeOptions {
+                token: a.token.clone(),
+                sync: store.sync_options().unwrap_or_default(),
+            };
+            out.server = Some(embstore_sync::SyncServer::start(store.clone(), addr, options)?);
+        }
+        if let (Some(etcd), Some(dc)) = (&a.etcd, &a.dc) {
+            let addr =
+                a.advertise.clone().or_else(|| out.server.as_ref().map(|s| s.addr().to_string()));
+            let me = embstore_sync::Member {
+                dc: dc.clone(),
+                replica: store.replica(),
+                addr: addr.unwrap_or_default(),
+                primary: a.follow.is_none(),
+                status: String::new(),
+            };
+            let dir =
+                embstore_sync::Directory::start(etcd, me, embstore_sync::discovery::DEFAULT_TTL)?;
+            if a.follow.is_none() {
+                let s = store.clone();
+                dir.set_report(Box::new(move || {
+                    format!("primary tables={}", s.tables().join(","))
+                }));
+            }
+            if through_etcd {
+                let source = embstore_sync::Source::Directory(dir.clone());
+                out.follower = Some(embstore_sync::Follower::start_with(
+                    store.clone(),
+                    source,
+                    follow_options,
+                )?);
+            }
+            out.directory = Some(dir);
+        }
+        Ok(out)
     })
     .map_err(to_py_err)
 }
@@ -242,7 +300,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -266,6 +324,9 @@ impl PyServer {
         follow: Option<String>,
         replica: Option<u32>,
         sync_events: Option<std::path::PathBuf>,
+        sync_etcd: Option<Vec<String>>,
+        dc: Option<String>,
+        sync_advertise: Option<String>,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -294,14 +355,16 @@ impl PyServer {
             }
             (store, _) => store,
         };
-        let (sync, follower) = start_sync(
-            py,
-            store.as_ref(),
-            sync_listen,
-            sync_token,
-            follow.as_deref(),
-            sync_events,
-        )?;
+        let sync_args = SyncArgs {
+            listen: sync_listen,
+            advertise: sync_advertise,
+            token: sync_token,
+            follow,
+            events: sync_events,
+            etcd: sync_etcd,
+            dc,
+        };
+        let synced = start_sync(py, store.as_ref(), sync_args)?;
         let metrics_address =
             metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
         // A cluster member is known by the address clients dial: --advertise, or the bound
@@ -330,8 +393,9 @@ impl PyServer {
             },
             member,
             _store: store,
-            sync,
-            follower,
+            sync: synced.server,
+            follower: synced.follower,
+            directory: synced.directory,
             _scratch: scratch,
         })
     }
@@ -378,7 +442,8 @@ impl PyServer {
         let mut stop = self.stop.subscribe();
         let metrics = self.metrics.lock().take();
         let member = self.member.clone();
-        detached(py, || {
+        let directory = self.directory.clone();
+        let result = detached(py, || {
             self.runtime.block_on(async move {
                 let member = match member {
                     Some(options) => {
@@ -441,8 +506,12 @@ impl PyServer {
                 }
                 served.map_err(|e| Error::new(ErrorKind::Io, format!("serving failed: {e}")))
             })
-        })
-        .map_err(to_py_err)
+        });
+        // Leaves the sync membership at once (revoking its lease), so followers move on.
+        if let Some(d) = directory {
+            detached(py, || d.stop());
+        }
+        result.map_err(to_py_err)
     }
 
     /// Asks `run()` to return (from another thread).

@@ -124,3 +124,24 @@ impl PyFollower {
         }
     }
 }
+
+/// The sync members registered in etcd (for `embstore status --etcd`).
+#[pyfunction]
+pub(crate) fn sync_members<'py>(
+    py: Python<'py>,
+    etcd: Vec<String>,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let members = detached(py, || embstore_sync::discovery::members(&etcd)).map_err(to_py_err)?;
+    members
+        .iter()
+        .map(|m| {
+            let d = PyDict::new(py);
+            d.set_item("dc", &m.dc)?;
+            d.set_item("replica", m.replica)?;
+            d.set_item("addr", &m.addr)?;
+            d.set_item("primary", m.primary)?;
+            d.set_item("status", &m.status)?;
+            Ok(d)
+        })
+        .collect()
+}

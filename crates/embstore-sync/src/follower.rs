@@ -21,7 +21,47 @@ use embstore_table::sync::SyncOptions;
 use embstore_table::{Store, Table, TableConfig};
 use parking_lot::Mutex;
 
+use crate::discovery::Directory;
 use crate::wire::{self, Kind};
+
+/// Where a follower pulls from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// One sync port (`host:port`).
+    Fixed(String),
+    /// Chosen per table from the members registered in etcd: the data centre's leader, or a
+    /// primary for the leader itself ([`crate::discovery::choose_source`]); re-chosen every
+    /// round, so a dead leader is replaced once its lease expires.
+    Directory(Arc<Directory>),
+}
+
+impl Source {
+    fn pick(&self, table: &str) -> Option<String> {
+        match self {
+            Source::Fixed(a) => Some(a.clone()),
+            Source::Directory(d) => d.source(table),
+        }
+    }
+
+    /// A source for the table list: waits up to `timeout` for one to be registered.
+    fn any(&self, tables: &[String], timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        let probe = tables.first().map_or("", String::as_str);
+        loop {
+            if let Some(s) = self.pick(probe) {
+                return Ok(s);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "no sync source is registered in etcd (no primary, no leader of this data \
+                     centre)",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
 
 /// Parts asked for in one pull request.
 const PARTS_PER_PULL: usize = 256;
@@ -116,13 +156,23 @@ impl Follower {
     /// starts one pulling thread per table. Fails when the source cannot be reached, refuses
     /// the token, or serves a table whose config differs from this store's table of that name.
     pub fn start(store: Arc<Store>, source: &str, options: FollowOptions) -> Result<Self> {
-        let (_, replica, infos) = connect(source, &options, &options.tables)?;
+        Self::start_with(store, Source::Fixed(source.to_owned()), options)
+    }
+
+    /// [`Follower::start`] from any [`Source`]; with a directory, each table's thread follows
+    /// whichever source the directory names for it, and this replica reports its status there.
+    pub fn start_with(store: Arc<Store>, source: Source, options: FollowOptions) -> Result<Self> {
+        let first =
+            source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
+        let (_, replica, infos) = connect(&first, &options, &options.tables)?;
+        let source_name = first.clone();
+        let source_name = &source_name;
         if replica == store.replica() {
             // Shard versions name knowledge by replica id: two replicas sharing one could take
             // each other's names for knowledge they do not have.
             return Err(Error::invalid(format!(
-                "this store and the sync source {source} have the same replica id {replica}: \
-                 every replica needs its own"
+                "this store and the sync source {source_name} have the same replica id \
+                 {replica}: every replica needs its own"
             )));
         }
         let mut tables = Vec::new();
@@ -144,7 +194,7 @@ impl Follower {
         for (t, p) in &tables {
             if t.sync_parts()? != *p {
                 return Err(Error::invalid(format!(
-                    "table '{}' has {} sync parts here and {p} at {source}: peers must agree",
+                    "table '{}' has {} sync parts here and {p} at {source_name}: peers must agree",
                     t.name(),
                     t.sync_parts()?
                 )));
@@ -155,15 +205,18 @@ impl Follower {
         for (t, _) in tables {
             let st = Arc::new(Mutex::new(Status::default()));
             st.lock().s.table = t.name().to_owned();
-            st.lock().s.source = source.to_owned();
             let (stop, st2, source, options) =
-                (stop.clone(), st.clone(), source.to_owned(), options.clone());
+                (stop.clone(), st.clone(), source.clone(), options.clone());
             let th = std::thread::Builder::new()
                 .name(format!("embstore-follow-{}", t.name()))
                 .spawn(move || follow_table(&t, &source, &options, &stop, &st2))
                 .map_err(|e| Error::io("cannot start a follower thread", e))?;
             status.push(st);
             threads.push(th);
+        }
+        if let Source::Directory(d) = &source {
+            let all = status.clone();
+            d.set_report(Box::new(move || report(&all)));
         }
         Ok(Self { stop, status, threads })
     }
@@ -175,12 +228,8 @@ impl Follower {
             .map(|s| {
                 let s = s.lock();
                 let mut out = s.s.clone();
-                let mut v: Vec<f64> = s.lags.iter().copied().collect();
-                if !v.is_empty() {
-                    v.sort_by(f64::total_cmp);
-                    let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
-                    (out.lag_ms_p50, out.lag_ms_p99) = (Some(q(0.5)), Some(q(0.99)));
-                }
+                (out.lag_ms_p50, out.lag_ms_p99) =
+                    (quantile(&s.lags, 0.5), quantile(&s.lags, 0.99));
                 out
             })
             .collect()
@@ -313,9 +362,33 @@ struct Book {
     pending: BTreeSet<u32>,
 }
 
+/// One line per table for a directory's `status`: lag, pending parts, bytes in, source.
+fn report(all: &[Arc<Mutex<Status>>]) -> String {
+    all.iter()
+        .map(|s| {
+            let s = s.lock();
+            let p99 = quantile(&s.lags, 0.99).map_or("-".to_owned(), |v| format!("{v:.0}"));
+            format!(
+                "{} lag_p99_ms={p99} pending={} bytes_in={} source={} errors={};",
+                s.s.table, s.s.parts_pending, s.s.bytes_in, s.s.source, s.s.errors
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn quantile(lags: &VecDeque<f64>, q: f64) -> Option<f64> {
+    if lags.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = lags.iter().copied().collect();
+    v.sort_by(f64::total_cmp);
+    Some(v[((v.len() - 1) as f64 * q).round() as usize])
+}
+
 fn follow_table(
     t: &Table,
-    source: &str,
+    source: &Source,
     options: &FollowOptions,
     stop: &AtomicBool,
     status: &Mutex<Status>,
@@ -332,10 +405,20 @@ fn follow_table(
         }
     });
     while !stop.load(Ordering::Relaxed) {
+        let Some(addr) = source.pick(t.name()) else {
+            let mut s = status.lock();
+            s.s.last_error = Some("no sync source is registered for this table".into());
+            s.s.caught_up = false;
+            drop(s);
+            std::thread::sleep(Duration::from_millis(options.retry_ms));
+            continue;
+        };
+        status.lock().s.source = addr.clone();
         let result =
-            connect(source, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
+            connect(&addr, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
                 status.lock().s.connected = true;
-                let r = rounds(t, &mut link, options, stop, status, &mut book, &mut events);
+                let here = (source, addr.as_str());
+                let r = rounds(t, &mut link, options, stop, status, &mut book, &mut events, here);
                 let mut s = status.lock();
                 s.s.bytes_in += link.bytes_in;
                 s.s.bytes_out += link.bytes_out;
@@ -365,8 +448,12 @@ fn rounds(
     status: &Mutex<Status>,
     book: &mut Book,
     events: &mut Option<BufWriter<std::fs::File>>,
+    (source, addr): (&Source, &str),
 ) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
+        if source.pick(t.name()).as_deref() != Some(addr) {
+            return Ok(()); // the directory names another source now: switch to it
+        }
         let list = wire::List {
             table: t.name().to_owned(),
             epoch: book.epoch,

@@ -9,12 +9,16 @@
 //! - [`SyncServer`]: a store's sync port (one thread per connection);
 //! - [`Follower`]: keeps a store's tables current from a peer's port, one pulling thread per
 //!   table, and reports where each stands ([`TableSync`]);
+//! - [`discovery`]: membership in etcd and the WAN-aware choice of source (a leader per data
+//!   centre and table pulls from a primary; the others pull from their leader);
 //! - [`wire`]: the framed, checksummed format (length, kind, CRC-32, body); bulk rows travel as
 //!   raw little-endian columns, not protobuf, which costs 2–3× the CPU for the same rows.
 
+pub mod discovery;
 pub mod follower;
 pub mod server;
 pub mod wire;
 
-pub use follower::{FollowOptions, Follower, TableSync};
+pub use discovery::{Directory, Member};
+pub use follower::{FollowOptions, Follower, Source, TableSync};
 pub use server::{ServeOptions, ServerStats, SyncServer};

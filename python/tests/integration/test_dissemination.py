@@ -148,3 +148,79 @@ def test_followers_converge_through_kill_9_of_the_follower_and_of_the_primary(tm
     finally:
         for p in procs:
             p.kill()
+
+
+@pytest.mark.etcd
+def test_through_etcd_a_leader_per_dc_pulls_from_the_primary_and_fails_over(tmp_path) -> None:
+    """A primary in dc1 and two followers in dc2 that find their sources in etcd: one is the
+    table's leader (pulling from the primary across the "WAN"), the other pulls from it; both
+    hold the primary's rows. kill -9 of the leader: the survivor takes over within the lease
+    TTL (2 s) plus a refresh, pulling from the primary."""
+    from test_cluster import _Etcd, _status
+
+    store = embstore.Store(tmp_path / "p", replica_id=1)
+    t = store.create_table("item", embedding_dim=8)
+    rng = np.random.default_rng(5)
+    t.assign(np.arange(2000), rng.standard_normal((2000, 8)).astype(np.float32))
+    expected = t.lookup(np.arange(2000), on_miss="zeros")
+    store.close()
+    etcd = _Etcd(tmp_path / "etcd")
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    sync = ["--etcd", etcd.url, "--sync-listen", "127.0.0.1:0"]
+    procs: list[_Proc] = []
+    try:
+        procs.append(_Proc([*serve, "--store", str(tmp_path / "p"), *sync, "--dc", "dc1"], " on "))
+        followers = [
+            _Proc([*serve, "--follow", *sync, "--dc", "dc2"], r" on (127\.0\.0\.1:\d+):")
+            for _ in range(2)
+        ]
+        procs += followers
+
+        def dc2() -> list[dict]:
+            return [m for m in _status(etcd.url)["sync"] if m["dc"] == "dc2"]
+
+        def sources() -> dict[int, str]:
+            return {m["replica"]: m["status"] for m in dc2()}
+
+        primary_addr = next(m["addr"] for m in _status(etcd.url)["sync"] if m["primary"])
+
+        def topology() -> tuple[dict, dict] | None:
+            """(leader, other) once the leader pulls from the primary, the other from the
+            leader, and neither has parts pending."""
+            s = dc2()
+            lead = [m for m in s if f"source={primary_addr}" in m["status"]]
+            if len(s) != 2 or len(lead) != 1 or not all("pending=0" in m["status"] for m in s):
+                return None
+            rest = next(m for m in s if m is not lead[0])
+            return (lead[0], rest) if f"source={lead[0]['addr']}" in rest["status"] else None
+
+        deadline = time.monotonic() + 30
+        while topology() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        found = topology()
+        assert found is not None, sources()
+        leader, other = found
+        for f in followers:
+            got = embstore.connect(f.match.group(1)).lookup("item", np.arange(2000))
+            assert np.array_equal(got, expected)
+        # kill -9 of the leader: its lease expires, the survivor pulls from the primary.
+        port = {re.search(r"sync port on ([\d.:]+)", f.match.string).group(1): f for f in followers}
+        port[leader["addr"]].kill()
+        killed_at = time.monotonic()
+        while time.monotonic() < killed_at + 20:
+            if f"source={primary_addr}" in _only(dc2(), other["replica"])["status"]:
+                break
+            time.sleep(0.1)
+        took = time.monotonic() - killed_at
+        print(f"leader failover: the survivor pulls from the primary {took:.2f} s after kill -9")
+        assert f"source={primary_addr}" in _only(dc2(), other["replica"])["status"], sources()
+        assert took < 2 + 1 + 1.5, f"failover took {took:.1f} s"  # TTL + 1 s + status refresh
+        assert [m["replica"] for m in dc2()] == [other["replica"]], "the dead leader is gone"
+    finally:
+        for p in procs:
+            p.kill()
+        etcd.stop()
+
+
+def _only(members: list[dict], replica: int) -> dict:
+    return next((m for m in members if m["replica"] == replica), {"status": ""})
