@@ -283,13 +283,13 @@ mod tests {
         // The leader dies: the next one takes over, and the survivors agree on it.
         let l = leader(&all, "dc3", "item").unwrap().replica;
         let rest: Vec<Member> = all.iter().filter(|r| r.replica != l).cloned().collect();
-        let l2 = leader(&rest, "dc3", "item").unwrap();
+        let l2 = leader(&rest, "dc3", "item").unwrap().clone();
         assert_ne!(l2.replica, l);
         for r in rest.iter().filter(|r| r.dc == "dc3" && r.replica != l2.replica) {
             assert_eq!(choose_source(&rest, r.replica, "dc3", "item"), Some(l2.addr.clone()));
         }
         // No primary registered: the leader has no source yet.
-        let none: Vec<Member> = rest.into_iter().filter(|r| !r.primary).collect();
+        let none: Vec<Member> = rest.iter().filter(|r| !r.primary).cloned().collect();
         assert_eq!(choose_source(&none, l2.replica, "dc3", "item"), None);
     }
 }

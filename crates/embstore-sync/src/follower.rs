@@ -360,6 +360,8 @@ struct Book {
     cursor: u64,
     their_sv: HashMap<u32, Sv>,
     pending: BTreeSet<u32>,
+    /// Where applied replies are recorded ([`FollowOptions::events`]).
+    events: Option<BufWriter<std::fs::File>>,
 }
 
 /// One line per table for a directory's `status`: lag, pending parts, bytes in, source.
@@ -393,8 +395,7 @@ fn follow_table(
     stop: &AtomicBool,
     status: &Mutex<Status>,
 ) {
-    let mut book = Book::default();
-    let mut events = options.events.as_ref().and_then(|p| {
+    let events = options.events.as_ref().and_then(|p| {
         let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
         match f {
             Ok(f) => Some(BufWriter::new(f)),
@@ -404,6 +405,7 @@ fn follow_table(
             }
         }
     });
+    let mut book = Book { events, ..Book::default() };
     while !stop.load(Ordering::Relaxed) {
         let Some(addr) = source.pick(t.name()) else {
             let mut s = status.lock();
@@ -418,7 +420,7 @@ fn follow_table(
             connect(&addr, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
                 status.lock().s.connected = true;
                 let here = (source, addr.as_str());
-                let r = rounds(t, &mut link, options, stop, status, &mut book, &mut events, here);
+                let r = rounds(t, &mut link, options, stop, status, &mut book, here);
                 let mut s = status.lock();
                 s.s.bytes_in += link.bytes_in;
                 s.s.bytes_out += link.bytes_out;
@@ -447,7 +449,6 @@ fn rounds(
     stop: &AtomicBool,
     status: &Mutex<Status>,
     book: &mut Book,
-    events: &mut Option<BufWriter<std::fs::File>>,
     (source, addr): (&Source, &str),
 ) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
@@ -487,9 +488,9 @@ fn rounds(
                 .map(|&p| Ok((p, t.sync_knowledge(p)?.0)))
                 .collect::<Result<Vec<_>>>()?;
             link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
-            pull_replies(t, link, status, book, events)?;
+            pull_replies(t, link, status, book)?;
         }
-        if let Some(e) = events.as_mut() {
+        if let Some(e) = book.events.as_mut() {
             let _ = e.flush();
         }
         let mut s = status.lock();
@@ -503,13 +504,7 @@ fn rounds(
     Ok(())
 }
 
-fn pull_replies(
-    t: &Table,
-    link: &mut Link,
-    status: &Mutex<Status>,
-    book: &mut Book,
-    events: &mut Option<BufWriter<std::fs::File>>,
-) -> Result<()> {
+fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut Book) -> Result<()> {
     loop {
         let (kind, body) = link.recv()?;
         match kind {
@@ -520,7 +515,7 @@ fn pull_replies(
                 let written = t.sync_apply(&reply)?;
                 if !reply.partial {
                     book.pending.remove(&reply.part);
-                    if let Some(e) = events.as_mut() {
+                    if let Some(e) = book.events.as_mut() {
                         let newest = t.sync_knowledge(reply.part)?.0.max_timestamp();
                         let us = std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
