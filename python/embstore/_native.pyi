@@ -165,6 +165,10 @@ class Server:
         sync_etcd: list[str] | None = None,
         dc: str | None = None,
         sync_advertise: str | None = None,
+        sync_tls_ca: str | None = None,
+        sync_tls_cert: str | None = None,
+        sync_tls_key: str | None = None,
+        sync_tls_domain: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -339,7 +343,14 @@ def synthetic_trace(
 
 class SyncServer:
     def __init__(
-        self, store: Store, listen: str, token: str | None = None, parts: int = 1024
+        self,
+        store: Store,
+        listen: str,
+        token: str | None = None,
+        parts: int = 1024,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -355,6 +366,10 @@ class Follower:
         tables: list[str] = ...,
         with_state: bool = False,
         wait_ms: int = 1000,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_domain: str | None = None,
     ) -> None: ...
     def status(self) -> list[dict[str, Any]]: ...
     def wait_caught_up(self, timeout_s: float) -> bool: ...

@@ -268,6 +268,17 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "presents it (default: none)",
     )
     srv.add_argument(
+        "--sync-tls-ca",
+        metavar="PEM",
+        help="with --follow: talk TLS to the source, trusting this CA (the sync port itself "
+        "takes --tls-cert/--tls-key/--tls-client-ca)",
+    )
+    srv.add_argument("--sync-tls-cert", metavar="PEM", help="with --follow: a client certificate")
+    srv.add_argument("--sync-tls-key", metavar="PEM", help="the client certificate's key")
+    srv.add_argument(
+        "--sync-tls-domain", help="the name the source's certificate carries (default: its host)"
+    )
+    srv.add_argument(
         "--sync-events",
         metavar="FILE",
         help="with --follow: append a 20-byte record per applied reply to FILE (time in µs, "
@@ -524,6 +535,10 @@ def _serve(args: argparse.Namespace) -> int:
             sync_etcd,
             args.dc,
             args.sync_advertise,
+            args.sync_tls_ca,
+            args.sync_tls_cert,
+            args.sync_tls_key,
+            args.sync_tls_domain,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)

@@ -145,17 +145,26 @@ class Store:
         return store
 
     def serve_sync(
-        self, listen: str = "127.0.0.1:0", *, token: str | None = None, parts: int = 1024
+        self,
+        listen: str = "127.0.0.1:0",
+        *,
+        token: str | None = None,
+        parts: int = 1024,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_client_ca: str | os.PathLike[str] | None = None,
     ) -> SyncPort:
         """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
         one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
         write is versioned and remembered for followers, each removal leaves a tombstone.
         ``token``: a replication token followers must present. ``parts``: sync parts per
         table (a power of two, at least the shard count); followers take the source's.
+        ``tls_cert``/``tls_key`` (PEM files): serve TLS; with ``tls_client_ca``, followers
+        need a certificate from that CA (mutual TLS).
 
         Start it before other threads write. A table that syncs cannot be replaced by
         :meth:`Table.load` (import its rows instead: they sync as writes)."""
-        return _sync.serve(self._inner, listen, token, parts)
+        return _sync.serve(self._inner, listen, token, parts, (tls_cert, tls_key, tls_client_ca))
 
     @classmethod
     def follow(
@@ -169,6 +178,10 @@ class Store:
         replica_id: int | None = None,
         memory_budget_bytes: int | None = None,
         wait_ms: int = 1000,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_domain: str | None = None,
     ) -> Store:
         """A store that follows the sync port at ``source`` (``host:port``): it gets the
         source's tables (all, or ``tables``), pulls their rows, then keeps pulling what
@@ -178,7 +191,11 @@ class Store:
         values only). Rows that were created by lookups and never written hold their initial
         values, which the follower's lookups compute alike: they are not shipped.
         ``replica_id``: this replica's id (default: a random one; it must
-        differ from the source's). :meth:`sync_status` says how fresh it is;
+        differ from the source's). ``tls_ca``: talk TLS, trusting sources whose certificate
+        chains to this CA (PEM; a source it does not trust is refused with
+        :class:`PermissionDeniedError`), with ``tls_cert``/``tls_key`` for mutual TLS and
+        ``tls_domain`` the name on the source's certificate (default: its host).
+        :meth:`sync_status` says how fresh it is;
         :meth:`wait_caught_up` waits for it to catch up; :meth:`close` stops following.
 
         >>> import embstore
@@ -206,6 +223,7 @@ class Store:
                 tables=tables,
                 with_state=with_state,
                 wait_ms=wait_ms,
+                tls=(tls_ca, tls_cert, tls_key, tls_domain),
             )
         except BaseException:
             store.close()

@@ -11,6 +11,7 @@ the failure cases.
 
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -48,7 +49,21 @@ class SyncPort:
         return f"SyncPort({self.address!r})"
 
 
-def serve(store_inner: Any, listen: str, token: str | None, parts: int) -> SyncPort:
+def _path(p: Any, what: str) -> str | None:
+    if p is None:
+        return None
+    if not isinstance(p, str | os.PathLike):
+        raise InvalidArgumentError(f"{what} must be a path to a PEM file, got {p!r}")
+    return os.fspath(p)
+
+
+def serve(
+    store_inner: Any,
+    listen: str,
+    token: str | None,
+    parts: int,
+    tls: tuple[Any, Any, Any] = (None, None, None),
+) -> SyncPort:
     """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
     if not isinstance(listen, str) or ":" not in listen:
         raise InvalidArgumentError(f"listen must be 'host:port', got {listen!r}")
@@ -56,7 +71,10 @@ def serve(store_inner: Any, listen: str, token: str | None, parts: int) -> SyncP
         raise InvalidArgumentError(f"token must be a str, got {token!r}")
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or parts & (parts - 1):
         raise InvalidArgumentError(f"parts must be a power of two, got {parts!r}")
-    return SyncPort(_native.SyncServer(store_inner, listen, token, parts))
+    cert, key, client_ca = (
+        _path(p, w) for p, w in zip(tls, ("tls_cert", "tls_key", "tls_client_ca"), strict=True)
+    )
+    return SyncPort(_native.SyncServer(store_inner, listen, token, parts, cert, key, client_ca))
 
 
 def new_replica_id() -> int:
@@ -73,6 +91,7 @@ def start_follower(
     tables: list[str] | None,
     with_state: bool,
     wait_ms: int,
+    tls: tuple[Any, Any, Any, str | None] = (None, None, None, None),
 ) -> Any:
     """The native follower (see :meth:`embstore.Store.follow`)."""
     if not isinstance(source, str) or ":" not in source:
@@ -83,6 +102,18 @@ def start_follower(
         raise InvalidArgumentError(f"tables must be a list of names, got {tables!r}")
     if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or not 0 <= wait_ms <= 5000:
         raise InvalidArgumentError(f"wait_ms must be in 0..5000, got {wait_ms!r}")
+    ca, cert, key = (
+        _path(p, w) for p, w in zip(tls[:3], ("tls_ca", "tls_cert", "tls_key"), strict=True)
+    )
     return _native.Follower(
-        store_inner, source, token or "", list(tables or []), bool(with_state), wait_ms
+        store_inner,
+        source,
+        token or "",
+        list(tables or []),
+        bool(with_state),
+        wait_ms,
+        ca,
+        cert,
+        key,
+        tls[3],
     )

@@ -74,7 +74,7 @@ fn lease_ttl(seconds: f64) -> PyResult<Duration> {
 /// The serving port's TLS from PEM files (both a certificate and its key, a client CA only
 /// with them), checked: a certificate and key that cannot serve (swapped, of two pairs) stop
 /// the server here, before it says it serves, rather than at every handshake.
-fn serving_tls(
+pub(crate) fn serving_tls(
     cert: Option<std::path::PathBuf>,
     key: Option<std::path::PathBuf>,
     client_ca: Option<std::path::PathBuf>,
@@ -95,6 +95,32 @@ fn serving_tls(
     };
     tls.check().map_err(to_py_err)?;
     Ok(Some(tls))
+}
+
+/// TLS to a sync source: the CA to trust, a client certificate and key (mutual TLS), the name
+/// the source's certificate carries. `None` without a CA.
+pub(crate) fn sync_client_tls(
+    ca: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+    domain: Option<String>,
+) -> PyResult<Option<(Arc<embstore_sync::tls::ClientConfig>, Option<String>)>> {
+    let Some(ca) = ca else {
+        if cert.is_some() || key.is_some() || domain.is_some() {
+            return Err(to_py_err(Error::new(
+                ErrorKind::InvalidArgument,
+                "sync TLS needs the CA to trust (tls_ca) before a certificate, key or domain",
+            )));
+        }
+        return Ok(None);
+    };
+    let tls = embstore_sync::ClientTls {
+        ca_pem: read_pem(&ca)?,
+        cert_pem: cert.as_deref().map(read_pem).transpose()?,
+        key_pem: key.as_deref().map(read_pem).transpose()?,
+        domain: domain.clone(),
+    };
+    Ok(Some((tls.config().map_err(to_py_err)?, domain)))
 }
 
 /// Refuses a store directory that holds no store.
@@ -187,6 +213,10 @@ pub(crate) struct SyncArgs {
     /// `--etcd` with `--dc`: register there, and find sources there.
     etcd: Option<Vec<String>>,
     dc: Option<String>,
+    /// The serving TLS, which the sync port takes too.
+    server_tls: Option<Arc<embstore_sync::tls::ServerConfig>>,
+    /// `--sync-tls-*`: TLS to the source followed.
+    client_tls: Option<(Arc<embstore_sync::tls::ClientConfig>, Option<String>)>,
 }
 
 /// What [`start_sync`] started.
@@ -224,6 +254,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
         let follow_options = embstore_sync::FollowOptions {
             token: a.token.clone().unwrap_or_default(),
             events: a.events.clone(),
+            tls: a.client_tls.clone(),
             ..embstore_sync::FollowOptions::default()
         };
         // A follower of a fixed source creates its tables first (with the source's layout),
@@ -236,6 +267,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
             let options = embstore_sync::ServeOptions {
                 token: a.token.clone(),
                 sync: store.sync_options().unwrap_or_default(),
+                tls: a.server_tls.clone(),
             };
             out.server = Some(embstore_sync::SyncServer::start(store.clone(), addr, options)?);
         }
@@ -300,7 +332,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -327,6 +359,10 @@ impl PyServer {
         sync_etcd: Option<Vec<String>>,
         dc: Option<String>,
         sync_advertise: Option<String>,
+        sync_tls_ca: Option<std::path::PathBuf>,
+        sync_tls_cert: Option<std::path::PathBuf>,
+        sync_tls_key: Option<std::path::PathBuf>,
+        sync_tls_domain: Option<String>,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -363,6 +399,8 @@ impl PyServer {
             events: sync_events,
             etcd: sync_etcd,
             dc,
+            server_tls: tls.as_ref().map(|t| t.server_config()).transpose().map_err(to_py_err)?,
+            client_tls: sync_client_tls(sync_tls_ca, sync_tls_cert, sync_tls_key, sync_tls_domain)?,
         };
         let synced = start_sync(py, store.as_ref(), sync_args)?;
         let metrics_address =

@@ -22,15 +22,24 @@ pub(crate) struct PySyncServer {
 #[pymethods]
 impl PySyncServer {
     #[new]
-    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS))]
+    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS, tls_cert=None, tls_key=None, tls_client_ca=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: &PyStore,
         listen: &str,
         token: Option<String>,
         parts: u32,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
+        tls_client_ca: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
-        let options = ServeOptions { token, sync: SyncOptions { parts, ..SyncOptions::default() } };
+        let tls = crate::serving::serving_tls(tls_cert, tls_key, tls_client_ca)?;
+        let options = ServeOptions {
+            token,
+            sync: SyncOptions { parts, ..SyncOptions::default() },
+            tls: tls.map(|t| t.server_config()).transpose().map_err(to_py_err)?,
+        };
         let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))
             .map_err(to_py_err)?;
         Ok(Self { addr: s.addr().to_string(), inner: Mutex::new(Some(s)) })
@@ -90,7 +99,8 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
 #[pymethods]
 impl PyFollower {
     #[new]
-    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000))]
+    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000, tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: &PyStore,
@@ -99,9 +109,14 @@ impl PyFollower {
         tables: Vec<String>,
         with_state: bool,
         wait_ms: u32,
+        tls_ca: Option<std::path::PathBuf>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
+        tls_domain: Option<String>,
     ) -> PyResult<Self> {
+        let tls = crate::serving::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
         let options =
-            FollowOptions { token, tables, with_state, wait_ms, ..FollowOptions::default() };
+            FollowOptions { token, tables, with_state, wait_ms, tls, ..FollowOptions::default() };
         let f = detached(py, || Follower::start(store.inner.clone(), source, options))
             .map_err(to_py_err)?;
         Ok(Self { inner: Mutex::new(Some(f)) })

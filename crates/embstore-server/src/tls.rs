@@ -19,6 +19,14 @@ impl Tls {
             .map_err(|e| embstore_common::Error::new(ErrorKind::InvalidArgument, e))
     }
 
+    /// This identity (and client CA) as a rustls server configuration, for other ports that
+    /// take the serving TLS (the sync port); `InvalidArgument` naming the cause.
+    pub fn server_config(
+        &self,
+    ) -> embstore_common::Result<Arc<tokio_rustls::rustls::ServerConfig>> {
+        self.rustls_config().map_err(|e| embstore_common::Error::new(ErrorKind::InvalidArgument, e))
+    }
+
     /// This identity (and client CA) as a rustls server configuration, or why not.
     pub(crate) fn rustls_config(&self) -> Result<Arc<tokio_rustls::rustls::ServerConfig>, String> {
         use tokio_rustls::rustls;

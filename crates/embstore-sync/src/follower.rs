@@ -22,7 +22,9 @@ use embstore_table::{Store, Table, TableConfig};
 use parking_lot::Mutex;
 
 use crate::discovery::Directory;
+use crate::tls::Stream;
 use crate::wire::{self, Kind};
+use tokio_rustls::rustls::ClientConfig;
 
 /// Where a follower pulls from.
 #[derive(Clone, Debug)]
@@ -87,6 +89,9 @@ pub struct FollowOptions {
     /// `time_us u64 | part u32 | newest_ts u64` (little-endian; the time in µs since the Unix
     /// epoch, the part's largest known timestamp over its origins after the reply).
     pub events: Option<std::path::PathBuf>,
+    /// TLS to the source ([`crate::ClientTls::config`]) and the name its certificate must
+    /// carry (default: the host of its address); `None`: plaintext.
+    pub tls: Option<(Arc<ClientConfig>, Option<String>)>,
 }
 
 impl Default for FollowOptions {
@@ -99,6 +104,7 @@ impl Default for FollowOptions {
             retry_ms: 200,
             timeout_ms: 10_000,
             events: None,
+            tls: None,
         }
     }
 }
@@ -289,25 +295,48 @@ fn check_same(t: &Table, source: &TableConfig) -> Result<()> {
     Ok(())
 }
 
+/// An io error of a send: a failed TLS handshake (rustls reports it as invalid data) means
+/// the source is not trusted, or does not trust this follower.
+fn untrusted(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| match e.kind() {
+        std::io::ErrorKind::InvalidData => Error::new(
+            ErrorKind::PermissionDenied,
+            format!("{what}: the TLS handshake with the sync source failed: {e}"),
+        ),
+        _ => Error::io(what, e),
+    }
+}
+
 /// One connection to a source's sync port.
 struct Link {
-    r: BufReader<TcpStream>,
-    w: BufWriter<TcpStream>,
+    r: BufReader<Stream>,
     bytes_in: u64,
     bytes_out: u64,
 }
 
 impl Link {
     fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
-        wire::write_frame(&mut self.w, kind, body)?;
-        self.w.flush().map_err(|e| Error::io("sync send", e))?;
-        self.bytes_out += 9 + body.len() as u64;
+        let mut frame = Vec::with_capacity(9 + body.len());
+        wire::write_frame(&mut frame, kind, body)?;
+        let w = self.r.get_mut();
+        w.write_all(&frame).and_then(|_| w.flush()).map_err(untrusted("sync send"))?;
+        self.bytes_out += frame.len() as u64;
         Ok(())
     }
 
     /// The next frame; an `Error` frame becomes the error it carries.
     fn recv(&mut self) -> Result<(Kind, Vec<u8>)> {
-        let (k, b) = wire::read_frame(&mut self.r)?;
+        let (k, b) = wire::read_frame(&mut self.r).map_err(|e| {
+            // TLS failures surface as io errors carrying rustls's message.
+            if e.kind() == ErrorKind::Io && e.message().contains("certificate") {
+                Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("the sync source is not trusted: {e}"),
+                )
+            } else {
+                e
+            }
+        })?;
         self.bytes_in += 9 + b.len() as u64;
         if k == Kind::Error {
             return Err(wire::decode_error(&b)?);
@@ -341,8 +370,10 @@ fn connect(
     // Replies may take the long-poll's wait plus the transfer.
     let read_timeout = timeout + Duration::from_millis(u64::from(options.wait_ms));
     s.set_read_timeout(Some(read_timeout)).map_err(|e| Error::io("sync connection", e))?;
-    let r = BufReader::with_capacity(256 << 10, s.try_clone().map_err(|e| Error::io("sync", e))?);
-    let mut link = Link { r, w: BufWriter::new(s), bytes_in: 0, bytes_out: 0 };
+    let host = source.rsplit_once(':').map_or(source, |(h, _)| h).trim_matches(['[', ']']);
+    let tls = options.tls.as_ref().map(|(c, domain)| (c, domain.as_deref().unwrap_or(host)));
+    let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
+    let mut link = Link { r, bytes_in: 0, bytes_out: 0 };
     let hello = wire::Hello {
         token: options.token.clone(),
         with_state: options.with_state,

@@ -17,8 +17,10 @@
 pub mod discovery;
 pub mod follower;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 pub use discovery::{Directory, Member};
 pub use follower::{FollowOptions, Follower, Source, TableSync};
 pub use server::{ServeOptions, ServerStats, SyncServer};
+pub use tls::ClientTls;

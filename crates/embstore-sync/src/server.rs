@@ -3,7 +3,7 @@
 //! cursor) and `Pull` (the rows of parts newer than its VVs), one request at a time. One thread
 //! per connection: a replica has a few neighbours, each with one connection per table.
 
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,9 @@ use embstore_table::sync::SyncOptions;
 use embstore_table::{Store, Table};
 use parking_lot::Mutex;
 
+use crate::tls::Stream;
 use crate::wire::{self, Kind};
+use tokio_rustls::rustls::ServerConfig;
 
 /// The longest a `List` waits for a change.
 pub const MAX_WAIT_MS: u32 = 5_000;
@@ -30,6 +32,8 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// The sync options the store's tables get (see [`Store::enable_sync`]).
     pub sync: SyncOptions,
+    /// TLS (the serving port's: `embstore_server::Tls::server_config`); `None`: plaintext.
+    pub tls: Option<Arc<ServerConfig>>,
 }
 
 /// What the sync port did.
@@ -85,7 +89,7 @@ impl SyncServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
         let counters = Arc::new(Counters::default());
-        let token = Arc::new(options.token);
+        let token = Arc::new((options.token, options.tls));
         let accept = {
             let (stop, conns, counters) = (stop.clone(), conns.clone(), counters.clone());
             std::thread::Builder::new()
@@ -140,7 +144,7 @@ impl Drop for SyncServer {
 fn accept_loop(
     listener: TcpListener,
     store: Arc<Store>,
-    token: Arc<Option<String>>,
+    token: Arc<(Option<String>, Option<Arc<ServerConfig>>)>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
     counters: Arc<Counters>,
@@ -161,7 +165,8 @@ fn accept_loop(
                 let (store, token, counters) = (store.clone(), token.clone(), counters.clone());
                 let _ = std::thread::Builder::new().name("embstore-sync-conn".into()).spawn(
                     move || {
-                        let _ = serve_conn(&store, stream, token.as_deref(), &counters);
+                        let guard = (token.0.as_deref(), token.1.as_ref());
+                        let _ = serve_conn(&store, stream, guard, &counters);
                     },
                 );
             }
@@ -179,8 +184,9 @@ fn same_token(a: &str, b: &str) -> bool {
 }
 
 struct Conn<'a> {
-    r: BufReader<TcpStream>,
-    w: BufWriter<TcpStream>,
+    /// Reads through a buffer; writes gather in `out` until [`Conn::flush`].
+    r: BufReader<Stream>,
+    out: Vec<u8>,
     counters: &'a Counters,
 }
 
@@ -192,13 +198,19 @@ impl Conn<'_> {
     }
 
     fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
-        wire::write_frame(&mut self.w, kind, body)?;
+        wire::write_frame(&mut self.out, kind, body)?;
+        if self.out.len() >= 256 << 10 {
+            self.flush()?;
+        }
         self.counters.bytes_out.fetch_add(9 + body.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.w.flush().map_err(|e| Error::io("sync send", e))
+        let w = self.r.get_mut();
+        w.write_all(&self.out).and_then(|_| w.flush()).map_err(|e| Error::io("sync send", e))?;
+        self.out.clear();
+        Ok(())
     }
 
     fn fail(&mut self, e: &Error) -> Result<()> {
@@ -210,11 +222,11 @@ impl Conn<'_> {
 fn serve_conn(
     store: &Store,
     stream: TcpStream,
-    token: Option<&str>,
+    (token, tls): (Option<&str>, Option<&Arc<ServerConfig>>),
     counters: &Counters,
 ) -> Result<()> {
-    let r = BufReader::new(stream.try_clone().map_err(|e| Error::io("sync connection", e))?);
-    let mut c = Conn { r, w: BufWriter::with_capacity(256 << 10, stream), counters };
+    let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
+    let mut c = Conn { r, out: Vec::new(), counters };
     let hello = match c.recv().and_then(|(k, b)| match k {
         Kind::Hello => wire::Hello::decode(&b),
         _ => Err(Error::corrupt("a sync connection must start with Hello")),

@@ -22,6 +22,7 @@ fn primary() -> (Arc<Store>, Arc<Table>, SyncServer) {
     let options = ServeOptions {
         token: Some("s3cret".into()),
         sync: SyncOptions { parts: 64, ..SyncOptions::default() },
+        tls: None,
     };
     let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
     (store, t, server)
@@ -204,4 +205,74 @@ fn a_reply_a_day_ahead_is_refused_and_the_follower_keeps_serving() {
     t.lookup(&[key], embstore_table::OnMiss::Zeros, &mut out, None).unwrap();
     f.stop();
     let _ = h.join();
+}
+
+/// A CA, a server certificate for localhost and a client certificate, as PEM.
+fn pki() -> (String, (String, String), (String, String)) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(params, ca_key);
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        (params.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
+    };
+    (ca.pem(), leaf("localhost"), leaf("client"))
+}
+
+#[test]
+fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
+    let (ca, server_id, client_id) = pki();
+    let other_ca = pki().0;
+    let store = Arc::new(Store::with_replica(1).unwrap());
+    let t = store.create_table(TableConfig::new("items", D)).unwrap();
+    let tls = embstore_server::Tls {
+        cert_pem: server_id.0.into_bytes(),
+        key_pem: server_id.1.into_bytes(),
+        client_ca_pem: Some(ca.clone().into_bytes()),
+    };
+    let options =
+        ServeOptions { tls: Some(tls.server_config().unwrap()), ..ServeOptions::default() };
+    let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
+    t.assign(&[1, 2, 3], &[0.5; 3 * D]).unwrap();
+    let addr = format!("localhost:{}", server.addr().port());
+    let with = |ca: &str, identity: bool| {
+        let c = embstore_sync::ClientTls {
+            ca_pem: ca.as_bytes().to_vec(),
+            cert_pem: identity.then(|| client_id.0.clone().into_bytes()),
+            key_pem: identity.then(|| client_id.1.clone().into_bytes()),
+            domain: None,
+        };
+        FollowOptions {
+            tls: Some((c.config().unwrap(), None)),
+            timeout_ms: 3000,
+            ..FollowOptions::default()
+        }
+    };
+    // Trusted both ways: it follows.
+    let replica = Arc::new(Store::with_replica(2).unwrap());
+    let f = Follower::start(replica.clone(), &addr, with(&ca, true)).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
+    f.stop();
+    // A source whose certificate chains to another CA: not trusted, nothing created.
+    let e =
+        Follower::start(Arc::new(Store::with_replica(3).unwrap()), &addr, with(&other_ca, true))
+            .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    // No client certificate, or plaintext: refused by the port.
+    assert!(Follower::start(Arc::new(Store::with_replica(4).unwrap()), &addr, with(&ca, false))
+        .is_err());
+    let plain = FollowOptions { timeout_ms: 3000, ..FollowOptions::default() };
+    assert!(Follower::start(Arc::new(Store::with_replica(5).unwrap()), &addr, plain).is_err());
+    // A client certificate without its key is a clear error.
+    let half = embstore_sync::ClientTls {
+        ca_pem: ca.into_bytes(),
+        cert_pem: Some(vec![]),
+        ..Default::default()
+    };
+    assert!(half.config().unwrap_err().to_string().contains("needs its key"));
 }

@@ -224,3 +224,47 @@ def test_through_etcd_a_leader_per_dc_pulls_from_the_primary_and_fails_over(tmp_
 
 def _only(members: list[dict], replica: int) -> dict:
     return next((m for m in members if m["replica"] == replica), {"status": ""})
+
+
+def test_the_sync_port_takes_the_serving_tls_and_a_follower_refuses_an_untrusted_source(
+    tmp_path,
+) -> None:
+    """`embstore serve --tls-* --sync-listen`: a follower with the CA and a client certificate
+    follows over mutual TLS; one without a certificate, one in plaintext and one trusting
+    another CA are refused (typed errors), and nothing is created in their stores."""
+    from test_serving import _pki
+
+    _pki(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    _pki(other)
+    store = embstore.Store(tmp_path / "p", replica_id=1)
+    t = store.create_table("item", embedding_dim=4)
+    t.assign([1, 2, 3], np.ones((3, 4), np.float32))
+    store.close()
+    tls = ["--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key")]
+    tls += ["--tls-client-ca", str(tmp_path / "ca.pem")]
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    primary = _Proc(
+        [*serve, "--store", str(tmp_path / "p"), "--sync-listen", "127.0.0.1:0", *tls],
+        r"sync port on 127\.0\.0\.1:(\d+)",
+    )
+    try:
+        source = f"localhost:{primary.match.group(1)}"
+        mine = {"tls_cert": tmp_path / "client.pem", "tls_key": tmp_path / "client.key"}
+        replica = embstore.Store.follow(source, tls_ca=tmp_path / "ca.pem", **mine)
+        try:
+            assert replica.wait_caught_up(timeout=30)
+            assert len(replica["item"]) == 3
+        finally:
+            replica.close()
+        with pytest.raises(PermissionDeniedError, match="not trusted|TLS handshake"):
+            embstore.Store.follow(source, tls_ca=other / "ca.pem", **mine)
+        with pytest.raises(embstore.EmbstoreError):
+            embstore.Store.follow(source, tls_ca=tmp_path / "ca.pem")  # no client certificate
+        with pytest.raises(embstore.EmbstoreError):
+            embstore.Store.follow(source)  # plaintext
+        with pytest.raises(InvalidArgumentError, match="needs the CA"):
+            embstore.Store.follow(source, tls_cert=tmp_path / "client.pem")
+    finally:
+        primary.kill()
