@@ -266,7 +266,12 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
         if let Some(addr) = &a.listen {
             let options = embstore_sync::ServeOptions {
                 token: a.token.clone(),
-                sync: store.sync_options().unwrap_or_default(),
+                // A follower's rows on disk prove nothing about what it knows (see
+                // `SyncOptions::knowledge_from_rows`).
+                sync: store.sync_options().unwrap_or(embstore_table::sync::SyncOptions {
+                    knowledge_from_rows: a.follow.is_none(),
+                    ..Default::default()
+                }),
                 tls: a.server_tls.clone(),
             };
             out.server = Some(embstore_sync::SyncServer::start(store.clone(), addr, options)?);

@@ -89,6 +89,9 @@ pub struct FollowOptions {
     /// `time_us u64 | part u32 | newest_ts u64` (little-endian; the time in µs since the Unix
     /// epoch, the part's largest known timestamp over its origins after the reply).
     pub events: Option<std::path::PathBuf>,
+    /// How often a store in a directory is flushed, so that a restart serves recent rows at
+    /// once (it then pulls every part again); `None`: never.
+    pub flush_every: Option<Duration>,
     /// TLS to the source ([`crate::ClientTls::config`]) and the name its certificate must
     /// carry (default: the host of its address); `None`: plaintext.
     pub tls: Option<(Arc<ClientConfig>, Option<String>)>,
@@ -105,6 +108,7 @@ impl Default for FollowOptions {
             timeout_ms: 10_000,
             events: None,
             tls: None,
+            flush_every: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -195,7 +199,11 @@ impl Follower {
             tables.push((t, info.parts));
         }
         let parts = tables.iter().map(|(_, p)| *p).max().unwrap_or(1);
-        let sync = store.sync_options().unwrap_or(SyncOptions { parts, ..SyncOptions::default() });
+        let sync = store.sync_options().unwrap_or(SyncOptions {
+            parts,
+            knowledge_from_rows: false,
+            ..SyncOptions::default()
+        });
         store.enable_sync(&sync)?;
         for (t, p) in &tables {
             if t.sync_parts()? != *p {
@@ -223,6 +231,14 @@ impl Follower {
         if let Source::Directory(d) = &source {
             let all = status.clone();
             d.set_report(Box::new(move || report(&all)));
+        }
+        if let (Some(every), Some(_)) = (options.flush_every, store.path()) {
+            let (stop, store, st) = (stop.clone(), store.clone(), status.clone());
+            let th = std::thread::Builder::new()
+                .name("embstore-follow-flush".into())
+                .spawn(move || flush_loop(&store, every, &stop, &st))
+                .map_err(|e| Error::io("cannot start the follower's flush thread", e))?;
+            threads.push(th);
         }
         Ok(Self { stop, status, threads })
     }
@@ -393,6 +409,29 @@ struct Book {
     pending: BTreeSet<u32>,
     /// Where applied replies are recorded ([`FollowOptions::events`]).
     events: Option<BufWriter<std::fs::File>>,
+}
+
+/// Flushes `store` every `every` until stopped (and once more at the end); a failure is
+/// reported on every table's status and retried at the next tick.
+fn flush_loop(store: &Store, every: Duration, stop: &AtomicBool, status: &[Arc<Mutex<Status>>]) {
+    let mut next = Instant::now() + every;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if stopping || Instant::now() >= next {
+            if let Err(e) = store.flush() {
+                for s in status {
+                    let mut s = s.lock();
+                    s.s.errors += 1;
+                    s.s.last_error = Some(format!("flush: {e}"));
+                }
+            }
+            next = Instant::now() + every;
+        }
+        if stopping {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One line per table for a directory's `status`: lag, pending parts, bytes in, source.

@@ -276,3 +276,37 @@ fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
     };
     assert!(half.config().unwrap_err().to_string().contains("needs its key"));
 }
+
+#[test]
+fn a_follower_in_a_directory_restarts_serving_its_rows_and_pulls_every_part_again() {
+    let (_p, t, server) = primary();
+    let ids: Vec<u64> = (0..3000).collect();
+    t.assign(&ids, &vec![0.5; ids.len() * D]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let open = || {
+        let options = embstore_table::StoreOptions::default().with_replica(7);
+        let fs = Arc::new(embstore_table::disk::vfs::RealFs);
+        Arc::new(Store::open_with_options(&dir, &options, fs).unwrap())
+    };
+    let addr = server.addr().to_string();
+    {
+        let replica = open();
+        let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+        assert!(f.wait_caught_up(Duration::from_secs(20)));
+        f.stop(); // flushes once more as it stops
+        replica.close().unwrap();
+    }
+    // Writes while the follower is down.
+    t.apply_gradients(&[1, 2, 3000], &[1.0; 3 * D], None).unwrap();
+    let replica = open();
+    let r = replica.table("items").unwrap();
+    assert_eq!(r.len(), 3000, "it serves its flushed rows at once");
+    let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    assert_eq!(rows(&r), rows(&t));
+    let s = &f.status()[0];
+    assert_eq!(s.parts, 64, "every part pulled again: {s:?}");
+    assert_eq!(s.rows_applied, 3, "only the rows that changed were written: {s:?}");
+    f.stop();
+}

@@ -52,11 +52,23 @@ pub struct SyncOptions {
     pub adaptive: bool,
     /// The most rows a part's update cache keeps, as a share of its rows (at least 64).
     pub cache_max_frac: f64,
+    /// Whether the rows a table holds when sync starts count as known (each part's VV is the
+    /// newest version per origin among them): right for a store whose rows are its own
+    /// writes. A follower whose rows came from an earlier run's flushes cannot prove which of
+    /// its source's writes a flush caught (a flush copies a shard in chunks), so it starts
+    /// knowing nothing and pulls every part again (rows it already holds are skipped).
+    pub knowledge_from_rows: bool,
 }
 
 impl Default for SyncOptions {
     fn default() -> Self {
-        Self { parts: DEFAULT_PARTS, d_prop_ms: 10_000, adaptive: true, cache_max_frac: 0.01 }
+        Self {
+            parts: DEFAULT_PARTS,
+            d_prop_ms: 10_000,
+            adaptive: true,
+            cache_max_frac: 0.01,
+            knowledge_from_rows: true,
+        }
     }
 }
 
@@ -205,7 +217,7 @@ impl Table {
         // Each part knows the rows it holds: per origin, the newest version among them.
         let mut vvs = vec![Vv::new(); parts as usize];
         let mut export = self.export(4096);
-        for chunk in export.by_ref() {
+        for chunk in export.by_ref().take_while(|_| options.knowledge_from_rows) {
             for (k, m) in chunk.ids.iter().zip(&chunk.meta) {
                 if m.version != Version::default() {
                     vvs[layout.part_of(*k) as usize].raise(m.version.replica, m.version.timestamp);
