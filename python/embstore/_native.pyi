@@ -169,6 +169,8 @@ class Server:
         sync_tls_cert: str | None = None,
         sync_tls_key: str | None = None,
         sync_tls_domain: str | None = None,
+        sync_cache: bool = True,
+        sync_shard_versions: bool = True,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -351,6 +353,7 @@ class SyncServer:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        use_cache: bool = True,
     ) -> None: ...
     @property
     def address(self) -> str: ...

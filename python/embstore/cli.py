@@ -279,6 +279,18 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "--sync-tls-domain", help="the name the source's certificate carries (default: its host)"
     )
     srv.add_argument(
+        "--sync-no-cache",
+        action="store_true",
+        help="answer every pull by a scan, never from the update cache (only for measuring "
+        "what the cache gains)",
+    )
+    srv.add_argument(
+        "--sync-no-shard-versions",
+        action="store_true",
+        help="with --follow: pull every part every round, skipping none by shard version (only "
+        "for measuring what shard versions gain)",
+    )
+    srv.add_argument(
         "--sync-events",
         metavar="FILE",
         help="with --follow: append a 20-byte record per applied reply to FILE (time in µs, "
@@ -539,6 +551,8 @@ def _serve(args: argparse.Namespace) -> int:
             args.sync_tls_cert,
             args.sync_tls_key,
             args.sync_tls_domain,
+            not args.sync_no_cache,
+            not args.sync_no_shard_versions,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)

@@ -153,6 +153,7 @@ class Store:
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         tls_client_ca: str | os.PathLike[str] | None = None,
+        use_cache: bool = True,
     ) -> SyncPort:
         """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
         one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
@@ -160,11 +161,13 @@ class Store:
         ``token``: a replication token followers must present. ``parts``: sync parts per
         table (a power of two, at least the shard count); followers take the source's.
         ``tls_cert``/``tls_key`` (PEM files): serve TLS; with ``tls_client_ca``, followers
-        need a certificate from that CA (mutual TLS).
+        need a certificate from that CA (mutual TLS). ``use_cache=False`` answers every pull
+        by a scan (only for measuring what the update cache gains).
 
         Start it before other threads write. A table that syncs cannot be replaced by
         :meth:`Table.load` (import its rows instead: they sync as writes)."""
-        return _sync.serve(self._inner, listen, token, parts, (tls_cert, tls_key, tls_client_ca))
+        tls = (tls_cert, tls_key, tls_client_ca)
+        return _sync.serve(self._inner, listen, token, parts, tls, use_cache)
 
     @classmethod
     def follow(

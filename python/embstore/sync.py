@@ -63,6 +63,7 @@ def serve(
     token: str | None,
     parts: int,
     tls: tuple[Any, Any, Any] = (None, None, None),
+    use_cache: bool = True,
 ) -> SyncPort:
     """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
     if not isinstance(listen, str) or ":" not in listen:
@@ -74,7 +75,10 @@ def serve(
     cert, key, client_ca = (
         _path(p, w) for p, w in zip(tls, ("tls_cert", "tls_key", "tls_client_ca"), strict=True)
     )
-    return SyncPort(_native.SyncServer(store_inner, listen, token, parts, cert, key, client_ca))
+    native = _native.SyncServer(
+        store_inner, listen, token, parts, cert, key, client_ca, bool(use_cache)
+    )
+    return SyncPort(native)
 
 
 def new_replica_id() -> int:

@@ -217,6 +217,9 @@ pub(crate) struct SyncArgs {
     server_tls: Option<Arc<embstore_sync::tls::ServerConfig>>,
     /// `--sync-tls-*`: TLS to the source followed.
     client_tls: Option<(Arc<embstore_sync::tls::ClientConfig>, Option<String>)>,
+    /// `--sync-no-cache`, `--sync-no-shard-versions` (for measuring what each gains).
+    use_cache: bool,
+    skip_by_sv: bool,
 }
 
 /// What [`start_sync`] started.
@@ -255,6 +258,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
             token: a.token.clone().unwrap_or_default(),
             events: a.events.clone(),
             tls: a.client_tls.clone(),
+            skip_by_sv: a.skip_by_sv,
             ..embstore_sync::FollowOptions::default()
         };
         // A follower of a fixed source creates its tables first (with the source's layout),
@@ -270,6 +274,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
                 // `SyncOptions::knowledge_from_rows`).
                 sync: store.sync_options().unwrap_or(embstore_table::sync::SyncOptions {
                     knowledge_from_rows: a.follow.is_none(),
+                    use_cache: a.use_cache,
                     ..Default::default()
                 }),
                 tls: a.server_tls.clone(),
@@ -337,7 +342,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -368,6 +373,8 @@ impl PyServer {
         sync_tls_cert: Option<std::path::PathBuf>,
         sync_tls_key: Option<std::path::PathBuf>,
         sync_tls_domain: Option<String>,
+        sync_cache: bool,
+        sync_shard_versions: bool,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -406,6 +413,8 @@ impl PyServer {
             dc,
             server_tls: tls.as_ref().map(|t| t.server_config()).transpose().map_err(to_py_err)?,
             client_tls: sync_client_tls(sync_tls_ca, sync_tls_cert, sync_tls_key, sync_tls_domain)?,
+            use_cache: sync_cache,
+            skip_by_sv: sync_shard_versions,
         };
         let synced = start_sync(py, store.as_ref(), sync_args)?;
         let metrics_address =

@@ -89,6 +89,9 @@ pub struct FollowOptions {
     /// `time_us u64 | part u32 | newest_ts u64` (little-endian; the time in µs since the Unix
     /// epoch, the part's largest known timestamp over its origins after the reply).
     pub events: Option<std::path::PathBuf>,
+    /// Whether a round skips the parts whose shard version this replica already holds
+    /// (`false` pulls every part every round: only for measuring what shard versions gain).
+    pub skip_by_sv: bool,
     /// How often a store in a directory is flushed, so that a restart serves recent rows at
     /// once (it then pulls every part again); `None`: never.
     pub flush_every: Option<Duration>,
@@ -109,6 +112,7 @@ impl Default for FollowOptions {
             events: None,
             tls: None,
             flush_every: Some(Duration::from_secs(10)),
+            skip_by_sv: true,
         }
     }
 }
@@ -544,6 +548,11 @@ fn rounds(
             book.pending.insert(*p);
         }
         (book.epoch, book.cursor) = (changes.epoch, changes.upto);
+        if !options.skip_by_sv {
+            // Every part, every round: what a replica without shard versions must do.
+            book.pending.extend(0..t.sync_parts()?);
+            book.their_sv.clear();
+        }
         let mut todo = Vec::new();
         for &p in &book.pending {
             let mine = t.sync_knowledge(p)?.1;

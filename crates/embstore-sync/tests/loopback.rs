@@ -310,3 +310,27 @@ fn a_follower_in_a_directory_restarts_serving_its_rows_and_pulls_every_part_agai
     assert_eq!(s.rows_applied, 3, "only the rows that changed were written: {s:?}");
     f.stop();
 }
+
+#[test]
+fn without_the_cache_or_shard_versions_the_result_is_the_same_at_a_higher_cost() {
+    for (use_cache, skip_by_sv) in [(false, true), (true, false), (false, false)] {
+        let store = Arc::new(Store::with_replica(1).unwrap());
+        let t = store.create_table(TableConfig::new("items", D)).unwrap();
+        let sync = SyncOptions { parts: 64, use_cache, ..SyncOptions::default() };
+        let options = ServeOptions { sync, ..ServeOptions::default() };
+        let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
+        let replica = Arc::new(Store::with_replica(2).unwrap());
+        let opts = FollowOptions { skip_by_sv, wait_ms: 100, ..FollowOptions::default() };
+        let f = Follower::start(replica.clone(), &server.addr().to_string(), opts).unwrap();
+        for round in 0..5u64 {
+            t.assign(&[round, 100 + round], &[round as f32; 2 * D]).unwrap();
+            assert!(f.wait_caught_up(Duration::from_secs(20)));
+        }
+        assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
+        let (s, src) = (&f.status()[0], t.sync_stats().unwrap());
+        assert_eq!(src.pulls_cached == 0, !use_cache, "{src:?}");
+        // With shard versions, a round pulls only the parts that changed.
+        assert_eq!(s.parts > 64 + 5 * 2 + 10, !skip_by_sv, "{s:?}");
+        f.stop();
+    }
+}

@@ -258,7 +258,7 @@ def test_the_sync_port_takes_the_serving_tls_and_a_follower_refuses_an_untrusted
             assert len(replica["item"]) == 3
         finally:
             replica.close()
-        with pytest.raises(PermissionDeniedError, match="not trusted|TLS handshake"):
+        with pytest.raises(PermissionDeniedError, match=r"not trusted|TLS handshake"):
             embstore.Store.follow(source, tls_ca=other / "ca.pem", **mine)
         with pytest.raises(embstore.EmbstoreError):
             embstore.Store.follow(source, tls_ca=tmp_path / "ca.pem")  # no client certificate

@@ -178,6 +178,7 @@ pub(crate) struct SyncShared {
     /// `None`: D_prop stays where it is set; else the controller's state.
     pub(crate) adapt: Adapt,
     pub(crate) adaptive: bool,
+    pub(crate) use_cache: bool,
     pub(crate) counters: SyncCounters,
 }
 

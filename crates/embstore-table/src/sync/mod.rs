@@ -58,6 +58,9 @@ pub struct SyncOptions {
     /// its source's writes a flush caught (a flush copies a shard in chunks), so it starts
     /// knowing nothing and pulls every part again (rows it already holds are skipped).
     pub knowledge_from_rows: bool,
+    /// Whether pulls are answered from the update cache when they can be (`false` scans every
+    /// pull: only for measuring what the cache gains).
+    pub use_cache: bool,
 }
 
 impl Default for SyncOptions {
@@ -68,6 +71,7 @@ impl Default for SyncOptions {
             adaptive: true,
             cache_max_frac: 0.01,
             knowledge_from_rows: true,
+            use_cache: true,
         }
     }
 }
@@ -241,6 +245,7 @@ impl Table {
                 ..Adapt::default()
             },
             adaptive: options.adaptive,
+            use_cache: options.use_cache,
             counters: SyncCounters::default(),
         });
         if self.sync.set(shared.clone()).is_err() {

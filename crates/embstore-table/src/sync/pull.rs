@@ -32,8 +32,9 @@ impl Table {
             let known = vv_r.max_timestamp();
             let behind =
                 (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
-            sync.note_pull(p.cache.hits(vv_r), behind);
-            let keys: Vec<u64> = if p.cache.hits(vv_r) {
+            let hit = sync.use_cache && p.cache.hits(vv_r);
+            sync.note_pull(hit, behind);
+            let keys: Vec<u64> = if hit {
                 r.from_cache = true;
                 p.cache.select(vv_r)
             } else {
