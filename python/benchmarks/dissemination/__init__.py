@@ -8,10 +8,16 @@ training data centre replicates table rows to inference data centres.
 - ``latency``: per-update latency (max over replicas of visible - commit) and its summary.
 - ``resp``: a minimal Redis (RESP2) client on a plain socket, for the Redis peer.
 - ``redis_peer``: the outside peer, Redis primary -> replica replication (runnable).
+- ``ekko_peer``: embstore's own dissemination, a training store's sync port -> followers
+  (``embstore serve --follow``), DC-leader or direct (runnable); ``ekko_writer`` is its
+  primary-and-writer process.
+- ``plot``: latency and WAN bytes per update vs rate from the runs' JSON records;
+  ``compare.sh`` runs both peers and plots (docs/dissemination-results.md).
 
-Times are integer microseconds of ``CLOCK_MONOTONIC`` (``time.monotonic_ns() // 1000``): every
-process runs on the same host (network namespaces share the clock), so events from the writer,
-the monitor and the replicas compare without skew.
+Every process runs on the same host (network namespaces share the clocks), so events from the
+writer, the monitor and the replicas compare without skew. The Redis peer uses integer
+microseconds of ``CLOCK_MONOTONIC`` (``time.monotonic_ns() // 1000``); embstore's followers
+stamp their sync events with the wall clock (µs since the Unix epoch), so its writer does too.
 
 The scripts run from ``python/benchmarks``'s folders, so they import this package as
 ``dissemination`` and the shared helpers as ``lib``.

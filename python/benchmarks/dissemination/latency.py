@@ -63,13 +63,19 @@ def summary(commits: np.ndarray, replicas: dict[str, np.ndarray], wan_bytes: int
     """
     commits = np.asarray(commits, dtype=np.int64).reshape(-1, 3)
     lat, missing = update_latencies(commits, replicas)
-    rows = commits[:, 2]
+    return stats(lat, commits[:, 2], missing, wan_bytes)
+
+
+def stats(lat: np.ndarray, weights: np.ndarray, missing: int, wan_bytes: int) -> dict:
+    """The summary of latencies ``lat`` (seconds, NaN = never visible) of batches or updates
+    weighted by ``weights`` (rows per entry; ones for single updates)."""
+    weights = np.asarray(weights, dtype=np.int64)
     ok = ~np.isnan(lat)
-    per_update = np.repeat(lat[ok], rows[ok])
-    updates = int(rows.sum())
+    per_update = np.repeat(lat[ok], weights[ok])
+    updates = int(weights.sum())
     out = {
         "updates": updates,
-        "batches": len(commits),
+        "batches": len(lat),
         "batches_never_visible": missing,
         "wan_bytes": int(wan_bytes),
         "wan_bytes_per_update": round(wan_bytes / updates, 1) if updates else None,
@@ -82,3 +88,75 @@ def summary(commits: np.ndarray, replicas: dict[str, np.ndarray], wan_bytes: int
             max_s=round(float(per_update.max()), 4),
         )
     return out
+
+
+# embstore's followers: events instead of polls.
+#
+# A follower started with ``--sync-events FILE`` appends one record per applied reply:
+# ``time_us`` (µs since the Unix epoch), the sync ``part`` and ``newest_ts``, the largest row
+# version timestamp it knows in that part after the reply. A row written at the primary with
+# version ``v`` in part ``p`` is visible at a follower from its first event with part ``p`` and
+# ``newest_ts >= v``: a reply carries every row of the part newer than what the follower knew,
+# and one writer's versions grow in write order, so knowing ``v`` means holding the row (or a
+# newer write of it). The time is the apply time of the reply, so there is no poll error; the
+# commit is the writer's wall clock right after the write call returned (same clock).
+
+EVENT_DTYPE = np.dtype([("t_us", "<u8"), ("part", "<u4"), ("newest_ts", "<u8")])
+assert EVENT_DTYPE.itemsize == 20
+
+
+def read_events(raw: bytes) -> np.ndarray:
+    """The whole records of a ``--sync-events`` file's bytes (a partial last one is ignored)."""
+    n = len(raw) // EVENT_DTYPE.itemsize
+    return np.frombuffer(raw[: n * EVENT_DTYPE.itemsize], dtype=EVENT_DTYPE)
+
+
+def row_visible_times(part: np.ndarray, ts: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Per row (its ``part`` and version ``ts``), the first event time (int64 µs) at which the
+    follower knew ``ts`` in that part, or -1 where it never did."""
+    part = np.asarray(part, dtype=np.int64)
+    ts = np.asarray(ts, dtype=np.uint64)
+    out = np.full(len(part), -1, dtype=np.int64)
+    if len(events) == 0 or len(part) == 0:
+        return out
+    # Events by (part, time); within a part, the running max of newest_ts is non-decreasing,
+    # so the first event that reaches ts is a binary search.
+    order = np.lexsort((events["t_us"], events["part"]))
+    ev_part = events["part"][order].astype(np.int64)
+    ev_t = events["t_us"][order].astype(np.int64)
+    ev_ts = events["newest_ts"][order]
+    bounds = np.searchsorted(ev_part, np.arange(int(max(ev_part.max(), part.max())) + 2))
+    rows_by_part = np.argsort(part, kind="stable")
+    row_bounds = np.searchsorted(part[rows_by_part], np.arange(int(part.max()) + 2))
+    for p in np.unique(part):
+        a, b = bounds[p], bounds[p + 1]
+        if a == b:
+            continue
+        known = np.maximum.accumulate(ev_ts[a:b])
+        rows = rows_by_part[row_bounds[p] : row_bounds[p + 1]]
+        idx = np.searchsorted(known, ts[rows], side="left")
+        ok = idx < b - a
+        out[rows[ok]] = ev_t[a:b][idx[ok]]
+    return out
+
+
+def row_latencies(
+    commit_us: np.ndarray,
+    batch: np.ndarray,
+    part: np.ndarray,
+    ts: np.ndarray,
+    replicas: dict[str, np.ndarray],
+) -> tuple[np.ndarray, int]:
+    """Latency per row update in seconds (max over replicas of visible - commit of its batch;
+    NaN where some replica never showed it), and how many updates some replica never showed.
+    ``commit_us[batch[i]]`` is update i's commit; ``replicas`` maps a name to its events."""
+    commit = np.asarray(commit_us, dtype=np.int64)[np.asarray(batch, dtype=np.int64)]
+    worst = np.zeros(len(commit), dtype=np.int64)
+    missing = np.zeros(len(commit), dtype=bool)
+    for events in replicas.values():
+        vis = row_visible_times(part, ts, events)
+        missing |= vis < 0
+        worst = np.maximum(worst, vis - commit)
+    lat = worst.astype(np.float64) / 1e6
+    lat[missing] = np.nan
+    return lat, int(missing.sum())

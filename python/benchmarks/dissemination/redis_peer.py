@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,18 +30,18 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from lib.records import log, run_record
+from lib.records import log
 
 from dissemination import latency
 from dissemination.cpu import CpuMeter, idle_box_pct
 from dissemination.resp import Conn, command, info_fields
-from dissemination.trace import Trace, rho
+from dissemination.trace import add_workload_args, check_workload_args, rho, trace_for
 from dissemination.wan import (
     Wan,
-    WanConfig,
-    WanUnavailable,
-    check_available,
+    add_network_args,
     netns_connect,
+    pair_delta,
+    run_sweep,
     server_addr,
     server_ns,
 )
@@ -148,15 +147,7 @@ def poll_round(cl: Cluster, last: dict, polls: dict) -> None:
 
 
 def run_rate(w: Wan, args, rate: float) -> dict:
-    trace = Trace(
-        seed=args.seed,
-        rows=args.rows,
-        dim=args.dim,
-        rate=rate,
-        duration=args.duration,
-        zipf_a=args.zipf,
-        batch_ms=args.batch_ms,
-    )
+    trace = trace_for(args, rate)
     log(
         f"rate {rate:g} rows/s: trace seed {trace.seed}, {trace.updates} updates over "
         f"{trace.duration:g} s, Zipf({trace.zipf_a:g}) over {trace.rows} keys, D={trace.dim}"
@@ -237,7 +228,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         if writer is not None:
             w.stop(writer)
         cl.stop()
-    pair = {f"{i}->{j}": bytes1[(i, j)] - bytes0.get((i, j), 0) for (i, j) in bytes1}
+    pair = pair_delta(bytes0, bytes1)
     wan_total = sum(pair.values())
     arrays = {
         f"s{d}-{k}": np.array(p, dtype=np.int64).reshape(-1, 2) for (d, k), p in polls.items()
@@ -296,35 +287,12 @@ def parse_args(argv=None):
         epilog="example: redis_peer.py --rates 15000 45000 --json /tmp/redis.json  "
         "(3 DCs x 3, NIC 50, WAN 48 Mbit, 25 ms one-way, 30 s of updates per rate)",
     )
-    g = ap.add_argument_group("network (wan2.sh)")
-    g.add_argument("--dcs", type=int, default=3, help="data centres, DC 1 trains (default 3)")
-    g.add_argument("--servers", type=int, default=3, help="servers per DC (default 3)")
-    g.add_argument("--nic", type=float, default=50, help="per-server NIC Mbit/s (default 50)")
-    g.add_argument("--wan", type=float, default=48, help="per DC-pair WAN Mbit/s (default 48)")
-    g.add_argument("--one-way-ms", type=float, default=25, help="one-way WAN delay (default 25)")
-    g.add_argument(
-        "--slow",
-        nargs=3,
-        type=float,
-        metavar=("SRC", "DST", "MBIT"),
-        help="one slower DC pair, e.g. 1 2 12.8 (the heterogeneous runs)",
+    add_network_args(ap)
+    add_workload_args(
+        ap,
+        [15000, 45000],
+        "default 15000 45000: under and over the primary's NIC with the chain topology at 3 DCs",
     )
-    g.add_argument("--qms", type=int, default=100, help="WAN queue bound in ms (default 100)")
-    g = ap.add_argument_group("workload")
-    g.add_argument(
-        "--rates",
-        type=float,
-        nargs="+",
-        default=[15000, 45000],
-        help="update rates in rows/s, one run each (default 15000 45000: under and "
-        "over the primary's NIC with the chain topology at 3 DCs)",
-    )
-    g.add_argument("--duration", type=float, default=30, help="seconds of updates (default 30)")
-    g.add_argument("--rows", type=int, default=1 << 20, help="key space (default 2^20)")
-    g.add_argument("--dim", type=int, default=16, help="float32 per row (default 16)")
-    g.add_argument("--zipf", type=float, default=1.05, help="Zipf exponent (default 1.05)")
-    g.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
-    g.add_argument("--batch-ms", type=float, default=10, help="pipelining window (default 10)")
     g = ap.add_argument_group("redis and measurement")
     g.add_argument(
         "--topology",
@@ -354,14 +322,11 @@ def parse_args(argv=None):
         help="also save each run's commit and poll events (.npz, CLOCK_MONOTONIC µs) there",
     )
     args = ap.parse_args(argv)
-    if args.dcs < 2:
-        ap.error("--dcs must be >= 2 (DC 1 holds the primary, the others the replicas)")
-    if args.servers < 1 or args.rows < 1 or args.dim < 1 or args.duration <= 0:
-        ap.error("--servers, --rows, --dim and --duration must be positive")
+    check_workload_args(ap, args)
     if args.rows > 10**7:
         ap.error("--rows must be <= 10^7 (keys are 7 digits)")
-    if any(r <= 0 for r in args.rates) or args.poll_ms <= 0 or args.batch_ms <= 0:
-        ap.error("--rates, --poll-ms and --batch-ms must be > 0")
+    if args.poll_ms <= 0:
+        ap.error("--poll-ms must be > 0")
     if not (1 <= args.port <= 65535):
         ap.error("--port must be in 1..65535")
     if shutil.which(args.redis_server) is None:
@@ -369,48 +334,9 @@ def parse_args(argv=None):
     return args
 
 
-def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # SIGTERM (and SIGINT, even where a shell started us with it ignored) unwind through the
-    # finally blocks, so the servers are stopped and the namespaces removed.
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    slow = None if args.slow is None else (int(args.slow[0]), int(args.slow[1]), args.slow[2])
-    try:
-        cfg = WanConfig(
-            args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, slow=slow, qms=args.qms
-        )
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        check_available(args.python)
-    except WanUnavailable as e:
-        print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
-        return 2
-    idle = idle_box_pct(1.0)
-    log(f"box CPU before the run (other work on the machine): {idle} %")
-    records = []
-    try:
-        with Wan(cfg, python=args.python, log=log) as w:
-            for rate in args.rates:
-                rec = run_rate(w, args, rate)
-                rec.update(network=dict(cfg.__dict__), box_cpu_before_pct=idle, **run_record())
-                records.append(rec)
-    except WanUnavailable as e:
-        print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
-        return 2
-    text = json.dumps(records, indent=1)
-    if args.json:
-        pathlib.Path(args.json).write_text(text + "\n")
-        log(f"wrote {args.json}")
-    else:
-        print(text)
-    return 0
+    return run_sweep(args, run_rate, log, idle_box_pct(1.0))
 
 
 if __name__ == "__main__":

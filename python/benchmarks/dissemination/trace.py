@@ -96,3 +96,44 @@ def rate_for_rho(
 ) -> float:
     """The update rate (rows/s) of rows of ``row_bytes`` wire bytes that gives ``rho = target``."""
     return target * train_servers * nic_mbit * 1e6 / 8 / (replicas_total - 1) / row_bytes
+
+
+def add_workload_args(ap, default_rates: list[float], rates_help: str) -> None:
+    """The trace flags every dissemination benchmark takes (an argparse group)."""
+    g = ap.add_argument_group("workload")
+    g.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=default_rates,
+        help=f"update rates in rows/s, one run each ({rates_help})",
+    )
+    g.add_argument("--duration", type=float, default=30, help="seconds of updates (default 30)")
+    g.add_argument("--rows", type=int, default=1 << 20, help="key space (default 2^20)")
+    g.add_argument("--dim", type=int, default=16, help="float32 per row (default 16)")
+    g.add_argument("--zipf", type=float, default=1.05, help="Zipf exponent (default 1.05)")
+    g.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
+    g.add_argument("--batch-ms", type=float, default=10, help="write batch window (default 10)")
+
+
+def check_workload_args(ap, args) -> None:
+    """``ap.error`` for invalid network or workload flags (both groups' checks)."""
+    if args.dcs < 2:
+        ap.error("--dcs must be >= 2 (DC 1 holds the primary, the others the replicas)")
+    if args.servers < 1 or args.rows < 1 or args.dim < 1 or args.duration <= 0:
+        ap.error("--servers, --rows, --dim and --duration must be positive")
+    if any(r <= 0 for r in args.rates) or args.batch_ms <= 0:
+        ap.error("--rates and --batch-ms must be > 0")
+
+
+def trace_for(args, rate: float) -> Trace:
+    """The trace of the workload flags at ``rate``."""
+    return Trace(
+        seed=args.seed,
+        rows=args.rows,
+        dim=args.dim,
+        rate=rate,
+        duration=args.duration,
+        zipf_a=args.zipf,
+        batch_ms=args.batch_ms,
+    )

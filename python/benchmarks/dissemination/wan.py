@@ -18,6 +18,7 @@ ARP and router-local traffic go to the default class 1:999 and are not counted).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import pathlib
 import re
@@ -286,3 +287,80 @@ class Wan:
                 if major == "1" and 1 <= j <= self.cfg.dcs and j != i:
                     out[(i, j)] = int(sent)
         return out
+
+
+def add_network_args(ap) -> None:
+    """The ``wan2.sh`` flags every dissemination benchmark takes (an argparse group)."""
+    g = ap.add_argument_group("network (wan2.sh)")
+    g.add_argument("--dcs", type=int, default=3, help="data centres, DC 1 trains (default 3)")
+    g.add_argument("--servers", type=int, default=3, help="servers per DC (default 3)")
+    g.add_argument("--nic", type=float, default=50, help="per-server NIC Mbit/s (default 50)")
+    g.add_argument("--wan", type=float, default=48, help="per DC-pair WAN Mbit/s (default 48)")
+    g.add_argument("--one-way-ms", type=float, default=25, help="one-way WAN delay (default 25)")
+    g.add_argument(
+        "--slow",
+        nargs=3,
+        type=float,
+        metavar=("SRC", "DST", "MBIT"),
+        help="one slower DC pair, e.g. 1 2 12.8 (the heterogeneous runs)",
+    )
+    g.add_argument("--qms", type=int, default=100, help="WAN queue bound in ms (default 100)")
+
+
+def config_from_args(args) -> WanConfig:
+    """The :class:`WanConfig` of :func:`add_network_args`' flags (ValueError if invalid)."""
+    slow = None if args.slow is None else (int(args.slow[0]), int(args.slow[1]), args.slow[2])
+    return WanConfig(
+        args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, slow=slow, qms=args.qms
+    )
+
+
+def pair_delta(before: dict, after: dict) -> dict[str, int]:
+    """WAN bytes per DC pair between two :meth:`Wan.wan_bytes` readings, keyed ``"i->j"``."""
+    return {f"{i}->{j}": after[(i, j)] - before.get((i, j), 0) for (i, j) in after}
+
+
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_sweep(args, run_rate, log, idle_pct) -> int:
+    """The common ``main`` of the benchmarks: build the WAN of ``args``' network flags, call
+    ``run_rate(w, args, rate)`` for each of ``args.rates`` (a dict each), add the network, the
+    box CPU before the run (``idle_pct``) and the machine record, and write the records to
+    ``args.json`` (or stdout). SIGTERM and SIGINT unwind through the ``finally`` blocks, so
+    every process is stopped and the namespaces removed. Returns the exit code."""
+    from lib.records import run_record
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_available(args.python)
+    except WanUnavailable as e:
+        print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
+        return 2
+    log(f"box CPU before the run (other work on the machine): {idle_pct} %")
+    records = []
+    try:
+        with Wan(cfg, python=args.python, log=log) as w:
+            for rate in args.rates:
+                rec = run_rate(w, args, rate)
+                rec.update(network=dict(cfg.__dict__), box_cpu_before_pct=idle_pct, **run_record())
+                records.append(rec)
+                if args.json:  # keep what is done if a later rate fails
+                    pathlib.Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    except WanUnavailable as e:
+        print(f"error: the emulated WAN is unavailable: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(records, indent=1)
+    if args.json:
+        pathlib.Path(args.json).write_text(text + "\n")
+        log(f"wrote {args.json}")
+    else:
+        print(text)
+    return 0

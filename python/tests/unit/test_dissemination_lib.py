@@ -73,3 +73,53 @@ def test_encoded_sets_parse_back():
         assert cmd[0] == b"SET" and cmd[1] == b"r%07d" % key
         assert np.array_equal(np.frombuffer(cmd[2], dtype=np.float32), row)
     assert len(raw) == 3 * 98
+
+
+def _events(rows):
+    return np.array(rows, dtype=latency.EVENT_DTYPE)
+
+
+def test_event_records_parse_and_a_partial_record_is_ignored():
+    ev = _events([(1_000, 3, 7), (2_000, 5, 1 << 60)])
+    raw = ev.tobytes()
+    assert len(raw) == 40
+    back = latency.read_events(raw + raw[:7])
+    assert np.array_equal(back, ev) and int(back["newest_ts"][1]) == 1 << 60
+
+
+def test_row_visibility_is_the_first_event_of_its_part_that_knows_its_version():
+    # Part 1 learns ts 10 at 100 and ts 30 at 300; part 2 learns ts 20 at 150; an event with
+    # a smaller newest_ts after a larger one (another reply) does not unlearn it.
+    ev = _events([(300, 1, 30), (100, 1, 10), (150, 2, 20), (400, 1, 25), (50, 2, 5)])
+    part = np.array([1, 1, 1, 2, 2, 7])
+    ts = np.array([10, 11, 30, 5, 21, 1], dtype=np.uint64)
+    vis = latency.row_visible_times(part, ts, ev)
+    assert vis.tolist() == [100, 300, 300, 50, -1, -1]
+    assert latency.row_visible_times(part, ts, _events([])).tolist() == [-1] * 6
+
+
+def test_row_latency_is_the_max_over_followers_from_its_batch_commit():
+    commit = np.array([1_000, 2_000])
+    batch = np.array([0, 0, 1])
+    part = np.array([0, 1, 0])
+    ts = np.array([5, 6, 9], dtype=np.uint64)
+    near = _events([(1_100, 0, 5), (1_200, 1, 6), (2_100, 0, 9)])
+    far = _events([(1_050, 1, 6), (4_000, 0, 9)])  # one reply of part 0 carries both writes
+    lat, missing = latency.row_latencies(commit, batch, part, ts, {"near": near, "far": far})
+    assert missing == 0 and np.allclose(lat, [0.003, 0.0002, 0.002])
+    s = latency.stats(lat, np.ones(3, dtype=np.int64), missing, wan_bytes=30)
+    assert s["updates"] == 3 and s["wan_bytes_per_update"] == 10.0
+    assert s["mean_s"] == pytest.approx((0.003 + 0.0002 + 0.002) / 3, abs=1e-4)
+    lat, missing = latency.row_latencies(
+        commit, batch, part, ts, {"near": near, "lost": _events([(1_500, 1, 6)])}
+    )
+    assert missing == 2 and np.isnan(lat[[0, 2]]).all() and lat[1] == pytest.approx(0.0005)
+
+
+def test_ekko_topologies():
+    from dissemination.ekko_peer import is_leader, upstream
+
+    assert upstream("dc-leader", 1, 2) == (1, 1) and not is_leader("dc-leader", 1, 2)
+    assert upstream("dc-leader", 3, 1) == (1, 1) and is_leader("dc-leader", 3, 1)
+    assert upstream("dc-leader", 3, 2) == (3, 1) and not is_leader("dc-leader", 3, 2)
+    assert upstream("direct", 3, 2) == (1, 1) and not is_leader("direct", 3, 1)
