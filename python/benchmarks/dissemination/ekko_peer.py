@@ -12,6 +12,12 @@ its copy (``--sync-listen``), and the DC's other servers follow it (one WAN copy
 other servers hold replicas too (they count in the latency, and their pulls share the primary's
 NIC with the WAN ones); ``--no-dc1-followers`` leaves them out, as the Redis peer does.
 
+The ablation of spec section 9 (A0 "VV only" -> A1 + cache -> A2 + shard versions -> A3 +
+dc-leader): ``--source-no-cache`` makes the primary (and the DC leaders) answer every pull by a
+scan, ``--no-shard-versions`` makes every follower pull every part every round
+(``--sync-no-shard-versions``), ``--cold-tables N`` gives the primary N idle-ish tables
+(``ekko_writer.py``); ``--ablation A0|A1|A2|A3`` sets the three switches and the topology.
+
 An update (row ``k`` written with version ``v``, in sync part ``p``) is visible at a follower at
 its first event with part ``p`` and newest timestamp >= ``v``; its latency is the max over all
 followers of (visible - commit), commit = the writer's wall clock after ``assign`` returned
@@ -39,12 +45,19 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from lib.records import log
 
-from dissemination import latency
+from dissemination import latency, twopc
 from dissemination.cpu import CpuMeter, idle_box_pct
 from dissemination.trace import add_workload_args, check_workload_args, rho, trace_for
 from dissemination.wan import Wan, add_network_args, pair_delta, run_sweep, server_addr
 
 HERE = pathlib.Path(__file__).resolve().parent
+# The ablation steps of spec section 9: (topology, source cache, shard versions).
+ABLATION = {
+    "A0": ("direct", False, False),
+    "A1": ("direct", True, False),
+    "A2": ("direct", True, True),
+    "A3": ("dc-leader", True, True),
+}
 
 
 def upstream(topology: str, dc: int, k: int) -> tuple[int, int]:
@@ -134,6 +147,10 @@ class Cluster:
         argv += ["--follow", f"{server_addr(*up)}:{self.args.sync_port}", "--sync-events", str(ev)]
         if is_leader(self.args.topology, dc, k):
             argv += ["--sync-listen", f"{server_addr(dc, k)}:{self.args.sync_port}"]
+            if self.args.source_no_cache:
+                argv += ["--sync-no-cache"]
+        if self.args.no_shard_versions:
+            argv += ["--sync-no-shard-versions"]
         out = open(self.dir / f"{name(s)}.out", "w")
         err = open(self.dir / f"{name(s)}.err", "w")
         self.procs[s] = self.w.spawn(dc, k, argv, stdout=out, stderr=err)
@@ -157,7 +174,9 @@ class Cluster:
         argv = [self.w.python, str(HERE / "ekko_writer.py")]
         argv += ["--listen", f"{server_addr(1, 1)}:{self.args.sync_port}"]
         argv += ["--trace", json.dumps(self.trace.as_dict()), "--out", str(self.dir / "w.npz")]
-        argv += ["--parts", str(self.args.parts)]
+        argv += ["--parts", str(self.args.parts), "--cold-tables", str(self.args.cold_tables)]
+        if self.args.source_no_cache:
+            argv += ["--no-cache"]
         err = open(self.dir / "writer.err", "w")
         self.primary = self.w.spawn(
             1, 1, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
@@ -218,6 +237,25 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def table_stats_delta(before: dict | None, after: dict | None) -> dict:
+    """The source's ``Table.sync_stats()`` counters over the run (after - before, per table),
+    and their sum over the tables as ``all``.
+
+    >>> table_stats_delta({"t": {"pulls_cached": 1, "d_prop_ms": 5}},
+    ...                   {"t": {"pulls_cached": 4, "d_prop_ms": 7}})
+    {'t': {'pulls_cached': 3}, 'all': {'pulls_cached': 3}}
+    """
+    counters = ("pulls_cached", "pulls_scanned", "rows_sent")
+    out: dict[str, dict] = {}
+    for name, a in (after or {}).items():
+        b = (before or {}).get(name) or {}
+        if a:
+            out[name] = {c: a[c] - b.get(c, 0) for c in counters if c in a}
+    present = [c for c in counters if any(c in t for t in out.values())]
+    out["all"] = {c: sum(t.get(c, 0) for t in out.values()) for c in present}
+    return out
+
+
 def run_rate(w: Wan, args, rate: float) -> dict:
     trace = trace_for(args, rate)
     log(
@@ -230,6 +268,10 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         tag += f"-{w.cfg.one_way_ms:g}ms"
     if args.no_dc1_followers:
         tag += "-nodc1"
+    if args.ablation:
+        tag += f"-{args.ablation}"
+    if args.cold_tables:
+        tag += f"-cold{args.cold_tables}"
     keep = pathlib.Path(args.raw) / tag if args.raw else None
     exited: dict[str, int] = {}
     try:
@@ -310,6 +352,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
     lat, missing = latency.row_latencies(commit_us, batch, data["part"], data["ts"], events)
     res = latency.stats(lat, np.ones(len(lat), dtype=np.int64), missing, wan_total)
     res["batches"] = len(rows)
+    res["window_means_5s"] = latency.window_means(commit_us[batch], lat, np.ones(len(lat)))
     res["updates_never_visible"] = res.pop("batches_never_visible")
     if keep is not None:
         np.savez_compressed(
@@ -336,6 +379,10 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         system="embstore",
         topology=args.topology,
         dc1_followers=not args.no_dc1_followers,
+        ablation=args.ablation,
+        source_cache=not args.source_no_cache,
+        shard_versions=not args.no_shard_versions,
+        cold_tables=args.cold_tables,
         rate_rows_s=rate,
         achieved_rows_s=round(
             res["updates"] / ((commit_us[-1] - commit_us[0]) / 1e6 + args.batch_ms / 1e3), 1
@@ -347,6 +394,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         primary_sync_bytes_out=sync_out,
         primary_sync_bytes_per_update=round(sync_out / max(1, res["updates"]), 1),
         primary_sync_stats=port1,
+        source_table_stats_run=table_stats_delta(port0.get("tables"), port1.get("tables")),
         primary_nic_load=round(sync_out / run_s * 8 / (w.cfg.nic_mbit * 1e6), 3),
         wan_copies_expected=copies,
         wan_bytes_forward=sum(v for k, v in pair.items() if k.startswith("1->")),
@@ -355,6 +403,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         followers_exited=exited,
         stderr=errors,
         rho_spec=round(rho(rate * 122, nd * ns, ns, w.cfg.nic_mbit), 3),
+        rho_2pc=round(twopc.rho_2pc(rate, trace.dim, nd * ns, w.cfg.nic_mbit), 3),
         cpu=cpu,
         discarded=cpu["discarded"],
         trace=trace.as_dict(),
@@ -400,6 +449,35 @@ def parse_args(argv=None):
     )
     g.add_argument("--parts", type=int, default=1024, help="sync parts per table (default 1024)")
     g.add_argument(
+        "--rhos",
+        type=float,
+        nargs="+",
+        help="loads instead of --rates: the NIC load 2PC would need at the primary "
+        "(twopc.rho_2pc; the rates of twopc_peer.py --rhos)",
+    )
+    g.add_argument(
+        "--source-no-cache",
+        action="store_true",
+        help="the primary and the DC leaders answer every pull by a scan (ablation)",
+    )
+    g.add_argument(
+        "--no-shard-versions",
+        action="store_true",
+        help="followers pull every part every round (ablation)",
+    )
+    g.add_argument(
+        "--cold-tables",
+        type=int,
+        default=0,
+        help="N extra tables of 2^16 rows with 1 %% of the updates together (default 0)",
+    )
+    g.add_argument(
+        "--ablation",
+        choices=list(ABLATION),
+        help="A0: direct, no cache, no shard versions; A1: + cache; A2: + shard versions; "
+        "A3: + dc-leader (sets --topology and the two switches)",
+    )
+    g.add_argument(
         "--drain",
         type=float,
         default=30,
@@ -419,7 +497,17 @@ def parse_args(argv=None):
         "the epoch) and the followers' stdout/stderr there",
     )
     args = ap.parse_args(argv)
-    check_workload_args(ap, args)
+    if args.rhos:
+        args.rates = [
+            round(twopc.rate_for_rho_2pc(r, args.dim, args.dcs * args.servers, args.nic))
+            for r in args.rhos
+        ]
+    if args.ablation:
+        args.topology, cache, sv = ABLATION[args.ablation]
+        args.source_no_cache, args.no_shard_versions = not cache, not sv
+    check_workload_args(ap, args, min_dcs=1 if not args.no_dc1_followers else 2)
+    if args.cold_tables < 0:
+        ap.error("--cold-tables must be >= 0")
     for p in (args.port, args.sync_port):
         if not 1 <= p <= 65535:
             ap.error("--port and --sync-port must be in 1..65535")

@@ -9,7 +9,16 @@ Protocol with the parent, a line each way: prints ``ready N PARTS ADDRESS`` (N b
 ``warm I`` writes warm-up row I (keys above the trace's key space) and answers ``warm PART TS``;
 ``go`` replays the trace, writes ``--out`` (npz: ``commit_us`` and ``rows`` per batch, ``part``
 and ``ts`` per update in trace order) and answers ``done {json}``; ``stats`` answers the sync
-port's counters as JSON; ``quit`` or end of input stops the port and exits.
+port's counters as JSON, with ``tables``: each table's ``Table.sync_stats()``; ``quit`` or end of
+input stops the port and exits.
+
+For the ablation (spec section 9, A0-A3): ``--no-cache`` answers every pull by a scan
+(``serve_sync(use_cache=False)``); ``--cold-tables N`` adds N tables ``cold0..`` of 2^16 rows
+(same dimension) that get 1 % of all updates together: per batch, as many cold writes as keep
+their running total at 1/99 of the trace's, spread over the tables and keys by a seeded
+generator (uniform), written with one ``assign`` per touched table after the batch's hot write.
+They are not measured; they are the idle-ish tables whose parts shard versions let a follower
+skip.
 """
 
 from __future__ import annotations
@@ -33,13 +42,21 @@ def main() -> int:
     ap.add_argument("--trace", required=True, help="the Trace as JSON")
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", type=int, default=1024, help="sync parts (default 1024)")
+    ap.add_argument("--no-cache", action="store_true", help="answer every pull by a scan")
+    ap.add_argument("--cold-tables", type=int, default=0, help="idle-ish extra tables (default 0)")
     args = ap.parse_args()
     trace = Trace(**json.loads(args.trace))
     keys, values = trace.keys_values()
     batches = list(trace.batches())
     store = embstore.Store(replica_id=1)
     table = store.create_table("hot", embedding_dim=trace.dim, optimizer=embstore.Adagrad(lr=0.05))
-    port = store.serve_sync(args.listen, parts=args.parts)
+    cold = [
+        store.create_table(f"cold{i}", embedding_dim=trace.dim, optimizer=embstore.Adagrad(lr=0.05))
+        for i in range(args.cold_tables)
+    ]
+    crng = np.random.default_rng(trace.seed + 1000)
+    cold_done = 0
+    port = store.serve_sync(args.listen, parts=args.parts, use_cache=not args.no_cache)
     parts = table.sync_parts_of(keys)  # fixed per key
     print(f"ready {len(batches)} {args.parts} {port.address}", flush=True)
     for line in sys.stdin:
@@ -52,7 +69,9 @@ def main() -> int:
             ts = int(table.metadata(ids)["versions"][0])
             print(f"warm {int(table.sync_parts_of(ids)[0])} {ts}", flush=True)
         elif cmd[0] == "stats":
-            print(json.dumps(port.stats()), flush=True)
+            st = dict(port.stats())
+            st["tables"] = {t.name: t.sync_stats() for t in [table, *cold]}
+            print(json.dumps(st), flush=True)
         elif cmd[0] == "go":
             commit = np.zeros(len(batches), dtype=np.int64)
             rows = np.zeros(len(batches), dtype=np.int64)
@@ -70,10 +89,19 @@ def main() -> int:
                 commit[i] = time.time_ns() // 1000
                 rows[i] = b - a
                 ts[a:b] = table.metadata(keys[a:b])["versions"]
+                if cold:
+                    n_cold = b // 99 - cold_done
+                    cold_done += n_cold
+                    which = crng.integers(0, len(cold), n_cold)
+                    for j in np.unique(which):
+                        ids = crng.integers(0, 1 << 16, int((which == j).sum()), dtype=np.int64)
+                        vals = crng.standard_normal((len(ids), trace.dim), dtype=np.float32)
+                        cold[j].assign(ids, vals)
             elapsed = time.monotonic() - t0
             cpu_s = time.process_time() - cpu0  # the whole process: writes and the sync port
             np.savez(args.out, commit_us=commit, rows=rows, part=parts, ts=ts)
             done = {"elapsed_s": elapsed, "cpu_s": cpu_s, "batches_late_100ms": late}
+            done["cold_updates"] = cold_done
             print("done " + json.dumps(done), flush=True)
         else:
             print(f"error unknown command {cmd[0]!r}", flush=True)

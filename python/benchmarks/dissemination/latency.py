@@ -160,3 +160,25 @@ def row_latencies(
     lat = worst.astype(np.float64) / 1e6
     lat[missing] = np.nan
     return lat, int(missing.sum())
+
+
+def window_means(
+    commit_us: np.ndarray, lat: np.ndarray, weights: np.ndarray, window_s: float = 5.0
+) -> list[float | None]:
+    """Mean latency (weighted, NaN left out) of the entries committed in each ``window_s``
+    window from the first commit: shows whether a latency is steady or grows with the run.
+
+    >>> window_means(np.array([0, 1_000_000, 6_000_000]), np.array([1.0, 3.0, 5.0]),
+    ...              np.array([1, 1, 2]))
+    [2.0, 5.0]
+    """
+    commit_us = np.asarray(commit_us, dtype=np.int64)
+    if len(commit_us) == 0:
+        return []
+    idx = ((commit_us - commit_us[0]) // int(window_s * 1e6)).astype(np.int64)
+    out: list[float | None] = []
+    for i in range(int(idx.max()) + 1):
+        sel = (idx == i) & ~np.isnan(lat)
+        w = np.asarray(weights)[sel]
+        out.append(round(float(np.average(lat[sel], weights=w)), 4) if w.sum() else None)
+    return out

@@ -116,10 +116,11 @@ def add_workload_args(ap, default_rates: list[float], rates_help: str) -> None:
     g.add_argument("--batch-ms", type=float, default=10, help="write batch window (default 10)")
 
 
-def check_workload_args(ap, args) -> None:
-    """``ap.error`` for invalid network or workload flags (both groups' checks)."""
-    if args.dcs < 2:
-        ap.error("--dcs must be >= 2 (DC 1 holds the primary, the others the replicas)")
+def check_workload_args(ap, args, min_dcs: int = 2) -> None:
+    """``ap.error`` for invalid network or workload flags (both groups' checks); ``min_dcs=1``
+    for the peers that keep replicas in DC 1 too."""
+    if args.dcs < min_dcs:
+        ap.error(f"--dcs must be >= {min_dcs} (DC 1 holds the primary)")
     if args.servers < 1 or args.rows < 1 or args.dim < 1 or args.duration <= 0:
         ap.error("--servers, --rows, --dim and --duration must be positive")
     if any(r <= 0 for r in args.rates) or args.batch_ms <= 0:

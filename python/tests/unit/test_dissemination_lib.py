@@ -123,3 +123,68 @@ def test_ekko_topologies():
     assert upstream("dc-leader", 3, 1) == (1, 1) and is_leader("dc-leader", 3, 1)
     assert upstream("dc-leader", 3, 2) == (3, 1) and not is_leader("dc-leader", 3, 2)
     assert upstream("direct", 3, 2) == (1, 1) and not is_leader("direct", 3, 1)
+
+
+def test_twopc_frames_round_trip():
+    from dissemination import twopc
+
+    keys = np.array([5, 1, 1 << 40], dtype=np.int64)
+    values = np.arange(3 * 16, dtype=np.float32).reshape(3, 16)
+    frame = twopc.encode(twopc.PREPARE, 7, keys, values)
+    length, kind, n, rows = twopc.decode_header(frame)
+    assert (kind, n, rows) == (twopc.PREPARE, 7, 3) and length + 4 == len(frame)
+    assert len(frame) == twopc.FRAME_OVERHEAD + 3 * (8 + 64)
+    k, v = twopc.decode_rows(frame[twopc.HEADER.size :], rows, 16)
+    assert np.array_equal(k, keys) and np.array_equal(v, values)
+    ack = twopc.encode(twopc.ACK, 9)
+    assert len(ack) == twopc.HEADER.size and twopc.decode_header(ack)[1:] == (twopc.ACK, 9, 0)
+
+
+def test_twopc_commits_in_order_once_every_backup_acked():
+    from dissemination.twopc import CommitRule
+
+    c = CommitRule(3)
+    assert c.ack(1) == [] and c.ack(1) == [] and c.ack(1) == []  # 1 waits for 0
+    assert c.ack(0) == [] and c.ack(0) == []
+    assert c.ack(0) == [0, 1] and c.next == 2
+    assert c.ack(2) == [] and c.ack(2) == [] and c.ack(2) == [2]
+    with pytest.raises(ValueError):
+        c.ack(1)  # already committed
+    c.ack(3), c.ack(3), c.ack(3)
+    with pytest.raises(ValueError):
+        c.ack(4), c.ack(4), c.ack(4), c.ack(4)  # more acks than backups
+    with pytest.raises(ValueError):
+        CommitRule(0)
+
+
+def test_twopc_rho_is_the_primary_nic_load():
+    from dissemination import twopc
+
+    # 3 DCs x 3: 8 backups, 72 B of key and values per row plus TCP/IP headers.
+    rate = twopc.rate_for_rho_2pc(0.9, 16, 9, 50)
+    assert twopc.rho_2pc(rate, 16, 9, 50) == pytest.approx(0.9)
+    assert rate * 8 * twopc.row_wire_bytes(16) * 8 == pytest.approx(0.9 * 50e6)
+    assert 75 < twopc.row_wire_bytes(16) < 76
+
+
+def test_checkpoint_cycle_is_link_bound():
+    from dissemination.twopc import checkpoint_cycle_s
+
+    # 2 DCs: one copy, bound by the 48 Mbit WAN class rather than the 50 Mbit NIC.
+    c = checkpoint_cycle_s(6e6, 2, 3, 50, 48)
+    assert c["wan_stage_s"] == pytest.approx(1.0) and c["dc_stage_s"] == pytest.approx(1.92)
+    # 10 DCs: 9 copies through the primary's NIC.
+    c = checkpoint_cycle_s(6.25e6, 10, 3, 50, 48)
+    assert c["wan_stage_s"] == pytest.approx(9.0) and c["mean_latency_s"] == pytest.approx(16.5)
+
+
+def test_ablation_flags():
+    from dissemination.ekko_peer import parse_args
+
+    a0 = parse_args(["--ablation", "A0", "--rates", "1000"])
+    assert (a0.topology, a0.source_no_cache, a0.no_shard_versions) == ("direct", True, True)
+    a2 = parse_args(["--ablation", "A2", "--cold-tables", "7", "--rates", "1000"])
+    assert (a2.topology, a2.source_no_cache, a2.no_shard_versions) == ("direct", False, False)
+    assert a2.cold_tables == 7
+    a3 = parse_args(["--ablation", "A3", "--rhos", "0.5"])
+    assert a3.topology == "dc-leader" and a3.rates == [5189]
