@@ -561,8 +561,7 @@ mod tests {
             rev.keys.reverse();
             rev.meta.reverse();
             rev.tombstone.reverse();
-            let rows = |v: &[f32]| v.chunks(d).rev().flatten().copied().collect::<Vec<f32>>();
-            rev.values = rows(&r.values);
+            rev.values = r.values.chunks(d).rev().flatten().copied().collect();
             rev.state = r.state.as_ref().zip(s).map(|(st, sd)| st.chunks(sd).rev().flatten().copied().collect());
             prop_assert_eq!(&decode_part(&encode_part(&rev), d, s.unwrap_or(0)).unwrap(), &r);
             for cut in 0..b.len() {
