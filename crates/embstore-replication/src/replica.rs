@@ -81,6 +81,12 @@ pub(crate) enum Mutant {
     DropLastRow,
     /// Adopt the responder's sv even when the merged VV differs from its VV.
     AlwaysAdoptSv,
+    /// Answer every pull from the update cache, without checking the requester's VV against
+    /// the DVV (the hit rule).
+    SkipDvvCheck,
+    /// Draw versions before the write step (as a call that ticks outside the shard lock): every
+    /// other write takes a version drawn earlier than one already written.
+    TickOutsideLock,
 }
 
 /// One replica of a table: `segments` sync segments of rows of `dim` floats.
@@ -93,6 +99,9 @@ pub struct Replica {
     changes: ChangeIndex,
     #[cfg(test)]
     pub(crate) mutant: Mutant,
+    /// [`Mutant::TickOutsideLock`]'s version drawn early.
+    #[cfg(test)]
+    stash: Option<Version>,
 }
 
 /// The segment of `key` among `segments` (the upper hash bits, so that it stays independent of
@@ -127,6 +136,8 @@ impl Replica {
             changes: ChangeIndex::new(segments),
             #[cfg(test)]
             mutant: Mutant::None,
+            #[cfg(test)]
+            stash: None,
         })
     }
 
@@ -191,6 +202,17 @@ impl Replica {
     pub fn local_write(&mut self, key: u64, values: Vec<f32>, now_ms: u64) -> Result<Version> {
         self.check_dim(&values)?;
         let v = Version::new(self.clock.tick(now_ms)?, self.id);
+        #[cfg(test)]
+        let v = match (self.mutant, self.stash.take()) {
+            (Mutant::TickOutsideLock, Some(early)) => early,
+            (Mutant::TickOutsideLock, None) => {
+                // Another writer drew `v` and has not written yet; this one draws after it
+                // and writes first.
+                self.stash = Some(v);
+                Version::new(self.clock.tick(now_ms)?, self.id)
+            }
+            _ => v,
+        };
         let seg = self.seg_of(key) as usize;
         let s = &mut self.segments[seg];
         s.rows.insert(key, Row { version: v, values });
@@ -209,7 +231,11 @@ impl Replica {
         // R1: the knowledge is read before the selection starts.
         let vv_s = s.sync.vv.clone();
         let sv_s = s.sync.sv;
-        if s.sync.cache.hits(vv_r) {
+        #[cfg(test)]
+        let hit = self.mutant == Mutant::SkipDvvCheck || s.sync.cache.hits(vv_r);
+        #[cfg(not(test))]
+        let hit = s.sync.cache.hits(vv_r);
+        if hit {
             let rows = s
                 .sync
                 .cache
@@ -255,6 +281,7 @@ impl Replica {
             Mutant::None => (&reply.rows, false),
             Mutant::DropLastRow => (&reply.rows[..reply.rows.len().saturating_sub(1)], false),
             Mutant::AlwaysAdoptSv => (&reply.rows, true),
+            _ => (&reply.rows, false),
         };
         #[cfg(not(test))]
         let (rows, adopt_anyway): (&[(u64, Row)], bool) = (&reply.rows, false);

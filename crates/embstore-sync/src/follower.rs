@@ -561,12 +561,17 @@ fn rounds(
             }
         }
         book.pending = todo.iter().copied().collect();
-        for batch in todo.chunks(PARTS_PER_PULL) {
+        // Every pull request goes out at once (they are small), then the replies are read in
+        // order: a round costs one round trip for the list and one for all the pulls.
+        let batches: Vec<&[u32]> = todo.chunks(PARTS_PER_PULL).collect();
+        for batch in &batches {
             let parts = batch
                 .iter()
                 .map(|&p| Ok((p, t.sync_knowledge(p)?.0)))
                 .collect::<Result<Vec<_>>>()?;
             link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
+        }
+        for _ in &batches {
             pull_replies(t, link, status, book)?;
         }
         if let Some(e) = book.events.as_mut() {

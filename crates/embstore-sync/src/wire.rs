@@ -8,11 +8,13 @@
 //! List     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
 //! Pull     = table str | parts [part u32 | vv]
-//! Part     = part u32 | flags u8 (1 cache, 2 partial) | vv | sv_c u64 | sv_id u32 | n u32 | has_state u8
-//!            | n × (key u64 | ts u64 | replica u32 | update_count u64 | last_update_ms u64
-//!                   | flags u8) | n×D f32 values | (n×S f32 state)
+//! Part     = part u32 | flags u8 (1 cache, 2 partial) | vv | sv_c u64 | sv_id u32 | n u32
+//!            | has_state u8 | origins [replica u32] | base_ts u64
+//!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
+//!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
 //! PullDone = (empty)        Error = kind u8 | message str
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
+//! var = LEB128 (7 bits a byte, low first)
 //! ```
 //!
 //! A frame that is truncated, oversized, fails its checksum or does not parse is an
@@ -143,6 +145,15 @@ impl Enc {
         }
         self
     }
+    /// LEB128: 7 bits a byte, low first.
+    pub(crate) fn varint(&mut self, mut v: u64) -> &mut Self {
+        while v >= 0x80 {
+            self.0.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+        self
+    }
     pub(crate) fn vv(&mut self, vv: &Vv) -> &mut Self {
         self.u16(vv.entries().len() as u16);
         for &(o, t) in vv.entries() {
@@ -198,6 +209,20 @@ impl<'a> Dec<'a> {
     pub(crate) fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
         let raw = self.take(n.checked_mul(4).ok_or_else(|| Error::corrupt("count overflow"))?)?;
         Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect())
+    }
+    pub(crate) fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7f)
+                .checked_shl(shift)
+                .filter(|_| shift < 63 || b <= 1)
+                .ok_or_else(|| Error::corrupt("a sync varint overflows"))?;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(Error::corrupt("a sync varint is too long"))
     }
     pub(crate) fn vv(&mut self) -> Result<Vv> {
         let n = self.u16()?;
@@ -358,26 +383,51 @@ pub fn decode_pull(b: &[u8]) -> Result<(String, Vec<(u32, Vv)>)> {
 const TOMBSTONE: u8 = 1;
 
 /// One part's reply (rows of `dim` values, and `state_dim` state floats when it carries state).
+///
+/// Rows go in key order, compactly: the key as a varint delta from the previous key, the
+/// version's timestamp as a varint delta from the reply's smallest, its replica as an index
+/// into the reply's list of origins, the update count as a varint, a flags byte; then the
+/// values (and state) as raw columns. A row's last-update time is its version's milliseconds,
+/// so it is not sent. About 10 bytes of header a row instead of 37.
 pub fn encode_part(r: &PartReply) -> Vec<u8> {
     let n = r.len();
-    let mut e = Enc(Vec::with_capacity(64 + n * 41 + r.values.len() * 4));
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_unstable_by_key(|&i| r.keys[i]);
+    let mut origins: Vec<u32> = r.meta.iter().map(|m| m.version.replica).collect();
+    origins.sort_unstable();
+    origins.dedup();
+    let base = r.meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
+    let mut e = Enc(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
     let flags = r.from_cache as u8 | (r.partial as u8) << 1;
     e.u32(r.part).u8(flags).vv(&r.vv).u64(r.sv.c).u32(r.sv.id);
     e.u32(n as u32).u8(r.state.is_some() as u8);
-    for i in 0..n {
+    e.u32(origins.len() as u32);
+    origins.iter().for_each(|&o| {
+        e.u32(o);
+    });
+    e.u64(base);
+    let mut prev = 0u64;
+    for &i in &order {
         let m = &r.meta[i];
-        e.u64(r.keys[i]).u64(m.version.timestamp).u32(m.version.replica);
-        e.u64(m.update_count).u64(m.last_update_ms);
-        e.u8(if r.tombstone[i] { TOMBSTONE } else { 0 });
+        let origin = origins.binary_search(&m.version.replica).expect("listed") as u64;
+        e.varint(r.keys[i] - prev).varint(m.version.timestamp - base).varint(origin);
+        e.varint(m.update_count).u8(if r.tombstone[i] { TOMBSTONE } else { 0 });
+        prev = r.keys[i];
     }
-    e.f32s(&r.values);
+    let (d, sd) = (r.values.len() / n.max(1), r.state.as_ref().map_or(0, |s| s.len() / n.max(1)));
+    for &i in &order {
+        e.f32s(&r.values[i * d..][..d]);
+    }
     if let Some(st) = &r.state {
-        e.f32s(st);
+        for &i in &order {
+            e.f32s(&st[i * sd..][..sd]);
+        }
     }
     e.0
 }
 
-/// Reads a `Part` frame for a table of `dim` values and `state_dim` state floats.
+/// Reads a `Part` frame for a table of `dim` values and `state_dim` state floats; keys must
+/// strictly increase (a frame that repeats one is corrupt).
 pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> {
     let mut d = Dec::new(b);
     let part = d.u32()?;
@@ -387,19 +437,35 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     }
     let vv = d.vv()?;
     let sv = Sv::new(d.u64()?, d.u32()?);
-    let n = d.count(41)?;
+    let n = d.count(5)?;
     let has_state = d.u8()? != 0;
+    let k = d.count(4)?;
+    let origins = (0..k).map(|_| d.u32()).collect::<Result<Vec<u32>>>()?;
+    let base = d.u64()?;
     let (from_cache, partial) = (flags & 1 != 0, flags & 2 != 0);
     let mut r = PartReply { part, from_cache, partial, vv, sv, ..PartReply::default() };
-    for _ in 0..n {
-        r.keys.push(d.u64()?);
-        let version = Version { timestamp: d.u64()?, replica: d.u32()? };
-        r.meta.push(RowMeta { version, update_count: d.u64()?, last_update_ms: d.u64()? });
+    let mut prev = 0u64;
+    for i in 0..n {
+        let delta = d.varint()?;
+        if i > 0 && delta == 0 {
+            return Err(Error::corrupt("a sync part repeats a key"));
+        }
+        let key = prev.checked_add(delta).ok_or_else(|| Error::corrupt("a sync key overflows"))?;
+        let ts = base
+            .checked_add(d.varint()?)
+            .ok_or_else(|| Error::corrupt("a sync version overflows"))?;
+        let origin = usize::try_from(d.varint()?).ok().and_then(|o| origins.get(o));
+        let replica = *origin.ok_or_else(|| Error::corrupt("a sync row names no listed origin"))?;
+        let update_count = d.varint()?;
         let flags = d.u8()?;
         if flags & !TOMBSTONE != 0 {
             return Err(Error::corrupt(format!("a sync row has unknown flags {flags:#x}")));
         }
+        let version = Version { timestamp: ts, replica };
+        r.keys.push(key);
+        r.meta.push(RowMeta { version, update_count, last_update_ms: version.millis() });
         r.tombstone.push(flags & TOMBSTONE != 0);
+        prev = key;
     }
     r.values = d.f32s(n * dim)?;
     if has_state {
@@ -460,9 +526,12 @@ mod tests {
             keys: (0..n as u64).map(|k| k * 31).collect(),
             meta: (0..n as u64)
                 .map(|i| RowMeta {
-                    version: Version { timestamp: 100 + i, replica: 1 },
-                    update_count: i,
-                    last_update_ms: 9,
+                    version: Version {
+                        timestamp: (100 + i) << 20,
+                        replica: 1 + 4 * (i as u32 % 2),
+                    },
+                    update_count: i * 1000,
+                    last_update_ms: (100 + i) << 4,
                 })
                 .collect(),
             tombstone: (0..n).map(|i| i.is_multiple_of(3)).collect(),
@@ -487,6 +556,14 @@ mod tests {
             let r = reply(n, d, s, partial);
             let b = encode_part(&r);
             prop_assert_eq!(&decode_part(&b, d, s.unwrap_or(0)).unwrap(), &r);
+            // Rows in any order come back in key order, each whole.
+            let mut rev = r.clone();
+            rev.keys.reverse();
+            rev.meta.reverse();
+            rev.tombstone.reverse();
+            rev.values = r.values.chunks(d).rev().flatten().copied().collect();
+            rev.state = r.state.as_ref().zip(s).map(|(st, sd)| st.chunks(sd).rev().flatten().copied().collect());
+            prop_assert_eq!(&decode_part(&encode_part(&rev), d, s.unwrap_or(0)).unwrap(), &r);
             for cut in 0..b.len() {
                 let e = decode_part(&b[..cut], d, s.unwrap_or(0)).unwrap_err();
                 prop_assert_eq!(e.kind(), ErrorKind::Corruption);
