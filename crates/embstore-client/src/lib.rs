@@ -636,6 +636,12 @@ async fn shard_call(
                     Code::FailedPrecondition | Code::NotFound => {
                         out.outcome = Err(Retry::Restart(from_status(&status)));
                     }
+                    // A connection that broke mid-call (the server died) surfaces as an
+                    // internal h2 error: that replica failed, not the request.
+                    Code::Internal if status.message().starts_with("h2 protocol error") => {
+                        out.failed.push(i);
+                        out.outcome = Err(Retry::Restart(from_status(&status)));
+                    }
                     Code::Unavailable
                     | Code::DeadlineExceeded
                     | Code::Unknown

@@ -15,6 +15,7 @@ mod cache;
 mod serving;
 mod sync;
 mod table;
+mod tls;
 
 mod errors {
     pyo3::import_exception!(embstore.errors, EmbstoreError);

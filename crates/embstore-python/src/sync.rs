@@ -35,7 +35,7 @@ impl PySyncServer {
         tls_client_ca: Option<std::path::PathBuf>,
         use_cache: bool,
     ) -> PyResult<Self> {
-        let tls = crate::serving::serving_tls(tls_cert, tls_key, tls_client_ca)?;
+        let tls = crate::tls::serving_tls(tls_cert, tls_key, tls_client_ca)?;
         let options = ServeOptions {
             token,
             sync: SyncOptions { parts, use_cache, ..SyncOptions::default() },
@@ -115,7 +115,7 @@ impl PyFollower {
         tls_key: Option<std::path::PathBuf>,
         tls_domain: Option<String>,
     ) -> PyResult<Self> {
-        let tls = crate::serving::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
+        let tls = crate::tls::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
         let options =
             FollowOptions { token, tables, with_state, wait_ms, tls, ..FollowOptions::default() };
         let f = detached(py, || Follower::start(store.inner.clone(), source, options))
