@@ -13,6 +13,11 @@ training data centre replicates table rows to inference data centres.
   primary-and-writer process.
 - ``plot``: latency and WAN bytes per update vs rate from the runs' JSON records;
   ``compare.sh`` runs both peers and plots (docs/dissemination-results.md).
+- The paper's baselines (docs/dissemination-baselines.md): ``twopc_peer`` (2PC primary-backup,
+  the paper's "Adam"; runnable) with its processes in ``twopc_node`` and its pure parts (frames,
+  commit rule, rho, checkpoint cycle) in ``twopc``; ``checkpoint_peer`` (a measured full-table
+  transfer and the checkpoint-broadcast cycle); ``ekko_peer --ablation A0..A3`` (spec section 9);
+  ``plot_baselines`` (E1 and E4 plots and tables).
 
 Every process runs on the same host (network namespaces share the clocks), so events from the
 writer, the monitor and the replicas compare without skew. The Redis peer uses integer

@@ -383,6 +383,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         source_cache=not args.source_no_cache,
         shard_versions=not args.no_shard_versions,
         cold_tables=args.cold_tables,
+        parts=args.parts,
         rate_rows_s=rate,
         achieved_rows_s=round(
             res["updates"] / ((commit_us[-1] - commit_us[0]) / 1e6 + args.batch_ms / 1e3), 1

@@ -48,12 +48,20 @@ def e1_points(recs: list[dict]) -> dict[tuple[str, int, float], dict]:
     return best
 
 
-def e4_points(recs: list[dict]) -> dict[str, dict]:
-    """``ablation step -> record``."""
+def parts_of(r: dict) -> int:
+    """The sync parts per table of an embstore record (older records: from the port's stats)."""
+    if "parts" in r:
+        return r["parts"]
+    return r.get("primary_sync_stats", {}).get("tables", {}).get("hot", {}).get("parts", 1024)
+
+
+def e4_points(recs: list[dict], dcs: int = 3, parts: int = 1024) -> dict[str, dict]:
+    """``ablation step -> record`` of the runs at ``dcs`` DCs with ``parts`` parts."""
     best: dict = {}
     for r in recs:
         if r.get("system") == "embstore" and r.get("ablation") and "mean_s" in r:
-            _pick(best, r["ablation"], r)
+            if r["network"]["dcs"] == dcs and parts_of(r) == parts:
+                _pick(best, r["ablation"], r)
     return dict(sorted(best.items()))
 
 
@@ -68,7 +76,7 @@ def e1_table(points: dict) -> str:
     for d, rho in keys:
         e, t = points.get(("embstore", d, rho)), points.get(("2pc", d, rho))
         ref = e or t
-        ratio = f"{t['mean_s'] / e['mean_s']:.1f}x" if e and t else "-"
+        ratio = f"{t['mean_s'] / e['mean_s']:.2f}x" if e and t else "-"
         disc = ", ".join(s for s, r in (("embstore", e), ("2PC", t)) if r and r.get("discarded"))
 
         def f(r, k):
@@ -152,32 +160,34 @@ def plot_e1(points: dict, out: str) -> None:
     fig.savefig(out, dpi=110)
 
 
-def plot_e4(points: dict, out: str) -> None:
+def plot_e4(groups: dict[str, dict], out: str) -> None:
+    """Grouped bars: per group (e.g. "3 DCs"), the steps' mean latency and WAN bytes/update."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = list(points)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.8))
-    labels = {
-        "A0": "A0\nVV only",
-        "A1": "A1\n+cache",
-        "A2": "A2\n+shard ver.",
-        "A3": "A3\n+dc-leader",
-    }
-    x = [labels.get(s, s) for s in steps]
-    a.bar(x, [points[s]["mean_s"] for s in steps], color="tab:blue")
-    a.set_ylabel("mean latency, s")
-    for i, s in enumerate(steps):
-        a.text(i, points[s]["mean_s"], f"{points[s]['mean_s']:.3f}", ha="center", va="bottom")
-    b.bar(x, [points[s]["wan_bytes_per_update"] for s in steps], color="tab:gray")
-    b.set_ylabel("WAN bytes per update")
-    r = next(iter(points.values()))
-    fig.suptitle(
-        f"E4 ablation, {r['network']['dcs']} DCs x {r['network']['servers']}, "
-        f"rho {r['rho_2pc']:.1f}, {r['cold_tables']} cold tables"
-    )
+    steps = ["A0", "A1", "A2", "A3"]
+    names = ["A0\nVV only", "A1\n+cache", "A2\n+shard ver.", "A3\n+dc-leader"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.8 / max(1, len(groups))
+    colors = ["tab:blue", "tab:orange", "tab:green"]
+    for g, (label, points) in enumerate(groups.items()):
+        xs = [i + (g - (len(groups) - 1) / 2) * width for i in range(len(steps))]
+        lat = [points[s]["mean_s"] if s in points else 0 for s in steps]
+        wan = [points[s]["wan_bytes_per_update"] if s in points else 0 for s in steps]
+        a.bar(xs, lat, width, label=label, color=colors[g % 3])
+        b.bar(xs, wan, width, label=label, color=colors[g % 3])
+        for x, v in zip(xs, lat, strict=True):
+            if v:
+                a.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    for ax, yl in ((a, "mean latency, s (log)"), (b, "WAN bytes per update")):
+        ax.set_xticks(range(len(steps)))
+        ax.set_xticklabels(names)
+        ax.set_ylabel(yl)
+        ax.legend(fontsize=8)
+    a.set_yscale("log")
+    fig.suptitle("E4 ablation, rho 0.5, 7 cold tables, 1,024 parts per table")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -188,13 +198,16 @@ def main(argv=None) -> int:
     ap.add_argument("--e1", help="write the E1 plot there")
     ap.add_argument("--e4", help="write the E4 plot there")
     ap.add_argument("--table", action="store_true", help="print the markdown tables")
+    ap.add_argument("--e4-dcs", type=int, default=3, help="the ablation's DCs (default 3)")
+    ap.add_argument("--e4-parts", type=int, default=1024, help="its parts (default 1024)")
     args = ap.parse_args(argv)
     recs = load(args.records)
-    e1, e4 = e1_points(recs), e4_points(recs)
+    e1, e4 = e1_points(recs), e4_points(recs, args.e4_dcs, args.e4_parts)
     if args.e1 and e1:
         plot_e1(e1, args.e1)
     if args.e4 and e4:
-        plot_e4(e4, args.e4)
+        groups = {f"{d} DCs x 3": e4_points(recs, d, args.e4_parts) for d in (3, 10)}
+        plot_e4({k: v for k, v in groups.items() if v}, args.e4)
     if args.table:
         print(e1_table(e1))
         print()

@@ -7,15 +7,17 @@ appends ``t_us u64 | batch i64`` (wall clock µs since the Unix epoch, after the
 ``FILE``. END or end of the connection stops it.
 
 ``twopc_node.py primary --backups HOST:PORT... --trace JSON --out FILE``: the primary and its
-writer, one asyncio thread. It connects to every backup (direct, primary-backup fan-out), prints
-``ready N`` (N trace batches), and on ``go`` replays the trace (the same batches as
+writer, one asyncio thread. It connects to every backup (direct, primary-backup fan-out), warms
+the connections up with ``--warm-s`` seconds of the trace's first batches at the trace's rate (2PC
+batches 0..W-1, waited for until committed; not measured), prints ``ready N W`` (N trace
+batches, the first of them is 2PC batch W), and on ``go`` replays the trace (the same batches as
 ``ekko_writer.py``): per batch window it stamps the batch accepted (wall clock µs: the commit time
 of the latency, so queueing counts) and writes PREPARE to every backup without waiting for
 anything (pipelined); a backup's unsent bytes are bounded by ``--max-inflight`` (the replay waits
 for that one backup to drain below it). An ACK may commit batches (:class:`twopc.CommitRule`);
 COMMIT(n) goes to every backup. After the last batch it waits for the last commit (at most
 ``--drain`` s), sends END, writes ``--out`` (npz: ``accept_us``, ``commit_us``, ``rows`` per
-batch) and prints ``done {json}``.
+batch; ``first_batch`` = W) and prints ``done {json}``.
 """
 
 from __future__ import annotations
@@ -134,14 +136,29 @@ class Primary:
             acks.append(asyncio.create_task(self.read_acks(reader)))
         keys, values = self.trace.keys_values()
         batches = list(self.trace.batches())
-        print(f"ready {len(batches)}", flush=True)
+        warm = [b for b in batches if b[0] <= self.args.warm_s]
+        self.last = len(warm) - 1
+        t0 = time.monotonic()
+        for i, (due, a, b) in enumerate(warm):
+            wait = t0 + due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            frame = twopc.encode(twopc.PREPARE, i, keys[a:b], values[a:b])
+            for w in self.writers:
+                w.write(frame)
+        if warm:
+            await asyncio.wait_for(self.committed.wait(), 60)
+        self.committed.clear()
+        first = len(warm)
+        self.commit_us.clear()
+        print(f"ready {len(batches)} {first}", flush=True)
         stdin = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
         while (await stdin.readline()).strip() != b"go":
             pass
         accept = np.zeros(len(batches), dtype=np.int64)
         rows = np.zeros(len(batches), dtype=np.int64)
-        self.last = len(batches) - 1
+        self.last = first + len(batches) - 1
         late = 0
         t0 = time.monotonic()
         cpu0 = time.process_time()
@@ -153,7 +170,7 @@ class Primary:
                 late += 1
             accept[i] = time.time_ns() // 1000
             rows[i] = b - a
-            frame = twopc.encode(twopc.PREPARE, i, keys[a:b], values[a:b])
+            frame = twopc.encode(twopc.PREPARE, first + i, keys[a:b], values[a:b])
             for w in self.writers:
                 w.write(frame)
             for w in self.writers:  # the in-flight bound: wait only for a backup over it
@@ -174,7 +191,7 @@ class Primary:
                 pass
         commit = np.full(len(batches), -1, dtype=np.int64)
         commit[: len(self.commit_us)] = self.commit_us
-        np.savez(self.args.out, accept_us=accept, commit_us=commit, rows=rows)
+        np.savez(self.args.out, accept_us=accept, commit_us=commit, rows=rows, first_batch=first)
         done = {
             "elapsed_s": elapsed,
             "cpu_s": time.process_time() - cpu0,
@@ -205,6 +222,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--max-inflight", type=int, default=64 << 20)
     p.add_argument("--drain", type=float, default=30)
+    p.add_argument("--warm-s", type=float, default=2.0, help="warm-up seconds (default 2)")
     args = ap.parse_args()
     if args.role == "backup":
         return backup(args)

@@ -76,7 +76,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
             err.close()
         argv = [w.python, node, "primary", "--trace", json.dumps(trace.as_dict())]
         argv += ["--out", str(tmp / "p.npz"), "--max-inflight", str(args.max_inflight)]
-        argv += ["--drain", str(args.drain), "--backups"]
+        argv += ["--drain", str(args.drain), "--warm-s", str(args.warm_s), "--backups"]
         argv += [f"{server_addr(d, k)}:{args.port}" for d, k in backups]
         err = open(tmp / "primary.err", "w")
         primary = w.spawn(
@@ -113,7 +113,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         if not line.startswith("done "):
             raise RuntimeError(f"primary: {line}")
         done = json.loads(line[5:])
-        last = done["committed"] - 1
+        last = int(ready.split()[2]) + done["committed"] - 1
         # The COMMITs are on their way: wait until every backup logged the last one.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -142,7 +142,8 @@ def run_rate(w: Wan, args, rate: float) -> dict:
     pair = pair_delta(bytes0, bytes1)
     wan_total = sum(pair.values())
     accept, rows = data["accept_us"], data["rows"]
-    commits = np.stack([accept, np.arange(1, len(rows) + 1), rows], axis=1)
+    first = int(data["first_batch"])
+    commits = np.stack([accept, np.arange(first + 1, first + len(rows) + 1), rows], axis=1)
     res = latency.summary(commits, replicas, wan_total)
     lat_b, _ = latency.update_latencies(commits, replicas)
     res["window_means_5s"] = latency.window_means(accept, lat_b, rows)
@@ -162,6 +163,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         rate_rows_s=rate,
         achieved_rows_s=round(res["updates"] / ((accept[-1] - accept[0]) / 1e6 + 0.01), 1),
         duration_s=args.duration,
+        warm_s=args.warm_s,
         run_s=round(run_s, 1),
         writer=done,
         per_dc_mean_s=per_dc,
@@ -230,6 +232,14 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--drain", type=float, default=60, help="max seconds to wait for the last commit"
+    )
+    g.add_argument(
+        "--warm-s",
+        type=float,
+        default=2.0,
+        help="seconds of the trace's first batches replayed (and committed) before the measured "
+        "run, to warm the connections up (default 2; embstore's peer waits until its followers "
+        "are in sync)",
     )
     g.add_argument("--python", default=sys.executable, help="python for every process")
     ap.add_argument("--json", metavar="FILE", help="write the records there (default stdout)")

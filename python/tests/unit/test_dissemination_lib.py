@@ -188,3 +188,33 @@ def test_ablation_flags():
     assert a2.cold_tables == 7
     a3 = parse_args(["--ablation", "A3", "--rhos", "0.5"])
     assert a3.topology == "dc-leader" and a3.rates == [5189]
+
+
+def test_window_means_and_baseline_tables():
+    from dissemination.plot_baselines import e1_points, e1_table, e4_points, e4_table
+
+    net = {"dcs": 3, "servers": 3, "one_way_ms": 25}
+
+    def rec(system, mean, **kw):
+        r = {"system": system, "mean_s": mean, "p99_s": 2 * mean, "rho_2pc": 0.9, "network": net}
+        r.update(topology="dc-leader", rate_rows_s=9340, wan_bytes_per_update=100.0, **kw)
+        return r
+
+    recs = [
+        rec("embstore", 0.2, discarded=True),
+        rec("embstore", 0.25),
+        rec("embstore", 0.3, discarded=True),  # a later discarded run does not replace a kept one
+        rec("2pc", 1.0),
+        rec("embstore", 9.0, ablation="A0"),  # not E1
+    ]
+    pts = e1_points(recs)
+    assert pts[("embstore", 3, 0.9)]["mean_s"] == 0.25 and pts[("2pc", 3, 0.9)]["mean_s"] == 1.0
+    assert "| 4.00x |" in e1_table(pts)
+    common = dict(source_cache=True, shard_versions=True, cold_tables=7)
+    common.update(primary_sync_bytes_per_update=1.0, source_table_stats_run={"all": {}})
+    abl = [
+        rec("embstore", 1.0, ablation="A0", **common),
+        rec("embstore", 0.1, ablation="A3", **common),
+    ]
+    table = e4_table(e4_points(abl))
+    assert "| 10.00x |" in table and "A0 / A3 = 10.0x" in table
