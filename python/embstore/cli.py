@@ -591,6 +591,16 @@ def _serve(args: argparse.Namespace) -> int:
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 1
+    for st in server.sync_status():
+        lag = "-" if st["lag_ms_p99"] is None else f"{st['lag_ms_p99']:.0f} ms"
+        print(
+            f"embstore serve: followed {st['table']} from {st['source']}: {st['rows_applied']:,} "
+            f"rows applied, {st['parts']:,} parts pulled ({st['parts_from_cache']:,} from the "
+            f"source's cache, {st['parts_skipped']:,} skipped as already known) in "
+            f"{st['pulls']:,} pulls, {st['bytes_in']:,} bytes in, lag p99 "
+            f"{lag}, {st['errors']} errors",
+            flush=True,
+        )
     print("embstore serve: stopped", flush=True)
     return 0
 

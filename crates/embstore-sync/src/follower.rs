@@ -140,6 +140,9 @@ pub struct TableSync {
     pub pulls: u64,
     pub parts: u64,
     pub parts_from_cache: u64,
+    /// Parts listed as changed that were not pulled: this replica already held their shard
+    /// version (it had their changes from another source, or from an earlier round).
+    pub parts_skipped: u64,
     /// Rows (and tombstones) written here.
     pub rows_applied: u64,
     /// Frame bytes received and sent.
@@ -560,6 +563,7 @@ fn rounds(
                 todo.push(p);
             }
         }
+        let skipped = (book.pending.len() - todo.len()) as u64;
         book.pending = todo.iter().copied().collect();
         // Every pull request goes out at once (they are small), then the replies are read in
         // order: a round costs one round trip for the list and one for all the pulls.
@@ -579,6 +583,7 @@ fn rounds(
         }
         let mut s = status.lock();
         s.s.pulls += todo.len().div_ceil(PARTS_PER_PULL) as u64;
+        s.s.parts_skipped += skipped;
         s.s.parts_pending = book.pending.len();
         s.s.caught_up = book.pending.is_empty();
         s.s.last_round_ms = now_ms();
