@@ -230,7 +230,29 @@ impl Store {
     pub fn flush(&self) -> Result<FlushStats> {
         self.check_open()?;
         let Some(durable) = &self.durable else { return Ok(FlushStats::default()) };
-        durable.flush(&self.all_tables())
+        self.flush_saving_knowledge(durable, &self.all_tables())
+    }
+
+    /// Flushes `tables`; for a follower's tables, saves what they knew when it started (see
+    /// `sync::saved`) once it is durable.
+    fn flush_saving_knowledge(
+        &self,
+        durable: &Durable,
+        tables: &[Arc<Table>],
+    ) -> Result<FlushStats> {
+        let following = self.sync.lock().as_ref().is_some_and(|o| !o.knowledge_from_rows);
+        let known: Vec<_> = match following {
+            true => tables
+                .iter()
+                .filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?)))
+                .collect(),
+            false => Vec::new(),
+        };
+        let stats = durable.flush(tables)?;
+        for (name, vvs) in known {
+            crate::sync::saved::save(durable.dir(), name, &vvs)?;
+        }
+        Ok(stats)
     }
 
     /// Flushes, then closes the store: every handle of its tables fails with
@@ -248,7 +270,7 @@ impl Store {
         let tables = self.all_tables();
         tables.iter().for_each(|t| t.set_closed(true));
         if let Some(durable) = &self.durable {
-            if let Err(e) = durable.flush(&tables) {
+            if let Err(e) = self.flush_saving_knowledge(durable, &tables) {
                 tables.iter().for_each(|t| t.set_closed(false));
                 return Err(e);
             }
@@ -309,7 +331,7 @@ impl Store {
             }
         }
         for table in self.tables.read().values() {
-            table.enable_sync(options)?;
+            table.enable_sync_knowing(options, self.saved_knowledge(table, options))?;
         }
         *sync = Some(options.clone());
         Ok(())
@@ -323,6 +345,20 @@ impl Store {
     /// The store's sync options, once [`Store::enable_sync`] ran.
     pub fn sync_options(&self) -> Option<crate::sync::SyncOptions> {
         self.sync.lock().clone()
+    }
+
+    /// What a follower's `table` knew at its last flush, when it was saved beside the rows.
+    fn saved_knowledge(
+        &self,
+        table: &Table,
+        options: &crate::sync::SyncOptions,
+    ) -> Option<Vec<crate::sync::Vv>> {
+        let dir = self.durable.as_ref()?.dir();
+        if options.knowledge_from_rows {
+            return None;
+        }
+        let parts = options.parts.max(table.shards.len() as u32);
+        crate::sync::saved::load(dir, table.name(), parts)
     }
 
     fn start_sync(&self, table: &Table) -> Result<()> {
@@ -353,6 +389,7 @@ impl Store {
         }
         if let Some(durable) = &self.durable {
             durable.drop_table(name)?;
+            crate::sync::saved::remove(durable.dir(), name);
         }
         let table = tables.remove(name).ok_or_else(|| not_found(name))?;
         table.mark_dropped();

@@ -29,6 +29,7 @@ use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
 mod apply;
 mod pull;
+pub(crate) mod saved;
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
 /// each for a table of a million 64-float rows, the size Ekko's test-bed used.
@@ -192,6 +193,16 @@ impl Table {
     /// Call it before the table takes writes from other threads (a store does it when it
     /// opens with sync on). Enabling again with the same options is a no-op.
     pub fn enable_sync(&self, options: &SyncOptions) -> Result<()> {
+        self.enable_sync_knowing(options, None)
+    }
+
+    /// [`Table::enable_sync`] with each part's knowledge given (`known`, one VV per part:
+    /// what a follower saved at its last flush) instead of taken from the rows.
+    pub(crate) fn enable_sync_knowing(
+        &self,
+        options: &SyncOptions,
+        known: Option<Vec<Vv>>,
+    ) -> Result<()> {
         self.check_live()?;
         let shards = self.shards.len() as u32;
         if !options.parts.is_power_of_two() || options.parts > MAX_PARTS {
@@ -219,9 +230,11 @@ impl Table {
         }
         let layout = Layout { per_shard: parts / shards, shard_mask: u64::from(shards - 1) };
         // Each part knows the rows it holds: per origin, the newest version among them.
-        let mut vvs = vec![Vv::new(); parts as usize];
+        let given = known.filter(|k| k.len() == parts as usize);
+        let from_rows = options.knowledge_from_rows && given.is_none();
+        let mut vvs = given.unwrap_or_else(|| vec![Vv::new(); parts as usize]);
         let mut export = self.export(4096);
-        for chunk in export.by_ref().take_while(|_| options.knowledge_from_rows) {
+        for chunk in export.by_ref().take_while(|_| from_rows) {
             for (k, m) in chunk.ids.iter().zip(&chunk.meta) {
                 if m.version != Version::default() {
                     vvs[layout.part_of(*k) as usize].raise(m.version.replica, m.version.timestamp);
