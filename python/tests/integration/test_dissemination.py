@@ -268,3 +268,49 @@ def test_the_sync_port_takes_the_serving_tls_and_a_follower_refuses_an_untrusted
             embstore.Store.follow(source, tls_cert=tmp_path / "client.pem")
     finally:
         primary.kill()
+
+
+def test_kill_9_of_a_follower_under_reads_gives_no_client_visible_error(tmp_path) -> None:
+    """Two followers of one primary serve lookups; a client reads from both in a loop while
+    the primary keeps writing and one follower is killed with SIGKILL: every batch still
+    succeeds (the other follower answers), and once writes stop it serves the primary's rows."""
+    import threading
+
+    primary = _primary(tmp_path / "p", "127.0.0.1:0", 200, 3, tmp_path / "a.npz")
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    follow = [*serve, "--follow", primary.match.group(1), "--sync-token-file", str(token)]
+    procs = [primary]
+    try:
+        followers = [_Proc(follow, r" on (127\.0\.0\.1:\d+):") for _ in range(2)]
+        procs += followers
+        client = embstore.connect([f.match.group(1) for f in followers], deadline_s=10.0)
+        ids = np.arange(3000)
+        done, count, errors = threading.Event(), [0], []
+
+        def read() -> None:
+            deadline = time.monotonic() + 60
+            while not done.is_set() and time.monotonic() < deadline:
+                try:
+                    assert client.lookup("item", ids).shape == (3000, 8)
+                except Exception as e:  # recorded, asserted below
+                    errors.append(e)
+                    return
+                count[0] += 1
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        followers[0].kill()  # SIGKILL, mid-pull: the primary is still writing
+        before = count[0]
+        primary.wait_line("done", timeout=60)
+        time.sleep(0.3)
+        done.set()
+        reader.join(timeout=60)
+        assert not errors, errors
+        assert count[0] > before + 5, (before, count[0])
+        _converges(embstore.connect(followers[1].match.group(1)), tmp_path / "a.npz", 30)
+    finally:
+        for p in procs:
+            p.kill()

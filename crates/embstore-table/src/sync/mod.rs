@@ -56,8 +56,9 @@ pub struct SyncOptions {
     /// Whether the rows a table holds when sync starts count as known (each part's VV is the
     /// newest version per origin among them): right for a store whose rows are its own
     /// writes. A follower whose rows came from an earlier run's flushes cannot prove which of
-    /// its source's writes a flush caught (a flush copies a shard in chunks), so it starts
-    /// knowing nothing and pulls every part again (rows it already holds are skipped).
+    /// its source's writes a flush caught (a flush copies a shard in chunks): it starts from
+    /// what it saved at its last flush (`sync/<table>.vv`, see `Store::flush`), or knowing
+    /// nothing, pulling every part again (rows it already holds are skipped).
     pub knowledge_from_rows: bool,
     /// Whether pulls are answered from the update cache when they can be (`false` scans every
     /// pull: only for measuring what the cache gains).
