@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services wan-deps ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache \
+        test-python test-fast services wan-deps ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
         fmt clean
 
 help: ## List the targets
@@ -163,6 +163,9 @@ bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim, equal
 	$(VPY) python/benchmarks/bench_cache.py --plots docs/img $(ARGS)
 	$(VPY) python/benchmarks/bench_cache_accuracy.py $(ARGS)
 	$(VPY) python/benchmarks/bench_cache_memory.py $(ARGS)
+
+bench-dissemination: develop wan-deps ## Sync vs Redis replication over an emulated WAN (root; ~17 min; ARGS=OUT_DIR)
+	python/benchmarks/dissemination/compare.sh $(ARGS)
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")
 	$(CARGO) run --release -p embstore-bench -- cold-reads $(ARGS)
