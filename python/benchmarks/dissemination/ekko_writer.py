@@ -9,7 +9,8 @@ Protocol with the parent, a line each way: prints ``ready N PARTS ADDRESS`` (N b
 ``warm I`` writes warm-up row I (keys above the trace's key space) and answers ``warm PART TS``;
 ``go`` replays the trace, writes ``--out`` (npz: ``commit_us`` and ``rows`` per batch, ``part``
 and ``ts`` per update in trace order) and answers ``done {json}``; ``stats`` answers the sync
-port's counters as JSON, with ``tables``: each table's ``Table.sync_stats()``; ``quit`` or end of
+port's counters as JSON, with ``tables``: each table's ``Table.sync_stats()``, and
+``table_rows``: each table's ``len()``; ``quit`` or end of
 input stops the port and exits.
 
 For the ablation (spec section 9, A0-A3): ``--no-cache`` answers every pull by a scan
@@ -71,6 +72,7 @@ def main() -> int:
         elif cmd[0] == "stats":
             st = dict(port.stats())
             st["tables"] = {t.name: t.sync_stats() for t in [table, *cold]}
+            st["table_rows"] = {t.name: len(t) for t in [table, *cold]}  # for cached_rows / rows
             print(json.dumps(st), flush=True)
         elif cmd[0] == "go":
             commit = np.zeros(len(batches), dtype=np.int64)
