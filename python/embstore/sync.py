@@ -17,6 +17,7 @@ from typing import Any
 
 from embstore import _native
 from embstore.errors import InvalidArgumentError
+from embstore.serving import _tls as _client_tls
 
 
 class SyncPort:
@@ -106,9 +107,7 @@ def start_follower(
         raise InvalidArgumentError(f"tables must be a list of names, got {tables!r}")
     if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or not 0 <= wait_ms <= 5000:
         raise InvalidArgumentError(f"wait_ms must be in 0..5000, got {wait_ms!r}")
-    ca, cert, key = (
-        _path(p, w) for p, w in zip(tls[:3], ("tls_ca", "tls_cert", "tls_key"), strict=True)
-    )
+    ca, cert, key, domain = _client_tls(*tls) or (None, None, None, None)
     return _native.Follower(
         store_inner,
         source,
@@ -119,5 +118,5 @@ def start_follower(
         ca,
         cert,
         key,
-        tls[3],
+        domain,
     )

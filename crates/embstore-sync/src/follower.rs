@@ -182,13 +182,11 @@ impl Follower {
         let first =
             source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
         let (_, replica, infos) = connect(&first, &options, &options.tables)?;
-        let source_name = first.clone();
-        let source_name = &source_name;
         if replica == store.replica() {
             // Shard versions name knowledge by replica id: two replicas sharing one could take
             // each other's names for knowledge they do not have.
             return Err(Error::invalid(format!(
-                "this store and the sync source {source_name} have the same replica id \
+                "this store and the sync source {first} have the same replica id \
                  {replica}: every replica needs its own"
             )));
         }
@@ -215,7 +213,7 @@ impl Follower {
         for (t, p) in &tables {
             if t.sync_parts()? != *p {
                 return Err(Error::invalid(format!(
-                    "table '{}' has {} sync parts here and {p} at {source_name}: peers must agree",
+                    "table '{}' has {} sync parts here and {p} at {first}: peers must agree",
                     t.name(),
                     t.sync_parts()?
                 )));

@@ -241,13 +241,11 @@ impl Store {
         tables: &[Arc<Table>],
     ) -> Result<FlushStats> {
         let following = self.sync.lock().as_ref().is_some_and(|o| !o.knowledge_from_rows);
-        let known: Vec<_> = match following {
-            true => tables
-                .iter()
-                .filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?)))
-                .collect(),
-            false => Vec::new(),
-        };
+        let known: Vec<_> = tables
+            .iter()
+            .filter(|_| following)
+            .filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?)))
+            .collect();
         let stats = durable.flush(tables)?;
         for (name, vvs) in known {
             crate::sync::saved::save(durable.dir(), name, &vvs)?;

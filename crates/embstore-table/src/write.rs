@@ -9,12 +9,17 @@ use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table};
 
-/// How far ahead of this store's clock an imported version may be: one day.
+/// How far ahead of this store's clock an imported (or synced) version may be: one day.
 const MAX_CLOCK_AHEAD_MS: u64 = 24 * 3600 * 1000;
+
+/// The largest version timestamp a write from elsewhere may carry now (one day ahead).
+pub(crate) fn clock_horizon() -> u64 {
+    (now_ms() + MAX_CLOCK_AHEAD_MS) << 16
+}
 
 /// The optimizer state that `write_rows` gives each row.
 #[derive(Clone, Copy)]
-enum StateIn<'a> {
+pub(crate) enum StateIn<'a> {
     /// Keep an existing row's state (a new row gets the initial state).
     Keep,
     /// The optimizer's initial state.
@@ -127,7 +132,7 @@ impl Table {
         Ok(bad_rows.len() as u64)
     }
 
-    fn check_meta(&self, ids: &[u64], meta: &[RowMeta]) -> Result<()> {
+    pub(crate) fn check_meta(&self, ids: &[u64], meta: &[RowMeta]) -> Result<()> {
         if meta.len() != ids.len() {
             return Err(Error::shape(format!(
                 "metadata must hold {} entries, got {}",
@@ -135,7 +140,7 @@ impl Table {
                 meta.len()
             )));
         }
-        let horizon = (now_ms() + MAX_CLOCK_AHEAD_MS) << 16;
+        let horizon = clock_horizon();
         if let Some(i) = meta.iter().position(|m| m.version.timestamp > horizon) {
             return Err(Error::invalid(format!(
                 "version of id {} is more than a day ahead of this clock ({} ms since the \
@@ -147,7 +152,12 @@ impl Table {
         meta.iter().try_for_each(PackedMeta::check)
     }
 
-    fn check_finite(&self, ids: &[u64], values: &[f32], state: StateIn<'_>) -> Result<()> {
+    pub(crate) fn check_finite(
+        &self,
+        ids: &[u64],
+        values: &[f32],
+        state: StateIn<'_>,
+    ) -> Result<()> {
         let (d, sd) = (self.dim(), self.state_dim);
         let bad = values.iter().position(|v| !v.is_finite()).map(|i| (i / d, "values"));
         let bad = bad.or_else(|| match state {

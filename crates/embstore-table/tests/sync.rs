@@ -126,7 +126,7 @@ fn a_bad_reply_is_a_typed_error_and_changes_nothing() {
     let mut bad = Vec::new();
     let mut r = good.clone();
     r.values[0] = f32::NAN;
-    bad.push((r, ErrorKind::NonFinite, "non-finite values"));
+    bad.push((r, ErrorKind::NonFinite, "are not finite"));
     let mut r = good.clone();
     r.values.pop();
     bad.push((r, ErrorKind::ShapeMismatch, "values must hold"));

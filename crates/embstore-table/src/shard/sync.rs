@@ -70,9 +70,14 @@ impl ShardSync {
         let p = &mut self.parts[sub];
         p.vv.raise(v.replica, v.timestamp);
         p.cache.on_write(key, rv(v));
-        p.sv = Sv::new(v.timestamp, self.shared.clock.replica());
-        let id = self.part_id(sub);
-        self.shared.changed(id);
+        let sv = Sv::new(v.timestamp, self.shared.clock.replica());
+        // The rows of one batch in one shard share a version: the part's change is recorded
+        // once, not once per row (the change index is shared by every shard).
+        if p.sv != sv {
+            p.sv = sv;
+            let id = self.part_id(sub);
+            self.shared.changed(id);
+        }
         self.maybe_prune(false, shard_rows);
     }
 
@@ -119,6 +124,12 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Parts in all (over `shard_mask + 1` shards).
+    #[inline]
+    pub(crate) fn parts(&self) -> u32 {
+        self.per_shard * (self.shard_mask as u32 + 1)
+    }
+
     #[inline]
     pub(crate) fn sub_of(&self, key: u64) -> usize {
         ((fmix64(key ^ SHARD_SALT) >> 32) & u64::from(self.per_shard - 1)) as usize
@@ -175,7 +186,7 @@ pub(crate) struct SyncShared {
     pub(crate) changed: Condvar,
     pub(crate) d_prop_ms: AtomicU64,
     pub(crate) cache_max_frac: f64,
-    /// `None`: D_prop stays where it is set; else the controller's state.
+    /// The D_prop controller's state; it moves D_prop only when `adaptive`.
     pub(crate) adapt: Adapt,
     pub(crate) adaptive: bool,
     pub(crate) use_cache: bool,

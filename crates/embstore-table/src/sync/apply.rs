@@ -10,10 +10,8 @@ use crate::meta::PackedMeta;
 use crate::shard::sync::rv;
 use crate::tier::Gate;
 use crate::version::now_ms;
-use crate::{Error, ErrorKind, Result, Table, Version, MAX_REPLICA};
-
-/// How far ahead of this clock a synced version may be: one day (as for imports).
-const MAX_AHEAD_MS: u64 = 24 * 3600 * 1000;
+use crate::write::{clock_horizon, StateIn};
+use crate::{Error, Result, Table, Version, MAX_REPLICA};
 
 impl Table {
     /// Applies `reply` (from [`Table::sync_pull`] at a peer): each row or tombstone whose
@@ -110,29 +108,29 @@ impl Table {
         Ok(written)
     }
 
+    /// The checks of an import (shapes, finite values and state, versions at most a day
+    /// ahead, replica ids), and those of sync: every key in the reply's part, no version 0, a
+    /// VV within the same horizon.
     fn check_reply(&self, r: &PartReply) -> Result<()> {
         let layout = self.sync_shared()?.layout;
         self.check_part(r.part)?;
         let n = r.keys.len();
-        let (d, sd) = (self.dim(), self.state_dim);
-        if r.meta.len() != n || r.tombstone.len() != n {
+        if r.tombstone.len() != n {
             return Err(Error::shape(format!(
-                "a reply of {n} keys carries {} metadata and {} tombstone flags",
-                r.meta.len(),
+                "a reply of {n} keys carries {} tombstone flags",
                 r.tombstone.len()
             )));
         }
-        self.check_rows("values", n, r.values.len(), d)?;
-        if let Some(st) = &r.state {
-            self.check_rows("state", n, st.len(), sd)?;
-            if st.iter().any(|v| !v.is_finite()) {
-                return Err(non_finite("optimizer state", r.part));
+        self.check_rows("values", n, r.values.len(), self.dim())?;
+        let state = match &r.state {
+            Some(st) => {
+                self.check_rows("state", n, st.len(), self.state_dim)?;
+                StateIn::Given(st)
             }
-        }
-        if r.values.iter().any(|v| !v.is_finite()) {
-            return Err(non_finite("values", r.part));
-        }
-        let horizon = (now_ms() + MAX_AHEAD_MS) << 16;
+            None => StateIn::Init,
+        };
+        self.check_meta(&r.keys, &r.meta)?;
+        self.check_finite(&r.keys, &r.values, state)?;
         for (k, m) in r.keys.iter().zip(&r.meta) {
             if layout.part_of(*k) != r.part {
                 return Err(Error::invalid(format!(
@@ -140,20 +138,13 @@ impl Table {
                     r.part
                 )));
             }
-            if m.version == Version::default() || m.version.replica > MAX_REPLICA {
+            if m.version == Version::default() {
                 return Err(Error::invalid(format!(
-                    "key {k} carries version {:?}, which no write issues; nothing was applied",
-                    m.version
-                )));
-            }
-            if m.version.timestamp > horizon {
-                return Err(Error::invalid(format!(
-                    "key {k} carries a version more than a day ahead of this clock ({} ms \
-                     since the epoch); nothing was applied",
-                    m.version.millis()
+                    "key {k} carries version 0, which no write issues; nothing was applied"
                 )));
             }
         }
+        let horizon = clock_horizon();
         for &(o, t) in r.vv.entries() {
             if t > horizon || o > MAX_REPLICA {
                 return Err(Error::invalid(format!(
@@ -164,11 +155,4 @@ impl Table {
         }
         Ok(())
     }
-}
-
-fn non_finite(what: &str, part: u32) -> Error {
-    Error::new(
-        ErrorKind::NonFinite,
-        format!("a reply for sync part {part} holds non-finite {what}; nothing was applied"),
-    )
 }

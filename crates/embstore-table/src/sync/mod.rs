@@ -220,13 +220,13 @@ impl Table {
         }
         let parts = options.parts.max(shards);
         if let Some(s) = self.sync.get() {
-            if s.layout.per_shard * shards == parts {
+            if s.layout.parts() == parts {
                 return Ok(());
             }
             return Err(Error::invalid(format!(
                 "table '{}' already syncs with {} parts, not {parts}",
                 self.name(),
-                s.layout.per_shard * shards
+                s.layout.parts()
             )));
         }
         let layout = Layout { per_shard: parts / shards, shard_mask: u64::from(shards - 1) };
@@ -234,16 +234,19 @@ impl Table {
         let given = known.filter(|k| k.len() == parts as usize);
         let from_rows = options.knowledge_from_rows && given.is_none();
         let mut vvs = given.unwrap_or_else(|| vec![Vv::new(); parts as usize]);
-        let mut export = self.export(4096);
-        for chunk in export.by_ref().take_while(|_| from_rows) {
-            for (k, m) in chunk.ids.iter().zip(&chunk.meta) {
-                if m.version != Version::default() {
-                    vvs[layout.part_of(*k) as usize].raise(m.version.replica, m.version.timestamp);
+        if from_rows {
+            let mut export = self.export(4096);
+            for chunk in export.by_ref() {
+                for (k, m) in chunk.ids.iter().zip(&chunk.meta) {
+                    if m.version != Version::default() {
+                        let part = layout.part_of(*k) as usize;
+                        vvs[part].raise(m.version.replica, m.version.timestamp);
+                    }
                 }
             }
-        }
-        if let Some(e) = export.take_error() {
-            return Err(e);
+            if let Some(e) = export.take_error() {
+                return Err(e);
+            }
         }
         let shared = Arc::new(SyncShared {
             clock: self.clock.clone(),
@@ -287,7 +290,7 @@ impl Table {
     /// Sync parts of the table.
     pub fn sync_parts(&self) -> Result<u32> {
         let s = self.sync_shared()?;
-        Ok(s.layout.per_shard * self.shards.len() as u32)
+        Ok(s.layout.parts())
     }
 
     /// The sync part of `key`.
@@ -342,7 +345,7 @@ impl Table {
 
     fn check_part(&self, part: u32) -> Result<(usize, usize)> {
         let s = self.sync_shared()?;
-        let parts = s.layout.per_shard * self.shards.len() as u32;
+        let parts = s.layout.parts();
         if part >= parts {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -382,7 +385,7 @@ impl Table {
             tombstones += sy.tombs.len();
         }
         Ok(SyncStats {
-            parts: s.layout.per_shard * self.shards.len() as u32,
+            parts: s.layout.parts(),
             epoch: s.epoch,
             cached_rows,
             tombstones,

@@ -17,9 +17,30 @@ impl Table {
         self.check_live()?;
         let (s, sub) = self.check_part(part)?;
         let sync = self.sync_shared()?.clone();
-        let (d, sd) = (self.dim(), self.state_dim);
         let mut r = PartReply { part, state: with_state.then(Vec::new), ..PartReply::default() };
         let newer = |v: Version| v.timestamp > vv_r.get(v.replica);
+        let (d, sd) = (self.dim(), self.state_dim);
+        // A row: its values and, when the reply carries state, its state; a tombstone
+        // (`None`) takes zeros of both widths.
+        let push = |r: &mut PartReply, key: u64, meta: RowMeta, row: Option<(&[f32], &[f32])>| {
+            r.keys.push(key);
+            r.meta.push(meta);
+            r.tombstone.push(row.is_none());
+            match row {
+                Some((values, state)) => {
+                    r.values.extend_from_slice(values);
+                    if let Some(st) = &mut r.state {
+                        st.extend_from_slice(state);
+                    }
+                }
+                None => {
+                    r.values.resize(r.values.len() + d, 0.0);
+                    if let Some(st) = &mut r.state {
+                        st.resize(st.len() + sd, 0.0);
+                    }
+                }
+            }
+        };
         // A tiered table's file table is held from classifying keys to reading those on
         // disk, so no rewrite moves them in between (as an export does).
         let files = self.cold_files();
@@ -48,13 +69,12 @@ impl Table {
                 if let Some(slot) = shard.slot(k) {
                     let meta = shard.meta[slot].unpack();
                     if newer(meta.version) {
-                        r.keys.push(k);
-                        r.meta.push(meta);
-                        r.tombstone.push(false);
-                        r.values.extend_from_slice(shard.values.row(slot));
-                        if let Some(st) = &mut r.state {
-                            st.extend_from_slice(shard.state.row(slot));
-                        }
+                        push(
+                            &mut r,
+                            k,
+                            meta,
+                            Some((shard.values.row(slot), shard.state.row(slot))),
+                        );
                     }
                 } else if let Some(l) = shard.cold_loc(k) {
                     cold.push((k, l));
@@ -62,13 +82,7 @@ impl Table {
                     if newer(v) {
                         let meta =
                             RowMeta { version: v, update_count: 0, last_update_ms: v.millis() };
-                        r.keys.push(k);
-                        r.meta.push(meta);
-                        r.tombstone.push(true);
-                        r.values.resize(r.values.len() + d, 0.0);
-                        if let Some(st) = &mut r.state {
-                            st.resize(st.len() + sd, 0.0);
-                        }
+                        push(&mut r, k, meta, None);
                     }
                 }
             }
@@ -76,13 +90,7 @@ impl Table {
         if let (false, Some(files)) = (cold.is_empty(), &files) {
             for ((k, _), rec) in cold.iter().zip(self.read_cold(files, &cold)?) {
                 if newer(rec.meta.version) {
-                    r.keys.push(*k);
-                    r.meta.push(rec.meta);
-                    r.tombstone.push(false);
-                    r.values.extend_from_slice(&rec.values);
-                    if let Some(st) = &mut r.state {
-                        st.extend_from_slice(&rec.state);
-                    }
+                    push(&mut r, *k, rec.meta, Some((&rec.values, &rec.state)));
                 }
             }
         }
