@@ -263,6 +263,22 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
     .map_err(to_py_err)
 }
 
+/// A followed table's status as `/metrics` shows it.
+fn followed(s: &embstore_sync::TableSync) -> embstore_server::Followed {
+    embstore_server::Followed {
+        table: s.table.clone(),
+        source: s.source.clone(),
+        connected: s.connected,
+        caught_up: s.caught_up,
+        parts_pending: s.parts_pending as u64,
+        lag_ms_p50: s.lag_ms_p50,
+        lag_ms_p99: s.lag_ms_p99,
+        rows_applied: s.rows_applied,
+        bytes_in: s.bytes_in,
+        errors: s.errors,
+    }
+}
+
 /// The address `listener` is bound to (port 0 resolved).
 fn local_address(listener: &tokio::net::TcpListener) -> PyResult<String> {
     let addr = listener.local_addr();
@@ -377,6 +393,9 @@ impl PyServer {
             m
         });
         let server = hosting(&address, max_batch, tier, store.as_deref())?;
+        if let Some(view) = synced.follower.as_ref().map(|f| f.status_view()) {
+            server.set_followed(Box::new(move || view.status().iter().map(followed).collect()));
+        }
         let (stop, _) = watch::channel(false);
         Ok(Self {
             runtime,

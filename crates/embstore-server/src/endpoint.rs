@@ -19,6 +19,11 @@ impl Server {
         for f in [&m.cluster_version, &m.roll, &m.roll_to, &m.roll_seconds] {
             f.clear();
         }
+        for f in [&m.sync_source, &m.follow_state, &m.follow_count] {
+            f.clear();
+        }
+        m.follow_lag.clear();
+        self.set_sync_metrics();
         let of = |table: &str| vec![("table".to_string(), table.to_string())];
         for c in self.controls.read().iter() {
             m.cluster_version.get_or_create(&of(&c.table)).set(c.version as i64);
@@ -55,11 +60,60 @@ impl Server {
                 m.disk.get_or_create(&of(name)).inc_by(h.table.disk_bytes() as i64);
                 m.disk_reads.get_or_create(&of(name)).inc_by(h.table.disk_reads() as i64);
             }
+            // A table's sync state is the table's, whichever versions host it.
+            if let Some(st) = held.iter().rev().find_map(|h| h.table.sync_stats()) {
+                let what = [
+                    ("pulls_cached", st.pulls_cached),
+                    ("pulls_scanned", st.pulls_scanned),
+                    ("rows_sent", st.rows_sent),
+                    ("cached_rows", st.cached_rows as u64),
+                    ("tombstones", st.tombstones as u64),
+                    ("d_prop_ms", st.d_prop_ms),
+                ];
+                for (w, v) in what {
+                    let l =
+                        vec![("table".to_string(), name.clone()), ("what".to_string(), w.into())];
+                    m.sync_source.get_or_create(&l).set(v as i64);
+                }
+            }
         }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &m.registry);
         out
+    }
+}
+
+impl Server {
+    /// Sets the gauges of the followed tables from the report given to `set_followed`.
+    fn set_sync_metrics(&self) {
+        let m = &self.metrics;
+        let Some(report) = &*self.followed.read() else { return };
+        for f in (report.0)() {
+            let label = |k: &str, v: &str| (k.to_string(), v.to_string());
+            let table = label("table", &f.table);
+            for (q, ms) in [("0.5", f.lag_ms_p50), ("0.99", f.lag_ms_p99)] {
+                if let Some(ms) = ms {
+                    let l = vec![table.clone(), label("quantile", q)];
+                    m.follow_lag.get_or_create(&l).set(ms / 1e3);
+                }
+            }
+            let source = label("source", &f.source);
+            for (state, on) in [("connected", f.connected), ("caught_up", f.caught_up)] {
+                let l = vec![table.clone(), source.clone(), label("state", state)];
+                m.follow_state.get_or_create(&l).set(i64::from(on));
+            }
+            let what = [
+                ("parts_pending", f.parts_pending),
+                ("rows_applied", f.rows_applied),
+                ("bytes_in", f.bytes_in),
+                ("errors", f.errors),
+            ];
+            for (w, v) in what {
+                let l = vec![table.clone(), label("what", w)];
+                m.follow_count.get_or_create(&l).set(v as i64);
+            }
+        }
     }
 }
 
@@ -135,5 +189,67 @@ mod tests {
         let text = s.metrics_text();
         assert!(text.contains("embstore_eviction_errors{error=\""), "{text}");
         assert!(text.contains("No space left"), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod sync_tests {
+    use super::*;
+    use crate::hosting::Followed;
+    use embstore_table::{Table, TableConfig};
+
+    fn value(text: &str, metric: &str) -> Option<f64> {
+        let line = text.lines().find(|l| l.starts_with(metric))?;
+        line.rsplit(' ').next()?.parse().ok()
+    }
+
+    #[test]
+    fn metrics_show_a_syncing_tables_source_side_and_the_followed_tables() {
+        let s = Server::new("s", 1 << 16);
+        let t = Arc::new(Table::new(TableConfig::new("item", 4)).unwrap());
+        t.enable_sync(&embstore_table::sync::SyncOptions::default()).unwrap();
+        t.assign(&[1, 2, 3], &[0.5; 12]).unwrap();
+        s.host("item", 1, 0, 1, t.clone()).unwrap();
+        let text = s.metrics_text();
+        assert!(!text.contains("embstore_sync_lag_seconds{"), "{text}");
+        // Nothing pulled yet; the update cache holds the three rows written.
+        let cached = r#"embstore_sync_source{table="item",what="cached_rows"}"#;
+        assert_eq!(value(&text, cached), Some(3.0), "{text}");
+        let scanned = r#"embstore_sync_source{table="item",what="pulls_scanned"}"#;
+        assert_eq!(value(&text, scanned), Some(0.0), "{text}");
+
+        let rows = Arc::new(std::sync::atomic::AtomicU64::new(10));
+        let r = rows.clone();
+        s.set_followed(Box::new(move || {
+            vec![Followed {
+                table: "item".into(),
+                source: "10.1.0.5:7100".into(),
+                connected: true,
+                caught_up: false,
+                parts_pending: 7,
+                lag_ms_p50: Some(30.0),
+                lag_ms_p99: Some(1500.0),
+                rows_applied: r.load(std::sync::atomic::Ordering::Relaxed),
+                bytes_in: 4096,
+                errors: 1,
+            }]
+        }));
+        let text = s.metrics_text();
+        let lag = r#"embstore_sync_lag_seconds{table="item",quantile="0.99"}"#;
+        assert_eq!(value(&text, lag), Some(1.5), "{text}");
+        let lag = r#"embstore_sync_lag_seconds{table="item",quantile="0.5"}"#;
+        assert_eq!(value(&text, lag), Some(0.03), "{text}");
+        let state =
+            r#"embstore_sync_follow_state{table="item",source="10.1.0.5:7100",state="caught_up"}"#;
+        assert_eq!(value(&text, state), Some(0.0), "{text}");
+        let state =
+            r#"embstore_sync_follow_state{table="item",source="10.1.0.5:7100",state="connected"}"#;
+        assert_eq!(value(&text, state), Some(1.0), "{text}");
+        let pending = r#"embstore_sync_follow{table="item",what="parts_pending"}"#;
+        assert_eq!(value(&text, pending), Some(7.0), "{text}");
+        // Read again at each scrape.
+        rows.store(25, std::sync::atomic::Ordering::Relaxed);
+        let applied = r#"embstore_sync_follow{table="item",what="rows_applied"}"#;
+        assert_eq!(value(&s.metrics_text(), applied), Some(25.0));
     }
 }

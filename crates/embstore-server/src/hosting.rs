@@ -70,6 +70,10 @@ pub trait RowSource: Send + Sync + std::fmt::Debug {
         out: &mut [f32],
         found: &mut [bool],
     ) -> embstore_common::Result<()>;
+    /// What the table's sync port side has done (`None`: the rows do not sync).
+    fn sync_stats(&self) -> Option<embstore_table::sync::SyncStats> {
+        None
+    }
 }
 
 impl RowSource for Table {
@@ -92,6 +96,9 @@ impl RowSource for Table {
         found: &mut [bool],
     ) -> embstore_common::Result<()> {
         Table::lookup(self, ids, OnMiss::Zeros, out, Some(found))
+    }
+    fn sync_stats(&self) -> Option<embstore_table::sync::SyncStats> {
+        Table::sync_stats(self).ok()
     }
 }
 
@@ -187,6 +194,37 @@ pub struct Server {
     pub(crate) tier: Option<TierOptions>,
     /// The tables' control records as a cluster member last read them (for `/metrics`).
     pub(crate) controls: RwLock<Vec<embstore_cluster::Control>>,
+    /// Where the tables this server follows stand, read at each scrape (for `/metrics`).
+    pub(crate) followed: RwLock<Option<Reporter>>,
+}
+
+/// Where one followed table stands (see [`Server::set_followed`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Followed {
+    pub table: String,
+    /// The sync source's address.
+    pub source: String,
+    pub connected: bool,
+    pub caught_up: bool,
+    pub parts_pending: u64,
+    /// Freshness lag quantiles over recent replies (ms; `None` before the first).
+    pub lag_ms_p50: Option<f64>,
+    pub lag_ms_p99: Option<f64>,
+    pub rows_applied: u64,
+    pub bytes_in: u64,
+    pub errors: u64,
+}
+
+/// Reads where the followed tables stand (called at each `/metrics` scrape).
+pub type FollowedReport = Box<dyn Fn() -> Vec<Followed> + Send + Sync>;
+
+/// A [`FollowedReport`] the server holds.
+pub(crate) struct Reporter(pub(crate) FollowedReport);
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reporter")
+    }
 }
 
 impl Server {
@@ -226,6 +264,7 @@ impl Server {
             loading: RwLock::new(Vec::new()),
             tier,
             controls: RwLock::new(Vec::new()),
+            followed: RwLock::new(None),
         })
     }
 
@@ -238,6 +277,12 @@ impl Server {
     /// (versions and roll progress).
     pub fn set_controls(&self, controls: Vec<embstore_cluster::Control>) {
         *self.controls.write() = controls;
+    }
+
+    /// Makes `/metrics` show where the tables this server follows stand, as `report` tells at
+    /// each scrape (freshness lag, pending parts, rows and bytes synced).
+    pub fn set_followed(&self, report: FollowedReport) {
+        *self.followed.write() = Some(Reporter(report));
     }
 
     /// Loads shard `shard` of `num_shards` of table `name` from the checkpoint at `ckpt` and

@@ -15,6 +15,9 @@ use prometheus_client::registry::Registry;
 /// Labels of a metric: (name, value) pairs.
 type Labels = Vec<(String, String)>;
 
+/// A gauge of seconds.
+pub(crate) type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 /// The server's Prometheus metrics (`/metrics`, see `serve_metrics`).
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -38,6 +41,12 @@ pub(crate) struct Metrics {
     pub(crate) roll: Family<Labels, Gauge>,
     pub(crate) roll_to: Family<Labels, Gauge>,
     pub(crate) roll_seconds: Family<Labels, Gauge>,
+    /// The sync port side of the tables held, set at each scrape from their counters.
+    pub(crate) sync_source: Family<Labels, Gauge>,
+    /// Where each followed table stands, set at each scrape (see `Server::set_followed`).
+    pub(crate) follow_lag: Family<Labels, FloatGauge>,
+    pub(crate) follow_state: Family<Labels, Gauge>,
+    pub(crate) follow_count: Family<Labels, Gauge>,
     pub(crate) registry: Registry,
 }
 
@@ -63,6 +72,10 @@ impl Metrics {
             roll: Family::default(),
             roll_to: Family::default(),
             roll_seconds: Family::default(),
+            sync_source: Family::default(),
+            follow_lag: Family::default(),
+            follow_state: Family::default(),
+            follow_count: Family::default(),
             registry: Registry::with_prefix("embstore"),
         };
         let r = &mut m.registry;
@@ -107,6 +120,29 @@ impl Metrics {
             "roll_seconds",
             "Seconds from the last roll's start to its last recorded step",
             m.roll_seconds.clone(),
+        );
+        r.register(
+            "sync_source",
+            "A held table's sync port side since this process started, by table and what \
+             (pulls_cached, pulls_scanned, rows_sent, cached_rows, tombstones, d_prop_ms)",
+            m.sync_source.clone(),
+        );
+        r.register(
+            "sync_lag_seconds",
+            "A followed table's freshness lag (now minus the newest applied row's write time) \
+             over its recent replies, by table and quantile",
+            m.follow_lag.clone(),
+        );
+        r.register(
+            "sync_follow_state",
+            "A followed table's state: 1 for connected and for caught_up, by table (and source)",
+            m.follow_state.clone(),
+        );
+        r.register(
+            "sync_follow",
+            "A followed table since this process started, by table and what (parts_pending, \
+             rows_applied, bytes_in, errors)",
+            m.follow_count.clone(),
         );
         m
     }

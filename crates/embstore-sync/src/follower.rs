@@ -153,6 +153,26 @@ pub struct TableSync {
     pub last_error: Option<String>,
 }
 
+/// Reads where a follower's tables stand ([`Follower::status_view`]).
+#[derive(Clone, Debug)]
+pub struct StatusView(Vec<Arc<Mutex<Status>>>);
+
+impl StatusView {
+    /// Where each followed table stands.
+    pub fn status(&self) -> Vec<TableSync> {
+        self.0
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                let mut out = s.s.clone();
+                (out.lag_ms_p50, out.lag_ms_p99) =
+                    (quantile(&s.lags, 0.5), quantile(&s.lags, 0.99));
+                out
+            })
+            .collect()
+    }
+}
+
 /// A running follower; [`Follower::stop`] (or drop) ends its threads.
 #[derive(Debug)]
 pub struct Follower {
@@ -250,16 +270,13 @@ impl Follower {
 
     /// Where each followed table stands.
     pub fn status(&self) -> Vec<TableSync> {
-        self.status
-            .iter()
-            .map(|s| {
-                let s = s.lock();
-                let mut out = s.s.clone();
-                (out.lag_ms_p50, out.lag_ms_p99) =
-                    (quantile(&s.lags, 0.5), quantile(&s.lags, 0.99));
-                out
-            })
-            .collect()
+        self.status_view().status()
+    }
+
+    /// A handle that reads [`Follower::status`] (for as long as it is kept; after the
+    /// follower stopped, its last status).
+    pub fn status_view(&self) -> StatusView {
+        StatusView(self.status.clone())
     }
 
     /// Waits until every table is caught up (a round that left nothing pending after the

@@ -66,6 +66,13 @@ def test_an_embedded_follower_holds_the_primarys_rows_and_follows_its_writes() -
     assert embstore.Store().create_table("x", embedding_dim=2).sync_stats() is None
 
 
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
 class _Proc:
     """A process whose first stdout line matches ``pattern``; stopped by PID."""
 
@@ -283,8 +290,12 @@ def test_kill_9_of_a_follower_under_reads_gives_no_client_visible_error(tmp_path
     follow = [*serve, "--follow", primary.match.group(1), "--sync-token-file", str(token)]
     procs = [primary]
     try:
-        followers = [_Proc(follow, r" on (127\.0\.0\.1:\d+):") for _ in range(2)]
+        followers = [_Proc(follow, r" on (127\.0\.0\.1:\d+):") for _ in range(1)]
         procs += followers
+        # The survivor also serves /metrics, where its freshness lag shows.
+        metrics = r" on (127\.0\.0\.1:\d+):.*metrics on http://(127\.0\.0\.1:\d+)/metrics"
+        followers.append(_Proc([*follow, "--metrics", "127.0.0.1:0"], metrics))
+        procs.append(followers[1])
         client = embstore.connect([f.match.group(1) for f in followers], deadline_s=10.0)
         ids = np.arange(3000)
         done, count, errors = threading.Event(), [0], []
@@ -311,6 +322,13 @@ def test_kill_9_of_a_follower_under_reads_gives_no_client_visible_error(tmp_path
         assert not errors, errors
         assert count[0] > before + 5, (before, count[0])
         _converges(embstore.connect(followers[1].match.group(1)), tmp_path / "a.npz", 30)
+        text = _get(f"http://{followers[1].match.group(2)}/metrics")
+        lag = r'embstore_sync_lag_seconds\{table="item",quantile="0.99"\} [\d.e-]+'
+        assert re.search(lag, text), text
+        caught_up = r'embstore_sync_follow_state\{table="item",source="[^"]+",state="caught_up"\} 1'
+        assert re.search(caught_up, text), text
+        applied = re.search(r'embstore_sync_follow\{table="item",what="rows_applied"\} (\d+)', text)
+        assert applied and int(applied.group(1)) > 0, text
     finally:
         for p in procs:
             p.kill()
