@@ -247,7 +247,9 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         help="hold a copy of the tables of the sync port at HOST:PORT and keep pulling what "
         "changes while serving lookups (with --store: the copy lives there; else in memory). "
         "Without HOST:PORT, with --etcd and --dc: pull each table from this data centre's "
-        "leader, or, being the leader, from the primary",
+        "leader, or, being the leader, from the primary. With --etcd and HOST:PORT (no --dc): "
+        "a cluster member that keeps each version a roll loads here current (a roll replaces "
+        "the base; sync continues on top of it)",
     )
     srv.add_argument(
         "--dc",
@@ -575,8 +577,9 @@ def _serve(args: argparse.Namespace) -> int:
         admin += f", sync port on {server.sync_address}"
     if args.follow is not None:
         via = args.follow or f"the sources in etcd for {args.dc}"
-        admin += f", following {via}"
-        source = args.store or "an in-memory copy"
+        into = " into the versions rolls load" if args.etcd and not args.dc else ""
+        admin += f", following {via}{into}"
+        source = args.store or ("no store" if into else "an in-memory copy")
     elif args.dc:
         admin += f", registered in etcd as a primary of {args.dc}"
     if args.memory_budget:

@@ -360,6 +360,20 @@ impl PyServer {
             metrics.as_deref(),
             replica.unwrap_or(if follow.is_some() { random_replica() } else { 0 }),
         )?;
+        // A cluster member that follows a source keeps the versions rolls load current (a roll
+        // replaces the base; sync continues on top): its follower starts once it serves.
+        let mut follow = follow;
+        let roll_follow = if etcd.is_some() && follow.as_deref().is_some_and(|f| !f.is_empty()) {
+            if store_dir.is_some() {
+                return Err(invalid(
+                    "a cluster member that follows syncs the versions rolls load: it takes no \
+                     store directory",
+                ));
+            }
+            follow.take()
+        } else {
+            None
+        };
         // A follower without a store directory holds its copy in memory.
         let store = match (store, &follow) {
             (None, Some(_)) => {
@@ -368,6 +382,10 @@ impl PyServer {
             }
             (store, _) => store,
         };
+        let client_tls =
+            sync_client_tls(sync_tls_ca, sync_tls_cert, sync_tls_key, sync_tls_domain)?;
+        let (sync_args_token, sync_args_events, sync_args_tls) =
+            (sync_token.clone(), sync_events.clone(), client_tls.clone());
         let sync_args = SyncArgs {
             listen: sync_listen,
             advertise: sync_advertise,
@@ -377,7 +395,7 @@ impl PyServer {
             etcd: sync_etcd,
             dc,
             server_tls: tls.as_ref().map(|t| t.server_config()).transpose().map_err(to_py_err)?,
-            client_tls: sync_client_tls(sync_tls_ca, sync_tls_cert, sync_tls_key, sync_tls_domain)?,
+            client_tls,
             use_cache: sync_cache,
             skip_by_sv: sync_shard_versions,
         };
@@ -393,7 +411,31 @@ impl PyServer {
             m
         });
         let server = hosting(&address, max_batch, tier, store.as_deref())?;
-        if let Some(view) = synced.follower.as_ref().map(|f| f.status_view()) {
+        let follower = match roll_follow {
+            Some(source) => {
+                let r = replica.unwrap_or_else(random_replica);
+                let options = embstore_table::sync::SyncOptions {
+                    knowledge_from_rows: false,
+                    ..Default::default()
+                };
+                server.set_sync_loads(embstore_server::SyncLoads { replica: r, options });
+                let follow_options = embstore_sync::FollowOptions {
+                    token: sync_args_token.unwrap_or_default(),
+                    events: sync_args_events,
+                    tls: sync_args_tls,
+                    skip_by_sv: sync_shard_versions,
+                    flush_every: None,
+                    ..embstore_sync::FollowOptions::default()
+                };
+                let (target, source) = (server.clone(), embstore_sync::Source::Fixed(source));
+                let f = detached(py, || {
+                    embstore_sync::Follower::start_into(target, source, follow_options)
+                });
+                Some(f.map_err(to_py_err)?)
+            }
+            None => synced.follower,
+        };
+        if let Some(view) = follower.as_ref().map(|f| f.status_view()) {
             server.set_followed(Box::new(move || view.status().iter().map(followed).collect()));
         }
         let (stop, _) = watch::channel(false);
@@ -414,7 +456,7 @@ impl PyServer {
             member,
             _store: store,
             sync: synced.server,
-            follower: synced.follower,
+            follower,
             directory: synced.directory,
             _scratch: scratch,
         })

@@ -196,6 +196,26 @@ pub struct Server {
     pub(crate) controls: RwLock<Vec<embstore_cluster::Control>>,
     /// Where the tables this server follows stand, read at each scrape (for `/metrics`).
     pub(crate) followed: RwLock<Option<Reporter>>,
+    /// Whether loaded versions sync, and how ([`Server::set_sync_loads`]).
+    sync_loads: RwLock<Option<SyncLoads>>,
+    /// Per table, the versions loaded with sync on (oldest first): a follower writes into the
+    /// newest ([`Server::live_table`]).
+    live: RwLock<HashMap<String, Vec<Syncing>>>,
+}
+
+/// A version loaded with sync on: (version, its table).
+type Syncing = (u64, Arc<Table>);
+
+/// A loaded shard's rows, and its table when it syncs.
+type Loaded = (Arc<dyn RowSource>, Option<Arc<Table>>);
+
+/// How a follower's server loads versions that sync ([`Server::set_sync_loads`]).
+#[derive(Clone, Debug)]
+pub struct SyncLoads {
+    /// The follower's replica id (its rows' versions; never the source's).
+    pub replica: u32,
+    /// The sync options (parts must agree with the source's).
+    pub options: embstore_table::sync::SyncOptions,
 }
 
 /// Where one followed table stands (see [`Server::set_followed`]).
@@ -265,6 +285,8 @@ impl Server {
             tier,
             controls: RwLock::new(Vec::new()),
             followed: RwLock::new(None),
+            sync_loads: RwLock::new(None),
+            live: RwLock::new(HashMap::new()),
         })
     }
 
@@ -277,6 +299,25 @@ impl Server {
     /// (versions and roll progress).
     pub fn set_controls(&self, controls: Vec<embstore_cluster::Control>) {
         *self.controls.write() = controls;
+    }
+
+    /// Makes every later whole-table load ([`Server::load`] with one shard) sync: the loaded
+    /// version knows what its checkpoint's store knew (`Table::follow_from_checkpoint`) and
+    /// becomes the table's [`Server::live_table`], into which a follower writes fresh rows on
+    /// top of the checkpoint's. Versions of more than one shard are loaded as fixed snapshots.
+    pub fn set_sync_loads(&self, loads: SyncLoads) {
+        *self.sync_loads.write() = Some(loads);
+    }
+
+    /// The replica id of versions that sync here ([`Server::set_sync_loads`]).
+    pub fn sync_replica(&self) -> Option<u32> {
+        self.sync_loads.read().as_ref().map(|l| l.replica)
+    }
+
+    /// The newest version of `name` loaded with sync on and still held: where a follower
+    /// writes the rows it pulls (`None`: no such version yet).
+    pub fn live_table(&self, name: &str) -> Option<Arc<Table>> {
+        self.live.read().get(name)?.last().map(|(_, t)| t.clone())
     }
 
     /// Makes `/metrics` show where the tables this server follows stand, as `report` tells at
@@ -306,7 +347,16 @@ impl Server {
         let loaded = self.load_rows(name, version, shard, num_shards, ckpt);
         self.loading.write().retain(|k| k != &key);
         self.gen.fetch_add(1, Ordering::AcqRel);
-        self.host(name, version, shard, num_shards, loaded?)
+        let (rows, syncing) = loaded?;
+        self.host(name, version, shard, num_shards, rows)?;
+        if let Some(t) = syncing {
+            let mut live = self.live.write();
+            let versions = live.entry(name.to_string()).or_default();
+            versions.retain(|(v, _)| *v != version);
+            versions.push((version, t));
+            versions.sort_by_key(|(v, _)| *v);
+        }
+        Ok(())
     }
 
     /// The rows of a shard loaded from a checkpoint (see [`Server::load`]).
@@ -317,10 +367,19 @@ impl Server {
         shard: u32,
         num_shards: u32,
         ckpt: &std::path::Path,
-    ) -> embstore_common::Result<Arc<dyn RowSource>> {
+    ) -> embstore_common::Result<Loaded> {
         let (s, n) = (shard as usize, num_shards as usize);
+        let sync = self.sync_loads.read().clone().filter(|_| num_shards == 1);
+        let replica = sync.as_ref().map_or(0, |l| l.replica);
+        let follow = |t: &Arc<Table>| -> embstore_common::Result<Option<Arc<Table>>> {
+            let Some(l) = &sync else { return Ok(None) };
+            t.follow_from_checkpoint(ckpt, &l.options)?;
+            Ok(Some(t.clone()))
+        };
         let Some(tier) = &self.tier else {
-            return Ok(embstore_table::load_checkpoint_shard(ckpt, name, s, n)?);
+            let t = embstore_table::load_checkpoint_shard_as(ckpt, name, s, n, replica)?;
+            let syncing = follow(&t)?;
+            return Ok((t, syncing));
         };
         static NONCE: AtomicU64 = AtomicU64::new(0);
         let nonce = NONCE.fetch_add(1, Ordering::Relaxed);
@@ -328,12 +387,14 @@ impl Server {
             "{name}.v{version}.s{shard}of{num_shards}.{}-{nonce}{PART_SUFFIX}",
             std::process::id()
         ));
-        let options =
-            embstore_table::StoreOptions::default().with_shared_budget(tier.budget.clone());
-        match embstore_table::open_checkpoint_shard(ckpt, name, s, n, &dir, &options) {
-            Ok((store, table)) => {
+        let options = embstore_table::StoreOptions::default()
+            .with_shared_budget(tier.budget.clone())
+            .with_replica(replica);
+        let opened = embstore_table::open_checkpoint_shard(ckpt, name, s, n, &dir, &options);
+        match opened.and_then(|(store, table)| Ok((follow(&table)?, store, table))) {
+            Ok((syncing, store, table)) => {
                 let disk_bytes = dir_bytes(&dir.join("seg"));
-                Ok(Arc::new(Part { store: Some(store), table, dir, disk_bytes }))
+                Ok((Arc::new(Part { store: Some(store), table, dir, disk_bytes }), syncing))
             }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -416,6 +477,10 @@ impl Server {
         let removed = held.len() < before;
         if held.is_empty() {
             tables.remove(name);
+        }
+        if let Some(versions) = self.live.write().get_mut(name) {
+            // A follower goes back to the newest version still held (a failed roll's).
+            versions.retain(|(v, _)| *v != version);
         }
         if removed {
             self.gen.fetch_add(1, Ordering::AcqRel);

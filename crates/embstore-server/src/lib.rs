@@ -41,7 +41,9 @@ mod service;
 mod tls;
 
 pub use endpoint::{serve_metrics, serve_metrics_with};
-pub use hosting::{Followed, FollowedReport, Hosted, RowSource, Server, State, TierOptions};
+pub use hosting::{
+    Followed, FollowedReport, Hosted, RowSource, Server, State, SyncLoads, TierOptions,
+};
 pub use service::{
     request_limit, serve, to_status, Admin, ServeOptions, Serving, DEFAULT_MAX_BATCH,
 };

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_replication::Sv;
+use embstore_server::Server;
 use embstore_table::sync::SyncOptions;
 use embstore_table::{Store, Table, TableConfig};
 use parking_lot::Mutex;
@@ -63,6 +64,86 @@ impl Source {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Where a follower writes the rows it pulls: a [`Store`]'s tables, or the versions a serving
+/// [`Server`] loaded with sync on (`Server::set_sync_loads`), newest first, so that a roll
+/// onto a new base continues syncing on top of it.
+pub trait Target: Send + Sync {
+    /// The replica id written copies carry (never the source's).
+    fn replica(&self) -> u32;
+    /// Readies the tables the source serves (a store creates those it lacks, with the
+    /// source's config, and turns sync on with the source's part counts).
+    fn prepare(&self, source: &str, infos: &[wire::TableInfo]) -> Result<()>;
+    /// The table rows of `name` go into now; `None`: none yet (the follower waits).
+    fn table(&self, name: &str) -> Option<Arc<Table>>;
+}
+
+impl Target for Store {
+    fn replica(&self) -> u32 {
+        Store::replica(self)
+    }
+
+    fn prepare(&self, source: &str, infos: &[wire::TableInfo]) -> Result<()> {
+        let mut tables = Vec::new();
+        for info in infos {
+            let config = TableConfig::from_text(&info.config)?;
+            let t = match Store::table(self, &info.name) {
+                Ok(t) => {
+                    check_same(&t, &config)?;
+                    t
+                }
+                Err(e) if e.kind() == ErrorKind::TableNotFound => self.create_table(config)?,
+                Err(e) => return Err(e),
+            };
+            tables.push((t, info.parts));
+        }
+        let parts = tables.iter().map(|(_, p)| *p).max().unwrap_or(1);
+        let sync = self.sync_options().unwrap_or(SyncOptions {
+            parts,
+            knowledge_from_rows: false,
+            ..SyncOptions::default()
+        });
+        self.enable_sync(&sync)?;
+        for (t, p) in &tables {
+            check_parts(t, *p, source)?;
+        }
+        Ok(())
+    }
+
+    fn table(&self, name: &str) -> Option<Arc<Table>> {
+        Store::table(self, name).ok()
+    }
+}
+
+impl Target for Server {
+    fn replica(&self) -> u32 {
+        self.sync_replica().unwrap_or(0)
+    }
+
+    fn prepare(&self, _source: &str, _infos: &[wire::TableInfo]) -> Result<()> {
+        if self.sync_replica().is_none() {
+            return Err(Error::invalid(
+                "a server follows into the versions it loads with sync on: call set_sync_loads",
+            ));
+        }
+        Ok(())
+    }
+
+    fn table(&self, name: &str) -> Option<Arc<Table>> {
+        self.live_table(name)
+    }
+}
+
+fn check_parts(t: &Table, parts: u32, source: &str) -> Result<()> {
+    if t.sync_parts()? != parts {
+        return Err(Error::invalid(format!(
+            "table '{}' has {} sync parts here and {parts} at {source}: peers must agree",
+            t.name(),
+            t.sync_parts()?
+        )));
+    }
+    Ok(())
 }
 
 /// Parts asked for in one pull request.
@@ -199,10 +280,31 @@ impl Follower {
     /// [`Follower::start`] from any [`Source`]; with a directory, each table's thread follows
     /// whichever source the directory names for it, and this replica reports its status there.
     pub fn start_with(store: Arc<Store>, source: Source, options: FollowOptions) -> Result<Self> {
+        let flush = options.flush_every.zip(store.path().map(|_| store.clone()));
+        Self::start_inner(store, source, options, flush)
+    }
+
+    /// [`Follower::start_with`] into any [`Target`]: with a [`Server`], into the versions it
+    /// loads with sync on, switching to each newly loaded version (a roll onto a new base) and
+    /// waiting while it holds none.
+    pub fn start_into(
+        target: Arc<dyn Target>,
+        source: Source,
+        options: FollowOptions,
+    ) -> Result<Self> {
+        Self::start_inner(target, source, options, None)
+    }
+
+    fn start_inner(
+        target: Arc<dyn Target>,
+        source: Source,
+        options: FollowOptions,
+        flush: Option<(Duration, Arc<Store>)>,
+    ) -> Result<Self> {
         let first =
             source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
         let (_, replica, infos) = connect(&first, &options, &options.tables)?;
-        if replica == store.replica() {
+        if replica == target.replica() {
             // Shard versions name knowledge by replica id: two replicas sharing one could take
             // each other's names for knowledge they do not have.
             return Err(Error::invalid(format!(
@@ -210,45 +312,17 @@ impl Follower {
                  {replica}: every replica needs its own"
             )));
         }
-        let mut tables = Vec::new();
-        for info in &infos {
-            let config = TableConfig::from_text(&info.config)?;
-            let t = match store.table(&info.name) {
-                Ok(t) => {
-                    check_same(&t, &config)?;
-                    t
-                }
-                Err(e) if e.kind() == ErrorKind::TableNotFound => store.create_table(config)?,
-                Err(e) => return Err(e),
-            };
-            tables.push((t, info.parts));
-        }
-        let parts = tables.iter().map(|(_, p)| *p).max().unwrap_or(1);
-        let sync = store.sync_options().unwrap_or(SyncOptions {
-            parts,
-            knowledge_from_rows: false,
-            ..SyncOptions::default()
-        });
-        store.enable_sync(&sync)?;
-        for (t, p) in &tables {
-            if t.sync_parts()? != *p {
-                return Err(Error::invalid(format!(
-                    "table '{}' has {} sync parts here and {p} at {first}: peers must agree",
-                    t.name(),
-                    t.sync_parts()?
-                )));
-            }
-        }
+        target.prepare(&first, &infos)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (mut status, mut threads) = (Vec::new(), Vec::new());
-        for (t, _) in tables {
+        for info in infos {
             let st = Arc::new(Mutex::new(Status::default()));
-            st.lock().s.table = t.name().to_owned();
-            let (stop, st2, source, options) =
-                (stop.clone(), st.clone(), source.clone(), options.clone());
+            st.lock().s.table = info.name.clone();
+            let (stop, st2, source, options, target) =
+                (stop.clone(), st.clone(), source.clone(), options.clone(), target.clone());
             let th = std::thread::Builder::new()
-                .name(format!("embstore-follow-{}", t.name()))
-                .spawn(move || follow_table(&t, &source, &options, &stop, &st2))
+                .name(format!("embstore-follow-{}", info.name))
+                .spawn(move || follow_table(&*target, &info, &source, &options, &stop, &st2))
                 .map_err(|e| Error::io("cannot start a follower thread", e))?;
             status.push(st);
             threads.push(th);
@@ -257,8 +331,8 @@ impl Follower {
             let all = status.clone();
             d.set_report(Box::new(move || report(&all)));
         }
-        if let (Some(every), Some(_)) = (options.flush_every, store.path()) {
-            let (stop, store, st) = (stop.clone(), store.clone(), status.clone());
+        if let Some((every, store)) = flush {
+            let (stop, st) = (stop.clone(), status.clone());
             let th = std::thread::Builder::new()
                 .name("embstore-follow-flush".into())
                 .spawn(move || flush_loop(&store, every, &stop, &st))
@@ -481,7 +555,8 @@ fn quantile(lags: &VecDeque<f64>, q: f64) -> Option<f64> {
 }
 
 fn follow_table(
-    t: &Table,
+    target: &dyn Target,
+    info: &wire::TableInfo,
     source: &Source,
     options: &FollowOptions,
     stop: &AtomicBool,
@@ -498,21 +573,37 @@ fn follow_table(
         }
     });
     let mut book = Book { events, ..Book::default() };
+    let mut current: Option<Arc<Table>> = None;
+    let name = info.name.as_str();
     while !stop.load(Ordering::Relaxed) {
-        let Some(addr) = source.pick(t.name()) else {
+        let addr = source.pick(name);
+        let t = target.table(name);
+        let (Some(addr), Some(t)) = (addr, t) else {
             let mut s = status.lock();
-            s.s.last_error = Some("no sync source is registered for this table".into());
+            s.s.last_error = Some(match current {
+                None if source.pick(name).is_some() => {
+                    "no version of this table that syncs is held here yet".into()
+                }
+                _ => "no sync source is registered for this table".into(),
+            });
             s.s.caught_up = false;
             drop(s);
             std::thread::sleep(Duration::from_millis(options.retry_ms));
             continue;
         };
+        if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &t)) {
+            // A new version to write into (a roll loaded it): its knowledge is its own, so
+            // start over with the source's complete change list.
+            book = Book { events: book.events.take(), ..Book::default() };
+            current = Some(t.clone());
+        }
         status.lock().s.source = addr.clone();
-        let result =
-            connect(&addr, options, &[t.name().to_owned()]).and_then(|(mut link, _, _)| {
+        let result = check_parts(&t, info.parts, &addr)
+            .and_then(|_| connect(&addr, options, &[name.to_owned()]))
+            .and_then(|(mut link, _, _)| {
                 status.lock().s.connected = true;
-                let here = (source, addr.as_str());
-                let r = rounds(t, &mut link, options, stop, status, &mut book, here);
+                let here = (source, addr.as_str(), target);
+                let r = rounds(&t, &mut link, options, stop, status, &mut book, here);
                 let mut s = status.lock();
                 s.s.bytes_in += link.bytes_in;
                 s.s.bytes_out += link.bytes_out;
@@ -535,17 +626,20 @@ fn follow_table(
 }
 
 fn rounds(
-    t: &Table,
+    t: &Arc<Table>,
     link: &mut Link,
     options: &FollowOptions,
     stop: &AtomicBool,
     status: &Mutex<Status>,
     book: &mut Book,
-    (source, addr): (&Source, &str),
+    (source, addr, target): (&Source, &str, &dyn Target),
 ) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         if source.pick(t.name()).as_deref() != Some(addr) {
             return Ok(()); // the directory names another source now: switch to it
+        }
+        if !target.table(t.name()).is_some_and(|now| Arc::ptr_eq(&now, t)) {
+            return Ok(()); // another version to write into now (a roll)
         }
         let list = wire::List {
             table: t.name().to_owned(),

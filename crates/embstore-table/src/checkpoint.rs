@@ -14,6 +14,7 @@ use crate::durable::checkpoint::{
     CheckpointReport,
 };
 use crate::durable::{random_id, segment_path, SEG_DIR};
+use crate::sync::SyncOptions;
 use crate::{Error, Result, Store, Table};
 
 /// Opens shard `shard` of `num_shards` of table `name` of the checkpoint in `ckpt` (with the
@@ -70,6 +71,26 @@ pub fn open_checkpoint_shard(
     Ok((store, table))
 }
 
+impl Table {
+    /// Starts sync on a table loaded from the checkpoint in `ckpt` (a version a roll loaded,
+    /// which a follower then keeps current): each part knows what the checkpointed store knew
+    /// when the checkpoint began, which its rows cover, so the follower pulls only what is
+    /// newer. A checkpoint of a store that did not sync (or whose saved knowledge is missing,
+    /// damaged) gives no knowledge: every part is pulled once (rows already held are not
+    /// rewritten), with `options.parts` parts; saved knowledge brings its part count (the
+    /// source's). Returns whether knowledge was found.
+    /// `options.knowledge_from_rows` is ignored: rows alone never prove what a copy knows.
+    pub fn follow_from_checkpoint(&self, ckpt: &Path, options: &SyncOptions) -> Result<bool> {
+        // The saved part count is the source's: peers must agree on it.
+        let known = crate::sync::saved::load(ckpt, self.name(), None);
+        let found = known.is_some();
+        let parts = known.as_ref().map_or(options.parts, |k| k.len() as u32);
+        let options = SyncOptions { parts, knowledge_from_rows: false, ..options.clone() };
+        self.enable_sync_knowing(&options, known)?;
+        Ok(found)
+    }
+}
+
 impl Store {
     /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
     /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty
@@ -85,7 +106,18 @@ impl Store {
             Error::invalid("checkpoints need a store kept in a directory (opened with a path)")
         })?;
         let tables: Vec<Arc<Table>> = self.all_tables();
-        durable.checkpoint(&tables, dest.as_ref(), since)
+        // What each syncing table knows, read before the checkpoint copies a row: the rows it
+        // writes cover it (as a follower's flush does, `sync::saved`), so a follower that loads
+        // this checkpoint pulls only what is newer.
+        let known: Vec<_> = tables
+            .iter()
+            .filter_map(|t| Some((t.name().to_owned(), t.sync_knowledge_snapshot()?)))
+            .collect();
+        let report = durable.checkpoint(&tables, dest.as_ref(), since)?;
+        for (name, vvs) in known {
+            crate::sync::saved::save(dest.as_ref(), &name, &vvs)?;
+        }
+        Ok(report)
     }
 
     /// Creates a store in `dest` (a new or empty directory) from the checkpoint in `ckpt` and

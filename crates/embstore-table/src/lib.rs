@@ -82,7 +82,9 @@ pub use checkpoint::open_checkpoint_shard;
 pub use config::{
     validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
 };
-pub use durable::checkpoint::{checkpoint_table_bytes, load_checkpoint_shard, CheckpointReport};
+pub use durable::checkpoint::{
+    checkpoint_table_bytes, load_checkpoint_shard, load_checkpoint_shard_as, CheckpointReport,
+};
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
 /// The memory tier's replacement policies, which live in `embstore-policy` (the store and the
 /// inference cache share them); `embstore_table::evict::…` paths keep working.

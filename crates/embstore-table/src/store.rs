@@ -356,7 +356,7 @@ impl Store {
             return None;
         }
         let parts = options.parts.max(table.shards.len() as u32);
-        crate::sync::saved::load(dir, table.name(), parts)
+        crate::sync::saved::load(dir, table.name(), Some(parts))
     }
 
     fn start_sync(&self, table: &Table) -> Result<()> {

@@ -175,3 +175,64 @@ def test_a_cluster_in_etcd_publishes_repairs_rejoins_and_outlives_etcd(tmp_path)
         for s in servers:
             s.stop()
         etcd.stop()
+
+
+def test_a_roll_replaces_the_base_and_sync_continues_on_top(tmp_path) -> None:
+    """Two cluster members follow a trainer's sync port (`serve --etcd --follow`): each version
+    `publish` rolls in from the trainer's checkpoint is kept current from there, pulling only
+    what is newer than the checkpoint; the next roll moves the base and sync goes on on top of
+    it; lookups see one version per batch throughout."""
+    trainer = embstore.Store(tmp_path / "s")
+    user = trainer.create_table("user", embedding_dim=4)
+    port = trainer.serve_sync("127.0.0.1:0", parts=64)
+    ids = np.arange(ROWS, dtype=np.int64)
+    user.assign(ids, _rows_of(1, ids))
+    trainer.checkpoint(tmp_path / "c1")
+    etcd = _Etcd(tmp_path / "etcd")
+    servers: list[_Served] = []
+    try:
+        for _ in range(2):
+            follow = ("--follow", port.address)
+            servers.append(_Served("--etcd", etcd.url, "--lease-ttl", "2", *follow))
+        _wait("2 servers registered", lambda: len(_status(etcd.url)["servers"]) == 2)
+        # Written after the checkpoint, before the roll: the followers pull it on top.
+        fresh = ids[:100]
+        user.assign(fresh, _rows_of(5, fresh))
+        out = _embstore(
+            "publish", "--etcd", etcd.url, "--table", "user", "--checkpoint", str(tmp_path / "c1"),
+            "--shards", "1", "--replicas", "2", timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        client = embstore.connect(etcd=etcd.url, deadline_s=10.0, max_restarts=3)
+        want = np.concatenate([_rows_of(5, fresh), _rows_of(1, ids[100:])])
+
+        def serves(rows: np.ndarray, version: int) -> bool:
+            # Both replicas: a few lookups go round-robin over them.
+            for _ in range(4):
+                got, v = client.lookup("user", ids, return_version=True)
+                if v != version or not np.array_equal(got, rows):
+                    return False
+            return True
+
+        _wait("version 1 with the rows written after its checkpoint", lambda: serves(want, 1))
+        # Writes while serving reach both replicas.
+        user.assign(ids[200:300], _rows_of(6, ids[200:300]))
+        want[200:300] = _rows_of(6, ids[200:300])
+        _wait("fresh rows on top of version 1", lambda: serves(want, 1))
+
+        # A new base: everything rewritten, checkpointed and rolled in; then more writes.
+        user.assign(ids, _rows_of(2, ids))
+        trainer.checkpoint(tmp_path / "c2")
+        out = _embstore(
+            "publish", "--etcd", etcd.url, "--table", "user", "--checkpoint", str(tmp_path / "c2"),
+            "--drain-quiet", "0.5", timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        user.assign(ids[:50], _rows_of(7, ids[:50]))
+        want = np.concatenate([_rows_of(7, ids[:50]), _rows_of(2, ids[50:])])
+        _wait("fresh rows on top of version 2", lambda: serves(want, 2))
+    finally:
+        for s in servers:
+            s.stop()
+        etcd.stop()
+        port.stop()

@@ -291,13 +291,28 @@ pub fn load_checkpoint_shard(
     shard: usize,
     num_shards: usize,
 ) -> Result<Arc<Table>> {
+    load_checkpoint_shard_as(ckpt, name, shard, num_shards, 0)
+}
+
+/// [`load_checkpoint_shard`] into a table whose own writes carry replica id `replica` (a
+/// follower's id, when the loaded version is to be kept current by sync).
+pub fn load_checkpoint_shard_as(
+    ckpt: &Path,
+    name: &str,
+    shard: usize,
+    num_shards: usize,
+    replica: u32,
+) -> Result<Arc<Table>> {
     if !num_shards.is_power_of_two() || shard >= num_shards {
         return Err(Error::invalid(format!(
             "shard {shard} of {num_shards}: the shard count must be a power of two above the shard"
         )));
     }
     let (id, t, files) = table_in_chain(ckpt, name)?;
-    let clock = Arc::new(crate::version::Clock::new(0));
+    if replica > crate::MAX_REPLICA {
+        return Err(Error::invalid(format!("replica_id must be in 0..=2^31 - 1, got {replica}")));
+    }
+    let clock = Arc::new(crate::version::Clock::new(replica));
     let whole = Table::with_clock(table_config(&t)?, clock.clone())?;
     for path in files.values() {
         replay_segment(&whole, id, path)?;

@@ -63,8 +63,8 @@ pub(crate) fn save(store_dir: &Path, table: &str, vvs: &[Vv]) -> Result<()> {
     write().map_err(|e| Error::io(format!("save {}", fin.display()), e))
 }
 
-/// `table`'s saved knowledge, when a file for `parts` parts is there and intact.
-pub(crate) fn load(store_dir: &Path, table: &str, parts: u32) -> Option<Vec<Vv>> {
+/// `table`'s saved knowledge, when a file (for `parts` parts, if given) is there and intact.
+pub(crate) fn load(store_dir: &Path, table: &str, parts: Option<u32>) -> Option<Vec<Vv>> {
     let b = std::fs::read(path(store_dir, table)).ok()?;
     let (body, crc) = b.split_at(b.len().checked_sub(4)?);
     if crc32fast::hash(body).to_le_bytes() != crc {
@@ -77,11 +77,15 @@ pub(crate) fn load(store_dir: &Path, table: &str, parts: u32) -> Option<Vec<Vv>>
         Some(s)
     };
     let u32_of = |s: &[u8]| u32::from_le_bytes(s.try_into().expect("4 bytes"));
-    if u32_of(take(4)?) != MAGIC || u32_of(take(4)?) != parts {
+    if u32_of(take(4)?) != MAGIC {
         return None;
     }
-    let mut out = Vec::with_capacity(parts as usize);
-    for _ in 0..parts {
+    let found = u32_of(take(4)?);
+    if parts.is_some_and(|p| p != found) || found as usize > body.len() / 2 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(found as usize);
+    for _ in 0..found {
         let n = u16::from_le_bytes(take(2)?.try_into().ok()?);
         let mut vv = Vv::new();
         for _ in 0..n {
