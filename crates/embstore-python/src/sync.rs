@@ -124,21 +124,32 @@ impl PyFollower {
         Ok(Self { inner: Mutex::new(Some(f)) })
     }
 
+    // The follower's mutex is only ever taken with the GIL released, and not held while
+    // waiting: a thread that waits for it while holding the GIL would deadlock with one that
+    // holds it and waits for the GIL.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let all = self.inner.lock().as_ref().map(|f| f.status()).unwrap_or_default();
+        let all = detached(py, || self.view().map(|v| v.status()).unwrap_or_default());
         all.iter().map(|s| status_dict(py, s)).collect()
     }
 
     fn wait_caught_up(&self, py: Python<'_>, timeout_s: f64) -> bool {
-        let guard = self.inner.lock();
-        let Some(f) = guard.as_ref() else { return false };
-        detached(py, || f.wait_caught_up(Duration::from_secs_f64(timeout_s.max(0.0))))
+        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+        detached(py, || self.view().is_some_and(|v| v.wait_caught_up(timeout)))
     }
 
     fn stop(&self, py: Python<'_>) {
-        if let Some(f) = self.inner.lock().take() {
-            detached(py, || f.stop());
-        }
+        detached(py, || {
+            let f = self.inner.lock().take();
+            if let Some(f) = f {
+                f.stop();
+            }
+        });
+    }
+}
+
+impl PyFollower {
+    fn view(&self) -> Option<embstore_sync::StatusView> {
+        self.inner.lock().as_ref().map(|f| f.status_view())
     }
 }
 

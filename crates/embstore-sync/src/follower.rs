@@ -252,6 +252,20 @@ impl StatusView {
             })
             .collect()
     }
+
+    /// Waits until every table is caught up (a round that left nothing pending after the
+    /// source's writes before this call), or `timeout`; whether they all are.
+    pub fn wait_caught_up(&self, timeout: Duration) -> bool {
+        let since = now_ms();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let all = self.status().iter().all(|s| s.caught_up && s.last_round_ms > since);
+            if all || Instant::now() >= deadline {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// A running follower; [`Follower::stop`] (or drop) ends its threads.
@@ -356,15 +370,7 @@ impl Follower {
     /// Waits until every table is caught up (a round that left nothing pending after the
     /// source's writes before this call), or `timeout`; whether they all are.
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
-        let since = now_ms();
-        let deadline = Instant::now() + timeout;
-        loop {
-            let all = self.status().iter().all(|s| s.caught_up && s.last_round_ms > since);
-            if all || Instant::now() >= deadline {
-                return all;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.status_view().wait_caught_up(timeout)
     }
 
     /// Stops every thread (within the long-poll's wait).

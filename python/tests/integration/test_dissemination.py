@@ -332,3 +332,32 @@ def test_kill_9_of_a_follower_under_reads_gives_no_client_visible_error(tmp_path
     finally:
         for p in procs:
             p.kill()
+
+
+def test_sync_status_from_another_thread_does_not_block_wait_caught_up() -> None:
+    """A thread reading `sync_status()` in a loop while another waits in `wait_caught_up`:
+    both return (they once deadlocked over the follower's lock and the GIL). In a child
+    process, so that a deadlock fails the test by its timeout instead of hanging the run."""
+    script = """
+import threading, numpy as np, embstore
+p = embstore.Store()
+t = p.create_table("item", embedding_dim=4)
+port = p.serve_sync("127.0.0.1:0", parts=64)
+f = embstore.Store.follow(port.address, wait_ms=50)
+done = threading.Event()
+def poll():
+    while not done.is_set():
+        f.sync_status()
+th = threading.Thread(target=poll)
+th.start()
+for i in range(20):
+    t.assign(np.arange(i * 10, i * 10 + 10), np.ones((10, 4), np.float32))
+    assert f.wait_caught_up(timeout=10)
+done.set()
+th.join()
+f.stop_following()
+port.stop()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
