@@ -29,6 +29,10 @@ Run (``make data`` fetches the data first)::
 
     make demo
     .venv/bin/python examples/movielens_ctr.py --data-dir .data/ml-100k --epochs 5 --seed 1
+
+``--follower`` adds a replica that follows the training store (in this process);
+``--follower-dc`` puts it in another data centre of an emulated WAN (root, ``make wan-deps``):
+see :class:`FollowDc` and docs/dissemination.md.
 """
 
 from __future__ import annotations
