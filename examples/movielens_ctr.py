@@ -866,7 +866,7 @@ def wan_unavailable() -> str | None:
         return str(e)
     left = ek_namespaces()
     if left:
-        return f"ek-* namespaces exist already (another run?): {' '.join(left)}"
+        return f"ek-* namespaces already exist (another run?): {' '.join(left)}"
     return None
 
 
