@@ -29,20 +29,31 @@ Run (``make data`` fetches the data first)::
 
     make demo
     .venv/bin/python examples/movielens_ctr.py --data-dir .data/ml-100k --epochs 5 --seed 1
+
+``--follower`` adds a replica that follows the training store (in this process);
+``--follower-dc`` puts it in another data centre of an emulated WAN (root, ``make wan-deps``):
+see :class:`FollowDc` and docs/dissemination.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
 import math
+import os
 import pathlib
+import re
+import select
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 import numpy as np
 import torch
@@ -54,8 +65,11 @@ import embstore.torch as et
 # The model's dense half (DLRM's dot interaction and MLP) is shared with the benchmarks that
 # measure this model: python/benchmarks/lib/ctr.py.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python" / "benchmarks"))
+from dissemination.latency import EVENT_DTYPE
+from dissemination.wan import WanUnavailable
 from lib.ctr import DotInteraction
 
+CLIENT_SCRIPT = pathlib.Path(__file__).resolve().with_name("dc_lookup_client.py")
 DEFAULT_DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / ".data" / "ml-100k"
 EMBEDDING_DIM = 16
 TEST_FRACTION = 0.2
@@ -325,6 +339,7 @@ def run(
     store_dir: str | pathlib.Path | None = None,
     memory_budget_bytes: int | None = None,
     follower: bool = False,
+    follower_dc: bool = False,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
@@ -339,6 +354,13 @@ def run(
     would): after every epoch it reports the replica's freshness lag and checks that the
     replica serves the test users' rows exactly as the trainer holds them (``follower`` in the
     result).
+
+    With ``follower_dc``, the same across an emulated WAN (root and the WAN's dependencies
+    needed, see :class:`FollowDc`): the trainer's sync port in data centre 1, an inference
+    server (``embstore serve --follow ... --listen``) in data centre 2 that the test users'
+    lookups go to; every epoch reports its freshness lag, how many test users it served as
+    trained and the bytes that crossed the WAN, and the end its totals and the test AUC of the
+    rows it serves (``follower_dc`` in the result).
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
@@ -383,7 +405,6 @@ def run(
         for field in FIELDS
     }
     model = DLRM(tables)
-    sync = Follow(store) if follower else None
 
     def batch_ids(batch: Batch) -> dict[embstore.Table, torch.Tensor]:
         """The ids each table is looked up with in ``batch`` (for the prefetch thread)."""
@@ -400,71 +421,83 @@ def run(
     history: list[dict[str, Any]] = []
     peak_memory = 0  # bytes the tables held, at most, after a training step (with a budget)
     steps = math.ceil(len(train) / batch_size)
-    for epoch in range(1, epochs + 1):
-        model.train()
-        progress = Progress(f"epoch {epoch}/{epochs}", steps, enabled=not quiet)
-        timer.ids, timer.seconds = 0, 0.0
-        step_seconds = 0.0
-        epoch_start = time.perf_counter()
-        epoch_batches = batches(train, batch_size, rng.permutation(len(train)))
-        if memory_budget_bytes is not None:
-            # Rows beyond the budget live on disk: a background thread reads the next batch's
-            # rows (and pins them) while this one trains.
-            epoch_batches = embstore.prefetch(epoch_batches, batch_ids)
-        for ids, genre_ids, genre_offsets, labels in epoch_batches:
-            loss = loss_fn(model(ids, genre_ids, genre_offsets), labels)
-            loss.backward()
-            dense_opt.step()
-            step_start = time.perf_counter()
-            sparse_opt.step()
-            step_seconds += time.perf_counter() - step_start
-            dense_opt.zero_grad()
-            sparse_opt.zero_grad()
-            if store.memory_budget is not None:
-                peak_memory = max(peak_memory, store.memory_budget[1])
-            progress.update(len(labels), loss.item())
-        train_seconds = time.perf_counter() - epoch_start
-        test_logloss, test_auc = evaluate(model, test)
-        stats = {
-            "epoch": epoch,
-            "train_logloss": progress.mean_loss,
-            "test_logloss": test_logloss,
-            "test_auc": test_auc,
-            "rows": sum(len(t) for t in tables.values()),
-            "lookups": timer.ids,
-            "lookups_per_s": timer.ids / train_seconds,
-            "lookups_per_s_in_store": timer.ids / timer.seconds,
-            "store_seconds": timer.seconds + step_seconds,
-            "train_seconds": train_seconds,
-            "seconds": time.perf_counter() - epoch_start,
-        }
-        if store_dir is not None:
-            flush_start = time.perf_counter()
-            flushed = store.flush()
-            stats["flush"] = {**flushed, "seconds": time.perf_counter() - flush_start}
-        history.append(stats)
-        say(
-            f"epoch {epoch}/{epochs}: train log-loss {stats['train_logloss']:.4f} | "
-            f"test log-loss {test_logloss:.4f} | test AUC {test_auc:.4f} | "
-            f"rows stored {stats['rows']:,}\n"
-            f"  {timer.ids / 1e6:.2f}M ids looked up: {stats['lookups_per_s'] / 1e6:.2f}M/s of "
-            f"training wall time, {stats['lookups_per_s_in_store'] / 1e6:.1f}M/s in embstore "
-            f"modules; {stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
-            "(lookups + step)"
-        )
-        if sync is not None:
-            stats["follower"] = sync.check(tables["user"], test.ids[:, 0])
-            say(sync.line(stats["follower"]))
-        if "flush" in stats:
-            f = stats["flush"]
+    # The follower starts once the tables exist (it follows the tables its source has when it
+    # joins); FollowDc cleans up after itself if it fails half-way, the `finally` after that.
+    sync: Follow | FollowDc | None = None
+    if follower_dc:
+        sync = FollowDc(store, say)
+    elif follower:
+        sync = Follow(store)
+    try:
+        for epoch in range(1, epochs + 1):
+            model.train()
+            progress = Progress(f"epoch {epoch}/{epochs}", steps, enabled=not quiet)
+            timer.ids, timer.seconds = 0, 0.0
+            step_seconds = 0.0
+            epoch_start = time.perf_counter()
+            epoch_batches = batches(train, batch_size, rng.permutation(len(train)))
+            if memory_budget_bytes is not None:
+                # Rows beyond the budget live on disk: a background thread reads the next batch's
+                # rows (and pins them) while this one trains.
+                epoch_batches = embstore.prefetch(epoch_batches, batch_ids)
+            for ids, genre_ids, genre_offsets, labels in epoch_batches:
+                loss = loss_fn(model(ids, genre_ids, genre_offsets), labels)
+                loss.backward()
+                dense_opt.step()
+                step_start = time.perf_counter()
+                sparse_opt.step()
+                step_seconds += time.perf_counter() - step_start
+                dense_opt.zero_grad()
+                sparse_opt.zero_grad()
+                if store.memory_budget is not None:
+                    peak_memory = max(peak_memory, store.memory_budget[1])
+                progress.update(len(labels), loss.item())
+            train_seconds = time.perf_counter() - epoch_start
+            test_logloss, test_auc = evaluate(model, test)
+            stats = {
+                "epoch": epoch,
+                "train_logloss": progress.mean_loss,
+                "test_logloss": test_logloss,
+                "test_auc": test_auc,
+                "rows": sum(len(t) for t in tables.values()),
+                "lookups": timer.ids,
+                "lookups_per_s": timer.ids / train_seconds,
+                "lookups_per_s_in_store": timer.ids / timer.seconds,
+                "store_seconds": timer.seconds + step_seconds,
+                "train_seconds": train_seconds,
+                "seconds": time.perf_counter() - epoch_start,
+            }
+            if store_dir is not None:
+                flush_start = time.perf_counter()
+                flushed = store.flush()
+                stats["flush"] = {**flushed, "seconds": time.perf_counter() - flush_start}
+            history.append(stats)
             say(
-                f"  flushed {f['records']:,} rows ({f['bytes'] / 1e6:.1f} MB) to {store_dir} in "
-                f"{f['seconds'] * 1e3:.0f} ms"
+                f"epoch {epoch}/{epochs}: train log-loss {stats['train_logloss']:.4f} | "
+                f"test log-loss {test_logloss:.4f} | test AUC {test_auc:.4f} | "
+                f"rows stored {stats['rows']:,}\n"
+                f"  {timer.ids / 1e6:.2f}M ids looked up: {stats['lookups_per_s'] / 1e6:.2f}M/s of "
+                f"training wall time, {stats['lookups_per_s_in_store'] / 1e6:.1f}M/s in embstore "
+                f"modules; {stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
+                "(lookups + step)"
             )
+            if sync is not None:
+                stats["follower"] = sync.check(tables["user"], test.ids[:, 0])
+                say(sync.line(stats["follower"]))
+            if "flush" in stats:
+                f = stats["flush"]
+                say(
+                    f"  flushed {f['records']:,} rows ({f['bytes'] / 1e6:.1f} MB) to "
+                    f"{store_dir} in {f['seconds'] * 1e3:.0f} ms"
+                )
 
-    last = history[-1]
-    if sync is not None:
-        sync.close()
+        last = history[-1]
+        if isinstance(sync, FollowDc):
+            last["follower_dc"] = sync.finish(model, tables, test)
+            say(sync.summary(last["follower_dc"]))
+    finally:
+        if sync is not None:
+            sync.close()
     return {
         "test_auc": last["test_auc"],
         "test_logloss": last["test_logloss"],
@@ -485,7 +518,7 @@ def run(
         "test_size": len(test),
         "seconds": time.perf_counter() - started,
         "epochs": history,
-        **({"follower": last["follower"]} if sync is not None else {}),
+        **{k: last[k] for k in ("follower", "follower_dc") if k in last},
     }
 
 
@@ -534,6 +567,328 @@ class Follow:
         self.port.stop()
 
 
+class _NetNs:
+    """``with _NetNs("ek-s1-1"):`` runs its body's socket calls in that network namespace: this
+    thread enters it, and leaves it on the way out (other threads are not affected). A socket
+    made inside stays there; threads started inside start there."""
+
+    _libc = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @classmethod
+    def _setns(cls, fd: int) -> None:
+        if cls._libc is None:
+            cls._libc = ctypes.CDLL(None, use_errno=True)
+        if cls._libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns: {os.strerror(err)}")
+
+    def __enter__(self) -> None:
+        self.own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
+            try:
+                self._setns(target)
+            finally:
+                os.close(target)
+        except BaseException:
+            os.close(self.own)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._setns(self.own)
+        finally:
+            os.close(self.own)
+
+
+class FollowDc:
+    """The trainer in data centre 1 and an inference server in data centre 2, across an
+    emulated WAN (``python/benchmarks/dissemination/wan.py``: 2 DCs x 1 server, network
+    namespaces ``ek-s1-1`` and ``ek-s2-1``, a shaped WAN link with a one-way delay). Needs root
+    and the WAN's dependencies (``make wan-deps``): :func:`wan_unavailable` says why not.
+
+    * The training store's sync port listens on DC 1's address (this process stays where it
+      is; only the port's socket is made inside DC 1's namespace).
+    * DC 2 runs ``embstore serve --follow <DC 1's sync port> --listen <DC 2>:7000
+      --sync-events FILE``: an in-memory copy, kept fresh, serving lookups. Its freshness lag
+      is read from the events file (one record per applied reply: now minus the write time of
+      the newest row the reply brought, as in ``sync_status()``), its totals from the lines
+      it prints when it stops.
+    * The test users' lookups come from a client in DC 2 (``examples/dc_lookup_client.py``,
+      ``embstore.connect`` to the follower), which this process drives over a pipe.
+
+    Everything it starts is stopped by PID and the namespaces are removed by :meth:`close`,
+    also when it fails half-way."""
+
+    WAN: ClassVar[dict[str, float]] = {
+        "dcs": 2,
+        "servers": 1,
+        "nic_mbit": 1000,
+        "wan_mbit": 100,
+        "one_way_ms": 25,
+    }
+    SERVE_PORT = 7000
+    CATCH_UP_TIMEOUT = 60.0
+
+    def __init__(self, store: embstore.Store, say: Any = print) -> None:
+        from dissemination.wan import Wan, WanConfig, server_addr, server_ns
+
+        self.say = say
+        self.cfg = WanConfig(**self.WAN)
+        self.stack = contextlib.ExitStack()
+        try:
+            tmp = pathlib.Path(
+                self.stack.enter_context(tempfile.TemporaryDirectory(prefix="embstore-demo-dc-"))
+            )
+            self.wan = self.stack.enter_context(Wan(self.cfg, log=lambda msg: say(f"  {msg}")))
+            with _NetNs(server_ns(1, 1)):
+                self.port = store.serve_sync(f"{server_addr(1, 1)}:0")
+            self.stack.callback(self.port.stop)
+            self.events_path = tmp / "sync-events"
+            self.events_pos = 0
+            self.serve_address = f"{server_addr(2, 1)}:{self.SERVE_PORT}"
+            self.follower_out = tmp / "follower.out"
+            with open(self.follower_out, "wb") as out:
+                self.follower = self.wan.spawn(
+                    2,
+                    1,
+                    [
+                        sys.executable, "-m", "embstore", "serve",
+                        "--follow", self.port.address,
+                        "--listen", self.serve_address,
+                        "--sync-events", str(self.events_path),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            self._wait_started()
+            self.client_err = tmp / "client.err"
+            with open(self.client_err, "wb") as err:
+                self.client = self.wan.spawn(
+                    2,
+                    1,
+                    [sys.executable, str(CLIENT_SCRIPT), self.serve_address],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    bufsize=0,
+                )
+            self._buf = bytearray()
+            if self._read_line(30.0) != "ready":
+                raise RuntimeError("the lookup client in DC 2 did not start")
+            self.bytes_start = self.wan.wan_bytes()
+            self.lags: list[np.ndarray] = []
+            say(
+                f"  trainer's sync port on {self.port.address} (DC 1); follower serving "
+                f"lookups on {self.serve_address} (DC 2); WAN {self.cfg.wan_mbit:g} Mbit/s, "
+                f"{self.cfg.one_way_ms:g} ms one way"
+            )
+        except BaseException:
+            self.stack.close()
+            raise
+
+    def _wait_started(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while f"on {self.serve_address}" not in self.follower_out.read_text(errors="replace"):
+            if self.follower.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "the follower in DC 2 did not start: "
+                    + self.follower_out.read_text(errors="replace").strip()
+                )
+            time.sleep(0.05)
+
+    def _fill(self, deadline: float) -> None:
+        assert self.client.stdout is not None
+        fd = self.client.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 1 << 20) if ready else None
+        if not chunk:
+            why = "timed out" if chunk is None else "exited"
+            raise RuntimeError(
+                f"the lookup client in DC 2 {why}: "
+                + self.client_err.read_text(errors="replace").strip()
+            )
+        self._buf += chunk
+
+    def _read_line(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            self._fill(deadline)
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return line.decode()
+
+    def served(self, table: str, ids: np.ndarray, timeout: float = 30.0) -> np.ndarray:
+        """The rows of ``ids`` as the follower in DC 2 serves them (zeros for ids it lacks),
+        looked up by the client in DC 2."""
+        assert self.client.stdin is not None
+        ids = np.ascontiguousarray(ids, np.int64)
+        self.client.stdin.write(f"{table} {len(ids)}\n".encode() + ids.tobytes())
+        head = self._read_line(timeout).split(maxsplit=2)
+        if head[0] != "rows":
+            raise RuntimeError(f"lookup on the follower in DC 2 failed: {' '.join(head[1:])}")
+        n, dim = int(head[1]), int(head[2])
+        deadline = time.monotonic() + timeout
+        while len(self._buf) < n * dim * 4:
+            self._fill(deadline)
+        rows = np.frombuffer(bytes(self._buf[: n * dim * 4]), np.float32).reshape(n, dim)
+        del self._buf[: n * dim * 4]
+        return rows
+
+    def _new_lags(self) -> np.ndarray:
+        """The freshness lag (ms) of each reply the follower applied since the last call."""
+        try:
+            with open(self.events_path, "rb") as f:
+                f.seek(self.events_pos)
+                raw = f.read()
+        except FileNotFoundError:
+            return np.zeros(0)
+        n = len(raw) // EVENT_DTYPE.itemsize
+        self.events_pos += n * EVENT_DTYPE.itemsize
+        ev = np.frombuffer(raw[: n * EVENT_DTYPE.itemsize], EVENT_DTYPE)
+        ev = ev[ev["newest_ts"] > 0]
+        # newest_ts is a row version: milliseconds since the epoch << 16 | a counter.
+        lag = ev["t_us"].astype(np.float64) / 1e3 - (ev["newest_ts"] >> 16).astype(np.float64)
+        self.lags.append(lag)
+        return lag
+
+    def wan_mb(self) -> tuple[float, float]:
+        """MB sent DC 1 -> DC 2 and DC 2 -> DC 1 since the WAN came up (headers included)."""
+        now = self.wan.wan_bytes()
+        return tuple((now[k] - self.bytes_start.get(k, 0)) / 1e6 for k in ((1, 2), (2, 1)))
+
+    def check(self, table: embstore.Table, users: np.ndarray) -> dict[str, Any]:
+        """After an epoch: how many of ``users``' rows the follower serves as the trainer holds
+        them now, then how long until it serves all of them so; the lag of the replies it
+        applied since the last check; the WAN bytes so far."""
+        users = np.unique(users)
+        trained = table.lookup(users, on_miss="zeros")
+        start = time.monotonic()
+        at_end = same = int((self.served(table.name, users) == trained).all(axis=1).sum())
+        while same < len(users) and time.monotonic() - start < self.CATCH_UP_TIMEOUT:
+            time.sleep(0.05)
+            same = int((self.served(table.name, users) == trained).all(axis=1).sum())
+        catch_up_ms = (time.monotonic() - start) * 1e3
+        lag = self._new_lags()
+        to_dc2, to_dc1 = self.wan_mb()
+        return {
+            "lag_ms_p50": float(np.percentile(lag, 50)) if len(lag) else None,
+            "lag_ms_p99": float(np.percentile(lag, 99)) if len(lag) else None,
+            "replies": len(lag),
+            "users": len(users),
+            "users_equal_at_epoch_end": at_end,
+            "users_equal": same,
+            "caught_up": same == len(users),
+            "catch_up_ms": catch_up_ms,
+            "wan_mb_to_dc2": to_dc2,
+            "wan_mb_to_dc1": to_dc1,
+        }
+
+    @staticmethod
+    def line(f: dict[str, Any]) -> str:
+        p50, p99 = f["lag_ms_p50"], f["lag_ms_p99"]
+        lag = f"lag p50 {p50:.0f} ms, p99 {p99:.0f} ms" if p50 is not None else "no lag yet"
+        synced = (
+            f"all of them {f['catch_up_ms']:.0f} ms later"
+            if f["caught_up"]
+            else f"only {f['users_equal']:,} after {f['catch_up_ms'] / 1e3:.0f} s (NOT in sync)"
+        )
+        return (
+            f"  follower in DC 2: {lag} over {f['replies']:,} replies applied; at the epoch's "
+            f"end it served {f['users_equal_at_epoch_end']:,} of {f['users']:,} test users' "
+            f"rows as trained, {synced}; WAN so far {f['wan_mb_to_dc2']:.1f} MB DC1->DC2, "
+            f"{f['wan_mb_to_dc1']:.2f} MB DC2->DC1"
+        )
+
+    def finish(
+        self, model: DLRM, tables: dict[str, embstore.Table], test: Interactions
+    ) -> dict[str, Any]:
+        """Once training is over: the test AUC of the rows the follower serves and of the
+        trainer's own (the same computation), then the follower's totals (it is stopped and
+        reports them)."""
+        trainer_auc = evaluate_rows(model, test, lambda f, ids: tables[f].lookup(ids, "zeros"))
+        follower_auc = evaluate_rows(model, test, self.served)
+        self.wan.stop(self.client)
+        self.wan.stop(self.follower)
+        report = self.follower_out.read_text(errors="replace")
+        followed = re.findall(
+            r"followed (\w+) from \S+: ([\d,]+) rows applied, .* ([\d,]+) bytes in, .* "
+            r"(\d+) errors",
+            report,
+        )
+        if len(followed) != len(tables):
+            raise RuntimeError(f"the follower in DC 2 did not report every table:\n{report}")
+        lag = np.concatenate(self.lags) if self.lags else np.zeros(0)
+        to_dc2, to_dc1 = self.wan_mb()
+        return {
+            "lag_ms_p50": float(np.percentile(lag, 50)) if len(lag) else None,
+            "lag_ms_p99": float(np.percentile(lag, 99)) if len(lag) else None,
+            "replies": len(lag),
+            "rows_applied": sum(int(r.replace(",", "")) for _, r, _, _ in followed),
+            "bytes_in": sum(int(b.replace(",", "")) for _, _, b, _ in followed),
+            "errors": sum(int(e) for *_, e in followed),
+            "wan_mb_to_dc2": to_dc2,
+            "wan_mb_to_dc1": to_dc1,
+            "follower_auc": follower_auc,
+            "trainer_auc": trainer_auc,
+        }
+
+    @staticmethod
+    def summary(f: dict[str, Any]) -> str:
+        p50, p99 = f["lag_ms_p50"], f["lag_ms_p99"]
+        lag = f"lag p50 {p50:.0f} ms, p99 {p99:.0f} ms" if p50 is not None else "no lag"
+        same = "same" if f["follower_auc"] == f["trainer_auc"] else "DIFFERS"
+        return (
+            f"follower in DC 2: {lag} over the run ({f['replies']:,} replies); "
+            f"{f['rows_applied']:,} rows applied, {f['bytes_in'] / 1e6:.1f} MB pulled, "
+            f"{f['errors']} errors; WAN {f['wan_mb_to_dc2']:.1f} MB DC1->DC2, "
+            f"{f['wan_mb_to_dc1']:.2f} MB DC2->DC1\n"
+            f"test AUC from the follower's rows {f['follower_auc']:.4f}, from the trainer's "
+            f"{f['trainer_auc']:.4f} ({same})"
+        )
+
+    def close(self) -> None:
+        """Stops the client, the follower and the sync port; removes the namespaces."""
+        self.stack.close()
+
+
+def wan_unavailable() -> str | None:
+    """Why :class:`FollowDc` cannot run here (not root, ``make wan-deps`` missing, another
+    run's namespaces present), or None."""
+    from dissemination.wan import WanUnavailable, check_available, ek_namespaces
+
+    try:
+        check_available(sys.executable)
+    except WanUnavailable as e:
+        return str(e)
+    left = ek_namespaces()
+    if left:
+        return f"ek-* namespaces already exist (another run?): {' '.join(left)}"
+    return None
+
+
+def evaluate_rows(
+    model: DLRM, data: Interactions, lookup: Callable[[str, np.ndarray], np.ndarray]
+) -> float:
+    """The test AUC of ``model``'s dense layers on the rows ``lookup(field, ids)`` gives (zeros
+    for unknown ids, as in :func:`evaluate`), e.g. as a follower serves them."""
+    embs = [torch.from_numpy(lookup(f, data.ids[:, k]).copy()) for k, f in enumerate(SINGLE_FIELDS)]
+    genre_ids, offsets = data.genre_bags(np.arange(len(data)))
+    genre_rows = torch.from_numpy(lookup("genres", genre_ids).copy())
+    embs.append(
+        nn.functional.embedding_bag(
+            torch.arange(len(genre_ids)), genre_rows, torch.from_numpy(offsets), mode="mean"
+        )
+    )
+    model.eval()
+    with torch.no_grad():
+        logits = model.dense(torch.stack(embs, dim=1))
+    return auc(data.labels, logits.numpy())
+
+
 def summary(result: dict[str, Any]) -> str:
     """The closing lines: model vs popularity AUC, what the store holds, the run time."""
     gain = result["test_auc"] - result["popularity_auc"]
@@ -552,6 +907,10 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -606,12 +965,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the closing run's memory budget: every key's index plus this share of the rows' "
         "bytes, in (0, 1]",
     )
-    parser.add_argument(
+    followers = parser.add_mutually_exclusive_group()
+    followers.add_argument(
         "--follower",
         action="store_true",
         help="also run a replica that follows the training store over its sync port and "
         "report, every epoch, how fresh it is and whether it serves the test users' rows as "
         "trained",
+    )
+    followers.add_argument(
+        "--follower-dc",
+        action="store_true",
+        help="the same across an emulated WAN (2 data centres, 100 Mbit/s, 25 ms one way): "
+        "an inference server in DC 2 follows the trainer in DC 1 and serves the test users; "
+        "needs root and `make wan-deps` (exits 2 saying why when they are missing)",
     )
     parser.add_argument(
         "--store-dir",
@@ -623,6 +990,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.budget_share <= 1:
         parser.error(f"--budget-share must be in (0, 1], got {args.budget_share}")
+    if args.follower_dc:
+        why = wan_unavailable()
+        if why is not None:
+            print(f"error: --follower-dc needs the emulated WAN: {why}", file=sys.stderr)
+            return 2
+        # SIGTERM unwinds like Ctrl-C: the follower and the client are stopped, the
+        # namespaces removed.
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         result = run(
             **training_args(args),
@@ -630,10 +1005,17 @@ def main(argv: list[str] | None = None) -> int:
             store_dir=args.store_dir,
             memory_budget_bytes=args.memory_budget,
             follower=args.follower,
+            follower_dc=args.follower_dc,
         )
     except (FileNotFoundError, FileExistsError, embstore.InvalidArgumentError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except WanUnavailable as err:  # another run took the namespaces after the check
+        print(f"error: --follower-dc needs the emulated WAN: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     print(summary(result))
     if args.memory_budget is None and not args.no_budget_run:
         return budget_run(args, result)
