@@ -86,6 +86,7 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
     d.set_item("lag_ms_p50", s.lag_ms_p50)?;
     d.set_item("lag_ms_p99", s.lag_ms_p99)?;
     d.set_item("last_round_ms", s.last_round_ms)?;
+    d.set_item("rounds", s.rounds)?;
     d.set_item("pulls", s.pulls)?;
     d.set_item("parts", s.parts)?;
     d.set_item("parts_from_cache", s.parts_from_cache)?;

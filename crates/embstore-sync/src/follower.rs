@@ -207,7 +207,9 @@ pub struct TableSync {
     pub source: String,
     /// Whether the connection is up now.
     pub connected: bool,
-    /// Whether the last round left nothing pending (every changed part pulled and applied).
+    /// Whether the last round left nothing pending (every changed part pulled and applied)
+    /// and finished recently (within the long-poll's wait plus 3 s: a link cut silently, with
+    /// no reset, is not caught up even before its connection times out).
     pub caught_up: bool,
     /// Parts known changed at the source and not yet applied here.
     pub parts_pending: usize,
@@ -217,6 +219,8 @@ pub struct TableSync {
     pub lag_ms_p99: Option<f64>,
     /// When the last round finished (ms since the epoch; 0: never).
     pub last_round_ms: u64,
+    /// Rounds finished (each asks for the change list once).
+    pub rounds: u64,
     /// Pull requests, parts received, replies answered from the source's update cache.
     pub pulls: u64,
     pub parts: u64,
@@ -248,6 +252,7 @@ impl StatusView {
                 let mut out = s.s.clone();
                 (out.lag_ms_p50, out.lag_ms_p99) =
                     (quantile(&s.lags, 0.5), quantile(&s.lags, 0.99));
+                out.caught_up &= now_ms().saturating_sub(out.last_round_ms) <= s.stale_ms;
                 out
             })
             .collect()
@@ -280,7 +285,14 @@ pub struct Follower {
 struct Status {
     s: TableSync,
     lags: VecDeque<f64>,
+    /// A round that has not finished for this long means the link is stuck (a silent cut
+    /// drops packets without a reset): `caught_up` then reads false (ms).
+    stale_ms: u64,
 }
+
+/// How long past the long-poll's wait a round may take before the table no longer counts as
+/// caught up (ms).
+const ROUND_GRACE_MS: u64 = 3000;
 
 impl Follower {
     /// Connects to the sync port at `source`, creates the source's tables that `store` lacks
@@ -330,7 +342,8 @@ impl Follower {
         let stop = Arc::new(AtomicBool::new(false));
         let (mut status, mut threads) = (Vec::new(), Vec::new());
         for info in infos {
-            let st = Arc::new(Mutex::new(Status::default()));
+            let stale_ms = u64::from(options.wait_ms) + ROUND_GRACE_MS;
+            let st = Arc::new(Mutex::new(Status { stale_ms, ..Status::default() }));
             st.lock().s.table = info.name.clone();
             let (stop, st2, source, options, target) =
                 (stop.clone(), st.clone(), source.clone(), options.clone(), target.clone());
@@ -702,6 +715,7 @@ fn rounds(
         s.s.parts_pending = book.pending.len();
         s.s.caught_up = book.pending.is_empty();
         s.s.last_round_ms = now_ms();
+        s.s.rounds += 1;
         s.s.bytes_in += std::mem::take(&mut link.bytes_in);
         s.s.bytes_out += std::mem::take(&mut link.bytes_out);
     }
