@@ -171,6 +171,7 @@ class Server:
         sync_tls_domain: str | None = None,
         sync_cache: bool = True,
         sync_shard_versions: bool = True,
+        sync_tombstone_horizon_ms: int = 3_600_000,
     ) -> None: ...
     @property
     def address(self) -> str: ...
@@ -354,6 +355,7 @@ class SyncServer:
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
         use_cache: bool = True,
+        tombstone_horizon_ms: int = 3_600_000,
     ) -> None: ...
     @property
     def address(self) -> str: ...

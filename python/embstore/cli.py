@@ -281,6 +281,15 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "--sync-tls-domain", help="the name the source's certificate carries (default: its host)"
     )
     srv.add_argument(
+        "--sync-tombstone-horizon",
+        type=_horizon,
+        default=3600.0,
+        metavar="SECONDS",
+        help="with --sync-listen: how long a removal's tombstone is kept; a follower away for "
+        "longer gets the parts with collected removals whole and drops the rows they lack "
+        "(default: 3600)",
+    )
+    srv.add_argument(
         "--sync-no-cache",
         action="store_true",
         help="answer every pull by a scan, never from the update cache (only for measuring "
@@ -517,6 +526,16 @@ def _token(path: str | None) -> str | None:
     return token
 
 
+def _horizon(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if not 0 <= s < 2**53 / 1000:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return s
+
+
 def _serve(args: argparse.Namespace) -> int:
     from embstore import _native
 
@@ -555,6 +574,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.sync_tls_domain,
             not args.sync_no_cache,
             not args.sync_no_shard_versions,
+            int(args.sync_tombstone_horizon * 1000),
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)

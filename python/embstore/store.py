@@ -154,6 +154,7 @@ class Store:
         tls_key: str | os.PathLike[str] | None = None,
         tls_client_ca: str | os.PathLike[str] | None = None,
         use_cache: bool = True,
+        tombstone_horizon_s: float = 3600.0,
     ) -> SyncPort:
         """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
         one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
@@ -162,12 +163,14 @@ class Store:
         table (a power of two, at least the shard count); followers take the source's.
         ``tls_cert``/``tls_key`` (PEM files): serve TLS; with ``tls_client_ca``, followers
         need a certificate from that CA (mutual TLS). ``use_cache=False`` answers every pull
-        by a scan (only for measuring what the update cache gains).
+        by a scan (only for measuring what the update cache gains). ``tombstone_horizon_s``:
+        how long a removal's tombstone is kept; a follower away for longer gets the parts with
+        collected removals whole and drops the rows they lack.
 
         Start it before other threads write. A table that syncs cannot be replaced by
         :meth:`Table.load` (import its rows instead: they sync as writes)."""
         tls = (tls_cert, tls_key, tls_client_ca)
-        return _sync.serve(self._inner, listen, token, parts, tls, use_cache)
+        return _sync.serve(self._inner, listen, token, parts, tls, use_cache, tombstone_horizon_s)
 
     @classmethod
     def follow(

@@ -65,6 +65,7 @@ def serve(
     parts: int,
     tls: tuple[Any, Any, Any] = (None, None, None),
     use_cache: bool = True,
+    tombstone_horizon_s: float = 3600.0,
 ) -> SyncPort:
     """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
     if not isinstance(listen, str) or ":" not in listen:
@@ -73,11 +74,16 @@ def serve(
         raise InvalidArgumentError(f"token must be a str, got {token!r}")
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or parts & (parts - 1):
         raise InvalidArgumentError(f"parts must be a power of two, got {parts!r}")
+    h = tombstone_horizon_s
+    if isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h < 2**53 / 1000:
+        raise InvalidArgumentError(
+            f"tombstone_horizon_s must be a number of seconds >= 0, got {tombstone_horizon_s!r}"
+        )
     cert, key, client_ca = (
         _path(p, w) for p, w in zip(tls, ("tls_cert", "tls_key", "tls_client_ca"), strict=True)
     )
     native = _native.SyncServer(
-        store_inner, listen, token, parts, cert, key, client_ca, bool(use_cache)
+        store_inner, listen, token, parts, cert, key, client_ca, bool(use_cache), int(h * 1000)
     )
     return SyncPort(native)
 

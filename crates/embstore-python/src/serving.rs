@@ -169,6 +169,8 @@ pub(crate) struct SyncArgs {
     /// `--sync-no-cache`, `--sync-no-shard-versions` (for measuring what each gains).
     use_cache: bool,
     skip_by_sv: bool,
+    /// `--sync-tombstone-horizon`, in ms.
+    tombstone_horizon_ms: u64,
 }
 
 /// What [`start_sync`] started.
@@ -224,6 +226,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
                 sync: store.sync_options().unwrap_or(embstore_table::sync::SyncOptions {
                     knowledge_from_rows: a.follow.is_none(),
                     use_cache: a.use_cache,
+                    tombstone_horizon_ms: a.tombstone_horizon_ms,
                     ..Default::default()
                 }),
                 tls: a.server_tls.clone(),
@@ -307,7 +310,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -340,6 +343,7 @@ impl PyServer {
         sync_tls_domain: Option<String>,
         sync_cache: bool,
         sync_shard_versions: bool,
+        sync_tombstone_horizon_ms: u64,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -398,6 +402,7 @@ impl PyServer {
             client_tls,
             use_cache: sync_cache,
             skip_by_sv: sync_shard_versions,
+            tombstone_horizon_ms: sync_tombstone_horizon_ms,
         };
         let synced = start_sync(py, store.as_ref(), sync_args)?;
         let metrics_address =

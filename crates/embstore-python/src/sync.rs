@@ -22,7 +22,7 @@ pub(crate) struct PySyncServer {
 #[pymethods]
 impl PySyncServer {
     #[new]
-    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=true))]
+    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=true, tombstone_horizon_ms=3_600_000))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -34,11 +34,12 @@ impl PySyncServer {
         tls_key: Option<std::path::PathBuf>,
         tls_client_ca: Option<std::path::PathBuf>,
         use_cache: bool,
+        tombstone_horizon_ms: u64,
     ) -> PyResult<Self> {
         let tls = crate::tls::serving_tls(tls_cert, tls_key, tls_client_ca)?;
         let options = ServeOptions {
             token,
-            sync: SyncOptions { parts, use_cache, ..SyncOptions::default() },
+            sync: SyncOptions { parts, use_cache, tombstone_horizon_ms, ..SyncOptions::default() },
             tls: tls.map(|t| t.server_config()).transpose().map_err(to_py_err)?,
         };
         let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))

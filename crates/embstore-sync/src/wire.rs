@@ -8,7 +8,8 @@
 //! List     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
 //! Pull     = table str | parts [part u32 | vv]
-//! Part     = part u32 | flags u8 (1 cache, 2 partial) | vv | sv_c u64 | sv_id u32 | n u32
+//! Part     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
+//!            | (complete: lo u64 | hi u64 | floor vv) | n u32
 //!            | has_state u8 | origins [replica u32] | base_ts u64
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
 //!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
@@ -24,7 +25,7 @@ use std::io::{Read, Write};
 
 use embstore_common::{Error, ErrorKind, Result};
 use embstore_replication::{Sv, Vv};
-use embstore_table::sync::{Changes, PartReply};
+use embstore_table::sync::{Changes, Complete, PartReply};
 use embstore_table::{RowMeta, Version};
 
 /// The first four bytes of a Hello ("EKSY").
@@ -398,8 +399,11 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     origins.dedup();
     let base = r.meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
     let mut e = Enc(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
-    let flags = r.from_cache as u8 | (r.partial as u8) << 1;
+    let flags = r.from_cache as u8 | (r.partial as u8) << 1 | (r.complete.is_some() as u8) << 2;
     e.u32(r.part).u8(flags).vv(&r.vv).u64(r.sv.c).u32(r.sv.id);
+    if let Some(c) = &r.complete {
+        e.u64(c.lo).u64(c.hi).vv(&c.floor);
+    }
     e.u32(n as u32).u8(r.state.is_some() as u8);
     e.u32(origins.len() as u32);
     origins.iter().for_each(|&o| {
@@ -432,18 +436,23 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     let mut d = Dec::new(b);
     let part = d.u32()?;
     let flags = d.u8()?;
-    if flags > 3 {
+    if flags > 7 {
         return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
     }
     let vv = d.vv()?;
     let sv = Sv::new(d.u64()?, d.u32()?);
+    let complete = if flags & 4 != 0 {
+        Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: d.vv()? })
+    } else {
+        None
+    };
     let n = d.count(5)?;
     let has_state = d.u8()? != 0;
     let k = d.count(4)?;
     let origins = (0..k).map(|_| d.u32()).collect::<Result<Vec<u32>>>()?;
     let base = d.u64()?;
     let (from_cache, partial) = (flags & 1 != 0, flags & 2 != 0);
-    let mut r = PartReply { part, from_cache, partial, vv, sv, ..PartReply::default() };
+    let mut r = PartReply { part, from_cache, partial, vv, sv, complete, ..PartReply::default() };
     let mut prev = 0u64;
     for i in 0..n {
         let delta = d.varint()?;
@@ -541,6 +550,16 @@ mod tests {
             sv: Sv::new(42, 1),
             from_cache: n.is_multiple_of(2),
             partial,
+            // Every fourth size: a complete reply (a key range and a floor).
+            complete: n.is_multiple_of(4).then(|| Complete {
+                lo: n as u64,
+                hi: u64::MAX - n as u64,
+                floor: {
+                    let mut f = Vv::new();
+                    f.raise(2, 1 << 30);
+                    f
+                },
+            }),
         }
     }
 

@@ -346,3 +346,31 @@ fn without_the_cache_or_shard_versions_the_result_is_the_same_at_a_higher_cost()
         f.stop();
     }
 }
+
+#[test]
+fn a_follower_away_while_tombstones_were_collected_drops_the_removed_rows() {
+    let store = Arc::new(Store::with_replica(1).unwrap());
+    let t = store.create_table(TableConfig::new("items", D)).unwrap();
+    let sync = SyncOptions { parts: 64, tombstone_horizon_ms: 0, ..SyncOptions::default() };
+    let options = ServeOptions { token: Some("s3cret".into()), sync, tls: None };
+    let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
+    let ids: Vec<u64> = (0..3000).collect();
+    t.assign(&ids, &vec![1.0; ids.len() * D]).unwrap();
+    let replica = Arc::new(Store::with_replica(2).unwrap());
+    let addr = server.addr().to_string();
+    let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    f.stop();
+    // Away: rows removed, their tombstones collected.
+    let gone: Vec<u64> = (0..3000).step_by(3).collect();
+    t.remove(&gone).unwrap();
+    t.sync_prune().unwrap();
+    assert_eq!(t.sync_stats().unwrap().tombstones, 0);
+    let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    let r = replica.table("items").unwrap();
+    assert_eq!(r.len(), 2000);
+    assert_eq!(rows(&r), rows(&t));
+    f.stop();
+    server.stop();
+}

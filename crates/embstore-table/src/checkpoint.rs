@@ -84,7 +84,7 @@ impl Table {
         // The saved part count is the source's: peers must agree on it.
         let known = crate::sync::saved::load(ckpt, self.name(), None);
         let found = known.is_some();
-        let parts = known.as_ref().map_or(options.parts, |k| k.len() as u32);
+        let parts = known.as_ref().map_or(options.parts, |k| k.vvs.len() as u32);
         let options = SyncOptions { parts, knowledge_from_rows: false, ..options.clone() };
         self.enable_sync_knowing(&options, known)?;
         Ok(found)

@@ -350,7 +350,7 @@ impl Store {
         &self,
         table: &Table,
         options: &crate::sync::SyncOptions,
-    ) -> Option<Vec<crate::sync::Vv>> {
+    ) -> Option<crate::sync::saved::Knowledge> {
         let dir = self.durable.as_ref()?.dir();
         if options.knowledge_from_rows {
             return None;

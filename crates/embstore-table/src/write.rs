@@ -256,6 +256,8 @@ impl Table {
         })?;
         let n = removed.into_inner() as usize;
         Counters::add(&self.counters.removed, n);
+        drop(_entered);
+        self.maybe_collect_tombstones();
         Ok(n)
     }
 

@@ -205,3 +205,82 @@ fn rows_on_disk_are_shipped_like_rows_in_memory() {
     assert_eq!(rows(&follower), rows(&primary));
     assert_eq!(follower.len(), 3000);
 }
+
+/// A store with replica id `replica` holding one table that syncs with `options`.
+fn syncing_with(replica: u32, options: &SyncOptions) -> (Store, Arc<Table>) {
+    let store = Store::with_replica(replica).unwrap();
+    let t = store.create_table(config()).unwrap();
+    t.enable_sync(options).unwrap();
+    (store, t)
+}
+
+/// Pulls every part of `src` into `dst`, each reply split into pieces of `piece` rows;
+/// returns how many replies were complete (whole parts).
+fn pull_all(src: &Table, dst: &Table, piece: usize) -> usize {
+    let mut complete = 0;
+    for part in 0..src.sync_parts().unwrap() {
+        let (vv, _) = dst.sync_knowledge(part).unwrap();
+        let reply = src.sync_pull(part, &vv, false).unwrap();
+        complete += reply.complete.is_some() as usize;
+        for p in reply.split(piece) {
+            dst.sync_apply(&p).unwrap();
+        }
+    }
+    complete
+}
+
+#[test]
+fn removals_whose_tombstones_were_collected_reach_lagging_replicas_as_whole_parts() {
+    // A collects tombstones at once (horizon 0); B follows A, C follows B.
+    let horizon0 = SyncOptions { parts: 16, tombstone_horizon_ms: 0, ..SyncOptions::default() };
+    let (_a, a) = syncing_with(1, &horizon0);
+    let (_b, b) = syncing_with(2, &horizon0);
+    let (_c, c) = syncing(3);
+    let ids: Vec<u64> = (0..2000).collect();
+    a.assign(&ids, &vec![1.0; ids.len() * D]).unwrap();
+    pull_all(&a, &b, 1 << 20);
+    pull_all(&b, &c, 1 << 20);
+    assert_eq!(rows(&c), rows(&a));
+
+    // Removals and updates while B and C are away; A then collects the tombstones.
+    let gone: Vec<u64> = (0..300).collect();
+    assert_eq!(a.remove(&gone).unwrap(), 300);
+    a.assign(&[500, 501], &[2.0; 2 * D]).unwrap();
+    assert_eq!(a.sync_stats().unwrap().tombstones, 300);
+    a.sync_prune().unwrap();
+    assert_eq!(a.sync_stats().unwrap().tombstones, 0, "collected");
+
+    // B is behind the collected removals: it gets whole parts (in pieces of 7 rows) and drops
+    // the rows A no longer has.
+    let complete = pull_all(&a, &b, 7);
+    assert!(complete > 0 && complete <= 16, "{complete}");
+    assert_eq!(rows(&b), rows(&a));
+    // C, behind them too, learns of them from B (B took A's floor).
+    assert!(pull_all(&b, &c, 1 << 20) > 0);
+    assert_eq!(rows(&c), rows(&a));
+    assert!(!rows(&c).contains_key(&7));
+    // Once past them, pulls are incremental again.
+    a.assign(&[9999], &[3.0; D]).unwrap();
+    assert_eq!(pull_all(&a, &b, 1 << 20), 0);
+    assert_eq!(pull_all(&b, &c, 1 << 20), 0);
+    assert_eq!(rows(&c), rows(&a));
+    // A row written at B that A never saw survives a complete pull (A's VV does not cover it).
+    b.assign(&[7], &[4.0; D]).unwrap();
+    a.remove(&[8]).unwrap();
+    a.sync_prune().unwrap();
+    pull_all(&a, &b, 1 << 20);
+    let held = rows(&b);
+    assert!(held.contains_key(&7) && !held.contains_key(&8));
+}
+
+#[test]
+fn tombstones_younger_than_the_horizon_stay() {
+    let (_a, a) = syncing(1); // the default horizon: an hour
+    a.assign(&[1, 2, 3], &[1.0; 3 * D]).unwrap();
+    a.remove(&[1, 2]).unwrap();
+    a.sync_prune().unwrap();
+    assert_eq!(a.sync_stats().unwrap().tombstones, 2);
+    let (_b, b) = syncing(2);
+    assert_eq!(pull_all(&a, &b, 1 << 20), 0, "no part is complete: nothing was collected");
+    assert_eq!(rows(&b), rows(&a));
+}

@@ -361,3 +361,42 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_follower_away_longer_than_the_tombstone_horizon_drops_the_removed_rows(
+    tmp_path,
+) -> None:
+    """Rows removed while a follower (in a directory) was stopped, whose tombstones the
+    primary collected meanwhile (a horizon of 0 s), are gone from the follower once it
+    restarts and catches up: it gets those parts whole."""
+    p = embstore.Store()
+    t = p.create_table("item", embedding_dim=4)
+    port = p.serve_sync("127.0.0.1:0", parts=64, tombstone_horizon_s=0)
+    t.assign(np.arange(1000), np.ones((1000, 4), np.float32))
+    f = embstore.Store.follow(port.address, path=tmp_path / "r", wait_ms=50)
+    assert f.wait_caught_up(timeout=20)
+    f.close()
+    t.remove(np.arange(0, 1000, 4))
+    assert t.sync_stats()["tombstones"] == 250
+    # Tombstones are collected at most every 5 s, on a removal, a change list or an applied
+    # reply: here, when the follower comes back and asks what changed.
+    time.sleep(5.2)
+    f = embstore.Store.follow(port.address, path=tmp_path / "r", wait_ms=50)
+    try:
+        assert f.wait_caught_up(timeout=20)
+        assert t.sync_stats()["tombstones"] == 0
+        assert _same(_rows(f.table("item")), _rows(t))
+        assert len(f.table("item")) == 750
+    finally:
+        f.close()
+        port.stop()
+
+
+def test_the_tombstone_horizon_must_be_seconds() -> None:
+    with pytest.raises(InvalidArgumentError, match="tombstone_horizon_s"):
+        embstore.Store().serve_sync(tombstone_horizon_s=float("nan"))
+    out = subprocess.run(
+        [sys.executable, "-m", "embstore", "serve", "--sync-tombstone-horizon", "-1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "must be a number of seconds" in out.stderr, out.stderr

@@ -17,6 +17,9 @@ use crate::Version;
 
 /// How often a shard's update caches are pruned to `now - D_prop` (on a write or a pull).
 const PRUNE_EVERY_MS: u64 = 250;
+/// How often a table collects old tombstones, at most (after a removal, an applied reply or
+/// a change list).
+pub(crate) const COLLECT_EVERY_MS: u64 = 5_000;
 /// A part's cache never needs to be pruned below this many rows.
 const CACHE_MIN_ROWS: usize = 64;
 
@@ -28,14 +31,19 @@ pub(crate) struct ShardSync {
     /// One per sync part of this shard.
     pub(crate) parts: Vec<SegSync>,
     /// Removed rows: key → the removal's version. A tombstone is shipped like a row and kept
-    /// while the key has no row (see `docs/dissemination.md` on their lifetime).
+    /// while the key has no row, until it is older than the tombstone horizon; then it is
+    /// collected and its version raises its part's floor.
     pub(crate) tombs: HashMap<u64, Version>,
+    /// Per part: the versions of collected tombstones (per origin, the newest). A requester
+    /// whose VV does not dominate it may hold rows removed since, which it cannot learn of
+    /// row by row: it gets the whole part ([`crate::sync::Complete`]).
+    pub(crate) floors: Vec<Vv>,
     last_prune_ms: u64,
 }
 
 impl ShardSync {
     /// A shard's sync state whose parts know `vvs` (one per part: the rows it holds).
-    pub(crate) fn new(shared: Arc<SyncShared>, shard: u32, vvs: Vec<Vv>) -> Self {
+    pub(crate) fn new(shared: Arc<SyncShared>, shard: u32, vvs: Vec<Vv>, floors: Vec<Vv>) -> Self {
         let me = shared.clock.replica();
         let parts = vvs
             .into_iter()
@@ -47,7 +55,7 @@ impl ShardSync {
                 sv: Sv::new(shared.clock.tick().timestamp, me),
             })
             .collect();
-        Self { shared, shard, parts, tombs: HashMap::new(), last_prune_ms: 0 }
+        Self { shared, shard, parts, tombs: HashMap::new(), floors, last_prune_ms: 0 }
     }
 
     /// The part (within this shard) of `key`.
@@ -96,6 +104,9 @@ impl ShardSync {
             return;
         }
         self.last_prune_ms = now;
+        if force {
+            self.collect(now);
+        }
         let d_prop = self.shared.d_prop_ms();
         let n = self.parts.len();
         for p in &mut self.parts {
@@ -107,6 +118,20 @@ impl ShardSync {
                 self.shared.adapt.over_cap.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Collects the tombstones older than the horizon, raising their parts' floors.
+    pub(crate) fn collect(&mut self, now: u64) {
+        let horizon = self.shared.tombstone_horizon_ms;
+        let layout = self.shared.layout;
+        let floors = &mut self.floors;
+        self.tombs.retain(|&k, v| {
+            let keep = v.millis().saturating_add(horizon) > now;
+            if !keep {
+                floors[layout.sub_of(k)].raise(v.replica, v.timestamp);
+            }
+            keep
+        });
     }
 
     /// Rows cached, over the parts.
@@ -190,6 +215,10 @@ pub(crate) struct SyncShared {
     pub(crate) adapt: Adapt,
     pub(crate) adaptive: bool,
     pub(crate) use_cache: bool,
+    /// Tombstones older than this are collected (ms).
+    pub(crate) tombstone_horizon_ms: u64,
+    /// When the last collection over every shard began (ms).
+    pub(crate) last_collect_ms: AtomicU64,
     pub(crate) counters: SyncCounters,
 }
 

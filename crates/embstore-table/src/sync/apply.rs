@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use embstore_replication::Sv;
 
-use super::PartReply;
+use super::{Complete, PartReply};
 use crate::meta::PackedMeta;
 use crate::shard::sync::rv;
 use crate::tier::Gate;
@@ -22,6 +22,13 @@ impl Table {
     /// ahead of this clock or from a replica id over 2^31 − 1) changes nothing. Returns the
     /// rows written.
     pub fn sync_apply(&self, reply: &PartReply) -> Result<usize> {
+        let written = self.apply_reply(reply)?;
+        // With no shard lock held.
+        self.maybe_collect_tombstones();
+        Ok(written)
+    }
+
+    fn apply_reply(&self, reply: &PartReply) -> Result<usize> {
         self.check_live()?;
         let sync = self.sync_shared()?.clone();
         if let Err(e) = self.check_reply(reply) {
@@ -30,9 +37,19 @@ impl Table {
         }
         let (s, sub) = sync.layout.split(reply.part);
         let (d, sd) = (self.dim(), self.state_dim);
+        // A complete reply: the rows held here in its range that it lacks (removed at the
+        // responder if it saw them; checked again under the write lock).
+        let missing = match &reply.complete {
+            Some(c) => self.missing_from(s, sub, c, reply),
+            None => Vec::new(),
+        };
         // A tiered table brings the rows into memory first (and makes room for new ones), so
         // each key's version is at hand.
-        let _entered = self.enter(&reply.keys)?;
+        let _entered = if missing.is_empty() {
+            self.enter(&reply.keys)?
+        } else {
+            self.enter(&[&reply.keys[..], &missing[..]].concat())?
+        };
         let created = PackedMeta::created(now_ms());
         let mut shard = self.shards[s].write();
         let shard = &mut *shard;
@@ -74,8 +91,22 @@ impl Table {
             shard.sync.as_mut().expect("syncing").parts[sub].cache.on_write(key, rv(v));
             written += 1;
         }
+        let covered = |v: Version| v.timestamp <= reply.vv.get(v.replica);
+        for &key in &missing {
+            let sy = shard.sync.as_mut().expect("syncing");
+            if sy.tombs.get(&key).is_some_and(|&v| covered(v)) {
+                sy.tombs.remove(&key);
+            }
+            if shard.slot(key).is_some_and(|slot| covered(shard.meta[slot].unpack().version)) {
+                shard.remove_row(key);
+                written += 1;
+            }
+        }
         let me = self.clock.replica();
         let sy = shard.sync.as_mut().expect("syncing");
+        if let (Some(c), false) = (&reply.complete, reply.partial) {
+            sy.floors[sub].merge(&c.floor);
+        }
         if reply.partial {
             // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
             sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
@@ -106,6 +137,22 @@ impl Table {
         c.replies_applied.fetch_add(1, Ordering::Relaxed);
         c.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
         Ok(written)
+    }
+
+    /// The keys of part (`s`, `sub`) held here (rows, in memory or on disk, and tombstones)
+    /// in `c`'s key range that `reply` does not carry.
+    fn missing_from(&self, s: usize, sub: usize, c: &Complete, reply: &PartReply) -> Vec<u64> {
+        let theirs: hashbrown::HashSet<u64> = reply.keys.iter().copied().collect();
+        let shard = self.shards[s].read();
+        let sy = shard.sync.as_ref().expect("syncing");
+        let wanted =
+            |k: u64| (c.lo..=c.hi).contains(&k) && sy.sub(k) == sub && !theirs.contains(&k);
+        let mut out: Vec<u64> = shard.index.iter().map(|(k, _)| k).filter(|&k| wanted(k)).collect();
+        out.extend(shard.cold_entries().map(|(k, _)| k).filter(|&k| wanted(k)));
+        out.extend(sy.tombs.keys().copied().filter(|&k| wanted(k)));
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The checks of an import (shapes, finite values and state, versions at most a day
@@ -145,7 +192,13 @@ impl Table {
             }
         }
         let horizon = clock_horizon();
-        for &(o, t) in r.vv.entries() {
+        let floor = r.complete.as_ref().map(|c| c.floor.entries()).unwrap_or_default();
+        if r.complete.as_ref().is_some_and(|c| c.lo > c.hi) {
+            return Err(Error::invalid(
+                "a complete reply's key range is empty; nothing was applied",
+            ));
+        }
+        for &(o, t) in r.vv.entries().iter().chain(floor) {
             if t > horizon || o > MAX_REPLICA {
                 return Err(Error::invalid(format!(
                     "the reply's version vector holds ({o}, {t}), past this clock by more than \

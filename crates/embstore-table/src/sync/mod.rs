@@ -24,7 +24,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub use embstore_replication::{Sv, Vv};
 
-use crate::shard::sync::{Adapt, Layout, ShardSync, SyncCounters, SyncShared};
+use crate::shard::sync::{Adapt, Layout, ShardSync, SyncCounters, SyncShared, COLLECT_EVERY_MS};
 use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
 mod apply;
@@ -63,6 +63,10 @@ pub struct SyncOptions {
     /// Whether pulls are answered from the update cache when they can be (`false` scans every
     /// pull: only for measuring what the cache gains).
     pub use_cache: bool,
+    /// How long a removal's tombstone is kept (ms). Older ones are collected; a peer that was
+    /// behind them (offline longer than this) then gets whole parts, and drops the rows the
+    /// responder no longer has, instead of the removals one by one.
+    pub tombstone_horizon_ms: u64,
 }
 
 impl Default for SyncOptions {
@@ -74,6 +78,7 @@ impl Default for SyncOptions {
             cache_max_frac: 0.01,
             knowledge_from_rows: true,
             use_cache: true,
+            tombstone_horizon_ms: 3_600_000,
         }
     }
 }
@@ -131,6 +136,21 @@ pub struct PartReply {
     /// A leading piece of a reply split for the wire: its rows are applied, and the knowledge
     /// (`vv`, `sv`) is merged only from the last piece (R2).
     pub partial: bool,
+    /// Set when the requester was behind tombstones the responder has collected: the reply
+    /// holds *every* row of the part with a key in the range (not only the newer ones).
+    pub complete: Option<Complete>,
+}
+
+/// A reply (or a piece of one) that holds every row of its part in a key range: the requester
+/// drops its rows in that range that the reply lacks and that `vv` covers (the responder saw
+/// them, and no longer has them: they were removed), then raises its floor to `floor`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Complete {
+    /// The key range, inclusive.
+    pub lo: u64,
+    pub hi: u64,
+    /// The responder's floor of the part (see `SyncOptions::tombstone_horizon_ms`).
+    pub floor: Vv,
 }
 
 impl PartReply {
@@ -142,6 +162,24 @@ impl PartReply {
     /// Whether the reply carries no row.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Puts the rows in key order (a complete reply's pieces are key ranges).
+    pub(crate) fn sort_by_key(&mut self) {
+        let n = self.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by_key(|&i| self.keys[i]);
+        let (d, sd) =
+            (self.values.len() / n.max(1), self.state.as_ref().map(|s| s.len() / n.max(1)));
+        let pick =
+            |v: &[f32], w: usize| order.iter().flat_map(|&i| v[i * w..][..w].to_vec()).collect();
+        self.values = pick(&self.values, d);
+        if let (Some(st), Some(sd)) = (&mut self.state, sd) {
+            *st = pick(st, sd);
+        }
+        self.keys = order.iter().map(|&i| self.keys[i]).collect();
+        self.meta = order.iter().map(|&i| self.meta[i]).collect();
+        self.tombstone = order.iter().map(|&i| self.tombstone[i]).collect();
     }
 
     /// Splits the reply into pieces of at most `rows` rows each (at least one piece); every
@@ -157,6 +195,13 @@ impl PartReply {
         (0..pieces)
             .map(|i| {
                 let (a, b) = (i * rows, ((i + 1) * rows).min(self.len()));
+                // A complete reply is in key order: each piece covers the keys after the
+                // previous piece's last, up to its own last (the last piece: to the end).
+                let complete = self.complete.as_ref().map(|c| Complete {
+                    lo: if i == 0 { c.lo } else { self.keys[a - 1] + 1 },
+                    hi: if i + 1 == pieces { c.hi } else { self.keys[b - 1] },
+                    floor: c.floor.clone(),
+                });
                 PartReply {
                     part: self.part,
                     keys: self.keys[a..b].to_vec(),
@@ -168,6 +213,7 @@ impl PartReply {
                     sv: self.sv,
                     from_cache: self.from_cache,
                     partial: i + 1 < pieces,
+                    complete,
                 }
             })
             .collect()
@@ -202,7 +248,7 @@ impl Table {
     pub(crate) fn enable_sync_knowing(
         &self,
         options: &SyncOptions,
-        known: Option<Vec<Vv>>,
+        known: Option<saved::Knowledge>,
     ) -> Result<()> {
         self.check_live()?;
         let shards = self.shards.len() as u32;
@@ -231,9 +277,11 @@ impl Table {
         }
         let layout = Layout { per_shard: parts / shards, shard_mask: u64::from(shards - 1) };
         // Each part knows the rows it holds: per origin, the newest version among them.
-        let given = known.filter(|k| k.len() == parts as usize);
+        let given =
+            known.filter(|k| k.vvs.len() == parts as usize && k.floors.len() == k.vvs.len());
         let from_rows = options.knowledge_from_rows && given.is_none();
-        let mut vvs = given.unwrap_or_else(|| vec![Vv::new(); parts as usize]);
+        let empty = || vec![Vv::new(); parts as usize];
+        let (mut vvs, floors) = given.map_or_else(|| (empty(), empty()), |k| (k.vvs, k.floors));
         if from_rows {
             let mut export = self.export(4096);
             for chunk in export.by_ref() {
@@ -263,15 +311,20 @@ impl Table {
             },
             adaptive: options.adaptive,
             use_cache: options.use_cache,
+            tombstone_horizon_ms: options.tombstone_horizon_ms,
+            last_collect_ms: AtomicU64::new(crate::version::now_ms()),
             counters: SyncCounters::default(),
         });
         if self.sync.set(shared.clone()).is_err() {
             return Err(Error::invalid("sync was enabled concurrently"));
         }
-        let mut vvs = vvs.into_iter();
+        let (mut vvs, mut floors) = (vvs.into_iter(), floors.into_iter());
         for (s, shard) in self.shards.iter().enumerate() {
-            let mine: Vec<Vv> = vvs.by_ref().take(layout.per_shard as usize).collect();
-            shard.write().sync = Some(Box::new(ShardSync::new(shared.clone(), s as u32, mine)));
+            let per = layout.per_shard as usize;
+            let mine: Vec<Vv> = vvs.by_ref().take(per).collect();
+            let floor: Vec<Vv> = floors.by_ref().take(per).collect();
+            let sy = ShardSync::new(shared.clone(), s as u32, mine, floor);
+            shard.write().sync = Some(Box::new(sy));
         }
         let mut changes = shared.changes.lock();
         (0..parts).for_each(|p| changes.bump(p));
@@ -301,6 +354,7 @@ impl Table {
     /// The parts whose sv changed after `cursor` of `epoch` (every part for another epoch).
     pub fn sync_changes(&self, epoch: u64, cursor: u64) -> Result<Changes> {
         let s = self.sync_shared()?;
+        self.maybe_collect_tombstones();
         let since = if epoch == s.epoch { cursor } else { 0 };
         // The index is read first and the svs after, each under its shard's lock (never both
         // locks at once: writers take the index under a shard lock). An sv that changes in
@@ -355,7 +409,30 @@ impl Table {
         Ok(s.layout.split(part))
     }
 
-    /// Prunes every part's update cache now (writes and pulls do it every 250 ms).
+    /// Collects the tombstones older than the horizon in every shard, at most every
+    /// [`COLLECT_EVERY_MS`] (one caller does it; the others go on). Call it holding no shard
+    /// lock.
+    pub(crate) fn maybe_collect_tombstones(&self) {
+        let Some(s) = self.sync.get() else { return };
+        let now = crate::version::now_ms();
+        let last = s.last_collect_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < COLLECT_EVERY_MS
+            || s.last_collect_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        for shard in self.shards.iter() {
+            if let Some(sy) = shard.write().sync.as_mut() {
+                sy.collect(now);
+            }
+        }
+    }
+
+    /// Prunes every part's update cache now (writes and pulls do it every 250 ms), and
+    /// collects the tombstones older than the horizon (removals, applied replies and change
+    /// lists do it every 5 s).
     pub fn sync_prune(&self) -> Result<()> {
         self.sync_shared()?;
         for shard in self.shards.iter() {

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{PartReply, Vv};
+use super::{Complete, PartReply, Vv};
 use crate::tier::Gate;
 use crate::{Result, RowMeta, Table, Version};
 
@@ -18,7 +18,8 @@ impl Table {
         let (s, sub) = self.check_part(part)?;
         let sync = self.sync_shared()?.clone();
         let mut r = PartReply { part, state: with_state.then(Vec::new), ..PartReply::default() };
-        let newer = |v: Version| v.timestamp > vv_r.get(v.replica);
+        let newer =
+            |r: &PartReply, v: Version| r.complete.is_some() || v.timestamp > vv_r.get(v.replica);
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
         // (`None`) takes zeros of both widths.
@@ -50,10 +51,15 @@ impl Table {
             let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
             let p = &sy.parts[sub];
             (r.vv, r.sv) = (p.vv.clone(), p.sv);
+            let floor = &sy.floors[sub];
+            if !vv_r.dominates(floor) {
+                // Behind removals whose tombstones are gone: every row, in key order.
+                r.complete = Some(Complete { lo: 0, hi: u64::MAX, floor: floor.clone() });
+            }
             let known = vv_r.max_timestamp();
             let behind =
                 (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
-            let hit = sync.use_cache && p.cache.hits(vv_r);
+            let hit = sync.use_cache && r.complete.is_none() && p.cache.hits(vv_r);
             sync.note_pull(hit, behind);
             let keys: Vec<u64> = if hit {
                 r.from_cache = true;
@@ -68,7 +74,7 @@ impl Table {
             for k in keys {
                 if let Some(slot) = shard.slot(k) {
                     let meta = shard.meta[slot].unpack();
-                    if newer(meta.version) {
+                    if newer(&r, meta.version) {
                         push(
                             &mut r,
                             k,
@@ -79,7 +85,7 @@ impl Table {
                 } else if let Some(l) = shard.cold_loc(k) {
                     cold.push((k, l));
                 } else if let Some(&v) = sy.tombs.get(&k) {
-                    if newer(v) {
+                    if newer(&r, v) {
                         let meta =
                             RowMeta { version: v, update_count: 0, last_update_ms: v.millis() };
                         push(&mut r, k, meta, None);
@@ -89,10 +95,13 @@ impl Table {
         }
         if let (false, Some(files)) = (cold.is_empty(), &files) {
             for ((k, _), rec) in cold.iter().zip(self.read_cold(files, &cold)?) {
-                if newer(rec.meta.version) {
+                if newer(&r, rec.meta.version) {
                     push(&mut r, *k, rec.meta, Some((&rec.values, &rec.state)));
                 }
             }
+        }
+        if r.complete.is_some() {
+            r.sort_by_key();
         }
         let c = &sync.counters;
         let which = if r.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
