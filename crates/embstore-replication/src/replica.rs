@@ -28,13 +28,15 @@ use std::collections::BTreeMap;
 /// The most sync segments a replica may have (2^20, as the spec clamps them).
 pub const MAX_SEGMENTS: u32 = 1 << 20;
 
-/// A row: its version and its values.
+/// A row: its version and its values, or a removal's tombstone.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// The version of the write that produced the values.
+    /// The version of the write that produced the values (or removed the row).
     pub version: Version,
-    /// The embedding values (`dim` floats).
+    /// The embedding values (`dim` floats; none for a tombstone).
     pub values: Vec<f32>,
+    /// Whether this is a tombstone: the row was removed.
+    pub deleted: bool,
 }
 
 /// The sync bookkeeping of one segment.
@@ -53,6 +55,9 @@ pub struct SegSync {
 struct Segment {
     rows: BTreeMap<u64, Row>,
     sync: SegSync,
+    /// Per origin, the newest tombstone collected here or at a responder this segment took a
+    /// complete reply from: a requester whose VV does not dominate it gets the segment whole.
+    floor: Vv,
 }
 
 /// A pull's answer: the rows the requester lacks and the responder's VV read before selecting.
@@ -68,6 +73,9 @@ pub struct Reply {
     pub sv_s: Sv,
     /// Whether the update cache answered (no scan).
     pub from_cache: bool,
+    /// Set when the requester's VV did not dominate the responder's floor: `rows` is then the
+    /// whole segment, and this is the responder's floor.
+    pub complete: Option<Vv>,
 }
 
 /// A way for [`Replica::apply_reply`] to break R2, so tests can show the checker catches it.
@@ -77,6 +85,12 @@ pub(crate) enum Mutant {
     /// The correct protocol.
     #[default]
     None,
+    /// Apply a reply's row even when the segment already knows of its write (a stale reply
+    /// then brings back a row whose removal's tombstone was collected).
+    ReapplyKnown,
+    /// Answer every pull incrementally, ignoring the floor (collected tombstones are then
+    /// never learnt by a requester that was behind them).
+    IgnoreFloor,
     /// Merge the VV but drop the reply's last row (a merge before all rows were applied).
     DropLastRow,
     /// Adopt the responder's sv even when the merged VV differs from its VV.
@@ -215,7 +229,7 @@ impl Replica {
         };
         let seg = self.seg_of(key) as usize;
         let s = &mut self.segments[seg];
-        s.rows.insert(key, Row { version: v, values });
+        s.rows.insert(key, Row { version: v, values, deleted: false });
         s.sync.vv.raise(self.id, v.timestamp);
         s.sync.cache.on_write(key, v);
         // The write's own timestamp is a fresh tick of this replica: a new sv without a tick.
@@ -224,13 +238,51 @@ impl Replica {
         Ok(v)
     }
 
-    /// Answers a pull of segment `seg` from a requester knowing `vv_r`: from the cache on a
-    /// hit, else by a full scan.
+    /// Removes `key` here as origin: a tombstone at a fresh version (as a write). Returns its
+    /// version.
+    pub fn local_delete(&mut self, key: u64, now_ms: u64) -> Result<Version> {
+        let v = self.local_write(key, vec![0.0; self.dim], now_ms)?;
+        let seg = self.seg_of(key) as usize;
+        self.segments[seg].rows.insert(key, Row { version: v, values: Vec::new(), deleted: true });
+        Ok(v)
+    }
+
+    /// Collects the tombstones written `horizon_ms` or more before `now_ms`, raising their
+    /// segments' floors.
+    pub fn collect(&mut self, now_ms: u64, horizon_ms: u64) {
+        for s in &mut self.segments {
+            let floor = &mut s.floor;
+            s.rows.retain(|_, r| {
+                let keep = !r.deleted || r.version.ms().saturating_add(horizon_ms) > now_ms;
+                if !keep {
+                    floor.raise(r.version.replica, r.version.timestamp);
+                }
+                keep
+            });
+        }
+    }
+
+    /// Segment `seg`'s floor (see [`Reply::complete`]).
+    pub fn floor(&self, seg: u32) -> Result<&Vv> {
+        Ok(&self.segment(seg)?.floor)
+    }
+
+    /// Answers a pull of segment `seg` from a requester knowing `vv_r`: the whole segment when
+    /// `vv_r` does not dominate the floor, else from the cache on a hit, else by a full scan.
     pub fn serve_pull(&self, seg: u32, vv_r: &Vv) -> Result<Reply> {
         let s = self.segment(seg)?;
         // R1: the knowledge is read before the selection starts.
         let vv_s = s.sync.vv.clone();
         let sv_s = s.sync.sv;
+        #[cfg(test)]
+        let ignore_floor = self.mutant == Mutant::IgnoreFloor;
+        #[cfg(not(test))]
+        let ignore_floor = false;
+        if !ignore_floor && !vv_r.dominates(&s.floor) {
+            let rows = s.rows.iter().map(|(k, r)| (*k, r.clone())).collect();
+            let complete = Some(s.floor.clone());
+            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: false, complete });
+        }
         #[cfg(test)]
         let hit = self.mutant == Mutant::SkipDvvCheck || s.sync.cache.hits(vv_r);
         #[cfg(not(test))]
@@ -243,9 +295,10 @@ impl Replica {
                 .into_iter()
                 .filter_map(|k| s.rows.get(&k).map(|r| (k, r.clone())))
                 .collect();
-            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: true });
+            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: true, complete: None });
         }
-        Ok(Reply { seg, rows: Self::scan(s, vv_r), vv_s, sv_s, from_cache: false })
+        let rows = Self::scan(s, vv_r);
+        Ok(Reply { seg, rows, vv_s, sv_s, from_cache: false, complete: None })
     }
 
     /// The full-scan selection of segment `seg` (what a miss returns), for comparisons.
@@ -268,7 +321,9 @@ impl Replica {
         let seg = reply.seg;
         self.segment(seg)?;
         for (k, r) in &reply.rows {
-            self.check_dim(&r.values)?;
+            if !r.deleted {
+                self.check_dim(&r.values)?;
+            }
             if self.seg_of(*k) != seg {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
@@ -288,6 +343,16 @@ impl Replica {
         let s = &mut self.segments[seg as usize];
         let mut written = 0;
         for (k, r) in rows {
+            // A write this segment already knows of is never applied again: it holds that
+            // write or a newer one, or a newer removal whose tombstone it has collected (a
+            // stale reply must not bring the row back).
+            #[cfg(test)]
+            let guard = self.mutant != Mutant::ReapplyKnown;
+            #[cfg(not(test))]
+            let guard = true;
+            if guard && r.version.timestamp <= s.sync.vv.get(r.version.replica) {
+                continue;
+            }
             // LWW: an equal version is the same write, so only a strictly newer one is applied.
             if s.rows.get(k).is_none_or(|old| r.version > old.version) {
                 s.rows.insert(*k, r.clone());
@@ -295,6 +360,19 @@ impl Replica {
                 self.clock.observe(r.version.timestamp);
                 written += 1;
             }
+        }
+        if let Some(floor) = &reply.complete {
+            // The whole segment: a row held here that the responder saw (its VV covers it)
+            // and no longer has was removed there, its tombstone collected.
+            let theirs: std::collections::BTreeSet<u64> =
+                reply.rows.iter().map(|(k, _)| *k).collect();
+            let vv_s = &reply.vv_s;
+            let before = s.rows.len();
+            s.rows.retain(|k, r| {
+                theirs.contains(k) || r.version.timestamp > vv_s.get(r.version.replica)
+            });
+            written += before - s.rows.len();
+            s.floor.merge(floor);
         }
         let before = s.sync.vv.clone();
         s.sync.vv.merge(&reply.vv_s);
@@ -353,7 +431,9 @@ mod tests {
         src.local_write(5, vec![1.0, 2.0], 10).unwrap();
         let seg = src.seg_of(5);
         let mut reply = src.serve_pull(seg, &Vv::new()).unwrap();
-        reply.rows.push((5, Row { version: Version::new(99, 2), values: vec![0.0] }));
+        reply
+            .rows
+            .push((5, Row { version: Version::new(99, 2), values: vec![0.0], deleted: false }));
         assert_eq!(r.apply_reply(&reply).unwrap_err().kind(), ErrorKind::ShapeMismatch);
         reply.rows.pop();
         reply.seg = (seg + 1) % 4;
@@ -438,7 +518,7 @@ mod tests {
         fn lww_leaves_the_max(writes in proptest::collection::btree_map((0u64..1000, 0u32..4), (0u64..6, -5i32..5), 1..40),
                               order in proptest::collection::vec(any::<proptest::sample::Index>(), 1..120)) {
             let writes: Vec<(u64, Row)> = writes.into_iter()
-                .map(|((ts, o), (k, x))| (k, Row { version: Version::new(ts + 1, o), values: vec![x as f32] }))
+                .map(|((ts, o), (k, x))| (k, Row { version: Version::new(ts + 1, o), values: vec![x as f32], deleted: false }))
                 .collect();
             let mut r = Replica::new(9, 1, 1).unwrap();
             // Every write at least once, then the random duplicates, in a shuffled order.
@@ -450,7 +530,7 @@ mod tests {
                 seq.swap(a, b);
             }
             for i in seq {
-                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false };
+                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false, complete: None };
                 r.apply_reply(&reply).unwrap();
             }
             let mut best: BTreeMap<u64, &Row> = BTreeMap::new();

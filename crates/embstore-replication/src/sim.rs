@@ -36,6 +36,11 @@ pub struct SimConfig {
     /// Whether a replica now and then loses its state (restarts empty under a new id, its
     /// messages in flight lost with its connections).
     pub loss: bool,
+    /// Percent of the primary's writes that remove their key (a tombstone).
+    pub delete_pct: u64,
+    /// Whether replicas now and then collect tombstones older than a random horizon (then
+    /// requesters behind them get whole segments).
+    pub collect: bool,
 }
 
 impl Default for SimConfig {
@@ -49,6 +54,8 @@ impl Default for SimConfig {
             failover: false,
             skip_by_sv: true,
             loss: false,
+            delete_pct: 20,
+            collect: true,
         }
     }
 }
@@ -81,6 +88,8 @@ pub struct Sim {
     side: Vec<u8>,
     /// Every committed write: `(key, version)`.
     history: Vec<(u64, Version)>,
+    /// The writes of `history` that removed their key.
+    deletes: Vec<(u64, Version)>,
     /// Per replica and segment, the last local write's version (V6).
     last_local: Vec<Vec<Version>>,
     /// The state at the last check, for V4: per replica, the VVs and row versions.
@@ -89,6 +98,8 @@ pub struct Sim {
     pub hits: u64,
     /// Pulls answered by a scan.
     pub misses: u64,
+    /// Pulls answered with the whole segment (the requester was behind collected tombstones).
+    pub completes: u64,
     /// Quiescence pulls skipped because the requester's sv succeeded the responder's.
     pub skipped: u64,
     /// The next replica id (ids are never reused: a replica that lost its state takes a new one).
@@ -115,10 +126,12 @@ impl Sim {
             in_flight: Vec::new(),
             side: vec![0; n],
             history: Vec::new(),
+            deletes: Vec::new(),
             last_local: vec![vec![Version::ZERO; segs]; n],
             seen: vec![(vec![Vv::new(); segs], BTreeMap::new()); n],
             hits: 0,
             misses: 0,
+            completes: 0,
             skipped: 0,
             next_id: n as u32,
             lost: 0,
@@ -171,6 +184,14 @@ impl Sim {
                 let r = self.pick(self.cfg.replicas);
                 let d_prop = self.rng.below(120);
                 self.replicas[r].prune(self.now_ms, d_prop);
+                if self.cfg.collect {
+                    // The horizon's premise: a tombstone is collected only once every write
+                    // older than it has reached this replica (a real horizon must exceed the
+                    // longest time a write takes to reach every replica, partitions included).
+                    let stable = self.stable_ms(r)?;
+                    let horizon = self.rng.below(60).max(self.now_ms.saturating_sub(stable) + 1);
+                    self.replicas[r].collect(self.now_ms, horizon);
+                }
             }
             95..=96 => {
                 for i in 0..self.side.len() {
@@ -213,10 +234,19 @@ impl Sim {
         let p = self.primary;
         let key = self.rng.below(self.cfg.keys);
         let x = self.rng.below(1000) as f32;
+        let delete = self.rng.below(100) < self.cfg.delete_pct;
         let r = &mut self.replicas[p];
         // V1: the new version exceeds every version the replica issued or applied.
         let floor = r.clock_last();
-        let v = r.local_write(key, vec![x], self.now_ms).map_err(|e| e.to_string())?;
+        let v = if delete {
+            r.local_delete(key, self.now_ms)
+        } else {
+            r.local_write(key, vec![x], self.now_ms)
+        };
+        let v = v.map_err(|e| e.to_string())?;
+        if delete {
+            self.deletes.push((key, v));
+        }
         if v.timestamp <= floor {
             return Err(format!("V1: replica {p} issued {v:?} not above {floor}"));
         }
@@ -257,6 +287,7 @@ impl Sim {
             Msg::Pull { from, to, seg, vv } => {
                 let s = &self.replicas[to];
                 let reply = s.serve_pull(seg, &vv).map_err(|e| e.to_string())?;
+                self.completes += u64::from(reply.complete.is_some());
                 if reply.from_cache {
                     self.hits += 1;
                     // C3: on a hit, the cache selects exactly what a full scan selects.
@@ -307,7 +338,11 @@ impl Sim {
                 let vv = &r.sync(seg).map_err(|e| e.to_string())?.vv;
                 if v.timestamp <= vv.get(v.replica) {
                     let have = r.row(key).map_or(Version::ZERO, |row| row.version);
-                    if have < v {
+                    let floor = r.floor(seg).map_err(|e| e.to_string())?;
+                    // A row that is gone must be gone by a removal at least as new, whose
+                    // tombstone was collected (here or at a responder whose floor it took).
+                    let collected = r.row(key).is_none() && self.collected(key, v, floor);
+                    if have < v && !collected {
                         return Err(format!(
                             "V3: replica {ri} segment {seg} knows {v:?} of key {key} (vv {:?}) but holds {have:?}",
                             vv.entries()
@@ -343,13 +378,35 @@ impl Sim {
                 }
             }
             for (k, v) in old_rows {
-                if rows.get(k).is_none_or(|now| now < v) {
+                let seg = r.seg_of(*k);
+                let floor = r.floor(seg).map_err(|e| e.to_string())?;
+                let gone = !rows.contains_key(k) && self.collected(*k, *v, floor);
+                if !gone && rows.get(k).is_none_or(|now| now < v) {
                     return Err(format!("V4: replica {ri} key {k} went below {v:?}"));
                 }
             }
             self.seen[ri] = (vvs, rows);
         }
         Ok(())
+    }
+
+    /// The time (ms) before which every committed write has reached replica `r` (its VVs
+    /// cover it); `u64::MAX` when all have.
+    fn stable_ms(&self, r: usize) -> Result<u64, String> {
+        let rep = &self.replicas[r];
+        let mut stable = u64::MAX;
+        for &(key, v) in &self.history {
+            let vv = &rep.sync(rep.seg_of(key)).map_err(|e| e.to_string())?.vv;
+            if v.timestamp > vv.get(v.replica) {
+                stable = stable.min(v.ms());
+            }
+        }
+        Ok(stable)
+    }
+
+    /// Whether a removal of `key` at least as new as `v` is in the history, below `floor`.
+    fn collected(&self, key: u64, v: Version, floor: &Vv) -> bool {
+        self.deletes.iter().any(|&(k, d)| k == key && d >= v && d.timestamp <= floor.get(d.replica))
     }
 
     /// Heals the partition, delivers everything in flight without faults, then has every
@@ -401,8 +458,10 @@ impl Sim {
                         b.vv.entries()
                     ));
                 }
-                let ra: Vec<_> = first.rows(seg).map_err(|e| e.to_string())?.collect();
-                let rb: Vec<_> = r.rows(seg).map_err(|e| e.to_string())?.collect();
+                // Rows, not tombstones: each replica collects its own when it does.
+                let live = |(_, row): &(u64, &crate::replica::Row)| !row.deleted;
+                let ra: Vec<_> = first.rows(seg).map_err(|e| e.to_string())?.filter(live).collect();
+                let rb: Vec<_> = r.rows(seg).map_err(|e| e.to_string())?.filter(live).collect();
                 if ra != rb {
                     return Err(format!(
                         "V5: segment {seg}: rows of replica 0 and replica {ri} differ"
@@ -460,6 +519,7 @@ mod tests {
             failover: true,
             skip_by_sv: true,
             loss: true,
+            ..SimConfig::default()
         };
         run_seeds(&cfg, 1000..1040, 400);
     }
@@ -522,6 +582,37 @@ mod tests {
             lost += sim.lost;
         }
         assert!(lost > 5, "replicas lost: {lost}");
+    }
+
+    /// Removals whose tombstones were collected reach every replica: some pulls were answered
+    /// with whole segments, and the invariants and convergence hold.
+    #[test]
+    fn collected_tombstones_reach_replicas_behind_them() {
+        let (mut completes, mut deletes) = (0, 0);
+        for seed in 5000..5040 {
+            let mut sim =
+                Sim::new(SimConfig { delete_pct: 40, ..SimConfig::default() }, seed).unwrap();
+            sim.run(400).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            completes += sim.completes;
+            deletes += sim.deletes.len();
+        }
+        assert!(completes > 20 && deletes > 100, "completes {completes}, deletes {deletes}");
+    }
+
+    /// The checker catches a responder that ignores its floor: a requester behind collected
+    /// tombstones then keeps rows removed elsewhere, and fails V3 (or V5) on some seed.
+    #[test]
+    fn the_checker_catches_a_pull_that_ignores_the_floor() {
+        let e = first_failure(Mutant::IgnoreFloor);
+        assert!(["V3:", "V5:"].iter().any(|v| e.contains(v)), "{e}");
+    }
+
+    /// The checker catches a replica that applies a write it already knows of: a stale reply
+    /// brings back a row whose removal it collected, and V3 fails on some seed.
+    #[test]
+    fn the_checker_catches_a_stale_row_brought_back() {
+        let e = first_failure(Mutant::ReapplyKnown);
+        assert!(e.contains("V3:"), "{e}");
     }
 
     /// The checker catches a broken hit rule: a responder that answers from its cache without

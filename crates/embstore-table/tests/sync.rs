@@ -284,3 +284,22 @@ fn tombstones_younger_than_the_horizon_stay() {
     assert_eq!(pull_all(&a, &b, 1 << 20), 0, "no part is complete: nothing was collected");
     assert_eq!(rows(&b), rows(&a));
 }
+
+#[test]
+fn a_stale_reply_does_not_bring_back_a_row_whose_removal_was_collected() {
+    let horizon0 = SyncOptions { parts: 16, tombstone_horizon_ms: 0, ..SyncOptions::default() };
+    let (_a, a) = syncing_with(1, &horizon0);
+    let (_b, b) = syncing_with(2, &horizon0);
+    a.assign(&[5, 6], &[1.0; 2 * D]).unwrap();
+    let part = a.sync_part_of(5).unwrap();
+    // A reply that is delayed (a duplicate, a slow source): it carries row 5.
+    let stale = a.sync_pull(part, &b.sync_knowledge(part).unwrap().0, false).unwrap();
+    a.remove(&[5]).unwrap();
+    a.sync_prune().unwrap();
+    pull_all(&a, &b, 1 << 20);
+    assert!(!rows(&b).contains_key(&5));
+    // B knows the write the stale reply carries: it is not applied again.
+    assert_eq!(b.sync_apply(&stale).unwrap(), 0);
+    assert!(!rows(&b).contains_key(&5));
+    assert_eq!(rows(&b), rows(&a));
+}

@@ -68,8 +68,11 @@ impl Table {
                     .copied()
                     .unwrap_or_default(),
             };
-            // Last writer wins: an equal version is the same write.
-            if v <= held {
+            // Last writer wins: an equal version is the same write. A write the part already
+            // knows of is never applied again: it holds that write or a newer one, or a newer
+            // removal whose tombstone was collected (a stale reply must not bring it back).
+            let known = shard.sync.as_ref().expect("syncing").parts[sub].vv.get(v.replica);
+            if v <= held || v.timestamp <= known {
                 continue;
             }
             self.clock.observe(v);
