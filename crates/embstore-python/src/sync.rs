@@ -92,6 +92,7 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
     d.set_item("parts", s.parts)?;
     d.set_item("parts_from_cache", s.parts_from_cache)?;
     d.set_item("parts_skipped", s.parts_skipped)?;
+    d.set_item("parts_inline", s.parts_inline)?;
     d.set_item("rows_applied", s.rows_applied)?;
     d.set_item("bytes_in", s.bytes_in)?;
     d.set_item("bytes_out", s.bytes_out)?;

@@ -225,6 +225,8 @@ pub struct TableSync {
     pub pulls: u64,
     pub parts: u64,
     pub parts_from_cache: u64,
+    /// Parts whose rows came with the change list (no pull: one round trip fewer).
+    pub parts_inline: u64,
     /// Parts listed as changed that were not pulled: this replica already held their shard
     /// version (it had their changes from another source, or from an earlier round).
     pub parts_skipped: u64,
@@ -443,6 +445,8 @@ struct Link {
     r: BufReader<Stream>,
     bytes_in: u64,
     bytes_out: u64,
+    /// The protocol spoken (2: change lists carry the rows of small changes).
+    protocol: u16,
 }
 
 impl Link {
@@ -489,6 +493,21 @@ fn connect(
     options: &FollowOptions,
     tables: &[String],
 ) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
+    match connect_speaking(source, options, tables, wire::PROTOCOL) {
+        // A source of an older build: speak its protocol.
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            connect_speaking(source, options, tables, wire::MIN_PROTOCOL)
+        }
+        r => r,
+    }
+}
+
+fn connect_speaking(
+    source: &str,
+    options: &FollowOptions,
+    tables: &[String],
+    protocol: u16,
+) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
     let timeout = Duration::from_millis(options.timeout_ms.max(1));
     let addr = source
         .to_socket_addrs()
@@ -504,8 +523,9 @@ fn connect(
     let host = source.rsplit_once(':').map_or(source, |(h, _)| h).trim_matches(['[', ']']);
     let tls = options.tls.as_ref().map(|(c, domain)| (c, domain.as_deref().unwrap_or(host)));
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
-    let mut link = Link { r, bytes_in: 0, bytes_out: 0 };
+    let mut link = Link { r, bytes_in: 0, bytes_out: 0, protocol };
     let hello = wire::Hello {
+        protocol,
         token: options.token.clone(),
         with_state: options.with_state,
         tables: tables.to_vec(),
@@ -678,6 +698,10 @@ fn rounds(
             book.their_sv.insert(*p, *sv);
             book.pending.insert(*p);
         }
+        if link.protocol >= 2 {
+            // The rows of small changes come with the list: those parts are done.
+            pull_replies(t, link, status, book, true)?;
+        }
         (book.epoch, book.cursor) = (changes.epoch, changes.upto);
         if !options.skip_by_sv {
             // Every part, every round: what a replica without shard versions must do.
@@ -704,7 +728,7 @@ fn rounds(
             link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
         }
         for _ in &batches {
-            pull_replies(t, link, status, book)?;
+            pull_replies(t, link, status, book, false)?;
         }
         if let Some(e) = book.events.as_mut() {
             let _ = e.flush();
@@ -722,7 +746,15 @@ fn rounds(
     Ok(())
 }
 
-fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut Book) -> Result<()> {
+/// Reads and applies `Part`s up to `PullDone`: a pull's replies, or (`inline`) those that came
+/// with a change list.
+fn pull_replies(
+    t: &Table,
+    link: &mut Link,
+    status: &Mutex<Status>,
+    book: &mut Book,
+    inline: bool,
+) -> Result<()> {
     loop {
         let (kind, body) = link.recv()?;
         match kind {
@@ -748,6 +780,7 @@ fn pull_replies(t: &Table, link: &mut Link, status: &Mutex<Status>, book: &mut B
                 let mut s = status.lock();
                 s.s.parts += u64::from(!reply.partial);
                 s.s.parts_from_cache += u64::from(!reply.partial && reply.from_cache);
+                s.s.parts_inline += u64::from(!reply.partial && inline);
                 s.s.rows_applied += written as u64;
                 if let (Some(newest), true) = (newest, written > 0) {
                     let lag = now_ms().saturating_sub(newest) as f64;

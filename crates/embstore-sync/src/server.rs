@@ -2,7 +2,14 @@
 //! whether it wants optimizer state), then asks `List` (long-poll: the parts changed since its
 //! cursor) and `Pull` (the rows of parts newer than its VVs), one request at a time. One thread
 //! per connection: a replica has a few neighbours, each with one connection per table.
+//!
+//! With protocol 2, a change list also carries the rows of small changes: the connection
+//! remembers, per part, what the client knows at least (the VV it pulled with, merged with the
+//! VV of the reply it got: the client applies replies in order or drops the connection), and a
+//! listed part whose rows since then the update cache can give is answered with the list, up to
+//! [`INLINE_ROWS`] rows a list. The client is spared a round trip for it.
 
+use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
+use embstore_replication::Vv;
 use embstore_table::sync::SyncOptions;
 use embstore_table::{Store, Table};
 use parking_lot::Mutex;
@@ -21,6 +29,9 @@ use tokio_rustls::rustls::ServerConfig;
 
 /// The longest a `List` waits for a change.
 pub const MAX_WAIT_MS: u32 = 5_000;
+
+/// The most rows a change list carries (protocol 2).
+pub const INLINE_ROWS: usize = 4096;
 
 /// A connection with no request for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,6 +60,8 @@ pub struct ServerStats {
     /// Pull requests served and parts answered.
     pub pulls: u64,
     pub parts: u64,
+    /// Parts answered with a change list (protocol 2), without a pull.
+    pub parts_inline: u64,
 }
 
 #[derive(Default)]
@@ -58,6 +71,7 @@ struct Counters {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     pulls: AtomicU64,
+    parts_inline: AtomicU64,
     parts: AtomicU64,
 }
 
@@ -116,6 +130,7 @@ impl SyncServer {
             bytes_out: g(&c.bytes_out),
             pulls: g(&c.pulls),
             parts: g(&c.parts),
+            parts_inline: g(&c.parts_inline),
         }
     }
 
@@ -268,11 +283,14 @@ fn serve_conn(
         }
         Err(e) => return c.fail(&e),
     }
+    // Per (table, part): what the client knows at least.
+    let mut known: HashMap<(String, u32), Vv> = HashMap::new();
+    let inline = hello.protocol >= 2;
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
-            Kind::List => list(store, &mut c, &body),
-            Kind::Pull => pull(store, &mut c, &body, hello.with_state),
+            Kind::List => list(store, &mut c, &body, inline.then_some(&mut known), hello.with_state),
+            Kind::Pull => pull(store, &mut c, &body, hello.with_state, &mut known),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
         match done {
@@ -288,27 +306,71 @@ fn table_of(store: &Store, name: &str) -> Result<Arc<Table>> {
     store.table(name)
 }
 
-fn list(store: &Store, c: &mut Conn<'_>, body: &[u8]) -> Result<()> {
+/// Answers a `List`; with `known` (protocol 2), also sends the rows of the listed parts the
+/// update cache can give, then `PullDone`.
+fn list(
+    store: &Store,
+    c: &mut Conn<'_>,
+    body: &[u8],
+    known: Option<&mut HashMap<(String, u32), Vv>>,
+    with_state: bool,
+) -> Result<()> {
     let l = wire::List::decode(body)?;
     let t = table_of(store, &l.table)?;
     let wait = Duration::from_millis(u64::from(l.wait_ms.min(MAX_WAIT_MS)));
     t.sync_wait(l.epoch, l.cursor, wait)?;
     let changes = t.sync_changes(l.epoch, l.cursor)?;
-    c.send(Kind::Changed, &wire::encode_changed(&changes, now_ms()))
+    c.send(Kind::Changed, &wire::encode_changed(&changes, now_ms()))?;
+    let Some(known) = known else { return Ok(()) };
+    let mut budget = INLINE_ROWS;
+    for &(part, _) in &changes.parts {
+        let key = (l.table.clone(), part);
+        let Some(vv) = known.get(&key) else { continue };
+        let Some(reply) = t.sync_pull_cached(part, vv, with_state)? else { continue };
+        if reply.len() > budget {
+            continue;
+        }
+        budget -= reply.len();
+        send_reply(c, &t, reply, with_state, known, key, vv.clone())?;
+        c.counters.parts_inline.fetch_add(1, Ordering::Relaxed);
+    }
+    c.send(Kind::PullDone, &[])
 }
 
-fn pull(store: &Store, c: &mut Conn<'_>, body: &[u8], with_state: bool) -> Result<()> {
+fn pull(
+    store: &Store,
+    c: &mut Conn<'_>,
+    body: &[u8],
+    with_state: bool,
+    known: &mut HashMap<(String, u32), Vv>,
+) -> Result<()> {
     let (name, parts) = wire::decode_pull(body)?;
     let t = table_of(store, &name)?;
     c.counters.pulls.fetch_add(1, Ordering::Relaxed);
     for (part, vv) in parts {
         let reply = t.sync_pull(part, &vv, with_state)?;
-        // Pieces of about 8 MiB, well under the frame limit.
-        let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
-        for piece in reply.split((8 << 20) / row_bytes) {
-            c.send(Kind::Part, &wire::encode_part(&piece))?;
-        }
+        send_reply(c, &t, reply, with_state, known, (name.clone(), part), vv)?;
         c.counters.parts.fetch_add(1, Ordering::Relaxed);
     }
     c.send(Kind::PullDone, &[])
+}
+
+/// Sends `reply` (in pieces of about 8 MiB, well under the frame limit) to a client that knew
+/// `vv`, and notes what it knows once it applied it: `vv` merged with the reply's.
+fn send_reply(
+    c: &mut Conn<'_>,
+    t: &Table,
+    reply: embstore_table::sync::PartReply,
+    with_state: bool,
+    known: &mut HashMap<(String, u32), Vv>,
+    key: (String, u32),
+    mut vv: Vv,
+) -> Result<()> {
+    vv.merge(&reply.vv);
+    let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
+    for piece in reply.split((8 << 20) / row_bytes) {
+        c.send(Kind::Part, &wire::encode_part(&piece))?;
+    }
+    known.insert(key, vv);
+    Ok(())
 }

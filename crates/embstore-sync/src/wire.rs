@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
-//! Hello    = magic u32 "EKSY" | protocol u16 | token str | with_state u8 | tables [str]
+//! Hello    = magic u32 "EKSY" | protocol u16 (1 or 2) | token str | with_state u8 | tables [str]
 //! Welcome  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
 //! List     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
+//!            (protocol 2: then the Parts of small changes, then PullDone)
 //! Pull     = table str | parts [part u32 | vv]
 //! Part     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
 //!            | (complete: lo u64 | hi u64 | floor vv) | n u32
@@ -30,8 +31,11 @@ use embstore_table::{RowMeta, Version};
 
 /// The first four bytes of a Hello ("EKSY").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"EKSY");
-/// The protocol version this build speaks.
-pub const PROTOCOL: u16 = 1;
+/// The newest protocol version this build speaks: 2 answers a change list with the rows of
+/// the parts whose change is small (`Changed`, then `Part`s, then `PullDone`).
+pub const PROTOCOL: u16 = 2;
+/// The oldest protocol version this build still speaks (1: a change list is only a list).
+pub const MIN_PROTOCOL: u16 = 1;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
 pub const MAX_FRAME: usize = 64 << 20;
 
@@ -249,6 +253,8 @@ impl<'a> Dec<'a> {
 /// A client's first frame.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hello {
+    /// The protocol version the client speaks ([`MIN_PROTOCOL`]..=[`PROTOCOL`]).
+    pub protocol: u16,
     pub token: String,
     pub with_state: bool,
     /// The tables wanted (empty: all).
@@ -258,7 +264,7 @@ pub struct Hello {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
-        e.u32(MAGIC).u16(PROTOCOL).str(&self.token).u8(self.with_state as u8);
+        e.u32(MAGIC).u16(self.protocol).str(&self.token).u8(self.with_state as u8);
         e.u32(self.tables.len() as u32);
         self.tables.iter().for_each(|t| {
             e.str(t);
@@ -270,11 +276,14 @@ impl Hello {
         if d.u32()? != MAGIC {
             return Err(Error::corrupt("not an embstore sync client (bad magic)"));
         }
-        let p = d.u16()?;
-        if p != PROTOCOL {
+        let protocol = d.u16()?;
+        if !(MIN_PROTOCOL..=PROTOCOL).contains(&protocol) {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("sync protocol {p} is not spoken here (this build speaks {PROTOCOL})"),
+                format!(
+                    "sync protocol {protocol} is not spoken here (this build speaks \
+                     {MIN_PROTOCOL} to {PROTOCOL})"
+                ),
             ));
         }
         let token = d.str()?;
@@ -282,7 +291,7 @@ impl Hello {
         let n = d.count(4)?;
         let tables = (0..n).map(|_| d.str()).collect::<Result<_>>()?;
         d.end()?;
-        Ok(Self { token, with_state, tables })
+        Ok(Self { protocol, token, with_state, tables })
     }
 }
 
@@ -587,7 +596,7 @@ mod tests {
                 let e = decode_part(&b[..cut], d, s.unwrap_or(0)).unwrap_err();
                 prop_assert_eq!(e.kind(), ErrorKind::Corruption);
             }
-            let h = Hello { token: "t".repeat(n), with_state: partial, tables: vec!["a".into(); n % 3] };
+            let h = Hello { protocol: PROTOCOL, token: "t".repeat(n), with_state: partial, tables: vec!["a".into(); n % 3] };
             prop_assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
             let parts: Vec<(u32, Vv)> = (0..n as u32).map(|p| (p, r.vv.clone())).collect();
             prop_assert_eq!(decode_pull(&encode_pull("items", &parts)).unwrap(), ("items".to_owned(), parts));

@@ -105,7 +105,12 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
     assert_eq!(e.kind(), ErrorKind::Corruption, "{e}");
     // A frame cut short, then EOF: the server drops it without answering.
     let mut s = TcpStream::connect(server.addr()).unwrap();
-    let hello = wire::Hello { token: "s3cret".into(), with_state: false, tables: vec![] };
+    let hello = wire::Hello {
+        protocol: wire::PROTOCOL,
+        token: "s3cret".into(),
+        with_state: false,
+        tables: vec![],
+    };
     let mut framed = Vec::new();
     wire::write_frame(&mut framed, Kind::Hello, &hello.encode()).unwrap();
     s.write_all(&framed[..framed.len() - 3]).unwrap();
@@ -126,19 +131,31 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
     assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
 }
 
-/// A fake source that serves one table whose every reply carries `reply`.
+/// A fake source that serves one table whose every reply carries `reply`; an older build
+/// (protocol 1 only) when `v1_only`, refusing a newer client's Hello as such a build does.
 fn fake_source(
     reply: PartReply,
     config: TableConfig,
     parts: u32,
+    v1_only: bool,
 ) -> (String, std::thread::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let h = std::thread::spawn(move || {
-        // Two connections: the follower's start, then its table thread.
-        for _ in 0..2 {
+        // Two connections: the follower's start, then its table thread (each tried first
+        // with protocol 2 when `v1_only`).
+        let mut served = 0;
+        while served < 2 {
             let Ok((mut s, _)) = l.accept() else { return };
-            let _ = wire::read_frame(&mut s);
+            let Ok((_, hello)) = wire::read_frame(&mut s) else { return };
+            // Protocol 2 ends a change list with `PullDone` (here: no rows with it).
+            let v2 = wire::Hello::decode(&hello).is_ok_and(|h| h.protocol >= 2);
+            if v1_only && v2 {
+                let e = embstore_common::Error::new(ErrorKind::Unsupported, "sync protocol 2");
+                wire::write_frame(&mut s, Kind::Error, &wire::encode_error(&e)).unwrap();
+                continue;
+            }
+            served += 1;
             let info =
                 wire::TableInfo { name: "items".into(), config: config.to_text(), parts, epoch: 7 };
             wire::write_frame(&mut s, Kind::Welcome, &wire::encode_welcome(1, &[info])).unwrap();
@@ -152,7 +169,10 @@ fn fake_source(
                 match k {
                     Kind::List => {
                         wire::write_frame(&mut s, Kind::Changed, &wire::encode_changed(&c, 0))
-                            .unwrap()
+                            .unwrap();
+                        if v2 {
+                            wire::write_frame(&mut s, Kind::PullDone, &[]).unwrap();
+                        }
                     }
                     Kind::Pull => {
                         wire::write_frame(&mut s, Kind::Part, &wire::encode_part(&reply)).unwrap();
@@ -187,24 +207,27 @@ fn a_reply_a_day_ahead_is_refused_and_the_follower_keeps_serving() {
         values: vec![1.0; D],
         ..PartReply::default()
     };
-    let (addr, h) = fake_source(reply, config, parts);
-    let store = Arc::new(Store::with_replica(2).unwrap());
-    let f = Follower::start(store.clone(), &addr, follow_options()).unwrap();
-    let t = store.table("items").unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while f.status()[0].errors == 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
+    // From a source of this build, and from one of an older build (protocol 1 only).
+    for v1_only in [false, true] {
+        let (addr, h) = fake_source(reply.clone(), config.clone(), parts, v1_only);
+        let store = Arc::new(Store::with_replica(2).unwrap());
+        let f = Follower::start(store.clone(), &addr, follow_options()).unwrap();
+        let t = store.table("items").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while f.status()[0].errors == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let s = &f.status()[0];
+        assert!(
+            s.errors > 0 && s.last_error.as_deref().unwrap_or("").contains("more than a day ahead"),
+            "{s:?}"
+        );
+        assert!(t.is_empty(), "nothing applied");
+        let mut out = vec![0.0; D];
+        t.lookup(&[key], embstore_table::OnMiss::Zeros, &mut out, None).unwrap();
+        f.stop();
+        let _ = h.join();
     }
-    let s = &f.status()[0];
-    assert!(
-        s.errors > 0 && s.last_error.as_deref().unwrap_or("").contains("more than a day ahead"),
-        "{s:?}"
-    );
-    assert!(t.is_empty(), "nothing applied");
-    let mut out = vec![0.0; D];
-    t.lookup(&[key], embstore_table::OnMiss::Zeros, &mut out, None).unwrap();
-    f.stop();
-    let _ = h.join();
 }
 
 /// A CA, a server certificate for localhost and a client certificate, as PEM.
@@ -371,6 +394,37 @@ fn a_follower_away_while_tombstones_were_collected_drops_the_removed_rows() {
     let r = replica.table("items").unwrap();
     assert_eq!(r.len(), 2000);
     assert_eq!(rows(&r), rows(&t));
+    f.stop();
+    server.stop();
+}
+
+#[test]
+fn small_changes_come_with_the_change_list_without_a_pull() {
+    let (_p, t, server) = primary();
+    let ids: Vec<u64> = (0..2000).collect();
+    t.apply_gradients(&ids, &vec![0.5; ids.len() * D], None).unwrap();
+    let replica = Arc::new(Store::with_replica(2).unwrap());
+    let f = Follower::start(replica.clone(), &server.addr().to_string(), follow_options()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    let r = replica.table("items").unwrap();
+    let before = f.status()[0].clone();
+    // One small write at a time, each waited for: the follower, waiting in its long-poll,
+    // gets each with the change list.
+    for i in 0..20u64 {
+        let key = 10_000 + i;
+        t.apply_gradients(&[key], &[0.25; D], None).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while r.meta(&[key]).unwrap()[0].is_none() {
+            assert!(std::time::Instant::now() < deadline, "key {key} never arrived");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+    assert_eq!(rows(&r), rows(&t));
+    let s = f.status()[0].clone();
+    assert!(s.parts_inline - before.parts_inline >= 15, "{s:?}");
+    assert!(s.pulls - before.pulls <= 5, "few pulls: {} then {}", before.pulls, s.pulls);
+    assert!(server.stats().parts_inline >= 15);
     f.stop();
     server.stop();
 }

@@ -14,6 +14,27 @@ impl Table {
     /// on disk included, read without promoting them). `with_state` adds optimizer state (for
     /// peers that may take over training).
     pub fn sync_pull(&self, part: u32, vv_r: &Vv, with_state: bool) -> Result<PartReply> {
+        Ok(self.pull_part(part, vv_r, with_state, true)?.expect("a scan always answers"))
+    }
+
+    /// [`Table::sync_pull`] when the update cache can answer it (no scan, not a complete
+    /// part); `None` otherwise. For answering a change list with the rows of small changes.
+    pub fn sync_pull_cached(
+        &self,
+        part: u32,
+        vv_r: &Vv,
+        with_state: bool,
+    ) -> Result<Option<PartReply>> {
+        self.pull_part(part, vv_r, with_state, false)
+    }
+
+    fn pull_part(
+        &self,
+        part: u32,
+        vv_r: &Vv,
+        with_state: bool,
+        scan: bool,
+    ) -> Result<Option<PartReply>> {
         self.check_live()?;
         let (s, sub) = self.check_part(part)?;
         let sync = self.sync_shared()?.clone();
@@ -60,6 +81,9 @@ impl Table {
             let behind =
                 (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
             let hit = sync.use_cache && r.complete.is_none() && p.cache.hits(vv_r);
+            if !hit && !scan {
+                return Ok(None);
+            }
             sync.note_pull(hit, behind);
             let keys: Vec<u64> = if hit {
                 r.from_cache = true;
@@ -107,6 +131,6 @@ impl Table {
         let which = if r.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
         which.fetch_add(1, Ordering::Relaxed);
         c.rows_sent.fetch_add(r.len() as u64, Ordering::Relaxed);
-        Ok(r)
+        Ok(Some(r))
     }
 }
