@@ -289,7 +289,9 @@ fn serve_conn(
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
-            Kind::List => list(store, &mut c, &body, inline.then_some(&mut known), hello.with_state),
+            Kind::List => {
+                list(store, &mut c, &body, inline.then_some(&mut known), hello.with_state)
+            }
             Kind::Pull => pull(store, &mut c, &body, hello.with_state, &mut known),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
