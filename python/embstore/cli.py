@@ -304,8 +304,9 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
     srv.add_argument(
         "--sync-events",
         metavar="FILE",
-        help="with --follow: append a 20-byte record per applied reply to FILE (time in µs, "
-        "part, newest timestamp known), for measuring dissemination latency (default: off)",
+        help="with --follow: append a 24-byte record per applied reply to FILE (time in µs, "
+        "table as the CRC-32 of its name, part, newest timestamp known), for measuring "
+        "dissemination latency (default: off)",
     )
     srv.add_argument(
         "--replica-id",

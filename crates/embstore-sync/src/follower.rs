@@ -135,6 +135,12 @@ impl Target for Server {
     }
 }
 
+/// A table's id in `--sync-events` records: the CRC-32 of its name's UTF-8 bytes (Python:
+/// `zlib.crc32(name.encode())`).
+pub fn table_id(name: &str) -> u32 {
+    crc32fast::hash(name.as_bytes())
+}
+
 fn check_parts(t: &Table, parts: u32, source: &str) -> Result<()> {
     if t.sync_parts()? != parts {
         return Err(Error::invalid(format!(
@@ -167,8 +173,9 @@ pub struct FollowOptions {
     /// How long to wait for a connection and for any reply, in ms.
     pub timeout_ms: u64,
     /// A file to append one record to per applied reply, for measuring dissemination latency:
-    /// `time_us u64 | part u32 | newest_ts u64` (little-endian; the time in µs since the Unix
-    /// epoch, the part's largest known timestamp over its origins after the reply).
+    /// `time_us u64 | table u32 | part u32 | newest_ts u64` (little-endian; the time in µs
+    /// since the Unix epoch, the table as [`table_id`], the part's largest known timestamp
+    /// over its origins after the reply).
     pub events: Option<std::path::PathBuf>,
     /// Whether a round skips the parts whose shard version this replica already holds
     /// (`false` pulls every part every round: only for measuring what shard versions gain).
@@ -770,10 +777,11 @@ fn pull_replies(
                         let us = std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
                             .map_or(0, |d| d.as_micros() as u64);
-                        let mut rec = [0u8; 20];
+                        let mut rec = [0u8; 24];
                         rec[..8].copy_from_slice(&us.to_le_bytes());
-                        rec[8..12].copy_from_slice(&reply.part.to_le_bytes());
-                        rec[12..].copy_from_slice(&newest.to_le_bytes());
+                        rec[8..12].copy_from_slice(&table_id(t.name()).to_le_bytes());
+                        rec[12..16].copy_from_slice(&reply.part.to_le_bytes());
+                        rec[16..].copy_from_slice(&newest.to_le_bytes());
                         let _ = e.write_all(&rec);
                     }
                 }
@@ -792,5 +800,15 @@ fn pull_replies(
             }
             k => return Err(Error::corrupt(format!("unexpected sync frame {k:?} in a pull"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn table_ids_are_crc32_of_the_name() {
+        // As Python's zlib.crc32(b"hot") (python/benchmarks/dissemination/latency.py).
+        assert_eq!(super::table_id("hot"), 210_272_711);
+        assert_eq!(super::table_id("item"), 521_872_670);
     }
 }

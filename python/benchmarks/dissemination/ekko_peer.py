@@ -75,8 +75,8 @@ def name(s: tuple[int, int]) -> str:
 
 
 class Events:
-    """A follower's ``--sync-events`` file, read as it grows: all events so far and, per part,
-    the newest timestamp the follower knows."""
+    """A follower's ``--sync-events`` file, read as it grows: all events of the hot table so
+    far (the idle tables' are left out) and, per part, the newest timestamp the follower knows."""
 
     def __init__(self, path: pathlib.Path, parts: int) -> None:
         self.path, self.pos, self.chunks = path, 0, []
@@ -93,6 +93,8 @@ class Events:
         ev = latency.read_events(raw)
         if len(ev):
             self.pos += len(ev) * latency.EVENT_DTYPE.itemsize
+            ev = latency.of_table(ev, "hot")
+        if len(ev):
             self.chunks.append(ev.copy())
             np.maximum.at(self.known, ev["part"].astype(np.int64), ev["newest_ts"])
             self.last_t_us = int(ev["t_us"].max())

@@ -16,6 +16,8 @@ overstated by up to one poll period, half of it on average.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 
@@ -93,7 +95,8 @@ def stats(lat: np.ndarray, weights: np.ndarray, missing: int, wan_bytes: int) ->
 # embstore's followers: events instead of polls.
 #
 # A follower started with ``--sync-events FILE`` appends one record per applied reply:
-# ``time_us`` (µs since the Unix epoch), the sync ``part`` and ``newest_ts``, the largest row
+# ``time_us`` (µs since the Unix epoch), the ``table`` (the CRC-32 of its name), the sync
+# ``part`` and ``newest_ts``, the largest row
 # version timestamp it knows in that part after the reply. A row written at the primary with
 # version ``v`` in part ``p`` is visible at a follower from its first event with part ``p`` and
 # ``newest_ts >= v``: a reply carries every row of the part newer than what the follower knew,
@@ -101,8 +104,18 @@ def stats(lat: np.ndarray, weights: np.ndarray, missing: int, wan_bytes: int) ->
 # newer write of it). The time is the apply time of the reply, so there is no poll error; the
 # commit is the writer's wall clock right after the write call returned (same clock).
 
-EVENT_DTYPE = np.dtype([("t_us", "<u8"), ("part", "<u4"), ("newest_ts", "<u8")])
-assert EVENT_DTYPE.itemsize == 20
+EVENT_DTYPE = np.dtype([("t_us", "<u8"), ("table", "<u4"), ("part", "<u4"), ("newest_ts", "<u8")])
+assert EVENT_DTYPE.itemsize == 24
+
+
+def table_id(name: str) -> int:
+    """A table's id in the records: the CRC-32 of its name (as the follower writes it)."""
+    return zlib.crc32(name.encode())
+
+
+def of_table(events: np.ndarray, name: str) -> np.ndarray:
+    """The records of table ``name``."""
+    return events[events["table"] == table_id(name)]
 
 
 def read_events(raw: bytes) -> np.ndarray:

@@ -75,16 +75,25 @@ def test_encoded_sets_parse_back():
     assert len(raw) == 3 * 98
 
 
-def _events(rows):
-    return np.array(rows, dtype=latency.EVENT_DTYPE)
+def _events(rows, table: str = "hot"):
+    """Records of ``table`` from ``(t_us, part, newest_ts)``."""
+    tid = latency.table_id(table)
+    return np.array([(t, tid, p, n) for t, p, n in rows], dtype=latency.EVENT_DTYPE)
 
 
 def test_event_records_parse_and_a_partial_record_is_ignored():
     ev = _events([(1_000, 3, 7), (2_000, 5, 1 << 60)])
     raw = ev.tobytes()
-    assert len(raw) == 40
+    assert len(raw) == 48
     back = latency.read_events(raw + raw[:7])
     assert np.array_equal(back, ev) and int(back["newest_ts"][1]) == 1 << 60
+
+
+def test_records_name_their_table_as_the_follower_does():
+    # The follower writes the CRC-32 of the name (Rust test `table_ids_are_crc32_of_the_name`).
+    assert latency.table_id("hot") == 210272711
+    both = np.concatenate([_events([(1, 2, 3)]), _events([(4, 2, 6)], table="idle0")])
+    assert latency.of_table(both, "hot")["t_us"].tolist() == [1]
 
 
 def test_row_visibility_is_the_first_event_of_its_part_that_knows_its_version():
