@@ -175,8 +175,10 @@ class Store:
     @classmethod
     def follow(
         cls,
-        source: str,
+        source: str | None = None,
         *,
+        etcd: str | list[str] | None = None,
+        dc: str | None = None,
         path: str | os.PathLike[str] | None = None,
         token: str | None = None,
         tables: list[str] | None = None,
@@ -189,7 +191,10 @@ class Store:
         tls_key: str | os.PathLike[str] | None = None,
         tls_domain: str | None = None,
     ) -> Store:
-        """A store that follows the sync port at ``source`` (``host:port``): it gets the
+        """A store that follows the sync port at ``source`` (``host:port``), or, with ``etcd``
+        (a URL or a list) and ``dc``, the source etcd names for each table: this data
+        centre's leader, or a primary while there is none (it registers there as a follower
+        without a sync port, so it is never a leader itself): it gets the
         source's tables (all, or ``tables``), pulls their rows, then keeps pulling what
         changes, one thread per table, while you read from it. It joins empty (or from the
         rows already in ``path``, which it keeps and pulls over). ``with_state`` also takes
@@ -225,6 +230,8 @@ class Store:
             store._follower = _sync.start_follower(
                 store._inner,
                 source,
+                etcd=etcd,
+                dc=dc,
                 token=token,
                 tables=tables,
                 with_state=with_state,

@@ -96,8 +96,10 @@ def new_replica_id() -> int:
 
 def start_follower(
     store_inner: Any,
-    source: str,
+    source: str | None,
     *,
+    etcd: str | list[str] | None = None,
+    dc: str | None = None,
     token: str | None,
     tables: list[str] | None,
     with_state: bool,
@@ -105,8 +107,18 @@ def start_follower(
     tls: tuple[Any, Any, Any, str | None] = (None, None, None, None),
 ) -> Any:
     """The native follower (see :meth:`embstore.Store.follow`)."""
-    if not isinstance(source, str) or ":" not in source:
+    if (source is None) == (etcd is None):
+        raise InvalidArgumentError("follow needs a source ('host:port'), or etcd and dc")
+    if source is not None and (not isinstance(source, str) or ":" not in source):
         raise InvalidArgumentError(f"source must be 'host:port' of a sync port, got {source!r}")
+    endpoints = None
+    if etcd is not None:
+        endpoints = [etcd] if isinstance(etcd, str) else etcd
+        endpoints = [e for u in endpoints for e in str(u).split(",") if e]
+        if not endpoints or not all(isinstance(e, str) for e in endpoints):
+            raise InvalidArgumentError(f"etcd must be a URL or a list of URLs, got {etcd!r}")
+        if not isinstance(dc, str) or not dc:
+            raise InvalidArgumentError(f"following through etcd needs dc (a name), got {dc!r}")
     if tables is not None and (
         isinstance(tables, str) or not all(isinstance(t, str) for t in tables)
     ):
@@ -116,7 +128,7 @@ def start_follower(
     ca, cert, key, domain = _client_tls(*tls) or (None, None, None, None)
     return _native.Follower(
         store_inner,
-        source,
+        source or "",
         token or "",
         list(tables or []),
         bool(with_state),
@@ -125,4 +137,6 @@ def start_follower(
         cert,
         key,
         domain,
+        endpoints,
+        dc if endpoints else None,
     )

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use embstore_sync::{FollowOptions, Follower, ServeOptions, SyncServer, TableSync};
+use std::sync::Arc;
+
+use embstore_sync::{FollowOptions, Follower, ServeOptions, Source, SyncServer, TableSync};
 use embstore_table::sync::SyncOptions;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -75,6 +77,8 @@ impl PySyncServer {
 #[pyclass(module = "embstore._native", name = "Follower", frozen)]
 pub(crate) struct PyFollower {
     inner: Mutex<Option<Follower>>,
+    /// The registration in etcd, when the source is found there.
+    directory: Mutex<Option<Arc<embstore_sync::Directory>>>,
 }
 
 pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound<'py, PyDict>> {
@@ -104,7 +108,7 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
 #[pymethods]
 impl PyFollower {
     #[new]
-    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000, tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None))]
+    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000, tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None, etcd=None, dc=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -118,13 +122,37 @@ impl PyFollower {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
         tls_domain: Option<String>,
+        etcd: Option<Vec<String>>,
+        dc: Option<String>,
     ) -> PyResult<Self> {
         let tls = crate::tls::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
         let options =
             FollowOptions { token, tables, with_state, wait_ms, tls, ..FollowOptions::default() };
-        let f = detached(py, || Follower::start(store.inner.clone(), source, options))
-            .map_err(to_py_err)?;
-        Ok(Self { inner: Mutex::new(Some(f)) })
+        let inner = store.inner.clone();
+        let (f, directory) = detached(py, || match (etcd, dc) {
+            // Registered in etcd without a sync port: it pulls from its data centre's leader
+            // (or a primary while there is none) and is never a leader itself.
+            (Some(etcd), Some(dc)) => {
+                let me = embstore_sync::Member {
+                    dc,
+                    replica: inner.replica(),
+                    addr: String::new(),
+                    primary: false,
+                    status: String::new(),
+                };
+                let ttl = embstore_sync::discovery::DEFAULT_TTL;
+                let dir = embstore_sync::Directory::start(&etcd, me, ttl)?;
+                let source = Source::Directory(dir.clone());
+                let f = Follower::start_with(inner, source, options);
+                if f.is_err() {
+                    dir.stop();
+                }
+                Ok((f?, Some(dir)))
+            }
+            _ => Ok((Follower::start(inner, source, options)?, None)),
+        })
+        .map_err(to_py_err)?;
+        Ok(Self { inner: Mutex::new(Some(f)), directory: Mutex::new(directory) })
     }
 
     // The follower's mutex is only ever taken with the GIL released, and not held while
@@ -145,6 +173,10 @@ impl PyFollower {
             let f = self.inner.lock().take();
             if let Some(f) = f {
                 f.stop();
+            }
+            let d = self.directory.lock().take();
+            if let Some(d) = d {
+                d.stop();
             }
         });
     }

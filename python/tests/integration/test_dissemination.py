@@ -210,6 +210,15 @@ def test_through_etcd_a_leader_per_dc_pulls_from_the_primary_and_fails_over(tmp_
         for f in followers:
             got = embstore.connect(f.match.group(1)).lookup("item", np.arange(2000))
             assert np.array_equal(got, expected)
+        # An embedded follower in dc2, found through etcd: it pulls from the DC's leader.
+        embedded = embstore.Store.follow(etcd=etcd.url, dc="dc2", wait_ms=100)
+        try:
+            assert embedded.wait_caught_up(timeout=30), embedded.sync_status()
+            assert embedded.sync_status()[0]["source"] == leader["addr"]
+            got = embedded["item"].lookup(np.arange(2000), on_miss="zeros")
+            assert np.array_equal(got, expected)
+        finally:
+            embedded.close()
         # kill -9 of the leader: its lease expires, the survivor pulls from the primary.
         port = {re.search(r"sync port on ([\d.:]+)", f.match.string).group(1): f for f in followers}
         port[leader["addr"]].kill()
@@ -400,3 +409,12 @@ def test_the_tombstone_horizon_must_be_seconds() -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "must be a number of seconds" in out.stderr, out.stderr
+
+
+def test_follow_needs_a_source_or_etcd_and_dc() -> None:
+    with pytest.raises(InvalidArgumentError, match="a source"):
+        embstore.Store.follow()
+    with pytest.raises(InvalidArgumentError, match="a source"):
+        embstore.Store.follow("127.0.0.1:1", etcd="http://127.0.0.1:1", dc="dc2")
+    with pytest.raises(InvalidArgumentError, match="needs dc"):
+        embstore.Store.follow(etcd="http://127.0.0.1:1")
