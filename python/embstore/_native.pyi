@@ -172,6 +172,7 @@ class Server:
         sync_cache: bool = True,
         sync_shard_versions: bool = True,
         sync_tombstone_horizon_ms: int = 3_600_000,
+        sync_with_state: bool = False,
     ) -> None: ...
     @property
     def address(self) -> str: ...

@@ -290,6 +290,12 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "(default: 3600)",
     )
     srv.add_argument(
+        "--sync-with-state",
+        action="store_true",
+        help="with --follow: also take the optimizer state (a replica in the training data "
+        "centre that may take over as primary; inference replicas need the values only)",
+    )
+    srv.add_argument(
         "--sync-no-cache",
         action="store_true",
         help="answer every pull by a scan, never from the update cache (only for measuring "
@@ -576,6 +582,7 @@ def _serve(args: argparse.Namespace) -> int:
             not args.sync_no_cache,
             not args.sync_no_shard_versions,
             int(args.sync_tombstone_horizon * 1000),
+            args.sync_with_state,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)

@@ -169,6 +169,8 @@ pub(crate) struct SyncArgs {
     /// `--sync-no-cache`, `--sync-no-shard-versions` (for measuring what each gains).
     use_cache: bool,
     skip_by_sv: bool,
+    /// `--sync-with-state`: take optimizer state too.
+    with_state: bool,
     /// `--sync-tombstone-horizon`, in ms.
     tombstone_horizon_ms: u64,
 }
@@ -210,6 +212,7 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
             events: a.events.clone(),
             tls: a.client_tls.clone(),
             skip_by_sv: a.skip_by_sv,
+            with_state: a.with_state,
             ..embstore_sync::FollowOptions::default()
         };
         // A follower of a fixed source creates its tables first (with the source's layout),
@@ -310,7 +313,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -344,6 +347,7 @@ impl PyServer {
         sync_cache: bool,
         sync_shard_versions: bool,
         sync_tombstone_horizon_ms: u64,
+        sync_with_state: bool,
     ) -> PyResult<Self> {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
@@ -402,6 +406,7 @@ impl PyServer {
             client_tls,
             use_cache: sync_cache,
             skip_by_sv: sync_shard_versions,
+            with_state: sync_with_state,
             tombstone_horizon_ms: sync_tombstone_horizon_ms,
         };
         let synced = start_sync(py, store.as_ref(), sync_args)?;
@@ -429,6 +434,7 @@ impl PyServer {
                     events: sync_args_events,
                     tls: sync_args_tls,
                     skip_by_sv: sync_shard_versions,
+                    with_state: sync_with_state,
                     flush_every: None,
                     ..embstore_sync::FollowOptions::default()
                 };

@@ -418,3 +418,51 @@ def test_follow_needs_a_source_or_etcd_and_dc() -> None:
         embstore.Store.follow("127.0.0.1:1", etcd="http://127.0.0.1:1", dc="dc2")
     with pytest.raises(InvalidArgumentError, match="needs dc"):
         embstore.Store.follow(etcd="http://127.0.0.1:1")
+
+
+def test_a_follower_with_state_holds_the_optimizer_state_too(tmp_path) -> None:
+    """`embstore serve --follow ... --sync-with-state --store DIR`: the rows it writes carry the
+    primary's optimizer state (a replica that may take over training); without the flag,
+    values only (its state is the optimizer's initial one)."""
+    import signal
+
+    p = embstore.Store(replica_id=1)
+    t = p.create_table("item", embedding_dim=4, optimizer=embstore.Adagrad(lr=0.1))
+    port = p.serve_sync("127.0.0.1:0", parts=64)
+    ids = np.arange(100)
+    t.apply_gradients(ids, np.full((100, 4), 0.5, np.float32))
+    want = {int(k): s for c in t.export(4096) for k, s in zip(c.ids, c.state, strict=True)}
+    assert all(np.all(s > 0) for s in want.values())
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    try:
+        for flag, same in (["--sync-with-state"], True), ([], False):
+            d = tmp_path / f"r{int(same)}"
+            embstore.Store(d).close()  # an empty store for the copy
+            f = _Proc(
+                [*serve, "--follow", port.address, "--store", str(d), *flag],
+                r" on (127\.0\.0\.1:\d+):",
+            )
+            try:
+                _converges_to(embstore.connect(f.match.group(1)), t, ids)
+            finally:
+                f.proc.send_signal(signal.SIGTERM)  # flushes before it exits
+                f.proc.wait(timeout=30)
+            r = embstore.Store(d)
+            got = {
+                int(k): s
+                for c in r["item"].export(4096)
+                for k, s in zip(c.ids, c.state, strict=True)
+            }
+            r.close()
+            assert got.keys() == want.keys()
+            assert all(np.array_equal(got[k], want[k]) for k in want) == same
+    finally:
+        port.stop()
+
+
+def _converges_to(client, t: embstore.Table, ids: np.ndarray) -> None:
+    want = t.lookup(ids, on_miss="zeros")
+    deadline = time.monotonic() + 30
+    while not np.array_equal(client.lookup("item", ids), want):
+        assert time.monotonic() < deadline, "the follower did not converge"
+        time.sleep(0.1)
