@@ -705,14 +705,18 @@ fn rounds(
             book.their_sv.insert(*p, *sv);
             book.pending.insert(*p);
         }
+        let listed: Vec<u32> = changes.parts.iter().map(|(p, _)| *p).collect();
         if link.protocol >= 2 {
             // The rows of small changes come with the list: those parts are done.
             pull_replies(t, link, status, book, true)?;
         }
+        let inlined: BTreeSet<u32> =
+            listed.into_iter().filter(|p| !book.pending.contains(p)).collect();
         (book.epoch, book.cursor) = (changes.epoch, changes.upto);
         if !options.skip_by_sv {
-            // Every part, every round: what a replica without shard versions must do.
-            book.pending.extend(0..t.sync_parts()?);
+            // Every part, every round: what a replica without shard versions must do (but
+            // those that just came with the list).
+            book.pending.extend((0..t.sync_parts()?).filter(|p| !inlined.contains(p)));
             book.their_sv.clear();
         }
         let mut todo = Vec::new();
