@@ -173,6 +173,7 @@ class Server:
         sync_shard_versions: bool = True,
         sync_tombstone_horizon_ms: int = 3_600_000,
         sync_with_state: bool = False,
+        catch_up_timeout_s: float = 60.0,
     ) -> None: ...
     @property
     def address(self) -> str: ...

@@ -290,6 +290,15 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "(default: 3600)",
     )
     srv.add_argument(
+        "--catch-up-timeout",
+        type=_catch_up,
+        default=60.0,
+        metavar="SECONDS",
+        help="with --follow: start serving lookups once caught up with the source (a joining "
+        "or restarted replica would answer with missing or old rows), or after this long at "
+        "most; 0 serves at once (default: 60)",
+    )
+    srv.add_argument(
         "--sync-with-state",
         action="store_true",
         help="with --follow: also take the optimizer state (a replica in the training data "
@@ -533,6 +542,16 @@ def _token(path: str | None) -> str | None:
     return token
 
 
+def _catch_up(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if not 0 <= s <= 86400:
+        raise argparse.ArgumentTypeError(f"must be 0 to 86400 seconds, got {text!r}")
+    return s
+
+
 def _horizon(text: str) -> float:
     try:
         s = float(text)
@@ -583,6 +602,7 @@ def _serve(args: argparse.Namespace) -> int:
             not args.sync_no_shard_versions,
             int(args.sync_tombstone_horizon * 1000),
             args.sync_with_state,
+            args.catch_up_timeout,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -607,6 +627,8 @@ def _serve(args: argparse.Namespace) -> int:
         via = args.follow or f"the sources in etcd for {args.dc}"
         into = " into the versions rolls load" if args.etcd and not args.dc else ""
         admin += f", following {via}{into}"
+        if not into and args.catch_up_timeout > 0:
+            admin += f" (serving once caught up, within {args.catch_up_timeout:g} s)"
         source = args.store or ("no store" if into else "an in-memory copy")
     elif args.dc:
         admin += f", registered in etcd as a primary of {args.dc}"

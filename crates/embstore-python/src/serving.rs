@@ -46,6 +46,9 @@ pub(crate) struct PyServer {
     sync: Option<embstore_sync::SyncServer>,
     follower: Option<embstore_sync::Follower>,
     directory: Option<Arc<embstore_sync::Directory>>,
+    /// How long `run()` waits for the follower to catch up before serving (`None`: it serves
+    /// at once).
+    catch_up: Option<Duration>,
     /// The data dir this server made for itself (no `data_dir` given): removed with it.
     _scratch: Option<Scratch>,
 }
@@ -313,7 +316,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, catch_up_timeout_s=60.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -348,7 +351,11 @@ impl PyServer {
         sync_shard_versions: bool,
         sync_tombstone_horizon_ms: u64,
         sync_with_state: bool,
+        catch_up_timeout_s: f64,
     ) -> PyResult<Self> {
+        if !(0.0..=86_400.0).contains(&catch_up_timeout_s) {
+            return Err(invalid("catch_up_timeout_s must be in 0..=86400 seconds"));
+        }
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
         if let Some(dir) = &store_dir {
@@ -421,6 +428,10 @@ impl PyServer {
             m
         });
         let server = hosting(&address, max_batch, tier, store.as_deref())?;
+        // A follower of live tables serves once caught up; one that keeps rolled-in versions
+        // current serves what rolls load (each catches up from its load on).
+        let catch_up = (catch_up_timeout_s > 0.0 && roll_follow.is_none())
+            .then(|| Duration::from_secs_f64(catch_up_timeout_s));
         let follower = match roll_follow {
             Some(source) => {
                 let r = replica.unwrap_or_else(random_replica);
@@ -469,6 +480,7 @@ impl PyServer {
             sync: synced.server,
             follower,
             directory: synced.directory,
+            catch_up,
             _scratch: scratch,
         })
     }
@@ -516,6 +528,7 @@ impl PyServer {
         let metrics = self.metrics.lock().take();
         let member = self.member.clone();
         let directory = self.directory.clone();
+        let catch_up = self.follower.as_ref().map(|f| f.status_view());
         let result = detached(py, || {
             self.runtime.block_on(async move {
                 let member = match member {
@@ -563,6 +576,29 @@ impl PyServer {
                     let _ = quit_tx.send(true);
                 };
                 let signals = tokio::spawn(signals);
+                if let (Some(view), Some(limit)) = (&catch_up, self.catch_up) {
+                    // A joining or restarted replica would answer with missing or old rows:
+                    // it serves once caught up, or after `limit` at most.
+                    let since = embstore_common::now_ms();
+                    let mut q = quit_rx.clone();
+                    let caught_up = tokio::time::timeout(limit, async {
+                        while !view.caught_up_since(since) {
+                            tokio::select! {
+                                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                                _ = q.wait_for(|q| *q) => break,
+                            }
+                        }
+                    })
+                    .await;
+                    if caught_up.is_err() {
+                        let pending: usize = view.status().iter().map(|s| s.parts_pending).sum();
+                        eprintln!(
+                            "embstore serve: not caught up after {:.0} s ({pending} parts \
+                             pending): serving what it holds",
+                            limit.as_secs_f64()
+                        );
+                    }
+                }
                 let member = member.map(|m| tokio::spawn(m.run(quit(quit_rx.clone()))));
                 let served =
                     embstore_server::serve(server, listener, self.options.clone(), quit(quit_rx))

@@ -267,13 +267,18 @@ impl StatusView {
             .collect()
     }
 
+    /// Whether every table is caught up by a round that ended after `since_ms`.
+    pub fn caught_up_since(&self, since_ms: u64) -> bool {
+        self.status().iter().all(|s| s.caught_up && s.last_round_ms > since_ms)
+    }
+
     /// Waits until every table is caught up (a round that left nothing pending after the
     /// source's writes before this call), or `timeout`; whether they all are.
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
         let since = now_ms();
         let deadline = Instant::now() + timeout;
         loop {
-            let all = self.status().iter().all(|s| s.caught_up && s.last_round_ms > since);
+            let all = self.caught_up_since(since);
             if all || Instant::now() >= deadline {
                 return all;
             }

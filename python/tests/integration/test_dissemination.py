@@ -466,3 +466,26 @@ def _converges_to(client, t: embstore.Table, ids: np.ndarray) -> None:
     while not np.array_equal(client.lookup("item", ids), want):
         assert time.monotonic() < deadline, "the follower did not converge"
         time.sleep(0.1)
+
+
+def test_a_joining_replica_serves_once_caught_up() -> None:
+    """`embstore serve --follow` starts answering lookups only once it holds the source's
+    rows: the very first lookup, made as soon as it says where it listens, sees them all (a
+    replica that served while joining would answer with zeros)."""
+    p = embstore.Store(replica_id=1)
+    t = p.create_table("item", embedding_dim=16)
+    n = 400_000
+    rng = np.random.default_rng(11)
+    t.assign(np.arange(n), rng.standard_normal((n, 16)).astype(np.float32))
+    port = p.serve_sync("127.0.0.1:0")
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    f = _Proc(
+        [*serve, "--follow", port.address], r" on (127\.0\.0\.1:\d+):.*serving once caught up"
+    )
+    try:
+        ids = rng.integers(0, n, 20_000)
+        got = embstore.connect(f.match.group(1), deadline_s=60.0).lookup("item", ids)
+        assert np.array_equal(got, t.lookup(ids, on_miss="zeros"))
+    finally:
+        f.kill()
+        port.stop()
