@@ -185,13 +185,14 @@ pub(crate) struct SyncCounters {
 
 /// How often D_prop adapts, and its bounds.
 pub(crate) const ADAPT_EVERY_MS: u64 = 5_000;
-const D_PROP_MIN_MS: u64 = 1_000;
+const D_PROP_MIN_MS: u64 = 250;
 const D_PROP_MAX_MS: u64 = 120_000;
 
 /// The D_prop controller's window: pulls that hit and missed the cache, how far behind the
 /// furthest requester was, and whether a cache passed its cap. D_prop = max(2 × behind,
-/// hit term), where the hit term grows by half while hits stay under 99.5 % and shrinks by
-/// 30 % when caches overflow their cap, all within 1–120 s.
+/// hit term), where the hit term grows by half while hits stay under 99.5 %, shrinks by 30 %
+/// when caches overflow their cap and by 20 % when hits reach 99.5 % (so the cache holds no
+/// more than the requesters need), all within 0.25–120 s.
 #[derive(Default)]
 pub(crate) struct Adapt {
     pub(crate) window_start_ms: AtomicU64,
@@ -258,6 +259,8 @@ impl SyncShared {
             hit_term = hit_term * 7 / 10;
         } else if hits + misses > 0 && (hits as f64) < 0.995 * (hits + misses) as f64 {
             hit_term = hit_term * 3 / 2;
+        } else if hits + misses > 0 {
+            hit_term = hit_term * 4 / 5;
         }
         hit_term = hit_term.clamp(D_PROP_MIN_MS, D_PROP_MAX_MS);
         a.hit_term_ms.store(hit_term, Ordering::Relaxed);

@@ -49,7 +49,7 @@ pub struct SyncOptions {
     pub d_prop_ms: u64,
     /// Whether D_prop follows what pulls see (every 5 s: at least twice how far behind the
     /// furthest requester was, raised while hits stay under 99.5 %, lowered while caches
-    /// overflow their cap; 1–120 s).
+    /// overflow their cap or hits reach 99.5 %; 0.25–120 s).
     pub adaptive: bool,
     /// The most rows a part's update cache keeps, as a share of its rows (at least 64).
     pub cache_max_frac: f64,
@@ -500,23 +500,26 @@ mod tests {
         t.enable_sync(&SyncOptions { parts: 8, ..SyncOptions::default() }).unwrap();
         let s = t.sync.get().unwrap();
         assert_eq!(s.d_prop_ms(), 10_000);
-        // All hits, requesters 1 s behind: the hit term (10 s) stays.
-        assert_eq!(window(s, 100, 0, 1_000), 10_000);
-        // Requesters 30 s behind: twice that.
+        // All hits, requesters 1 s behind: the hit term shrinks by a fifth (10 -> 8 s).
+        assert_eq!(window(s, 100, 0, 1_000), 8_000);
+        // Requesters 30 s behind: twice that (the hit term goes on shrinking, to 6.4 s).
         assert_eq!(window(s, 100, 0, 30_000), 60_000);
         // Misses over 0.5 %: the hit term grows by half, each window, up to 120 s.
-        assert_eq!(window(s, 90, 10, 0), 15_000);
-        assert_eq!(window(s, 90, 10, 0), 22_500);
+        assert_eq!(window(s, 90, 10, 0), 9_600);
+        assert_eq!(window(s, 90, 10, 0), 14_400);
         for _ in 0..20 {
             window(s, 0, 10, 0);
         }
         assert_eq!(s.d_prop_ms(), 120_000);
-        // Caches over their cap: it shrinks by 30 % a window, down to 1 s.
+        // Caches over their cap: it shrinks by 30 % a window, down to 0.25 s.
         for _ in 0..40 {
             s.adapt.over_cap.fetch_add(1, Ordering::Relaxed);
             window(s, 1, 0, 0);
         }
-        assert_eq!(s.d_prop_ms(), 1_000);
+        assert_eq!(s.d_prop_ms(), 250);
+        // With every pull a hit, it stays at the floor; followers 2 s behind raise it to 4 s.
+        assert_eq!(window(s, 100, 0, 0), 250);
+        assert_eq!(window(s, 100, 0, 2_000), 4_000);
         // Fixed when not adaptive.
         let f = Table::new(TableConfig::new("f", 2)).unwrap();
         let fixed =
