@@ -230,8 +230,9 @@ impl SyncShared {
         self.changed.notify_all();
     }
 
-    /// Notes a pull answered from the cache (`hit`) or by a scan, from a requester `behind_ms`
-    /// behind this part's newest write (`None`: it knew nothing of it); every
+    /// Notes a pull answered from the cache (`hit`: `behind_ms` is how far back the cache had
+    /// to reach, to the oldest write the requester lacked) or by a scan (`behind_ms`: how far
+    /// the requester's newest known write is behind the part's; `None`: it knew nothing); every
     /// [`ADAPT_EVERY_MS`] the propagation horizon D_prop is set from what was seen.
     pub(crate) fn note_pull(&self, hit: bool, behind_ms: Option<u64>) {
         let a = &self.adapt;

@@ -84,11 +84,17 @@ impl Table {
             if !hit && !scan {
                 return Ok(None);
             }
-            sync.note_pull(hit, behind);
             let keys: Vec<u64> = if hit {
                 r.from_cache = true;
-                p.cache.select(vv_r)
+                let keys = p.cache.select(vv_r);
+                // What the cache had to hold for this requester: back to the oldest write it
+                // lacked (a part written rarely is not "behind" for it).
+                let oldest = keys.iter().filter_map(|&k| p.cache.get(k)).map(|v| v.ms()).min();
+                let now = crate::version::now_ms();
+                sync.note_pull(true, Some(oldest.map_or(0, |ms| now.saturating_sub(ms))));
+                keys
             } else {
+                sync.note_pull(false, behind);
                 let mine = |&(k, _): &(u64, u64)| sy.sub(k) == sub;
                 let mut keys: Vec<u64> = shard.index.iter().filter(mine).map(|(k, _)| k).collect();
                 keys.extend(shard.cold_entries().filter(mine).map(|(k, _)| k));
