@@ -2,6 +2,8 @@
 //! primary's rows and then follows its writes; a wrong token, garbage, a truncated frame and a
 //! reply with a version a day ahead are typed errors that change nothing, and the follower
 //! keeps serving and recovers.
+mod common;
+use common::rows;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -30,19 +32,6 @@ fn primary() -> (Arc<Store>, Arc<Table>, SyncServer) {
 
 fn follow_options() -> FollowOptions {
     FollowOptions { token: "s3cret".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
-}
-
-fn rows(t: &Table) -> Vec<(u64, Vec<f32>, RowMeta)> {
-    let mut out: Vec<_> = t
-        .export(1 << 20)
-        .flat_map(|c| {
-            (0..c.len())
-                .map(|i| (c.ids[i], c.values[i * D..][..D].to_vec(), c.meta[i]))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    out.sort_by_key(|r| r.0);
-    out
 }
 
 #[test]

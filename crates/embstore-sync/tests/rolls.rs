@@ -3,6 +3,8 @@
 //! what is newer than the checkpoint; when a roll loads a newer base, the follower switches to
 //! it (the old version stays as it was, a fixed snapshot); when that version is unloaded (a
 //! failed roll), it goes back to the newest version still held.
+mod common;
+use common::rows;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,23 +12,10 @@ use embstore_server::{Server, SyncLoads};
 use embstore_sync::{FollowOptions, Follower, ServeOptions, Source, SyncServer};
 use embstore_table::disk::vfs::RealFs;
 use embstore_table::sync::SyncOptions;
-use embstore_table::{Optimizer, RowMeta, Store, Table, TableConfig};
+use embstore_table::{Optimizer, Store, TableConfig};
 
 const D: usize = 8;
 const PARTS: u32 = 64;
-
-fn rows(t: &Table) -> Vec<(u64, Vec<f32>, RowMeta)> {
-    let mut out: Vec<_> = t
-        .export(1 << 20)
-        .flat_map(|c| {
-            (0..c.len())
-                .map(|i| (c.ids[i], c.values[i * D..][..D].to_vec(), c.meta[i]))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    out.sort_by_key(|r| r.0);
-    out
-}
 
 fn syncing_server(replica: u32) -> Arc<Server> {
     let s = Server::new("replica", 1 << 16);

@@ -29,8 +29,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks
 from dissemination.wan import (
     Wan,
     WanConfig,
-    WanUnavailable,
-    check_available,
     ek_namespaces,
     server_addr,
 )
@@ -41,17 +39,6 @@ ONE_WAY_MS = 25
 SYNC_PORT = 7400
 KEYS = 50_000
 RATE = 300  # rows written a second
-
-
-@pytest.fixture(scope="module")
-def python_with_nfq() -> str:
-    try:
-        check_available(sys.executable)
-    except WanUnavailable as e:
-        pytest.skip(f"emulated WAN unavailable: {e}")
-    if ek_namespaces():
-        pytest.skip(f"ek-* namespaces exist already (another run?): {ek_namespaces()}")
-    return sys.executable
 
 
 def _config() -> WanConfig:
@@ -181,6 +168,18 @@ class _Run:
             time.sleep(1)
         raise AssertionError(f"DC {dc} does not hold the primary's rows: {diff} rows differ")
 
+    def finish(self) -> tuple[int, int, dict[int, dict]]:
+        """Stops the writes, then checks that DC 2 and DC 3 hold exactly the primary's rows and
+        that no lookup failed or read a malformed row. Returns (writes, keys written, the
+        followers' last reports by DC)."""
+        writes, keys = self.stop_writer()
+        for dc in (2, 3):
+            self.assert_same_rows(dc)
+        final = {dc: self.fresh(dc, time.time()) for dc in (2, 3)}
+        for dc in (2, 3):
+            assert final[dc]["lookup_errors"] == 0 and final[dc]["bad_rows"] == 0, final[dc]
+        return writes, keys, final
+
     def heal_all(self) -> None:
         for dc in list(self.cut):
             try:
@@ -241,12 +240,7 @@ def test_a_dc_partitioned_for_60s_serves_throughout_then_catches_up_without_a_lo
                 catch_up = rep["t"] - healed_at
                 pulled = rep["status"]["rows_applied"] - end[2]["status"]["rows_applied"]
                 time.sleep(2)
-                writes, keys = run.stop_writer()
-                for dc in (2, 3):
-                    run.assert_same_rows(dc)
-                final = {dc: run.fresh(dc, time.time()) for dc in (2, 3)}
-                for dc in (2, 3):
-                    assert final[dc]["lookup_errors"] == 0 and final[dc]["bad_rows"] == 0
+                writes, keys, _ = run.finish()
                 print(
                     f"\n60 s partition of DC 2: it reported itself disconnected {seen_down:.1f} s "
                     f"after the cut ({end[2]['status']['last_error']}), served {lookups:,} "
@@ -308,12 +302,7 @@ def test_an_empty_replica_joins_under_load_and_a_short_partition_moves_only_chan
                 join_wan = wan2[(1, 3)] - wan1[(1, 3)]
                 assert s3["rows_applied"] >= KEYS and s3["errors"] == 0, s3
                 assert rep3["lookups_joining"] > 0, rep3  # it served while it joined
-                writes, keys = run.stop_writer()
-                for dc in (2, 3):
-                    run.assert_same_rows(dc)
-                final = {dc: run.fresh(dc, time.time()) for dc in (2, 3)}
-                for dc in (2, 3):
-                    assert final[dc]["lookup_errors"] == 0 and final[dc]["bad_rows"] == 0
+                writes, keys, final = run.finish()
                 print(
                     f"\n10 s partition of DC 2 (its status said (connected, caught_up) = "
                     f"{sorted(said)} during the cut): caught up {catch_up:.2f} s after the heal, "

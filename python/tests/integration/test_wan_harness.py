@@ -18,8 +18,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks
 from dissemination.wan import (
     Wan,
     WanConfig,
-    WanUnavailable,
-    check_available,
     ek_namespaces,
     netns_connect,
 )
@@ -27,17 +25,6 @@ from dissemination.wan import (
 pytestmark = pytest.mark.slow
 ONE_WAY_MS = 25
 PORT = 7311
-
-
-@pytest.fixture(scope="module")
-def python_with_nfq() -> str:
-    try:
-        check_available(sys.executable)
-    except WanUnavailable as e:
-        pytest.skip(f"emulated WAN unavailable: {e}")
-    if ek_namespaces():
-        pytest.skip(f"ek-* namespaces exist already (another run?): {ek_namespaces()}")
-    return sys.executable
 
 
 def test_rtt_and_wan_bytes_then_teardown(python_with_nfq):
