@@ -8,7 +8,6 @@ Needs the data: ``make data`` fetches it into ``.data/ml-100k``; ``EMBSTORE_DATA
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 from types import ModuleType
 
@@ -34,18 +33,6 @@ def ctr(repo_root: pathlib.Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def data_dir() -> pathlib.Path:
-    """``$EMBSTORE_DATA/ml-100k``; fails the test when the data is not there."""
-    root = os.environ.get("EMBSTORE_DATA")
-    if not root:
-        pytest.fail("EMBSTORE_DATA is not set: run `make data`, then EMBSTORE_DATA=$PWD/.data")
-    path = pathlib.Path(root) / "ml-100k"
-    if not (path / "ml-100k.inter").is_file():
-        pytest.fail(f"MovieLens-100k not found in {path}: run `make data`")
-    return path
 
 
 def test_beats_popularity_and_stores_the_training_ids(

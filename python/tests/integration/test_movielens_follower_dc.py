@@ -22,7 +22,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-from dissemination.wan import WanUnavailable, check_available, ek_namespaces
+from dissemination.wan import ek_namespaces
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEMO = ROOT / "examples" / "movielens_ctr.py"
@@ -58,27 +58,6 @@ def _leftovers() -> list[str]:
         if "embstore-demo-dc-" in cmd or "dc_lookup_client.py" in cmd:
             out.append(f"{proc.name}: {cmd}")
     return out
-
-
-@pytest.fixture
-def wan_free() -> None:
-    try:
-        check_available(sys.executable)
-    except WanUnavailable as e:
-        pytest.skip(f"emulated WAN unavailable: {e}")
-    if ek_namespaces():
-        pytest.skip(f"ek-* namespaces exist already (another run?): {ek_namespaces()}")
-
-
-@pytest.fixture
-def data_dir() -> pathlib.Path:
-    root = os.environ.get("EMBSTORE_DATA")
-    if not root:
-        pytest.fail("EMBSTORE_DATA is not set: run `make data`, then EMBSTORE_DATA=$PWD/.data")
-    path = pathlib.Path(root) / "ml-100k"
-    if not (path / "ml-100k.inter").is_file():
-        pytest.fail(f"MovieLens-100k not found in {path}: run `make data`")
-    return path
 
 
 def _skip_if_another_run_took_the_wan(returncode: int | None, err: str) -> None:
