@@ -216,6 +216,12 @@ fn start_sync(py: Python<'_>, store: Option<&Arc<Store>>, a: SyncArgs) -> PyResu
             tls: a.client_tls.clone(),
             skip_by_sv: a.skip_by_sv,
             with_state: a.with_state,
+            // The flags of the sync port this store may also serve (a DC's leader).
+            sync: embstore_table::sync::SyncOptions {
+                use_cache: a.use_cache,
+                tombstone_horizon_ms: a.tombstone_horizon_ms,
+                ..Default::default()
+            },
             ..embstore_sync::FollowOptions::default()
         };
         // A follower of a fixed source creates its tables first (with the source's layout),

@@ -74,7 +74,7 @@ pub trait Target: Send + Sync {
     fn replica(&self) -> u32;
     /// Readies the tables the source serves (a store creates those it lacks, with the
     /// source's config, and turns sync on with the source's part counts).
-    fn prepare(&self, source: &str, infos: &[wire::TableInfo]) -> Result<()>;
+    fn prepare(&self, source: &str, infos: &[wire::TableInfo], sync: &SyncOptions) -> Result<()>;
     /// The table rows of `name` go into now; `None`: none yet (the follower waits).
     fn table(&self, name: &str) -> Option<Arc<Table>>;
 }
@@ -84,7 +84,7 @@ impl Target for Store {
         Store::replica(self)
     }
 
-    fn prepare(&self, source: &str, infos: &[wire::TableInfo]) -> Result<()> {
+    fn prepare(&self, source: &str, infos: &[wire::TableInfo], sync: &SyncOptions) -> Result<()> {
         let mut tables = Vec::new();
         for info in infos {
             let config = TableConfig::from_text(&info.config)?;
@@ -102,7 +102,7 @@ impl Target for Store {
         let sync = self.sync_options().unwrap_or(SyncOptions {
             parts,
             knowledge_from_rows: false,
-            ..SyncOptions::default()
+            ..sync.clone()
         });
         self.enable_sync(&sync)?;
         for (t, p) in &tables {
@@ -121,7 +121,7 @@ impl Target for Server {
         self.sync_replica().unwrap_or(0)
     }
 
-    fn prepare(&self, _source: &str, _infos: &[wire::TableInfo]) -> Result<()> {
+    fn prepare(&self, _source: &str, _infos: &[wire::TableInfo], _: &SyncOptions) -> Result<()> {
         if self.sync_replica().is_none() {
             return Err(Error::invalid(
                 "a server follows into the versions it loads with sync on: call set_sync_loads",
@@ -186,6 +186,9 @@ pub struct FollowOptions {
     /// TLS to the source ([`crate::ClientTls::config`]) and the name its certificate must
     /// carry (default: the host of its address); `None`: plaintext.
     pub tls: Option<(Arc<ClientConfig>, Option<String>)>,
+    /// The sync options a store that does not sync yet starts with (the part count is the
+    /// source's, and its knowledge never comes from its rows).
+    pub sync: SyncOptions,
 }
 
 impl Default for FollowOptions {
@@ -201,6 +204,7 @@ impl Default for FollowOptions {
             tls: None,
             flush_every: Some(Duration::from_secs(10)),
             skip_by_sv: true,
+            sync: SyncOptions::default(),
         }
     }
 }
@@ -352,7 +356,7 @@ impl Follower {
                  {replica}: every replica needs its own"
             )));
         }
-        target.prepare(&first, &infos)?;
+        target.prepare(&first, &infos, &options.sync)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (mut status, mut threads) = (Vec::new(), Vec::new());
         for info in infos {

@@ -328,10 +328,7 @@ fn list(
     for &(part, _) in &changes.parts {
         let key = (l.table.clone(), part);
         let Some(vv) = known.get(&key) else { continue };
-        let Some(reply) = t.sync_pull_cached(part, vv, with_state)? else { continue };
-        if reply.len() > budget {
-            continue;
-        }
+        let Some(reply) = t.sync_pull_cached(part, vv, with_state, budget)? else { continue };
         budget -= reply.len();
         send_reply(c, &t, reply, with_state, known, key, vv.clone())?;
         c.counters.parts_inline.fetch_add(1, Ordering::Relaxed);

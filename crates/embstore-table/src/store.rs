@@ -233,19 +233,15 @@ impl Store {
         self.flush_saving_knowledge(durable, &self.all_tables())
     }
 
-    /// Flushes `tables`; for a follower's tables, saves what they knew when it started (see
-    /// `sync::saved`) once it is durable.
+    /// Flushes `tables`; for tables that sync, saves what they knew when it started (see
+    /// `sync::saved`) once it is durable: a follower's knowledge, and every store's floors.
     fn flush_saving_knowledge(
         &self,
         durable: &Durable,
         tables: &[Arc<Table>],
     ) -> Result<FlushStats> {
-        let following = self.sync.lock().as_ref().is_some_and(|o| !o.knowledge_from_rows);
-        let known: Vec<_> = tables
-            .iter()
-            .filter(|_| following)
-            .filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?)))
-            .collect();
+        let known: Vec<_> =
+            tables.iter().filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?))).collect();
         let stats = durable.flush(tables)?;
         for (name, vvs) in known {
             crate::sync::saved::save(durable.dir(), name, &vvs)?;
@@ -345,16 +341,14 @@ impl Store {
         self.sync.lock().clone()
     }
 
-    /// What a follower's `table` knew at its last flush, when it was saved beside the rows.
+    /// What `table` knew at its last flush, when it was saved beside the rows (a store whose
+    /// knowledge comes from its rows takes only the floors).
     fn saved_knowledge(
         &self,
         table: &Table,
         options: &crate::sync::SyncOptions,
     ) -> Option<crate::sync::saved::Knowledge> {
         let dir = self.durable.as_ref()?.dir();
-        if options.knowledge_from_rows {
-            return None;
-        }
         let parts = options.parts.max(table.shards.len() as u32);
         crate::sync::saved::load(dir, table.name(), Some(parts))
     }

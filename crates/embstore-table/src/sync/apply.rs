@@ -95,10 +95,17 @@ impl Table {
             written += 1;
         }
         let covered = |v: Version| v.timestamp <= reply.vv.get(v.replica);
+        if let Some(c) = &reply.complete {
+            // Every piece raises the floor (floors only ever force complete parts, so early is
+            // safe): between pieces, a peer pulling from here is behind what was dropped.
+            shard.sync.as_mut().expect("syncing").floors[sub].merge(&c.floor);
+        }
         for &key in &missing {
             let sy = shard.sync.as_mut().expect("syncing");
-            if sy.tombs.get(&key).is_some_and(|&v| covered(v)) {
+            if let Some(&v) = sy.tombs.get(&key).filter(|&&v| covered(v)) {
+                // Dropped as the responder collected it: below this part's floor from now on.
                 sy.tombs.remove(&key);
+                sy.floors[sub].raise(v.replica, v.timestamp);
             }
             if shard.slot(key).is_some_and(|slot| covered(shard.meta[slot].unpack().version)) {
                 shard.remove_row(key);
@@ -107,9 +114,6 @@ impl Table {
         }
         let me = self.clock.replica();
         let sy = shard.sync.as_mut().expect("syncing");
-        if let (Some(c), false) = (&reply.complete, reply.partial) {
-            sy.floors[sub].merge(&c.floor);
-        }
         if reply.partial {
             // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
             sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);

@@ -279,9 +279,15 @@ impl Table {
         // Each part knows the rows it holds: per origin, the newest version among them.
         let given =
             known.filter(|k| k.vvs.len() == parts as usize && k.floors.len() == k.vvs.len());
-        let from_rows = options.knowledge_from_rows && given.is_none();
+        // A store whose rows are its own writes knows what its rows say; it keeps the saved
+        // floors (removals it can no longer ship) all the same.
+        let from_rows = options.knowledge_from_rows;
         let empty = || vec![Vv::new(); parts as usize];
-        let (mut vvs, floors) = given.map_or_else(|| (empty(), empty()), |k| (k.vvs, k.floors));
+        let (mut vvs, floors) = match given {
+            Some(k) if from_rows => (empty(), k.floors),
+            Some(k) => (k.vvs, k.floors),
+            None => (empty(), empty()),
+        };
         if from_rows {
             let mut export = self.export(4096);
             for chunk in export.by_ref() {

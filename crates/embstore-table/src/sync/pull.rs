@@ -14,26 +14,29 @@ impl Table {
     /// on disk included, read without promoting them). `with_state` adds optimizer state (for
     /// peers that may take over training).
     pub fn sync_pull(&self, part: u32, vv_r: &Vv, with_state: bool) -> Result<PartReply> {
-        Ok(self.pull_part(part, vv_r, with_state, true)?.expect("a scan always answers"))
+        Ok(self.pull_part(part, vv_r, with_state, None)?.expect("a scan always answers"))
     }
 
-    /// [`Table::sync_pull`] when the update cache can answer it (no scan, not a complete
-    /// part); `None` otherwise. For answering a change list with the rows of small changes.
+    /// [`Table::sync_pull`] when the update cache can answer it with at most `max_rows` rows
+    /// (no scan, not a complete part); `None` otherwise, and nothing counted. For answering a
+    /// change list with the rows of small changes.
     pub fn sync_pull_cached(
         &self,
         part: u32,
         vv_r: &Vv,
         with_state: bool,
+        max_rows: usize,
     ) -> Result<Option<PartReply>> {
-        self.pull_part(part, vv_r, with_state, false)
+        self.pull_part(part, vv_r, with_state, Some(max_rows))
     }
 
+    /// A part's reply; with `cached_only` (a row limit), only from the update cache.
     fn pull_part(
         &self,
         part: u32,
         vv_r: &Vv,
         with_state: bool,
-        scan: bool,
+        cached_only: Option<usize>,
     ) -> Result<Option<PartReply>> {
         self.check_live()?;
         let (s, sub) = self.check_part(part)?;
@@ -81,12 +84,15 @@ impl Table {
             let behind =
                 (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
             let hit = sync.use_cache && r.complete.is_none() && p.cache.hits(vv_r);
-            if !hit && !scan {
+            if !hit && cached_only.is_some() {
                 return Ok(None);
             }
             let keys: Vec<u64> = if hit {
                 r.from_cache = true;
                 let keys = p.cache.select(vv_r);
+                if cached_only.is_some_and(|max| keys.len() > max) {
+                    return Ok(None);
+                }
                 // What the cache had to hold for this requester: back to the oldest write it
                 // lacked (a part written rarely is not "behind" for it).
                 let oldest = keys.iter().filter_map(|&k| p.cache.get(k)).map(|v| v.ms()).min();

@@ -37,7 +37,9 @@ fn path(store_dir: &Path, table: &str) -> PathBuf {
 
 impl Table {
     /// Every part's VV and floor now (each read under its shard's lock), for a table that
-    /// syncs.
+    /// syncs. Tombstones are not saved: a restart loses them, so each one held now raises its
+    /// part's saved floor (after a restart it counts as collected, and a peer behind it gets
+    /// the part complete).
     pub(crate) fn sync_knowledge_snapshot(&self) -> Option<Knowledge> {
         self.sync.get()?;
         let mut out = Knowledge::default();
@@ -45,7 +47,11 @@ impl Table {
             let g = shard.read();
             let sy = g.sync.as_ref().expect("syncing");
             out.vvs.extend(sy.parts.iter().map(|p| p.vv.clone()));
-            out.floors.extend(sy.floors.iter().cloned());
+            let mut floors = sy.floors.clone();
+            for (&k, v) in &sy.tombs {
+                floors[sy.sub(k)].raise(v.replica, v.timestamp);
+            }
+            out.floors.extend(floors);
         }
         Some(out)
     }
