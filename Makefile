@@ -144,7 +144,7 @@ test-fast: develop ## pytest without the etcd, data, benchmark and slow tests (n
 	$(VENV)/bin/pytest -q -m "not etcd and not data and not benchmark and not slow" python/tests \
 		--doctest-modules python/embstore
 
-bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json")
+bench-index: toolchain ## NeighborHash vs hashbrown vs random access (ARGS="--size 134217728 --json"); vs the authors' C++: ARGS="--reference ../shared/peers/neighborhash"
 	$(CARGO) run --release -p embstore-bench -- index $(ARGS)
 
 bench-table: setup ## Table lookup/apply_gradients vs numpy and torch (ARGS="--rows 10000000")

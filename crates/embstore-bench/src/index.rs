@@ -22,10 +22,19 @@
 //!   addresses prefetched 32 keys ahead into L2 (`_MM_HINT_T1`, which measured faster for this
 //!   loop than prefetching into L1: 71 vs 63 MOPS at 64M slots, so the bound is the stronger one).
 //!
+//! - with `--reference DIR` (the authors' C++ NeighborHash headers, e.g.
+//!   `../shared/peers/neighborhash`): `reference_scalar` (`find`), `reference_batch`
+//!   (`amac_find<32>`) and `reference_batch_out` (`amac_find_with_index<32>` writing every answer,
+//!   found or MISSING, into an output array, as `get_batch` does), timed by our harness
+//!   `reference/nh_ref.cc` in a child process on the same keys and queries, alternately with ours
+//!   (ours first in even repetitions, the reference first in odd ones); paired ratios
+//!   ours / reference per repetition are reported. See `crate::nhref`.
+//!
 //! Equal work is checked: the checksum (sum of found payloads + number of misses) of every hash
-//! table must agree in every repetition, or the run fails.
+//! table, the reference's included, must agree in every repetition, or the run fails.
 
 use std::hash::BuildHasherDefault;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
@@ -36,6 +45,7 @@ use rand::SeedableRng;
 use rand_distr::Distribution;
 
 use crate::huge::{anon_huge_kb, PageAlloc, PageArray};
+use crate::nhref::{RefProc, Reference};
 
 #[derive(Args, Debug)]
 pub struct IndexArgs {
@@ -75,6 +85,11 @@ pub struct IndexArgs {
     /// Seed for keys and queries.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also time the authors' reference NeighborHash (C++ headers in DIR, compiled with `$CXX`
+    /// or g++), e.g. `../shared/peers/neighborhash`; skipped with a message if DIR or the
+    /// compiler is missing.
+    #[arg(long, value_name = "DIR")]
+    reference: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -305,29 +320,59 @@ struct Row {
     apcl: Option<f64>,
 }
 
-/// Runs every structure `reps` times, interleaved, and checks equal work.
+/// Records one repetition's result of a structure; its checksum must not change.
+fn record(row: &mut Row, rep: usize, mops: f64, sum: u64) -> Result<(), String> {
+    row.mops.push(mops);
+    if rep > 0 && sum != row.checksum {
+        return Err(format!("{}: checksum changed between repetitions", row.structure));
+    }
+    row.checksum = sum;
+    Ok(())
+}
+
+/// Runs every structure `reps` times, interleaved, and checks equal work. With a reference
+/// harness, it runs one repetition alternately after ours (even `rep`) and before (odd).
 fn measure(
     runs: &[(&'static str, Runner<'_>)],
     q: &[u64],
     reps: usize,
+    mut reference: Option<&mut RefProc>,
 ) -> Result<Vec<Row>, String> {
     let mut rows: Vec<Row> = runs
         .iter()
-        .map(|(name, _)| Row { structure: name, mops: vec![], checksum: 0, apcl: None })
+        .map(|(name, _)| *name)
+        .chain(reference.is_some().then_some(crate::nhref::NAMES).into_iter().flatten())
+        .map(|name| Row { structure: name, mops: vec![], checksum: 0, apcl: None })
         .collect();
+    if let Some(r) = reference.as_deref_mut() {
+        r.set_queries(q)?;
+    }
     for rep in 0..reps {
-        for j in 0..runs.len() {
-            let i = (j + rep) % runs.len(); // rotate the order each repetition
-            let t = Instant::now();
-            let sum = std::hint::black_box(runs[i].1(std::hint::black_box(q)));
-            let secs = t.elapsed().as_secs_f64();
-            rows[i].mops.push(q.len() as f64 / secs / 1e6);
-            if rep > 0 && sum != rows[i].checksum {
-                return Err(format!("{}: checksum changed between repetitions", rows[i].structure));
+        for step in 0..2 {
+            if (step == 0) == (rep % 2 == 1) {
+                if let Some(r) = reference.as_deref_mut() {
+                    let res = r.rep()?;
+                    for (k, (mops, sum)) in res.into_iter().enumerate() {
+                        record(&mut rows[runs.len() + k], rep, mops, sum)?;
+                    }
+                }
+                continue;
             }
-            rows[i].checksum = sum;
+            for j in 0..runs.len() {
+                let i = (j + rep) % runs.len(); // rotate the order each repetition
+                let t = Instant::now();
+                let sum = std::hint::black_box(runs[i].1(std::hint::black_box(q)));
+                let secs = t.elapsed().as_secs_f64();
+                record(&mut rows[i], rep, q.len() as f64 / secs / 1e6, sum)?;
+            }
         }
     }
+    check_checksums(&rows)?;
+    Ok(rows)
+}
+
+/// Every hash table (all but the random-access bounds) must report the same checksum.
+fn check_checksums(rows: &[Row]) -> Result<(), String> {
     let tables: Vec<&Row> = rows.iter().filter(|r| !r.structure.starts_with("random")).collect();
     if let Some(bad) = tables.iter().find(|r| r.checksum != tables[0].checksum) {
         return Err(format!(
@@ -335,7 +380,25 @@ fn measure(
             bad.structure, bad.checksum, tables[0].structure, tables[0].checksum
         ));
     }
-    Ok(rows)
+    Ok(())
+}
+
+/// The pairs reported as ours / reference.
+const PAIRS: [(&str, &str); 3] = [
+    ("embstore_scalar", "reference_scalar"),
+    ("embstore_batch", "reference_batch"),
+    ("embstore_batch", "reference_batch_out"),
+];
+
+/// Per-repetition ratios `ours / theirs` (both ran in the same repetition), if both are there.
+fn paired(rows: &[Row], ours: &str, theirs: &str) -> Option<Vec<f64>> {
+    let a = rows.iter().find(|r| r.structure == ours)?;
+    let b = rows.iter().find(|r| r.structure == theirs)?;
+    Some(a.mops.iter().zip(&b.mops).map(|(x, y)| x / y).collect())
+}
+
+fn min_max(xs: &[f64]) -> (f64, f64) {
+    (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(0.0, f64::max))
 }
 
 fn human_size(slots: usize) -> String {
@@ -356,8 +419,15 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         DistArg::Zipf => &[Dist::Zipf],
         DistArg::Both => &[Dist::Uniform, Dist::Zipf],
     };
+    let reference = match &args.reference {
+        Some(dir) => Reference::prepare(dir)?,
+        None => None,
+    };
     if !args.json {
         println!("{}", crate::machine_line());
+        if let Some(r) = &reference {
+            println!("reference: the authors' NeighborHash, harness built with {}", r.compiler);
+        }
         println!(
             "load factor {:.2}, {:.0}% present keys, {nq} queries x {reps} reps (median), batch {batch}, \
              AVX2 hashing: {}, AMAC ring: {}",
@@ -378,10 +448,22 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         let huge_kb = anon_huge_kb().unwrap_or(0).saturating_sub(huge_before);
         let stats = t.index.stats();
         let runs = runners(&t, batch);
+        let mut refproc = match &reference {
+            Some(r) => {
+                let t0 = Instant::now();
+                let p = r.start(&t.keys, slots, batch)?;
+                progress(format_args!(
+                    "  built the reference table: {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                ));
+                Some(p)
+            }
+            None => None,
+        };
         for &dist in dists {
             progress(format_args!("  querying {} keys...", dist.name()));
             let q = queries(&t, dist, nq, &args);
-            let mut rows = measure(&runs, &q, reps)?;
+            let mut rows = measure(&runs, &q, reps, refproc.as_mut())?;
             for r in rows.iter_mut().filter(|r| r.structure.starts_with("embstore")) {
                 r.apcl = stats.apcl;
             }
@@ -423,6 +505,23 @@ fn report(
             });
             println!("{line}");
         }
+        for (ours, theirs) in PAIRS {
+            if let Some(r) = paired(rows, ours, theirs) {
+                let (lo, hi) = min_max(&r);
+                let line = serde_json::json!({
+                    "bench": "index_reference_ratio",
+                    "ours": ours,
+                    "reference": theirs,
+                    "size": t.slots,
+                    "distribution": dist.name(),
+                    "median": median(&r),
+                    "min": lo,
+                    "max": hi,
+                    "ratios": r,
+                });
+                println!("{line}");
+            }
+        }
         return;
     }
     println!();
@@ -457,6 +556,19 @@ fn report(
             ratio(brown),
             ratio(rapf)
         );
+    }
+    for (ours, theirs) in PAIRS {
+        if let Some(r) = paired(rows, ours, theirs) {
+            let (lo, hi) = min_max(&r);
+            println!(
+                "  paired {:<38} {:>6.3}x {:>6.3}..{:<6.3} (median, min..max of {} reps)",
+                format!("{ours} / {theirs}"),
+                median(&r),
+                lo,
+                hi,
+                r.len()
+            );
+        }
     }
     // The goals are stated for 16M slots and more.
     let goal_size = t.slots >= 1 << 24;
@@ -503,7 +615,7 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
     }
     let runs: Vec<(&'static str, Runner<'_>)> =
         vec![width!(4), width!(8), width!(16), width!(24), width!(32), width!(48), width!(64)];
-    let rows = measure(&runs, &q, reps)?;
+    let rows = measure(&runs, &q, reps, None)?;
     let shift = 64 - t.slots.trailing_zeros();
     let hashers: Vec<(&'static str, Runner<'_>)> = vec![
         (
@@ -524,7 +636,7 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
         ),
     ];
     let hq = &q[..q.len().min(1 << 20)];
-    let hrows = measure(&hashers, hq, reps * 5)?;
+    let hrows = measure(&hashers, hq, reps * 5, None)?;
     for r in rows.iter().chain(&hrows) {
         if args.json {
             let line = serde_json::json!({
@@ -538,4 +650,86 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: IndexArgs,
+    }
+
+    fn row(structure: &'static str, checksum: u64) -> Row {
+        Row { structure, mops: vec![1.0], checksum, apcl: None }
+    }
+
+    #[test]
+    fn checksum_mismatch_is_rejected() {
+        let ok = [row("embstore_batch", 7), row("random_access", 3), row("reference_batch", 7)];
+        assert!(check_checksums(&ok).is_ok());
+        let bad = [row("embstore_batch", 7), row("reference_batch_out", 8)];
+        let e = check_checksums(&bad).unwrap_err();
+        assert!(e.contains("reference_batch_out"), "{e}");
+    }
+
+    #[test]
+    fn paired_ratios_are_per_repetition() {
+        let mut a = row("embstore_batch", 0);
+        a.mops = vec![2.0, 3.0];
+        let mut b = row("reference_batch", 0);
+        b.mops = vec![4.0, 2.0];
+        assert_eq!(paired(&[a, b], "embstore_batch", "reference_batch"), Some(vec![0.5, 1.5]));
+    }
+
+    /// A tiny run beside the reference: its three variants agree with ours on every checksum.
+    #[test]
+    fn reference_agrees_on_a_tiny_run() {
+        let peer = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/peers/neighborhash");
+        let cli = Cli::try_parse_from([
+            "index",
+            "--size",
+            "4096",
+            "--queries",
+            "20000",
+            "--reps",
+            "2",
+            "--batch",
+            "1000",
+            "--reference",
+            peer.to_str().unwrap(),
+        ])
+        .unwrap();
+        let Some(reference) = Reference::prepare(&peer).unwrap() else {
+            eprintln!("skipped: no reference headers at {} or no C++ compiler", peer.display());
+            return;
+        };
+        let t = build(4096, &cli.args, false).unwrap();
+        let runs = runners(&t, cli.args.batch);
+        let mut p = reference.start(&t.keys, 4096, cli.args.batch).unwrap();
+        for dist in [Dist::Uniform, Dist::Zipf] {
+            let q = queries(&t, dist, 20_000, &cli.args);
+            let rows = measure(&runs, &q, 2, Some(&mut p)).unwrap();
+            let sum = rows[0].checksum;
+            for name in crate::nhref::NAMES {
+                let r = rows.iter().find(|r| r.structure == name).expect(name);
+                assert_eq!(r.mops.len(), 2);
+                assert_eq!(r.checksum, sum, "{name}");
+            }
+            // A different query stream must give the harness a different answer: the checksum
+            // is a real comparison, not a constant.
+            let mut other = q.clone();
+            other[0] = t.keys[100];
+            other[1] = t.keys[200];
+            p.set_queries(&other).unwrap();
+            let theirs = p.rep().unwrap();
+            let ours = runs[0].1(&other);
+            assert!(theirs.iter().all(|&(_, s)| s == ours));
+            assert_ne!(ours, sum);
+        }
+    }
 }

@@ -17,6 +17,7 @@ mod cache;
 mod cold;
 mod huge;
 mod index;
+mod nhref;
 mod serving;
 
 #[derive(Parser, Debug)]
