@@ -303,3 +303,30 @@ fn a_stale_reply_does_not_bring_back_a_row_whose_removal_was_collected() {
     assert!(!rows(&b).contains_key(&5));
     assert_eq!(rows(&b), rows(&a));
 }
+
+#[test]
+fn removals_a_restart_forgets_reach_peers_behind_them_as_whole_parts() {
+    // A primary in a directory removes a row while a follower is away, then restarts: its
+    // tombstone is gone, so the saved floor must stand for it.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options();
+    let ids: Vec<u64> = (0..500).collect();
+    let (_b, b) = syncing(2);
+    {
+        let store = Store::open_with(dir.path(), 1, Arc::new(RealFs)).unwrap();
+        store.enable_sync(&opts).unwrap();
+        let a = store.create_table(config()).unwrap();
+        a.assign(&ids, &vec![1.0; ids.len() * D]).unwrap();
+        pull_all(&a, &b, 1 << 20);
+        assert_eq!(rows(&b), rows(&a));
+        a.remove(&[7, 8, 9]).unwrap();
+        store.close().unwrap();
+    }
+    let store = Store::open_with(dir.path(), 1, Arc::new(RealFs)).unwrap();
+    store.enable_sync(&opts).unwrap();
+    let a = store.table("t").unwrap();
+    assert_eq!(a.sync_stats().unwrap().tombstones, 0, "a restart forgets tombstones");
+    assert!(pull_all(&a, &b, 1 << 20) > 0, "parts with forgotten removals come whole");
+    assert_eq!(rows(&b), rows(&a));
+    assert!(!rows(&b).contains_key(&8));
+}
