@@ -54,7 +54,8 @@ pub struct SyncOptions {
     /// The most rows a part's update cache keeps, as a share of its rows (at least 64).
     pub cache_max_frac: f64,
     /// Whether the rows a table holds when sync starts count as known (each part's VV is the
-    /// newest version per origin among them): right for a store whose rows are its own
+    /// newest version per origin among them) when nothing was saved at a last flush (saved
+    /// knowledge is exact, and always taken): right for a store whose rows are its own
     /// writes. A follower whose rows came from an earlier run's flushes cannot prove which of
     /// its source's writes a flush caught (a flush copies a shard in chunks): it starts from
     /// what it saved at its last flush (`sync/<table>.vv`, see `Store::flush`), or knowing
@@ -279,15 +280,13 @@ impl Table {
         // Each part knows the rows it holds: per origin, the newest version among them.
         let given =
             known.filter(|k| k.vvs.len() == parts as usize && k.floors.len() == k.vvs.len());
-        // A store whose rows are its own writes knows what its rows say; it keeps the saved
-        // floors (removals it can no longer ship) all the same.
-        let from_rows = options.knowledge_from_rows;
+        // What was saved at the last flush is exact (read before the flush copied a row), so
+        // it is taken whenever it is there; rows alone are trusted only by a store whose rows
+        // are its own writes and which saved nothing (a follower promoted to primary holds
+        // rows of other origins that a chunked flush may have caught only in part).
+        let from_rows = options.knowledge_from_rows && given.is_none();
         let empty = || vec![Vv::new(); parts as usize];
-        let (mut vvs, floors) = match given {
-            Some(k) if from_rows => (empty(), k.floors),
-            Some(k) => (k.vvs, k.floors),
-            None => (empty(), empty()),
-        };
+        let (mut vvs, floors) = given.map_or_else(|| (empty(), empty()), |k| (k.vvs, k.floors));
         if from_rows {
             let mut export = self.export(4096);
             for chunk in export.by_ref() {
