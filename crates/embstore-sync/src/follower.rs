@@ -631,20 +631,20 @@ fn follow_table(
     let mut current: Option<Arc<Table>> = None;
     let name = info.name.as_str();
     while !stop.load(Ordering::Relaxed) {
-        let addr = source.pick(name);
-        let t = target.table(name);
-        let (Some(addr), Some(t)) = (addr, t) else {
-            let mut s = status.lock();
-            s.s.last_error = Some(match current {
-                None if source.pick(name).is_some() => {
-                    "no version of this table that syncs is held here yet".into()
-                }
-                _ => "no sync source is registered for this table".into(),
-            });
-            s.s.caught_up = false;
-            drop(s);
-            std::thread::sleep(Duration::from_millis(options.retry_ms));
-            continue;
+        let (addr, t) = match (source.pick(name), target.table(name)) {
+            (Some(addr), Some(t)) => (addr, t),
+            (addr, _) => {
+                let mut s = status.lock();
+                s.s.last_error = Some(if addr.is_some() {
+                    "no version of this table that syncs is held here".into()
+                } else {
+                    "no sync source is registered for this table".into()
+                });
+                s.s.caught_up = false;
+                drop(s);
+                std::thread::sleep(Duration::from_millis(options.retry_ms));
+                continue;
+            }
         };
         if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &t)) {
             // A new version to write into (a roll loaded it): its knowledge is its own, so
