@@ -35,9 +35,11 @@ from embstore.config import (
     Uniform,
     Zeros,
 )
+from embstore.distributed import init_distributed, latest_checkpoint, training_state
 from embstore.errors import (
     CapacityError,
     CorruptionError,
+    DistributedError,
     DTypeError,
     EmbstoreError,
     InvalidArgumentError,
@@ -59,6 +61,7 @@ from embstore.errors import (
 from embstore.index import NeighborHash
 from embstore.prefetch import prefetch
 from embstore.serving import RemoteClient, connect
+from embstore.session import DistributedTable, Session, SessionBatch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
 from embstore.sync import SyncPort
 
@@ -73,6 +76,8 @@ __all__ = [
     "Constant",
     "CorruptionError",
     "DTypeError",
+    "DistributedError",
+    "DistributedTable",
     "EmbstoreError",
     "ExportChunk",
     "InferenceCache",
@@ -87,6 +92,8 @@ __all__ = [
     "PermissionDeniedError",
     "RemoteClient",
     "RowWiseAdagrad",
+    "Session",
+    "SessionBatch",
     "ShapeError",
     "StorageError",
     "Store",
@@ -104,8 +111,11 @@ __all__ = [
     "__version__",
     "connect",
     "errors",
+    "init_distributed",
     "inspect",
+    "latest_checkpoint",
     "prefetch",
     "simd_available",
+    "training_state",
     "verify",
 ]

@@ -23,6 +23,7 @@ NotFoundError             FileNotFoundError     a path the call names does not e
 UnsupportedFormatError    StorageError          a file was written by a newer format version
 CapacityError             MemoryError           memory for rows or an index cannot be had
 NotCopyableError          TypeError             pickling or copying an object that holds a table
+DistributedError          RuntimeError          another process of the job failed, or died
 ========================  ====================  ==================================================
 """
 
@@ -117,10 +118,17 @@ class NotCopyableError(EmbstoreError, TypeError):
     or the table (``Table.save``) instead."""
 
 
+class DistributedError(EmbstoreError, RuntimeError):
+    """A call of a distributed store failed on another process of the job (its rank and error
+    are named; that process raised its own error), or a peer did not answer within the timeout
+    (it probably died)."""
+
+
 __all__ = [
     "CapacityError",
     "CorruptionError",
     "DTypeError",
+    "DistributedError",
     "EmbstoreError",
     "InvalidArgumentError",
     "KeyNotFoundError",

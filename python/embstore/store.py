@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
+from embstore import distributed as _dist
 from embstore import sync as _sync
 from embstore.config import Initializer, Optimizer, TableSpec, to_native_spec
 from embstore.errors import InvalidArgumentError, StoreClosedError
+from embstore.session import DistributedTable, Session
 from embstore.sync import SyncPort
 from embstore.table import ExportChunk, Table
 
@@ -94,7 +96,23 @@ class Store:
         memory_budget_bytes: int | None = None,
         background_eviction: bool = False,
         eviction: str = "lru_lfu",
+        distributed: bool = False,
     ) -> None:
+        if not isinstance(distributed, bool):
+            raise InvalidArgumentError(f"distributed must be a bool, got {distributed!r}")
+        self._comm = _dist.Comm.single()
+        if distributed:
+            if path is None:
+                raise InvalidArgumentError(
+                    "distributed=True needs a path: each process keeps its partition in "
+                    "<path>/rank-<r> (a directory every process can reach, or the same path "
+                    "on every machine)"
+                )
+            if not isinstance(path, str | os.PathLike):
+                raise InvalidArgumentError(f"path must be a directory, got {path!r}")
+            self._comm = _dist.Comm.from_env()
+            path = _dist.open_part(self._comm, pathlib.Path(path))
+        self._distributed = distributed
         if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
             raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
         if not 0 <= replica_id <= _native.MAX_REPLICA:
@@ -142,6 +160,8 @@ class Store:
         store = cls.__new__(cls)
         store._store = inner
         store._follower = None
+        store._comm = _dist.Comm.single()
+        store._distributed = False
         return store
 
     def serve_sync(
@@ -330,7 +350,20 @@ class Store:
         ``compacted_segments`` — stale files whose live rows the flush's compaction step moved
         out and deleted). A no-op in memory. On a full
         disk it raises :class:`NoSpaceError` and loses nothing: the rows stay in memory and
-        the next flush writes them."""
+        the next flush writes them. In a distributed store, collective: every process
+        flushes its partition."""
+        if self._distributed:
+            error: BaseException | None = None
+            result: dict[str, int] = {}
+            try:
+                result = self._flush()
+            except BaseException as e:  # agreed below
+                error = e
+            self._comm.agree("flush", error)
+            return result
+        return self._flush()
+
+    def _flush(self) -> dict[str, int]:
         return self._inner.flush()
 
     def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
@@ -346,14 +379,42 @@ class Store:
         self,
         path: str | os.PathLike[str],
         since: Checkpoint | str | os.PathLike[str] | None = None,
+        *,
+        step: int | None = None,
+        state: Any = None,
     ) -> Checkpoint:
         """Flush, then write a self-contained snapshot of every table (rows, optimizer state,
         metadata, steps, configs) into ``path``, a new or empty directory. Segments are
         immutable, so they are hard-linked (copied across file systems): a checkpoint costs
         little. With ``since`` (an earlier checkpoint of this store) only what was written
-        after it is linked; restoring then needs the chain."""
+        after it is linked; restoring then needs the chain.
+
+        In a distributed store this is collective, at a batch boundary: every process writes
+        its partition into ``path/rank-<r>``, process 0 also ``state`` (anything picklable:
+        the epoch, the dense model's ``state_dict()``; read back with
+        :func:`embstore.training_state`), and the manifest last, which makes the checkpoint
+        complete (:func:`embstore.latest_checkpoint` finds the newest complete one by
+        ``step``)."""
+        if self._distributed:
+            if since is not None:
+                raise InvalidArgumentError(
+                    "incremental checkpoints (since=) of a distributed store are not available"
+                )
+            return _dist.checkpoint(self, self._comm, pathlib.Path(path), step, state)
+        if step is not None or state is not None:
+            raise InvalidArgumentError("step= and state= are for distributed stores")
+        return self._local_checkpoint(path, since)
+
+    def _local_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        since: Checkpoint | str | os.PathLike[str] | None = None,
+    ) -> Checkpoint:
         since_path = None if since is None else os.fspath(since)
         return Checkpoint(**self._inner.checkpoint(os.fspath(path), since_path))
+
+    def _specs_for_manifest(self) -> dict[str, Any]:
+        return {name: self._inner.table(name).config() for name in self._inner.tables()}
 
     @classmethod
     def restore(
@@ -363,11 +424,18 @@ class Store:
         *,
         num_shards: int | None = None,
         progress: bool | Callable[[int, int], None] = False,
+        distributed: bool = False,
+        memory_budget_bytes: int | None = None,
     ) -> Store:
         """Create a store in ``path`` (a new or empty directory) from ``checkpoint`` and the
         checkpoints it builds on, each table on ``num_shards`` shards (default: as saved), and
-        open it. ``progress=True`` prints segments read to stderr; a callable gets
-        ``(done, total)``."""
+        open it (with ``memory_budget_bytes``, if given). ``progress=True`` prints segments
+        read to stderr; a callable gets ``(done, total)``.
+
+        ``distributed=True`` (collective, every process of the job): restore a distributed
+        checkpoint. With the process count that wrote it each process restores its own
+        partition; with another count each process takes the rows it owns from every
+        partition (slower: every process reads every partition)."""
         if num_shards is not None and (
             isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer)
         ):
@@ -376,13 +444,31 @@ class Store:
             raise InvalidArgumentError(
                 f"num_shards must be a power of two in 1..=1024, got {num_shards}"
             )
-        inner = _native.Store.restore(
-            os.fspath(checkpoint),
-            os.fspath(path),
-            None if num_shards is None else int(num_shards),
-            _progress(progress, "restore"),
-        )
-        return cls._wrap(inner)
+
+        def restore_one(src: Any, dst: Any) -> Store:
+            inner = _native.Store.restore(
+                os.fspath(src),
+                os.fspath(dst),
+                None if num_shards is None else int(num_shards),
+                _progress(progress, "restore"),
+            )
+            return cls._wrap(inner)
+
+        if distributed:
+            comm = _dist.Comm.from_env()
+            _dist.restore_part(
+                comm,
+                pathlib.Path(checkpoint),
+                pathlib.Path(path),
+                restore_one,
+                lambda dst: cls(dst),
+            )
+            return cls(path, memory_budget_bytes=memory_budget_bytes, distributed=True)
+        store = restore_one(checkpoint, path)
+        if memory_budget_bytes is None:
+            return store
+        store.close()
+        return cls(path, memory_budget_bytes=memory_budget_bytes)
 
     def create_table(
         self,
@@ -452,11 +538,97 @@ class Store:
                 on_non_finite=on_non_finite,
                 huge_pages=huge_pages,
             )
-        return Table(self._inner.create_table(to_native_spec(spec)))
+        native = to_native_spec(spec)
+        if not self._distributed:
+            return Table(self._inner.create_table(native))
+        error: BaseException | None = None
+        specs = self._comm.all_gather(native, f"create_table({spec.name!r})")
+        differ = [r for r, other in enumerate(specs) if other != native]
+        if differ:
+            fields = sorted(k for k in native if specs[differ[0]].get(k) != native.get(k))
+            error = InvalidArgumentError(
+                f"table {spec.name!r} is configured differently on process {differ[0]} than "
+                f"on process {self._comm.rank} ({', '.join(fields)}): every process of a "
+                "distributed store must create its tables alike"
+            )
+        else:
+            try:
+                self._inner.create_table(native)
+            except BaseException as e:  # agreed below
+                error = e
+        self._comm.agree(f"create_table({spec.name!r})", error)
+        return self.table(spec.name)
 
     def table(self, name: str) -> Table:
-        """The table called ``name``; :class:`TableNotFoundError` if there is none."""
+        """The table called ``name``; :class:`TableNotFoundError` if there is none. In a
+        distributed store, a :class:`~embstore.DistributedTable` (its lookups and gradients
+        reach every process's partition)."""
+        if self._distributed:
+            return DistributedTable(self._inner.table(str(name)), self)
         return Table(self._inner.table(str(name)))
+
+    def _local_table(self, name: str | Table) -> Table:
+        """This process's partition of a table (the whole table outside a distributed job)."""
+        return Table(self._inner.table(name.name if isinstance(name, Table) else str(name)))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in a distributed store (0 otherwise)."""
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        """Processes sharing a distributed store (1 otherwise)."""
+        return self._comm.world
+
+    def session(
+        self,
+        tables: list[str | Table] | tuple[str | Table, ...],
+        *,
+        prefetch: int = 2,
+        grad_average: bool = True,
+        on_miss: str = "init",
+        device: Any = None,
+    ) -> Session:
+        """A training session over ``tables``: the 4-stage pipeline of the hierarchical
+        parameter server (read and partition; prepare: rows brought into memory and pinned at
+        their owners; train; write-back to the owners).
+
+        Args:
+            tables: the names (or tables) a batch reads.
+            prefetch: batches read and prepared ahead of training, by a background thread
+                (0: every stage in your loop's thread, in order). Results are the same, to
+                the bit, for every value: rows are read after the batch before is applied.
+            grad_average: divide the gradients by the process count before they are summed
+                at the owners: the average over processes, as DDP does for the dense model,
+                so a loss that is a mean over each process's batch trains as one process
+                over the global batch. ``False`` sums them.
+            on_miss: what a lookup of a new id does (``"init"``: create its row, training).
+            device: a torch device for the batches' rows (``"cuda"``): the working set is
+                copied there at the gather and the gradients back at the write-back.
+
+        Example::
+
+            >>> import embstore, numpy as np, tempfile, torch
+            >>> store = embstore.Store(tempfile.mkdtemp(), memory_budget_bytes=1 << 20)
+            >>> _ = store.create_table("item", embedding_dim=4, optimizer=embstore.SGD(lr=0.1))
+            >>> sess = store.session(["item"], prefetch=2)
+            >>> batches = [np.array([1, 2, 2]), np.array([2, 3, 4])]
+            >>> for b in sess.run(batches, ids=lambda b: {"item": b}):
+            ...     loss = b.embeddings("item").sum()
+            ...     loss.backward()
+            ...     b.push_grads()
+            >>> sess.stats()["batches"]
+            2
+        """
+        return Session(
+            self,
+            tables,
+            prefetch=prefetch,
+            grad_average=grad_average,
+            on_miss=on_miss,
+            device=device,
+        )
 
     def __getitem__(self, name: str) -> Table:
         return self.table(name)

@@ -1,0 +1,514 @@
+"""A store spread over the processes of a training job (``Store(path, distributed=True)``).
+
+Each process of a job launched by ``torchrun`` (or any launcher that sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``) opens its own partition of every table:
+the rows whose id hashes to its rank, in its own directory ``<path>/rank-<r>`` with its own
+memory budget, disk tier and checkpoints (the hierarchical parameter server's layout,
+hierarchical-gpu-ps §3, §5). A batch's rows owned by other processes are pulled from their
+owners, and gradients go to the owners, which sum the gradients of every process and apply the
+table's optimizer once per id: optimizer state lives in one place.
+
+The exchanges are ``torch.distributed`` collectives (``all_to_all`` over gloo, on process groups
+of their own, so they never interleave with the model's DDP all-reduce); every one of them
+carries each process's error flag, so a bad batch on one process (wrong dtype, NaN gradients, a
+corrupt file) raises on every process, naming the process and its error, instead of leaving the
+others waiting. A process that dies is noticed within the timeout (``EMBSTORE_DIST_TIMEOUT_S``,
+default 300 s), as a :class:`~embstore.DistributedError`.
+
+Checkpoints are a consistent cut: every process writes its partition at the same batch boundary
+and process 0 writes the manifest that makes the checkpoint complete, last. A checkpoint restores
+onto the process count that wrote it (each process restores its own partition) or onto another
+one (each process takes the rows it owns from every partition).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import pathlib
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from embstore.errors import (
+    DistributedError,
+    EmbstoreError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedFormatError,
+)
+
+__all__ = ["Comm", "init_distributed", "latest_checkpoint", "owner_of", "training_state"]
+
+#: The file that makes a directory a distributed store (or a complete checkpoint of one).
+MANIFEST = "embstore-distributed.json"
+#: Process 0's pickled ``state`` argument of a checkpoint (epoch, step, the dense model...).
+STATE_FILE = "training-state.pkl"
+_FORMAT = 1
+DEFAULT_TIMEOUT_S = 300.0
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def owner_of(ids: np.ndarray, world: int) -> np.ndarray:
+    """The process (``0..world-1``) that owns each id (``uint64[B]``): SplitMix64's finaliser
+    spreads structured ids (sequential, strided, all even), then the top 32 bits are scaled onto
+    ``world`` (no modulo bias). Fixed forever: checkpoints depend on it."""
+    if world == 1:
+        return np.zeros(len(ids), np.int64)
+    with np.errstate(over="ignore"):
+        z = ids + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        z ^= z >> np.uint64(31)
+        return (((z >> np.uint64(32)) * np.uint64(world)) >> np.uint64(32)).astype(np.int64)
+
+
+def part_dir(path: pathlib.Path, rank: int) -> pathlib.Path:
+    return path / f"rank-{rank:05d}"
+
+
+def timeout_s() -> float:
+    raw = os.environ.get("EMBSTORE_DIST_TIMEOUT_S")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"EMBSTORE_DIST_TIMEOUT_S must be seconds, got {raw!r}"
+        ) from None
+    if not value > 0:
+        raise InvalidArgumentError(f"EMBSTORE_DIST_TIMEOUT_S must be > 0, got {raw!r}")
+    return value
+
+
+def init_distributed(backend: str = "gloo") -> None:
+    """``torch.distributed.init_process_group(backend)`` from the launcher's environment,
+    safe across ``torchrun`` restarts: the rendezvous keys are kept apart per restart
+    (``TORCHELASTIC_RESTART_COUNT``), so a restarted job never reads the address of a process
+    of the attempt before (which ``init_process_group`` alone can, under ``--max-restarts``:
+    "Gloo connectFullMesh failed ... Connection refused"). A no-op when already initialised.
+    ``Store(distributed=True)`` calls it (gloo) when nothing else did."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
+    if missing:
+        raise InvalidArgumentError(
+            "a distributed store needs a launcher's environment (torchrun sets RANK, "
+            f"WORLD_SIZE, MASTER_ADDR, MASTER_PORT); {', '.join(missing)} not set. Run under "
+            "torchrun, call torch.distributed.init_process_group() first, or leave "
+            "distributed off for one process"
+        )
+    timeout = _dt.timedelta(seconds=timeout_s())
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"embstore/attempt-{attempt}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+class Comm:
+    """This process's place in the job (``rank`` of ``world``) and the process groups embstore
+    exchanges rows on: ``main`` for the training thread, ``prep`` for the pipeline's prepare
+    stage (two threads may run collectives at once, each on its own group).
+
+    Made from the environment ``torchrun`` sets; initialises ``torch.distributed`` (gloo) when
+    the caller has not (a caller that wants NCCL for its DDP calls ``init_process_group`` first:
+    embstore's groups are gloo either way, its rows are in host memory).
+    """
+
+    def __init__(self, rank: int, world: int, groups: tuple[Any, Any] | None) -> None:
+        self.rank, self.world = rank, world
+        self.main, self.prep = groups if groups is not None else (None, None)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    @classmethod
+    def from_env(cls) -> Comm:
+        import torch.distributed as dist
+
+        timeout = _dt.timedelta(seconds=timeout_s())
+        if not dist.is_available():
+            raise InvalidArgumentError("distributed=True needs torch.distributed (not built)")
+        init_distributed()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world == 1:
+            return cls(0, 1, None)
+        groups = (
+            dist.new_group(backend="gloo", timeout=timeout),
+            dist.new_group(backend="gloo", timeout=timeout),
+        )
+        return cls(rank, world, groups)
+
+    @classmethod
+    def single(cls) -> Comm:
+        return cls(0, 1, None)
+
+    # -- agreement ------------------------------------------------------------------------
+
+    def agree(self, what: str, error: BaseException | None, group: Any = None) -> None:
+        """Every process says whether ``what`` failed on it; if any did, every process raises:
+        the failed ones their own error, the others a :class:`DistributedError` naming the
+        first failed process and its error."""
+        if self.world == 1:
+            if error is not None:
+                raise error
+            return
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+        self._collective(what, lambda: dist.all_reduce(flag, group=group or self.main))
+        if flag.item():
+            self.fail(what, error, group)
+
+    def fail(self, what: str, error: BaseException | None, group: Any = None) -> None:
+        """Some process failed ``what`` (every process knows it): share the messages, raise."""
+        import torch.distributed as dist
+
+        note = None if error is None else f"{type(error).__name__}: {error}"
+        notes: list[Any] = [None] * self.world
+        self._collective(
+            what, lambda: dist.all_gather_object(notes, note, group=group or self.main)
+        )
+        if error is not None:
+            raise error
+        first = next(r for r, n in enumerate(notes) if n is not None)
+        others = sum(n is not None for n in notes) - 1
+        also = f" (and {others} other process{'es' if others > 1 else ''})" if others else ""
+        raise DistributedError(f"{what} failed on process {first}{also}: {notes[first]}")
+
+    def _collective(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except EmbstoreError:
+            raise
+        except RuntimeError as e:  # gloo: a peer closed its connection, or the timeout passed
+            raise DistributedError(
+                f"{what}: process {self.rank} of {self.world} lost its peers ({e}); another "
+                "process has probably died (its own output says why)"
+            ) from e
+
+    # -- exchanges ------------------------------------------------------------------------
+
+    def exchange_counts(
+        self, counts: np.ndarray, error: BaseException | None, what: str, group: Any
+    ) -> np.ndarray:
+        """``counts``: ``int64[world, k]``, row ``j`` for process ``j``; returns what every
+        process sent this one (``int64[world, k]``, row ``i`` from process ``i``). Carries the
+        error flags: raises on every process if one failed."""
+        import torch
+        import torch.distributed as dist
+
+        k = counts.shape[1]
+        send = np.zeros((self.world, k + 1), np.int64)
+        send[:, :k] = counts
+        send[:, k] = 0 if error is None else 1
+        recv = np.empty_like(send)
+        self._collective(
+            what,
+            lambda: dist.all_to_all_single(
+                torch.from_numpy(recv), torch.from_numpy(send), group=group
+            ),
+        )
+        if recv[:, k].any():
+            self.fail(what, error, group)
+        return recv[:, :k]
+
+    def exchange(
+        self,
+        send: np.ndarray,
+        send_splits: Sequence[int],
+        recv_splits: Sequence[int],
+        what: str,
+        group: Any,
+    ) -> np.ndarray:
+        """``all_to_all`` of a 1-D buffer (``int64`` or ``float32``) cut into per-process
+        pieces."""
+        import torch
+        import torch.distributed as dist
+
+        recv = np.empty(int(sum(recv_splits)), send.dtype)
+        self._collective(
+            what,
+            lambda: dist.all_to_all_single(
+                torch.from_numpy(recv),
+                torch.from_numpy(send),
+                [int(x) for x in recv_splits],
+                [int(x) for x in send_splits],
+                group=group,
+            ),
+        )
+        self.bytes_sent += send.nbytes - int(send_splits[self.rank]) * send.itemsize
+        self.bytes_received += recv.nbytes - int(recv_splits[self.rank]) * recv.itemsize
+        return recv
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        self._collective(what, lambda: dist.all_gather_object(out, obj, group=self.main))
+        return out
+
+    def barrier(self, what: str) -> None:
+        self.agree(what, None)
+
+
+# -- the store's directory and checkpoints ------------------------------------------------------
+
+
+def read_manifest(path: pathlib.Path) -> dict[str, Any] | None:
+    file = path / MANIFEST
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UnsupportedFormatError(f"{file} is not a distributed store's manifest: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("world_size"), int):
+        raise UnsupportedFormatError(f"{file} is not a distributed store's manifest")
+    if manifest.get("format", 0) > _FORMAT:
+        raise UnsupportedFormatError(
+            f"{file} was written by a newer embstore (format {manifest['format']})"
+        )
+    return manifest
+
+
+def write_manifest(path: pathlib.Path, manifest: dict[str, Any]) -> None:
+    """Atomically: a temporary file, fsync, rename, fsync of the directory."""
+    tmp = path / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"format": _FORMAT, **manifest}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path / MANIFEST)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_part(comm: Comm, path: pathlib.Path) -> pathlib.Path:
+    """Check (or create) the manifest of a distributed store at ``path`` for this job's process
+    count, on every process alike; return this process's partition directory."""
+    error: BaseException | None = None
+    try:
+        if comm.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            manifest = read_manifest(path)
+            if manifest is None:
+                if any(p.name.startswith("rank-") for p in path.iterdir()) or any(
+                    (path / n).exists() for n in ("MANIFEST", "tables")
+                ):
+                    raise InvalidArgumentError(
+                        f"{path} holds a store that is not a distributed one (or lost its "
+                        f"{MANIFEST}); give a new directory"
+                    )
+                write_manifest(path, {"world_size": comm.world})
+    except BaseException as e:  # shared with every process below
+        error = e
+    comm.agree(f"opening the distributed store {path}", error)
+    try:
+        manifest = read_manifest(path)
+        if manifest is None:
+            raise NotFoundError(f"{path / MANIFEST} is missing (not a shared directory?)")
+        if manifest["world_size"] != comm.world:
+            raise InvalidArgumentError(
+                f"the distributed store at {path} was written by {manifest['world_size']} "
+                f"processes and this job has {comm.world}: each process owns a hash partition "
+                "of the rows, so a store opens only with the process count that wrote it. "
+                "Checkpoint it and Store.restore(checkpoint, new_path, distributed=True) "
+                "with the new count"
+            )
+    except BaseException as e:
+        error = e
+    comm.agree(f"opening the distributed store {path}", error)
+    return part_dir(path, comm.rank)
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> pathlib.Path | None:
+    """The newest *complete* checkpoint of a distributed store under ``directory`` (the one
+    with the highest ``step`` in its manifest, then the newest), or ``None``. A checkpoint whose
+    writing was interrupted has no manifest and is skipped (and kept)."""
+    root = pathlib.Path(directory)
+    if not root.is_dir():
+        return None
+    best: tuple[int, float, pathlib.Path] | None = None
+    for child in root.iterdir():
+        try:
+            manifest = read_manifest(child) if child.is_dir() else None
+        except UnsupportedFormatError:
+            continue
+        if manifest is None or "checkpoint" not in manifest:
+            continue
+        key = (int(manifest["checkpoint"].get("step", -1)), (child / MANIFEST).stat().st_mtime)
+        if best is None or key > best[:2]:
+            best = (*key, child)
+    return None if best is None else best[2]
+
+
+def training_state(checkpoint: str | os.PathLike[str]) -> Any:
+    """The ``state`` a distributed checkpoint was written with (``None`` if none)."""
+    path = pathlib.Path(checkpoint)
+    manifest = read_manifest(path)
+    if manifest is None or "checkpoint" not in manifest:
+        raise NotFoundError(f"{path} is not a complete distributed checkpoint (no {MANIFEST})")
+    if not manifest["checkpoint"].get("has_state"):
+        return None
+    with open(path / STATE_FILE, "rb") as f:
+        return pickle.load(f)  # a file this job wrote
+
+
+def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, state: Any) -> Any:
+    """Every process writes its partition into ``path/rank-<r>``, process 0 its ``state``,
+    then process 0 writes the manifest (complete only once every partition is)."""
+    from embstore.store import Checkpoint
+
+    error: BaseException | None = None
+    result: Any = None
+    try:
+        if comm.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            if any(path.iterdir()):
+                raise InvalidArgumentError(f"checkpoint directory {path} is not empty")
+    except BaseException as e:
+        error = e
+    comm.agree(f"checkpoint {path}", error)
+    try:
+        result = store._local_checkpoint(part_dir(path, comm.rank))
+        if comm.rank == 0 and state is not None:
+            with open(path / STATE_FILE, "wb") as f:
+                pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException as e:
+        error = e
+    comm.agree(f"checkpoint {path}", error)
+    parts = comm.all_gather(
+        {k: v for k, v in vars(result).items() if isinstance(v, int | str | float)},
+        f"checkpoint {path}",
+    )
+    try:
+        if comm.rank == 0:
+            write_manifest(
+                path,
+                {
+                    "world_size": comm.world,
+                    "checkpoint": {
+                        "step": -1 if step is None else int(step),
+                        "has_state": state is not None,
+                        "tables": store._specs_for_manifest(),
+                        "parts": parts,
+                    },
+                },
+            )
+    except BaseException as e:
+        error = e
+    comm.agree(f"checkpoint {path}", error)
+    return Checkpoint(
+        path=path,
+        id=0,
+        parent_id=0,
+        tables=int(parts[0].get("tables", 0)),
+        segments=sum(int(p.get("segments", 0)) for p in parts),
+        bytes=sum(int(p.get("bytes", 0)) for p in parts),
+    )
+
+
+def restore_part(
+    comm: Comm,
+    checkpoint: pathlib.Path,
+    path: pathlib.Path,
+    restore_one: Callable[[pathlib.Path, pathlib.Path], Any],
+    create: Callable[[pathlib.Path], Any],
+) -> None:
+    """Make this process's partition of a store at ``path`` from a distributed ``checkpoint``:
+    its own partition when the process count is unchanged, else the rows it owns out of every
+    partition. ``restore_one(src, dst)`` restores a one-process checkpoint into a new store and
+    returns it (opened); ``create(dst)`` opens an empty one."""
+    error: BaseException | None = None
+    manifest: dict[str, Any] | None = None
+    try:
+        manifest = read_manifest(checkpoint)
+        if manifest is None or "checkpoint" not in manifest:
+            raise NotFoundError(
+                f"{checkpoint} is not a complete distributed checkpoint (no {MANIFEST}: its "
+                "writing may have been interrupted)"
+            )
+        if comm.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            if any(path.iterdir()):
+                raise InvalidArgumentError(f"restore target {path} is not empty")
+            write_manifest(path, {"world_size": comm.world})
+    except BaseException as e:
+        error = e
+    comm.agree(f"restoring {checkpoint}", error)
+    assert manifest is not None
+    old_world = manifest["world_size"]
+    target = part_dir(path, comm.rank)
+    try:
+        if old_world == comm.world:
+            restore_one(part_dir(checkpoint, comm.rank), target).close()
+        else:
+            repartition(comm, checkpoint, old_world, target, manifest, restore_one, create)
+    except BaseException as e:
+        error = e
+    comm.agree(f"restoring {checkpoint}", error)
+
+
+def repartition(
+    comm: Comm,
+    checkpoint: pathlib.Path,
+    old_world: int,
+    target: pathlib.Path,
+    manifest: dict[str, Any],
+    restore_one: Callable[[pathlib.Path, pathlib.Path], Any],
+    create: Callable[[pathlib.Path], Any],
+) -> None:
+    from embstore.config import from_native_spec
+
+    store = create(target)
+    try:
+        specs = manifest["checkpoint"]["tables"]
+        tables = {name: store.create_table(from_native_spec(spec)) for name, spec in specs.items()}
+        steps: dict[str, int] = {}
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix=".repartition-", dir=target.parent))
+        try:
+            for p in range(old_world):
+                src = restore_one(part_dir(checkpoint, p), scratch / f"part-{p}")
+                try:
+                    for name, table in tables.items():
+                        old = src.table(name)
+                        steps[name] = max(steps.get(name, 0), old.step)
+                        for chunk in old.export(chunk_rows=1 << 16):
+                            mine = owner_of(chunk.ids.view(np.uint64), comm.world) == comm.rank
+                            if mine.any():
+                                table.import_(
+                                    *(f[mine] for f in chunk[:7]), optimizer=chunk.optimizer
+                                )
+                finally:
+                    src.close()
+                shutil.rmtree(scratch / f"part-{p}")  # a copy of the checkpoint's partition
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for name, table in tables.items():
+            table.step = steps.get(name, 0)
+        store.flush()
+    finally:
+        store.close()

@@ -1,0 +1,829 @@
+"""Training sessions: the hierarchical parameter server's pipeline over a store's tables
+(``store.session(...)``; hierarchical-gpu-ps §3, App. B).
+
+A batch goes through five stages::
+
+    read       the loader's next batch, and its ids per table          (background thread)
+    partition  unique ids, grouped by the process that owns them        (background thread)
+    prepare    ids sent to their owners, which bring the rows into      (background thread)
+               memory from disk and pin them
+    train      the rows gathered (pulled from their owners) into one    (your loop)
+               [U, D] tensor per table; your forward and backward
+    write-back gradients sent to the owners, which sum them over every  (your loop)
+               process and step the optimizer once per id; unpin
+
+While your loop trains on batch t, the background thread reads, partitions and prepares up to
+``prefetch`` batches ahead. Values are read in the train stage, after batch t-1's write-back, so
+the pipeline changes when the work is done and never what is computed: a pipelined session
+trains bit for bit like ``prefetch=0`` (everything in your loop's thread, in order).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from embstore._arrays import as_ids
+from embstore.distributed import Comm, owner_of
+from embstore.errors import (
+    CapacityError,
+    DistributedError,
+    InvalidArgumentError,
+    NonFiniteError,
+)
+from embstore.table import Table
+
+__all__ = ["Session", "SessionBatch"]
+
+STAGES = ("read", "partition", "prepare", "gather", "train", "write_back")
+_END = object()
+
+
+class _Plan:
+    """One batch's ids, as this process asks for them: per table the unique ids sorted by
+    owner (``uniq``), each id's place among them (``inv``) and the ids' shape; ``counts[j, t]``
+    unique ids of table ``t`` owned by process ``j``."""
+
+    __slots__ = ("counts", "data", "error", "inv", "served", "shapes", "uniq")
+
+    def __init__(self, data: Any, world: int, n_tables: int) -> None:
+        self.data = data
+        self.shapes: list[tuple[int, ...]] = []
+        self.uniq: list[np.ndarray] = []
+        self.inv: list[np.ndarray] = []
+        self.counts = np.zeros((world, n_tables), np.int64)
+        self.error: BaseException | None = None
+        self.served: _Served | None = None
+
+
+class _Served:
+    """What this process serves for one batch, as owner: per table the ids every process asked
+    for, source after source (``ids``; ``counts[s, t]`` of them from process ``s``), and the
+    pins taken for them."""
+
+    __slots__ = ("counts", "error", "ids", "pinned", "refused")
+
+    def __init__(self, ids: list[np.ndarray], counts: np.ndarray) -> None:
+        self.ids = ids
+        self.counts = counts
+        self.pinned: list[tuple[Table, np.ndarray]] = []
+        self.refused = False
+        self.error: BaseException | None = None
+
+
+class SessionBatch:
+    """One batch of a :meth:`Session.run`: the loader's batch (``.data``; its attributes also
+        read through: ``batch.labels`` is ``batch.data.labels``, or ``batch.data["labels"]`` for a
+    dict, and ``batch[k]`` is ``batch.data[k]``) and its tables' rows.
+
+        ``embeddings(name)`` gives the rows of the batch's ids of that table (shape: the ids' shape
+        + ``[D]``), ``bags(name, offsets)`` pools them per bag; both are differentiable. After
+        ``loss.backward()``, :meth:`push_grads` sends the gradients to the tables (on every process
+        of a distributed job, or on none).
+    """
+
+    def __init__(self, session: Session, plan: _Plan, leaves: list[Any]) -> None:
+        self._session = session
+        self._plan = plan
+        self._leaves = leaves
+        self._pushed = False
+        self._push_s = 0.0
+        self.data = plan.data
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if isinstance(self.data, Mapping) and name in self.data:
+            return self.data[name]
+        return getattr(self.data, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.data[key]
+
+    def _index(self, name: str) -> int:
+        try:
+            return self._session._index[name]
+        except KeyError:
+            raise InvalidArgumentError(
+                f"table {name!r} is not in this session's tables {list(self._session._index)}"
+            ) from None
+
+    def unique_ids(self, name: str) -> np.ndarray:
+        """The batch's distinct ids of table ``name`` (``uint64``), in the order of the rows of
+        :meth:`rows`."""
+        return self._plan.uniq[self._index(name)]
+
+    def rows(self, name: str) -> Any:
+        """The ``[U, D]`` leaf tensor of the batch's distinct rows of table ``name`` (its
+        ``.grad`` is what :meth:`push_grads` sends)."""
+        return self._leaves[self._index(name)]
+
+    def embeddings(self, name: str) -> Any:
+        """Rows of the batch's ids of table ``name``: a float32 tensor of the ids' shape +
+        ``[D]``, differentiable (its gradient reaches the table at :meth:`push_grads`)."""
+        import torch.nn.functional as F
+
+        t = self._index(name)
+        inv = self._session._torch_inv(self._plan.inv[t])
+        return F.embedding(inv, self._leaves[t]).reshape(
+            *self._plan.shapes[t], self._leaves[t].shape[1]
+        )
+
+    def bags(
+        self,
+        name: str,
+        offsets: Any,
+        mode: str = "mean",
+        per_sample_weights: Any = None,
+    ) -> Any:
+        """The rows of table ``name`` pooled per bag, as ``nn.EmbeddingBag`` does: the batch's
+        ids of that table (1-D) cut into bags at ``offsets`` (``int64[B]``), ``mode`` ``"sum"``,
+        ``"mean"`` or ``"max"``. Returns ``float32[B, D]``."""
+        import torch
+        import torch.nn.functional as F
+
+        t = self._index(name)
+        if len(self._plan.shapes[t]) != 1:
+            raise InvalidArgumentError(
+                f"bags() needs 1-D ids for table {name!r}, got shape {self._plan.shapes[t]}"
+            )
+        inv = self._session._torch_inv(self._plan.inv[t])
+        return F.embedding_bag(
+            inv,
+            self._leaves[t],
+            torch.as_tensor(offsets, dtype=torch.int64),
+            mode=mode,
+            per_sample_weights=per_sample_weights,
+        )
+
+    def push_grads(self, lr: float | None = None) -> None:
+        """Send the gradients of this batch's rows to their tables: each owner sums them over
+        every process and steps its optimizer once per id (``lr`` overrides its learning
+        rate). Rows whose gradient is ``None`` (not used in the loss) get zeros. Call it once
+        per batch, after ``backward()``, on every process of a distributed job."""
+        if self._pushed:
+            raise InvalidArgumentError("push_grads() was called twice for one batch")
+        self._pushed = True
+        self._session._push(self, lr)
+
+
+class Session:
+    """A training session over some of a store's tables; see :meth:`embstore.Store.session`."""
+
+    def __init__(
+        self,
+        store: Any,
+        tables: Iterable[str | Table],
+        *,
+        prefetch: int = 2,
+        grad_average: bool = True,
+        on_miss: str = "init",
+        device: Any = None,
+    ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise InvalidArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        names = [t.name if isinstance(t, Table) else t for t in tables]
+        if not names:
+            raise InvalidArgumentError("a session needs at least one table")
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError(f"a table is named twice in {names}")
+        self._store = store
+        self._comm: Comm = store._comm
+        self._tables = [store._local_table(n) for n in names]
+        self._dims = [t.embedding_dim for t in self._tables]
+        self._index = {n: i for i, n in enumerate(names)}
+        self._prefetch = prefetch
+        self._scale = 1.0 / self._comm.world if grad_average else 1.0
+        self._on_miss = on_miss
+        self._device = device
+        self._reject = [t.config.on_non_finite == "error" for t in self._tables]
+        self._warned = False
+        self._lock = threading.Lock()
+        self._busy = dict.fromkeys(STAGES, 0.0)
+        self._blocked = {"prepare": 0.0, "train": 0.0}
+        self._batches = 0
+        self._rows = {"pulled": 0, "pulled_remote": 0, "served": 0, "pinned": 0}
+        self._running = False
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self._index)
+
+    def stats(self) -> dict[str, Any]:
+        """Seconds each stage was busy (``busy_s``) and waited (``blocked_s``: the prepare
+        stage waiting for room ahead of training, training waiting for a prepared batch),
+        batches, rows (``pulled`` into training, of them ``pulled_remote`` from other
+        processes; ``served`` to training as owner) and bytes exchanged with other processes."""
+        with self._lock:
+            return {
+                "batches": self._batches,
+                "busy_s": dict(self._busy),
+                "blocked_s": dict(self._blocked),
+                "rows": dict(self._rows),
+                "bytes_sent": self._comm.bytes_sent,
+                "bytes_received": self._comm.bytes_received,
+                "processes": self._comm.world,
+            }
+
+    def _add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self._busy[stage] += seconds
+
+    def _torch_inv(self, inv: np.ndarray) -> Any:
+        import torch
+
+        t = torch.from_numpy(inv)
+        return t if self._device is None else t.to(self._device, non_blocking=True)
+
+    # -- the stages -----------------------------------------------------------------------
+
+    def _read(self, it: Iterator[Any], ids: Callable[[Any], Mapping[str, Any]]) -> Any:
+        start = time.perf_counter()
+        try:
+            data = next(it)
+        except StopIteration:
+            self._add("read", time.perf_counter() - start)
+            return _END
+        plan = _Plan(data, self._comm.world, len(self._tables))
+        try:
+            raw = ids(data)
+            if not isinstance(raw, Mapping):
+                raise InvalidArgumentError(
+                    f"ids() must return a mapping of table name to ids, got {type(raw).__name__}"
+                )
+            unknown = [k for k in raw if k not in self._index]
+            missing = [n for n in self._index if n not in raw]
+            if unknown or missing:
+                raise InvalidArgumentError(
+                    f"ids() must map exactly the session's tables {list(self._index)}; "
+                    + (f"unknown {unknown}" if unknown else f"missing {missing}")
+                )
+            flat = [self._flat(raw[n]) for n in self._index]
+        except Exception as e:  # agreed with the other processes first
+            plan.error = e
+            self._add("read", time.perf_counter() - start)
+            return plan
+        self._add("read", time.perf_counter() - start)
+        start = time.perf_counter()
+        try:
+            self._partition(plan, flat)
+        except Exception as e:
+            plan.error = e
+        self._add("partition", time.perf_counter() - start)
+        return plan
+
+    @staticmethod
+    def _flat(raw: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+        from embstore._arrays import torch_tensor
+
+        t = torch_tensor(raw)
+        if t is not None:
+            shape = tuple(t.shape)
+            raw = t.reshape(-1)
+        else:
+            arr = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
+            shape = arr.shape
+            if arr.ndim != 1 and arr.dtype.kind in "iu":
+                raw = arr.reshape(-1)
+        ids, _ = as_ids(raw)
+        return ids, shape
+
+    def _partition(self, plan: _Plan, flat: list[tuple[np.ndarray, tuple[int, ...]]]) -> None:
+        world = self._comm.world
+        for t, (ids, shape) in enumerate(flat):
+            uniq, inv = np.unique(ids, return_inverse=True)
+            inv = inv.reshape(-1).astype(np.int64, copy=False)
+            if world > 1:
+                owner = owner_of(uniq, world)
+                order = np.argsort(owner, kind="stable")
+                uniq = uniq[order]
+                place = np.empty_like(order)
+                place[order] = np.arange(len(order))
+                inv = place[inv]
+                plan.counts[:, t] = np.bincount(owner, minlength=world)
+            else:
+                plan.counts[0, t] = len(uniq)
+            plan.shapes.append(shape)
+            plan.uniq.append(uniq)
+            plan.inv.append(inv)
+
+    def _prepare(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
+        """Send the plan's ids to their owners; as owner, pin and read in what is asked.
+        Returns the plan, or ``_END`` once every process's loader has ended."""
+        start = time.perf_counter()
+        comm = self._comm
+        end = plan is _END
+        error = None if end else plan.error
+        if comm.world == 1:
+            if error is not None:
+                raise error
+            if end:
+                return _END
+            served = _Served(plan.uniq, plan.counts)
+        else:
+            n_tables = len(self._tables)
+            counts = np.zeros((comm.world, n_tables + 1), np.int64)
+            if not end and error is None:
+                counts[:, :n_tables] = plan.counts
+            counts[:, n_tables] = 1 if end else 0
+            what = "preparing a batch"
+            group = group or comm.prep
+            recv = comm.exchange_counts(counts, error, what, group)
+            ended = recv[:, n_tables]
+            if ended.any():
+                if ended.all():
+                    return _END
+                done = [r for r in range(comm.world) if ended[r]]
+                more = [r for r in range(comm.world) if not ended[r]]
+                raise DistributedError(
+                    f"the loaders ended at different batches: process(es) {done} ran out while "
+                    f"{more} had another batch ({self._batches} batches trained). Give every "
+                    "process the same number of batches (DistributedSampler, drop_last=True)"
+                )
+            recv = recv[:, :n_tables]
+            send = (
+                np.concatenate(
+                    [
+                        plan.uniq[t][_span(plan.counts[:, t], j)]
+                        for j in range(comm.world)
+                        for t in range(n_tables)
+                    ]
+                )
+                if plan.counts.sum()
+                else np.empty(0, np.uint64)
+            )
+            got = comm.exchange(
+                send.view(np.int64), plan.counts.sum(1), recv.sum(1), what, group
+            ).view(np.uint64)
+            served = _Served(_by_table(got, recv, [1] * n_tables), recv)
+        plan.served = served
+        for table, ids in zip(self._tables, served.ids, strict=True):
+            if not pin or not table.tiered or not len(ids):
+                continue
+            try:
+                table.pin(ids)
+                served.pinned.append((table, ids))
+            except CapacityError:
+                served.refused = True
+            except Exception as e:  # reported at the gather
+                served.error = e
+                break
+            try:
+                table.prefetch(ids)
+            except Exception as e:
+                served.error = e
+                break
+        with self._lock:
+            self._rows["pinned"] += sum(len(ids) for _, ids in served.pinned)
+        self._add("prepare", time.perf_counter() - start)
+        return plan
+
+    def _gather(self, plan: _Plan) -> list[Any]:
+        """Read the rows the batch's owners serve and build the batch's ``[U, D]`` leaves."""
+        import torch
+
+        start = time.perf_counter()
+        leaves = []
+        for r in self._gather_rows(plan, self._on_miss, self._comm.main):
+            leaf = torch.from_numpy(r)
+            if self._device is not None:
+                leaf = leaf.to(self._device)
+            leaves.append(leaf.requires_grad_(True))
+        self._add("gather", time.perf_counter() - start)
+        return leaves
+
+    def _gather_rows(self, plan: _Plan, on_miss: str, group: Any) -> list[np.ndarray]:
+        """The rows of the plan's unique ids, per table (``float32[U, D]``), from their owners;
+        as owner, serve what the others asked for."""
+        comm, served = self._comm, plan.served
+        assert served is not None
+        rows: list[np.ndarray] = []
+        error = served.error
+        if served.refused:
+            self._retry_pins(served)
+        if error is None:
+            try:
+                for table, ids in zip(self._tables, served.ids, strict=True):
+                    rows.append(table.lookup(ids, on_miss))
+            except Exception as e:
+                error = e
+        if comm.world == 1:
+            if error is not None:
+                raise error
+            mine = rows
+        else:
+            what = "gathering a batch's rows"
+            comm.agree(what, error, group)
+            send = _flatten(rows, served.counts, comm.world)
+            got = comm.exchange(
+                send, served.counts @ self._dims, plan.counts @ self._dims, what, group
+            )
+            mine = [
+                r.reshape(-1, d)
+                for r, d in zip(_by_table(got, plan.counts, self._dims), self._dims, strict=True)
+            ]
+        with self._lock:
+            self._batches += 1
+            self._rows["pulled"] += int(plan.counts.sum())
+            self._rows["pulled_remote"] += int(plan.counts.sum() - plan.counts[comm.rank].sum())
+            self._rows["served"] += int(served.counts.sum())
+        return mine
+
+    def _retry_pins(self, served: _Served) -> None:
+        """Pins refused while earlier batches held theirs: taken now, before the next fetch."""
+        pinned = {id(ids) for _, ids in served.pinned}
+        for table, ids in zip(self._tables, served.ids, strict=True):
+            if table.tiered and len(ids) and id(ids) not in pinned:
+                try:
+                    table.pin(ids)
+                    served.pinned.append((table, ids))
+                except CapacityError:
+                    pass
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "embstore session: the rows of the batches in flight pass 60 % of the memory "
+                "budget; some are read by their batch's own lookups, without a pin (a smaller "
+                "prefetch, or a larger budget, avoids it)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _push(self, batch: SessionBatch, lr: float | None) -> None:
+        start = time.perf_counter()
+        grads: list[np.ndarray] = []
+        error: BaseException | None = None
+        try:
+            for leaf in batch._leaves:
+                g = leaf.grad
+                if g is None:
+                    grads.append(np.zeros(tuple(leaf.shape), np.float32))
+                    continue
+                g = g.detach().to("cpu", dtype=_f32()).numpy()
+                grads.append(g * np.float32(self._scale) if self._scale != 1.0 else g)
+        except Exception as e:  # agreed in _push_rows
+            error = e
+        self._push_rows(batch._plan, grads, lr, error, self._comm.main)
+        batch._push_s = time.perf_counter() - start
+        self._add("write_back", batch._push_s)
+
+    def _push_rows(
+        self,
+        plan: _Plan,
+        grads: list[np.ndarray],
+        lr: float | None,
+        error: BaseException | None,
+        group: Any,
+    ) -> None:
+        """Send ``grads`` (per table, ``float32[U, D]`` in the plan's unique-id order) to the
+        owners; as owner, sum what every process sent and step the optimizer; unpin."""
+        comm, served = self._comm, plan.served
+        assert served is not None
+        try:
+            if error is None:
+                for t, g in enumerate(grads):
+                    if self._reject[t] and not np.isfinite(g).all():
+                        bad = int(np.flatnonzero(~np.isfinite(g).all(axis=1))[0])
+                        raise NonFiniteError(
+                            f"the gradient of id {int(plan.uniq[t][bad])} in table "
+                            f"'{self._tables[t].name}' is not finite; nothing was applied"
+                        )
+        except Exception as e:
+            error = e
+        what = "pushing a batch's gradients"
+        if comm.world == 1:
+            if error is not None:
+                _release(served)
+                raise error
+            mine = grads
+        else:
+            try:
+                comm.agree(what, error, group)
+            except BaseException:
+                _release(served)
+                raise
+            send = _flatten(grads, plan.counts, comm.world)
+            got = comm.exchange(
+                send, plan.counts @ self._dims, served.counts @ self._dims, what, group
+            )
+            mine = [
+                g.reshape(-1, d)
+                for g, d in zip(_by_table(got, served.counts, self._dims), self._dims, strict=True)
+            ]
+        error = None
+        try:
+            for table, ids, g in zip(self._tables, served.ids, mine, strict=True):
+                if len(ids):
+                    table.apply_gradients(ids, g, lr=lr)
+                else:
+                    table.step += 1  # every process steps every table once per batch
+        except Exception as e:
+            error = e
+        finally:
+            _release(served)
+        comm.agree(what, error, group)
+
+    # -- one table, called directly (DistributedTable) ----------------------------------------
+
+    def _plan_of(self, ids: Any) -> _Plan:
+        plan = _Plan(None, self._comm.world, 1)
+        try:
+            self._partition(plan, [self._flat(ids)])
+        except Exception as e:  # agreed in _prepare
+            plan.error = e
+        return plan
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(
+        self, batches: Iterable[Any], ids: Callable[[Any], Mapping[str, Any]]
+    ) -> Iterator[SessionBatch]:
+        """Yield a :class:`SessionBatch` per batch of ``batches`` (any iterable: a
+        ``DataLoader``, a generator), in order; ``ids(batch)`` maps each table's name to the
+        batch's ids of it (numpy, torch or a sequence of ints, any shape).
+
+        In a distributed job every process runs its own loader over its share of the data;
+        every process must have the same number of batches (the session says so if not).
+        Closing the loop early (``break``) releases everything; the next ``run`` starts clean.
+        """
+        if self._running:
+            raise InvalidArgumentError("this session is already running a loop")
+        if not callable(ids):
+            raise InvalidArgumentError("ids must be a callable: batch -> {table name: ids}")
+        return self._run(iter(batches), ids)
+
+    def _run(self, it: Iterator[Any], ids: Callable[[Any], Mapping[str, Any]]) -> Iterator[Any]:
+        self._running = True
+        try:
+            if self._prefetch == 0:
+                yield from self._sequential(it, ids)
+            else:
+                yield from self._pipelined(it, ids)
+        finally:
+            self._running = False
+
+    def _sequential(self, it: Iterator[Any], ids: Any) -> Iterator[SessionBatch]:
+        while True:
+            plan = self._prepare(self._read(it, ids))
+            if plan is _END:
+                return
+            try:
+                batch = SessionBatch(self, plan, self._gather(plan))
+                started = time.perf_counter()
+                yield batch
+                self._add("train", time.perf_counter() - started - batch._push_s)
+            finally:
+                _release(plan.served)
+
+    def _pipelined(self, it: Iterator[Any], ids: Any) -> Iterator[SessionBatch]:
+        ready: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
+        stop = threading.Event()
+
+        def work() -> None:
+            # Every process's thread runs the same sequence of prepare exchanges; once the loop
+            # is closed, the next one says so (an "end"), so every process's thread stops after
+            # the same exchange and none is left waiting for a partner.
+            try:
+                while True:
+                    plan = self._prepare(_END if stop.is_set() else self._read(it, ids))
+                    started = time.perf_counter()
+                    while True:
+                        try:
+                            ready.put(plan, timeout=0.05)
+                            break
+                        except queue.Full:
+                            if stop.is_set():
+                                if plan is not _END:
+                                    _release(plan.served)
+                                break
+                    with self._lock:
+                        self._blocked["prepare"] += time.perf_counter() - started
+                    if plan is _END:
+                        return
+            except BaseException as e:  # raised in the training loop
+                while not stop.is_set():
+                    try:
+                        ready.put(_Failed(e), timeout=0.05)
+                        return
+                    except queue.Full:
+                        continue
+
+        thread = threading.Thread(target=work, name="embstore-session", daemon=True)
+        thread.start()
+        plan: Any = None
+        try:
+            while True:
+                waited = time.perf_counter()
+                plan = ready.get()
+                with self._lock:
+                    self._blocked["train"] += time.perf_counter() - waited
+                if isinstance(plan, _Failed):
+                    raise plan.error
+                if plan is _END:
+                    return
+                batch = SessionBatch(self, plan, self._gather(plan))
+                started = time.perf_counter()
+                yield batch
+                self._add("train", time.perf_counter() - started - batch._push_s)
+                _release(plan.served)
+                plan = None
+        finally:
+            stop.set()
+            if plan is not None and not isinstance(plan, _Failed) and plan is not _END:
+                _release(plan.served)
+            thread.join(timeout=self._join_timeout())
+            while True:
+                try:
+                    left = ready.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(left, _Plan):
+                    _release(left.served)
+
+    def _join_timeout(self) -> float:
+        from embstore.distributed import timeout_s
+
+        return 5.0 if self._comm.world == 1 else timeout_s()
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _f32() -> Any:
+    import torch
+
+    return torch.float32
+
+
+def _span(counts: np.ndarray, j: int) -> slice:
+    start = int(counts[:j].sum())
+    return slice(start, start + int(counts[j]))
+
+
+def _flatten(arrays: list[np.ndarray], counts: np.ndarray, world: int) -> np.ndarray:
+    """Rows of every table, cut per process ``j`` (``counts[j, t]`` rows of table ``t``),
+    process-major, as one float32 buffer."""
+    pieces = [
+        arrays[t][_span(counts[:, t], j)].reshape(-1)
+        for j in range(world)
+        for t in range(len(arrays))
+    ]
+    return np.concatenate(pieces) if pieces else np.empty(0, np.float32)
+
+
+def _by_table(buf: np.ndarray, counts: np.ndarray, widths: list[int]) -> list[np.ndarray]:
+    """The inverse of :func:`_flatten` on the receiving side: a buffer, process-major with
+    ``counts[s, t] * widths[t]`` elements of table ``t`` from process ``s``, regrouped per
+    table (process after process)."""
+    world, n_tables = counts.shape
+    sizes = counts * np.asarray(widths, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes.reshape(-1))])
+    out = []
+    for t in range(n_tables):
+        parts = [
+            buf[offsets[s * n_tables + t] : offsets[s * n_tables + t + 1]] for s in range(world)
+        ]
+        out.append(parts[0] if world == 1 else np.concatenate(parts))
+    return out
+
+
+def _release(served: _Served | None) -> None:
+    if served is None:
+        return
+    pinned, served.pinned = served.pinned, []
+    for table, ids in pinned:
+        try:
+            table.unpin(ids)
+        except Exception:  # a closed store holds no pins
+            pass
+
+
+class DistributedTable(Table):
+    """A table of a distributed store (``Store(path, distributed=True)``): each process holds
+    the rows it owns, and :meth:`lookup` and :meth:`apply_gradients` reach every process's
+    partition. Both are collective: every process calls them, in the same order (each with its
+    own ids, any number, also none). ``local`` is this process's partition, a plain
+    :class:`Table`; its other methods (``export``, ``save``, ``assign``, ...) are there.
+
+    For training, :meth:`Store.session` is faster: it exchanges the ids ahead, while the
+    batch before trains.
+    """
+
+    __slots__ = ("_sess", "_store")
+
+    def __init__(self, inner: Any, store: Any) -> None:
+        super().__init__(inner)
+        self._store = store
+        self._sess: Session | None = None
+
+    @property
+    def local(self) -> Table:
+        """This process's partition of the table."""
+        return Table(self._inner)
+
+    def _session(self) -> Session:
+        if self._sess is None:
+            self._sess = Session(self._store, [self.name], prefetch=0, grad_average=False)
+        return self._sess
+
+    def __len__(self) -> int:
+        """Rows in every process's partition together (collective)."""
+        return sum(self._store._comm.all_gather(len(self._inner), "len(table)"))
+
+    def lookup(
+        self,
+        ids: Any,
+        on_miss: str = "init",
+        *,
+        return_found: bool = False,
+        out: np.ndarray | None = None,
+    ) -> Any:
+        """Rows of ``ids`` (``float32[B, D]``), wherever they are held; collective."""
+        from embstore._arrays import check_out, on_device
+
+        if return_found:
+            raise InvalidArgumentError("return_found is not available on a distributed table")
+        sess = self._session()
+        comm = self._store._comm
+        plan = sess._prepare(sess._plan_of(ids), comm.main, pin=False)
+        try:
+            rows = sess._gather_rows(plan, on_miss, comm.main)[0]
+        finally:
+            _release(plan.served)
+        arr, device = as_ids(_flat_ids(ids))
+        result = rows[plan.inv[0]]
+        if out is not None:
+            check_out(out, arr, self.embedding_dim)
+            out[...] = result
+            result = out
+        return on_device(result, device)
+
+    def apply_gradients(self, ids: Any, grads: Any, *, lr: float | None = None) -> int:
+        """Gradients of ``ids`` (``float32[B, D]``) to the rows' owners, which sum them over
+        every process (duplicates included) and step once per id; collective. Returns the
+        unique ids this process sent."""
+        from embstore._arrays import as_rows
+
+        sess = self._session()
+        comm = self._store._comm
+        plan = sess._plan_of(ids)
+        summed: list[np.ndarray] = []
+        error = plan.error
+        if error is None:
+            try:
+                g = as_rows(grads, len(plan.inv[0]), self, "grads")
+                acc = np.zeros((len(plan.uniq[0]), self.embedding_dim), np.float32)
+                np.add.at(acc, plan.inv[0], g)
+                summed.append(acc)
+            except Exception as e:  # agreed below
+                error = e
+                plan.error = e
+        plan = sess._prepare(plan, comm.main, pin=False)
+        sess._push_rows(plan, summed, lr, None, comm.main)
+        return len(plan.uniq[0])
+
+
+def _flat_ids(ids: Any) -> Any:
+    from embstore._arrays import torch_tensor
+
+    t = torch_tensor(ids)
+    return t.reshape(-1) if t is not None else ids
+
+
+def _local_only(name: str) -> Any:
+    def refuse(self: DistributedTable, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidArgumentError(
+            f"{name}() acts on one process's rows; on a distributed table call "
+            f"table.local.{name}() (this process's partition) on every process"
+        )
+
+    refuse.__name__ = name
+    refuse.__doc__ = f"Not on a distributed table: use ``table.local.{name}()``."
+    return refuse
+
+
+for _name in (
+    "assign",
+    "import_",
+    "export",
+    "remove",
+    "contains",
+    "meta",
+    "clear",
+    "save",
+    "load",
+    "initial_rows",
+    "evict_expired",
+    "evict_older_than",
+):
+    setattr(DistributedTable, _name, _local_only(_name))
