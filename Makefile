@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services wan-deps ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
+        test-python test-fast services wan-deps torchrec-deps ruff bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
         fmt clean
 
 help: ## List the targets
@@ -179,6 +179,22 @@ bench-serving: toolchain ## Serving: latency vs a RocksDB-backed server and Redi
 
 bench-tier: develop ## Tables larger than memory: training out of memory, lookups vs RocksDB (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_tier.py $(ARGS)
+
+# TorchRec (the peer of the training benchmark) pins its own torch: its own virtualenv. TorchRec
+# itself goes in without its dependencies (it asks for the CUDA build of fbgemm-gpu).
+TR_VENV := .venv-torchrec
+$(TR_VENV)/.ready: python/requirements-torchrec.txt | toolchain
+	@echo "==> creating $(TR_VENV) with TorchRec, fbgemm-gpu-cpu and their torch (CPU use)"
+	@echo "    (torch from PyPI brings several GB of CUDA libraries: minutes the first time)"
+	[ -x $(TR_VENV)/bin/python ] || $(PYTHON) -m venv $(TR_VENV)
+	$(TR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TR_VENV)/bin/python -m pip install --quiet --progress-bar off -r python/requirements-torchrec.txt
+	$(TR_VENV)/bin/python -m pip install --quiet --progress-bar off --no-deps \
+		$$(sed -n 's/^# no-deps: //p' python/requirements-torchrec.txt)
+	$(TR_VENV)/bin/python -c 'import torchrec, fbgemm_gpu, torch; print("    torch", torch.__version__, "torchrec", torchrec.__version__)'
+	touch $@
+
+torchrec-deps: $(TR_VENV)/.ready ## The TorchRec peer's virtualenv .venv-torchrec (torchrec, fbgemm-gpu-cpu, torch)
 
 bench-interference: develop ## Small calls under a stats() poller / another table's big calls
 	$(VPY) python/benchmarks/bench_interference.py $(ARGS)

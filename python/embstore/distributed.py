@@ -183,6 +183,7 @@ class Comm:
             what, lambda: dist.all_gather_object(notes, note, group=group or self.main)
         )
         if error is not None:
+            error.add_note(f"(on process {self.rank} of {self.world}, during {what})")
             raise error
         first = next(r for r, n in enumerate(notes) if n is not None)
         others = sum(n is not None for n in notes) - 1
@@ -313,9 +314,7 @@ def open_part(comm: Comm, path: pathlib.Path) -> pathlib.Path:
             path.mkdir(parents=True, exist_ok=True)
             manifest = read_manifest(path)
             if manifest is None:
-                if any(p.name.startswith("rank-") for p in path.iterdir()) or any(
-                    (path / n).exists() for n in ("MANIFEST", "tables")
-                ):
+                if any((path / n).exists() for n in ("MANIFEST", "LOCK", "seg")):
                     raise InvalidArgumentError(
                         f"{path} holds a store that is not a distributed one (or lost its "
                         f"{MANIFEST}); give a new directory"

@@ -210,6 +210,7 @@ class Session:
         self._batches = 0
         self._rows = {"pulled": 0, "pulled_remote": 0, "served": 0, "pinned": 0}
         self._running = False
+        self._prepared = 0  # batches prepared by this run (the same on every process)
 
     @property
     def tables(self) -> list[str]:
@@ -342,10 +343,11 @@ class Session:
                 done = [r for r in range(comm.world) if ended[r]]
                 more = [r for r in range(comm.world) if not ended[r]]
                 raise DistributedError(
-                    f"the loaders ended at different batches: process(es) {done} ran out while "
-                    f"{more} had another batch ({self._batches} batches trained). Give every "
-                    "process the same number of batches (DistributedSampler, drop_last=True)"
+                    f"the loaders ended at different batches: process(es) {done} ran out after "
+                    f"{self._prepared} batches while {more} had more. Give every process the "
+                    "same number of batches (DistributedSampler, drop_last=True)"
                 )
+            self._prepared += 1
             recv = recv[:, :n_tables]
             send = (
                 np.concatenate(
@@ -560,6 +562,7 @@ class Session:
 
     def _run(self, it: Iterator[Any], ids: Callable[[Any], Mapping[str, Any]]) -> Iterator[Any]:
         self._running = True
+        self._prepared = 0
         try:
             if self._prefetch == 0:
                 yield from self._sequential(it, ids)

@@ -97,6 +97,8 @@ def train(args: argparse.Namespace, run: str, model: str, prefetch: int, budget:
     dense_opt = torch.optim.Adam(head.parameters(), lr=0.01) if ddp is not None else None
     start_batch = 0
     ckpt = embstore.latest_checkpoint(base / "ckpt") if args.resume else None
+    if args.restore:
+        ckpt = pathlib.Path(args.restore)
     if ckpt is not None:
         state = embstore.training_state(ckpt)
         start_batch = state["batch"]
@@ -166,7 +168,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--kill-at", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true", help="from the latest checkpoint, if any")
+    p.add_argument("--restore", help="from this checkpoint (of any process count)")
     args = p.parse_args()
     torch.set_num_threads(1)
     embstore.init_distributed()

@@ -1,0 +1,140 @@
+"""Faults of a distributed job, one per mode, run under ``torchrun`` by ``test_distributed.py``.
+
+Every process prints one line ``RESULT rank=<r> <ExceptionType>: <message>`` (``RESULT rank=<r>
+ok`` if nothing was raised) and exits 3 after an embstore error, so the test can check that every
+process stopped, with which error, and quickly (no process left waiting for another)."""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import pathlib
+import signal
+import sys
+
+import numpy as np
+import torch
+
+import embstore
+
+
+def store_with_table(path: pathlib.Path, dim: int = 4, budget: int | None = None):
+    store = embstore.Store(path, memory_budget_bytes=budget, distributed=True)
+    store.create_table("t", dim, optimizer=embstore.Adagrad(lr=0.1), seed=1)
+    return store
+
+
+def train(store, batches, *, nan_on: int | None = None):
+    rank = store.rank
+    sess = store.session(["t"], prefetch=2)
+    for n, b in enumerate(sess.run(batches, lambda ids: {"t": ids})):
+        loss = b.embeddings("t").pow(2).sum()
+        if nan_on == rank:
+            loss = loss * float("nan")
+        loss.backward()
+        b.push_grads()
+        if n + 1 == len(batches) // 2:
+            yield n + 1
+
+
+def batches_for(rank: int, n: int, seed: int = 0, span: int = 20000) -> list[np.ndarray]:
+    rng = np.random.default_rng([seed, rank])
+    return [rng.integers(0, span, 256) for _ in range(n)]
+
+
+def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
+    rank = int(os.environ["RANK"])
+    if mode == "dtype":
+        store = store_with_table(work / "s")
+        data = batches_for(rank, 4)
+        if rank == 1:
+            data[2] = data[2].astype(np.float64) + 0.5
+        list(train(store, data))
+    elif mode == "config":
+        store_with_table(work / "s", dim=8 if rank == 1 else 4)
+    elif mode == "world":
+        embstore.Store(work / "s", distributed=True)
+    elif mode == "batches":
+        store = store_with_table(work / "s")
+        list(train(store, batches_for(rank, 6 if rank == 0 else 5)))
+    elif mode == "nan":
+        store = store_with_table(work / "s")
+        list(train(store, batches_for(rank, 2)))
+        t = store.table("t")
+        probe = np.arange(0, 20000, 7)
+        before = t.lookup(probe)
+        try:
+            list(train(store, batches_for(rank, 2, seed=1), nan_on=1))
+        finally:
+            # Every process raised at the same push, so the processes are still in step:
+            # a collective lookup shows that no process applied anything.
+            unchanged = np.array_equal(t.lookup(probe), before)
+            print(f"rank={rank} unchanged={unchanged}", flush=True)
+    elif mode in ("corrupt", "full"):
+        budget = 64 << 10
+        store = store_with_table(work / "s", budget=budget)
+        steps = train(store, batches_for(rank, 40))
+        done = next(steps)  # half-way: checkpoint, then damage rank 1's live store
+        store.checkpoint(ckpt / f"b{done}", step=done)
+        print(f"rank={rank} checkpointed", flush=True)
+        store.flush()  # collective: every process
+        if mode == "corrupt" and rank == 1:
+            corrupt_a_segment(work / "s" / "rank-00001")
+        if mode == "full" and rank == 1:
+            fill_the_disk(work / "s" / "rank-00001")
+        torch.distributed.barrier()
+        for _ in steps:
+            pass
+        store.checkpoint(ckpt / "end", step=40)  # full: the flush fails here
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+def corrupt_a_segment(part: pathlib.Path) -> None:
+    """Flip bytes all through every segment file of a partition, in place (as a failing disk
+    would; the checkpoint is on another file system, so it holds copies, not hard links)."""
+    for victim in sorted(p for p in (part / "seg").iterdir() if p.suffix == ".seg"):
+        with open(victim, "r+b") as f:
+            data = bytearray(f.read())
+            for off in range(64, len(data), 61):
+                data[off] ^= 0xFF
+            f.seek(0)
+            f.write(data)
+    print(f"rank=1 corrupted the segments in {part / 'seg'}", flush=True)
+
+
+def fill_the_disk(part: pathlib.Path) -> None:
+    """Take every free byte of the file system the partition is on (the test mounts a small
+    tmpfs there), as another program filling the disk would."""
+    with open(part / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (64 << 10))
+                f.flush()
+        except OSError:
+            pass
+    print(f"rank=1 filled the disk of {part}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode")
+    p.add_argument("--work", required=True)
+    p.add_argument("--ckpt", help="checkpoints here (default: WORK/ckpt)")
+    args = p.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # a stack dump of a process that hangs
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    try:
+        embstore.init_distributed()
+        run(args.mode, pathlib.Path(args.work), pathlib.Path(args.ckpt or args.work + "/ckpt"))
+    except embstore.EmbstoreError as e:
+        print(f"RESULT rank={rank} {type(e).__name__}: {e}", flush=True)
+        return 3
+    print(f"RESULT rank={rank} ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

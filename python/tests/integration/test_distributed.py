@@ -1,0 +1,294 @@
+"""Training across processes, launched by ``torchrun`` on loopback (gloo): 1, 2 and 4
+processes train alike; pipelined equals sequential under a tiny memory budget; a process killed
+mid-training is restarted by torchrun's elastic mode and the run ends as if nothing happened;
+a checkpoint restores onto another process count; and every fault or bad input stops every
+process with a clear error, quickly, losing nothing from the checkpoint.
+
+The jobs are ``dist_train.py`` and ``dist_faults.py`` beside this file."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import embstore
+from embstore import distributed as edist
+
+HERE = pathlib.Path(__file__).resolve().parent
+TORCHRUN = pathlib.Path(sys.executable).with_name("torchrun")
+TIMEOUT_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(
+    nproc: int, script: str, *args: str, restarts: int = 0, timeout: float = TIMEOUT_S
+) -> tuple[int, str, float]:
+    """Run ``script`` under torchrun on loopback; return (exit code, output, seconds). The job
+    is killed (its process group) if it runs past ``timeout``."""
+    cmd = [
+        str(TORCHRUN),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        str(restarts),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(HERE / script),
+        *args,
+    ]
+    env = {**os.environ, "EMBSTORE_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun {script} {args} ran past {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out, time.monotonic() - start
+
+
+def train(nproc: int, work: pathlib.Path, out: pathlib.Path, *args: str, **kw) -> str:
+    code, text, _ = torchrun(
+        nproc, "dist_train.py", "--work", str(work), "--out", str(out), *args, **kw
+    )
+    assert code == 0, text[-6000:]
+    return text
+
+
+def rows(run_dir: pathlib.Path) -> dict[str, tuple[np.ndarray, ...]]:
+    """Every process's rows of every table, merged and sorted by id."""
+    parts: dict[str, list[tuple[np.ndarray, ...]]] = {}
+    steps: dict[str, set[int]] = {}
+    for f in sorted(run_dir.glob("rank-*.npz")):
+        z = np.load(f)
+        for t in ("user", "item", "tag"):
+            parts.setdefault(t, []).append((z[f"{t}_ids"], z[f"{t}_values"], z[f"{t}_state"]))
+            steps.setdefault(t, set()).add(int(z[f"{t}_step"]))
+    merged = {}
+    for t, ps in parts.items():
+        ids = np.concatenate([p[0] for p in ps])
+        order = np.argsort(ids)
+        assert len(steps[t]) == 1, f"processes disagree on {t}'s step: {steps[t]}"
+        merged[t] = (
+            ids[order],
+            np.concatenate([p[1] for p in ps])[order],
+            np.concatenate([p[2] for p in ps])[order],
+            steps[t].pop(),
+        )
+    return merged
+
+
+def assert_same_rows(a, b, *, exact: bool) -> None:
+    for t in a:
+        np.testing.assert_array_equal(a[t][0], b[t][0], err_msg=f"{t}: ids differ")
+        assert a[t][3] == b[t][3], f"{t}: steps differ"
+        for k in (1, 2):
+            if exact:
+                np.testing.assert_array_equal(a[t][k], b[t][k], err_msg=t)
+            else:
+                np.testing.assert_allclose(a[t][k], b[t][k], rtol=1e-4, atol=1e-6, err_msg=t)
+
+
+def heads(run_dir: pathlib.Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "head.pt")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> pathlib.Path:
+    """The three runs of dist_train.py at 1, 2 and 4 processes."""
+    root = tmp_path_factory.mktemp("dist")
+    for n in (1, 2, 4):
+        train(n, root / f"w{n}", root / f"o{n}")
+    return root
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_more_processes_train_like_one(runs, n):
+    # The exact model's gradient sums are exact: bit-identical at every process count.
+    assert_same_rows(rows(runs / "o1" / "exact"), rows(runs / f"o{n}" / "exact"), exact=True)
+    # The MLP's: the same within float-summation tolerance, sparse rows and dense weights.
+    one, many = rows(runs / "o1" / "mlp-seq"), rows(runs / f"o{n}" / "mlp-seq")
+    assert_same_rows(one, many, exact=False)
+    h1, hn = heads(runs / "o1" / "mlp-seq"), heads(runs / f"o{n}" / "mlp-seq")
+    for k in h1:
+        torch.testing.assert_close(h1[k], hn[k], rtol=1e-4, atol=1e-6)
+    # A process count changes nothing structurally: every id trained somewhere, once.
+    assert len(one["item"][0]) > 500
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_pipelined_under_a_tiny_budget_equals_sequential_in_memory(runs, n):
+    seq, pipe = runs / f"o{n}" / "mlp-seq", runs / f"o{n}" / "mlp-pipe-budget"
+    assert_same_rows(rows(seq), rows(pipe), exact=True)
+    h1, h2 = heads(seq), heads(pipe)
+    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+
+
+def test_a_killed_process_is_restarted_from_the_checkpoint_and_ends_the_same(tmp_path):
+    ckpt_args = ("--runs", "mlp-seq", "--checkpoint-every", "4")
+    plain = train(2, tmp_path / "wu", tmp_path / "ou", *ckpt_args)
+    assert "resumed" not in plain
+    text = train(
+        2,
+        tmp_path / "wk",
+        tmp_path / "ok",
+        *ckpt_args,
+        "--kill-at",
+        "6",
+        "--resume",
+        restarts=1,
+    )
+    assert "killing myself (SIGKILL) after batch 6" in text
+    assert "rank 0: resumed from batch-00004 at batch 4" in text
+    assert "rank 1: resumed from batch-00004 at batch 4" in text
+    assert_same_rows(
+        rows(tmp_path / "ok" / "mlp-seq"), rows(tmp_path / "ou" / "mlp-seq"), exact=True
+    )
+    h1, h2 = heads(tmp_path / "ok" / "mlp-seq"), heads(tmp_path / "ou" / "mlp-seq")
+    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+    # The killed attempt's store is kept (it may hold rows newer than the checkpoint).
+    assert (tmp_path / "wk" / "mlp-seq" / "store" / edist.MANIFEST).exists()
+
+
+@pytest.mark.parametrize("new_count", [1, 4])
+def test_a_checkpoint_restores_onto_another_process_count(runs, tmp_path, new_count):
+    # 2 processes train 6 batches and checkpoint; `new_count` processes go on from there.
+    train(2, tmp_path / "w2", tmp_path / "o2", "--runs", "exact", "--checkpoint-every", "6")
+    ckpt = embstore.latest_checkpoint(tmp_path / "w2" / "exact" / "ckpt")
+    assert ckpt is not None and ckpt.name == "batch-00012"
+    first = tmp_path / "w2" / "exact" / "ckpt" / "batch-00006"
+    text = train(
+        new_count,
+        tmp_path / "wn",
+        tmp_path / "on",
+        "--runs",
+        "exact",
+        "--restore",
+        str(first),
+    )
+    assert "resumed from batch-00006 at batch 6" in text
+    # Exact sums: the same rows, bit for bit, as the uninterrupted 1-process run.
+    assert_same_rows(rows(runs / "o1" / "exact"), rows(tmp_path / "on" / "exact"), exact=True)
+
+
+def faults(mode: str, tmp_path: pathlib.Path, *extra: str) -> dict[int, str]:
+    code, out, seconds = torchrun(2, "dist_faults.py", mode, "--work", str(tmp_path), *extra)
+    # Two processes share the output: their lines may run into each other.
+    results = {
+        int(m[1]): m[2] for m in re.finditer(r"RESULT rank=(\d+) (.*?)(?=RESULT rank=|\n|$)", out)
+    }
+    assert sorted(results) == [0, 1], out[-4000:]
+    assert code != 0
+    # No process waited for a peer: far below the 60 s timeout the job runs with.
+    assert seconds < 45, seconds
+    return results
+
+
+def test_ids_of_the_wrong_dtype_on_one_process_stop_every_process(tmp_path):
+    r = faults("dtype", tmp_path)
+    assert r[1].startswith("DTypeError: ids must be 1-D int64")
+    assert r[0].startswith("DistributedError: preparing a batch failed on process 1: DTypeError")
+
+
+def test_tables_configured_differently_are_refused_on_every_process(tmp_path):
+    r = faults("config", tmp_path)
+    for rank in (0, 1):
+        assert r[rank].startswith("InvalidArgumentError: table 't' is configured differently")
+        assert "embedding_dim" in r[rank]
+
+
+def test_a_changed_process_count_without_a_restore_is_refused(tmp_path):
+    (tmp_path / "s").mkdir()
+    edist.write_manifest(tmp_path / "s", {"world_size": 4})
+    r = faults("world", tmp_path)
+    for rank in (0, 1):
+        assert "written by 4 processes and this job has 2" in r[rank], r
+
+
+def test_loaders_of_different_lengths_stop_every_process(tmp_path):
+    r = faults("batches", tmp_path)
+    for rank in (0, 1):
+        assert "loaders ended at different batches" in r[rank]
+        assert "process(es) [1] ran out after 5 batches" in r[rank]
+
+
+def test_nan_gradients_on_one_process_apply_nothing_anywhere(tmp_path):
+    code, out, _ = torchrun(2, "dist_faults.py", "nan", "--work", str(tmp_path))
+    assert code != 0
+    assert "rank=0 unchanged=True" in out and "rank=1 unchanged=True" in out, out[-3000:]
+    assert "RESULT rank=1 NonFiniteError" in out
+    assert "RESULT rank=0 DistributedError: pushing a batch's gradients failed on process 1" in out
+
+
+def _check_checkpoint(ckpt: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Each partition of the checkpoint restores, passes verification and holds rows."""
+    for rank in (0, 1):
+        assert embstore.verify(ckpt / f"rank-{rank:05d}")["damage"] == []
+        part = embstore.Store.restore(ckpt / f"rank-{rank:05d}", tmp_path / f"check-{rank}")
+        assert len(part["t"]) > 100
+        part.close()
+
+
+def test_a_corrupt_segment_stops_the_job_naming_the_process_and_file(tmp_path, small_disk):
+    # The checkpoint is on another file system (a copy, not hard links of the live segments,
+    # which a failing disk would damage alike); the job damages process 1's live segments.
+    ckpt = small_disk / "ckpt"
+    r = faults("corrupt", tmp_path / "w", "--ckpt", str(ckpt))
+    assert r[1].startswith("CorruptionError: ") and "rank-00001/seg/" in r[1], r
+    assert "fails its checksum" in r[1]
+    assert r[0].startswith("DistributedError: ") and "failed on process 1: CorruptionError" in r[0]
+    assert embstore.latest_checkpoint(ckpt) == ckpt / "b20"
+    _check_checkpoint(ckpt / "b20", tmp_path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs, another file system (root only; CI runs as root), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_stops_the_job_naming_the_process_and_file(tmp_path, small_disk):
+    # Process 1's partition lives on the small disk (a partition directory may be a link).
+    (tmp_path / "w" / "s").mkdir(parents=True)
+    (small_disk / "p1").mkdir()
+    (tmp_path / "w" / "s" / "rank-00001").symlink_to(small_disk / "p1")
+    ckpt = tmp_path / "ckpt"
+    r = faults("full", tmp_path / "w", "--ckpt", str(ckpt))
+    assert r[1].startswith("NoSpaceError: ") and "rank-00001/seg/" in r[1], r
+    assert "failed on process 1: NoSpaceError" in r[0]
+    assert embstore.latest_checkpoint(ckpt) == ckpt / "b20"
+    _check_checkpoint(ckpt / "b20", tmp_path)

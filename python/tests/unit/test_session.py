@@ -1,0 +1,298 @@
+"""Training sessions in one process, and a distributed store of one process (its manifest,
+checkpoints, restores): the pipeline is exact, its errors are typed, it releases what it
+holds. The multi-process runs are in ``integration/test_distributed.py``."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import embstore
+from embstore import distributed as edist
+from embstore.table import Table
+
+TABLES = {"user": 8, "item": 4}
+
+
+def _data(seed: int, n: int = 30) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "user": rng.zipf(1.2, 32) % 3000,
+            "item": (rng.zipf(1.1, (32, 3)) % 800) * 13,
+            "y": rng.random(32).astype(np.float32),
+        }
+        for _ in range(n)
+    ]
+
+
+def _ids(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"user": b["user"], "item": b["item"]}
+
+
+def _store(tmp_path, name: str, budget: int | None) -> embstore.Store:
+    store = embstore.Store(tmp_path / name, memory_budget_bytes=budget)
+    store.create_table("user", 8, optimizer=embstore.Adam(lr=0.01), seed=3)
+    store.create_table("item", 4, optimizer=embstore.Adagrad(lr=0.05), seed=4)
+    return store
+
+
+def _train(store: embstore.Store, prefetch: int, data) -> tuple[np.ndarray, ...]:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8 + 12, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    sess = store.session(["user", "item"], prefetch=prefetch)
+    for b in sess.run(data, _ids):
+        x = torch.cat([b.embeddings("user"), b.embeddings("item").reshape(len(b.y), -1)], 1)
+        loss = torch.nn.functional.mse_loss(head(x).squeeze(-1), torch.from_numpy(b.y))
+        loss.backward()
+        b.push_grads()
+        opt.step()
+        opt.zero_grad()
+    assert sess.stats()["batches"] == len(data)
+    rows = tuple(store[t].lookup(np.arange(0, 10400), "zeros").copy() for t in TABLES) + tuple(
+        p.detach().clone().numpy() for p in head.parameters()
+    )
+    return (*rows, np.array([store[t].step for t in TABLES]))
+
+
+@pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
+@pytest.mark.parametrize("budget", [None, 48 << 10], ids=["in-memory", "tiny-budget"])
+def test_a_pipelined_session_trains_bit_for_bit_like_a_sequential_one(tmp_path, budget):
+    data = _data(1)
+    seq = _train(_store(tmp_path, "seq", None), 0, data)
+    for prefetch in (1, 3):
+        got = _train(_store(tmp_path, f"p{prefetch}", budget), prefetch, data)
+        for a, b in zip(seq, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # Every table stepped once per batch.
+    assert list(seq[-1]) == [len(data), len(data)]
+
+
+def test_a_session_equals_the_table_calls_it_stands_for(tmp_path):
+    """embeddings() + push_grads() = lookup of the ids + apply_gradients of their gradient."""
+    data = _data(2, n=5)
+    a = embstore.Store()
+    a.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), seed=1)
+    b = embstore.Store()
+    tb = b.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), seed=1)
+    w = torch.arange(4, dtype=torch.float32)
+    sess = a.session(["t"], prefetch=2, grad_average=False)
+    for batch in sess.run(data, lambda d: {"t": d["user"]}):
+        (batch.embeddings("t") * w).sum().backward()
+        batch.push_grads()
+        rows = torch.from_numpy(tb.lookup(batch.data["user"])).requires_grad_(True)
+        (rows * w).sum().backward()
+        tb.apply_gradients(batch.data["user"], rows.grad)
+    ids = np.arange(3000)
+    np.testing.assert_array_equal(a["t"].lookup(ids, "zeros"), tb.lookup(ids, "zeros"))
+
+
+def test_bags_pool_like_embedding_bag():
+    store = embstore.Store()
+    store.create_table("g", 4, seed=2)
+    ids = np.array([5, 6, 5, 7, 9])
+    offsets = torch.tensor([0, 2, 2])
+    sess = store.session(["g"], prefetch=0)
+    for b in sess.run([ids], lambda i: {"g": i}):
+        rows = torch.from_numpy(store["g"].lookup(ids))
+        for mode in ("sum", "mean", "max"):
+            want = torch.nn.functional.embedding_bag(torch.arange(5), rows, offsets, mode=mode)
+            torch.testing.assert_close(b.bags("g", offsets, mode=mode), want, rtol=0, atol=0)
+        assert b.unique_ids("g").tolist() == [5, 6, 7, 9]
+        assert b.rows("g").shape == (4, 4)
+
+
+@pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
+def test_session_stats_name_every_stage(tmp_path):
+    store = _store(tmp_path, "s", 48 << 10)
+    sess = store.session(["user", "item"], prefetch=2)
+    for b in sess.run(_data(3, n=8), _ids):
+        b.embeddings("user").sum().backward()
+        b.push_grads()
+    s = sess.stats()
+    assert set(s["busy_s"]) == set(embstore.session.STAGES)
+    assert all(v >= 0 for v in s["busy_s"].values())
+    assert s["busy_s"]["prepare"] > 0 and s["busy_s"]["write_back"] > 0
+    assert s["rows"]["pulled"] == s["rows"]["served"] > 0
+    assert s["rows"]["pulled_remote"] == 0 and s["processes"] == 1
+
+
+def test_bad_batches_raise_typed_errors_and_apply_nothing():
+    store = embstore.Store()
+    t = store.create_table("t", 4, optimizer=embstore.SGD(lr=1.0))
+    ids = np.array([1, 2, 3])
+    t.lookup(ids)
+    before = t.lookup(ids).copy()
+
+    def one(ids_fn, prefetch=2):
+        sess = store.session(["t"], prefetch=prefetch)
+        for b in sess.run([ids], ids_fn):
+            return b
+        return None
+
+    with pytest.raises(embstore.DTypeError):
+        one(lambda _: {"t": np.array([1.5, 2.0])})
+    with pytest.raises(embstore.InvalidArgumentError, match="unknown"):
+        one(lambda i: {"t": i, "nope": i})
+    with pytest.raises(embstore.InvalidArgumentError, match="missing"):
+        one(lambda i: {})
+    with pytest.raises(embstore.TableNotFoundError):
+        store.session(["nope"])
+    with pytest.raises(embstore.InvalidArgumentError, match="prefetch"):
+        store.session(["t"], prefetch=-1)
+    sess = store.session(["t"], prefetch=0)
+    for b in sess.run([ids], lambda i: {"t": i}):
+        (b.embeddings("t") * float("nan")).sum().backward()
+        with pytest.raises(embstore.NonFiniteError, match="nothing was applied"):
+            b.push_grads()
+        with pytest.raises(embstore.InvalidArgumentError, match="twice"):
+            b.push_grads()
+    np.testing.assert_array_equal(t.lookup(ids), before)
+    assert t.step == 0
+
+
+def test_an_error_of_the_loader_reaches_the_loop():
+    store = embstore.Store()
+    store.create_table("t", 4)
+
+    def loader():
+        yield np.array([1, 2])
+        raise OSError("disk on fire")
+
+    sess = store.session(["t"], prefetch=2)
+    with pytest.raises(OSError, match="disk on fire"):
+        for b in sess.run(loader(), lambda i: {"t": i}):
+            b.push_grads()
+
+
+def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
+    held: dict[int, int] = {}
+    real_pin, real_unpin = Table.pin, Table.unpin
+
+    def pin(self, ids):
+        real_pin(self, ids)
+        held[id(ids)] = held.get(id(ids), 0) + 1
+
+    def unpin(self, ids):
+        real_unpin(self, ids)
+        held[id(ids)] -= 1
+
+    monkeypatch.setattr(Table, "pin", pin)
+    monkeypatch.setattr(Table, "unpin", unpin)
+    store = _store(tmp_path, "s", 1 << 20)
+    sess = store.session(["user", "item"], prefetch=3)
+    for n, b in enumerate(sess.run(_data(4), _ids)):
+        b.push_grads()
+        if n == 4:
+            break
+    assert held and all(v == 0 for v in held.values()), held
+    # The session runs again from a clean state.
+    assert sum(1 for b in sess.run(_data(5, n=3), _ids) if b.push_grads() is None) == 3
+
+
+def _owner_reference(key: int, world: int) -> int:
+    """SplitMix64's finaliser in Python ints, top 32 bits scaled onto ``world``."""
+    m = (1 << 64) - 1
+    z = (key + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    return ((z >> 32) * world) >> 32
+
+
+def test_owner_of_is_fixed_and_spreads_structured_ids():
+    # Fixed forever: checkpoints of distributed stores depend on it.
+    keys = [0, 1, 2, 7, 1 << 40, 2**63 + 5, 2**64 - 1]
+    for world in (2, 3, 4, 7):
+        got = edist.owner_of(np.array(keys, dtype=np.uint64), world).tolist()
+        assert got == [_owner_reference(k, world) for k in keys]
+    for ids in (
+        np.arange(100_000, dtype=np.uint64),
+        np.arange(100_000, dtype=np.uint64) * 1024,
+        np.arange(100_000, dtype=np.uint64) << np.uint64(40),
+    ):
+        for world in (2, 3, 4, 7):
+            counts = np.bincount(edist.owner_of(ids, world), minlength=world)
+            assert counts.min() > 0.95 * len(ids) / world, (world, counts)
+    assert edist.owner_of(np.arange(5, dtype=np.uint64), 1).tolist() == [0] * 5
+
+
+def test_distributed_without_a_launcher_says_what_is_missing(tmp_path, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(embstore.InvalidArgumentError, match="torchrun"):
+        embstore.Store(tmp_path / "d", distributed=True)
+    with pytest.raises(embstore.InvalidArgumentError, match="needs a path"):
+        embstore.Store(distributed=True)
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """A torch.distributed job of one process (what torchrun --nproc-per-node 1 sets up)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_distributed_store_of_one_process_checkpoints_and_restores(tmp_path, one_process):
+    store = embstore.Store(tmp_path / "d", memory_budget_bytes=1 << 20, distributed=True)
+    assert (tmp_path / "d" / edist.MANIFEST).exists() and (tmp_path / "d" / "rank-00000").is_dir()
+    assert json.loads((tmp_path / "d" / edist.MANIFEST).read_text())["world_size"] == 1
+    t = store.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), initializer=embstore.Zeros())
+    assert isinstance(t, embstore.DistributedTable) and store.world_size == 1
+    t.apply_gradients([1, 2, 2], np.ones((3, 4), np.float32))
+    rows = t.lookup(np.array([1, 2]))
+    np.testing.assert_array_equal(rows, [[-0.5] * 4, [-1.0] * 4])  # duplicates summed
+    assert len(t) == 2
+    with pytest.raises(embstore.InvalidArgumentError, match=r"table\.local\.export"):
+        t.export()
+    assert sum(len(c.ids) for c in t.local.export(10)) == 2
+    with pytest.raises(embstore.InvalidArgumentError, match="return_found"):
+        t.lookup([1], return_found=True)
+
+    first = store.checkpoint(tmp_path / "ck" / "a", step=1, state={"epoch": 1})
+    assert first.tables == 1
+    t.apply_gradients([1], np.ones((1, 4), np.float32))
+    store.checkpoint(tmp_path / "ck" / "b", step=2, state={"epoch": 2})
+    (tmp_path / "ck" / "c").mkdir()  # an interrupted checkpoint: no manifest
+    assert embstore.latest_checkpoint(tmp_path / "ck") == tmp_path / "ck" / "b"
+    assert embstore.training_state(tmp_path / "ck" / "a") == {"epoch": 1}
+    assert embstore.latest_checkpoint(tmp_path / "none") is None
+    with pytest.raises(embstore.NotFoundError, match="not a complete"):
+        embstore.training_state(tmp_path / "ck" / "c")
+    with pytest.raises(embstore.InvalidArgumentError, match="not empty"):
+        store.checkpoint(tmp_path / "ck" / "a")
+    store.close()
+
+    back = embstore.Store.restore(tmp_path / "ck" / "a", tmp_path / "r", distributed=True)
+    np.testing.assert_array_equal(back.table("t").lookup(np.array([1, 2])), rows)
+    assert back.table("t").local.step == 1
+    back.close()
+    with pytest.raises(embstore.InvalidArgumentError, match="not empty"):
+        embstore.Store.restore(tmp_path / "ck" / "a", tmp_path / "r", distributed=True)
+    with pytest.raises(embstore.NotFoundError, match="interrupted"):
+        embstore.Store.restore(tmp_path / "ck" / "c", tmp_path / "r2", distributed=True)
+
+
+def test_a_distributed_store_opens_only_with_its_process_count(tmp_path, one_process):
+    root = tmp_path / "d"
+    root.mkdir()
+    edist.write_manifest(root, {"world_size": 2})
+    with pytest.raises(embstore.InvalidArgumentError, match="written by 2 processes"):
+        embstore.Store(root, distributed=True)
+    plain = tmp_path / "plain"
+    embstore.Store(plain).close()
+    with pytest.raises(embstore.InvalidArgumentError, match="not a distributed one"):
+        embstore.Store(plain, distributed=True)
