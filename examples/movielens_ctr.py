@@ -46,6 +46,7 @@ import os
 import pathlib
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,7 @@ EMBEDDING_DIM = 16
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 EVAL_BATCH_SIZE = 8192
+PREFETCH = int(os.environ.get("DEMO_PREFETCH", "1"))
 # Single-valued fields, in the column order of Interactions.ids; "genres" is the bag field.
 SINGLE_FIELDS = ("user", "item", "age", "gender", "occupation", "zip3")
 FIELDS = (*SINGLE_FIELDS, "genres")
@@ -202,10 +204,16 @@ def split(data: Interactions) -> tuple[Interactions, Interactions]:
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def batches(data: Interactions, batch_size: int, order: np.ndarray) -> Iterator[Batch]:
-    """``(ids [B, 6], genre_ids [N], genre_offsets [B], labels [B])`` over ``order``."""
+def batches(
+    data: Interactions, batch_size: int, order: np.ndarray, rank: int = 0, world: int = 1
+) -> Iterator[Batch]:
+    """``(ids [B, 6], genre_ids [N], genre_offsets [B], labels [B])`` over ``order``; of
+    ``world`` processes, process ``rank`` gets its share of each batch (every process the same
+    number of batches)."""
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
+        if world > 1:
+            rows = np.array_split(rows, world)[rank]
         genre_ids, offsets = data.genre_bags(rows)
         yield (
             torch.from_numpy(data.ids[rows]),
@@ -340,6 +348,8 @@ def run(
     memory_budget_bytes: int | None = None,
     follower: bool = False,
     follower_dc: bool = False,
+    session: bool = False,
+    distributed: bool = False,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
@@ -361,6 +371,14 @@ def run(
     lookups go to; every epoch reports its freshness lag, how many test users it served as
     trained and the bytes that crossed the WAN, and the end its totals and the test AUC of the
     rows it serves (``follower_dc`` in the result).
+
+    With ``session`` the batches go through a training session (``store.session``): its
+    background thread partitions the next batches' ids and, with a memory budget, reads their
+    rows from disk and pins them, while this one trains; ``embeddings()`` / ``bags()`` take the
+    place of the embstore modules and ``push_grads()`` of ``EmbeddingOptimizer.step()``. The
+    numbers are those of the module path. ``distributed`` (under torchrun; implies ``session``)
+    spreads the tables over the job's processes (``Store(distributed=True)``), each training on
+    its share of every batch, the MLP in DDP; every process evaluates, process 0 prints.
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
@@ -389,11 +407,18 @@ def run(
         f"test; click rate {train.labels.mean():.3f} train, {test.labels.mean():.3f} test"
     )
 
+    session = session or distributed
     if store_dir is not None:
         store_dir = pathlib.Path(store_dir)
-        if store_dir.exists() and any(store_dir.iterdir()):
+        if store_dir.exists() and any(store_dir.iterdir()) and not distributed:
             raise FileExistsError(f"--store-dir {store_dir} is not empty; give a new directory")
-    store = embstore.Store(store_dir, memory_budget_bytes=memory_budget_bytes)
+    store = embstore.Store(
+        store_dir, memory_budget_bytes=memory_budget_bytes, distributed=distributed
+    )
+    rank, world = store.rank, store.world_size
+    if rank != 0:
+        say = lambda *args: None  # noqa: E731 - process 0 speaks for the job
+        quiet = True
     tables = {
         field: store.create_table(
             field,
@@ -413,10 +438,20 @@ def run(
             tables["genres"]: genre_ids
         }
 
+    def session_ids(batch: Batch) -> dict[str, torch.Tensor]:
+        return {t.name: ids for t, ids in batch_ids(batch).items()}
+
+    dense = model
+    if distributed:
+        # The MLP's gradients are averaged over the processes by DDP; the tables' by the
+        # session (push_grads), the same way.
+        dense = nn.parallel.DistributedDataParallel(model.mlp)
+        model.mlp = dense  # type: ignore[assignment]
     dense_opt = torch.optim.Adam(model.parameters(), lr=lr)
     sparse_opt = et.EmbeddingOptimizer(model)
     timer = LookupTimer(model)
     loss_fn = nn.BCEWithLogitsLoss()
+    sess = store.session(list(FIELDS), prefetch=PREFETCH) if session else None
 
     history: list[dict[str, Any]] = []
     peak_memory = 0  # bytes the tables held, at most, after a training step (with a budget)
@@ -435,38 +470,71 @@ def run(
             timer.ids, timer.seconds = 0, 0.0
             step_seconds = 0.0
             epoch_start = time.perf_counter()
-            epoch_batches = batches(train, batch_size, rng.permutation(len(train)))
-            if memory_budget_bytes is not None:
-                # Rows beyond the budget live on disk: a background thread reads the next batch's
-                # rows (and pins them) while this one trains.
-                epoch_batches = embstore.prefetch(epoch_batches, batch_ids)
-            for ids, genre_ids, genre_offsets, labels in epoch_batches:
-                loss = loss_fn(model(ids, genre_ids, genre_offsets), labels)
-                loss.backward()
-                dense_opt.step()
-                step_start = time.perf_counter()
-                sparse_opt.step()
-                step_seconds += time.perf_counter() - step_start
-                dense_opt.zero_grad()
-                sparse_opt.zero_grad()
-                if store.memory_budget is not None:
-                    peak_memory = max(peak_memory, store.memory_budget[1])
-                progress.update(len(labels), loss.item())
+            epoch_batches = batches(train, batch_size, rng.permutation(len(train)), rank, world)
+            if sess is not None:
+                before = sess.stats()
+                for b in sess.run(epoch_batches, session_ids):
+                    _ids, _genre_ids, genre_offsets, labels = b.data
+                    embs = [b.embeddings(f) for f in SINGLE_FIELDS]
+                    embs.append(b.bags("genres", genre_offsets, mode="mean"))
+                    loss = loss_fn(model.dense(torch.stack(embs, dim=1)), labels)
+                    loss.backward()
+                    b.push_grads()
+                    dense_opt.step()
+                    dense_opt.zero_grad()
+                    if store.memory_budget is not None:
+                        peak_memory = max(peak_memory, store.memory_budget[1])
+                    progress.update(len(labels) * world, loss.item())
+                after = sess.stats()
+                timer.ids = after["rows"]["pulled"] - before["rows"]["pulled"]
+                timer.seconds = sum(
+                    after["busy_s"][k] - before["busy_s"][k] for k in ("gather", "write_back")
+                )
+                stages = {k: after["busy_s"][k] - before["busy_s"][k] for k in after["busy_s"]} | {
+                    f"blocked_{k}": after["blocked_s"][k] - before["blocked_s"][k]
+                    for k in after["blocked_s"]
+                }
+                exchanged = (after["bytes_sent"] - before["bytes_sent"]) + (
+                    after["bytes_received"] - before["bytes_received"]
+                )
+            else:
+                if memory_budget_bytes is not None:
+                    # Rows beyond the budget live on disk: a background thread reads the next
+                    # batch's rows (and pins them) while this one trains.
+                    epoch_batches = embstore.prefetch(epoch_batches, batch_ids)
+                for ids, genre_ids, genre_offsets, labels in epoch_batches:
+                    loss = loss_fn(model(ids, genre_ids, genre_offsets), labels)
+                    loss.backward()
+                    dense_opt.step()
+                    step_start = time.perf_counter()
+                    sparse_opt.step()
+                    step_seconds += time.perf_counter() - step_start
+                    dense_opt.zero_grad()
+                    sparse_opt.zero_grad()
+                    if store.memory_budget is not None:
+                        peak_memory = max(peak_memory, store.memory_budget[1])
+                    progress.update(len(labels), loss.item())
             train_seconds = time.perf_counter() - epoch_start
-            test_logloss, test_auc = evaluate(model, test)
+            if sess is not None:
+                test_logloss, test_auc = evaluate_tables(model, tables, test)
+            else:
+                test_logloss, test_auc = evaluate(model, test)
             stats = {
                 "epoch": epoch,
                 "train_logloss": progress.mean_loss,
                 "test_logloss": test_logloss,
                 "test_auc": test_auc,
                 "rows": sum(len(t) for t in tables.values()),
-                "lookups": timer.ids,
+                "lookups": timer.ids * world,
                 "lookups_per_s": timer.ids / train_seconds,
                 "lookups_per_s_in_store": timer.ids / timer.seconds,
                 "store_seconds": timer.seconds + step_seconds,
                 "train_seconds": train_seconds,
                 "seconds": time.perf_counter() - epoch_start,
             }
+            if sess is not None:
+                stats["stages"] = stages
+                stats["bytes_exchanged"] = exchanged
             if store_dir is not None:
                 flush_start = time.perf_counter()
                 flushed = store.flush()
@@ -476,11 +544,31 @@ def run(
                 f"epoch {epoch}/{epochs}: train log-loss {stats['train_logloss']:.4f} | "
                 f"test log-loss {test_logloss:.4f} | test AUC {test_auc:.4f} | "
                 f"rows stored {stats['rows']:,}\n"
-                f"  {timer.ids / 1e6:.2f}M ids looked up: {stats['lookups_per_s'] / 1e6:.2f}M/s of "
-                f"training wall time, {stats['lookups_per_s_in_store'] / 1e6:.1f}M/s in embstore "
-                f"modules; {stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
-                "(lookups + step)"
+                + (
+                    f"  {timer.ids / 1e6:.2f}M ids looked up: "
+                    f"{stats['lookups_per_s'] / 1e6:.2f}M/s of training wall time, "
+                    f"{stats['lookups_per_s_in_store'] / 1e6:.1f}M/s in embstore modules; "
+                    f"{stats['store_seconds']:.2f}s of {train_seconds:.2f}s in embstore "
+                    "(lookups + step)"
+                    if sess is None
+                    else f"  {stats['lookups']:,} rows gathered into batches "
+                    f"({stats['lookups_per_s'] / 1e6:.2f}M/s of training wall time); "
+                    f"{train_seconds:.2f}s of training"
+                )
             )
+            if "stages" in stats:
+                st = stats["stages"]
+                say(
+                    "  session stages (s): "
+                    + ", ".join(f"{k} {st[k]:.2f}" for k in embstore.session.STAGES)
+                    + f"; waited for a prepared batch {st['blocked_train']:.2f}"
+                    + (
+                        f"; {stats['bytes_exchanged'] / 1e6:.1f} MB exchanged with the other "
+                        f"{world - 1} process{'es' if world > 2 else ''}"
+                        if world > 1
+                        else ""
+                    )
+                )
             if sync is not None:
                 stats["follower"] = sync.check(tables["user"], test.ids[:, 0])
                 say(sync.line(stats["follower"]))
@@ -498,7 +586,7 @@ def run(
     finally:
         if sync is not None:
             sync.close()
-    return {
+    result = {
         "test_auc": last["test_auc"],
         "test_logloss": last["test_logloss"],
         "popularity_auc": auc(test.labels, popularity_scores(train, test)),
@@ -518,8 +606,13 @@ def run(
         "test_size": len(test),
         "seconds": time.perf_counter() - started,
         "epochs": history,
+        "rank": rank,
+        "processes": world,
         **{k: last[k] for k in ("follower", "follower_dc") if k in last},
     }
+    if distributed:
+        store.close()  # every process's partition flushed before the job ends
+    return result
 
 
 class Follow:
@@ -870,6 +963,31 @@ def wan_unavailable() -> str | None:
     return None
 
 
+def evaluate_tables(
+    model: DLRM, tables: dict[str, embstore.Table], data: Interactions
+) -> tuple[float, float]:
+    """``(log-loss, AUC)`` of ``model`` on ``data`` with the tables' rows (zeros for ids never
+    trained), looked up through the tables themselves: in a distributed store every process
+    calls this alike (the lookups are collective)."""
+    embs = [
+        torch.from_numpy(tables[f].lookup(data.ids[:, k], "zeros"))
+        for k, f in enumerate(SINGLE_FIELDS)
+    ]
+    genre_ids, offsets = data.genre_bags(np.arange(len(data)))
+    genre_rows = torch.from_numpy(tables["genres"].lookup(genre_ids, "zeros"))
+    embs.append(
+        nn.functional.embedding_bag(
+            torch.arange(len(genre_ids)), genre_rows, torch.from_numpy(offsets), mode="mean"
+        )
+    )
+    model.eval()
+    with torch.no_grad():
+        logits = model.dense(torch.stack(embs, dim=1))
+    labels = torch.from_numpy(data.labels)
+    logloss = nn.functional.binary_cross_entropy_with_logits(logits, labels).item()
+    return logloss, auc(data.labels, logits.numpy())
+
+
 def evaluate_rows(
     model: DLRM, data: Interactions, lookup: Callable[[str, np.ndarray], np.ndarray]
 ) -> float:
@@ -985,11 +1103,34 @@ def main(argv: list[str] | None = None) -> int:
         type=pathlib.Path,
         default=None,
         help="keep the tables in a durable store in this new directory, flushed every epoch "
-        "(default: in memory)",
+        "(default: in memory; with --distributed or --memory-budget-share a temporary one)",
+    )
+    parser.add_argument(
+        "--memory-budget-share",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="train with a memory budget of every key's index plus this share of the rows' "
+        "bytes (per process: its partition's), in (0, 1]; the other rows live on disk",
+    )
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="run under torchrun (torchrun --nproc-per-node 2 examples/movielens_ctr.py "
+        "--distributed): the tables are spread over the processes, each trains on its share of "
+        "every batch through a training session; process 0 prints",
     )
     args = parser.parse_args(argv)
     if not 0 < args.budget_share <= 1:
         parser.error(f"--budget-share must be in (0, 1], got {args.budget_share}")
+    if args.memory_budget_share is not None and not 0 < args.memory_budget_share <= 1:
+        parser.error(f"--memory-budget-share must be in (0, 1], got {args.memory_budget_share}")
+    if args.memory_budget_share is not None and args.memory_budget is not None:
+        parser.error("give --memory-budget or --memory-budget-share, not both")
+    if args.distributed and (args.follower or args.follower_dc):
+        parser.error("--follower and --follower-dc run with one training process")
+    if args.distributed or args.memory_budget_share is not None:
+        return session_main(args)
     if args.follower_dc:
         why = wan_unavailable()
         if why is not None:
@@ -1020,6 +1161,80 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_budget is None and not args.no_budget_run:
         return budget_run(args, result)
     return 0
+
+
+def session_main(args: argparse.Namespace) -> int:
+    """``--distributed`` and/or ``--memory-budget-share``: one run through a training session,
+    in the store at ``--store-dir`` or a temporary one (removed at the end)."""
+    if args.distributed and "RANK" not in os.environ:
+        print(
+            "error: --distributed runs under torchrun, e.g. `torchrun --nproc-per-node 2 "
+            "examples/movielens_ctr.py --distributed` (no RANK in the environment)",
+            file=sys.stderr,
+        )
+        return 2
+    budget = None
+    if args.memory_budget_share is not None:
+        index_bytes, row_bytes = table_bytes(args)
+        world = int(os.environ.get("WORLD_SIZE", "1")) if args.distributed else 1
+        budget = max(1, int((index_bytes + row_bytes * args.memory_budget_share) / world))
+    elif args.memory_budget is not None:
+        budget = args.memory_budget
+    tmp = None
+    store_dir = args.store_dir
+    if store_dir is None and (budget is not None or args.distributed):
+        # Every process of the job names the same directory: from torchrun's run id.
+        job = "-".join(
+            os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+        )
+        job = re.sub(r"[^A-Za-z0-9.-]", "_", job) if args.distributed else str(os.getpid())
+        tmp = pathlib.Path(tempfile.gettempdir()) / f"embstore-movielens-{job}"
+        store_dir = tmp
+    try:
+        result = run(
+            **training_args(args),
+            quiet=args.quiet,
+            store_dir=store_dir,
+            memory_budget_bytes=budget,
+            session=True,
+            distributed=args.distributed,
+        )
+    except (FileNotFoundError, FileExistsError, embstore.InvalidArgumentError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if tmp is not None:
+            if args.distributed and torch.distributed.is_initialized():
+                torch.distributed.barrier()  # every process has closed its partition
+            if int(os.environ.get("RANK", "0")) == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+    if result["rank"] == 0:
+        print(summary(result))
+        if budget is not None:
+            print(
+                f"memory budget {budget / 1024:.0f} KiB per process: "
+                f"{result['rows_on_disk']:,} rows on disk at the end (process 0), "
+                f"{result['cold_reads']:,} read back"
+            )
+    return 0
+
+
+def table_bytes(args: argparse.Namespace) -> tuple[int, int]:
+    """``(index bytes, row bytes)`` the training ids take in memory: the tables filled with
+    them in a throwaway in-memory store (what a budget share is a share of)."""
+    train, _ = split(load_movielens(args.data_dir))
+    store = embstore.Store()
+    index = rows = 0
+    genre_ids, _ = train.genre_bags(np.arange(len(train)))
+    for k, f in enumerate(FIELDS):
+        t = store.create_table(f, EMBEDDING_DIM, optimizer=embstore.Adagrad(lr=args.emb_lr))
+        t.lookup(genre_ids if f == "genres" else train.ids[:, k])
+        rows += t.stats()["bytes_used"]
+        index += 2 * 16 * t.index_stats()["capacity"]
+    return index, rows
 
 
 def training_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -1055,6 +1270,7 @@ def budget_run(args: argparse.Namespace, reference: dict[str, Any]) -> int:
             quiet=True,
             store_dir=pathlib.Path(tmp) / "store",
             memory_budget_bytes=budget,
+            session=True,
         )
     same = abs(tiered["test_auc"] - reference["test_auc"]) <= 1e-6
     print(

@@ -115,25 +115,23 @@ class SessionBatch:
             ) from None
 
     def unique_ids(self, name: str) -> np.ndarray:
-        """The batch's distinct ids of table ``name`` (``uint64``), in the order of the rows of
-        :meth:`rows`."""
+        """The batch's distinct ids of table ``name`` (``uint64``), in the order their
+        gradients are sent in."""
         return self._plan.uniq[self._index(name)]
 
     def rows(self, name: str) -> Any:
-        """The ``[U, D]`` leaf tensor of the batch's distinct rows of table ``name`` (its
-        ``.grad`` is what :meth:`push_grads` sends)."""
+        """The ``[N, D]`` leaf tensor of the rows of the batch's ids of table ``name``, one
+        per id (flattened), in order: what :meth:`embeddings` and :meth:`bags` read. Its
+        ``.grad`` is what :meth:`push_grads` sends, summed per id in the ids' order (so a
+        session trains exactly as the table's own ``apply_gradients`` would)."""
         return self._leaves[self._index(name)]
 
     def embeddings(self, name: str) -> Any:
         """Rows of the batch's ids of table ``name``: a float32 tensor of the ids' shape +
         ``[D]``, differentiable (its gradient reaches the table at :meth:`push_grads`)."""
-        import torch.nn.functional as F
-
         t = self._index(name)
-        inv = self._session._torch_inv(self._plan.inv[t])
-        return F.embedding(inv, self._leaves[t]).reshape(
-            *self._plan.shapes[t], self._leaves[t].shape[1]
-        )
+        leaf = self._leaves[t]
+        return leaf.view(*self._plan.shapes[t], leaf.shape[1])
 
     def bags(
         self,
@@ -153,11 +151,11 @@ class SessionBatch:
             raise InvalidArgumentError(
                 f"bags() needs 1-D ids for table {name!r}, got shape {self._plan.shapes[t]}"
             )
-        inv = self._session._torch_inv(self._plan.inv[t])
+        leaf = self._leaves[t]
         return F.embedding_bag(
-            inv,
-            self._leaves[t],
-            torch.as_tensor(offsets, dtype=torch.int64),
+            torch.arange(leaf.shape[0], device=leaf.device),
+            leaf,
+            torch.as_tensor(offsets, dtype=torch.int64, device=leaf.device),
             mode=mode,
             per_sample_weights=per_sample_weights,
         )
@@ -235,12 +233,6 @@ class Session:
     def _add(self, stage: str, seconds: float) -> None:
         with self._lock:
             self._busy[stage] += seconds
-
-    def _torch_inv(self, inv: np.ndarray) -> Any:
-        import torch
-
-        t = torch.from_numpy(inv)
-        return t if self._device is None else t.to(self._device, non_blocking=True)
 
     # -- the stages -----------------------------------------------------------------------
 
@@ -392,8 +384,10 @@ class Session:
 
         start = time.perf_counter()
         leaves = []
-        for r in self._gather_rows(plan, self._on_miss, self._comm.main):
-            leaf = torch.from_numpy(r)
+        for r, inv in zip(
+            self._gather_rows(plan, self._on_miss, self._comm.main), plan.inv, strict=True
+        ):
+            leaf = torch.from_numpy(r[inv])
             if self._device is not None:
                 leaf = leaf.to(self._device)
             leaves.append(leaf.requires_grad_(True))
@@ -462,12 +456,17 @@ class Session:
         grads: list[np.ndarray] = []
         error: BaseException | None = None
         try:
-            for leaf in batch._leaves:
-                g = leaf.grad
-                if g is None:
-                    grads.append(np.zeros(tuple(leaf.shape), np.float32))
-                    continue
-                g = g.detach().to("cpu", dtype=_f32()).numpy()
+            import torch
+
+            for leaf, uniq, inv in zip(
+                batch._leaves, batch._plan.uniq, batch._plan.inv, strict=True
+            ):
+                acc = torch.zeros((len(uniq), leaf.shape[1]), dtype=torch.float32)
+                if leaf.grad is not None:
+                    # Per id, in the ids' order (index_add_ on the CPU adds one row after
+                    # another): the sums apply_gradients makes of duplicate ids.
+                    acc.index_add_(0, torch.from_numpy(inv), leaf.grad.detach().to("cpu", _f32()))
+                g = acc.numpy()
                 grads.append(g * np.float32(self._scale) if self._scale != 1.0 else g)
         except Exception as e:  # agreed in _push_rows
             error = e

@@ -51,7 +51,7 @@ def torchrun(
         "127.0.0.1",
         "--master-port",
         str(_free_port()),
-        str(HERE / script),
+        str(HERE / script) if "/" not in script else script,
         *args,
     ]
     env = {**os.environ, "EMBSTORE_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
@@ -292,3 +292,21 @@ def test_a_full_disk_stops_the_job_naming_the_process_and_file(tmp_path, small_d
     assert "failed on process 1: NoSpaceError" in r[0]
     assert embstore.latest_checkpoint(ckpt) == ckpt / "b20"
     _check_checkpoint(ckpt / "b20", tmp_path)
+
+
+@pytest.mark.data
+def test_the_distributed_demo_trains_like_one_process(data_dir):
+    """`torchrun --nproc-per-node 2 examples/movielens_ctr.py --distributed
+    --memory-budget-share 0.2`: the documented second command of the demo."""
+    demo = HERE.parents[2] / "examples" / "movielens_ctr.py"
+    args = ("--distributed", "--memory-budget-share", "0.2", "--epochs", "1")
+    args += ("--data-dir", str(data_dir), "--quiet")
+    code, out, _ = torchrun(2, str(demo), *args)
+    assert code == 0, out[-4000:]
+    two = float(re.search(r"test AUC (0\.\d+) vs", out)[1])
+    assert re.search(r"memory budget \d+ KiB per process: [\d,]+ rows on disk", out), out[-2000:]
+    code, out1, _ = torchrun(1, str(demo), *args)
+    assert code == 0, out1[-4000:]
+    one = float(re.search(r"test AUC (0\.\d+) vs", out1)[1])
+    assert abs(one - two) < 2e-4, (one, two)
+    assert one > 0.76
