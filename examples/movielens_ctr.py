@@ -350,6 +350,7 @@ def run(
     follower_dc: bool = False,
     session: bool = False,
     distributed: bool = False,
+    metrics: str | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
@@ -452,6 +453,11 @@ def run(
     timer = LookupTimer(model)
     loss_fn = nn.BCEWithLogitsLoss()
     sess = store.session(list(FIELDS), prefetch=PREFETCH) if session else None
+    if sess is not None and metrics is not None:
+        host, _, port = metrics.rpartition(":")
+        # One port per process: the given one plus the process's rank.
+        address = sess.serve_metrics(f"{host}:{int(port) + rank if int(port) else 0}")
+        print(f"process {rank}: session metrics on http://{address}/metrics", file=sys.stderr)
 
     history: list[dict[str, Any]] = []
     peak_memory = 0  # bytes the tables held, at most, after a training step (with a budget)
@@ -1120,6 +1126,13 @@ def main(argv: list[str] | None = None) -> int:
         "--distributed): the tables are spread over the processes, each trains on its share of "
         "every batch through a training session; process 0 prints",
     )
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --distributed or --memory-budget-share: serve the training session's "
+        "per-stage metrics (Prometheus text) on http://HOST:PORT+rank/metrics",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.budget_share <= 1:
         parser.error(f"--budget-share must be in (0, 1], got {args.budget_share}")
@@ -1198,6 +1211,7 @@ def session_main(args: argparse.Namespace) -> int:
             memory_budget_bytes=budget,
             session=True,
             distributed=args.distributed,
+            metrics=args.metrics,
         )
     except (FileNotFoundError, FileExistsError, embstore.InvalidArgumentError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -230,6 +230,74 @@ class Session:
                 "processes": self._comm.world,
             }
 
+    def serve_metrics(self, listen: str = "127.0.0.1:0") -> str:
+        """Serve this session's metrics on ``listen`` (``host:port``; port 0 picks one) as
+        ``GET /metrics`` in Prometheus' text format, from a daemon thread, until the process
+        ends; returns the address. Each process of a distributed job serves its own (label
+        ``process``): per-stage busy and blocked seconds, batches, rows, bytes exchanged."""
+        import http.server
+
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidArgumentError(f"listen must be host:port, got {listen!r}")
+        session = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                body = session.metrics_text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
+        threading.Thread(
+            target=server.serve_forever, name="embstore-session-metrics", daemon=True
+        ).start()
+        return f"{host}:{server.server_address[1]}"
+
+    def metrics_text(self) -> str:
+        """:meth:`stats` in Prometheus' text format (what :meth:`serve_metrics` serves)."""
+        s = self.stats()
+        p = f'process="{self._comm.rank}"'
+        lines = [
+            "# HELP embstore_session_stage_seconds_total Seconds each pipeline stage was busy "
+            "or blocked.",
+            "# TYPE embstore_session_stage_seconds_total counter",
+        ]
+        for stage, v in s["busy_s"].items():
+            lines.append(
+                f'embstore_session_stage_seconds_total{{{p},stage="{stage}",state="busy"}} {v}'
+            )
+        for stage, v in s["blocked_s"].items():
+            lines.append(
+                f'embstore_session_stage_seconds_total{{{p},stage="{stage}",state="blocked"}} {v}'
+            )
+        lines += [
+            "# HELP embstore_session_batches_total Batches handed to training.",
+            "# TYPE embstore_session_batches_total counter",
+            f"embstore_session_batches_total{{{p}}} {s['batches']}",
+            "# HELP embstore_session_rows_total Rows pulled into batches (of them from other "
+            "processes), served as owner, pinned ahead.",
+            "# TYPE embstore_session_rows_total counter",
+        ]
+        for kind, v in s["rows"].items():
+            lines.append(f'embstore_session_rows_total{{{p},kind="{kind}"}} {v}')
+        lines += [
+            "# HELP embstore_session_bytes_total Bytes exchanged with the other processes.",
+            "# TYPE embstore_session_bytes_total counter",
+            f'embstore_session_bytes_total{{{p},direction="sent"}} {s["bytes_sent"]}',
+            f'embstore_session_bytes_total{{{p},direction="received"}} {s["bytes_received"]}',
+        ]
+        return "\n".join(lines) + "\n"
+
     def _add(self, stage: str, seconds: float) -> None:
         with self._lock:
             self._busy[stage] += seconds

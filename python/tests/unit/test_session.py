@@ -296,3 +296,24 @@ def test_a_distributed_store_opens_only_with_its_process_count(tmp_path, one_pro
     embstore.Store(plain).close()
     with pytest.raises(embstore.InvalidArgumentError, match="not a distributed one"):
         embstore.Store(plain, distributed=True)
+
+
+def test_session_metrics_are_served_in_prometheus_text_format():
+    import urllib.error
+    import urllib.request
+
+    store = embstore.Store()
+    store.create_table("t", 4)
+    sess = store.session(["t"], prefetch=1)
+    for b in sess.run([np.array([1, 2, 3])] * 3, lambda i: {"t": i}):
+        b.embeddings("t").sum().backward()
+        b.push_grads()
+    address = sess.serve_metrics("127.0.0.1:0")
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    assert 'embstore_session_batches_total{process="0"} 3' in text
+    assert 'stage="write_back",state="busy"' in text
+    assert 'embstore_session_rows_total{process="0",kind="pulled"} 9' in text
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://{address}/nope", timeout=10)
+    with pytest.raises(embstore.InvalidArgumentError, match="host:port"):
+        sess.serve_metrics("nope")
