@@ -76,7 +76,9 @@ EMBEDDING_DIM = 16
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 EVAL_BATCH_SIZE = 8192
-PREFETCH = int(os.environ.get("DEMO_PREFETCH", "1"))
+# Batches a training session prepares ahead (with a 20 % budget, 2 ahead trained the 2 epochs
+# in 3.2 s, 1 in 5.2 s, 0 in 6.9 s on the 2-core machine: the disk reads overlap training).
+PREFETCH = 2
 # Single-valued fields, in the column order of Interactions.ids; "genres" is the bag field.
 SINGLE_FIELDS = ("user", "item", "age", "gender", "occupation", "zip3")
 FIELDS = (*SINGLE_FIELDS, "genres")
