@@ -317,3 +317,23 @@ def test_session_metrics_are_served_in_prometheus_text_format():
         urllib.request.urlopen(f"http://{address}/nope", timeout=10)
     with pytest.raises(embstore.InvalidArgumentError, match="host:port"):
         sess.serve_metrics("nope")
+
+
+def test_a_session_on_a_device_trains_as_on_the_host(tmp_path):
+    """``device=`` puts the batch's rows on a torch device (CPU here; a CUDA device where one
+    is present) and brings their gradients back: the same rows either way."""
+    data = _data(6, n=6)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    results = []
+    for device in [None, *devices]:
+        store = embstore.Store()
+        store.create_table("user", 8, optimizer=embstore.Adagrad(lr=0.1), seed=3)
+        sess = store.session(["user"], prefetch=1, device=device)
+        for b in sess.run(data, lambda d: {"user": d["user"]}):
+            e = b.embeddings("user")
+            assert e.device.type == (device or "cpu")
+            (e * e).sum().backward()
+            b.push_grads()
+        results.append(store["user"].lookup(np.arange(3000), "zeros"))
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0], r)
