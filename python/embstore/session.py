@@ -56,7 +56,7 @@ class _Plan:
         self.data = data
         self.shapes: list[tuple[int, ...]] = []
         self.uniq: list[np.ndarray] = []
-        self.inv: list[np.ndarray] = []
+        self.inv: list[np.ndarray | None] = []
         self.counts = np.zeros((world, n_tables), np.int64)
         self.error: BaseException | None = None
         self.served: _Served | None = None
@@ -117,7 +117,9 @@ class SessionBatch:
     def unique_ids(self, name: str) -> np.ndarray:
         """The batch's distinct ids of table ``name`` (``uint64``), in the order their
         gradients are sent in."""
-        return self._plan.uniq[self._index(name)]
+        t = self._index(name)
+        ids = self._plan.uniq[t]
+        return np.unique(ids) if self._plan.inv[t] is None else ids
 
     def rows(self, name: str) -> Any:
         """The ``[N, D]`` leaf tensor of the rows of the batch's ids of table ``name``, one
@@ -358,21 +360,24 @@ class Session:
     def _partition(self, plan: _Plan, flat: list[tuple[np.ndarray, tuple[int, ...]]]) -> None:
         world = self._comm.world
         for t, (ids, shape) in enumerate(flat):
+            plan.shapes.append(shape)
+            if world == 1:
+                # One process: the ids go to the table as they are (it sums the gradients of
+                # duplicates itself, in the ids' order); ``inv`` None means "the identity".
+                plan.uniq.append(ids)
+                plan.inv.append(None)
+                plan.counts[0, t] = len(ids)
+                continue
             uniq, inv = np.unique(ids, return_inverse=True)
             inv = inv.reshape(-1).astype(np.int64, copy=False)
-            if world > 1:
-                owner = owner_of(uniq, world)
-                order = np.argsort(owner, kind="stable")
-                uniq = uniq[order]
-                place = np.empty_like(order)
-                place[order] = np.arange(len(order))
-                inv = place[inv]
-                plan.counts[:, t] = np.bincount(owner, minlength=world)
-            else:
-                plan.counts[0, t] = len(uniq)
-            plan.shapes.append(shape)
+            owner = owner_of(uniq, world)
+            order = np.argsort(owner, kind="stable")
+            uniq = uniq[order]
+            place = np.empty_like(order)
+            place[order] = np.arange(len(order))
             plan.uniq.append(uniq)
-            plan.inv.append(inv)
+            plan.inv.append(place[inv])
+            plan.counts[:, t] = np.bincount(owner, minlength=world)
 
     def _prepare(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
         """Send the plan's ids to their owners; as owner, pin and read in what is asked.
@@ -423,11 +428,13 @@ class Session:
             got = comm.exchange(
                 send.view(np.int64), plan.counts.sum(1), recv.sum(1), what, group
             ).view(np.uint64)
-            served = _Served(_by_table(got, recv, [1] * n_tables), recv)
+            served = _Served(_by_table(got, recv, [1] * n_tables, flagged=False)[0], recv)
         plan.served = served
         for table, ids in zip(self._tables, served.ids, strict=True):
             if not pin or not table.tiered or not len(ids):
                 continue
+            if comm.world == 1:
+                ids = np.unique(ids)
             try:
                 table.pin(ids)
                 served.pinned.append((table, ids))
@@ -455,7 +462,7 @@ class Session:
         for r, inv in zip(
             self._gather_rows(plan, self._on_miss, self._comm.main), plan.inv, strict=True
         ):
-            leaf = torch.from_numpy(r[inv])
+            leaf = torch.from_numpy(r if inv is None else r[inv])
             if self._device is not None:
                 leaf = leaf.to(self._device)
             leaves.append(leaf.requires_grad_(True))
@@ -482,16 +489,21 @@ class Session:
                 raise error
             mine = rows
         else:
+            # Each process's error flag rides with its rows (one float per destination).
             what = "gathering a batch's rows"
-            comm.agree(what, error, group)
-            send = _flatten(rows, served.counts, comm.world)
+            if error is not None:
+                rows = [
+                    np.zeros((len(i), d), np.float32)
+                    for i, d in zip(served.ids, self._dims, strict=True)
+                ]
+            send = _flatten(rows, served.counts, comm.world, 0.0 if error is None else 1.0)
             got = comm.exchange(
-                send, served.counts @ self._dims, plan.counts @ self._dims, what, group
+                send, served.counts @ self._dims + 1, plan.counts @ self._dims + 1, what, group
             )
-            mine = [
-                r.reshape(-1, d)
-                for r, d in zip(_by_table(got, plan.counts, self._dims), self._dims, strict=True)
-            ]
+            parts, failed = _by_table(got, plan.counts, self._dims)
+            if failed.any() or error is not None:
+                comm.fail(what, error, group)
+            mine = [r.reshape(-1, d) for r, d in zip(parts, self._dims, strict=True)]
         with self._lock:
             self._batches += 1
             self._rows["pulled"] += int(plan.counts.sum())
@@ -501,9 +513,9 @@ class Session:
 
     def _retry_pins(self, served: _Served) -> None:
         """Pins refused while earlier batches held theirs: taken now, before the next fetch."""
-        pinned = {id(ids) for _, ids in served.pinned}
+        pinned = {table.name for table, _ in served.pinned}
         for table, ids in zip(self._tables, served.ids, strict=True):
-            if table.tiered and len(ids) and id(ids) not in pinned:
+            if table.tiered and len(ids) and table.name not in pinned:
                 try:
                     table.pin(ids)
                     served.pinned.append((table, ids))
@@ -529,11 +541,20 @@ class Session:
             for leaf, uniq, inv in zip(
                 batch._leaves, batch._plan.uniq, batch._plan.inv, strict=True
             ):
+                grad = leaf.grad
+                if inv is None:  # one process: the table sums duplicates itself
+                    g = (
+                        np.zeros(tuple(leaf.shape), np.float32)
+                        if grad is None
+                        else grad.detach().to("cpu", _f32()).numpy()
+                    )
+                    grads.append(g)
+                    continue
                 acc = torch.zeros((len(uniq), leaf.shape[1]), dtype=torch.float32)
-                if leaf.grad is not None:
+                if grad is not None:
                     # Per id, in the ids' order (index_add_ on the CPU adds one row after
                     # another): the sums apply_gradients makes of duplicate ids.
-                    acc.index_add_(0, torch.from_numpy(inv), leaf.grad.detach().to("cpu", _f32()))
+                    acc.index_add_(0, torch.from_numpy(inv), grad.detach().to("cpu", _f32()))
                 g = acc.numpy()
                 grads.append(g * np.float32(self._scale) if self._scale != 1.0 else g)
         except Exception as e:  # agreed in _push_rows
@@ -554,37 +575,41 @@ class Session:
         owners; as owner, sum what every process sent and step the optimizer; unpin."""
         comm, served = self._comm, plan.served
         assert served is not None
-        try:
-            if error is None:
-                for t, g in enumerate(grads):
-                    if self._reject[t] and not np.isfinite(g).all():
-                        bad = int(np.flatnonzero(~np.isfinite(g).all(axis=1))[0])
-                        raise NonFiniteError(
-                            f"the gradient of id {int(plan.uniq[t][bad])} in table "
-                            f"'{self._tables[t].name}' is not finite; nothing was applied"
-                        )
-        except Exception as e:
-            error = e
         what = "pushing a batch's gradients"
         if comm.world == 1:
+            # The table checks the gradients itself (a non-finite one: nothing is applied).
             if error is not None:
                 _release(served)
                 raise error
             mine = grads
         else:
             try:
-                comm.agree(what, error, group)
-            except BaseException:
-                _release(served)
-                raise
-            send = _flatten(grads, plan.counts, comm.world)
+                if error is None:
+                    for t, g in enumerate(grads):
+                        if self._reject[t] and not np.isfinite(g).all():
+                            bad = int(np.flatnonzero(~np.isfinite(g).all(axis=1))[0])
+                            raise NonFiniteError(
+                                f"the gradient of id {int(plan.uniq[t][bad])} in table "
+                                f"'{self._tables[t].name}' is not finite; nothing was applied"
+                            )
+            except Exception as e:
+                error = e
+            if error is not None:
+                grads = [
+                    np.zeros((len(u), d), np.float32)
+                    for u, d in zip(plan.uniq, self._dims, strict=True)
+                ]
+            # Each process's error flag rides with its gradients: no owner applies anything
+            # unless every process's gradients are good.
+            send = _flatten(grads, plan.counts, comm.world, 0.0 if error is None else 1.0)
             got = comm.exchange(
-                send, plan.counts @ self._dims, served.counts @ self._dims, what, group
+                send, plan.counts @ self._dims + 1, served.counts @ self._dims + 1, what, group
             )
-            mine = [
-                g.reshape(-1, d)
-                for g, d in zip(_by_table(got, served.counts, self._dims), self._dims, strict=True)
-            ]
+            parts, failed = _by_table(got, served.counts, self._dims)
+            if failed.any() or error is not None:
+                _release(served)
+                comm.fail(what, error, group)
+            mine = [g.reshape(-1, d) for g, d in zip(parts, self._dims, strict=True)]
         error = None
         try:
             for table, ids, g in zip(self._tables, served.ids, mine, strict=True):
@@ -740,31 +765,37 @@ def _span(counts: np.ndarray, j: int) -> slice:
     return slice(start, start + int(counts[j]))
 
 
-def _flatten(arrays: list[np.ndarray], counts: np.ndarray, world: int) -> np.ndarray:
+def _flatten(arrays: list[np.ndarray], counts: np.ndarray, world: int, status: float) -> np.ndarray:
     """Rows of every table, cut per process ``j`` (``counts[j, t]`` rows of table ``t``),
-    process-major, as one float32 buffer."""
-    pieces = [
-        arrays[t][_span(counts[:, t], j)].reshape(-1)
-        for j in range(world)
-        for t in range(len(arrays))
-    ]
-    return np.concatenate(pieces) if pieces else np.empty(0, np.float32)
+    process-major, each process's piece followed by ``status`` (this process's error flag), as
+    one float32 buffer."""
+    flag = np.array([status], np.float32)
+    pieces = []
+    for j in range(world):
+        pieces += [arrays[t][_span(counts[:, t], j)].reshape(-1) for t in range(len(arrays))]
+        pieces.append(flag)
+    return np.concatenate(pieces)
 
 
-def _by_table(buf: np.ndarray, counts: np.ndarray, widths: list[int]) -> list[np.ndarray]:
+def _by_table(
+    buf: np.ndarray, counts: np.ndarray, widths: list[int], flagged: bool = True
+) -> tuple[list[np.ndarray], np.ndarray]:
     """The inverse of :func:`_flatten` on the receiving side: a buffer, process-major with
-    ``counts[s, t] * widths[t]`` elements of table ``t`` from process ``s``, regrouped per
-    table (process after process)."""
+    ``counts[s, t] * widths[t]`` elements of table ``t`` and then a flag from process ``s``;
+    returns the rows regrouped per table (process after process) and the flags (``flagged``
+    False: a buffer without them, the ids sent ahead)."""
     world, n_tables = counts.shape
     sizes = counts * np.asarray(widths, np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes.reshape(-1))])
+    starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=1) + int(flagged))])
+    flags = buf[starts[1:] - 1] if flagged else np.zeros(world)
     out = []
     for t in range(n_tables):
-        parts = [
-            buf[offsets[s * n_tables + t] : offsets[s * n_tables + t + 1]] for s in range(world)
-        ]
-        out.append(parts[0] if world == 1 else np.concatenate(parts))
-    return out
+        parts = []
+        for s in range(world):
+            at = starts[s] + int(sizes[s, :t].sum())
+            parts.append(buf[at : at + int(sizes[s, t])])
+        out.append(np.concatenate(parts))
+    return out, flags != 0
 
 
 def _release(served: _Served | None) -> None:
@@ -831,7 +862,7 @@ class DistributedTable(Table):
         finally:
             _release(plan.served)
         arr, device = as_ids(_flat_ids(ids))
-        result = rows[plan.inv[0]]
+        result = rows if plan.inv[0] is None else rows[plan.inv[0]]
         if out is not None:
             check_out(out, arr, self.embedding_dim)
             out[...] = result
@@ -851,16 +882,20 @@ class DistributedTable(Table):
         error = plan.error
         if error is None:
             try:
-                g = as_rows(grads, len(plan.inv[0]), self, "grads")
-                acc = np.zeros((len(plan.uniq[0]), self.embedding_dim), np.float32)
-                np.add.at(acc, plan.inv[0], g)
-                summed.append(acc)
+                inv = plan.inv[0]
+                g = as_rows(grads, len(plan.uniq[0]) if inv is None else len(inv), self, "grads")
+                if inv is None:  # one process: the table sums duplicates itself
+                    summed.append(g)
+                else:
+                    acc = np.zeros((len(plan.uniq[0]), self.embedding_dim), np.float32)
+                    np.add.at(acc, inv, g)
+                    summed.append(acc)
             except Exception as e:  # agreed below
                 error = e
                 plan.error = e
         plan = sess._prepare(plan, comm.main, pin=False)
         sess._push_rows(plan, summed, lr, None, comm.main)
-        return len(plan.uniq[0])
+        return len(np.unique(plan.uniq[0])) if plan.inv[0] is None else len(plan.uniq[0])
 
 
 def _flat_ids(ids: Any) -> Any:

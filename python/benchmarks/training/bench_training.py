@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -96,8 +97,12 @@ def run_one(
             rc = "timeout"
     wall = time.perf_counter() - start
     if rc != 0 or not out.exists():
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        print(f"  FAILED ({rc}) {shlex.join(cmd)}\n    " + "\n    ".join(tail), flush=True)
+        lines = log.read_text(errors="replace").splitlines()
+        # The first Python traceback (a process's own error), then torchrun's summary.
+        first = next((i for i, ln in enumerate(lines) if "Traceback" in ln), None)
+        shown = [*lines[first : first + 25], "..."] if first is not None else []
+        shown += lines[-8:]
+        print(f"  FAILED ({rc}) {shlex.join(cmd)}\n    " + "\n    ".join(shown), flush=True)
         return None
     rec = json.loads(out.read_text())
     rec |= {
@@ -108,6 +113,17 @@ def run_one(
         "command": shlex.join(cmd),
     }
     return rec
+
+
+def source_digest() -> str:
+    """A digest of embstore's Python sources and native module: a run whose digest changed
+    between its start and end mixed two versions of the code."""
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "python" / "embstore").rglob("*")):
+        if f.is_file() and f.suffix in (".py", ".so"):
+            h.update(f.relative_to(ROOT).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def median(xs: list[float]) -> float:
@@ -297,6 +313,13 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
         ).stdout.strip(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "embstore_digest": source_digest(),
+        "git_dirty": subprocess.run(
+            ["git", "status", "--porcelain", "--", "python/embstore"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
         "order": "per repeat and process count, the three configs in an order rotated by one "
         "each repeat",
     }
@@ -323,6 +346,10 @@ def main() -> None:
                     doc = {"meta": meta, "runs": runs}
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     meta["wall_s"] = time.perf_counter() - t_all
+    digest = source_digest()
+    if digest != meta["embstore_digest"]:
+        meta["embstore_digest_at_end"] = digest
+        print("WARNING: embstore's sources changed during the run: the runs mix two versions")
     args.out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
     print()
     print(summarise(runs, args))
