@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -86,6 +87,10 @@ def run_one(
     out = tmp / f"{config}-p{processes}-r{repeat}.json"
     log = tmp / f"{config}-p{processes}-r{repeat}.log"
     cmd = command(config, processes, args, out)
+    store_dir = tmp / f"{config}-p{processes}-r{repeat}-store"
+    if config != "torchrec":
+        # The runner's own directory: removed below even when the run crashes.
+        cmd += ["--store-dir", str(store_dir)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     with log.open("w") as f:
@@ -96,6 +101,7 @@ def run_one(
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.perf_counter() - start
+    shutil.rmtree(store_dir, ignore_errors=True)
     if rc != 0 or not out.exists():
         lines = log.read_text(errors="replace").splitlines()
         # The first Python traceback (a process's own error), then torchrun's summary.
@@ -280,6 +286,7 @@ def main() -> None:
     ap.add_argument("--memory-budget-share", type=float, default=0.2)
     ap.add_argument("--prefetch", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--retries", type=int, default=1, help="reruns of a failed run")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="a smoke run")
@@ -334,6 +341,11 @@ def main() -> None:
                     mark = " (oversubscribed)" if p > cores else ""
                     print(f"repeat {rep + 1}/{args.repeats}, {p} processes{mark}: {c}", flush=True)
                     rec = run_one(c, p, rep, args, Path(tmp))
+                    for _ in range(args.retries):
+                        if rec is not None:
+                            break
+                        print("  retrying (a fresh port)", flush=True)
+                        rec = run_one(c, p, rep, args, Path(tmp))
                     if rec is None:
                         continue
                     print(

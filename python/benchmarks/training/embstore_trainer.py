@@ -19,9 +19,12 @@ averaged over the process's slice of the global batch, sparse gradients averaged
 processes (the session's ``grad_average=True``), as DDP averages the dense ones; one torch
 thread per process. Table ``f`` is ``t{f}`` and is keyed by field ``f``'s raw ids.
 
-``--memory-budget-share F`` gives each process a budget of F x (total rows / processes) x the
-bytes one row takes in embstore's memory (measured at startup); without it every row stays in
-memory (a store in a directory, no budget).
+``--memory-budget-share F`` gives each process a budget of F x (the rows the run stores /
+processes) x the bytes one row takes in embstore's memory (measured at startup). The rows the
+run stores are the distinct ids of its training batches, counted before it starts (embstore
+creates a row on first use, so a share of ``--total-rows`` would hold every row this run ever
+touches when the run touches fewer: at 4M rows, 200 batches touch 20 % of them). Without it
+every row stays in memory (a store in a directory, no budget).
 
 Rank 0 writes the JSON (``--json``); progress goes to stderr.
 """
@@ -74,6 +77,16 @@ def bytes_per_row(dim: int) -> float:
     per_row = t.stats()["bytes_reserved"] / PROBE_ROWS
     probe.close()
     return per_row
+
+
+def distinct_rows(w: synth_ctr.Workload, batches: int) -> int:
+    """Rows the training batches create: distinct (field, id) pairs over all of them."""
+    seen = [set() for _ in range(synth_ctr.FIELDS)]
+    for i in range(batches):
+        sparse = synth_ctr.batch(w, i)["sparse"]
+        for f in range(synth_ctr.FIELDS):
+            seen[f].update(np.unique(sparse[:, f]).tolist())
+    return sum(len(s) for s in seen)
 
 
 def ids_of(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -136,7 +149,11 @@ def main() -> None:
     w = synth_ctr.Workload.criteo(args.total_rows, batch_size=args.batch_size, seed=args.seed)
     t0 = time.perf_counter()
     row_bytes = bytes_per_row(args.dim)
-    budget = None if share is None else int(share * (w.total_rows / world) * row_bytes)
+    stored = None
+    if share is not None:
+        stored = distinct_rows(w, args.batches)
+        log(f"the run stores {stored:,} rows ({stored / w.total_rows:.1%} of {w.total_rows:,})")
+    budget = None if share is None else int(share * (stored / world) * row_bytes)
 
     # Every process needs the same store path: rank 0 makes the temp dir and tells the others.
     temp = args.store_dir is None
@@ -237,6 +254,7 @@ def main() -> None:
             "rss_mb_max": max(p["rss_mb"] for p in per_proc),
             "memory_budget_share": share,
             "memory_budget_bytes": budget,
+            "rows_stored_by_the_run": stored,
             "bytes_per_row": row_bytes,
             "prefetch": args.prefetch,
             # Over the timed batches (after warmup), rank 0's session.
