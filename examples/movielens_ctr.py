@@ -977,20 +977,7 @@ def evaluate_tables(
     """``(log-loss, AUC)`` of ``model`` on ``data`` with the tables' rows (zeros for ids never
     trained), looked up through the tables themselves: in a distributed store every process
     calls this alike (the lookups are collective)."""
-    embs = [
-        torch.from_numpy(tables[f].lookup(data.ids[:, k], "zeros"))
-        for k, f in enumerate(SINGLE_FIELDS)
-    ]
-    genre_ids, offsets = data.genre_bags(np.arange(len(data)))
-    genre_rows = torch.from_numpy(tables["genres"].lookup(genre_ids, "zeros"))
-    embs.append(
-        nn.functional.embedding_bag(
-            torch.arange(len(genre_ids)), genre_rows, torch.from_numpy(offsets), mode="mean"
-        )
-    )
-    model.eval()
-    with torch.no_grad():
-        logits = model.dense(torch.stack(embs, dim=1))
+    logits = _dense_logits(model, data, lambda f, ids: tables[f].lookup(ids, "zeros"))
     labels = torch.from_numpy(data.labels)
     logloss = nn.functional.binary_cross_entropy_with_logits(logits, labels).item()
     return logloss, auc(data.labels, logits.numpy())
@@ -1001,6 +988,13 @@ def evaluate_rows(
 ) -> float:
     """The test AUC of ``model``'s dense layers on the rows ``lookup(field, ids)`` gives (zeros
     for unknown ids, as in :func:`evaluate`), e.g. as a follower serves them."""
+    return auc(data.labels, _dense_logits(model, data, lookup).numpy())
+
+
+def _dense_logits(
+    model: DLRM, data: Interactions, lookup: Callable[[str, np.ndarray], np.ndarray]
+) -> torch.Tensor:
+    """Logits of ``model``'s dense layers over ``data`` with the rows ``lookup`` gives."""
     embs = [torch.from_numpy(lookup(f, data.ids[:, k]).copy()) for k, f in enumerate(SINGLE_FIELDS)]
     genre_ids, offsets = data.genre_bags(np.arange(len(data)))
     genre_rows = torch.from_numpy(lookup("genres", genre_ids).copy())
@@ -1011,8 +1005,7 @@ def evaluate_rows(
     )
     model.eval()
     with torch.no_grad():
-        logits = model.dense(torch.stack(embs, dim=1))
-    return auc(data.labels, logits.numpy())
+        return model.dense(torch.stack(embs, dim=1))
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -490,20 +490,15 @@ class Session:
             mine = rows
         else:
             # Each process's error flag rides with its rows (one float per destination).
-            what = "gathering a batch's rows"
-            if error is not None:
-                rows = [
-                    np.zeros((len(i), d), np.float32)
-                    for i, d in zip(served.ids, self._dims, strict=True)
-                ]
-            send = _flatten(rows, served.counts, comm.world, 0.0 if error is None else 1.0)
-            got = comm.exchange(
-                send, served.counts @ self._dims + 1, plan.counts @ self._dims + 1, what, group
+            mine = self._exchange_rows(
+                rows,
+                served.ids,
+                served.counts,
+                plan.counts,
+                error,
+                "gathering a batch's rows",
+                group,
             )
-            parts, failed = _by_table(got, plan.counts, self._dims)
-            if failed.any() or error is not None:
-                comm.fail(what, error, group)
-            mine = [r.reshape(-1, d) for r, d in zip(parts, self._dims, strict=True)]
         with self._lock:
             self._batches += 1
             self._rows["pulled"] += int(plan.counts.sum())
@@ -594,22 +589,11 @@ class Session:
                             )
             except Exception as e:
                 error = e
-            if error is not None:
-                grads = [
-                    np.zeros((len(u), d), np.float32)
-                    for u, d in zip(plan.uniq, self._dims, strict=True)
-                ]
             # Each process's error flag rides with its gradients: no owner applies anything
             # unless every process's gradients are good.
-            send = _flatten(grads, plan.counts, comm.world, 0.0 if error is None else 1.0)
-            got = comm.exchange(
-                send, plan.counts @ self._dims + 1, served.counts @ self._dims + 1, what, group
+            mine = self._exchange_rows(
+                grads, plan.uniq, plan.counts, served.counts, error, what, group, served
             )
-            parts, failed = _by_table(got, served.counts, self._dims)
-            if failed.any() or error is not None:
-                _release(served)
-                comm.fail(what, error, group)
-            mine = [g.reshape(-1, d) for g, d in zip(parts, self._dims, strict=True)]
         error = None
         try:
             for table, ids, g in zip(self._tables, served.ids, mine, strict=True):
@@ -622,6 +606,36 @@ class Session:
         finally:
             _release(served)
         comm.agree(what, error, group)
+
+    def _exchange_rows(
+        self,
+        arrays: list[np.ndarray],
+        ids: list[np.ndarray],
+        send_counts: np.ndarray,
+        recv_counts: np.ndarray,
+        error: BaseException | None,
+        what: str,
+        group: Any,
+        release: _Served | None = None,
+    ) -> list[np.ndarray]:
+        """All-to-all of per-table rows (``arrays[t]``: a row per id of ``ids[t]``, cut per
+        process by ``send_counts``), each process's piece followed by its error flag (zeros
+        are sent by a process that failed); raises on every process if any failed (after
+        releasing ``release``'s pins)."""
+        comm = self._comm
+        if error is not None:
+            arrays = [
+                np.zeros((len(i), d), np.float32) for i, d in zip(ids, self._dims, strict=True)
+            ]
+        send = _flatten(arrays, send_counts, comm.world, 0.0 if error is None else 1.0)
+        got = comm.exchange(
+            send, send_counts @ self._dims + 1, recv_counts @ self._dims + 1, what, group
+        )
+        parts, failed = _by_table(got, recv_counts, self._dims)
+        if failed.any() or error is not None:
+            _release(release)
+            comm.fail(what, error, group)
+        return [p.reshape(-1, d) for p, d in zip(parts, self._dims, strict=True)]
 
     # -- one table, called directly (DistributedTable) ----------------------------------------
 

@@ -108,13 +108,7 @@ def stage_delta(after: dict, before: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--total-rows", type=int, default=2_000_000)
-    ap.add_argument("--batches", type=int, default=60, help="training batches (global)")
-    ap.add_argument("--eval-batches", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=4096, help="global batch size")
-    ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--warmup", type=int, default=5, help="first batches trained, not timed")
+    synth_ctr.add_run_arguments(ap)
     ap.add_argument(
         "--memory-budget-share",
         type=float,
@@ -232,25 +226,12 @@ def main() -> None:
     dist.all_gather_object(per_proc, mine)
 
     if rank == 0:
-        s = np.concatenate([g[0] for g in gathered]).astype(np.float64)
-        y = np.concatenate([g[1] for g in gathered]).astype(np.float64)
-        logloss = float(np.mean(np.logaddexp(0.0, s) - y * s))
         out = {
             "peer": "embstore",
             "embstore_version": getattr(embstore, "__version__", None),
-            "torch_version": torch.__version__,
-            "processes": world,
-            "total_rows": w.total_rows,
-            "batches": args.batches,
-            "warmup": args.warmup,
-            "batch_size": args.batch_size,
-            "eval_batches": args.eval_batches,
-            "train_seconds": train_s,
-            "examples_per_s": timed * args.batch_size / train_s,
+            **synth_ctr.run_record(args, w, world, timed, train_s, gathered),
             # Batch generation runs in the session's read stage (background thread).
             "data_seconds_rank0": stats["busy_s"]["read"],
-            "auc": synth_ctr.auc(y, s),
-            "eval_logloss": logloss,
             "rss_mb_max": max(p["rss_mb"] for p in per_proc),
             "memory_budget_share": share,
             "memory_budget_bytes": budget,
@@ -275,7 +256,8 @@ def main() -> None:
         busy = stats["busy_s"]
         log(
             f"{out['examples_per_s']:.0f} examples/s over {timed} batches ({train_s:.1f}s), "
-            f"AUC {out['auc']:.4f}, logloss {logloss:.4f}, peak RSS {out['rss_mb_max']:.0f} MB; "
+            f"AUC {out['auc']:.4f}, logloss {out['eval_logloss']:.4f}, "
+            f"peak RSS {out['rss_mb_max']:.0f} MB; "
             "busy "
             + ", ".join(f"{k} {v:.1f}s" for k, v in busy.items())
             + f"; {out['rows']} rows, {out['cold_reads']} cold reads"

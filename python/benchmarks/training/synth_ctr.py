@@ -14,6 +14,7 @@ slice).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Iterator
 
@@ -173,3 +174,43 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     if n_pos == 0 or n_neg == 0:
         return float("nan")
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """The command-line arguments every trainer of this workload takes (embstore's and the
+    TorchRec peer's alike): the run's shape."""
+    ap.add_argument("--total-rows", type=int, default=2_000_000)
+    ap.add_argument("--batches", type=int, default=60, help="training batches (global)")
+    ap.add_argument("--eval-batches", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=4096, help="global batch size")
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=5, help="first batches trained, not timed")
+
+
+def run_record(
+    args: argparse.Namespace,
+    w: Workload,
+    world: int,
+    timed: int,
+    train_s: float,
+    gathered: list[tuple[np.ndarray, np.ndarray]],
+) -> dict[str, object]:
+    """The fields of a trainer's JSON record every peer shares: the run's shape, its
+    throughput over the ``timed`` batches, and its evaluation (``gathered``: every process's
+    ``(logits, labels)``)."""
+    s = np.concatenate([g[0] for g in gathered]).astype(np.float64)
+    y = np.concatenate([g[1] for g in gathered]).astype(np.float64)
+    return {
+        "torch_version": torch.__version__,
+        "processes": world,
+        "total_rows": w.total_rows,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        "batch_size": args.batch_size,
+        "eval_batches": args.eval_batches,
+        "train_seconds": train_s,
+        "examples_per_s": timed * args.batch_size / train_s,
+        "auc": auc(y, s),
+        "eval_logloss": float(np.mean(np.logaddexp(0.0, s) - y * s)),
+    }

@@ -153,13 +153,7 @@ def describe_plan(plan: object, world: int) -> tuple[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--total-rows", type=int, default=2_000_000)
-    ap.add_argument("--batches", type=int, default=60, help="training batches (global)")
-    ap.add_argument("--eval-batches", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=4096, help="global batch size")
-    ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--warmup", type=int, default=5, help="first batches trained, not timed")
+    synth_ctr.add_run_arguments(ap)
     ap.add_argument("--sharding", choices=sorted(SHARDINGS), default="auto")
     ap.add_argument("--json", type=Path, help="where rank 0 writes the results")
     args = ap.parse_args()
@@ -260,24 +254,11 @@ def main() -> None:
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
 
     if rank == 0:
-        s = np.concatenate([g[0] for g in gathered]).astype(np.float64)
-        y = np.concatenate([g[1] for g in gathered]).astype(np.float64)
-        logloss = float(np.mean(np.logaddexp(0.0, s) - y * s))
         out = {
             "peer": "torchrec",
             "torchrec_version": torchrec.__version__,
-            "torch_version": torch.__version__,
-            "processes": world,
-            "total_rows": w.total_rows,
-            "batches": args.batches,
-            "warmup": args.warmup,
-            "batch_size": args.batch_size,
-            "eval_batches": args.eval_batches,
-            "train_seconds": train_s,
-            "examples_per_s": timed * args.batch_size / train_s,
+            **synth_ctr.run_record(args, w, world, timed, train_s, gathered),
             "data_seconds_rank0": data_s,
-            "auc": synth_ctr.auc(y, s),
-            "eval_logloss": logloss,
             "rss_mb_max": float(rss.item()),
             "sharding": sharding,
             "tables": per_table,
@@ -285,7 +266,7 @@ def main() -> None:
         log(
             f"{out['examples_per_s']:.0f} examples/s over {timed} batches "
             f"({train_s:.1f}s, of which data {data_s:.1f}s on rank 0), AUC {out['auc']:.4f}, "
-            f"logloss {logloss:.4f}, peak RSS {out['rss_mb_max']:.0f} MB"
+            f"logloss {out['eval_logloss']:.4f}, peak RSS {out['rss_mb_max']:.0f} MB"
         )
         if args.json:
             args.json.write_text(json.dumps(out, indent=2) + "\n")
