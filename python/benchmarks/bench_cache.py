@@ -590,7 +590,7 @@ def bench_system(args: argparse.Namespace, baselines: list[dict], lcs: list[str]
                     log(f"system {name} D {d} ({cfg}) {tiers}: skipped ({e})")
                     continue
                 t0 = time.perf_counter()
-                r = ecache.evaluate(keys, cache, mode="prefix")
+                r = ecache.evaluate(keys, cache, mode="prefix", in_place=True)
                 res["ours"][cfg] = {"tiers_share": tiers} | cache_figures(cache, r)
                 res["ours"][cfg]["seconds"] = time.perf_counter() - t0
                 log(f"system {name} D {d} ({cfg}) {tiers}: perfect {r['perfect_hit']:.4f}")
@@ -616,7 +616,7 @@ def bench_system(args: argparse.Namespace, baselines: list[dict], lcs: list[str]
                     surrogates=sur,
                     l3_fill="inline",
                 )
-                r = ecache.evaluate(keys, cache, mode="prefix")
+                r = ecache.evaluate(keys, cache, mode="prefix", in_place=True)
                 res["ours"]["f"] = {"tiers_share": TIERS[top], "base": top} | cache_figures(
                     cache, r
                 )

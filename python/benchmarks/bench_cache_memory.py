@@ -224,7 +224,7 @@ def tune_alpha(
     scores = {}
     for alpha in ALPHAS:
         cache = new_cache(mem, fields, config, budget, sur, alpha)
-        scores[alpha] = evaluate(keys, cache, mode="prefix")["perfect_hit"]
+        scores[alpha] = evaluate(keys, cache, mode="prefix", in_place=True)["perfect_hit"]
     best = max(ALPHAS, key=lambda a: scores[a])
     return best, {str(a): v for a, v in scores.items()}
 

@@ -43,7 +43,7 @@ def run(keys, names, dim, budget, tiers, alpha, policy="group_lfu", params=None)
         policy=policy,
         policy_params={**(params or {}), "age_alpha": alpha},
     )
-    return evaluate(keys, cache, mode="prefix")["perfect_hit"] * 100, cache.stats()
+    return evaluate(keys, cache, mode="prefix", in_place=True)["perfect_hit"] * 100, cache.stats()
 
 
 def main() -> None:

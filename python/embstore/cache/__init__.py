@@ -40,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -177,8 +178,10 @@ class InferenceCache:
             (the default): the group score plus a hit counter, set-associative, 10 B of
             metadata per entry (and 1 B for its key's table in a cache of 2-256 tables);
             ``group_lfu``: the same score fully associative (26-31 B an entry; better at
-            equal entries, worse at equal bytes); ``lru``, ``lfu``;
-            ``ev_arc`` is an evaluator-only ablation.
+            equal entries, worse at equal bytes); ``lru``, ``lfu``; ``ev_lfu_paper`` (the
+            paper's EV-LFU as its artifact runs it: no pinning, no aging, flush 0.95/0.30; an
+            ablation, 28-31 B an entry). ``ev_arc`` is an evaluator-only ablation (its ghost
+            entries cannot hold rows): :func:`evaluate` takes it, this class refuses it.
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``).
         surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``. A build
@@ -224,6 +227,23 @@ class InferenceCache:
     ):
         if isinstance(tables, str) or not tables:
             raise InvalidArgumentError("tables must be a non-empty list of table names")
+        # the configuration, for an empty copy (_fresh; evaluate() scores one)
+        self._config: dict[str, Any] = {
+            "store": store,
+            "tables": list(tables),
+            "memory_budget_bytes": memory_budget_bytes,
+            "policy": policy,
+            "tiers": None if tiers is None else dict(tiers),
+            "surrogates": None if surrogates is None else dict(surrogates),
+            "surrogate_share": surrogate_share,
+            "max_approx_per_request": max_approx_per_request,
+            "max_surrogate_dist": max_surrogate_dist,
+            "demote": demote,
+            "shards": shards,
+            "policy_params": None if policy_params is None else dict(policy_params),
+            "on_miss": on_miss,
+            "l3_fill": l3_fill,
+        }
         self.tables = list(tables)
         if len(set(self.tables)) != len(self.tables):
             raise InvalidArgumentError(f"tables must be distinct, got {self.tables}")
@@ -336,6 +356,11 @@ class InferenceCache:
         if src is None:
             return out
         return out, {name: src[:, i] for i, name in enumerate(self.tables)}
+
+    def _fresh(self) -> InferenceCache:
+        """A new, empty cache of this one's configuration (same store, tables, budget,
+        policy, tiers, surrogate builds and options); this one is left as it is."""
+        return InferenceCache(**self._config)
 
     def native(self) -> Any:
         """The native cache this object wraps, for embstore's own modules (the evaluator
@@ -524,6 +549,55 @@ def _as_trace(trace: Any) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def _tag_bytes(num_tables: int) -> int:
+    """A cache's table tag per slot, counted as metadata (as the native ``Level`` does)."""
+    return 0 if num_tables <= 1 else 1 if num_tables <= 256 else 2
+
+
+def _entries_for_bytes(
+    policy: str,
+    capacity_bytes: int,
+    dim: int,
+    keys: np.ndarray,
+    policy_params: Mapping[str, Any] | None,
+) -> int:
+    """Entries of ``policy`` (ours) that fp32 rows of ``dim`` values and the policy's measured
+    metadata fit in ``capacity_bytes``, for a cache of the trace's tables.
+
+    Policies an :class:`InferenceCache` holds: the capacity of such a cache of that budget
+    (fp32 tier only, no surrogates), over a scratch store of the trace's tables, so the two
+    agree by construction. The evaluator-only ones (``ev_arc``, :data:`STORE_POLICIES`): the
+    same rule with the metadata measured on the policy filled to capacity, plus the tag.
+    """
+    num_tables = max(1, int(np.unique(keys >> np.uint64(48)).size))
+    params = dict(policy_params) if policy_params else None
+    name = policy.replace("-", "_")
+    if name in POLICIES and name != "ev_arc":
+        from embstore import Store
+
+        store = Store()
+        tables = [f"t{i}" for i in range(num_tables)]
+        for t in tables:
+            store.create_table(t, embedding_dim=int(dim))
+        cache = InferenceCache(
+            store, tables, int(capacity_bytes), policy=name, policy_params=params
+        )
+        return cache.capacity
+    row, tag = 4 * int(dim), _tag_bytes(num_tables)
+
+    def metadata(cap: int) -> float:  # measured bytes an entry, the policy full
+        fill = np.arange(cap, dtype=np.uint64)
+        stops = np.arange(cap + 1, dtype=np.uint64)  # one key a request
+        r = _native.evaluate(fill, stops, name, cap, mode="online", policy_params=params)
+        return float(r["metadata_bytes_per_entry"]) + tag
+
+    cap = max(1, int(capacity_bytes // (row + 32)))
+    cap = max(1, int(capacity_bytes // (row + math.ceil(metadata(cap)))))
+    while cap > 1 and cap * row + math.ceil(metadata(cap) * cap) > capacity_bytes:
+        cap = int(cap * 0.99)
+    return cap
+
+
 def evaluate(
     trace: Any,
     policy: str | InferenceCache | Any = "group_lfu",
@@ -534,6 +608,7 @@ def evaluate(
     capacity_bytes: int | None = None,
     dim: int | None = None,
     warm_frac: float = 0.5,
+    in_place: bool = False,
 ) -> dict[str, Any]:
     """The one perfect-hit evaluator.
 
@@ -545,26 +620,61 @@ def evaluate(
             as a cache of ``capacity`` keys; no ``policy_params``); a libCacheSim policy name
             as libCacheSim spells it (``"LRU"``, ``"S3FIFO"``, ``"ARC"``, … when
             ``libcachesim`` is installed); an object with ``access(keys) -> flags``;
-            or an :class:`InferenceCache` (the whole system, evaluated as it is).
+            or an :class:`InferenceCache` (the whole system: an empty copy of it, same
+            configuration, is evaluated, so the cache given is not touched and two calls
+            agree; ``capacity``, ``capacity_bytes``, ``dim`` and ``policy_params`` are refused,
+            the cache's own are used). ``in_place=True`` runs the trace through the cache given
+            instead, from the state it is in and leaving it in the state the run ends in (a
+            fast native way to warm a cache; its figures then depend on what ran before).
         capacity: entries (int), or a fraction of the trace's unique keys (float in (0, 1)).
         capacity_bytes, dim: alternatively, a byte budget for fp32 rows of ``dim`` values plus
-            the policy's own metadata per entry (ours: measured; libCacheSim: our 28 B, as if
-            the policy ran inside our store).
+            the policy's own metadata per entry. Ours: measured, the entries an
+            :class:`InferenceCache` of that policy and budget over the trace's tables holds
+            (``ev_arc`` and :data:`STORE_POLICIES`: their metadata measured full, plus the
+            cache's table tag); libCacheSim and other objects: our 28 B, as if the policy ran
+            inside our store.
         mode: ``online`` (one cold pass), ``prefix`` (warm on the first ``warm_frac``, count
             the rest; the primary figure) or ``replay`` (warm on all, count a second pass).
+
+    libCacheSim's randomized policies (LeCaR, Cacheus) run in a fresh Python process each, so
+    their figures do not depend on what ran before; every libCacheSim result carries
+    ``find_get_disagreements`` (keys whose ``get`` contradicted ``find``; their hits follow
+    ``get``; 0 for a sound policy).
 
     Returns a dict with ``perfect_hit``, ``served_perfect_hit``, ``individual_hit``,
     ``compulsory_bound``, ``misses_per_request`` and more.
     """
     keys, offsets = _as_trace(trace)
+    if in_place and not isinstance(policy, InferenceCache):
+        raise InvalidArgumentError("in_place=True is for an InferenceCache")
     if isinstance(policy, InferenceCache):
-        return policy.native().evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
+        given = {
+            "capacity": capacity,
+            "capacity_bytes": capacity_bytes,
+            "dim": dim,
+            "policy_params": policy_params,
+        }
+        for arg, value in given.items():
+            if value is not None:
+                raise InvalidArgumentError(
+                    f"{arg} cannot be given with an InferenceCache: the cache's own "
+                    "configuration is evaluated (build one with the settings you want)"
+                )
+        cache = policy if in_place else policy._fresh()
+        return cache.native().evaluate(keys, offsets, mode=mode, warm_frac=warm_frac)
+    # Ours are lowercase (lru, group_lfu); libCacheSim's are capitalised (LRU, S3FIFO): the
+    # case decides, so "LRU" is libCacheSim's LRU and "lru" ours.
+    ours = (*POLICIES, *STORE_POLICIES)
+    is_ours = isinstance(policy, str) and policy.replace("-", "_") in ours
     if capacity_bytes is not None:
         if capacity is not None:
             raise InvalidArgumentError("give capacity or capacity_bytes, not both")
         if not dim or dim < 1:
             raise InvalidArgumentError("capacity_bytes needs dim (the row length)")
-        capacity = int(capacity_bytes // (4 * dim + _METADATA_PER_ENTRY))
+        if is_ours:
+            capacity = _entries_for_bytes(policy, capacity_bytes, dim, keys, policy_params)
+        else:
+            capacity = int(capacity_bytes // (4 * dim + _METADATA_PER_ENTRY))
     if capacity is None:
         raise InvalidArgumentError("capacity (entries or a fraction of unique keys) is required")
     if isinstance(capacity, float):
@@ -573,13 +683,23 @@ def evaluate(
         capacity = max(1, round(capacity * np.unique(keys).size))
     if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
         raise InvalidArgumentError(f"capacity must be a positive int, got {capacity!r}")
-    # Ours are lowercase (lru, group_lfu); libCacheSim's are capitalised (LRU, S3FIFO): the
-    # case decides, so "LRU" is libCacheSim's LRU and "lru" ours.
-    ours = (*POLICIES, *STORE_POLICIES)
-    if isinstance(policy, str) and policy.replace("-", "_") not in ours:
+    if isinstance(policy, str) and not is_ours:
         from embstore.cache import _libcachesim
 
-        policy = _libcachesim.LibCacheSimPolicy(policy, int(capacity))
+        peer = _libcachesim.LibCacheSimPolicy(policy, int(capacity))  # checks name and size
+        if peer.name in _libcachesim.RANDOMIZED:
+            return _libcachesim.evaluate_isolated(
+                keys,
+                offsets,
+                peer.name,
+                int(capacity),
+                mode=mode,
+                warm_frac=warm_frac,
+                policy_params=policy_params,
+            )
+        return _libcachesim.evaluate_policy(
+            keys, offsets, peer, mode=mode, warm_frac=warm_frac, policy_params=policy_params
+        )
     return _native.evaluate(
         keys,
         offsets,

@@ -34,9 +34,15 @@ LeCaR      ``update_weight=True``, ``lru_weight=0.5`` (libCacheSim's defaults).
 Cacheus    no parameters; needs ``capacity >= 2``.
 =========  =================================================================================
 
-LeCaR and Cacheus draw from libCacheSim's one process-wide random generator, which cannot
-be seeded from Python: a run is reproducible, but depends on the LeCaR or Cacheus runs made
-before it in the same process. Run them in a fixed order, or one per process.
+LeCaR and Cacheus (:data:`RANDOMIZED`) draw from libCacheSim's one process-wide random
+generator, which libcachesim 0.3.5 does not let Python seed: in one process a run depends on
+the runs made before it. :func:`embstore.cache.evaluate` therefore runs each of them in a fresh
+Python process (:func:`evaluate_isolated`), so its figures do not depend on what ran before; a
+:class:`LibCacheSimPolicy` driven directly shares the generator of its process.
+
+``access`` guards against peers whose ``find`` and ``get`` disagree (libCacheSim's ThreeLCache
+``find`` reports keys its ``get`` then misses): see :meth:`LibCacheSimPolicy.access` and
+:attr:`LibCacheSimPolicy.find_get_disagreements`.
 
 ``params`` holds what was passed for each instance. Any other keyword argument of the
 libCacheSim class (e.g. ``window_size=0.05``) can be passed through; libCacheSim ends the
@@ -61,19 +67,28 @@ Example::
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
 
-__all__ = ["LibCacheSimPolicy", "available"]
+__all__ = ["RANDOMIZED", "LibCacheSimPolicy", "available", "evaluate_isolated"]
 
 # the offered policies, in report order; each is the libcachesim class of that name
 _NAMES = (
     "LRU", "LFU", "Clock", "ARC", "LIRS", "TwoQ", "S3FIFO", "Sieve", "WTinyLFU", "LeCaR", "Cacheus",
 )  # fmt: skip
 _ALIASES = {"2q": "TwoQ", "tinylfu": "WTinyLFU"}
+#: Policies that draw from libCacheSim's process-wide, unseedable random generator.
+RANDOMIZED: frozenset[str] = frozenset({"LeCaR", "Cacheus"})
 _MIN_CAPACITY = {"LIRS": 2, "TwoQ": 2, "Cacheus": 2, "S3FIFO": 3, "WTinyLFU": 6}
 _NOT_OFFERED = {
     "clockpro": "libCacheSim 0.3.5's ClockPro stops admitting keys once its cold set is full "
@@ -191,6 +206,8 @@ class LibCacheSimPolicy:
         self._request.obj_size = 1
         self._request.op = lcs.ReqOp.OP_GET
         self.requests: int = 0  #: ``access`` calls so far (the last request's ``clock_time``)
+        #: keys whose ``get`` disagreed with a ``find`` made just before it (see :meth:`access`)
+        self.find_get_disagreements: int = 0
 
     def __repr__(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in self.params.items())
@@ -206,6 +223,13 @@ class LibCacheSimPolicy:
         Returns ``bool[G]``: which keys were resident before this request changed anything.
         Then every key is accessed in order (hits promoted, misses admitted or not, as the
         policy decides).
+
+        Guard: right before each ``get`` the key is probed again, and where that ``find`` and
+        the ``get`` disagree (a peer whose ``find`` reports keys its ``get`` misses, as
+        libCacheSim's ThreeLCache does) the key's flag is what ``get`` did and
+        :attr:`find_get_disagreements` counts it. A sound policy never disagrees; a key evicted
+        by an earlier key of the same request is not a disagreement (the second probe misses
+        it too) and keeps its flag.
         """
         if type(keys) is not np.ndarray or keys.dtype != np.uint64 or keys.ndim != 1:
             keys = _as_keys(keys)
@@ -219,9 +243,17 @@ class LibCacheSimPolicy:
             request.obj_id = key
             flags.append(find(request, False) is not None)
         get = self._get
+        fixed = None
         for key in ids:
             request.obj_id = key
-            get(request)
+            before = find(request, False) is not None
+            if get(request) != before:  # find and get disagree on this key, now
+                self.find_get_disagreements += 1
+                if fixed is None:
+                    fixed = {}
+                fixed.setdefault(key, not before)  # what get() did decides
+        if fixed is not None:
+            flags = [fixed.get(key, flag) for key, flag in zip(ids, flags, strict=True)]
         return np.array(flags, dtype=bool)
 
 
@@ -237,3 +269,97 @@ def _as_keys(keys: Any) -> np.ndarray:
     if arr.dtype.kind == "i":
         return arr.astype(np.int64).view(np.uint64)
     return arr.astype(np.uint64)
+
+
+def evaluate_policy(
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    policy: LibCacheSimPolicy,
+    *,
+    mode: str,
+    warm_frac: float,
+    policy_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The native evaluator on ``policy`` in this process, with its
+    ``find_get_disagreements`` (over the whole run, warm-up included) in the result."""
+    from embstore import _native
+
+    result = _native.evaluate(
+        keys,
+        offsets,
+        policy,
+        policy.capacity,
+        mode=mode,
+        policy_params=dict(policy_params) if policy_params else None,
+        warm_frac=warm_frac,
+    )
+    result["find_get_disagreements"] = policy.find_get_disagreements
+    return result
+
+
+def evaluate_isolated(
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    name: str,
+    capacity: int,
+    *,
+    mode: str,
+    warm_frac: float,
+    policy_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """:func:`evaluate_policy` of ``LibCacheSimPolicy(name, capacity)`` in a fresh Python
+    process (``sys.executable``, this ``embstore`` first on its path), so libCacheSim's random
+    generator starts from the same state whatever ran before in this one. The trace travels
+    through a temporary directory; the child's errors are raised here."""
+    root = str(pathlib.Path(__file__).resolve().parents[2])  # the folder holding embstore/
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    args = {
+        "name": name,
+        "capacity": int(capacity),
+        "mode": mode,
+        "warm_frac": float(warm_frac),
+        "policy_params": dict(policy_params) if policy_params else None,
+    }
+    with tempfile.TemporaryDirectory(prefix="embstore-libcachesim-") as tmp:
+        np.savez(os.path.join(tmp, "trace.npz"), keys=keys, offsets=offsets)
+        with open(os.path.join(tmp, "args.pkl"), "wb") as f:
+            pickle.dump(args, f)
+        code = "from embstore.cache._libcachesim import _isolated_main; _isolated_main()"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, tmp], env=env, capture_output=True, text=True
+        )
+        out = os.path.join(tmp, "result.pkl")
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(
+                f"the isolated libCacheSim {name} evaluation ended with status "
+                f"{proc.returncode}: {proc.stderr[-2000:]}"
+            )
+        with open(out, "rb") as f:
+            result = pickle.load(f)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _isolated_main() -> None:
+    """The child of :func:`evaluate_isolated`: ``sys.argv[1]`` is its directory."""
+    tmp = sys.argv[1]
+    with open(os.path.join(tmp, "args.pkl"), "rb") as f:
+        args = pickle.load(f)
+    try:
+        with np.load(os.path.join(tmp, "trace.npz")) as z:
+            keys, offsets = z["keys"], z["offsets"]
+        policy = LibCacheSimPolicy(args["name"], args["capacity"])
+        result: Any = evaluate_policy(
+            keys,
+            offsets,
+            policy,
+            mode=args["mode"],
+            warm_frac=args["warm_frac"],
+            policy_params=args["policy_params"],
+        )
+    except Exception as e:  # handed to the parent, which raises it
+        result = e
+    with open(os.path.join(tmp, "result.pkl"), "wb") as f:
+        pickle.dump(result, f)

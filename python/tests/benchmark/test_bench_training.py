@@ -1,0 +1,60 @@
+"""The training benchmark's embstore side (``python/benchmarks/training/embstore_trainer.py``)
+runs under torchrun on a tiny workload and writes the record the runner reads. (The TorchRec
+peer needs its own virtualenv, ``make torchrec-deps``: not part of the tests.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+TRAINER = ROOT / "python" / "benchmarks" / "training" / "embstore_trainer.py"
+sys.path.insert(0, str(TRAINER.parent))
+import synth_ctr  # noqa: E402
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_embstore_trainer_writes_its_record(tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [
+        str(pathlib.Path(sys.executable).with_name("torchrun")),
+        "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(_port()),
+        str(TRAINER),
+        "--total-rows", "20000", "--batches", "8", "--warmup", "2", "--eval-batches", "1",
+        "--batch-size", "512", "--memory-budget-share", "0.2", "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBSTORE_DIST_TIMEOUT_S": "60"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["peer"] == "embstore" and r["processes"] == 2
+    assert r["examples_per_s"] > 0 and 0.4 < r["auc"] < 1.0
+    assert r["rows_stored_by_the_run"] > 0 and r["memory_budget_bytes"] > 0
+    assert r["bytes_sent_per_batch"] > 0 and set(r["stages"]["busy_s"]) >= {"gather", "train"}
+
+
+def test_ranks_of_inverts_field_ids():
+    ranks = np.array([0, 1, 7, 2**27 + 3, 2**40, 2**59 - 1], np.int64)
+    for field in (0, 5, 25):
+        ids = synth_ctr.field_ids(ranks, field)
+        assert (synth_ctr.ranks_of(ids, field) == ranks).all()
+
+
+def test_a_process_slice_of_a_global_batch_is_the_same_batch():
+    w = synth_ctr.Workload.criteo(100_000, batch_size=64)
+    whole = synth_ctr.batch(w, 3)
+    halves = [next(synth_ctr.batches(w, 3, 4, rank=r, world=2)) for r in (0, 1)]
+    for k in whole:
+        np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k])
