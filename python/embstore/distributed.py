@@ -173,6 +173,17 @@ class Comm:
         if flag.item():
             self.fail(what, error, group)
 
+    def agreed(self, what: str, call: Callable[[], Any], group: Any = None) -> Any:
+        """``call()`` on this process, then :meth:`agree` on whether it failed: its result,
+        or the error raised on every process."""
+        result, error = None, None
+        try:
+            result = call()
+        except BaseException as e:  # shared with every process by agree()
+            error = e
+        self.agree(what, error, group)
+        return result
+
     def fail(self, what: str, error: BaseException | None, group: Any = None) -> None:
         """Some process failed ``what`` (every process knows it): share the messages, raise."""
         import torch.distributed as dist
@@ -308,22 +319,21 @@ def write_manifest(path: pathlib.Path, manifest: dict[str, Any]) -> None:
 def open_part(comm: Comm, path: pathlib.Path) -> pathlib.Path:
     """Check (or create) the manifest of a distributed store at ``path`` for this job's process
     count, on every process alike; return this process's partition directory."""
-    error: BaseException | None = None
-    try:
-        if comm.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-            manifest = read_manifest(path)
-            if manifest is None:
-                if any((path / n).exists() for n in ("MANIFEST", "LOCK", "seg")):
-                    raise InvalidArgumentError(
-                        f"{path} holds a store that is not a distributed one (or lost its "
-                        f"{MANIFEST}); give a new directory"
-                    )
-                write_manifest(path, {"world_size": comm.world})
-    except BaseException as e:  # shared with every process below
-        error = e
-    comm.agree(f"opening the distributed store {path}", error)
-    try:
+    what = f"opening the distributed store {path}"
+
+    def create() -> None:
+        if comm.rank != 0:
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        if read_manifest(path) is None:
+            if any((path / n).exists() for n in ("MANIFEST", "LOCK", "seg")):
+                raise InvalidArgumentError(
+                    f"{path} holds a store that is not a distributed one (or lost its "
+                    f"{MANIFEST}); give a new directory"
+                )
+            write_manifest(path, {"world_size": comm.world})
+
+    def check() -> None:
         manifest = read_manifest(path)
         if manifest is None:
             raise NotFoundError(f"{path / MANIFEST} is missing (not a shared directory?)")
@@ -335,9 +345,9 @@ def open_part(comm: Comm, path: pathlib.Path) -> pathlib.Path:
                 "Checkpoint it and Store.restore(checkpoint, new_path, distributed=True) "
                 "with the new count"
             )
-    except BaseException as e:
-        error = e
-    comm.agree(f"opening the distributed store {path}", error)
+
+    comm.agreed(what, create)
+    comm.agreed(what, check)
     return part_dir(path, comm.rank)
 
 
@@ -379,31 +389,30 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
     then process 0 writes the manifest (complete only once every partition is)."""
     from embstore.store import Checkpoint
 
-    error: BaseException | None = None
-    result: Any = None
-    try:
+    what = f"checkpoint {path}"
+
+    def make_dir() -> None:
         if comm.rank == 0:
             path.mkdir(parents=True, exist_ok=True)
             if any(path.iterdir()):
                 raise InvalidArgumentError(f"checkpoint directory {path} is not empty")
-    except BaseException as e:
-        error = e
-    comm.agree(f"checkpoint {path}", error)
-    try:
+
+    def write_part() -> Any:
         result = store._local_checkpoint(part_dir(path, comm.rank))
         if comm.rank == 0 and state is not None:
             with open(path / STATE_FILE, "wb") as f:
                 pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
                 f.flush()
                 os.fsync(f.fileno())
-    except BaseException as e:
-        error = e
-    comm.agree(f"checkpoint {path}", error)
+        return result
+
+    comm.agreed(what, make_dir)
+    result = comm.agreed(what, write_part)
     parts = comm.all_gather(
-        {k: v for k, v in vars(result).items() if isinstance(v, int | str | float)},
-        f"checkpoint {path}",
+        {k: v for k, v in vars(result).items() if isinstance(v, int | str | float)}, what
     )
-    try:
+
+    def complete() -> None:
         if comm.rank == 0:
             write_manifest(
                 path,
@@ -417,9 +426,8 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
                     },
                 },
             )
-    except BaseException as e:
-        error = e
-    comm.agree(f"checkpoint {path}", error)
+
+    comm.agreed(what, complete)
     return Checkpoint(
         path=path,
         id=0,
@@ -441,9 +449,9 @@ def restore_part(
     its own partition when the process count is unchanged, else the rows it owns out of every
     partition. ``restore_one(src, dst)`` restores a one-process checkpoint into a new store and
     returns it (opened); ``create(dst)`` opens an empty one."""
-    error: BaseException | None = None
-    manifest: dict[str, Any] | None = None
-    try:
+    what = f"restoring {checkpoint}"
+
+    def prepare() -> dict[str, Any]:
         manifest = read_manifest(checkpoint)
         if manifest is None or "checkpoint" not in manifest:
             raise NotFoundError(
@@ -455,20 +463,19 @@ def restore_part(
             if any(path.iterdir()):
                 raise InvalidArgumentError(f"restore target {path} is not empty")
             write_manifest(path, {"world_size": comm.world})
-    except BaseException as e:
-        error = e
-    comm.agree(f"restoring {checkpoint}", error)
-    assert manifest is not None
+        return manifest
+
+    manifest = comm.agreed(what, prepare)
     old_world = manifest["world_size"]
     target = part_dir(path, comm.rank)
-    try:
+
+    def restore() -> None:
         if old_world == comm.world:
             restore_one(part_dir(checkpoint, comm.rank), target).close()
         else:
             repartition(comm, checkpoint, old_world, target, manifest, restore_one, create)
-    except BaseException as e:
-        error = e
-    comm.agree(f"restoring {checkpoint}", error)
+
+    comm.agreed(what, restore)
 
 
 def repartition(

@@ -8,7 +8,7 @@ A batch goes through five stages::
     prepare    ids sent to their owners, which bring the rows into      (background thread)
                memory from disk and pin them
     train      the rows gathered (pulled from their owners) into one    (your loop)
-               [U, D] tensor per table; your forward and backward
+               [N, D] tensor per table; your forward and backward
     write-back gradients sent to the owners, which sum them over every  (your loop)
                process and step the optimizer once per id; unpin
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from embstore._arrays import as_ids
-from embstore.distributed import Comm, owner_of
+from embstore.distributed import Comm, owner_of, timeout_s
 from embstore.errors import (
     CapacityError,
     DistributedError,
@@ -48,7 +48,8 @@ _END = object()
 class _Plan:
     """One batch's ids, as this process asks for them: per table the unique ids sorted by
     owner (``uniq``), each id's place among them (``inv``) and the ids' shape; ``counts[j, t]``
-    unique ids of table ``t`` owned by process ``j``."""
+    unique ids of table ``t`` owned by process ``j``. With one process ``uniq`` holds the ids
+    as they are (duplicates too) and ``inv`` is None: the table sums duplicates itself."""
 
     __slots__ = ("counts", "data", "error", "inv", "served", "shapes", "uniq")
 
@@ -79,13 +80,13 @@ class _Served:
 
 class SessionBatch:
     """One batch of a :meth:`Session.run`: the loader's batch (``.data``; its attributes also
-        read through: ``batch.labels`` is ``batch.data.labels``, or ``batch.data["labels"]`` for a
+    read through: ``batch.labels`` is ``batch.data.labels``, or ``batch.data["labels"]`` for a
     dict, and ``batch[k]`` is ``batch.data[k]``) and its tables' rows.
 
-        ``embeddings(name)`` gives the rows of the batch's ids of that table (shape: the ids' shape
-        + ``[D]``), ``bags(name, offsets)`` pools them per bag; both are differentiable. After
-        ``loss.backward()``, :meth:`push_grads` sends the gradients to the tables (on every process
-        of a distributed job, or on none).
+    ``embeddings(name)`` gives the rows of the batch's ids of that table (shape: the ids' shape
+    + ``[D]``), ``bags(name, offsets)`` pools them per bag; both are differentiable. After
+    ``loss.backward()``, :meth:`push_grads` sends the gradients to the tables (on every process
+    of a distributed job, or on none).
     """
 
     def __init__(self, session: Session, plan: _Plan, leaves: list[Any]) -> None:
@@ -350,7 +351,7 @@ class Session:
             shape = tuple(t.shape)
             raw = t.reshape(-1)
         else:
-            arr = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
+            arr = np.asarray(raw)
             shape = arr.shape
             if arr.ndim != 1 and arr.dtype.kind in "iu":
                 raw = arr.reshape(-1)
@@ -433,8 +434,7 @@ class Session:
         for table, ids in zip(self._tables, served.ids, strict=True):
             if not pin or not table.tiered or not len(ids):
                 continue
-            if comm.world == 1:
-                ids = np.unique(ids)
+            ids = self._pin_set(ids)
             try:
                 table.pin(ids)
                 served.pinned.append((table, ids))
@@ -454,7 +454,8 @@ class Session:
         return plan
 
     def _gather(self, plan: _Plan) -> list[Any]:
-        """Read the rows the batch's owners serve and build the batch's ``[U, D]`` leaves."""
+        """Read the rows the batch's owners serve and build the batch's leaves: ``[N, D]``, a
+        row per id of the batch, in order."""
         import torch
 
         start = time.perf_counter()
@@ -470,8 +471,8 @@ class Session:
         return leaves
 
     def _gather_rows(self, plan: _Plan, on_miss: str, group: Any) -> list[np.ndarray]:
-        """The rows of the plan's unique ids, per table (``float32[U, D]``), from their owners;
-        as owner, serve what the others asked for."""
+        """The rows of the plan's ``uniq`` ids, per table (``float32[U, D]``), from their
+        owners; as owner, serve what the others asked for."""
         comm, served = self._comm, plan.served
         assert served is not None
         rows: list[np.ndarray] = []
@@ -506,11 +507,17 @@ class Session:
             self._rows["served"] += int(served.counts.sum())
         return mine
 
+    def _pin_set(self, ids: np.ndarray) -> np.ndarray:
+        """The ids to pin for ``ids`` served: distinct ones (one process serves its batch's ids
+        as they are, duplicates too; the pins' share of the budget counts each row once)."""
+        return np.unique(ids) if self._comm.world == 1 else ids
+
     def _retry_pins(self, served: _Served) -> None:
         """Pins refused while earlier batches held theirs: taken now, before the next fetch."""
         pinned = {table.name for table, _ in served.pinned}
         for table, ids in zip(self._tables, served.ids, strict=True):
             if table.tiered and len(ids) and table.name not in pinned:
+                ids = self._pin_set(ids)
                 try:
                     table.pin(ids)
                     served.pinned.append((table, ids))
@@ -541,7 +548,7 @@ class Session:
                     g = (
                         np.zeros(tuple(leaf.shape), np.float32)
                         if grad is None
-                        else grad.detach().to("cpu", _f32()).numpy()
+                        else grad.detach().to("cpu", torch.float32).numpy()
                     )
                     grads.append(g)
                     continue
@@ -549,7 +556,7 @@ class Session:
                 if grad is not None:
                     # Per id, in the ids' order (index_add_ on the CPU adds one row after
                     # another): the sums apply_gradients makes of duplicate ids.
-                    acc.index_add_(0, torch.from_numpy(inv), grad.detach().to("cpu", _f32()))
+                    acc.index_add_(0, torch.from_numpy(inv), grad.detach().to("cpu", torch.float32))
                 g = acc.numpy()
                 grads.append(g * np.float32(self._scale) if self._scale != 1.0 else g)
         except Exception as e:  # agreed in _push_rows
@@ -566,8 +573,8 @@ class Session:
         error: BaseException | None,
         group: Any,
     ) -> None:
-        """Send ``grads`` (per table, ``float32[U, D]`` in the plan's unique-id order) to the
-        owners; as owner, sum what every process sent and step the optimizer; unpin."""
+        """Send ``grads`` (per table, ``float32[U, D]`` in the order of the plan's ``uniq``) to
+        the owners; as owner, sum what every process sent and step the optimizer; unpin."""
         comm, served = self._comm, plan.served
         assert served is not None
         what = "pushing a batch's gradients"
@@ -756,8 +763,6 @@ class Session:
                     _release(left.served)
 
     def _join_timeout(self) -> float:
-        from embstore.distributed import timeout_s
-
         return 5.0 if self._comm.world == 1 else timeout_s()
 
 
@@ -766,12 +771,6 @@ class _Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-def _f32() -> Any:
-    import torch
-
-    return torch.float32
 
 
 def _span(counts: np.ndarray, j: int) -> slice:

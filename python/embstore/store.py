@@ -353,17 +353,7 @@ class Store:
         the next flush writes them. In a distributed store, collective: every process
         flushes its partition."""
         if self._distributed:
-            error: BaseException | None = None
-            result: dict[str, int] = {}
-            try:
-                result = self._flush()
-            except BaseException as e:  # agreed below
-                error = e
-            self._comm.agree("flush", error)
-            return result
-        return self._flush()
-
-    def _flush(self) -> dict[str, int]:
+            return self._comm.agreed("flush", self._inner.flush)
         return self._inner.flush()
 
     def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
@@ -541,22 +531,21 @@ class Store:
         native = to_native_spec(spec)
         if not self._distributed:
             return Table(self._inner.create_table(native))
-        error: BaseException | None = None
-        specs = self._comm.all_gather(native, f"create_table({spec.name!r})")
-        differ = [r for r, other in enumerate(specs) if other != native]
-        if differ:
-            fields = sorted(k for k in native if specs[differ[0]].get(k) != native.get(k))
-            error = InvalidArgumentError(
-                f"table {spec.name!r} is configured differently on process {differ[0]} than "
-                f"on process {self._comm.rank} ({', '.join(fields)}): every process of a "
-                "distributed store must create its tables alike"
-            )
-        else:
-            try:
-                self._inner.create_table(native)
-            except BaseException as e:  # agreed below
-                error = e
-        self._comm.agree(f"create_table({spec.name!r})", error)
+        what = f"create_table({spec.name!r})"
+        specs = self._comm.all_gather(native, what)
+
+        def create() -> None:
+            differ = [r for r, other in enumerate(specs) if other != native]
+            if differ:
+                fields = sorted(k for k in native if specs[differ[0]].get(k) != native.get(k))
+                raise InvalidArgumentError(
+                    f"table {spec.name!r} is configured differently on process {differ[0]} "
+                    f"than on process {self._comm.rank} ({', '.join(fields)}): every process "
+                    "of a distributed store must create its tables alike"
+                )
+            self._inner.create_table(native)
+
+        self._comm.agreed(what, create)
         return self.table(spec.name)
 
     def table(self, name: str) -> Table:
