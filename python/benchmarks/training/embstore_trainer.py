@@ -128,10 +128,7 @@ def main() -> None:
     embstore.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    if args.batch_size % world:
-        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of {world}")
-    if not 0 <= args.warmup < args.batches:
-        raise SystemExit("--warmup must be below --batches")
+    synth_ctr.check_run_arguments(args, world)
     share = args.memory_budget_share
     if share is not None and not share > 0:
         raise SystemExit("--memory-budget-share must be > 0")

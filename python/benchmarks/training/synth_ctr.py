@@ -188,6 +188,15 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=5, help="first batches trained, not timed")
 
 
+def check_run_arguments(args: argparse.Namespace, world: int) -> None:
+    """Exits saying what is wrong with :func:`add_run_arguments`' values for ``world``
+    processes."""
+    if args.batch_size % world:
+        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of {world}")
+    if not 0 <= args.warmup < args.batches:
+        raise SystemExit("--warmup must be below --batches")
+
+
 def run_record(
     args: argparse.Namespace,
     w: Workload,

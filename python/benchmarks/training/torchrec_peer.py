@@ -164,10 +164,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    if args.batch_size % world:
-        raise SystemExit(f"--batch-size {args.batch_size} is not a multiple of {world}")
-    if not 0 <= args.warmup < args.batches:
-        raise SystemExit("--warmup must be below --batches")
+    synth_ctr.check_run_arguments(args, world)
 
     def log(msg: str) -> None:
         if rank == 0:
