@@ -902,7 +902,7 @@ class FollowDc:
             f"  follower in DC 2: {lag} over {f['replies']:,} replies applied; at the epoch's "
             f"end it served {f['users_equal_at_epoch_end']:,} of {f['users']:,} test users' "
             f"rows as trained, {synced}; WAN so far {f['wan_mb_to_dc2']:.1f} MB DC1->DC2, "
-            f"{f['wan_mb_to_dc1']:.2f} MB DC2->DC1"
+            f"{f['wan_mb_to_dc1'] * 1e3:.1f} kB DC2->DC1"
         )
 
     def finish(
@@ -947,7 +947,7 @@ class FollowDc:
             f"follower in DC 2: {lag} over the run ({f['replies']:,} replies); "
             f"{f['rows_applied']:,} rows applied, {f['bytes_in'] / 1e6:.1f} MB pulled, "
             f"{f['errors']} errors; WAN {f['wan_mb_to_dc2']:.1f} MB DC1->DC2, "
-            f"{f['wan_mb_to_dc1']:.2f} MB DC2->DC1\n"
+            f"{f['wan_mb_to_dc1'] * 1e3:.1f} kB DC2->DC1\n"
             f"test AUC from the follower's rows {f['follower_auc']:.4f}, from the trainer's "
             f"{f['trainer_auc']:.4f} ({same})"
         )

@@ -30,7 +30,7 @@ ONE_WAY_MS = 25
 EPOCH_LINE = re.compile(
     r"follower in DC 2: lag p50 (\d+) ms, p99 (\d+) ms over ([\d,]+) replies applied; at the "
     r"epoch's end it served ([\d,]+) of ([\d,]+) test users' rows as trained, all of them (\d+) ms "
-    r"later; WAN so far ([\d.]+) MB DC1->DC2, ([\d.]+) MB DC2->DC1"
+    r"later; WAN so far ([\d.]+) MB DC1->DC2, ([\d.]+) kB DC2->DC1"
 )
 FINAL_LINE = re.compile(
     r"follower in DC 2: lag p50 (\d+) ms, p99 (\d+) ms over the run \(([\d,]+) replies\); "
