@@ -64,6 +64,18 @@ fn policy_config(
             (PolicyConfig::GroupAssoc(c), "pin_request") => c.pin_request = v.extract()?,
             (PolicyConfig::GroupAssoc(c), "count_hits") => c.count_hits = v.extract()?,
             (PolicyConfig::GroupAssoc(c), "ways") => c.ways = v.extract()?,
+            (PolicyConfig::GroupAssoc(c), "rule") => {
+                let name: Option<String> = v.extract()?;
+                c.rule = match name.as_deref() {
+                    None | Some("adaptive") => None,
+                    Some(n) => Some(embstore_policy::Rule::parse(n).ok_or_else(|| {
+                        errors::InvalidArgumentError::new_err(format!(
+                            "unknown group_assoc rule {n:?}: expected \"adaptive\", \"group\", \
+                             \"group_admission\" or \"clock\""
+                        ))
+                    })?),
+                }
+            }
             (PolicyConfig::GroupAssoc(c), "max_score") => c.max_score = v.extract()?,
             _ => return Err(bad()),
         }

@@ -45,7 +45,7 @@ mod lru;
 pub(crate) mod reference;
 
 pub use ev_arc::{EvArc, EvArcConfig};
-pub use group_assoc::{GroupAssoc, GroupAssocConfig, GroupAssocStats, MAX_WAYS};
+pub use group_assoc::{GroupAssoc, GroupAssocConfig, GroupAssocStats, Rule, MAX_WAYS};
 pub use group_lfu::{EvLfuPaper, Flush, GroupLfu, GroupLfuConfig, GroupLfuStats};
 pub use lfu::{Lfu, LfuConfig};
 pub use lru::Lru;
