@@ -195,7 +195,9 @@ class InferenceCache:
         max_surrogate_dist: largest stored surrogate distance served.
         demote: move L1 victims into L2 (a victim cache, no I/O).
         shards: independent shards for concurrent callers; 1 (default) is deterministic.
-        policy_params: policy parameters, e.g. ``{"age_alpha": 2.0, "pin_request": True}``.
+        policy_params: policy parameters, e.g. ``{"age_alpha": 2.0, "pin_request": True}``;
+            ``group_assoc`` adapts its replacement rule by default, ``{"rule": "group"}``
+            (or ``"group_admission"``, ``"clock"``) fixes one (docs/cache.md).
         on_miss: what the store returns for an id it lacks (``zeros``, ``init`` or ``error``).
         l3_fill: how L3 reads builds on disk: ``background`` (default; a filler thread reads
             blocks off the request path, and what it finds enters L3 on a later lookup or at

@@ -184,3 +184,25 @@ def test_in_place_warms_the_cache_given():
     assert again["perfect_hit"] == 1.0  # warm from the run before
     with pytest.raises(embstore.InvalidArgumentError, match="in_place"):
         evaluate(keys, "lru", 10, in_place=True)
+
+
+def test_group_assoc_adapts_by_default_and_a_rule_can_be_fixed():
+    # A static Zipf trace with little co-access: the admission filter's kind of traffic,
+    # where the adaptive default must beat the plain group rule it starts from.
+    keys = synthetic_trace(
+        num_requests=40_000,
+        num_tables=8,
+        num_contexts=20_000,
+        max_table_size=20_000,
+        rho=0.3,
+        seed=3,
+    )
+    runs = {
+        rule: evaluate(keys, "group_assoc", 0.05, policy_params={"rule": rule})["perfect_hit"]
+        for rule in ("adaptive", "group", "group_admission", "clock")
+    }
+    assert runs["adaptive"] == evaluate(keys, "group_assoc", 0.05)["perfect_hit"]
+    assert runs["group_admission"] > runs["group"], runs
+    assert runs["adaptive"] >= 0.9 * max(runs.values()) > runs["group"], runs
+    with pytest.raises(embstore.InvalidArgumentError, match="unknown group_assoc rule"):
+        evaluate(keys, "group_assoc", 0.05, policy_params={"rule": "mru"})
