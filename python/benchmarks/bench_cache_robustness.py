@@ -20,7 +20,7 @@ the installed section-1 man pages (requests of 2-32 distinct words) and ``apt-ca
 ``InferenceCache``'s default policy); libCacheSim: every policy of
 ``embstore.cache._libcachesim.available()``. All at equal entries (the capacity is a count of
 keys, floor: the longest request), prefix mode (warm on the first half, count the second).
-Each (trace, policy) runs in a fresh process, two at a time (``--workers``).
+Each (trace, policy) runs in a fresh process (the trace built there), two at a time (``--workers``).
 
 Figures: ``perfect_hit`` per run; per trace and size the best libCacheSim policy, the best of
 ours, the default's rank among all, ``default - best libCacheSim`` (goal: >= 0) and the
@@ -35,6 +35,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import pathlib
+import subprocess
 import sys
 import time
 from typing import Any
@@ -50,24 +51,21 @@ from embstore.cache import _libcachesim, traces
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SIZES = (0.02, 0.05, 0.10)
 DEFAULT = "group_assoc"
-_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def trace_names(args: argparse.Namespace) -> list[str]:
-    return ["ml7", "ml11", "syn_rho0.3", "syn_rho0.7", "syn_rho0.9", "syn_drift", "man", "debian"]
+TRACES = ("ml7", "ml11", "syn_rho0.3", "syn_rho0.7", "syn_rho0.9", "syn_drift", "man", "debian")
 
 
-def load(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
-    """``(keys uint64[K], offsets int64[N + 1])`` of a named trace (cached per process)."""
-    if name in _CACHE:
-        return _CACHE[name]
-    n_syn = args.syn_requests
+def load(name: str, args: argparse.Namespace) -> tuple[Any, np.ndarray, np.ndarray]:
+    """``(trace, keys, lengths)`` of a named trace: what ``evaluate`` takes (a uint64
+    ``[N, G]`` array, or a list of per-request arrays for the variable-length traces), every key,
+    and each request's length."""
     if name.startswith("ml"):
         keys2d = traces.movielens(args.ml_dir, fields=int(name[2:])).keys
     elif name.startswith("syn"):
         rho = 0.7 if name == "syn_drift" else float(name.split("rho")[1])
         keys2d = _native.synthetic_trace(
-            num_requests=n_syn,
+            num_requests=args.syn_requests,
             num_tables=26,
             num_contexts=200_000,
             max_table_size=200_000,
@@ -75,34 +73,26 @@ def load(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
             drift=0.01 if name == "syn_drift" else 0.0,
             seed=1,
         )
-    elif name == "man":
-        _CACHE[name] = foreign_traces.man_pages(max_requests=args.foreign_requests)
-        return _CACHE[name]
-    elif name == "debian":
-        _CACHE[name] = foreign_traces.debian_packages(max_requests=args.foreign_requests)
-        return _CACHE[name]
+    elif name in ("man", "debian"):
+        build = foreign_traces.man_pages if name == "man" else foreign_traces.debian_packages
+        keys, offsets = build(max_requests=args.foreign_requests)
+        trace = [keys[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+        return trace, keys, np.diff(offsets)
     else:
         raise ValueError(f"unknown trace {name}")
     keys2d = np.ascontiguousarray(keys2d)
-    n, g = keys2d.shape
-    _CACHE[name] = (keys2d.reshape(-1), np.arange(0, n * g + 1, g, dtype=np.int64))
-    return _CACHE[name]
-
-
-def as_list(keys: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    return [keys[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return keys2d, keys2d.reshape(-1), np.full(len(keys2d), keys2d.shape[1])
 
 
 def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
     """One policy on one trace at every size (a fresh process)."""
     args = argparse.Namespace(**task["args"])
     try:
-        keys, offsets = load(task["trace"], args)
-    except (OSError, FileNotFoundError, subprocess_error()) as e:
-        return [{"trace": task["trace"], "policy": task["policy"], "skipped": str(e)}]
+        trace, keys, lengths = load(task["trace"], args)
+    except (OSError, subprocess.CalledProcessError) as e:  # a source missing on this machine
+        return [{"trace": task["trace"], "policy": task["label"], "skipped": str(e)}]
     unique = int(np.unique(keys).size)
-    longest = int(np.diff(offsets).max())
-    trace = as_list(keys, offsets)
+    longest = int(lengths.max())
     out = []
     for frac in task["sizes"]:
         cap = max(longest, round(frac * unique))
@@ -117,8 +107,8 @@ def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
                 "frac": frac,
                 "capacity": cap,
                 "unique_keys": unique,
-                "requests": len(offsets) - 1,
-                "mean_keys": float(np.diff(offsets).mean()),
+                "requests": len(lengths),
+                "mean_keys": float(lengths.mean()),
                 "perfect_hit": float(r["perfect_hit"]),
                 "individual_hit": float(r["individual_hit"]),
                 "compulsory_bound": float(r["compulsory_bound"]),
@@ -126,12 +116,6 @@ def run_task(task: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def subprocess_error() -> type[Exception]:
-    import subprocess
-
-    return subprocess.CalledProcessError
 
 
 def summarize(records: list[dict[str, Any]], default: str) -> list[dict[str, Any]]:
@@ -188,7 +172,7 @@ def report(rows: list[dict[str, Any]], default: str) -> str:
     return "\n".join(lines)
 
 
-def plot(records: list[dict[str, Any]], path: pathlib.Path, sizes: tuple[float, ...]) -> None:
+def plot(records: list[dict[str, Any]], path: pathlib.Path) -> None:
     """Rank of every policy per (trace, size): a heat map, best = 1."""
     import matplotlib
 
@@ -252,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.syn_requests = args.foreign_requests = 50_000
-    names = args.traces or trace_names(args)
+    names = args.traces or list(TRACES)
     ours = [p for p in ecache.POLICIES if p != "ev_arc"]  # ev_arc: evaluator-only, 2x slots
     peers = _libcachesim.available()
     pols = [(p, "ours", p, None) for p in ours] + [(p, "libcachesim", p, None) for p in peers]
@@ -321,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.plot:
-        plot(records, args.plot, tuple(args.sizes))
+        plot(records, args.plot)
     return 0
 
 

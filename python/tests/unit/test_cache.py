@@ -246,7 +246,14 @@ def policy_keys(trace: np.ndarray) -> np.ndarray:
 
 def test_group_assoc_holds_rows_with_eleven_bytes_of_metadata(store):
     names = ["user", "item", "ctx"]
-    params = {"age_alpha": None, "ways": 8, "count_hits": True, "pin_request": True}
+    # The group rule itself (a cache this small keeps it anyway; adaptive metadata: Rust tests).
+    params = {
+        "age_alpha": None,
+        "ways": 8,
+        "count_hits": True,
+        "pin_request": True,
+        "rule": "group",
+    }
     cache = embstore.InferenceCache(
         store, names, memory_budget_bytes=16 << 10, policy="group_assoc", policy_params=params
     )
