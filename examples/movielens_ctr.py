@@ -1146,8 +1146,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --follower-dc needs the emulated WAN: {why}", file=sys.stderr)
             return 2
         # SIGTERM unwinds like Ctrl-C: the follower and the client are stopped, the
-        # namespaces removed.
+        # namespaces removed. SIGINT too when started in the background, where the shell
+        # leaves it ignored (`cmd &`) and a `kill -INT` would otherwise do nothing.
         signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = run(
             **training_args(args),
