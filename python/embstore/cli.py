@@ -228,6 +228,21 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         help="mutual TLS: clients need a certificate from this CA",
     )
     srv.add_argument(
+        "--fast-listen",
+        default="auto",
+        metavar="HOST:PORT",
+        help="the framed lookup path (binary frames, about 2.5x less latency than gRPC at "
+        "batch 500); clients take it by default. 'auto': the --listen host, a free port; "
+        "'off': none (default: auto)",
+    )
+    srv.add_argument(
+        "--fast-unix",
+        default=None,
+        metavar="PATH",
+        help="also serve the framed lookup path on this Unix socket, for model servers on the "
+        "same host (default: off)",
+    )
+    srv.add_argument(
         "--metrics",
         default=None,
         metavar="HOST:PORT",
@@ -603,6 +618,8 @@ def _serve(args: argparse.Namespace) -> int:
             int(args.sync_tombstone_horizon * 1000),
             args.sync_with_state,
             args.catch_up_timeout,
+            args.fast_listen,
+            args.fast_unix,
         )
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
@@ -619,6 +636,10 @@ def _serve(args: argparse.Namespace) -> int:
     admin = ", admin calls on" if args.admin or (args.etcd and not args.dc) else ""
     if args.etcd and not args.dc:
         admin += f", member of the cluster in etcd {args.etcd}"
+    if server.fast_address:
+        admin += f", framed lookups on {server.fast_address}"
+    if args.fast_unix:
+        admin += f" and {args.fast_unix}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
     if server.sync_address:

@@ -65,6 +65,12 @@ class RemoteClient:
             out += (version,)
         return out[0] if len(out) == 1 else out
 
+    def transport_to(self, address: str) -> str | None:
+        """How lookups reach the server at ``address`` now: ``"fast"`` (the framed lookup
+        path over TCP), ``"fast-unix"`` (over the server's Unix socket, same host) or
+        ``"grpc"``; None for an address this client does not know."""
+        return self._inner.transport_to(address)
+
     def view(self) -> list[tuple[str, list[tuple[str, int, int, int, str]] | None]]:
         """Per server: its address and what it held when last heard from, as
         ``(table, version, shard, num_shards, state)``; None for a server that has not
@@ -86,6 +92,7 @@ def connect(
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     tls_domain: str | None = None,
+    transport: str = "auto",
 ) -> RemoteClient:
     """A client of the server at ``address`` (``"host:port"``), or of every server in a list
     (the replicas and shards of a fixed cluster). It asks each what it holds; a lookup then
@@ -100,6 +107,12 @@ def connect(
     the client finds the servers registered in etcd (``embstore serve --etcd``), keeps
     re-reading them (servers that join later are used), and goes on with the ones it knows
     while etcd is away.
+
+    ``transport`` picks how lookups travel: ``"auto"`` (the default) takes the framed lookup
+    path wherever a server offers it — binary frames on a TCP port of its own, or its Unix
+    socket when the server is on this host — and gRPC elsewhere; ``"grpc"`` always takes gRPC;
+    ``"fast"`` only the framed path. Both give the same rows, versions and errors
+    (docs/serving.md, "Choosing a transport").
 
     Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
     they refuse the token (or its absence)."""
@@ -121,9 +134,11 @@ def connect(
         if not isinstance(token, str) or not token.strip():
             raise InvalidArgumentError("token must be a non-empty str")
         token = token.strip()  # as from a token file: a trailing newline is not the token's
+    if transport not in ("auto", "grpc", "fast"):
+        raise InvalidArgumentError(f"transport must be 'auto', 'grpc' or 'fast', got {transport!r}")
     tls = _tls(tls_ca, tls_cert, tls_key, tls_domain)
     return RemoteClient(
-        _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds)
+        _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds, transport)
     )
 
 

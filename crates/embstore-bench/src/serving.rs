@@ -2,10 +2,13 @@
 //! in the same run and on the same cores:
 //!
 //! 1. **latency** — the paper's Table 4: batches of random ids looked up through the service
-//!    (2 shards × 2 replicas), closed loop with each client count, next to the same servers
-//!    with their storage swapped for RocksDB (`--features rocksdb`, see [`rocks`]) and to
-//!    Redis (`redis-server`, a separate process, `MGET` of the same rows); average, p50 and
-//!    p99 latency per batch and QPS.
+//!    (2 shards × 2 replicas), closed loop with each client count, over each transport: the
+//!    framed path on TCP (`embstore`, the client's default), gRPC (`embstore-grpc`) and the
+//!    framed path on Unix sockets (`embstore-unix`); next to the same servers with their
+//!    storage swapped for RocksDB (`--features rocksdb`, see [`rocks`]; `rocksdb` framed,
+//!    `rocksdb-grpc`) and to Redis (`redis-server`, a separate process, `MGET` of the same
+//!    rows); average, p50 and p99 latency per batch, QPS, and CPU time per looked-up row
+//!    (this process's, servers and clients together, plus redis-server's for Redis).
 //! 2. **breakdown** — where a batch's time goes: the servers' own time per shard call (their
 //!    `embstore_lookup_seconds` histogram during the one-client runs), split by timing the
 //!    storage lookup and the rows-to-bytes copy alone; the response's protobuf encoding; the
@@ -24,7 +27,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_client::{Client, ClientOptions};
+use embstore_client::{Client, ClientOptions, Transport};
 use embstore_common::SplitMix64;
 use embstore_proto::v1::LookupResponse;
 use embstore_server::{RowSource, Server};
@@ -115,6 +118,8 @@ pub(crate) struct Stats {
     pub p99_ms: f64,
     pub qps: f64,
     pub n: usize,
+    /// CPU time per looked-up row (servers and clients; 0 where not measured).
+    pub cpu_ns_per_row: f64,
 }
 
 impl Stats {
@@ -132,6 +137,7 @@ impl Stats {
             p99_ms: q(0.99) / 1e3,
             qps: l.len() as f64 / seconds,
             n: l.len(),
+            cpu_ns_per_row: 0.0,
         }
     }
 }
@@ -155,12 +161,13 @@ impl Point {
                     "part": self.part, "system": self.system, "batch": self.batch,
                     "clients": self.clients, "avg_ms": s.avg_ms, "p50_ms": s.p50_ms,
                     "p99_ms": s.p99_ms, "qps": s.qps, "batches": s.n,
+                    "cpu_ns_per_row": s.cpu_ns_per_row,
                 })
             );
         } else {
             println!(
-                "{:<9} batch {:>4} clients {:>2}: avg {:>7.3} ms  p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} batches/s",
-                self.system, self.batch, self.clients, s.avg_ms, s.p50_ms, s.p99_ms, s.qps
+                "{:<13} batch {:>4} clients {:>2}: avg {:>7.3} ms  p50 {:>7.3} ms  p99 {:>7.3} ms  {:>8.0} batches/s  {:>6.0} ns CPU/row",
+                self.system, self.batch, self.clients, s.avg_ms, s.p50_ms, s.p99_ms, s.qps, s.cpu_ns_per_row
             );
         }
     }
@@ -179,8 +186,10 @@ pub(crate) fn run(args: ServingArgs) -> Result<(), String> {
 pub(crate) struct Cluster {
     pub servers: Vec<Arc<Server>>,
     pub addrs: Vec<String>,
-    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    stops: Vec<tokio::sync::watch::Sender<bool>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Unix sockets of the framed path (instead of TCP ports), removed when it stops.
+    sockets: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
@@ -194,21 +203,48 @@ impl Cluster {
         names: &[String],
         make: impl Fn(&str) -> Result<Arc<Server>, String>,
     ) -> Result<Self, String> {
-        let mut c = Cluster { servers: vec![], addrs: vec![], stops: vec![], tasks: vec![] };
+        Self::start_on(names, make, false).await
+    }
+
+    /// [`Cluster::start_with`], the framed path on Unix sockets when `unix` (else on TCP).
+    pub(crate) async fn start_on(
+        names: &[String],
+        make: impl Fn(&str) -> Result<Arc<Server>, String>,
+        unix: bool,
+    ) -> Result<Self, String> {
+        let sockets = unix.then(tempfile::tempdir).transpose().map_err(|e| e.to_string())?;
+        let mut c =
+            Cluster { servers: vec![], addrs: vec![], stops: vec![], tasks: vec![], sockets };
         for name in names {
             let server = make(name)?;
             let listener =
                 tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
             c.addrs.push(listener.local_addr().map_err(|e| e.to_string())?.to_string());
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let fast = match &c.sockets {
+                Some(dir) => embstore_server::FastListener::unix(dir.path().join(name)),
+                None => embstore_server::FastListener::tcp("127.0.0.1:0").await,
+            };
+            let fast = fast.map_err(|e| e.to_string())?;
+            let (tx, rx) = tokio::sync::watch::channel(false);
             c.stops.push(tx);
-            let srv = server.clone();
+            let quit = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = rx.wait_for(|q| *q).await;
+            };
+            let (srv, q) = (server.clone(), quit(rx.clone()));
             c.tasks.push(tokio::spawn(async move {
-                let _ = embstore_server::serve(srv, listener, Default::default(), async {
-                    let _ = rx.await;
-                })
-                .await;
+                let _ = embstore_server::serve(srv, listener, Default::default(), q).await;
             }));
+            let (srv, q) = (server.clone(), quit(rx));
+            c.tasks.push(tokio::spawn(async move {
+                let _ = embstore_server::serve_fast(srv, fast, Default::default(), None, q).await;
+            }));
+            let t0 = Instant::now();
+            while server.info().fast_port == 0 && server.info().fast_unix.is_empty() {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    return Err("the framed lookup path did not start".into());
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             c.servers.push(server);
         }
         Ok(c)
@@ -216,11 +252,15 @@ impl Cluster {
 
     /// `SHARDS` × `REPLICAS` servers, replica r of shard s hosting `shards[s]` as version 1 of
     /// table "user" (replicas of a shard share its rows).
-    async fn hosting(prefix: &str, shards: &[Arc<dyn RowSource>]) -> Result<Self, String> {
+    async fn hosting(
+        prefix: &str,
+        shards: &[Arc<dyn RowSource>],
+        unix: bool,
+    ) -> Result<Self, String> {
         let names: Vec<String> = (0..SHARDS)
             .flat_map(|s| (0..REPLICAS).map(move |r| format!("{prefix}-s{s}r{r}")))
             .collect();
-        let c = Self::start(&names).await?;
+        let c = Self::start_on(&names, |name| Ok(Server::new(name, 1 << 20)), unix).await?;
         for (i, server) in c.servers.iter().enumerate() {
             let s = i / REPLICAS;
             server
@@ -230,25 +270,25 @@ impl Cluster {
         Ok(c)
     }
 
-    /// The servers' lookup time so far: seconds and lookups, summed over the servers (their
-    /// `embstore_lookup_seconds` histogram).
-    fn server_time(&self) -> (f64, f64) {
-        let (mut sum, mut count) = (0.0, 0.0);
-        for s in &self.servers {
-            sum += metric(&s.metrics_text(), "embstore_lookup_seconds_sum");
-            count += metric(&s.metrics_text(), "embstore_lookup_seconds_count");
-        }
-        (sum, count)
-    }
-
     pub(crate) async fn stop(self) {
         for tx in self.stops {
-            let _ = tx.send(());
+            let _ = tx.send(true);
         }
         for t in self.tasks {
             let _ = t.await;
         }
+        drop(self.sockets);
     }
+}
+
+/// The lookup time of `servers` so far: seconds and lookups, summed over them.
+fn server_time(servers: &[Arc<Server>]) -> (f64, f64) {
+    let (mut sum, mut count) = (0.0, 0.0);
+    for s in servers {
+        sum += metric(&s.metrics_text(), "embstore_lookup_seconds_sum");
+        count += metric(&s.metrics_text(), "embstore_lookup_seconds_count");
+    }
+    (sum, count)
 }
 
 /// The sum of the values of metric `name` (every label set) in Prometheus text.
@@ -294,6 +334,8 @@ struct System {
     name: &'static str,
     peer: Peer,
     cluster: Option<Cluster>,
+    /// The servers it reads from (for their own timings).
+    servers: Vec<Arc<Server>>,
     /// The shards' rows, for timing the storage alone.
     shards: Vec<Arc<dyn RowSource>>,
 }
@@ -323,30 +365,51 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
             t.assign(ids, &shard_rows(s)).map_err(|e| e.to_string())?;
             shards.push(t);
         }
-        let cluster = Cluster::hosting("mem", &shards).await?;
+        let cluster = Cluster::hosting("mem", &shards, false).await?;
         let client = Client::connect(&cluster.addrs, ClientOptions::default())
             .await
             .map_err(|e| e.to_string())?;
+        let grpc = client_with(&cluster.addrs, Transport::Grpc).await?;
+        let unix = Cluster::hosting("unix", &shards, true).await?;
+        let unix_client = client_with(&unix.addrs, Transport::Fast).await?;
         println!(
             "embstore: {} rows × D {d} ({} MB), {SHARDS} shards × {REPLICAS} replicas on loopback, \
              in this process",
             args.rows,
             (args.rows as usize * d * 4) >> 20
         );
+        let (servers, unix_servers) = (cluster.servers.clone(), unix.servers.clone());
         systems.push(System {
             name: "embstore",
             peer: Peer::Served(Arc::new(client)),
+            servers: servers.clone(),
             cluster: Some(cluster),
+            shards: shards.clone(),
+        });
+        systems.push(System {
+            name: "embstore-grpc",
+            peer: Peer::Served(Arc::new(grpc)),
+            servers,
+            cluster: None,
+            shards: shards.clone(),
+        });
+        systems.push(System {
+            name: "embstore-unix",
+            peer: Peer::Served(Arc::new(unix_client)),
+            servers: unix_servers,
+            cluster: Some(unix),
             shards,
         });
-        if let Some(rocks) = rocks_system(&args, &shard_ids, &shard_rows).await? {
+        if let Some((rocks, rocks_grpc)) = rocks_system(&args, &shard_ids, &shard_rows).await? {
             systems.push(rocks);
+            systems.push(rocks_grpc);
         }
         // Redis, a separate process, with the same rows as 8-byte keys.
         if !args.redis_server.is_empty() {
             let r = Redis::start(&args.redis_server, &values, d).await?;
             let peer = Peer::Redis(r.conn.clone());
-            systems.push(System { name: "redis", peer, cluster: None, shards: vec![] });
+            let (cluster, servers, shards) = (None, vec![], vec![]);
+            systems.push(System { name: "redis", peer, cluster, servers, shards });
             redis = Some(r);
         }
     }
@@ -359,13 +422,19 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
             for &clients in &args.clients {
                 let mut row = Vec::new();
                 for sys in &systems {
-                    let before = sys.cluster.as_ref().map(Cluster::server_time);
+                    let before = server_time(&sys.servers);
+                    let cpu0 = cpu_seconds(redis.as_ref());
                     let lat = closed_loop(&sys.peer, clients, batch, args.seconds, &args).await?;
-                    let stats = Stats::of(&lat, args.seconds);
+                    let cpu = cpu_seconds(redis.as_ref()) - cpu0;
+                    let mut stats = Stats::of(&lat, args.seconds);
+                    // The warm-up's batches are not in `lat`: scale by the timed share.
+                    let timed = args.seconds / (args.seconds + 0.5);
+                    stats.cpu_ns_per_row = cpu * timed * 1e9 / (stats.n * batch).max(1) as f64;
                     if clients == 1 {
                         e2e.push((sys.name, batch, stats.avg_ms * 1e3));
-                        if let (Some(c), Some((s0, n0))) = (&sys.cluster, before) {
-                            let (s1, n1) = c.server_time();
+                        if !sys.servers.is_empty() {
+                            let (s0, n0) = before;
+                            let (s1, n1) = server_time(&sys.servers);
                             server_us.push((sys.name, batch, (s1 - s0) / (n1 - n0).max(1.0) * 1e6));
                         }
                     }
@@ -456,7 +525,7 @@ async fn rocks_system(
     args: &ServingArgs,
     shard_ids: &[Vec<u64>],
     shard_rows: &dyn Fn(usize) -> Vec<f32>,
-) -> Result<Option<System>, String> {
+) -> Result<Option<(System, System)>, String> {
     let dir = rocksdb_dir(args);
     let d = args.dim;
     let mut shards: Vec<Arc<dyn RowSource>> = Vec::new();
@@ -475,22 +544,39 @@ async fn rocks_system(
         );
         shards.push(Arc::new(db));
     }
-    let cluster = Cluster::hosting("rocks", &shards).await?;
+    let cluster = Cluster::hosting("rocks", &shards, false).await?;
     let client = Client::connect(&cluster.addrs, ClientOptions::default())
         .await
         .map_err(|e| e.to_string())?;
+    let grpc = client_with(&cluster.addrs, Transport::Grpc).await?;
     println!(
         "rocksdb: the embstore server with its storage swapped for RocksDB 7.8 ({SHARDS} shards × \
          {REPLICAS} replicas, a database per shard under {}), loaded in {:.1} s",
         dir.display(),
         start.elapsed().as_secs_f64()
     );
-    Ok(Some(System {
+    let rocks_grpc = System {
+        name: "rocksdb-grpc",
+        peer: Peer::Served(Arc::new(grpc)),
+        servers: cluster.servers.clone(),
+        cluster: None,
+        shards: shards.clone(),
+    };
+    let rocks = System {
         name: "rocksdb",
         peer: Peer::Served(Arc::new(client)),
+        servers: cluster.servers.clone(),
         cluster: Some(cluster),
         shards,
-    }))
+    };
+    Ok(Some((rocks, rocks_grpc)))
+}
+
+/// A client of `addrs` whose lookups take `transport`.
+async fn client_with(addrs: &[String], transport: Transport) -> Result<Client, String> {
+    Client::connect(addrs, ClientOptions { transport, ..ClientOptions::default() })
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "rocksdb"))]
@@ -498,7 +584,7 @@ async fn rocks_system(
     _args: &ServingArgs,
     _shard_ids: &[Vec<u64>],
     _shard_rows: &dyn Fn(usize) -> Vec<f32>,
-) -> Result<Option<System>, String> {
+) -> Result<Option<(System, System)>, String> {
     println!("rocksdb: skipped (build with --features rocksdb: `make bench-serving` does)");
     Ok(None)
 }
@@ -643,6 +729,21 @@ fn time_each<T>(
         n += items.len();
     }
     Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// CPU seconds (user + system) of this process and, when given, of redis-server: the CPU a
+/// lookup costs on both sides, for every system measured here.
+fn cpu_seconds(redis: Option<&Redis>) -> f64 {
+    let ticks = |path: &str| -> f64 {
+        let Ok(stat) = std::fs::read_to_string(path) else { return 0.0 };
+        // Fields after the command's closing parenthesis: utime is the 12th, stime the 13th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+        (t(11) + t(12)) / 100.0
+    };
+    let mine = ticks("/proc/self/stat");
+    mine + redis.map_or(0.0, |r| ticks(&format!("/proc/{}/stat", r.child.id())))
 }
 
 /// `clients` tasks, each looking up batches of `batch` random ids back to back for 0.5 s of

@@ -50,7 +50,10 @@ use prost::Message;
 use tonic::transport::Channel;
 use tonic::Code;
 
+mod fast;
+
 pub use embstore_cluster::rpc::{from_status, ClientTls};
+pub use fast::Transport;
 
 /// How a [`Client`] calls.
 #[derive(Clone, Debug)]
@@ -72,6 +75,9 @@ pub struct ClientOptions {
     pub token: Option<String>,
     /// Talk TLS to the servers.
     pub tls: Option<ClientTls>,
+    /// Which transport lookups take ([`Transport::Auto`]: the framed path where a server
+    /// offers it). `Describe` and refreshes always take gRPC.
+    pub transport: Transport,
 }
 
 impl Default for ClientOptions {
@@ -83,6 +89,7 @@ impl Default for ClientOptions {
             consistent: true,
             token: None,
             tls: None,
+            transport: Transport::Auto,
         }
     }
 }
@@ -106,6 +113,7 @@ struct Endpoint {
     rpc: ServingClient<Channel>,
     healthy: AtomicBool,
     outstanding: AtomicUsize,
+    fast: fast::FastPath,
 }
 
 impl Endpoint {
@@ -116,6 +124,7 @@ impl Endpoint {
             rpc: ServingClient::new(channel),
             healthy: AtomicBool::new(true),
             outstanding: AtomicUsize::new(0),
+            fast: fast::FastPath::default(),
         })
     }
 }
@@ -152,6 +161,8 @@ pub struct Client {
     /// Round-robin position with the protocol off.
     turn: AtomicUsize,
     options: ClientOptions,
+    /// The TLS configuration of the framed path (from `options.tls`).
+    fast_tls: Option<fast::Tls>,
 }
 
 /// Where a version's shards are: per shard, the endpoints holding it READY and DRAINING.
@@ -176,7 +187,9 @@ impl Client {
         for addr in addrs {
             endpoints.push(Arc::new(Endpoint::new(addr, &options)?));
         }
+        let fast_tls = options.tls.as_ref().map(fast::Tls::new).transpose()?;
         let client = Self {
+            fast_tls,
             infos: Mutex::new(vec![None; endpoints.len()]),
             endpoints: parking_lot::RwLock::new(endpoints),
             discovery: None,
@@ -312,8 +325,17 @@ impl Client {
     fn learn(&self, endpoint: usize, info: ServerInfo) {
         let mut infos = self.infos.lock();
         if infos[endpoint].as_ref().is_none_or(|old| info.gen >= old.gen) {
+            let ep = self.endpoint(endpoint);
+            ep.fast.learn(&ep.addr, &info);
             infos[endpoint] = Some(info);
         }
+    }
+
+    /// The transport a lookup from this client takes to the server at `addr` now: `"fast"`
+    /// (the framed path, over TCP or a Unix socket) or `"grpc"`.
+    pub fn transport_to(&self, addr: &str) -> Option<&'static str> {
+        let ep = self.endpoints().into_iter().find(|e| e.addr == addr)?;
+        Some(if ep.fast.usable(self.options.transport) { ep.fast.describe() } else { "grpc" })
     }
 
     /// The version to read `table` at (see the crate docs), with its placement.
@@ -477,13 +499,19 @@ impl Client {
             };
             let endpoints: Vec<Arc<Endpoint>> =
                 order.iter().map(|&i| self.endpoint(i).clone()).collect();
-            let token = self.options.token.clone();
-            let limit = answer_limit(keys.len(), d);
-            tasks.spawn(async move {
-                (s, order, shard_call(endpoints, known, req, limit, token.as_deref()).await)
-            });
+            let how = How {
+                token: self.options.token.clone(),
+                limit: answer_limit(keys.len(), d),
+                transport: self.options.transport,
+                tls: self.fast_tls.clone(),
+                deadline: self.options.deadline,
+            };
+            tasks.spawn(async move { (s, order, shard_call(endpoints, known, req, how).await) });
         }
-        let mut values = vec![0f32; ids.len() * d];
+        // One shard holding the whole batch, answered over the framed path: its rows are the
+        // batch's as they came off the socket (no copy).
+        let whole = by_shard.iter().filter(|(k, _)| !k.is_empty()).count() == 1;
+        let mut values = Vec::new();
         let mut found = vec![false; ids.len()];
         let mut outcome = Ok(());
         while let Some(done) = tasks.join_next().await {
@@ -505,7 +533,26 @@ impl Client {
                     continue;
                 }
             };
-            let version_ok = resp.version == place.version || !self.options.consistent;
+            let version_ok = resp.version() == place.version || !self.options.consistent;
+            if whole && values.is_empty() {
+                if let Answer::Fast(f) = resp {
+                    if version_ok && f.dim == d && f.values.len() == ids.len() * d {
+                        values = f.values;
+                        for (to, &b) in found.iter_mut().zip(&f.found) {
+                            *to = b != 0;
+                        }
+                    } else {
+                        outcome = Err(Retry::Fail(Error::new(
+                            ErrorKind::Corruption,
+                            format!("a malformed answer for shard {s} of table '{table}'"),
+                        )));
+                    }
+                    continue;
+                }
+            }
+            if values.is_empty() {
+                values = vec![0f32; ids.len() * d];
+            }
             if !place_rows(&resp, &by_shard[s].1, d, version_ok, &mut values, &mut found) {
                 outcome = Err(Retry::Fail(Error::new(
                     ErrorKind::Corruption,
@@ -514,6 +561,7 @@ impl Client {
             }
         }
         outcome?;
+        values.resize(ids.len() * d, 0.0);
         Ok(Rows { values, found, embedding_dim: d, version: place.version })
     }
 
@@ -547,24 +595,68 @@ fn group_by_shard(ids: &[u64], num_shards: usize) -> Vec<(Vec<u64>, Vec<usize>)>
 /// frame's size (and its version, `version_ok`) is checked once, before any row moves; `false`
 /// when it is malformed (nothing is copied).
 fn place_rows(
-    resp: &LookupResponse,
+    resp: &Answer,
     positions: &[usize],
     d: usize,
     version_ok: bool,
     values: &mut [f32],
     found: &mut [bool],
 ) -> bool {
-    let well_formed = resp.values.len() == positions.len() * d * 4
-        && version_ok
-        && resp.found.len() == positions.len();
-    if !well_formed {
-        return false;
-    }
-    for (j, &pos) in positions.iter().enumerate() {
-        embstore_proto::copy_row(&resp.values[j * d * 4..][..d * 4], &mut values[pos * d..][..d]);
-        found[pos] = resp.found[j] != 0;
+    match resp {
+        Answer::Grpc(resp) => {
+            let well_formed = resp.values.len() == positions.len() * d * 4
+                && version_ok
+                && resp.found.len() == positions.len();
+            if !well_formed {
+                return false;
+            }
+            for (j, &pos) in positions.iter().enumerate() {
+                let row = &resp.values[j * d * 4..][..d * 4];
+                embstore_proto::copy_row(row, &mut values[pos * d..][..d]);
+                found[pos] = resp.found[j] != 0;
+            }
+        }
+        Answer::Fast(f) => {
+            let well_formed = f.values.len() == positions.len() * d
+                && f.dim == d
+                && version_ok
+                && f.found.len() == positions.len();
+            if !well_formed {
+                return false;
+            }
+            for (j, &pos) in positions.iter().enumerate() {
+                values[pos * d..][..d].copy_from_slice(&f.values[j * d..][..d]);
+                found[pos] = f.found[j] != 0;
+            }
+        }
     }
     true
+}
+
+/// One shard's answer, by the transport that carried it.
+#[derive(Debug)]
+enum Answer {
+    Grpc(LookupResponse),
+    Fast(fast::FastRows),
+}
+
+impl Answer {
+    fn version(&self) -> u64 {
+        match self {
+            Answer::Grpc(r) => r.version,
+            Answer::Fast(f) => f.version,
+        }
+    }
+}
+
+/// How a shard call is made: the token, the most bytes of a gRPC answer read, the transport,
+/// the framed path's TLS, and the deadline of a connect.
+struct How {
+    token: Option<String>,
+    limit: usize,
+    transport: Transport,
+    tls: Option<fast::Tls>,
+    deadline: Duration,
 }
 
 /// What a failed attempt means for the batch.
@@ -579,7 +671,7 @@ enum Retry {
 /// What one shard's tries gave: the answer or why not, the infos learnt (by index into the
 /// replica order) and the replicas that failed at the transport.
 struct ShardResult {
-    outcome: std::result::Result<LookupResponse, Retry>,
+    outcome: std::result::Result<Answer, Retry>,
     infos: Vec<(usize, ServerInfo)>,
     failed: Vec<usize>,
 }
@@ -602,8 +694,7 @@ async fn shard_call(
     replicas: Vec<Arc<Endpoint>>,
     known: Vec<u64>,
     mut req: LookupRequest,
-    limit: usize,
-    token: Option<&str>,
+    how: How,
 ) -> ShardResult {
     let mut out = ShardResult {
         outcome: Err(Retry::Restart(Error::new(ErrorKind::Unavailable, "no replica"))),
@@ -613,13 +704,11 @@ async fn shard_call(
     for (i, ep) in replicas.iter().enumerate() {
         req.known_gen = known[i];
         ep.outstanding.fetch_add(1, Ordering::Relaxed);
-        let mut rpc = ep.rpc.clone().max_decoding_message_size(limit);
-        let answer = rpc.lookup(request(req.clone(), token)).await;
+        let answer = call(ep, &req, &how).await;
         ep.outstanding.fetch_sub(1, Ordering::Relaxed);
         match answer {
-            Ok(resp) => {
-                let mut resp = resp.into_inner();
-                if let Some(info) = resp.info.take() {
+            Ok((resp, info)) => {
+                if let Some(info) = info {
                     out.infos.push((i, info));
                 }
                 out.outcome = Ok(resp);
@@ -658,6 +747,34 @@ async fn shard_call(
         }
     }
     out
+}
+
+/// One lookup at one replica, over the framed path where it is offered (gRPC when its port
+/// does not accept connections and the transport is `Auto`), else over gRPC: the answer and the
+/// server info it carried, or the status either transport failed with.
+async fn call(
+    ep: &Endpoint,
+    req: &LookupRequest,
+    how: &How,
+) -> std::result::Result<(Answer, Option<ServerInfo>), tonic::Status> {
+    let token = how.token.as_deref();
+    if ep.fast.usable(how.transport) {
+        match ep.fast.lookup(req, token, how.tls.as_ref(), how.deadline).await {
+            Ok(mut rows) => {
+                let info = rows.info.take();
+                return Ok((Answer::Fast(rows), info));
+            }
+            Err(fast::FastError::Call(status)) => return Err(status),
+            Err(fast::FastError::Connect(status)) if how.transport == Transport::Fast => {
+                return Err(status)
+            }
+            Err(fast::FastError::Connect(_)) => {}
+        }
+    }
+    let mut rpc = ep.rpc.clone().max_decoding_message_size(how.limit);
+    let mut resp = rpc.lookup(request(req.clone(), token)).await?.into_inner();
+    let info = resp.info.take();
+    Ok((Answer::Grpc(resp), info))
 }
 
 /// `token` without surrounding whitespace (a token read from a file, or typed, often ends in

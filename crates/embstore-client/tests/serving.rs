@@ -1,32 +1,72 @@
 //! Servers on loopback, in this process: lookups through the client equal the tables' rows, a
 //! batch never mixes two versions while versions roll through the replicas one column at a
 //! time, and a replica that goes away is routed around.
+//!
+//! Every server also serves the framed lookup path, and every test runs twice: with lookups
+//! over gRPC (`<test>::grpc`) and over the framed path (`<test>::fast`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_client::{Client, ClientOptions};
+use embstore_client::{Client, ClientOptions, Transport};
 use embstore_server::Server;
 use embstore_table::{shard_of_key, ErrorKind, OnMiss, Store, Table, TableConfig};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 const D: usize = 4;
 
-/// A running server: its address and what stops it.
+tokio::task_local! {
+    /// The transport of the clients a test makes (`on_both_transports!`).
+    static TRANSPORT: Transport;
+}
+
+fn transport() -> Transport {
+    TRANSPORT.try_with(|t| *t).unwrap_or_default()
+}
+
+/// Runs each named test (an `async fn()`) twice, as `<name>::grpc` and `<name>::fast`.
+macro_rules! on_both_transports {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn grpc() {
+                super::TRANSPORT.scope(embstore_client::Transport::Grpc, super::$name()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fast() {
+                super::TRANSPORT.scope(embstore_client::Transport::Fast, super::$name()).await
+            }
+        }
+    )*};
+}
+
+on_both_transports!(
+    lookups_fan_out_to_the_shards_and_equal_the_tables_rows,
+    a_batch_never_mixes_versions_while_versions_roll_through_the_replicas,
+    with_the_protocol_off_the_checker_counts_mixed_batches,
+    a_replica_that_goes_away_is_routed_around,
+    metrics_count_lookups_by_outcome_and_say_what_is_held,
+    tokens_guard_lookups_and_admin_calls,
+    tls_and_mutual_tls_serve_and_refuse_what_they_should,
+    an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_and_counted,
+    tls_mistakes_name_their_cause,
+);
+
+/// A running server (gRPC and the framed path): its address and what stops it.
 struct Running {
     addr: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops the server; fails the test if serving ended in an error.
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            t.await.expect("serve returned an error");
         }
-        self.task.await.expect("serve returned an error");
     }
 }
 
@@ -37,15 +77,25 @@ async fn start(server: Arc<Server>) -> Running {
 async fn start_with(server: Arc<Server>, options: embstore_server::ServeOptions) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(async move {
-        embstore_server::serve(server, listener, options, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
+    let fast = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+    let (stop, rx) = watch::channel(false);
+    let quit = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|q| *q).await;
+    };
+    let (s, o, q) = (server.clone(), options.clone(), quit(rx.clone()));
+    let grpc =
+        tokio::spawn(async move { embstore_server::serve(s, listener, o, q).await.unwrap() });
+    let (s, q) = (server.clone(), quit(rx));
+    let fast = tokio::spawn(async move {
+        embstore_server::serve_fast(s, fast, options.tokens, options.tls, q).await.unwrap()
     });
-    Running { addr, stop: Some(tx), task }
+    // Clients learn the framed port from the server's info: it is there before they connect.
+    let t0 = Instant::now();
+    while server.info().fast_port == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the framed path did not start");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Running { addr, stop, tasks: vec![grpc, fast] }
 }
 
 /// A server of `user` ids 0..10 over TLS with the test PKI's server pair (`mutual`: clients
@@ -79,10 +129,14 @@ fn shard_table(ids: &[u64], shard: usize, num_shards: usize, version: u64) -> Ar
 }
 
 fn options() -> ClientOptions {
-    ClientOptions { deadline: Duration::from_secs(10), max_restarts: 3, ..Default::default() }
+    ClientOptions {
+        deadline: Duration::from_secs(10),
+        max_restarts: 3,
+        transport: transport(),
+        ..Default::default()
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_fan_out_to_the_shards_and_equal_the_tables_rows() {
     let ids: Vec<u64> = (0..2000u64).map(|i| i * 7919 % 100_003).collect();
     // The reference: every row in one table.
@@ -116,7 +170,6 @@ async fn lookups_fan_out_to_the_shards_and_equal_the_tables_rows() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_mixes_versions_while_versions_roll_through_the_replicas() {
     let (batches, mixed) = roll_under_reads(true).await;
     println!("{batches} batches during three rolls, {mixed} mixing versions");
@@ -126,7 +179,6 @@ async fn a_batch_never_mixes_versions_while_versions_roll_through_the_replicas()
 
 /// The checker above catches mixing: with the protocol switched off (each server answers with
 /// the newest version it holds), batches read while a column moves mix versions.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_protocol_off_the_checker_counts_mixed_batches() {
     let (batches, mixed) = roll_under_reads(false).await;
     println!("{batches} batches during three rolls, {mixed} mixing versions (protocol off)");
@@ -224,7 +276,6 @@ async fn roll_under_reads(consistent: bool) -> (u64, u64) {
     (batches.load(Ordering::Relaxed), mixed.load(Ordering::Relaxed))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_goes_away_is_routed_around() {
     let ids: Vec<u64> = (0..100u64).collect();
     let mut running = Vec::new();
@@ -247,14 +298,13 @@ async fn a_replica_that_goes_away_is_routed_around() {
     // Connecting to no live server at all is a clear error.
     let e = Client::connect(
         &addrs,
-        ClientOptions { deadline: Duration::from_secs(2), max_restarts: 1, ..Default::default() },
+        ClientOptions { deadline: Duration::from_secs(2), max_restarts: 1, ..options() },
     )
     .await
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_lookups_by_outcome_and_say_what_is_held() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ids: Vec<u64> = (0..50u64).collect();
@@ -292,20 +342,15 @@ async fn metrics_count_lookups_by_outcome_and_say_what_is_held() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_guard_lookups_and_admin_calls() {
     use embstore_cluster::{admin, AdminCall};
     let ids: Vec<u64> = (0..10u64).collect();
     let server = Server::new("t", 64);
     server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = oneshot::channel::<()>();
     let tokens = embstore_server::Tokens { read: Some("r3ad".into()), admin: Some("adm1n".into()) };
     let serve_options = embstore_server::ServeOptions { admin: true, tokens, tls: None };
-    let task = tokio::spawn(embstore_server::serve(server, listener, serve_options, async {
-        let _ = rx.await;
-    }));
+    let running = start_with(server, serve_options).await;
+    let addr = running.addr.clone();
     let addrs = vec![addr.clone()];
     let with = |token: Option<&str>| ClientOptions { token: token.map(String::from), ..options() };
     // No token, a wrong one: refused with PermissionDenied (not "unavailable").
@@ -326,8 +371,7 @@ async fn tokens_guard_lookups_and_admin_calls() {
         assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{token:?}: {e}");
     }
     assert!(admin(&addr, drain(), t, Some("adm1n"), None).await.is_ok());
-    let _ = tx.send(());
-    task.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A CA, a server certificate for "localhost" and a client certificate, all PEM.
@@ -355,7 +399,6 @@ fn pki() -> Pki {
     Pki { ca: ca.pem(), server: leaf("localhost"), client: leaf("client") }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
     use embstore_client::ClientTls;
     let p = pki();
@@ -367,6 +410,7 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
             deadline: Duration::from_secs(3),
             max_restarts: 0,
             tls,
+            transport: transport(),
             ..Default::default()
         };
         let trusting = |identity: bool| ClientTls {
@@ -395,7 +439,6 @@ async fn tls_and_mutual_tls_serve_and_refuse_what_they_should() {
 /// A lookup whose answer passes gRPC's default 4 MiB (40,000 ids at D 32: 5.1 MB) is read with
 /// the default limits; a batch over the server's maximum is refused with `Capacity` and
 /// counted as refused, also when its request alone passes 4 MiB (ids of 10 bytes on the wire).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_and_counted() {
     const DIM: usize = 32;
     let ids: Vec<u64> = (0..40_000u64).map(|i| i * 3 + 1).collect();
@@ -434,7 +477,6 @@ async fn an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_an
 /// Each TLS mistake names its cause instead of looking like a dead server: a plaintext client
 /// at a TLS port, a client that does not trust the server's CA, a server certificate and key
 /// given the wrong way round or not of one pair. A token with a trailing newline works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_mistakes_name_their_cause() {
     use embstore_client::ClientTls;
     let p = pki();
@@ -447,6 +489,7 @@ async fn tls_mistakes_name_their_cause() {
         max_restarts: 0,
         token: Some("r3ad\n".into()),
         tls,
+        transport: transport(),
         ..Default::default()
     };
     let e = Client::connect(&addrs, quick(None)).await.unwrap_err();

@@ -13,6 +13,8 @@
 /// The serving shard of an id: client and server must place ids exactly alike.
 pub use embstore_common::shard_of_key;
 
+pub mod frame;
+
 /// Version 1 of the contract (package `embstore.v1`).
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
 pub mod v1 {
@@ -134,6 +136,8 @@ mod tests {
                 rows: 10,
                 last_request_ms: 1_700_000_000_000,
             }],
+            fast_port: 7001,
+            fast_unix: String::new(),
         };
         let resp = LookupResponse {
             info: Some(info),

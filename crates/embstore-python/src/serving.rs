@@ -35,6 +35,9 @@ pub(crate) struct PyServer {
     server: Arc<Server>,
     listener: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
     metrics: parking_lot::Mutex<Option<tokio::net::TcpListener>>,
+    /// The framed lookup path's listeners (TCP port, Unix socket), served by `run()`.
+    fast: parking_lot::Mutex<Vec<embstore_server::FastListener>>,
+    fast_address: Option<String>,
     address: String,
     metrics_address: Option<String>,
     stop: watch::Sender<bool>,
@@ -139,6 +142,47 @@ fn open_and_bind(
         };
         let listeners: Listeners = (bind(listen)?, metrics.map(bind).transpose()?);
         Ok((store, listeners))
+    })
+    .map_err(to_py_err)
+}
+
+/// Binds the framed lookup path: `fast_listen` "auto" (the serving address's host, a free
+/// port), "" or "off" (none), or `host:port`; and the Unix socket `fast_unix`, if given.
+fn bind_fast(
+    py: Python<'_>,
+    runtime: &tokio::runtime::Runtime,
+    serving: &tokio::net::TcpListener,
+    fast_listen: Option<&str>,
+    fast_unix: Option<std::path::PathBuf>,
+) -> PyResult<Vec<embstore_server::FastListener>> {
+    let addr = match fast_listen {
+        None | Some("" | "off") => None,
+        Some("auto") => {
+            let ip = serving.local_addr().map_err(|e| invalid(&e.to_string()))?.ip();
+            Some(if ip.is_ipv6() { format!("[{ip}]:0") } else { format!("{ip}:0") })
+        }
+        Some(a) => Some(a.to_string()),
+    };
+    detached(py, || {
+        let mut out = Vec::new();
+        if let Some(a) = addr {
+            let l = runtime.block_on(embstore_server::FastListener::tcp(&a)).map_err(|e| {
+                Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {a}: {e}"))
+            })?;
+            out.push(l);
+        }
+        if let Some(path) = fast_unix {
+            let l = runtime
+                .block_on(async { embstore_server::FastListener::unix(&path) })
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("cannot listen on the unix socket {}: {e}", path.display()),
+                    )
+                })?;
+            out.push(l);
+        }
+        Ok(out)
     })
     .map_err(to_py_err)
 }
@@ -322,7 +366,7 @@ fn hosting(
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, catch_up_timeout_s=60.0))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, catch_up_timeout_s=60.0, fast_listen=Some("auto".to_string()), fast_unix=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -358,6 +402,8 @@ impl PyServer {
         sync_tombstone_horizon_ms: u64,
         sync_with_state: bool,
         catch_up_timeout_s: f64,
+        fast_listen: Option<String>,
+        fast_unix: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         if !(0.0..=86_400.0).contains(&catch_up_timeout_s) {
             return Err(invalid("catch_up_timeout_s must be in 0..=86400 seconds"));
@@ -403,6 +449,11 @@ impl PyServer {
             }
             (store, _) => store,
         };
+        let fast = bind_fast(py, &runtime, &listener, fast_listen.as_deref(), fast_unix)?;
+        let fast_address = fast.iter().find_map(|l| match l {
+            embstore_server::FastListener::Tcp(t) => t.local_addr().ok().map(|a| a.to_string()),
+            embstore_server::FastListener::Unix(..) => None,
+        });
         let client_tls =
             sync_client_tls(sync_tls_ca, sync_tls_cert, sync_tls_key, sync_tls_domain)?;
         let (sync_args_token, sync_args_events, sync_args_tls) =
@@ -472,6 +523,8 @@ impl PyServer {
             server,
             listener: parking_lot::Mutex::new(Some(listener)),
             metrics: parking_lot::Mutex::new(metrics),
+            fast: parking_lot::Mutex::new(fast),
+            fast_address,
             address,
             metrics_address,
             stop,
@@ -489,6 +542,12 @@ impl PyServer {
             catch_up,
             _scratch: scratch,
         })
+    }
+
+    /// `host:port` of the framed lookup path's TCP port (`fast_listen`), if it is offered.
+    #[getter]
+    fn fast_address(&self) -> Option<String> {
+        self.fast_address.clone()
     }
 
     /// `host:port` of the sync port (`sync_listen`), if one runs.
@@ -532,6 +591,7 @@ impl PyServer {
         let server = self.server.clone();
         let mut stop = self.stop.subscribe();
         let metrics = self.metrics.lock().take();
+        let fast = std::mem::take(&mut *self.fast.lock());
         let member = self.member.clone();
         let directory = self.directory.clone();
         let catch_up = self.follower.as_ref().map(|f| f.status_view());
@@ -606,6 +666,14 @@ impl PyServer {
                     }
                 }
                 let member = member.map(|m| tokio::spawn(m.run(quit(quit_rx.clone()))));
+                let fast: Vec<_> = fast
+                    .into_iter()
+                    .map(|l| {
+                        let (tokens, tls) = (self.options.tokens.clone(), self.options.tls.clone());
+                        let q = quit(quit_rx.clone());
+                        tokio::spawn(embstore_server::serve_fast(server.clone(), l, tokens, tls, q))
+                    })
+                    .collect();
                 let served =
                     embstore_server::serve(server, listener, self.options.clone(), quit(quit_rx))
                         .await;
@@ -614,6 +682,9 @@ impl PyServer {
                 let _ = quit_on_return.send(true);
                 if let Some(m) = metrics {
                     let _ = m.await;
+                }
+                for f in fast {
+                    let _ = f.await;
                 }
                 // Deregisters from etcd (the naming key goes at once).
                 if let Some(m) = member {
@@ -648,7 +719,8 @@ pub(crate) struct PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None, tls=None, etcd=None))]
+    #[pyo3(signature = (addresses, deadline_s=5.0, max_restarts=2, token=None, tls=None, etcd=None, transport="auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         addresses: Vec<String>,
@@ -657,7 +729,9 @@ impl PyClient {
         token: Option<String>,
         tls: Option<TlsPaths>,
         etcd: Option<Vec<String>>,
+        transport: &str,
     ) -> PyResult<Self> {
+        let transport: embstore_client::Transport = transport.parse().map_err(to_py_err)?;
         if !(deadline_s.is_finite() && deadline_s > 0.0) {
             return Err(to_py_err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -670,6 +744,7 @@ impl PyClient {
             max_restarts,
             token,
             tls: client_tls(tls)?,
+            transport,
             ..Default::default()
         };
         let inner = detached(py, || match &etcd {
@@ -700,6 +775,12 @@ impl PyClient {
                 rows.version.into_pyobject(py)?.into_any(),
             ],
         )
+    }
+
+    /// The transport lookups take to the server at `address` now: "fast" (the framed path over
+    /// TCP), "fast-unix" (over its Unix socket) or "grpc"; `None` for an unknown address.
+    fn transport_to(&self, address: &str) -> Option<&'static str> {
+        self.inner.transport_to(address)
     }
 
     /// Per server: `(address, [(table, version, shard, num_shards, state), ...])` as last seen,

@@ -201,6 +201,9 @@ pub struct Server {
     /// Per table, the versions loaded with sync on (oldest first): a follower writes into the
     /// newest ([`Server::live_table`]).
     live: RwLock<HashMap<String, Vec<Syncing>>>,
+    /// Where the framed lookup path listens: its TCP port (0: none) and Unix socket ("": none),
+    /// as `ServerInfo` tells clients ([`Server::offer_fast`]).
+    pub(crate) fast: RwLock<(u32, String)>,
 }
 
 /// A version loaded with sync on: (version, its table).
@@ -287,6 +290,7 @@ impl Server {
             followed: RwLock::new(None),
             sync_loads: RwLock::new(None),
             live: RwLock::new(HashMap::new()),
+            fast: RwLock::new((0, String::new())),
         })
     }
 
@@ -532,7 +536,14 @@ impl Server {
             last_request_ms: 0,
         }));
         held.sort_by(|a, b| (&a.table, a.version).cmp(&(&b.table, b.version)));
-        ServerInfo { instance: self.instance.clone(), gen: self.gen.load(Ordering::Acquire), held }
+        let (fast_port, fast_unix) = self.fast.read().clone();
+        ServerInfo {
+            instance: self.instance.clone(),
+            gen: self.gen.load(Ordering::Acquire),
+            held,
+            fast_port,
+            fast_unix,
+        }
     }
 }
 

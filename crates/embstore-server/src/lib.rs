@@ -9,6 +9,8 @@
 //! - [`Admin`] — the tonic service a roll's coordinator calls (`Load` from a checkpoint,
 //!   `Drain`, `Unload`), served only when asked for.
 //! - [`serve`] — runs the services on a listener until a shutdown future resolves.
+//! - [`serve_fast`] — the framed lookup path (binary frames on TCP or a Unix socket), through
+//!   the same checks, rows and metrics as `Lookup`.
 //! - [`serve_metrics`] — `GET /metrics` in Prometheus' text format.
 //! - [`to_status`] — the one mapping from table errors to gRPC codes.
 //!
@@ -28,12 +30,14 @@
 //! - `hosting` — [`Server`], [`Hosted`], [`State`], [`RowSource`], [`TierOptions`]: what is held,
 //!   and loading it from checkpoints.
 //! - `service` — [`Serving`], [`Admin`], the lookup path, [`to_status`], [`serve`].
+//! - `fast` — [`serve_fast`], [`FastListener`]: the framed lookup path.
 //! - `metrics` — the Prometheus metrics and [`serve_metrics`].
 //! - `tls` — [`Tls`], the metrics port's TLS listener, and [`Tokens`].
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
 
 mod endpoint;
+mod fast;
 mod hosting;
 pub mod member;
 mod metrics;
@@ -41,6 +45,7 @@ mod service;
 mod tls;
 
 pub use endpoint::{serve_metrics, serve_metrics_with};
+pub use fast::{serve_fast, FastListener};
 pub use hosting::{
     Followed, FollowedReport, Hosted, RowSource, Server, State, SyncLoads, TierOptions,
 };

@@ -36,7 +36,7 @@ pub fn request_limit(max_batch: usize) -> usize {
 
 /// The largest answer a server sends: a gRPC frame's length is 32 bits. A lookup whose rows
 /// would pass it (over 4M ids at D 256) is refused as too large, before any row is read.
-const MAX_ANSWER_BYTES: usize = u32::MAX as usize - (64 << 20);
+pub(crate) const MAX_ANSWER_BYTES: usize = u32::MAX as usize - (64 << 20);
 
 /// Lookups of at most this many ids of a table in memory run on the I/O thread that received
 /// them (about 100 µs of copying at D 256); larger ones and tiered tables' go to the blocking
@@ -123,19 +123,30 @@ impl Server {
     ) -> Result<LookupResponse, Status> {
         let start = std::time::Instant::now();
         let result = target.and_then(|hosted| self.read(req, &hosted));
+        self.count(req, start, result.as_ref().err());
+        result
+    }
+
+    /// Counts a lookup that began at `start` by its outcome (`failed`: its status), for both
+    /// transports.
+    pub(crate) fn count(
+        &self,
+        req: &LookupRequest,
+        start: std::time::Instant,
+        failed: Option<&Status>,
+    ) {
         let table = vec![("table".to_string(), req.table.clone())];
-        let outcome = match &result {
-            Ok(_) => "ok".to_string(),
-            Err(s) => format!("{:?}", s.code()).to_lowercase(),
+        let outcome = match failed {
+            None => "ok".to_string(),
+            Some(s) => format!("{:?}", s.code()).to_lowercase(),
         };
         let mut labels = table.clone();
         labels.push(("outcome".to_string(), outcome));
         self.metrics.lookups.get_or_create(&labels).inc();
-        if result.is_ok() {
+        if failed.is_none() {
             self.metrics.ids.get_or_create(&table).inc_by(req.ids.len() as u64);
             self.metrics.seconds.get_or_create(&table).observe(start.elapsed().as_secs_f64());
         }
-        result
     }
 
     pub(crate) fn read(
@@ -146,8 +157,7 @@ impl Server {
         let t = &hosted.table;
         let mut values = vec![0f32; req.ids.len() * t.dim()];
         let mut found = vec![false; req.ids.len()];
-        t.lookup(&req.ids, &mut values, &mut found)
-            .map_err(|e| self.status(to_status(e.kind()), e.to_string()))?;
+        self.read_into(req, hosted, &mut values, &mut found)?;
         let current = self.gen.load(Ordering::Acquire);
         Ok(LookupResponse {
             info: (req.known_gen != current).then(|| self.info()),
@@ -156,6 +166,28 @@ impl Server {
             values: embstore_proto::encode_rows(&values),
             found: found.into_iter().map(u8::from).collect(),
         })
+    }
+
+    /// Writes the rows of `req.ids` from `hosted` into `values` (`ids × dim`) and `found`: the
+    /// one read both transports make.
+    pub(crate) fn read_into(
+        &self,
+        req: &LookupRequest,
+        hosted: &Hosted,
+        values: &mut [f32],
+        found: &mut [bool],
+    ) -> Result<(), Status> {
+        hosted
+            .table
+            .lookup(&req.ids, values, found)
+            .map_err(|e| self.status(to_status(e.kind()), e.to_string()))
+    }
+
+    /// Whether `req` (for `target`) runs on the I/O thread that received it: a small lookup of
+    /// rows in memory takes microseconds (a hand-off to the blocking pool costs more); a large
+    /// one, or one that may read from disk, goes off the I/O threads.
+    pub(crate) fn inline(req: &LookupRequest, target: &Result<Arc<Hosted>, Status>) -> bool {
+        target.as_ref().map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.may_block())
     }
 }
 
@@ -188,14 +220,8 @@ impl embstore_proto::v1::serving_server::Serving for Serving {
     ) -> Result<Response<LookupResponse>, Status> {
         let server = self.0.clone();
         let req = request.into_inner();
-        // A small lookup of rows in memory takes microseconds: on this thread (a hand-off to
-        // the blocking pool costs more). A large one, or one that may read from disk, goes off
-        // the I/O threads.
         let target = server.target(&req);
-        let inline = target
-            .as_ref()
-            .map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.may_block());
-        if inline {
+        if Server::inline(&req, &target) {
             return server.lookup_in(&req, target).map(Response::new);
         }
         tokio::task::spawn_blocking(move || server.lookup_in(&req, target))

@@ -1,6 +1,9 @@
 """`embstore serve` as a separate process on loopback, and `embstore.connect`: lookups equal the
 store's rows; bad requests get typed errors and the server keeps serving; SIGTERM stops it
-cleanly; a second server on the same store is refused."""
+cleanly; a second server on the same store is refused.
+
+Every test runs twice: with clients on the framed lookup path (``auto``: the servers offer it
+by default) and on gRPC."""
 
 from __future__ import annotations
 
@@ -72,6 +75,19 @@ class _Served:
         self.proc.wait(timeout=10)
 
 
+@pytest.fixture(autouse=True, params=["auto", "grpc"])
+def transport(request, monkeypatch) -> str:
+    """The transport of every client a test connects (`embstore.connect`'s default)."""
+    real = embstore.connect
+
+    def connect(*args, **kwargs):
+        kwargs.setdefault("transport", request.param)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(embstore, "connect", connect)
+    return request.param
+
+
 @pytest.fixture
 def served(tmp_path: pathlib.Path):
     expected = _make_store(tmp_path / "s")
@@ -82,9 +98,11 @@ def served(tmp_path: pathlib.Path):
         server.stop()
 
 
-def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served) -> None:
+def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served, transport) -> None:
     server, expected, _ = served
     client = embstore.connect(server.address)
+    # By default the server offers the framed path and the client takes it.
+    assert client.transport_to(server.address) == ("fast" if transport == "auto" else "grpc")
     ids = np.array([0, 3, 1, 99, 57, 3], dtype=np.int64)
     for name in ("user", "item"):
         rows, found, version = client.lookup(name, ids, return_found=True, return_version=True)
@@ -158,6 +176,8 @@ def test_connect_checks_its_arguments() -> None:
     start = time.monotonic()
     with pytest.raises(embstore.UnavailableError, match="etcd"):
         embstore.connect(etcd="http://127.0.0.1:1")
+    with pytest.raises(embstore.InvalidArgumentError, match="transport must be"):
+        embstore.connect("127.0.0.1:1", transport="udp")
     assert time.monotonic() - start < 10
 
 
@@ -711,3 +731,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_framed_path_on_a_unix_socket_serves_clients_on_the_same_host(tmp_path, transport):
+    """`serve --fast-unix PATH`: a client of a loopback address takes the socket (the rows
+    equal gRPC's); `--fast-listen off` leaves gRPC only; the socket goes when the server
+    stops."""
+    expected = _make_store(tmp_path / "s")
+    sock = tmp_path / "embstore.sock"
+    ids = np.array([0, 3, 99, 57], dtype=np.int64)
+    server = _Served("--store", str(tmp_path / "s"), "--fast-unix", str(sock))
+    try:
+        client = embstore.connect(server.address)
+        want = "fast-unix" if transport == "auto" else "grpc"
+        assert client.transport_to(server.address) == want
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+        assert sock.is_socket()
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=30)
+        server.stop()
+    assert not sock.exists(), "the socket outlived its server"
+    server = _Served("--store", str(tmp_path / "s"), "--fast-listen", "off")
+    try:
+        client = embstore.connect(server.address)
+        assert client.transport_to(server.address) == "grpc"
+        np.testing.assert_array_equal(client.lookup("item", ids), expected["item"][ids])
+    finally:
+        server.stop()
