@@ -479,7 +479,9 @@ impl Client {
     ) -> std::result::Result<Rows, Retry> {
         let d = place.embedding_dim as usize;
         let by_shard = group_by_shard(ids, place.num_shards as usize);
-        let mut tasks = tokio::task::JoinSet::new();
+        // The shards' calls run concurrently in this task (no task per shard: a batch of a
+        // few ids is all fixed cost, and each hand-off to another worker adds a wake-up).
+        let mut calls = Vec::new();
         for (s, (keys, _)) in by_shard.iter().enumerate() {
             if keys.is_empty() {
                 continue;
@@ -506,7 +508,7 @@ impl Client {
                 tls: self.fast_tls.clone(),
                 deadline: self.options.deadline,
             };
-            tasks.spawn(async move { (s, order, shard_call(endpoints, known, req, how).await) });
+            calls.push(async move { (s, order, shard_call(endpoints, known, req, how).await) });
         }
         // One shard holding the whole batch, answered over the framed path: its rows are the
         // batch's as they came off the socket (no copy).
@@ -514,10 +516,7 @@ impl Client {
         let mut values = Vec::new();
         let mut found = vec![false; ids.len()];
         let mut outcome = Ok(());
-        while let Some(done) = tasks.join_next().await {
-            let (s, order, result) = done.map_err(|e| {
-                Retry::Fail(Error::new(ErrorKind::Unavailable, format!("lookup task: {e}")))
-            })?;
+        for (s, order, result) in futures_util::future::join_all(calls).await {
             for (i, info) in &result.infos {
                 self.learn(order[*i], info.clone());
             }
