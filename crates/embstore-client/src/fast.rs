@@ -59,6 +59,10 @@ enum Target {
 /// After a failed connect, how long lookups of that server take gRPC before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// The longest a connect to a framed port may take (within the call's deadline): a port a
+/// firewall drops costs the first lookup this much, then gRPC for [`RETRY_AFTER`].
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Idle connections kept per server.
 const KEEP_IDLE: usize = 64;
 
@@ -171,7 +175,8 @@ impl FastPath {
             let target = self.target.lock().clone().ok_or_else(|| {
                 FastError::Connect(Status::unavailable("this server offers no framed lookup path"))
             })?;
-            match tokio::time::timeout(timeout, open(&target, token, tls)).await {
+            let limit = timeout.min(CONNECT_TIMEOUT);
+            match tokio::time::timeout(limit, open(&target, token, tls)).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(s)) if s.code() == Code::Unavailable => {
                     *self.off_until.lock() = Some(Instant::now() + RETRY_AFTER);

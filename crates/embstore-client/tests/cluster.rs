@@ -2,13 +2,14 @@
 //! in this process, each registered under a short lease. `publish` rolls versions through them
 //! from checkpoints while a client that found them through etcd reads; a server that dies
 //! loses its lease and its slot is served again by another; a publish that fails leaves the
-//! old version served; with etcd stopped, lookups go on.
+//! old version served; with etcd stopped, lookups go on. The servers also serve the framed
+//! lookup path; the scenario runs with clients on each transport.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_client::{Client, ClientOptions};
+use embstore_client::{Client, ClientOptions, Transport};
 use embstore_cluster::{control, publish, Etcd, Publish, RollState, TestEtcd};
 use embstore_server::member::{Member, MemberOptions};
 use embstore_server::{ServeOptions, Server};
@@ -37,6 +38,7 @@ struct Node {
     addr: String,
     stop: Option<oneshot::Sender<()>>,
     serving: tokio::task::JoinHandle<()>,
+    fast: tokio::task::JoinHandle<()>,
     member: tokio::task::JoinHandle<()>,
 }
 
@@ -54,6 +56,17 @@ impl Node {
         let (tx, rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let serve_options = ServeOptions { admin: true, ..Default::default() };
+        let fast_listener = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+        let s = server.clone();
+        let fast = tokio::spawn(async move {
+            let forever = std::future::pending::<()>();
+            let _ =
+                embstore_server::serve_fast(s, fast_listener, Default::default(), None, forever)
+                    .await;
+        });
+        while server.info().fast_port == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let serving = tokio::spawn(async move {
             let _ = embstore_server::serve(server, listener, serve_options, async {
                 let _ = rx.await;
@@ -65,13 +78,14 @@ impl Node {
             let mut rx = done_rx;
             let _ = rx.wait_for(|d| *d).await;
         }));
-        Node { addr, stop: Some(tx), serving, member }
+        Node { addr, stop: Some(tx), serving, fast, member }
     }
 
     /// A crash: it stops answering and stops renewing its lease, without deregistering.
     fn crash(mut self) {
         self.member.abort();
         self.serving.abort();
+        self.fast.abort();
         self.stop.take();
     }
 
@@ -81,6 +95,7 @@ impl Node {
             let _ = tx.send(());
         }
         let _ = self.serving.await;
+        self.fast.abort();
         let _ = self.member.await;
     }
 }
@@ -127,8 +142,21 @@ async fn wait_for<F: std::future::Future<Output = bool>>(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd() {
+mod a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd {
+    use embstore_client::Transport;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn grpc() {
+        super::scenario(Transport::Grpc).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fast() {
+        super::scenario(Transport::Fast).await
+    }
+}
+
+async fn scenario(transport: Transport) {
     let dir = tempfile::tempdir().unwrap();
     let mut etcd_process = TestEtcd::start().await.unwrap();
     let endpoint = etcd_process.endpoint.clone();
@@ -151,6 +179,7 @@ async fn a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd() {
         deadline: Duration::from_secs(10),
         max_restarts: 3,
         refresh_every: Duration::from_millis(200),
+        transport,
         ..Default::default()
     };
     let client =

@@ -530,3 +530,39 @@ async fn tls_mistakes_name_their_cause() {
     let e = pair(&p.server.0, &p.client.1).check().unwrap_err();
     assert!(e.to_string().contains("key does not match the certificate"), "{e}");
 }
+
+/// With the default transport, a server whose framed port stops accepting (its process half
+/// gone, a firewall) is read over gRPC, and the client says so; a client that insists on the
+/// framed path gets `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_port_that_refuses_connections_falls_back_to_grpc() {
+    let ids: Vec<u64> = (0..20u64).collect();
+    let server = Server::new("half", 64);
+    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
+    let mut running = start(server).await;
+    let addrs = vec![running.addr.clone()];
+    let auto = Client::connect(&addrs, ClientOptions::default()).await.unwrap();
+    let only_fast =
+        Client::connect(&addrs, ClientOptions { transport: Transport::Fast, ..options() })
+            .await
+            .unwrap();
+    assert_eq!(auto.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(auto.lookup("user", &ids).await.unwrap().found, vec![true; 20]);
+    // The framed path dies without withdrawing its port from the server's info.
+    let fast = running.tasks.pop().unwrap();
+    fast.abort();
+    let _ = fast.await;
+    assert_ne!(running_info_port(&auto, &addrs[0]), 0);
+    assert_eq!(auto.lookup("user", &ids).await.unwrap().found, vec![true; 20]);
+    assert_eq!(auto.transport_to(&addrs[0]), Some("grpc"));
+    let e = only_fast.lookup("user", &ids).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    running.stop().await;
+}
+
+/// The framed port a client last saw in the server's info.
+fn running_info_port(client: &Client, addr: &str) -> u32 {
+    let view = client.view();
+    let (_, info) = view.iter().find(|(a, _)| a == addr).unwrap();
+    info.as_ref().unwrap().fast_port
+}

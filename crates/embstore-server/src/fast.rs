@@ -42,7 +42,27 @@ pub enum FastListener {
 impl FastListener {
     /// Binds `addr` (`host:port`).
     pub async fn tcp(addr: &str) -> std::io::Result<Self> {
-        Ok(Self::Tcp(tokio::net::TcpListener::bind(addr).await?))
+        let mut last = None;
+        for a in tokio::net::lookup_host(addr).await? {
+            let socket = match a {
+                std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            socket.set_reuseaddr(true)?;
+            // Accepted connections inherit it: an answer of a few hundred KiB goes into the
+            // socket in one write instead of waiting for the client to drain a small buffer.
+            let _ = socket.set_send_buffer_size(SEND_BUFFER);
+            match socket.bind(a).and_then(|()| socket.listen(1024)) {
+                Ok(l) => return Ok(Self::Tcp(l)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{addr} names no address"),
+            )
+        }))
     }
 
     /// Binds a Unix socket at `path`. A socket file left there by a server that is gone is
@@ -72,6 +92,9 @@ impl FastListener {
 /// Answers above this many bytes get a buffer of their own, dropped after sending; smaller ones
 /// reuse the connection's.
 const KEEP_BUFFER: usize = 8 << 20;
+
+/// The send buffer of framed connections (the kernel caps it at `net.core.wmem_max`).
+const SEND_BUFFER: u32 = 4 << 20;
 
 /// How long a connection has to finish its TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
