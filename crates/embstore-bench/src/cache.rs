@@ -36,6 +36,10 @@ pub(crate) struct CacheArgs {
     /// The cache's policy (`group_assoc`, the default, `group_lfu`, `lru`, `lfu`).
     #[arg(long, default_value = "group_assoc")]
     policy: String,
+    /// `group_assoc`'s replacement rule fixed (`group`, `group_admission`, `clock`); default:
+    /// the adaptive choice among them.
+    #[arg(long)]
+    rule: Option<String>,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -77,12 +81,21 @@ pub(crate) fn run(args: CacheArgs) -> Result<(), String> {
         .generate()
         .map_err(|e| e.to_string())?;
     let t = 26;
-    let policy = PolicyConfig::parse(&args.policy, t as u8).map_err(|e| e.to_string())?;
+    let mut policy = PolicyConfig::parse(&args.policy, t as u8).map_err(|e| e.to_string())?;
+    if let Some(name) = &args.rule {
+        let rule = embstore_cache::policy::Rule::parse(name)
+            .ok_or_else(|| format!("unknown rule '{name}' (group, group_admission, clock)"))?;
+        match &mut policy {
+            PolicyConfig::GroupAssoc(c) => c.rule = Some(rule),
+            _ => return Err("--rule applies to group_assoc only".into()),
+        }
+    }
     eprintln!(
-        "cache bench: {} requests, {} unique keys, D = {d}, policy {}",
+        "cache bench: {} requests, {} unique keys, D = {d}, policy {} (rule {})",
         trace.len(),
         trace.unique_keys(),
-        policy.name()
+        policy.name(),
+        args.rule.as_deref().unwrap_or("adaptive")
     );
     let store = Store::new();
     let mut tables = Vec::new();

@@ -232,7 +232,11 @@ def test_evaluate_drives_a_python_policy_and_the_whole_cache(store):
     # bare policy seeing the keys the cache's policies see (group_assoc's sets hash them).
     for policy in ("group_lfu", "group_assoc"):
         cache = embstore.InferenceCache(
-            store, ["user", "item", "ctx"], memory_budget_bytes=8 << 10, policy=policy
+            store,
+            ["user", "item", "ctx"],
+            memory_budget_bytes=8 << 10,
+            policy=policy,
+            tiers={"f32": 1.0},
         )
         whole = evaluate(trace, cache, mode="prefix")
         bare = evaluate(policy_keys(trace), policy, capacity=cache.capacity, mode="prefix")
@@ -255,7 +259,12 @@ def test_group_assoc_holds_rows_with_eleven_bytes_of_metadata(store):
         "rule": "group",
     }
     cache = embstore.InferenceCache(
-        store, names, memory_budget_bytes=16 << 10, policy="group_assoc", policy_params=params
+        store,
+        names,
+        memory_budget_bytes=16 << 10,
+        policy="group_assoc",
+        policy_params=params,
+        tiers={"f32": 1.0},
     )
     batch = {"user": np.array([1, 2]), "item": np.array([3, 4]), "ctx": np.array([0, 0])}
     cache.lookup(batch)
@@ -376,3 +385,34 @@ def test_torch_module(store):
     assert out["user"].dtype == torch.float32 and out["user"].shape == (2, D)
     np.testing.assert_array_equal(out["item"].numpy(), store["item"].lookup([3, 4]))
     assert set(ebc.last_sources) == {"user", "item"}
+
+
+def test_the_default_tiers_are_a_quarter_f32_and_three_quarters_int4_and_say_so() -> None:
+    """No `tiers`: exact f32 rows in L1, 4-bit rows in L2 (more rows in the same bytes), and
+    `stats()` says the tiers are the default; `tiers={"f32": 1.0}` keeps every row exact."""
+    store = embstore.Store()
+    rng = np.random.default_rng(3)
+    t = store.create_table("user", embedding_dim=16)
+    t.assign(np.arange(2000), rng.standard_normal((2000, 16)).astype(np.float32) * 0.05)
+    default = embstore.InferenceCache(store, ["user"], memory_budget_bytes=32 << 10)
+    exact = embstore.InferenceCache(
+        store, ["user"], memory_budget_bytes=32 << 10, tiers={"f32": 1.0}
+    )
+    st = default.stats()
+    assert [x["codec"] for x in st["tiers"]] == ["f32", "int4"], st["tiers"]
+    assert st["default_tiers"] and not exact.stats()["default_tiers"]
+    assert dict(embstore.cache.DEFAULT_TIERS) == {"f32": 0.25, "int4": 0.75}
+    assert default.capacity > 1.5 * exact.capacity, (default.capacity, exact.capacity)
+    # Rows served from L2 are within int4's error of the exact ones; from L1, exact.
+    ids = np.arange(0, 2000, 7)
+    for _ in range(2):
+        rows, src = default.lookup({"user": ids}, return_sources=True)
+    want = t.lookup(ids)
+    from_l2 = src["user"] == embstore.cache.SOURCES.index("l2")
+    assert from_l2.any()
+    step = (want.max(axis=1) - want.min(axis=1)) / 15
+    err = np.abs(rows["user"] - want).max(axis=1)
+    assert np.all(err[from_l2] <= step[from_l2] * 0.5 + 1e-3), err[from_l2].max()
+    np.testing.assert_array_equal(rows["user"][~from_l2], want[~from_l2])
+    exact_rows = exact.lookup({"user": ids})
+    np.testing.assert_array_equal(exact_rows["user"], want)

@@ -188,7 +188,8 @@ def test_in_place_warms_the_cache_given():
 
 def test_group_assoc_adapts_by_default_and_a_rule_can_be_fixed():
     # A static Zipf trace with little co-access: the admission filter's kind of traffic,
-    # where the adaptive default must beat the plain group rule it starts from.
+    # where the adaptive default must beat the plain group rule it starts from. 15 % of the
+    # 16,931 keys: 2,540 entries, 79 sets (a cache of fewer than 64 sets keeps the group rule).
     keys = synthetic_trace(
         num_requests=40_000,
         num_tables=8,
@@ -198,10 +199,10 @@ def test_group_assoc_adapts_by_default_and_a_rule_can_be_fixed():
         seed=3,
     )
     runs = {
-        rule: evaluate(keys, "group_assoc", 0.05, policy_params={"rule": rule})["perfect_hit"]
+        rule: evaluate(keys, "group_assoc", 0.15, policy_params={"rule": rule})["perfect_hit"]
         for rule in ("adaptive", "group", "group_admission", "clock")
     }
-    assert runs["adaptive"] == evaluate(keys, "group_assoc", 0.05)["perfect_hit"]
+    assert runs["adaptive"] == evaluate(keys, "group_assoc", 0.15)["perfect_hit"]
     assert runs["group_admission"] > runs["group"], runs
     assert runs["adaptive"] >= 0.9 * max(runs.values()) > runs["group"], runs
     with pytest.raises(embstore.InvalidArgumentError, match="unknown group_assoc rule"):

@@ -35,10 +35,15 @@ pub(super) struct Level {
 }
 
 impl Level {
-    pub(super) fn new(cfg: &CacheConfig, codec: CodecKind, capacity: usize) -> Result<Self> {
+    pub(super) fn new(
+        cfg: &CacheConfig,
+        level: usize,
+        codec: CodecKind,
+        capacity: usize,
+    ) -> Result<Self> {
         let codec = codec.codec();
         let (code, tag) = (codec.bytes_per_row(cfg.dim), tag_bytes(cfg.num_tables));
-        let policy = cfg.policy.build(capacity)?;
+        let policy = cfg.policy_of(level).build(capacity)?;
         if !policy.has_slots() {
             return Err(Error::invalid(format!(
                 "policy {} has no stable slots to hold rows (ev-arc keeps ghost entries): \
@@ -52,13 +57,18 @@ impl Level {
 
     /// A level of `lc`'s codec holding as many entries as fit `share` bytes, metadata
     /// included. InvalidArgument when that is fewer than one request's keys (the tables).
-    pub(super) fn sized(cfg: &CacheConfig, lc: &LevelConfig, share: f64) -> Result<Self> {
+    pub(super) fn sized(
+        cfg: &CacheConfig,
+        level: usize,
+        lc: &LevelConfig,
+        share: f64,
+    ) -> Result<Self> {
         let row = lc.codec.codec().bytes_per_row(cfg.dim);
         // Size with an estimate of the metadata, measure the real figure at that capacity
         // (the index is a power of two), size again with it, then shrink until the measured
         // bytes fit the share.
         let mut cap = entries_for(share, row, 32).max(1);
-        if let Ok(probe) = cfg.policy.build(cap) {
+        if let Ok(probe) = cfg.policy_of(level).build(cap) {
             let meta = probe.metadata_bytes().div_ceil(cap) + tag_bytes(cfg.num_tables);
             cap = entries_for(share, row, meta);
         }
@@ -72,9 +82,9 @@ impl Level {
                     cfg.num_tables
                 )));
             }
-            let level = Level::new(cfg, lc.codec, cap)?;
-            if level.bytes() as f64 <= share {
-                return Ok(level);
+            let made = Level::new(cfg, level, lc.codec, cap)?;
+            if made.bytes() as f64 <= share {
+                return Ok(made);
             }
             cap = ((cap as f64) * 0.99) as usize;
         }

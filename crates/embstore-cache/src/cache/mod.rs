@@ -225,7 +225,11 @@ impl Plan {
 
     /// One shard: its levels sized to their shares, its L3 map, its scratch.
     fn shard(&self, cfg: &CacheConfig) -> Result<Shard> {
-        let levels = cfg.levels.iter().map(|l| Level::sized(cfg, l, self.rest * l.share));
+        let levels = cfg
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Level::sized(cfg, i, l, self.rest * l.share));
         Ok(Shard {
             levels: levels.collect::<Result<_>>()?,
             l3: (self.with_l3 && self.l3_cap > 0).then(|| ClockMap::new(self.l3_cap)),
@@ -343,9 +347,9 @@ impl InferenceCache {
     pub fn clear(&self) -> Result<()> {
         for s in &self.shards {
             let mut s = s.write();
-            for t in &mut s.levels {
+            for (i, t) in s.levels.iter_mut().enumerate() {
                 let cap = t.policy.capacity();
-                t.policy = self.cfg.policy.build(cap)?;
+                t.policy = self.cfg.policy_of(i).build(cap)?;
             }
             if let Some(l3) = &mut s.l3 {
                 *l3 = ClockMap::new(l3.capacity());

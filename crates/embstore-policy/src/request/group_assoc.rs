@@ -229,8 +229,14 @@ struct Shadow {
 /// Sets shadowed at most: their keys are what an adaptive cache learns from.
 const SHADOW_SETS: usize = 64;
 
-/// Sets an adaptive cache needs (16 × 32 ways: 512 entries); smaller ones keep the group rule.
-const MIN_ADAPTIVE_SETS: usize = 16;
+/// Sets an adaptive cache needs (64 × 32 ways: 2,048 entries, 4 sets shadowed); smaller ones
+/// keep the group rule.
+const MIN_ADAPTIVE_SETS: usize = 64;
+
+/// At most one set in this many is shadowed: three shadows of 1/16 of the sets cost ~2 B an
+/// entry (1/4 cost ~8 B: a third more entries at equal bytes with 4-bit rows, which the
+/// choosing did not win back).
+const MIN_SAMPLE: usize = 8;
 
 /// Keys of one request the shadows see at most (`2·S`, at least 64: a request's sampled
 /// keys, bags included as a rule), so their buffers are allocated once and counted in the
@@ -246,11 +252,11 @@ impl GroupAssoc {
         config.validate()?;
         let nsets = (capacity / config.ways).max(1);
         let rule = config.rule.unwrap_or(Rule::Group);
-        // Every 4th set at most (at most SHADOW_SETS of them), so that the shadows' work and
-        // bytes stay a fraction of the cache's own. A cache of fewer than MIN_ADAPTIVE_SETS
-        // sets keeps the group rule: its shadows would cost more of a small byte budget than
-        // choosing can win back (measured: ML7 at 2–10 % within ±0.4 points either way).
-        let sample = nsets.div_ceil(SHADOW_SETS).max(4).min(nsets);
+        // Every 16th set at most (at most SHADOW_SETS of them), so that the shadows' work and
+        // bytes stay a small fraction of the cache's own. A cache of fewer than
+        // MIN_ADAPTIVE_SETS sets keeps the group rule: its shadows would cost more of a small
+        // byte budget than choosing can win back.
+        let sample = nsets.div_ceil(SHADOW_SETS).max(MIN_SAMPLE).min(nsets);
         let adaptive = config.rule.is_none() && nsets >= MIN_ADAPTIVE_SETS;
         let adaptive = if adaptive {
             let sets = nsets.div_ceil(sample);
