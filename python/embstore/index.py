@@ -14,14 +14,15 @@ class NeighborHash:
     and small tools. Batch calls release the GIL.
 
     Args:
-        slots: initial number of buckets (rounded up to a power of two); the index doubles
-            when ``len`` would pass ``max_load_factor * slots``.
+        slots: initial number of buckets (rounded up to a multiple of 4, at most
+            ``2**32 - 4``); the index grows when ``len`` would pass
+            ``max_load_factor * slots`` (2x while under 65,536 buckets, then 1.15x).
         max_load_factor: in (0, 1); default 0.8.
         huge_pages: back arrays of 2 MiB and more with transparent huge pages.
 
     Raises:
         InvalidArgumentError: ``max_load_factor`` outside (0, 1).
-        CapacityError: ``slots`` too large to allocate.
+        CapacityError: ``slots`` above ``2**32 - 4`` or too large to allocate.
 
     Example::
 

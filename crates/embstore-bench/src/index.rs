@@ -30,6 +30,9 @@
 //!   (ours first in even repetitions, the reference first in odd ones); paired ratios
 //!   ours / reference per repetition are reported. See `crate::nhref`.
 //!
+//! - with `--density`: no lookups; one index grows from empty to `--density-max` keys and its
+//!   resident memory per key is sampled on the way (see `crate::density`).
+//!
 //! Equal work is checked: the checksum (sum of found payloads + number of misses) of every hash
 //! table, the reference's included, must agree in every repetition, or the run fails.
 
@@ -90,6 +93,19 @@ pub struct IndexArgs {
     /// compiler is missing.
     #[arg(long, value_name = "DIR")]
     reference: Option<PathBuf>,
+    /// Instead of lookups: grow one index from empty and report its bytes per key (RSS) at
+    /// log-spaced sizes from `--density-min` to `--density-max` keys, and their mean.
+    #[arg(long)]
+    density: bool,
+    /// Smallest size sampled by `--density`, in keys.
+    #[arg(long, default_value_t = 1_000_000)]
+    density_min: usize,
+    /// Largest size sampled by `--density`, in keys.
+    #[arg(long, default_value_t = 100_000_000)]
+    density_max: usize,
+    /// Sizes sampled by `--density` per factor of 10.
+    #[arg(long, default_value_t = 20)]
+    density_points: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -410,6 +426,18 @@ fn human_size(slots: usize) -> String {
 }
 
 pub fn run(args: IndexArgs) -> Result<(), String> {
+    if args.density {
+        if !args.json {
+            println!("{}", crate::machine_line());
+        }
+        return crate::density::run(
+            args.density_min,
+            args.density_max,
+            args.density_points,
+            args.seed,
+            args.json,
+        );
+    }
     let sizes = if !args.sizes.is_empty() { args.sizes.clone() } else { vec![1 << 20, 1 << 24] };
     let reps = args.reps.unwrap_or(5).max(1);
     let nq = args.queries.unwrap_or(if args.quick { 1_000_000 } else { 8_000_000 }).max(1);
@@ -613,8 +641,17 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
             )
         };
     }
-    let runs: Vec<(&'static str, Runner<'_>)> =
-        vec![width!(4), width!(8), width!(16), width!(24), width!(32), width!(48), width!(64)];
+    let runs: Vec<(&'static str, Runner<'_>)> = vec![
+        width!(8),
+        width!(16),
+        width!(32),
+        width!(48),
+        width!(64),
+        width!(96),
+        width!(128),
+        width!(192),
+        width!(256),
+    ];
     let rows = measure(&runs, &q, reps, None)?;
     let shift = 64 - t.slots.trailing_zeros();
     let hashers: Vec<(&'static str, Runner<'_>)> = vec![

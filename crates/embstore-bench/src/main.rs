@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 
 mod cache;
 mod cold;
+mod density;
 mod huge;
 mod index;
 mod nhref;

@@ -31,6 +31,10 @@ pub(crate) const PAYLOAD_MASK: u64 = (1 << PAYLOAD_BITS) - 1;
 pub const MAX_OFFSET: usize = 2047;
 /// Link-field bias: the stored field is `offset + LINK_BIAS`.
 const LINK_BIAS: i64 = 2048;
+/// The link bits below the top one: zero exactly for link fields 0 (empty) and 2048 (end of
+/// chain), so `word & STOP_MASK == 0` tells a walking lookup to stop, whichever of the two it
+/// met, with one test.
+pub(crate) const STOP_MASK: u64 = 0x7ff << PAYLOAD_BITS;
 /// Buckets per 64-byte cacheline.
 pub(crate) const BUCKETS_PER_LINE: usize = 4;
 /// Bytes per bucket: a u64 key and a u64 value word (link and payload).
@@ -132,6 +136,12 @@ impl Buckets {
         self.len
     }
 
+    /// The first bucket (for lookups that index without bounds checks).
+    #[inline(always)]
+    pub(crate) fn as_ptr(&self) -> *const Bucket {
+        self.ptr.as_ptr()
+    }
+
     #[inline(always)]
     pub(crate) fn as_slice(&self) -> &[Bucket] {
         // SAFETY: `ptr` points to `len` initialised (zeroed or written) buckets that live as
@@ -175,11 +185,18 @@ impl std::fmt::Debug for Buckets {
 /// faults and changes no state that the program can observe.
 #[inline(always)]
 pub(crate) fn prefetch(b: &Bucket) {
+    prefetch_ptr(b);
+}
+
+/// [`prefetch`] of a raw address: any address, even an invalid one, is allowed (a prefetch never
+/// faults).
+#[inline(always)]
+pub(crate) fn prefetch_ptr(b: *const Bucket) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: `b` is a valid reference; prefetching an address never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((b as *const Bucket).cast()) };
+        // SAFETY: prefetching an address never faults and has no observable effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(b.cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = b;
@@ -199,6 +216,18 @@ mod tests {
                     assert!(!b.is_empty());
                     assert_eq!((b.key, b.payload(), b.offset()), (key, payload, off));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn stop_mask_catches_empty_and_chain_ends_only() {
+        assert_eq!(Bucket::EMPTY.word & STOP_MASK, 0);
+        for payload in [0, 1, PAYLOAD_MASK] {
+            assert_eq!(Bucket::new(u64::MAX, payload, 0).word & STOP_MASK, 0);
+            for off in (-2047isize..=2047).filter(|&o| o != 0) {
+                let b = Bucket::new(0, payload, off);
+                assert_ne!(b.word & STOP_MASK, 0, "offset {off}");
             }
         }
     }

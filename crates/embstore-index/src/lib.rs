@@ -15,12 +15,16 @@
 //!   bucket is held by a key from another home evicts that lodger to a free bucket and relinks
 //!   its chain; a key whose home holds a host joins the host's chain), *cacheline-aware neighbour
 //!   probing* for free buckets (the head's cacheline first, then the tail's, then outward both
-//!   ways, nearest first), chain-preserving delete, growth by doubling, [`Stats`] and an
-//!   invariant checker.
+//!   ways, nearest first), chain-preserving delete, growth (doubling while under 1 MiB, then
+//!   steps of 1.15x, so that the average table stays 93 % as full as the maximum load allows),
+//!   [`Stats`] and an invariant checker. Any slot count works: a key's home is the high bits of
+//!   its hash scaled to the slot count (`(hash * slots) >> 64`).
 //! - [`batch`](crate::batch) — [`NeighborHash::get_batch`] and
-//!   [`NeighborHash::contains_batch`] with AMAC: a ring of lookups in flight with software
-//!   prefetch.
-//! - [`hash`] — `fmix64`, scalar and AVX2 (runtime-detected).
+//!   [`NeighborHash::contains_batch`]: a software pipeline that hashes and prefetches 64 keys
+//!   ahead, with the rare lookups that leave their home cacheline deferred in a small FIFO.
+//! - [`hash`] — the home hash [`MulXor`](hash::MulXor) (one multiply, one shift-xor; the
+//!   default), [`Fmix64`](hash::Fmix64), and `fmix64` for blocks of keys, scalar and AVX2
+//!   (runtime-detected).
 //! - [`mem`] — zeroed, 2 MiB-aligned maps with transparent-huge-page advice, for this table's
 //!   buckets and any other large array read at random.
 //!
@@ -30,6 +34,7 @@
 //!   and a lookup walks at most one chain.
 //! - Neighbouring chain nodes are at most [`MAX_OFFSET`] (2047) buckets apart; chains are acyclic.
 //! - `len` never exceeds `max_load_factor × capacity`.
+//! - An empty bucket is all zero, and an occupied bucket's value word never is.
 //! - Every fallible call validates its input first and changes nothing when it fails.
 //!
 //! ## Concurrency

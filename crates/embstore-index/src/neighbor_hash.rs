@@ -1,22 +1,62 @@
 //! [`NeighborHash`]: the map, its insert/delete algorithms, growth and statistics.
 
-use crate::bucket::{same_line, Bucket, Buckets, BUCKETS_PER_LINE, MAX_OFFSET, PAYLOAD_MASK};
+use std::marker::PhantomData;
+
+use crate::bucket::{
+    same_line, Bucket, Buckets, BUCKETS_PER_LINE, MAX_OFFSET, PAYLOAD_MASK, STOP_MASK,
+};
 use crate::error::{capacity_overflow, length_mismatch, payload_out_of_range};
-use crate::hash::hash;
+use crate::hash::{reduce, KeyHash, MulXor};
 use crate::Error;
 
 /// The smallest table: two cachelines.
 const MIN_SLOTS: usize = 8;
-/// The largest table: 2^40 slots (16 TiB of buckets).
-const MAX_SLOTS: usize = 1 << 40;
+/// The largest table: 2^32 − 4 slots (64 GiB of buckets, 3.4 billion keys at load 0.8), so that
+/// the batch path can compute homes with 32-bit multiplies (see [`reduce`]); the table layer
+/// shards larger key sets over several indexes.
+const MAX_SLOTS: usize = crate::hash::MAX_SLOTS;
+/// Tables below this many slots (1 MiB of buckets) double when they grow; larger ones grow by
+/// [`GROWTH`], so that the average table stays close to the maximum load (dense memory), at the
+/// price of more frequent, streaming rehashes.
+const DOUBLE_BELOW: usize = 1 << 16;
+/// The growth factor of tables of [`DOUBLE_BELOW`] slots and more, as `(numerator, denominator)`:
+/// 1.15x. Over sizes spread evenly on a log scale, the average load is then
+/// `max_load * ln(1.15) / 0.15` = 0.93 of the maximum (0.75 of the slots at the default 0.8:
+/// 21.5 B per key with 16-byte buckets), where doubling gives 0.69 of it (0.55: 28.9 B). The
+/// price: each key is moved by about 1 / 0.15 = 6.7 rehashes over its table's growth, against 1
+/// with doubling (rehashes stream through both tables: the old one is read in home order).
+const GROWTH: (usize, usize) = (23, 20);
+
+/// The buckets of a cacheline in order of distance from the one at position `i` in the line,
+/// ties to the lower one: `NEAREST[i]`.
+const NEAREST: [[usize; BUCKETS_PER_LINE]; BUCKETS_PER_LINE] =
+    [[0, 1, 2, 3], [1, 0, 2, 3], [2, 1, 3, 0], [3, 2, 1, 0]];
+
+/// `n` slots rounded as a table is sized: at least [`MIN_SLOTS`], a whole number of cachelines.
+fn round_slots(n: usize) -> Result<usize, Error> {
+    let slots = n.max(MIN_SLOTS).checked_next_multiple_of(BUCKETS_PER_LINE);
+    slots.filter(|&s| s <= MAX_SLOTS).ok_or_else(|| capacity_overflow(n))
+}
+
+/// The slot count a table of `slots` grows to.
+fn grown(slots: usize) -> Result<usize, Error> {
+    let next = if slots < DOUBLE_BELOW {
+        slots.checked_mul(2)
+    } else {
+        slots.checked_mul(GROWTH.0).map(|x| x.div_ceil(GROWTH.1))
+    };
+    round_slots(next.ok_or_else(|| capacity_overflow(slots))?)
+}
 
 /// How a [`NeighborHash`] is sized and backed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
-    /// Initial number of slots (buckets); rounded up to a power of two, at least 8.
+    /// Initial number of slots (buckets); rounded up to a multiple of 4 (one cacheline), at
+    /// least 8. Any such count works: the home is `(hash * slots) >> 64`.
     pub slots: usize,
-    /// The table doubles when an insert would push `len / slots` past this. Default 0.8: the
-    /// load the 12-bit offsets reach comfortably (NeighborHash paper, §2.1.1).
+    /// The table grows (2x while small, then 1.15x) when an insert would push `len / slots` past
+    /// this. Default 0.8: the load the 12-bit offsets reach comfortably (NeighborHash paper,
+    /// §2.1.1).
     pub max_load_factor: f64,
     /// Advise the kernel to back arrays of 2 MiB and more with transparent huge pages.
     /// Default true: multi-GB tables are TLB-bound without them.
@@ -52,17 +92,12 @@ pub struct Stats {
     pub relocations: u64,
 }
 
-/// Where a lookup stands after examining one cacheline.
-pub(crate) enum Step {
-    Hit(u64),
-    Miss,
-    /// The chain goes on in another cacheline, at this bucket.
-    Next(usize),
-}
-
 /// A map from any `u64` key to a payload below 2^52, stored as NeighborHash: coalesced
 /// hashing in one flat array, with lodger relocation, cacheline-aware neighbour probing and
 /// 12-bit inline chain offsets.
+///
+/// `H` is the key hash (default [`MulXor`]: one multiply; [`Fmix64`](crate::hash::Fmix64) is
+/// the alternative, e.g. to compare chain lengths).
 ///
 /// Invariant: for every home bucket `h` that some key hashes to, bucket `h` holds one of those
 /// keys (the *host*), and every key hashing to `h` is on the chain that starts at `h`. A key
@@ -84,15 +119,14 @@ pub(crate) enum Step {
 /// assert_eq!((found, out), (2, [1, embstore_index::MISSING, 7]));
 /// assert!(index.insert(1, 1 << 52).is_err()); // payloads are 52 bits
 /// ```
-pub struct NeighborHash {
+pub struct NeighborHash<H: KeyHash = MulXor> {
     pub(crate) buckets: Buckets,
-    /// `64 - log2(slots)`: the home of a key is `hash(key) >> shift`.
-    pub(crate) shift: u32,
     len: usize,
-    /// Largest `len` allowed before doubling.
+    /// Largest `len` allowed before growing.
     grow_at: usize,
     relocations: u64,
     config: Config,
+    hash: PhantomData<fn() -> H>,
 }
 
 impl Default for NeighborHash {
@@ -101,7 +135,7 @@ impl Default for NeighborHash {
     }
 }
 
-impl std::fmt::Debug for NeighborHash {
+impl<H: KeyHash> std::fmt::Debug for NeighborHash<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NeighborHash")
             .field("len", &self.len)
@@ -124,18 +158,22 @@ impl NeighborHash {
         Self::with_config(Config { slots, ..config })
     }
 
-    /// An empty table with exactly `slots` slots (rounded up to a power of two).
+    /// An empty table with `slots` slots (rounded up to a multiple of 4, at least 8).
     pub fn with_slots(slots: usize) -> Result<Self, Error> {
         Self::with_config(Config { slots, ..Config::default() })
     }
 
     /// An empty table as configured. `max_load_factor` is clamped to `[0.05, 0.95]`.
     pub fn with_config(config: Config) -> Result<Self, Error> {
-        let slots = config.slots.max(MIN_SLOTS);
-        if slots > MAX_SLOTS {
-            return Err(capacity_overflow(config.slots));
-        }
-        let slots = slots.next_power_of_two();
+        Self::with_hash(config)
+    }
+}
+
+impl<H: KeyHash> NeighborHash<H> {
+    /// An empty table as configured, hashing keys with `H` (e.g.
+    /// `NeighborHash::<Fmix64>::with_hash(config)`).
+    pub fn with_hash(config: Config) -> Result<Self, Error> {
+        let slots = round_slots(config.slots)?;
         let max_load_factor = if config.max_load_factor.is_nan() {
             Config::default().max_load_factor
         } else {
@@ -144,11 +182,11 @@ impl NeighborHash {
         let config = Config { slots, max_load_factor, ..config };
         Ok(NeighborHash {
             buckets: Buckets::zeroed(slots, config.huge_pages)?,
-            shift: 64 - slots.trailing_zeros(),
             len: 0,
             grow_at: (slots as f64 * max_load_factor) as usize,
             relocations: 0,
             config,
+            hash: PhantomData,
         })
     }
 
@@ -185,9 +223,10 @@ impl NeighborHash {
         Config { slots: self.capacity(), ..self.config }
     }
 
+    /// The home bucket of `key`: the high bits of its hash, scaled to the slot count.
     #[inline(always)]
     pub(crate) fn home(&self, key: u64) -> usize {
-        (hash(key) >> self.shift) as usize
+        reduce(H::hash(key), self.buckets.len())
     }
 
     #[inline(always)]
@@ -200,46 +239,55 @@ impl NeighborHash {
         self.buckets.as_mut_slice()[i] = b;
     }
 
-    /// Examines the cacheline holding bucket `pos`, following `key`'s chain while it stays in
-    /// that cacheline. At the key's home bucket an empty bucket proves the key absent. A lodger
-    /// there (a key from another home) proves it too, but telling a lodger from a host costs a
-    /// hash on every head mismatch, which present keys further down their chain pay most often;
-    /// walking the lodger's chain instead can never match `key` (chains never mix homes), so the
-    /// lookup just walks it: it is short, and usually inside this cacheline.
-    #[inline(always)]
-    pub(crate) fn step(buckets: &[Bucket], key: u64, pos: usize) -> Step {
-        let mut pos = pos;
-        let mut b = buckets[pos];
-        if b.is_empty() {
-            return Step::Miss;
+    /// The payload stored for `key`.
+    ///
+    /// Walks the chain from the key's home: compare the key, stop at an empty bucket or a chain
+    /// end (one test of the link bits), else hop by the offset. At the home, an
+    /// empty bucket ends the walk, and a lodger (a key from another home) leads down the lodger's
+    /// chain, which never holds `key` (chains never mix homes) and ends soon; telling a lodger
+    /// from a host would cost a hash on every head mismatch. An empty bucket is all zero, so
+    /// key 0, which could match one at its home, takes a separate path.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<u64> {
+        if key == 0 {
+            return self.get_zero();
         }
-        loop {
-            if b.key == key {
-                return Step::Hit(b.payload());
+        let base = self.buckets.as_ptr();
+        // SAFETY: the home is below `len` (`reduce`), and every link leads to a bucket in bounds
+        // (the chain invariant, kept by every writer: `find_free` and `claim_in_line` only pick
+        // buckets inside the array); `&self` excludes writers while the walk runs.
+        unsafe {
+            let mut p = base.add(self.home(key));
+            loop {
+                let b = *p;
+                if b.key == key {
+                    return Some(b.word & PAYLOAD_MASK);
+                }
+                if b.word & STOP_MASK == 0 {
+                    return None;
+                }
+                p = p.offset(b.offset());
             }
-            let offset = b.offset();
-            if offset == 0 {
-                return Step::Miss;
-            }
-            let next = pos.wrapping_add_signed(offset);
-            if !same_line(pos, next) {
-                return Step::Next(next);
-            }
-            pos = next;
-            b = buckets[pos];
         }
     }
 
-    /// The payload stored for `key`.
-    #[inline]
-    pub fn get(&self, key: u64) -> Option<u64> {
+    /// [`get`](Self::get) of key 0, which an empty bucket (all zero) also carries.
+    #[cold]
+    #[inline(never)]
+    fn get_zero(&self) -> Option<u64> {
         let buckets = self.buckets.as_slice();
-        let mut pos = self.home(key);
+        let mut pos = self.home(0);
         loop {
-            match Self::step(buckets, key, pos) {
-                Step::Hit(payload) => return Some(payload),
-                Step::Miss => return None,
-                Step::Next(next) => pos = next,
+            let b = buckets[pos];
+            if b.is_empty() {
+                return None;
+            }
+            if b.key == 0 {
+                return Some(b.payload());
+            }
+            match b.offset() {
+                0 => return None,
+                offset => pos = pos.wrapping_add_signed(offset),
             }
         }
     }
@@ -250,7 +298,7 @@ impl NeighborHash {
         self.get(key).is_some()
     }
 
-    /// Stores `payload` for `key` and returns the payload it replaced. Grows the table (2x) when
+    /// Stores `payload` for `key` and returns the payload it replaced. Grows the table when
     /// the load factor would pass the maximum, or when no free bucket is within the 12-bit offset
     /// range of the chain. Fails, changing nothing, if `payload >= 2^52` or the table cannot grow.
     pub fn insert(&mut self, key: u64, payload: u64) -> Result<Option<u64>, Error> {
@@ -411,8 +459,7 @@ impl NeighborHash {
                 && Some(x) != reach
                 && reach.is_none_or(|r| r.abs_diff(x) <= MAX_OFFSET)
         };
-        let mut candidates: [usize; BUCKETS_PER_LINE] = std::array::from_fn(|k| line + k);
-        candidates.sort_by_key(|&x| x.abs_diff(anchor));
+        let candidates = NEAREST[anchor - line].map(|k| line + k);
         if let Some(&x) = candidates.iter().find(|&&x| fits(x) && self.bucket(x).is_empty()) {
             return Some(x);
         }
@@ -511,9 +558,11 @@ impl NeighborHash {
     /// Makes room for `additional` more keys without growing.
     pub fn reserve(&mut self, additional: usize) -> Result<(), Error> {
         let want = self.len.saturating_add(additional);
-        let mut slots = self.capacity();
-        while (slots as f64 * self.config.max_load_factor) < want as f64 {
-            slots = slots.checked_mul(2).ok_or_else(|| capacity_overflow(usize::MAX))?;
+        let lf = self.config.max_load_factor;
+        let mut slots =
+            round_slots((want as f64 / lf).ceil().min(MAX_SLOTS as f64 + 1.0) as usize)?;
+        while ((slots as f64 * lf) as usize) < want {
+            slots = round_slots(slots + BUCKETS_PER_LINE)?;
         }
         if slots > self.capacity() {
             self.rehash(slots)?;
@@ -522,19 +571,19 @@ impl NeighborHash {
     }
 
     fn grow(&mut self) -> Result<(), Error> {
-        let slots = self.capacity().checked_mul(2).ok_or_else(|| capacity_overflow(0))?;
-        self.rehash(slots)
+        self.rehash(grown(self.capacity())?)
     }
 
-    /// Moves every key into a fresh table of at least `slots` slots (doubling again in the
-    /// unlikely case that a chain finds no free bucket in range).
+    /// Moves every key into a fresh table of at least `slots` slots (growing once more in the
+    /// unlikely case that a chain finds no free bucket in range). The old table is read in bucket
+    /// order, which is home order, so the new table is written nearly sequentially.
     fn rehash(&mut self, mut slots: usize) -> Result<(), Error> {
         'attempt: loop {
-            let mut next = NeighborHash::with_config(Config { slots, ..self.config })?;
-            next.grow_at = usize::MAX; // all of `self` must fit; the load is at most half anyway
+            let mut next = NeighborHash::<H>::with_hash(Config { slots, ..self.config })?;
+            next.grow_at = usize::MAX; // all of `self` must fit
             for b in self.buckets.as_slice().iter().filter(|b| !b.is_empty()) {
                 if next.try_insert(b.key, b.payload()).is_none() {
-                    slots = slots.checked_mul(2).ok_or_else(|| capacity_overflow(slots))?;
+                    slots = grown(slots)?;
                     continue 'attempt;
                 }
             }
@@ -757,6 +806,54 @@ mod tests {
         assert_eq!(t.capacity(), 2048);
         t.check_invariants().unwrap();
         assert!((0..=max).all(|k| t.get(k) == Some(k)));
+    }
+
+    #[test]
+    fn large_tables_grow_by_the_fine_step_and_reserve_exactly() {
+        let mut t = NeighborHash::with_slots(1 << 17).unwrap();
+        let max = (131_072.0 * 0.8) as u64;
+        t.insert_batch(&(0..max).collect::<Vec<_>>(), &(0..max).collect::<Vec<_>>()).unwrap();
+        assert_eq!(t.capacity(), 1 << 17);
+        t.insert(max, max).unwrap();
+        assert_eq!(t.capacity(), 150_736, "131072 * 1.15, rounded up to a whole cacheline");
+        t.check_invariants().unwrap();
+        assert!((0..=max).all(|k| t.get(k) == Some(k)));
+        // Reserve sizes to the load exactly (no power-of-two rounding).
+        let mut r = NeighborHash::new();
+        r.reserve(1_000_000).unwrap();
+        assert_eq!(r.capacity(), 1_250_000);
+        assert_eq!(NeighborHash::with_slots(1001).unwrap().capacity(), 1004);
+    }
+
+    #[test]
+    fn nearest_order_in_a_line_is_by_distance_ties_low_first() {
+        for (anchor, order) in NEAREST.iter().enumerate() {
+            let mut by_sort: Vec<usize> = (0..BUCKETS_PER_LINE).collect();
+            by_sort.sort_by_key(|&x| x.abs_diff(anchor)); // stable: ties keep the lower first
+            assert_eq!(&by_sort[..], &order[..], "anchor {anchor}");
+        }
+    }
+
+    #[test]
+    fn key_zero_and_empty_buckets() {
+        // An empty bucket is all zero; key 0 must not be found in one, at its home or anywhere.
+        let mut t = NeighborHash::with_slots(64).unwrap();
+        assert_eq!(t.get(0), None);
+        let mut out = [7u64; 2];
+        assert_eq!(t.get_batch(&[0, 0], &mut out), Ok(0));
+        assert_eq!(out, [MISSING; 2]);
+        for k in 1..40u64 {
+            t.insert(k, k).unwrap();
+        }
+        assert_eq!(t.get(0), None);
+        t.insert(0, 0).unwrap();
+        assert_eq!(t.get(0), Some(0));
+        assert_eq!(t.get_batch(&[0, 5], &mut out), Ok(2));
+        assert_eq!(out, [0, 5]);
+        t.remove(0);
+        assert_eq!(t.get(0), None);
+        assert_eq!(t.get_batch(&[0, 5], &mut out), Ok(1));
+        assert_eq!(out, [MISSING, 5]);
     }
 
     #[test]

@@ -63,9 +63,12 @@ proptest! {
     fn behaves_like_a_hashmap(
         ops in prop::collection::vec(op(), 1..250),
         lf in prop_oneof![Just(0.8), 0.5f64..0.95],
+        slots in prop_oneof![Just(8usize), 8usize..300],
     ) {
-        let mut t = NeighborHash::with_config(Config { slots: 8, max_load_factor: lf, ..Config::default() })
+        // Any slot count (rounded to whole cachelines): homes scale to it.
+        let mut t = NeighborHash::with_config(Config { slots, max_load_factor: lf, ..Config::default() })
             .unwrap();
+        prop_assert_eq!(t.capacity(), slots.next_multiple_of(4));
         let mut model = HashMap::new();
         for op in ops {
             match op {
@@ -213,5 +216,45 @@ fn growth_then_delete_everything() {
         }
         assert!(t.is_empty());
         t.check_invariants().unwrap();
+    }
+}
+
+/// Growth past 1 MiB of buckets goes in steps of 1.15x (non-power-of-two slot counts): after
+/// every step all keys so far are found, by `get` and `get_batch`, absent keys are not, and the
+/// chain invariants hold. Random keys for even seeds, `slot << 40 | n` for odd ones.
+#[test]
+fn growth_in_fine_steps_keeps_every_key() {
+    for seed in seeds(2) {
+        eprintln!("growth_in_fine_steps_keeps_every_key: seed {seed} (EMBSTORE_TEST_SEED={seed})");
+        let mut rng = Rng(SplitMix64::new(seed));
+        let structured = seed % 2 == 1;
+        let mut t = NeighborHash::with_slots(1 << 16).unwrap();
+        let mut keys: Vec<u64> = Vec::new();
+        let mut capacities = vec![t.capacity()];
+        while capacities.len() < 8 {
+            let k = if structured { (rng.below(26) << 40) | keys.len() as u64 } else { rng.next() };
+            if t.insert(k, keys.len() as u64).unwrap().is_some() {
+                continue; // a repeated random key
+            }
+            keys.push(k);
+            if t.capacity() != *capacities.last().unwrap() {
+                let (old, new) = (*capacities.last().unwrap(), t.capacity());
+                assert_eq!(new, (old * 23).div_ceil(20).next_multiple_of(4), "seed {seed}");
+                assert_eq!(keys.len() - 1, (old as f64 * 0.8) as usize, "grew at the max load");
+                t.check_invariants().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+                let mut out = vec![0; keys.len()];
+                assert_eq!(t.get_batch(&keys, &mut out), Ok(keys.len()), "seed {seed}");
+                for (i, (&k, &p)) in keys.iter().zip(&out).enumerate() {
+                    assert_eq!((p, t.get(k)), (i as u64, Some(i as u64)), "seed {seed} key {k}");
+                }
+                let absent: Vec<u64> = (0..1000).map(|_| rng.next() | 1 << 63).collect();
+                let mut out = vec![0; absent.len()];
+                let found = t.get_batch(&absent, &mut out).unwrap();
+                assert_eq!(found, absent.iter().filter(|&&k| t.get(k).is_some()).count());
+                capacities.push(new);
+            }
+        }
+        eprintln!("  capacities {capacities:?}");
+        assert!(capacities.iter().skip(1).all(|c| !c.is_power_of_two()));
     }
 }
