@@ -190,10 +190,11 @@ class InferenceCache:
         tiers: ``{codec: share}`` for L1 then L2 (dict order), shares summing to at most 1;
             codecs from :data:`CODECS` (``f32``, ``f16``, ``int8``, ``int4``). Default
             (:data:`DEFAULT_TIERS`): a quarter of the budget for exact f32 rows (L1), three
-            quarters for 4-bit rows (L2, ~5× the rows per byte at D 16), measured to cost at
-            most 0.013 % relative PR-AUC (bound 0.2 %) while holding 2.4–11× the perfect hits
-            of f32 rows at a 5 % budget (docs/cache.md, "Default tiers"); rows served from L2
-            are then ``decode(encode(row))``. ``{"f32": 1.0}`` keeps every cached row exact.
+            quarters for 4-bit rows (L2, ~5x the rows per byte at D 16), measured to cost at
+            most 0.013 % relative PR-AUC (bound 0.2 %) while holding 1.9 to 3.9 times the
+            perfect hits of f32 rows at a 5 % budget (docs/cache.md, "Default tiers"); rows
+            served from L2 are then ``decode(encode(row))``. ``{"f32": 1.0}`` keeps every
+            cached row exact.
         surrogates: ``{table: Surrogates}`` from :func:`build_surrogates`, or ``None``. A build
             held in memory costs 18 B a row of the budget (taken first; a budget it does not
             leave room in is an ``InvalidArgumentError``); one opened from disk
