@@ -383,7 +383,7 @@ impl Conn {
         let dim = head.dim as usize;
         let mut values = vec![0f32; head.n as usize * dim];
         // The rows go from the socket straight into the floats (little-endian on the wire).
-        self.io.read_exact(f32_bytes_mut(&mut values)).await.map_err(read)?;
+        self.io.read_exact(embstore_proto::f32_bytes_mut(&mut values)).await.map_err(read)?;
         #[cfg(not(target_endian = "little"))]
         for x in values.iter_mut() {
             *x = f32::from_bits(u32::from_le(x.to_bits()));
@@ -398,13 +398,6 @@ impl Conn {
         };
         Ok(Ok(FastRows { version: head.version, dim, values, found, info }))
     }
-}
-
-/// The bytes of `v`, writable.
-fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: f32 has no padding and every byte pattern is a valid f32; the view covers exactly
-    // `v`'s memory and borrows it mutably; u8 needs no alignment.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 #[cfg(test)]

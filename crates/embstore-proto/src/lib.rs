@@ -28,14 +28,21 @@ pub mod etcd {
     tonic::include_proto!("etcdserverpb");
 }
 
-/// The bytes of `rows` as they are in memory: on a little-endian machine, exactly the wire
-/// format (float32, little-endian).
-#[cfg(target_endian = "little")]
-fn as_le_bytes(rows: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding and no invalid bit patterns as bytes; the byte slice covers
-    // exactly the floats' memory (len × 4 bytes) and lives as long as `rows`; u8 needs no
-    // alignment.
+/// The bytes of `rows` as they are in memory (native order: on a little-endian machine,
+/// exactly the wire format of both transports, float32 little-endian).
+pub fn f32_bytes(rows: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding; the byte slice covers exactly the floats' memory (len × 4
+    // bytes) and borrows it; u8 needs no alignment.
     unsafe { std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), std::mem::size_of_val(rows)) }
+}
+
+/// The bytes of `rows` as they are in memory, writable (see [`f32_bytes`]).
+pub fn f32_bytes_mut(rows: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as `f32_bytes`, borrowed mutably; every byte pattern is a valid f32, so writes
+    // through the view leave `rows` valid.
+    unsafe {
+        std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(rows))
+    }
 }
 
 /// Rows as a [`v1::LookupResponse`] carries them: float32, little-endian, row-major (one
@@ -43,7 +50,7 @@ fn as_le_bytes(rows: &[f32]) -> &[u8] {
 pub fn encode_rows(rows: &[f32]) -> Vec<u8> {
     #[cfg(target_endian = "little")]
     {
-        as_le_bytes(rows).to_vec()
+        f32_bytes(rows).to_vec()
     }
     #[cfg(not(target_endian = "little"))]
     {
@@ -62,10 +69,7 @@ pub fn copy_row(src: &[u8], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len() * 4, "a row's bytes and floats differ in length");
     #[cfg(target_endian = "little")]
     {
-        // SAFETY: `dst` is `dst.len() × 4` initialised bytes, any byte pattern is a valid f32,
-        // and the byte view is dropped before `dst` is used again.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), dst.len() * 4) };
+        let bytes = f32_bytes_mut(dst);
         bytes.copy_from_slice(src);
     }
     #[cfg(not(target_endian = "little"))]

@@ -302,7 +302,7 @@ async fn connection<S: Io>(
                     buf = own;
                 }
                 let sent = match result {
-                    Ok(words) => w.write_all(f32_bytes(&buf[..words])).await,
+                    Ok(words) => w.write_all(embstore_proto::f32_bytes(&buf[..words])).await,
                     Err(status) => w.write_all(&error_frame(id, &status)).await,
                 };
                 if buf.len() > KEEP_BUFFER / 4 {
@@ -361,7 +361,7 @@ impl Server {
             for x in rows.iter_mut() {
                 *x = f32::from_bits(x.to_bits().to_le());
             }
-            let pre = f32_bytes_mut(pre);
+            let pre = embstore_proto::f32_bytes_mut(pre);
             head.write(id, pre);
             let at = HEADER + ROWS_FIXED;
             pre[at..at + info.len()].copy_from_slice(&info);
@@ -375,18 +375,4 @@ impl Server {
         self.count(req, start, result.as_ref().err());
         result
     }
-}
-
-/// The bytes of `v`.
-fn f32_bytes(v: &[f32]) -> &[u8] {
-    // SAFETY: f32 has no padding; the view covers exactly `v`'s memory and borrows it; u8 needs
-    // no alignment.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// The bytes of `v`, writable.
-fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as `f32_bytes`; every byte pattern is a valid f32, so writes through the view
-    // leave `v` valid.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
