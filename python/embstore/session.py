@@ -16,10 +16,17 @@ While your loop trains on batch t, the background thread reads, partitions and p
 ``prefetch`` batches ahead. Values are read in the train stage, after batch t-1's write-back, so
 the pipeline changes when the work is done and never what is computed: a pipelined session
 trains bit for bit like ``prefetch=0`` (everything in your loop's thread, in order).
+
+``staleness=1`` moves the gather off your loop too: batch t+1's rows are read while batch t
+trains, after batch t-1's write-back and before batch t's, so batch t+1 misses exactly batch t's
+updates (its gradients still go to the rows as they are then). Every process and every
+``prefetch`` computes the same (a fixed order of reads and writes), so it is as reproducible as
+staleness 0, one step staler.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 import time
@@ -95,6 +102,7 @@ class SessionBatch:
         self._leaves = leaves
         self._pushed = False
         self._push_s = 0.0
+        self._before_push: Callable[[], None] | None = None
         self.data = plan.data
 
     def __getattr__(self, name: str) -> Any:
@@ -171,6 +179,8 @@ class SessionBatch:
         if self._pushed:
             raise InvalidArgumentError("push_grads() was called twice for one batch")
         self._pushed = True
+        if self._before_push is not None:  # staleness 1: the next batch's rows first
+            self._before_push()
         self._session._push(self, lr)
 
 
@@ -186,9 +196,12 @@ class Session:
         grad_average: bool = True,
         on_miss: str = "init",
         device: Any = None,
+        staleness: int = 0,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise InvalidArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        if isinstance(staleness, bool) or staleness not in (0, 1):
+            raise InvalidArgumentError(f"staleness must be 0 or 1, got {staleness!r}")
         names = [t.name if isinstance(t, Table) else t for t in tables]
         if not names:
             raise InvalidArgumentError("a session needs at least one table")
@@ -200,6 +213,7 @@ class Session:
         self._dims = [t.embedding_dim for t in self._tables]
         self._index = {n: i for i, n in enumerate(names)}
         self._prefetch = prefetch
+        self._staleness = staleness
         self._scale = 1.0 / self._comm.world if grad_average else 1.0
         self._on_miss = on_miss
         self._device = device
@@ -678,24 +692,80 @@ class Session:
         self._prepared = 0
         try:
             if self._prefetch == 0:
-                yield from self._sequential(it, ids)
+                yield from self._train(lambda _: self._prepare(self._read(it, ids)), None)
             else:
                 yield from self._pipelined(it, ids)
         finally:
             self._running = False
 
-    def _sequential(self, it: Iterator[Any], ids: Any) -> Iterator[SessionBatch]:
-        while True:
-            plan = self._prepare(self._read(it, ids))
-            if plan is _END:
-                return
+    def _train(
+        self,
+        next_plan: Callable[[bool], Any],
+        pool: concurrent.futures.ThreadPoolExecutor | None,
+    ) -> Iterator[SessionBatch]:
+        """The training loop's side: each prepared batch's rows gathered and handed out, its
+        pins released after. At staleness 1 the next batch is gathered before this one's
+        write-back: on ``pool``'s thread while this one trains (pipelined), else in
+        ``push_grads`` (or after the batch, if it pushes nothing). ``next_plan(in_loop)``
+        gives the next prepared batch (``in_loop``: the wait counts as training blocked)."""
+        ahead: Any = None  # staleness 1: the next (plan, leaves), a future of it, or None
+        plan: Any = None
+
+        def fetch() -> tuple[Any, Any]:
+            nxt = next_plan(pool is None)
+            if nxt is _END:
+                return nxt, None
             try:
-                batch = SessionBatch(self, plan, self._gather(plan))
+                return nxt, self._gather(nxt)
+            except BaseException:
+                _release(nxt.served)
+                raise
+
+        def settle() -> None:
+            nonlocal ahead
+            if ahead is None:
+                ahead = fetch()
+            elif isinstance(ahead, concurrent.futures.Future):
+                waited = time.perf_counter()
+                try:
+                    ahead = ahead.result()
+                finally:
+                    with self._lock:
+                        self._blocked["train"] += time.perf_counter() - waited
+
+        try:
+            while True:
+                if ahead is None:
+                    plan = next_plan(True)
+                    leaves = None if plan is _END else self._gather(plan)
+                else:
+                    settle()
+                    plan, leaves = ahead
+                    ahead = None
+                if plan is _END:
+                    return
+                batch = SessionBatch(self, plan, leaves)
+                if self._staleness:
+                    if pool is not None:
+                        ahead = pool.submit(fetch)
+                    batch._before_push = settle
                 started = time.perf_counter()
                 yield batch
                 self._add("train", time.perf_counter() - started - batch._push_s)
-            finally:
+                if self._staleness:
+                    settle()  # a batch that pushed nothing: the next one is gathered now
                 _release(plan.served)
+                plan = None
+        finally:
+            if plan is not None and plan is not _END:
+                _release(plan.served)
+            if isinstance(ahead, concurrent.futures.Future):
+                try:
+                    ahead = ahead.result(timeout=self._join_timeout())
+                except BaseException:
+                    ahead = None
+            if isinstance(ahead, tuple) and ahead[0] is not _END:
+                _release(ahead[0].served)
 
     def _pipelined(self, it: Iterator[Any], ids: Any) -> Iterator[SessionBatch]:
         ready: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
@@ -730,29 +800,29 @@ class Session:
                     except queue.Full:
                         continue
 
-        thread = threading.Thread(target=work, name="embstore-session", daemon=True)
-        thread.start()
-        plan: Any = None
-        try:
-            while True:
-                waited = time.perf_counter()
-                plan = ready.get()
+        def next_plan(in_loop: bool) -> Any:
+            waited = time.perf_counter()
+            plan = ready.get()
+            if in_loop:
                 with self._lock:
                     self._blocked["train"] += time.perf_counter() - waited
-                if isinstance(plan, _Failed):
-                    raise plan.error
-                if plan is _END:
-                    return
-                batch = SessionBatch(self, plan, self._gather(plan))
-                started = time.perf_counter()
-                yield batch
-                self._add("train", time.perf_counter() - started - batch._push_s)
-                _release(plan.served)
-                plan = None
+            if isinstance(plan, _Failed):
+                raise plan.error
+            return plan
+
+        thread = threading.Thread(target=work, name="embstore-session", daemon=True)
+        thread.start()
+        pool = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embstore-gather")
+            if self._staleness
+            else None
+        )
+        try:
+            yield from self._train(next_plan, pool)
         finally:
             stop.set()
-            if plan is not None and not isinstance(plan, _Failed) and plan is not _END:
-                _release(plan.served)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
             thread.join(timeout=self._join_timeout())
             while True:
                 try:

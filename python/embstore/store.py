@@ -578,6 +578,7 @@ class Store:
         grad_average: bool = True,
         on_miss: str = "init",
         device: Any = None,
+        staleness: int = 0,
     ) -> Session:
         """A training session over ``tables``: the 4-stage pipeline of the hierarchical
         parameter server (read and partition; prepare: rows brought into memory and pinned at
@@ -595,6 +596,11 @@ class Store:
             on_miss: what a lookup of a new id does (``"init"``: create its row, training).
             device: a torch device for the batches' rows (``"cuda"``): the working set is
                 copied there at the gather and the gradients back at the write-back.
+            staleness: 0 (the default): a batch's rows are read after the batch before it
+                is applied, exactly as without a pipeline. 1: they are read while the batch
+                before trains (after the one before that is applied), so the gather leaves
+                your loop; each batch then misses the previous batch's updates to its rows,
+                the same way on every run and process count.
 
         Example::
 
@@ -617,6 +623,7 @@ class Store:
             grad_average=grad_average,
             on_miss=on_miss,
             device=device,
+            staleness=staleness,
         )
 
     def __getitem__(self, name: str) -> Table:

@@ -26,6 +26,13 @@ creates a row on first use, so a share of ``--total-rows`` would hold every row 
 touches when the run touches fewer: at 4M rows, 200 batches touch 20 % of them). Without it
 every row stays in memory (a store in a directory, no budget).
 
+``--fill`` first creates every row of every table (all ``--total-rows``, each process the rows it
+owns, in chunks, with progress), so the store holds the whole model, most of it on disk, before
+a batch trains; the budget is then the index of every row the process owns (~27 B a row: the
+index stays in memory, hot or cold) plus ``--memory-budget-share`` of the rest of those rows'
+bytes. A row's initial values depend only on its table's seed and its id, so the filled run
+computes exactly what a run that creates rows on first use computes: the same losses and AUC.
+
 Rank 0 writes the JSON (``--json``); progress goes to stderr.
 """
 
@@ -56,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synth_ctr
 
 EVAL_START = 1_000_000
+FILL_CHUNK = 1 << 20
+INDEX_BYTES_PER_ROW = 27
 TABLES = [f"t{f}" for f in range(synth_ctr.FIELDS)]
 OPTIMIZER = embstore.Adagrad(lr=0.05, eps=1e-8, initial_accumulator_value=0.0)
 INITIALIZER = embstore.Uniform(low=-0.01, high=0.01)
@@ -89,9 +98,62 @@ def distinct_rows(w: synth_ctr.Workload, batches: int) -> int:
     return sum(len(s) for s in seen)
 
 
+def fill(store: embstore.Store, w: synth_ctr.Workload, rank: int, world: int, log) -> dict:
+    """Create every row of every table that this process owns (its hash partition of each
+    table's ids), ``FILL_CHUNK`` ids at a time; log progress about every 10 %."""
+    total = w.total_rows
+    t0 = time.perf_counter()
+    done = created = 0
+    next_log = 0.1
+    for f, (name, n) in enumerate(zip(TABLES, w.rows_per_table, strict=True)):
+        local = store.table(name).local
+        for s in range(0, n, FILL_CHUNK):
+            ids = synth_ctr.field_ids(np.arange(s, min(n, s + FILL_CHUNK), dtype=np.int64), f)
+            if world > 1:
+                ids = ids[embstore.distributed.owner_of(ids.view(np.uint64), world) == rank]
+            local.lookup(ids)
+            created += len(ids)
+            done += min(n, s + FILL_CHUNK) - s
+            if done / total >= next_log:
+                el = time.perf_counter() - t0
+                log(f"fill: {done / total:.0%} of {total:,} rows in {el:.0f}s")
+                next_log += 0.1
+    store.flush()
+    return {"rows_created": created, "fill_s": time.perf_counter() - t0}
+
+
 def ids_of(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     sparse = b["sparse"]
     return {name: sparse[:, f] for f, name in enumerate(TABLES)}
+
+
+def proc_io() -> dict[str, int]:
+    """This process's bytes read from block devices (``/proc/self/io``: its O_DIRECT reads; the
+    page cache's hits are not in it), and the bytes written to the machine's disks by anyone
+    (``/proc/diskstats``: the tier's segment writes are not all charged to the process that
+    asked for them); zeros where absent."""
+    out = {"read_bytes": 0, "write_bytes": 0}
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k == "read_bytes":
+                out[k] = int(v)
+        disks = {
+            d.name for d in Path("/sys/block").iterdir() if not d.name.startswith(("loop", "ram"))
+        }
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            f = line.split()
+            if len(f) > 9 and f[2] in disks:
+                out["write_bytes"] += int(f[9]) * 512
+    except OSError:
+        pass
+    return out
+
+
+def cold_counts(store: embstore.Store) -> dict[str, int]:
+    """This process's cold reads (rows read back from disk) and their I/O requests."""
+    st = [store.table(n).local.stats() for n in TABLES]
+    return {k: sum(s.get(k, 0) for s in st) for k in ("cold_reads", "cold_read_ios")}
 
 
 def stage_delta(after: dict, before: dict) -> dict:
@@ -117,6 +179,19 @@ def main() -> None:
     )
     ap.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead")
     ap.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="the session's staleness (1: a batch's rows gathered while the one before trains)",
+    )
+    ap.add_argument(
+        "--fill",
+        action="store_true",
+        help="create every row of every table (all --total-rows) before training; the budget "
+        "is then the index of every row plus the share of the rows' bytes",
+    )
+    ap.add_argument(
         "--store-dir", type=Path, help="where the store lives (default: a temp dir, removed)"
     )
     ap.add_argument("--json", type=Path, help="where rank 0 writes the results")
@@ -141,10 +216,16 @@ def main() -> None:
     t0 = time.perf_counter()
     row_bytes = bytes_per_row(args.dim)
     stored = None
-    if share is not None:
+    budget = None
+    if share is not None and args.fill:
+        stored = w.total_rows
+        mine = stored / world
+        index = INDEX_BYTES_PER_ROW * mine
+        budget = int(index + share * (row_bytes - INDEX_BYTES_PER_ROW) * mine)
+    elif share is not None:
         stored = distinct_rows(w, args.batches)
         log(f"the run stores {stored:,} rows ({stored / w.total_rows:.1%} of {w.total_rows:,})")
-    budget = None if share is None else int(share * (stored / world) * row_bytes)
+        budget = int(share * (stored / world) * row_bytes)
 
     # Every process needs the same store path: rank 0 makes the temp dir and tells the others.
     temp = args.store_dir is None
@@ -159,6 +240,13 @@ def main() -> None:
         store.create_table(
             name, args.dim, optimizer=OPTIMIZER, initializer=INITIALIZER, seed=args.seed * 100 + f
         )
+    filled = fill(store, w, rank, world, log) if args.fill else None
+    if filled is not None:
+        disk = sum(store.table(n).local.stats().get("rows_on_disk", 0) for n in TABLES)
+        log(
+            f"filled {filled['rows_created']:,} rows in {filled['fill_s']:.0f}s "
+            f"({filled['rows_created'] / filled['fill_s'] / 1e6:.2f} M rows/s), {disk:,} on disk"
+        )
     torch.manual_seed(args.seed)
     head = synth_ctr.DenseHead(args.dim)
     ddp = nn.parallel.DistributedDataParallel(head)
@@ -170,11 +258,13 @@ def main() -> None:
         + f", prefetch {args.prefetch}; set up in {time.perf_counter() - t0:.1f}s"
     )
 
-    sess = store.session(TABLES, prefetch=args.prefetch)
+    sess = store.session(TABLES, prefetch=args.prefetch, staleness=args.staleness)
     ddp.train()
     step = max(1, args.batches // 10)
     start = time.perf_counter()
     at_warmup = sess.stats()
+    io_warm, cold_warm = proc_io(), cold_counts(store)
+    losses = []
     for i, b in enumerate(sess.run(synth_ctr.batches(w, 0, args.batches, rank, world), ids_of)):
         sparse = torch.stack([b.embeddings(name) for name in TABLES], dim=1)  # [B, 26, dim]
         dense_opt.zero_grad()
@@ -182,9 +272,11 @@ def main() -> None:
         loss.backward()
         b.push_grads()
         dense_opt.step()
+        losses.append(loss.item())
         if i + 1 == args.warmup:
             dist.barrier()
             at_warmup = sess.stats()
+            io_warm, cold_warm = proc_io(), cold_counts(store)
             start = time.perf_counter()
         if (i + 1) % step == 0 or i + 1 == args.batches:
             log(f"batch {i + 1}/{args.batches} loss {loss.item():.4f}")
@@ -193,6 +285,9 @@ def main() -> None:
     timed = args.batches - args.warmup
     final = sess.stats()
     stats = stage_delta(final, at_warmup)
+    io_end, cold_end = proc_io(), cold_counts(store)
+    timed_io = {k: io_end[k] - io_warm[k] for k in io_end}
+    timed_cold = {k: cold_end[k] - cold_warm[k] for k in cold_end}
 
     # Evaluation: a session that reads rows without creating any (ids never trained: zeros)
     # and pushes nothing; every process takes its slice, rank 0 gathers the scores.
@@ -218,6 +313,12 @@ def main() -> None:
         "bytes_reserved": sum(s["bytes_reserved"] for s in tstats),
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "memory_budget": store.memory_budget,
+        # Over the timed batches: bytes this process read from disk, bytes written to the
+        # machine's disks, and the rows read back from disk.
+        "timed_read_bytes": timed_io["read_bytes"],
+        "timed_write_bytes": timed_io["write_bytes"],
+        "timed_cold_reads": timed_cold["cold_reads"],
+        "timed_cold_read_ios": timed_cold["cold_read_ios"],
     }
     per_proc: list = [None] * world
     dist.all_gather_object(per_proc, mine)
@@ -235,6 +336,7 @@ def main() -> None:
             "rows_stored_by_the_run": stored,
             "bytes_per_row": row_bytes,
             "prefetch": args.prefetch,
+            "staleness": args.staleness,
             # Over the timed batches (after warmup), rank 0's session.
             "stages": {"busy_s": stats["busy_s"], "blocked_s": stats["blocked_s"]},
             "stage_rows": stats["rows"],
@@ -248,6 +350,17 @@ def main() -> None:
             "cold_reads_rank0": per_proc[0]["cold_reads"],
             "rows_on_disk": sum(p["rows_on_disk"] for p in per_proc),
             "evicted_to_disk": sum(p["evicted_to_disk"] for p in per_proc),
+            "fill": filled,
+            # Rank 0's training loss per batch: the same, to the bit, for runs that compute
+            # the same (a filled store and one that creates rows on first use).
+            "train_losses": losses,
+            "timed_cold_reads_per_batch": sum(p["timed_cold_reads"] for p in per_proc) / timed,
+            "timed_read_bytes_per_cold_row": (
+                sum(p["timed_read_bytes"] for p in per_proc)
+                / max(1, sum(p["timed_cold_reads"] for p in per_proc))
+            ),
+            # Machine-wide (every process's tier and anything else writing), rank 0's window.
+            "timed_disk_write_bytes_per_batch": per_proc[0]["timed_write_bytes"] / timed,
             "per_process": per_proc,
         }
         busy = stats["busy_s"]

@@ -58,3 +58,35 @@ def test_a_process_slice_of_a_global_batch_is_the_same_batch():
     halves = [next(synth_ctr.batches(w, 3, 4, rank=r, world=2)) for r in (0, 1)]
     for k in whole:
         np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k])
+
+
+def _trainer(tmp_path, name: str, *extra: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    cmd = [
+        str(pathlib.Path(sys.executable).with_name("torchrun")),
+        "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(_port()),
+        str(TRAINER),
+        "--total-rows", "60000", "--batches", "6", "--warmup", "2", "--eval-batches", "1",
+        "--batch-size", "512", "--json", str(out), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBSTORE_DIST_TIMEOUT_S": "60"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_filled_store_under_a_budget_trains_like_one_in_memory(tmp_path):
+    """``--fill`` stores every row first (most of them on disk at a 10 % budget); rows'
+    initial values depend only on their ids, so training computes the same as in memory (the
+    evaluation differs: ids it never trained read their initial rows from the filled store,
+    zeros from the other)."""
+    mem = _trainer(tmp_path, "mem")
+    big = _trainer(tmp_path, "big", "--fill", "--memory-budget-share", "0.1")
+    assert big["rows"] == synth_ctr.Workload.criteo(60000).total_rows, big["rows"]
+    assert big["rows_on_disk"] > big["rows"] // 2
+    assert big["timed_cold_reads_per_batch"] > 0 and big["fill"]["rows_created"] > 0
+    assert len(mem["train_losses"]) == 6 and big["train_losses"] == mem["train_losses"]
+    stale = _trainer(tmp_path, "stale", "--staleness", "1")
+    assert stale["staleness"] == 1 and stale["train_losses"][0] == mem["train_losses"][0]
+    assert stale["train_losses"] != mem["train_losses"]

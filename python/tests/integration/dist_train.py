@@ -65,7 +65,7 @@ class Head(nn.Module):
 def make_store(path: pathlib.Path, model: str, budget: int | None) -> embstore.Store:
     store = embstore.Store(path, memory_budget_bytes=budget, distributed=True)
     for name, dim in TABLES.items():
-        if model == "exact":
+        if model in ("exact", "sign"):
             opt: embstore.Optimizer = embstore.SGD(lr=1 / 16)
         elif name == "user":
             opt = embstore.Adam(lr=0.01)
@@ -88,7 +88,14 @@ def dump(store: embstore.Store, out: pathlib.Path) -> None:
     np.savez(out / f"rank-{store.rank}.npz", **arrays)
 
 
-def train(args: argparse.Namespace, run: str, model: str, prefetch: int, budget: int | None):
+def train(
+    args: argparse.Namespace,
+    run: str,
+    model: str,
+    prefetch: int,
+    budget: int | None,
+    staleness: int = 0,
+):
     rank, world = dist.get_rank(), dist.get_world_size()
     base = pathlib.Path(args.work) / run
     torch.manual_seed(0)
@@ -113,11 +120,23 @@ def train(args: argparse.Namespace, run: str, model: str, prefetch: int, budget:
     else:
         store = make_store(base / "store", model, budget)
     batches = my_slice(global_batches(args.seed, args.batches), rank, world)[start_batch:]
-    sess = store.session(list(TABLES), prefetch=prefetch, grad_average=(model == "mlp"))
+    sess = store.session(
+        list(TABLES), prefetch=prefetch, grad_average=(model == "mlp"), staleness=staleness
+    )
     done = start_batch
     for b in sess.run(batches, ids_of):
         n = len(b.label)
-        if model == "exact":
+        if model == "sign":
+            # d loss / d row = +-1, 2, 3: exact sums, and they depend on the rows' values
+            # (their signs), so a stale read shows in the result.
+            loss = (
+                b.embeddings("user").abs().sum(-1) * 3
+                + b.embeddings("item").abs().sum(dim=(-1, -2)) * 2
+                + b.bags("tag", torch.arange(0, 2 * n, 2), mode="sum").abs().sum(-1)
+            ).sum()
+            loss.backward()
+            b.push_grads()
+        elif model == "exact":
             # d loss / d row = small integers: every sum below is exact in float32.
             loss = (
                 b.embeddings("user").sum(-1) * 3
@@ -163,7 +182,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--runs", default="exact,mlp-seq,mlp-pipe-budget")
+    p.add_argument("--runs", default="exact,sign,sign-stale,mlp-seq,mlp-pipe-budget")
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint-every", type=int, default=0)
@@ -175,6 +194,8 @@ def main() -> int:
     embstore.init_distributed()
     plans = {
         "exact": ("exact", 2, None),
+        "sign": ("sign", 2, None),
+        "sign-stale": ("sign", 2, 96 << 10, 1),
         "mlp-seq": ("mlp", 0, None),
         "mlp-pipe-budget": ("mlp", 2, 96 << 10),
     }

@@ -42,11 +42,13 @@ def _store(tmp_path, name: str, budget: int | None) -> embstore.Store:
     return store
 
 
-def _train(store: embstore.Store, prefetch: int, data) -> tuple[np.ndarray, ...]:
+def _train(
+    store: embstore.Store, prefetch: int, data, staleness: int = 0
+) -> tuple[np.ndarray, ...]:
     torch.manual_seed(0)
     head = torch.nn.Linear(8 + 12, 1)
     opt = torch.optim.SGD(head.parameters(), lr=0.1)
-    sess = store.session(["user", "item"], prefetch=prefetch)
+    sess = store.session(["user", "item"], prefetch=prefetch, staleness=staleness)
     for b in sess.run(data, _ids):
         x = torch.cat([b.embeddings("user"), b.embeddings("item").reshape(len(b.y), -1)], 1)
         loss = torch.nn.functional.mse_loss(head(x).squeeze(-1), torch.from_numpy(b.y))
@@ -72,6 +74,48 @@ def test_a_pipelined_session_trains_bit_for_bit_like_a_sequential_one(tmp_path, 
             np.testing.assert_array_equal(a, b)
     # Every table stepped once per batch.
     assert list(seq[-1]) == [len(data), len(data)]
+
+
+@pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
+@pytest.mark.parametrize("budget", [None, 48 << 10], ids=["in-memory", "tiny-budget"])
+def test_staleness_one_is_the_same_with_and_without_a_pipeline(tmp_path, budget):
+    data = _data(6)
+    seq = _train(_store(tmp_path, "seq", None), 0, data, staleness=1)
+    for prefetch in (1, 3):
+        got = _train(_store(tmp_path, f"p{prefetch}", budget), prefetch, data, staleness=1)
+        for a, b in zip(seq, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # One step staler than staleness 0: not the same rows (the batches share hot ids).
+    exact = _train(_store(tmp_path, "exact", None), 0, data)
+    assert not np.array_equal(seq[0], exact[0])
+    assert list(seq[-1]) == [len(data), len(data)]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_staleness_one_reads_a_batch_before_the_previous_one_is_applied(prefetch):
+    """Batch t+1's rows are read after batch t-1's gradients and before batch t's: the table
+    calls it stands for, in that order."""
+    data = _data(7, n=6)
+    a = embstore.Store()
+    a.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), seed=1)
+    b = embstore.Store()
+    tb = b.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), seed=1)
+    w = torch.arange(4, dtype=torch.float32) + 1
+    sess = a.session(["t"], prefetch=prefetch, grad_average=False, staleness=1)
+    got = []
+    for batch in sess.run(data, lambda d: {"t": d["user"]}):
+        got.append(batch.embeddings("t").detach().clone())
+        (batch.embeddings("t") * w).sum().backward()
+        batch.push_grads()
+    want = [torch.from_numpy(tb.lookup(data[0]["user"]).copy())]
+    for t in range(len(data)):
+        if t + 1 < len(data):
+            want.append(torch.from_numpy(tb.lookup(data[t + 1]["user"]).copy()))
+        tb.apply_gradients(data[t]["user"], np.broadcast_to(w.numpy(), (len(data[t]["user"]), 4)))
+    for g, x in zip(got, want, strict=True):
+        torch.testing.assert_close(g, x, rtol=0, atol=0)
+    ids = np.arange(3000)
+    np.testing.assert_array_equal(a["t"].lookup(ids, "zeros"), tb.lookup(ids, "zeros"))
 
 
 def test_a_session_equals_the_table_calls_it_stands_for(tmp_path):
@@ -146,6 +190,9 @@ def test_bad_batches_raise_typed_errors_and_apply_nothing():
         store.session(["nope"])
     with pytest.raises(embstore.InvalidArgumentError, match="prefetch"):
         store.session(["t"], prefetch=-1)
+    for bad in (2, -1, True, "1"):
+        with pytest.raises(embstore.InvalidArgumentError, match="staleness"):
+            store.session(["t"], staleness=bad)
     sess = store.session(["t"], prefetch=0)
     for b in sess.run([ids], lambda i: {"t": i}):
         (b.embeddings("t") * float("nan")).sum().backward()
@@ -186,12 +233,13 @@ def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
     monkeypatch.setattr(Table, "pin", pin)
     monkeypatch.setattr(Table, "unpin", unpin)
     store = _store(tmp_path, "s", 1 << 20)
-    sess = store.session(["user", "item"], prefetch=3)
-    for n, b in enumerate(sess.run(_data(4), _ids)):
-        b.push_grads()
-        if n == 4:
-            break
-    assert held and all(v == 0 for v in held.values()), held
+    for staleness in (0, 1):
+        sess = store.session(["user", "item"], prefetch=3, staleness=staleness)
+        for n, b in enumerate(sess.run(_data(4), _ids)):
+            b.push_grads()
+            if n == 4:
+                break
+        assert held and all(v == 0 for v in held.values()), (staleness, held)
     # The session runs again from a clean state.
     assert sum(1 for b in sess.run(_data(5, n=3), _ids) if b.push_grads() is None) == 3
 
