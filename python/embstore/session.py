@@ -49,6 +49,8 @@ from embstore.table import Table
 __all__ = ["Session", "SessionBatch"]
 
 STAGES = ("read", "partition", "prepare", "gather", "train", "write_back")
+# Threads that read a batch's cold rows of several tables at once (see Session._read_in).
+_READERS = 4
 _END = object()
 
 
@@ -214,6 +216,7 @@ class Session:
         self._index = {n: i for i, n in enumerate(names)}
         self._prefetch = prefetch
         self._staleness = staleness
+        self._readers: concurrent.futures.ThreadPoolExecutor | None = None
         self._scale = 1.0 / self._comm.world if grad_average else 1.0
         self._on_miss = on_miss
         self._device = device
@@ -445,6 +448,7 @@ class Session:
             ).view(np.uint64)
             served = _Served(_by_table(got, recv, [1] * n_tables, flagged=False)[0], recv)
         plan.served = served
+        reads = []
         for table, ids in zip(self._tables, served.ids, strict=True):
             if not pin or not table.tiered or not len(ids):
                 continue
@@ -457,15 +461,38 @@ class Session:
             except Exception as e:  # reported at the gather
                 served.error = e
                 break
-            try:
-                table.prefetch(ids)
-            except Exception as e:
-                served.error = e
-                break
+            reads.append((table, ids))
+        if served.error is None and reads:
+            served.error = self._read_in(reads)
         with self._lock:
             self._rows["pinned"] += sum(len(ids) for _, ids in served.pinned)
         self._add("prepare", time.perf_counter() - start)
         return plan
+
+    def _read_in(self, reads: list[tuple[Table, np.ndarray]]) -> BaseException | None:
+        """Brings the rows of every ``(table, ids)`` that are on disk into memory; the first
+        error, if any. The tables are read at once (``_READERS`` threads): each table's call
+        has its own reads in flight, so a batch's cold rows wait for the disk together rather
+        than table after table."""
+        if len(reads) == 1 or _READERS < 2:
+            try:
+                for table, ids in reads:
+                    table.prefetch(ids)
+            except Exception as e:
+                return e
+            return None
+        if self._readers is None:
+            self._readers = concurrent.futures.ThreadPoolExecutor(
+                _READERS, thread_name_prefix="embstore-read"
+            )
+        futures = [self._readers.submit(t.prefetch, ids) for t, ids in reads]
+        error = None
+        for f in futures:
+            try:
+                f.result()
+            except Exception as e:
+                error = error or e
+        return error
 
     def _gather(self, plan: _Plan) -> list[Any]:
         """Read the rows the batch's owners serve and build the batch's leaves: ``[N, D]``, a

@@ -128,6 +128,10 @@ pub struct LruLfu {
     aged_at: u64,
     /// xorshift64* state for sampling; never 0.
     rng: u64,
+    /// In an eviction round ([`Eviction::victim_round`]): the frequency entries the round's
+    /// next call still draws from, `[0, k)` (the rest were chosen, refused or appended since
+    /// the round opened); `None` outside a round.
+    round: Option<usize>,
 }
 
 impl fmt::Debug for LruLfu {
@@ -170,6 +174,7 @@ impl LruLfu {
             accesses: AtomicU64::new(0),
             aged_at: 0,
             rng: fmix64(seed ^ RNG_SALT) | 1,
+            round: None,
         }
     }
 
@@ -477,7 +482,11 @@ impl Eviction for LruLfu {
         self.age();
         self.sweep(pinned);
         let mut taken = 0;
-        let mut k = self.frequency.len();
+        // In a round, what earlier calls excluded (their victims, which the caller still
+        // refuses, and pinned rows) stays out of the range: otherwise each call of a round
+        // draws again every victim of the calls before it, and a round that takes most of
+        // the segment in chunks costs the square of its victims.
+        let mut k = self.round.map_or(self.frequency.len(), |k| k.min(self.frequency.len()));
         while taken < n {
             match self.sample_frequency(&mut k, pinned) {
                 Some(slot) => {
@@ -487,9 +496,16 @@ impl Eviction for LruLfu {
                 None => break,
             }
         }
+        if self.round.is_some() {
+            self.round = Some(k);
+        }
         if taken < n {
             self.clock_victims(n - taken, pinned, out);
         }
+    }
+
+    fn victim_round(&mut self, open: bool) {
+        self.round = open.then_some(usize::MAX);
     }
 
     fn bytes_per_slot(&self) -> usize {
@@ -592,6 +608,45 @@ mod tests {
         out.clear();
         p.victims(3, &|s| s != hot, &mut out);
         assert_eq!(out, [hot]);
+    }
+
+    /// Victims of one eviction in chunks, the caller refusing the earlier chunks' victims (still
+    /// listed until it demotes them): the policy's work (here: how often it asks whether a
+    /// slot is held) grows with the victims inside a round, with their square outside one.
+    #[test]
+    fn a_round_in_chunks_costs_what_its_victims_do() {
+        fn chunked(round: bool) -> (usize, usize) {
+            let mut p = LruLfu::new(0.0, 16, 1 << 40, test_seed(5));
+            for s in 0..60_000 {
+                p.on_insert(s);
+            }
+            let chosen = std::cell::RefCell::new(BTreeSet::new());
+            let asked = std::cell::Cell::new(0usize);
+            let held = |s: usize| {
+                asked.set(asked.get() + 1);
+                chosen.borrow().contains(&s)
+            };
+            if round {
+                p.victim_round(true);
+            }
+            let mut out = Vec::new();
+            while chosen.borrow().len() < 50_000 {
+                out.clear();
+                p.victims(1024, &held, &mut out);
+                assert!(!out.is_empty());
+                for &s in &out {
+                    assert!(chosen.borrow_mut().insert(s), "slot {s} chosen twice");
+                }
+            }
+            p.victim_round(false);
+            let n = chosen.borrow().len();
+            (n, asked.get())
+        }
+        let (n, with) = chunked(true);
+        // One question per row the sweep demotes (60,000) and per victim.
+        assert!(with <= 3 * n, "{with} questions for {n} victims in a round");
+        let (_, without) = chunked(false);
+        assert!(without > 10 * with, "without a round {without}, with {with}");
     }
 
     #[test]

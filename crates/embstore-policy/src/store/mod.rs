@@ -63,6 +63,13 @@ pub trait Eviction: Send + Sync + std::fmt::Debug {
     /// that `pinned(slot)` says are not pinned, the least valuable first. Deterministic for a
     /// given sequence of calls (seeded sampling is fine).
     fn victims(&mut self, n: usize, pinned: &dyn Fn(usize) -> bool, out: &mut Vec<usize>);
+    /// Opens (`true`) or closes (`false`) an eviction round: `victims` called several times
+    /// in a row (in chunks), the slots it returned still held and refused by `pinned` until
+    /// the round closes. Within a round a policy may skip what its earlier calls already
+    /// passed over (so a round costs what one call for all its victims would, not a redraw of
+    /// every earlier victim per chunk); outside one every call starts afresh. The default
+    /// ignores rounds.
+    fn victim_round(&mut self, _open: bool) {}
     /// Bytes of policy metadata per slot (for memory accounting).
     fn bytes_per_slot(&self) -> usize;
 }

@@ -256,11 +256,15 @@ pub(crate) trait Evict: Host {
             let mut chosen: std::collections::HashSet<u64, KeyHash> = Default::default();
             // In chunks, each under the shard's write lock: a call on the shard waits for one
             // chunk at most (each draw of a victim is a few cache misses).
+            let mut first = true;
             while keys.len() < per_shard {
                 let want = (per_shard - keys.len()).min(VICTIM_CHUNK);
                 let mut shard = lock.write();
                 let shard = &mut *shard;
                 let t = shard.cold.as_mut().expect("tiered");
+                if std::mem::take(&mut first) {
+                    t.policy.victim_round(true);
+                }
                 slots.clear();
                 let (tk, ch) = (&t.keys, &chosen);
                 let held =
@@ -276,6 +280,9 @@ pub(crate) trait Evict: Host {
                 if slots.len() < want {
                     break; // everything left is pinned
                 }
+            }
+            if !first {
+                lock.write().cold.as_mut().expect("tiered").policy.victim_round(false);
             }
             left -= keys.len().min(left);
             victims.push(keys);
