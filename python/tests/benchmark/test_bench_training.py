@@ -26,19 +26,7 @@ def _port() -> int:
 
 
 def test_the_embstore_trainer_writes_its_record(tmp_path):
-    out = tmp_path / "r.json"
-    cmd = [
-        str(pathlib.Path(sys.executable).with_name("torchrun")),
-        "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(_port()),
-        str(TRAINER),
-        "--total-rows", "20000", "--batches", "8", "--warmup", "2", "--eval-batches", "1",
-        "--batch-size", "512", "--memory-budget-share", "0.2", "--json", str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBSTORE_DIST_TIMEOUT_S": "60"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    r = json.loads(out.read_text())
+    r = _trainer(tmp_path, "r", "--memory-budget-share", "0.2", rows=20000, batches=8)
     assert r["peer"] == "embstore" and r["processes"] == 2
     assert r["examples_per_s"] > 0 and 0.4 < r["auc"] < 1.0
     assert r["rows_stored_by_the_run"] > 0 and r["memory_budget_bytes"] > 0
@@ -60,15 +48,16 @@ def test_a_process_slice_of_a_global_batch_is_the_same_batch():
         np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k])
 
 
-def _trainer(tmp_path, name: str, *extra: str) -> dict:
+def _trainer(tmp_path, name: str, *extra: str, rows: int = 60000, batches: int = 6) -> dict:
+    """Run the trainer on 2 processes (a tiny workload); its JSON record."""
     out = tmp_path / f"{name}.json"
     cmd = [
         str(pathlib.Path(sys.executable).with_name("torchrun")),
         "--nnodes", "1", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(_port()),
         str(TRAINER),
-        "--total-rows", "60000", "--batches", "6", "--warmup", "2", "--eval-batches", "1",
-        "--batch-size", "512", "--json", str(out), *extra,
+        "--total-rows", str(rows), "--batches", str(batches), "--warmup", "2",
+        "--eval-batches", "1", "--batch-size", "512", "--json", str(out), *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBSTORE_DIST_TIMEOUT_S": "60"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
@@ -90,3 +79,24 @@ def test_a_filled_store_under_a_budget_trains_like_one_in_memory(tmp_path):
     stale = _trainer(tmp_path, "stale", "--staleness", "1")
     assert stale["staleness"] == 1 and stale["train_losses"][0] == mem["train_losses"][0]
     assert stale["train_losses"] != mem["train_losses"]
+
+
+def test_the_staleness_benchmark_pairs_its_runs(tmp_path):
+    out = tmp_path / "s.json"
+    script = TRAINER.parent / "bench_training_more.py"
+    cmd = [
+        sys.executable,
+        str(script),
+        "staleness",
+        "--quick",
+        "--processes",
+        "1",
+        "--json",
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBSTORE_DIST_TIMEOUT_S": "60"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert {run["staleness"] for run in r["runs"]} == {0, 1}
+    assert r["summary"]["1"]["ratio"] > 0 and "paired 1/0" in done.stdout
