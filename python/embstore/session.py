@@ -474,10 +474,9 @@ class Session:
         error, if any. The tables are read at once (``_READERS`` threads): each table's call
         has its own reads in flight, so a batch's cold rows wait for the disk together rather
         than table after table."""
-        if len(reads) == 1 or _READERS < 2:
+        if len(reads) == 1:
             try:
-                for table, ids in reads:
-                    table.prefetch(ids)
+                reads[0][0].prefetch(reads[0][1])
             except Exception as e:
                 return e
             return None

@@ -82,12 +82,21 @@ def command(config: str, processes: int, args: argparse.Namespace, out: Path) ->
 
 
 def run_one(
-    config: str, processes: int, repeat: int, args: argparse.Namespace, tmp: Path
+    config: str,
+    processes: int,
+    repeat: int,
+    args: argparse.Namespace,
+    tmp: Path,
+    extra: tuple[str, ...] = (),
+    tag: str = "",
 ) -> dict | None:
-    out = tmp / f"{config}-p{processes}-r{repeat}.json"
-    log = tmp / f"{config}-p{processes}-r{repeat}.log"
-    cmd = command(config, processes, args, out)
-    store_dir = tmp / f"{config}-p{processes}-r{repeat}-store"
+    """One run of ``config``'s trainer (``extra``: more trainer arguments; ``tag``: told apart
+    in the file names); its JSON record with how it ran, or None (said why) if it failed."""
+    name = f"{config}{tag}-p{processes}-r{repeat}"
+    out = tmp / f"{name}.json"
+    log = tmp / f"{name}.log"
+    cmd = command(config, processes, args, out) + list(extra)
+    store_dir = tmp / f"{name}-store"
     if config != "torchrec":
         # The runner's own directory: removed below even when the run crashes.
         cmd += ["--store-dir", str(store_dir)]

@@ -30,56 +30,14 @@ import datetime
 import json
 import os
 import platform
-import shlex
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_training import EMBSTORE_TORCHRUN, ROOT, free_port  # noqa: E402
-
-
-def trainer(args: argparse.Namespace, processes: int, out: Path, store: Path, *extra: str):
-    """Run embstore_trainer.py under torchrun; return its JSON record (None if it failed)."""
-    cmd = [
-        str(EMBSTORE_TORCHRUN),
-        "--nnodes", "1",
-        "--nproc-per-node", str(processes),
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()),
-        str(HERE / "embstore_trainer.py"),
-        "--total-rows", str(args.total_rows),
-        "--batches", str(args.batches),
-        "--warmup", str(args.warmup),
-        "--eval-batches", str(args.eval_batches),
-        "--seed", str(args.seed),
-        "--store-dir", str(store),
-        "--json", str(out),
-        *extra,
-    ]  # fmt: skip
-    print(f"  $ {shlex.join(cmd)}", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    log = out.with_suffix(".log")
-    try:
-        with log.open("w") as f:
-            rc = subprocess.run(
-                cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=args.timeout
-            ).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
-    if rc != 0 or not out.exists():
-        print(f"  FAILED ({rc}); last lines of {log}:", flush=True)
-        print("    " + "\n    ".join(log.read_text(errors="replace").splitlines()[-12:]))
-        return None
-    rec = json.loads(out.read_text())
-    rec["command"] = shlex.join(cmd)
-    return rec
+from bench_training import run_one  # noqa: E402
 
 
 def staleness(args: argparse.Namespace, tmp: Path) -> dict:
@@ -91,15 +49,14 @@ def staleness(args: argparse.Namespace, tmp: Path) -> dict:
                 extra = ["--staleness", str(s)]
                 if args.memory_budget_share is not None:
                     extra += ["--memory-budget-share", str(args.memory_budget_share)]
-                out = tmp / f"p{p}-r{rep}-s{s}.json"
-                rec = trainer(args, p, out, tmp / "store", *extra)
+                rec = run_one("embstore_mem", p, rep, args, tmp, tuple(extra), f"-s{s}")
                 if rec is not None:
                     print(
                         f"  {p} processes, staleness {s}: {rec['examples_per_s']:,.0f} "
                         f"examples/s, AUC {rec['auc']:.4f}",
                         flush=True,
                     )
-                    runs.append(rec | {"repeat": rep})
+                    runs.append(rec)
     print("\nprocesses | staleness 0 | staleness 1 | paired 1/0 (median) | AUC 0 / 1")
     summary = {}
     for p in args.processes:
@@ -138,7 +95,8 @@ def large(args: argparse.Namespace, tmp: Path) -> dict:
         ("tiered", ["--fill", "--memory-budget-share", str(args.memory_budget_share or 0.1)]),
         ("in_memory", []),
     ):
-        rec = trainer(args, p, tmp / f"{name}.json", tmp / "store", *extra)
+        print(f"  {name} ...", flush=True)
+        rec = run_one("embstore_mem", p, 0, args, tmp, tuple(extra), f"-{name}")
         if rec is None:
             continue
         recs[name] = rec
@@ -172,6 +130,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None, help="staleness 5, large 20")
     ap.add_argument("--eval-batches", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=4096, help="global batch size")
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--prefetch", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-budget-share", type=float, default=None, help="large: default 0.1")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")

@@ -31,7 +31,9 @@ owns, in chunks, with progress), so the store holds the whole model, most of it 
 a batch trains; the budget is then the index of every row the process owns (~27 B a row: the
 index stays in memory, hot or cold) plus ``--memory-budget-share`` of the rest of those rows'
 bytes. A row's initial values depend only on its table's seed and its id, so the filled run
-computes exactly what a run that creates rows on first use computes: the same losses and AUC.
+trains exactly as a run that creates rows on first use: the same losses, to the bit (the
+evaluation differs slightly: ids never trained read their initial rows from the filled store and
+zeros from the other).
 
 Rank 0 writes the JSON (``--json``); progress goes to stderr.
 """
