@@ -62,6 +62,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use request::{
     EvArc, EvArcConfig, EvLfuPaper, Evictable, Flush, Group, GroupAssoc, GroupAssocConfig,
     GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
-    PolicyConfig, RequestOutcome, Rule,
+    PolicyConfig, RequestOutcome, Rule, NO_SLOT,
 };
 pub use store::{Eviction, EvictionConfig, EvictionPolicy, LruLfu, Noop, PolicyEviction};

@@ -5,7 +5,7 @@ use super::{CacheStats, InferenceCache, Shard, Source};
 use crate::surrogate::SurrogateTable;
 use crate::trace::split_key;
 use crate::{Error, Result};
-use embstore_policy::Group;
+use embstore_policy::{Group, NO_SLOT};
 
 /// Per-request scratch of one lookup: the request's distinct keys and what each got.
 #[derive(Default)]
@@ -431,7 +431,12 @@ impl InferenceCache {
             if s.out.hit[j] {
                 continue;
             }
-            let Some(slot) = s.levels[0].policy.slot_of(pk) else { continue };
+            // The slot the commit reported, or a lookup for policies that report none.
+            let slot = match s.out.slots.get(j) {
+                Some(&slot) => Some(slot).filter(|&slot| slot != NO_SLOT),
+                None => s.levels[0].policy.slot_of(pk),
+            };
+            let Some(slot) = slot else { continue };
             let k = full[j];
             let row = match fetched.get(&k) {
                 Some(&f) => &sc.vals[f as usize * d..(f as usize + 1) * d],

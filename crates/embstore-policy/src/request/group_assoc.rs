@@ -47,6 +47,7 @@
 use crate::index::fmix64;
 use crate::request::{
     age_period, check_alpha, check_capacity, overflowed, score_of, Group, Policy, RequestOutcome,
+    NO_SLOT,
 };
 use crate::{Error, Result};
 
@@ -194,9 +195,20 @@ pub struct GroupAssoc {
     age_epoch: u8,
     /// Slots marked by the request in progress.
     marked: Vec<u32>,
+    /// The request in progress: each key's set, and the slot the probe found it in
+    /// ([`NO_SLOT`] when missing), so the commit checks a slot instead of scanning the set.
+    /// Scratch of one call, like the outcome's vectors: not metadata, and let go after a
+    /// request of more than [`KEEP_SCRATCH`] keys.
+    req_sets: Vec<u32>,
+    req_slots: Vec<u32>,
     /// Access frequencies for admission (kept by an adaptive cache whatever its rule, so the
-    /// filter has a history when it is chosen; empty when no rule admits by frequency).
+    /// filter has a history when it is chosen; empty when no rule admits by frequency). An
+    /// adaptive cache counts a key once its set has been full: the filter only ever compares
+    /// a key with a victim of its own set, and a cache whose sets never fill pays nothing.
     sketch: Option<Box<FreqSketch>>,
+    /// A bit per set: the set has been full (an adaptive cache's sketch counts its keys).
+    /// Every bit is set for a fixed admission rule, whose sketch counts from the start.
+    filled: Vec<u64>,
     /// The rule in force.
     rule: Rule,
     /// The shadows that choose the rule; `None` for a fixed rule or a small cache.
@@ -225,6 +237,9 @@ struct Shadow {
     /// Sampled sub-requests that were not all hits, decayed.
     misses: f64,
 }
+
+/// Keys of a request whose scratch a cache keeps for the next one.
+const KEEP_SCRATCH: usize = 4096;
 
 /// Sets shadowed at most: their keys are what an adaptive cache learns from.
 const SHADOW_SETS: usize = 64;
@@ -288,7 +303,13 @@ impl GroupAssoc {
             ins_since_age: 0,
             age_epoch: 0,
             marked: Vec::new(),
+            req_sets: Vec::new(),
+            req_slots: Vec::new(),
             sketch: sketch_on.then(|| Box::new(FreqSketch::new(capacity))),
+            filled: match config.rule == Some(Rule::GroupAdmit) {
+                true => vec![u64::MAX; nsets.div_ceil(64)],
+                false => vec![0; nsets.div_ceil(64)],
+            },
             rule,
             adaptive,
             cfg: config,
@@ -349,7 +370,13 @@ impl GroupAssoc {
 
     #[inline]
     fn find(&self, key: u64) -> Option<u32> {
-        let r = self.set_slots(self.set_of(key));
+        self.find_in(self.set_of(key), key)
+    }
+
+    /// The slot of `key` in set `s` (its set), if resident.
+    #[inline]
+    fn find_in(&self, s: usize, key: u64) -> Option<u32> {
+        let r = self.set_slots(s);
         let start = r.start;
         self.keys[r]
             .iter()
@@ -482,27 +509,28 @@ impl GroupAssoc {
         self.len -= 1;
     }
 
-    /// Admits `key` (not resident) into its set with score `s`; marks it `mark`. Whether it
-    /// was admitted (false: every way of its set is pinned).
+    /// Admits `key` (not resident) into its set with score `s`; marks it `mark`. The slot it
+    /// took (`None`: every way of its set is pinned, or the filter kept it out).
     fn admit_key(
         &mut self,
         key: u64,
+        set: usize,
         s: u8,
         mark: u8,
         filter: bool,
         out: &mut RequestOutcome,
-    ) -> bool {
-        let set = self.set_of(key);
+    ) -> Option<usize> {
         self.sync_set(set);
-        let Some(v) = self.victim(set) else { return false };
+        let v = self.victim(set)?;
         if self.state[v] & OCC != 0 {
+            self.filled[set / 64] |= 1 << (set % 64);
             let kept_out = |f: &FreqSketch| f.estimate(key) <= f.estimate(self.keys[v]);
             if filter
                 && self.rule == Rule::GroupAdmit
                 && self.sketch.as_deref().is_some_and(kept_out)
             {
                 self.stats.rejected += 1;
-                return false;
+                return None;
             }
             self.evict(v, out);
         }
@@ -515,22 +543,22 @@ impl GroupAssoc {
         }
         out.admitted += 1;
         self.ins_since_age += 1;
-        true
+        Some(v)
     }
 
     /// Adaptive: runs the request's keys that fall in sampled sets through every shadow (the
     /// rest of the request counts as hits elsewhere, as the real cache saw them), counts each
     /// shadow's imperfect sub-requests, and follows the rule with the fewest. The counts halve
     /// every `8·C'` sub-requests (`C'`: a shadow's capacity) so they follow the recent trace.
-    fn run_shadows(&mut self, keys: &[u64], group: Group) {
+    fn run_shadows(&mut self, keys: &[u64], sets: &[u32], group: Group) {
         let Some(mut a) = self.adaptive.take() else { return };
         a.sub.clear();
         let most = shadow_keys(&self.cfg);
-        for &k in keys {
+        for (&k, &s) in keys.iter().zip(sets) {
             if a.sub.len() == most {
                 break; // a huge request: its first keys are sample enough
             }
-            if self.set_of(k).is_multiple_of(a.sample) {
+            if (s as usize).is_multiple_of(a.sample) {
                 a.sub.push(k);
             }
         }
@@ -713,16 +741,24 @@ impl Policy for GroupAssoc {
             return;
         }
         let mark = if self.cfg.pin_request { PINNED | CURRENT } else { CURRENT };
+        let mut sets = std::mem::take(&mut self.req_sets);
+        let mut slots = std::mem::take(&mut self.req_slots);
+        sets.clear();
+        sets.extend(keys.iter().map(|&k| self.set_of(k) as u32));
         if let Some(f) = self.sketch.as_deref_mut() {
-            for &k in keys {
-                f.add(k);
+            for (&k, &s) in keys.iter().zip(&sets) {
+                if self.filled[s as usize / 64] & (1 << (s % 64)) != 0 {
+                    f.add(k);
+                }
             }
         }
-        self.run_shadows(keys, group);
+        self.run_shadows(keys, &sets, group);
         // Probe: pure apart from the marks, which are cleared below.
-        for &k in keys {
-            let f = self.find(k);
+        slots.clear();
+        for (&k, &s) in keys.iter().zip(&sets) {
+            let f = self.find_in(s as usize, k);
             out.hit.push(f.is_some());
+            slots.push(f.unwrap_or(NO_SLOT));
             if let Some(i) = f {
                 self.mark(i, mark);
             }
@@ -731,10 +767,19 @@ impl Policy for GroupAssoc {
         let size = group.size.max(keys.len());
         let h = (out.hits + group.other_hits).min(size);
         let s = score_of(h, size, self.cfg.max_score);
-        // Commit, in the order given (a repeated key counts as a hit).
-        for &k in keys {
-            if let Some(i) = self.find(k) {
-                self.sync_set(self.set_of(k));
+        // Commit, in the order given (a repeated key counts as a hit). A key the probe found
+        // is still in its slot unless an earlier admission took the slot (only without
+        // pinning); a missing key may have come in with an earlier copy of itself.
+        for (j, &k) in keys.iter().enumerate() {
+            let (set, slot) = (sets[j] as usize, slots[j]);
+            let still = slot != NO_SLOT && {
+                let i = slot as usize;
+                self.keys[i] == k && self.state[i] & OCC != 0
+            };
+            let found = if still { Some(slot) } else { self.find_in(set, k) };
+            if let Some(i) = found {
+                slots[j] = i;
+                self.sync_set(set);
                 let i = i as usize;
                 self.score[i] = self.score[i].max(s);
                 let hits = self.state[i] >> HITS_SHIFT;
@@ -744,9 +789,31 @@ impl Policy for GroupAssoc {
                 self.state[i] |= REF;
                 continue;
             }
-            if !self.admit_key(k, s, mark, true, out) {
-                out.bypassed = true; // every way of its set pinned: served uncached
+            match self.admit_key(k, set, s, mark, true, out) {
+                Some(v) => slots[j] = v as u32,
+                // Every way of its set pinned, or kept out by the filter: served uncached.
+                None => {
+                    slots[j] = NO_SLOT;
+                    out.bypassed = true;
+                }
             }
+        }
+        // The slots after the commit. A later admission may have taken an earlier key's slot
+        // (only without pinning), and a later copy of a key the commit left out may have
+        // come in: those are looked up again.
+        for (j, &k) in keys.iter().enumerate() {
+            let i = slots[j];
+            let held =
+                i != NO_SLOT && self.keys[i as usize] == k && self.state[i as usize] & OCC != 0;
+            out.slots.push(if held {
+                i
+            } else {
+                self.find_in(sets[j] as usize, k).unwrap_or(NO_SLOT)
+            });
+        }
+        if sets.capacity() <= KEEP_SCRATCH {
+            self.req_sets = sets;
+            self.req_slots = slots;
         }
         for i in std::mem::take(&mut self.marked) {
             self.state[i as usize] &= !(PINNED | CURRENT);
@@ -761,7 +828,8 @@ impl Policy for GroupAssoc {
         if self.find(key).is_some() {
             return;
         }
-        if !self.admit_key(key, score.min(self.cfg.max_score), 0, false, out) {
+        let set = self.set_of(key);
+        if self.admit_key(key, set, score.min(self.cfg.max_score), 0, false, out).is_none() {
             out.bypassed = true;
         }
         self.age_if_due();
@@ -781,6 +849,7 @@ impl Policy for GroupAssoc {
             + self.score.capacity()
             + self.state.capacity()
             + self.sets.capacity() * std::mem::size_of::<SetMeta>()
+            + self.filled.capacity() * 8
             + self.marked.capacity() * std::mem::size_of::<u32>()
             + self.sketch.as_ref().map_or(0, |f| std::mem::size_of::<FreqSketch>() + f.bytes())
             + self.adaptive.as_ref().map_or(0, |a| {
@@ -951,6 +1020,31 @@ mod tests {
         p.access_request(&[4]); // fourth admission: every score halves
         assert_eq!(p.stats().aging_steps, 1);
         assert_eq!((p.score(1), p.hits(1), p.score(4)), (Some(2), Some(0), Some(0)));
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_adaptive_sketch_counts_only_keys_of_sets_that_have_filled() {
+        let mut p = GroupAssoc::new(4096, GroupAssocConfig::default()).unwrap();
+        assert!(p.adaptive.is_some() && p.sketch.is_some());
+        let counted = |p: &GroupAssoc| p.sketch.as_ref().unwrap().words.iter().any(|&w| w != 0);
+        // 1,300 keys over 128 sets of 32 ways: no set fills, nothing is counted.
+        for r in 0..50u64 {
+            let keys: Vec<u64> = (0..26).map(|j| r * 26 + j).collect();
+            p.access_request(&keys);
+        }
+        assert_eq!(p.stats().evictions, 0);
+        assert!(!counted(&p), "a cache that never filled a set counted keys");
+        for r in 50..1000u64 {
+            let keys: Vec<u64> = (0..26).map(|j| r * 26 + j).collect();
+            p.access_request(&keys);
+        }
+        assert!(p.stats().evictions > 0 && counted(&p));
+        // A fixed admission rule counts from the first request.
+        let c = GroupAssocConfig { rule: Some(Rule::GroupAdmit), ..GroupAssocConfig::default() };
+        let mut p = GroupAssoc::new(4096, c).unwrap();
+        p.access_request(&[1, 2, 3]);
+        assert!(counted(&p));
         p.check_invariants().unwrap();
     }
 
@@ -1154,7 +1248,14 @@ mod tests {
                     return Err(ctx(&format!("{k} moved or vanished from slot {s}")));
                 }
             }
-            for &k in req.iter() {
+            for (j, &k) in req.iter().enumerate() {
+                let reported = o.slots.get(j).copied().filter(|&s| s != NO_SLOT);
+                if reported != p.slot_of(k) || o.slots.len() != req.len() {
+                    return Err(ctx(&format!(
+                        "{k}: slot reported {reported:?}, holds {:?}",
+                        p.slot_of(k)
+                    )));
+                }
                 if let Some(s) = p.slot_of(k) {
                     slots.insert(k, s);
                 }

@@ -82,7 +82,15 @@ pub struct RequestOutcome {
     pub evicted_slots: Vec<u32>,
     /// How many of `evicted` were keys of this very request (self-eviction, note §2.2 \[M2\]).
     pub self_evicted: usize,
+    /// Policies with slots ([`Policy::has_slots`]) that report them: the slot each key of the
+    /// request holds after the commit ([`NO_SLOT`]: not resident), so the caller writes
+    /// admitted rows without looking each key up again. Empty when a policy does not report
+    /// them ([`Policy::slot_of`] then answers).
+    pub slots: Vec<u32>,
 }
+
+/// [`RequestOutcome::slots`]: the key is not resident.
+pub const NO_SLOT: u32 = u32::MAX;
 
 impl RequestOutcome {
     /// Empties the outcome for a request of `g` keys.
@@ -96,6 +104,7 @@ impl RequestOutcome {
         self.evicted.clear();
         self.evicted_slots.clear();
         self.self_evicted = 0;
+        self.slots.clear();
     }
 
     /// All keys were resident at probe time (a perfect hit). True for an empty request.
