@@ -195,20 +195,16 @@ pub struct GroupAssoc {
     age_epoch: u8,
     /// Slots marked by the request in progress.
     marked: Vec<u32>,
-    /// The request in progress: each key's set, and the slot the probe found it in
+    /// The request in progress: each key's set, then the slot the probe found each key in
     /// ([`NO_SLOT`] when missing), so the commit checks a slot instead of scanning the set.
     /// Scratch of one call, like the outcome's vectors: not metadata, and let go after a
     /// request of more than [`KEEP_SCRATCH`] keys.
-    req_sets: Vec<u32>,
-    req_slots: Vec<u32>,
+    req: Vec<u32>,
     /// Access frequencies for admission (kept by an adaptive cache whatever its rule, so the
     /// filter has a history when it is chosen; empty when no rule admits by frequency). An
     /// adaptive cache counts a key once its set has been full: the filter only ever compares
     /// a key with a victim of its own set, and a cache whose sets never fill pays nothing.
     sketch: Option<Box<FreqSketch>>,
-    /// A bit per set: the set has been full (an adaptive cache's sketch counts its keys).
-    /// Every bit is set for a fixed admission rule, whose sketch counts from the start.
-    filled: Vec<u64>,
     /// The rule in force.
     rule: Rule,
     /// The shadows that choose the rule; `None` for a fixed rule or a small cache.
@@ -303,13 +299,11 @@ impl GroupAssoc {
             ins_since_age: 0,
             age_epoch: 0,
             marked: Vec::new(),
-            req_sets: Vec::new(),
-            req_slots: Vec::new(),
-            sketch: sketch_on.then(|| Box::new(FreqSketch::new(capacity))),
-            filled: match config.rule == Some(Rule::GroupAdmit) {
-                true => vec![u64::MAX; nsets.div_ceil(64)],
-                false => vec![0; nsets.div_ceil(64)],
-            },
+            req: Vec::new(),
+            sketch: sketch_on.then(|| {
+                let from_start = config.rule == Some(Rule::GroupAdmit);
+                Box::new(FreqSketch::new(capacity, nsets, from_start))
+            }),
             rule,
             adaptive,
             cfg: config,
@@ -523,7 +517,9 @@ impl GroupAssoc {
         self.sync_set(set);
         let v = self.victim(set)?;
         if self.state[v] & OCC != 0 {
-            self.filled[set / 64] |= 1 << (set % 64);
+            if let Some(f) = self.sketch.as_deref_mut() {
+                f.set_filled(set);
+            }
             let kept_out = |f: &FreqSketch| f.estimate(key) <= f.estimate(self.keys[v]);
             if filter
                 && self.rule == Rule::GroupAdmit
@@ -652,19 +648,35 @@ impl GroupAssoc {
 #[derive(Clone, Debug)]
 struct FreqSketch {
     words: Vec<u64>,
+    /// A bit per set of the cache: its keys are counted (the set has been full, or always).
+    filled: Vec<u64>,
     adds: u64,
     period: u64,
 }
 
 impl FreqSketch {
     /// About 4 counters per entry: `C/4` words of 16 counters, rounded up to a power of two.
-    fn new(capacity: usize) -> Self {
+    /// Counts the keys of all `nsets` sets `from_start`, else of each set once it has filled.
+    fn new(capacity: usize, nsets: usize, from_start: bool) -> Self {
         let n = (capacity / 4).max(8).next_power_of_two();
-        Self { words: vec![0; n], adds: 0, period: 10 * capacity as u64 }
+        let filled = vec![if from_start { u64::MAX } else { 0 }; nsets.div_ceil(64)];
+        Self { words: vec![0; n], filled, adds: 0, period: 10 * capacity as u64 }
     }
 
     fn bytes(&self) -> usize {
-        self.words.capacity() * 8
+        (self.words.capacity() + self.filled.capacity()) * 8
+    }
+
+    /// Whether the keys of set `s` are counted.
+    #[inline]
+    fn counts(&self, s: usize) -> bool {
+        self.filled[s / 64] & (1 << (s % 64)) != 0
+    }
+
+    /// Set `s` has been full: its keys are counted from now on.
+    #[inline]
+    fn set_filled(&mut self, s: usize) {
+        self.filled[s / 64] |= 1 << (s % 64);
     }
 
     /// The 4 counters of `key`: (word, bit shift).
@@ -741,24 +753,24 @@ impl Policy for GroupAssoc {
             return;
         }
         let mark = if self.cfg.pin_request { PINNED | CURRENT } else { CURRENT };
-        let mut sets = std::mem::take(&mut self.req_sets);
-        let mut slots = std::mem::take(&mut self.req_slots);
-        sets.clear();
-        sets.extend(keys.iter().map(|&k| self.set_of(k) as u32));
+        let mut req = std::mem::take(&mut self.req);
+        req.clear();
+        req.extend(keys.iter().map(|&k| self.set_of(k) as u32));
+        req.resize(2 * keys.len(), NO_SLOT);
+        let (sets, slots) = req.split_at_mut(keys.len());
         if let Some(f) = self.sketch.as_deref_mut() {
-            for (&k, &s) in keys.iter().zip(&sets) {
-                if self.filled[s as usize / 64] & (1 << (s % 64)) != 0 {
+            for (&k, &s) in keys.iter().zip(sets.iter()) {
+                if f.counts(s as usize) {
                     f.add(k);
                 }
             }
         }
-        self.run_shadows(keys, &sets, group);
+        self.run_shadows(keys, sets, group);
         // Probe: pure apart from the marks, which are cleared below.
-        slots.clear();
-        for (&k, &s) in keys.iter().zip(&sets) {
+        for (j, (&k, &s)) in keys.iter().zip(sets.iter()).enumerate() {
             let f = self.find_in(s as usize, k);
             out.hit.push(f.is_some());
-            slots.push(f.unwrap_or(NO_SLOT));
+            slots[j] = f.unwrap_or(NO_SLOT);
             if let Some(i) = f {
                 self.mark(i, mark);
             }
@@ -811,9 +823,8 @@ impl Policy for GroupAssoc {
                 self.find_in(sets[j] as usize, k).unwrap_or(NO_SLOT)
             });
         }
-        if sets.capacity() <= KEEP_SCRATCH {
-            self.req_sets = sets;
-            self.req_slots = slots;
+        if req.capacity() <= 2 * KEEP_SCRATCH {
+            self.req = req;
         }
         for i in std::mem::take(&mut self.marked) {
             self.state[i as usize] &= !(PINNED | CURRENT);
@@ -849,7 +860,6 @@ impl Policy for GroupAssoc {
             + self.score.capacity()
             + self.state.capacity()
             + self.sets.capacity() * std::mem::size_of::<SetMeta>()
-            + self.filled.capacity() * 8
             + self.marked.capacity() * std::mem::size_of::<u32>()
             + self.sketch.as_ref().map_or(0, |f| std::mem::size_of::<FreqSketch>() + f.bytes())
             + self.adaptive.as_ref().map_or(0, |a| {
