@@ -195,11 +195,6 @@ pub struct GroupAssoc {
     age_epoch: u8,
     /// Slots marked by the request in progress.
     marked: Vec<u32>,
-    /// The request in progress: each key's set, then the slot the probe found each key in
-    /// ([`NO_SLOT`] when missing), so the commit checks a slot instead of scanning the set.
-    /// Scratch of one call, like the outcome's vectors: not metadata, and let go after a
-    /// request of more than [`KEEP_SCRATCH`] keys.
-    req: Vec<u32>,
     /// Access frequencies for admission (kept by an adaptive cache whatever its rule, so the
     /// filter has a history when it is chosen; empty when no rule admits by frequency). An
     /// adaptive cache counts a key once its set has been full: the filter only ever compares
@@ -234,8 +229,9 @@ struct Shadow {
     misses: f64,
 }
 
-/// Keys of a request whose scratch a cache keeps for the next one.
-const KEEP_SCRATCH: usize = 4096;
+/// Keys of a request whose scratch (each key's set and slot) lives on the stack; a larger
+/// request allocates it.
+const STACK_KEYS: usize = 64;
 
 /// Sets shadowed at most: their keys are what an adaptive cache learns from.
 const SHADOW_SETS: usize = 64;
@@ -299,7 +295,6 @@ impl GroupAssoc {
             ins_since_age: 0,
             age_epoch: 0,
             marked: Vec::new(),
-            req: Vec::new(),
             sketch: sketch_on.then(|| {
                 let from_start = config.rule == Some(Rule::GroupAdmit);
                 Box::new(FreqSketch::new(capacity, nsets, from_start))
@@ -753,11 +748,21 @@ impl Policy for GroupAssoc {
             return;
         }
         let mark = if self.cfg.pin_request { PINNED | CURRENT } else { CURRENT };
-        let mut req = std::mem::take(&mut self.req);
-        req.clear();
-        req.extend(keys.iter().map(|&k| self.set_of(k) as u32));
-        req.resize(2 * keys.len(), NO_SLOT);
+        // The request's scratch: each key's set, then the slot the probe found it in
+        // (NO_SLOT when missing), so the commit checks a slot instead of scanning the set.
+        let mut stack = [NO_SLOT; 2 * STACK_KEYS];
+        let mut heap = Vec::new();
+        let req: &mut [u32] = match keys.len() <= STACK_KEYS {
+            true => &mut stack[..2 * keys.len()],
+            false => {
+                heap.resize(2 * keys.len(), NO_SLOT);
+                &mut heap
+            }
+        };
         let (sets, slots) = req.split_at_mut(keys.len());
+        for (s, &k) in sets.iter_mut().zip(keys) {
+            *s = self.set_of(k) as u32;
+        }
         if let Some(f) = self.sketch.as_deref_mut() {
             for (&k, &s) in keys.iter().zip(sets.iter()) {
                 if f.counts(s as usize) {
@@ -822,9 +827,6 @@ impl Policy for GroupAssoc {
             } else {
                 self.find_in(sets[j] as usize, k).unwrap_or(NO_SLOT)
             });
-        }
-        if req.capacity() <= 2 * KEEP_SCRATCH {
-            self.req = req;
         }
         for i in std::mem::take(&mut self.marked) {
             self.state[i as usize] &= !(PINNED | CURRENT);
