@@ -850,6 +850,9 @@ class Session:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
             thread.join(timeout=self._join_timeout())
+            if self._readers is not None:
+                self._readers.shutdown(wait=False, cancel_futures=True)
+                self._readers = None
             while True:
                 try:
                     left = ready.get_nowait()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -242,6 +244,23 @@ def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
         assert held and all(v == 0 for v in held.values()), (staleness, held)
     # The session runs again from a clean state.
     assert sum(1 for b in sess.run(_data(5, n=3), _ids) if b.push_grads() is None) == 3
+
+
+@pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
+def test_the_cold_row_readers_end_with_the_run(tmp_path):
+    def readers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("embstore-read")]
+
+    store = _store(tmp_path, "s", 48 << 10)
+    seen = 0
+    for b in store.session(["user", "item"], prefetch=2).run(_data(6), _ids):
+        b.push_grads()
+        seen = max(seen, len(readers()))
+    assert seen > 0, "no batch read the cold rows of two tables at once"
+    deadline = time.monotonic() + 5
+    while readers() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not readers(), "reader threads outlived the run"
 
 
 def _owner_reference(key: int, world: int) -> int:

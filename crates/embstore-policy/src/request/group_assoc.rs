@@ -362,6 +362,12 @@ impl GroupAssoc {
         self.find_in(self.set_of(key), key)
     }
 
+    /// Whether slot `i` holds `key`.
+    #[inline]
+    fn holds(&self, i: u32, key: u64) -> bool {
+        i != NO_SLOT && self.keys[i as usize] == key && self.state[i as usize] & OCC != 0
+    }
+
     /// The slot of `key` in set `s` (its set), if resident.
     #[inline]
     fn find_in(&self, s: usize, key: u64) -> Option<u32> {
@@ -789,11 +795,7 @@ impl Policy for GroupAssoc {
         // pinning); a missing key may have come in with an earlier copy of itself.
         for (j, &k) in keys.iter().enumerate() {
             let (set, slot) = (sets[j] as usize, slots[j]);
-            let still = slot != NO_SLOT && {
-                let i = slot as usize;
-                self.keys[i] == k && self.state[i] & OCC != 0
-            };
-            let found = if still { Some(slot) } else { self.find_in(set, k) };
+            let found = if self.holds(slot, k) { Some(slot) } else { self.find_in(set, k) };
             if let Some(i) = found {
                 slots[j] = i;
                 self.sync_set(set);
@@ -820,13 +822,8 @@ impl Policy for GroupAssoc {
         // come in: those are looked up again.
         for (j, &k) in keys.iter().enumerate() {
             let i = slots[j];
-            let held =
-                i != NO_SLOT && self.keys[i as usize] == k && self.state[i as usize] & OCC != 0;
-            out.slots.push(if held {
-                i
-            } else {
-                self.find_in(sets[j] as usize, k).unwrap_or(NO_SLOT)
-            });
+            let now = if self.holds(i, k) { Some(i) } else { self.find_in(sets[j] as usize, k) };
+            out.slots.push(now.unwrap_or(NO_SLOT));
         }
         for i in std::mem::take(&mut self.marked) {
             self.state[i as usize] &= !(PINNED | CURRENT);
