@@ -645,10 +645,10 @@ impl PyServer {
                 if let (Some(view), Some(limit)) = (&catch_up, self.catch_up) {
                     // A joining or restarted replica would answer with missing or old rows:
                     // it serves once caught up, or after `limit` at most.
-                    let since = embstore_common::now_ms();
+                    let mark = view.mark();
                     let mut q = quit_rx.clone();
                     let caught_up = tokio::time::timeout(limit, async {
-                        while !view.caught_up_since(since) {
+                        while !view.caught_up_after(&mark) {
                             tokio::select! {
                                 _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                                 _ = q.wait_for(|q| *q) => break,

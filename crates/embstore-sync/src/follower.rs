@@ -271,18 +271,30 @@ impl StatusView {
             .collect()
     }
 
-    /// Whether every table is caught up by a round that ended after `since_ms`.
-    pub fn caught_up_since(&self, since_ms: u64) -> bool {
-        self.status().iter().all(|s| s.caught_up && s.last_round_ms > since_ms)
+    /// A mark of now for [`StatusView::caught_up_after`]: the rounds each table has begun.
+    pub fn mark(&self) -> CatchUpMark {
+        CatchUpMark(self.0.iter().map(|s| s.lock().rounds_begun).collect())
     }
 
-    /// Waits until every table is caught up (a round that left nothing pending after the
-    /// source's writes before this call), or `timeout`; whether they all are.
+    /// Whether every table is caught up by a round that *began* after `mark` was taken: its
+    /// change list was asked for after the mark, so it covers every write the source made
+    /// before it, and the round left nothing pending. (A round that began before the mark may
+    /// have listed the source's changes before writes made just before it: it never counts.)
+    pub fn caught_up_after(&self, mark: &CatchUpMark) -> bool {
+        let status = self.status();
+        self.0.iter().zip(&mark.0).zip(&status).all(|((s, &begun), out)| {
+            out.caught_up && s.lock().caught_up_round > begun
+        })
+    }
+
+    /// Waits until every table is caught up (a round that left nothing pending and began
+    /// after this call, so after the source's writes before it), or `timeout`; whether they
+    /// all are.
     pub fn wait_caught_up(&self, timeout: Duration) -> bool {
-        let since = now_ms();
+        let mark = self.mark();
         let deadline = Instant::now() + timeout;
         loop {
-            let all = self.caught_up_since(since);
+            let all = self.caught_up_after(&mark);
             if all || Instant::now() >= deadline {
                 return all;
             }
@@ -290,6 +302,10 @@ impl StatusView {
         }
     }
 }
+
+/// The rounds each followed table had begun at [`StatusView::mark`].
+#[derive(Clone, Debug)]
+pub struct CatchUpMark(Vec<u64>);
 
 /// A running follower; [`Follower::stop`] (or drop) ends its threads.
 #[derive(Debug)]
@@ -306,6 +322,10 @@ struct Status {
     /// A round that has not finished for this long means the link is stuck (a silent cut
     /// drops packets without a reset): `caught_up` then reads false (ms).
     stale_ms: u64,
+    /// Rounds begun: the number of the round whose change list was asked for last.
+    rounds_begun: u64,
+    /// The number of the last round that finished with nothing pending (0: none).
+    caught_up_round: u64,
 }
 
 /// How long past the long-poll's wait a round may take before the table no longer counts as
@@ -509,12 +529,15 @@ fn connect(
     options: &FollowOptions,
     tables: &[String],
 ) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
-    match connect_speaking(source, options, tables, wire::PROTOCOL) {
-        // A source of an older build: speak its protocol.
-        Err(e) if e.kind() == ErrorKind::Unsupported => {
-            connect_speaking(source, options, tables, wire::MIN_PROTOCOL)
+    // A source of an older build refuses a newer protocol: speak the newest it knows.
+    let mut protocol = wire::PROTOCOL;
+    loop {
+        match connect_speaking(source, options, tables, protocol) {
+            Err(e) if e.kind() == ErrorKind::Unsupported && protocol > wire::MIN_PROTOCOL => {
+                protocol -= 1;
+            }
+            r => return r,
         }
-        r => r,
     }
 }
 
@@ -696,6 +719,11 @@ fn rounds(
         if !target.table(t.name()).is_some_and(|now| Arc::ptr_eq(&now, t)) {
             return Ok(()); // another version to write into now (a roll)
         }
+        let round = {
+            let mut s = status.lock();
+            s.rounds_begun += 1;
+            s.rounds_begun
+        };
         let list = wire::List {
             table: t.name().to_owned(),
             epoch: book.epoch,
@@ -758,6 +786,9 @@ fn rounds(
         s.s.parts_skipped += skipped;
         s.s.parts_pending = book.pending.len();
         s.s.caught_up = book.pending.is_empty();
+        if s.s.caught_up {
+            s.caught_up_round = round;
+        }
         s.s.last_round_ms = now_ms();
         s.s.rounds += 1;
         s.s.bytes_in += std::mem::take(&mut link.bytes_in);

@@ -36,6 +36,20 @@ pub const INLINE_ROWS: usize = 4096;
 /// A connection with no request for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A write that makes no progress for this long drops the connection and what it buffered: a
+/// client that never reads cannot pin its answers (an 8 MiB piece takes ~0.7 s at 100 Mbit/s,
+/// so a live reader is never near this).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest Hello accepted (before the token is checked): a client that announces more is
+/// refused before anything is allocated for it. A Hello is a token and table names: 1 MiB
+/// holds thousands.
+const MAX_HELLO: usize = 1 << 20;
+
+/// How long a TLS port waits for a new connection's first byte to tell a plaintext client
+/// (told to use TLS) from a TLS one.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a [`SyncServer`] runs.
 #[derive(Clone, Debug, Default)]
 pub struct ServeOptions {
@@ -80,9 +94,37 @@ struct Counters {
 pub struct SyncServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    conns: Arc<Conns>,
     counters: Arc<Counters>,
     accept: Option<JoinHandle<()>>,
+}
+
+/// The open connections (a clone of each, so that a stop can shut them), by number; each
+/// connection's thread takes its own out when it ends, so its socket closes then.
+#[derive(Debug, Default)]
+struct Conns {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, TcpStream>>,
+}
+
+impl Conns {
+    fn add(&self, s: &TcpStream) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = s.try_clone() {
+            self.open.lock().insert(id, c);
+        }
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.open.lock().remove(&id);
+    }
+
+    fn shutdown_all(&self) {
+        for (_, c) in self.open.lock().drain() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 impl std::fmt::Debug for Counters {
@@ -101,7 +143,8 @@ impl SyncServer {
         let local = listener.local_addr().map_err(|e| Error::io("sync listener", e))?;
         listener.set_nonblocking(true).map_err(|e| Error::io("sync listener", e))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
+        let conns = Arc::new(Conns::default());
+        warn_if_open(&local, options.token.as_deref());
         let counters = Arc::new(Counters::default());
         let token = Arc::new((options.token, options.tls));
         let accept = {
@@ -141,12 +184,10 @@ impl SyncServer {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for c in self.conns.lock().drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
-        }
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
+        self.conns.shutdown_all();
     }
 }
 
@@ -161,7 +202,7 @@ fn accept_loop(
     store: Arc<Store>,
     token: Arc<(Option<String>, Option<Arc<ServerConfig>>)>,
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    conns: Arc<Conns>,
     counters: Arc<Counters>,
 ) {
     while !stop.load(Ordering::Relaxed) {
@@ -172,24 +213,37 @@ fn accept_loop(
                 let _ = stream.set_nodelay(true);
                 // A client that goes quiet for longer than any long-poll is gone.
                 let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
-                if let Ok(c) = stream.try_clone() {
-                    let mut all = conns.lock();
-                    all.retain(|s| s.peer_addr().is_ok());
-                    all.push(c);
-                }
+                let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                let id = conns.add(&stream);
                 let (store, token, counters) = (store.clone(), token.clone(), counters.clone());
-                let _ = std::thread::Builder::new().name("embstore-sync-conn".into()).spawn(
+                let conns2 = conns.clone();
+                let spawned = std::thread::Builder::new().name("embstore-sync-conn".into()).spawn(
                     move || {
                         let guard = (token.0.as_deref(), token.1.as_ref());
                         let _ = serve_conn(&store, stream, guard, &counters);
+                        conns2.remove(id);
                     },
                 );
+                if spawned.is_err() {
+                    conns.remove(id);
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+}
+
+/// Says loudly when a port that other hosts can reach takes any client.
+fn warn_if_open(addr: &SocketAddr, token: Option<&str>) {
+    if token.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "embstore: WARNING: the sync port on {addr} serves every row to any client that \
+             connects: it has no replication token (pass token= to serve_sync, or \
+             --sync-token to embstore serve)"
+        );
     }
 }
 
@@ -203,6 +257,8 @@ struct Conn<'a> {
     r: BufReader<Stream>,
     out: Vec<u8>,
     counters: &'a Counters,
+    /// The protocol the client speaks (from its Hello; 1 before it).
+    protocol: u16,
 }
 
 impl Conn<'_> {
@@ -240,9 +296,27 @@ fn serve_conn(
     (token, tls): (Option<&str>, Option<&Arc<ServerConfig>>),
     counters: &Counters,
 ) -> Result<()> {
+    if tls.is_some() && !starts_tls(&stream) {
+        // A plaintext client of a TLS port: tell it so, in plaintext (its Hello would only
+        // fail the handshake, and it would hear nothing).
+        counters.refused.fetch_add(1, Ordering::Relaxed);
+        let e = Error::new(
+            ErrorKind::PermissionDenied,
+            "this sync port speaks TLS: follow it with TLS (tls_ca= in Python, --sync-tls-ca \
+             on the command line)",
+        );
+        let mut out = Vec::new();
+        wire::write_frame(&mut out, Kind::Error, &wire::encode_error(&e))?;
+        let mut s = &stream;
+        return s.write_all(&out).map_err(|e| Error::io("sync send", e));
+    }
     let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
-    let mut c = Conn { r, out: Vec::new(), counters };
-    let hello = match c.recv().and_then(|(k, b)| match k {
+    let mut c = Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL };
+    let first = wire::read_frame_limited(&mut c.r, MAX_HELLO).map(|(k, b)| {
+        c.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
+        (k, b)
+    });
+    let hello = match first.and_then(|(k, b)| match k {
         Kind::Hello => wire::Hello::decode(&b),
         _ => Err(Error::corrupt("a sync connection must start with Hello")),
     }) {
@@ -255,10 +329,19 @@ fn serve_conn(
     if let Some(want) = token {
         if !same_token(want, &hello.token) {
             counters.refused.fetch_add(1, Ordering::Relaxed);
-            let e = Error::new(ErrorKind::PermissionDenied, "wrong replication token");
+            let e = Error::new(
+                ErrorKind::PermissionDenied,
+                if hello.token.is_empty() {
+                    "this sync port requires a replication token and the follower sent none \
+                     (token= in Python, --sync-token on the command line)"
+                } else {
+                    "wrong replication token"
+                },
+            );
             return c.fail(&e);
         }
     }
+    c.protocol = hello.protocol;
     let names = if hello.tables.is_empty() { store.tables() } else { hello.tables.clone() };
     let tables = match names.iter().map(|n| store.table(n)).collect::<Result<Vec<_>>>() {
         Ok(t) => t,
@@ -304,6 +387,16 @@ fn serve_conn(
     }
 }
 
+/// Whether a new connection's first byte opens a TLS handshake record (0x16); `false` when
+/// the client sends something else, or nothing for [`FIRST_BYTE_TIMEOUT`].
+fn starts_tls(s: &TcpStream) -> bool {
+    let _ = s.set_read_timeout(Some(FIRST_BYTE_TIMEOUT));
+    let mut b = [0u8; 1];
+    let tls = matches!(s.peek(&mut b), Ok(1) if b[0] == 0x16);
+    let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+    tls
+}
+
 fn table_of(store: &Store, name: &str) -> Result<Arc<Table>> {
     store.table(name)
 }
@@ -343,8 +436,19 @@ fn pull(
     with_state: bool,
     known: &mut HashMap<(String, u32), Vv>,
 ) -> Result<()> {
-    let (name, parts) = wire::decode_pull(body)?;
+    let (name, mut parts) = wire::decode_pull(body)?;
     let t = table_of(store, &name)?;
+    // A part named twice is answered once: each answer is a scan or a cache walk, so a small
+    // request must not ask for the same work many times over.
+    let mut seen = std::collections::HashSet::new();
+    parts.retain(|(p, _)| seen.insert(*p));
+    if parts.len() > t.sync_parts()? as usize {
+        return Err(Error::invalid(format!(
+            "a pull of {} parts of table '{name}', which has {}",
+            parts.len(),
+            t.sync_parts()?
+        )));
+    }
     c.counters.pulls.fetch_add(1, Ordering::Relaxed);
     for (part, vv) in parts {
         let reply = t.sync_pull(part, &vv, with_state)?;
@@ -367,6 +471,10 @@ fn send_reply(
 ) -> Result<()> {
     vv.merge(&reply.vv);
     let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
+    let mut reply = reply;
+    if c.protocol < 3 {
+        reply.step = None; // an older client's decoder knows no step
+    }
     for piece in reply.split((8 << 20) / row_bytes) {
         c.send(Kind::Part, &wire::encode_part(&piece))?;
     }

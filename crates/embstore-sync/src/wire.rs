@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
-//! Hello    = magic u32 "EKSY" | protocol u16 (1 or 2) | token str | with_state u8 | tables [str]
+//! Hello    = magic u32 "EKSY" | protocol u16 (1 to 3) | token str | with_state u8 | tables [str]
 //! Welcome  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
 //! List     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
@@ -11,9 +11,10 @@
 //! Pull     = table str | parts [part u32 | vv]
 //! Part     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
 //!            | (complete: lo u64 | hi u64 | floor vv) | n u32
-//!            | has_state u8 | origins [replica u32] | base_ts u64
+//!            | has_state u8 (1 state, 2 step) | origins [replica u32] | base_ts u64
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
 //!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
+//!            | (step: step u64, the responder's step counter; protocol 3, with state)
 //! PullDone = (empty)        Error = kind u8 | message str
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
@@ -32,8 +33,9 @@ use embstore_table::{RowMeta, Version};
 /// The first four bytes of a Hello ("EKSY").
 pub const MAGIC: u32 = u32::from_le_bytes(*b"EKSY");
 /// The newest protocol version this build speaks: 2 answers a change list with the rows of
-/// the parts whose change is small (`Changed`, then `Part`s, then `PullDone`).
-pub const PROTOCOL: u16 = 2;
+/// the parts whose change is small (`Changed`, then `Part`s, then `PullDone`); 3 adds the
+/// responder's step counter to parts with optimizer state.
+pub const PROTOCOL: u16 = 3;
 /// The oldest protocol version this build still speaks (1: a change list is only a list).
 pub const MIN_PROTOCOL: u16 = 1;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
@@ -94,23 +96,31 @@ pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
 
 /// Reads one frame: its kind and body (bytes read = 9 + body length).
 pub fn read_frame(r: &mut impl Read) -> Result<(Kind, Vec<u8>)> {
+    read_frame_limited(r, MAX_FRAME)
+}
+
+/// [`read_frame`] of a frame of at most `max` body bytes. The body grows as its bytes arrive
+/// (from 64 KiB): a peer that announces a large frame and sends nothing pins nothing.
+pub fn read_frame_limited(r: &mut impl Read, max: usize) -> Result<(Kind, Vec<u8>)> {
     let mut head = [0u8; 9];
     r.read_exact(&mut head).map_err(|e| Error::io("sync receive", e))?;
     let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
-    if len > MAX_FRAME {
+    if len > max.min(MAX_FRAME) {
         return Err(Error::corrupt(format!(
-            "a sync frame announces {len} bytes, over the limit of {MAX_FRAME}"
+            "a sync frame announces {len} bytes, over the limit of {}",
+            max.min(MAX_FRAME)
         )));
     }
     let kind = Kind::from_u8(head[4])?;
     let crc = u32::from_le_bytes(head[5..].try_into().expect("4 bytes"));
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => {
-            Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)"))
-        }
-        _ => Error::io("sync receive", e),
-    })?;
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    let got = r
+        .take(len as u64)
+        .read_to_end(&mut body)
+        .map_err(|e| Error::io("sync receive", e))?;
+    if got < len {
+        return Err(Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)")));
+    }
     if crc32fast::hash(&body) != crc {
         return Err(Error::corrupt("a sync frame failed its checksum"));
     }
@@ -413,7 +423,8 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     if let Some(c) = &r.complete {
         e.u64(c.lo).u64(c.hi).vv(&c.floor);
     }
-    e.u32(n as u32).u8(r.state.is_some() as u8);
+    let step = r.step.filter(|_| r.state.is_some());
+    e.u32(n as u32).u8(r.state.is_some() as u8 | (step.is_some() as u8) << 1);
     e.u32(origins.len() as u32);
     origins.iter().for_each(|&o| {
         e.u32(o);
@@ -436,6 +447,9 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
             e.f32s(&st[i * sd..][..sd]);
         }
     }
+    if let Some(step) = step {
+        e.u64(step);
+    }
     e.0
 }
 
@@ -456,7 +470,12 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
         None
     };
     let n = d.count(5)?;
-    let has_state = d.u8()? != 0;
+    let has = d.u8()?;
+    // A step comes only with state.
+    if has > 3 || has == 2 {
+        return Err(Error::corrupt(format!("a sync part has unknown state flags {has:#x}")));
+    }
+    let (has_state, has_step) = (has & 1 != 0, has & 2 != 0);
     let k = d.count(4)?;
     let origins = (0..k).map(|_| d.u32()).collect::<Result<Vec<u32>>>()?;
     let base = d.u64()?;
@@ -488,6 +507,9 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     r.values = d.f32s(n * dim)?;
     if has_state {
         r.state = Some(d.f32s(n * state_dim)?);
+    }
+    if has_step {
+        r.step = Some(d.u64()?);
     }
     d.end()?;
     Ok(r)

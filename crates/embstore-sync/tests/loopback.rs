@@ -3,7 +3,7 @@
 //! reply with a version a day ahead are typed errors that change nothing, and the follower
 //! keeps serving and recovers.
 mod common;
-use common::rows;
+use common::{pki, rows};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -217,22 +217,6 @@ fn a_reply_a_day_ahead_is_refused_and_the_follower_keeps_serving() {
         f.stop();
         let _ = h.join();
     }
-}
-
-/// A CA, a server certificate for localhost and a client certificate, as PEM.
-fn pki() -> (String, (String, String), (String, String)) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(params, ca_key);
-    let leaf = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let params = CertificateParams::new(vec![name.to_string()]).unwrap();
-        (params.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
-    };
-    (ca.pem(), leaf("localhost"), leaf("client"))
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use embstore_table::{RowMeta, Table};
 
+#[allow(dead_code)]
 /// Every row of `t` (key, values, metadata), in key order.
 pub fn rows(t: &Table) -> Vec<(u64, Vec<f32>, RowMeta)> {
     let d = t.dim();
@@ -15,4 +16,21 @@ pub fn rows(t: &Table) -> Vec<(u64, Vec<f32>, RowMeta)> {
         .collect();
     out.sort_by_key(|r| r.0);
     out
+}
+
+/// A CA, a server certificate for localhost and a client certificate, as PEM.
+#[allow(dead_code)]
+pub fn pki() -> (String, (String, String), (String, String)) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(params, ca_key);
+    let leaf = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        (params.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
+    };
+    (ca.pem(), leaf("localhost"), leaf("client"))
 }

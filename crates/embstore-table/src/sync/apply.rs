@@ -50,9 +50,15 @@ impl Table {
         } else {
             self.enter(&[&reply.keys[..], &missing[..]].concat())?
         };
+        if let (Some(step), Some(_)) = (reply.step, &reply.state) {
+            // A replica with state may take over training: it continues the step count.
+            self.raise_step(step);
+        }
         let created = PackedMeta::created(now_ms());
-        let mut shard = self.shards[s].write();
-        let shard = &mut *shard;
+        // The shard's lock is released before the tier's guard (`_entered`): the guard's drop
+        // reports memory, which reads every shard.
+        let mut guard = self.shards[s].write();
+        let shard = &mut *guard;
         let mut written = 0;
         for (i, &key) in reply.keys.iter().enumerate() {
             let v = reply.meta[i].version;
@@ -117,6 +123,8 @@ impl Table {
         if reply.partial {
             // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
             sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
+            drop(guard);
+            drop(_entered);
             return Ok(written);
         }
         let p = &mut sy.parts[sub];
@@ -139,6 +147,7 @@ impl Table {
         if written > 0 {
             shard.shrink_if_sparse()?;
         }
+        drop(guard);
         drop(_entered);
         let c = &sync.counters;
         c.replies_applied.fetch_add(1, Ordering::Relaxed);
@@ -185,14 +194,17 @@ impl Table {
         };
         self.check_meta(&r.keys, &r.meta)?;
         self.check_finite(&r.keys, &r.values, state)?;
-        for (k, m) in r.keys.iter().zip(&r.meta) {
+        for (i, (k, m)) in r.keys.iter().zip(&r.meta).enumerate() {
             if layout.part_of(*k) != r.part {
                 return Err(Error::invalid(format!(
                     "key {k} is not in sync part {}; nothing was applied",
                     r.part
                 )));
             }
-            if m.version == Version::default() {
+            // A complete reply from an older build may carry rows created by lookups (version
+            // 0): they are no writes, and are skipped below (never newer than what is held).
+            let lookup_row = r.complete.is_some() && !r.tombstone[i];
+            if m.version == Version::default() && !lookup_row {
                 return Err(Error::invalid(format!(
                     "key {k} carries version 0, which no write issues; nothing was applied"
                 )));

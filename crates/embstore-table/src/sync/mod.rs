@@ -140,6 +140,9 @@ pub struct PartReply {
     /// Set when the requester was behind tombstones the responder has collected: the reply
     /// holds *every* row of the part with a key in the range (not only the newer ones).
     pub complete: Option<Complete>,
+    /// The responder's step counter (Adam's `t`), with optimizer state: a replica that takes
+    /// over training continues the count (`None` without state, or from an older build).
+    pub step: Option<u64>,
 }
 
 /// A reply (or a piece of one) that holds every row of its part in a key range: the requester
@@ -215,6 +218,7 @@ impl PartReply {
                     from_cache: self.from_cache,
                     partial: i + 1 < pieces,
                     complete,
+                    step: self.step,
                 }
             })
             .collect()

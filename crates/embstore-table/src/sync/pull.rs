@@ -41,9 +41,19 @@ impl Table {
         self.check_live()?;
         let (s, sub) = self.check_part(part)?;
         let sync = self.sync_shared()?.clone();
-        let mut r = PartReply { part, state: with_state.then(Vec::new), ..PartReply::default() };
-        let newer =
-            |r: &PartReply, v: Version| r.complete.is_some() || v.timestamp > vv_r.get(v.replica);
+        let mut r = PartReply {
+            part,
+            state: with_state.then(Vec::new),
+            // Read before the rows: a row's state is never older than the count sent with it.
+            step: with_state.then(|| self.step()),
+            ..PartReply::default()
+        };
+        // A row created by a lookup and never written (version 0) is no write: the requester's
+        // lookups compute its initial values alike, so it is never shipped (a complete reply
+        // included: the requester keeps, or drops, its own such row).
+        let newer = |r: &PartReply, v: Version| {
+            v != Version::default() && (r.complete.is_some() || v.timestamp > vv_r.get(v.replica))
+        };
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
         // (`None`) takes zeros of both widths.
