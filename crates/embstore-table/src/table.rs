@@ -310,9 +310,61 @@ impl Table {
             evicted.fetch_add(n as u64, Ordering::Relaxed);
             shard.shrink_if_sparse().map(drop)
         })?;
-        let n = evicted.into_inner() as usize;
+        let n = evicted.into_inner() as usize + self.evict_cold_older_than(cutoff_ms)?;
         Counters::add(&self.counters.evicted, n);
         Ok(n)
+    }
+
+    /// The rows on disk of [`Table::evict_older_than`] (a table with a memory budget): their
+    /// metadata is read from their segments a chunk at a time, without promoting them; the old
+    /// ones are then brought in and removed, each only if it is still older than `cutoff_ms`
+    /// (a write meanwhile keeps it). Returns how many were removed.
+    fn evict_cold_older_than(&self, cutoff_ms: u64) -> Result<usize> {
+        const CHUNK: usize = 1024;
+        if self.tier().is_none() {
+            return Ok(0);
+        }
+        let mut evicted = 0;
+        for s in 0..self.shards.len() {
+            let keys: Vec<u64> = self.shards[s].read().cold_entries().map(|(k, _)| k).collect();
+            for keys in keys.chunks(CHUNK) {
+                let old: Vec<u64> = {
+                    // Held from taking each key's location to reading it (no rewrite between).
+                    let Some(files) = self.cold_files() else { break };
+                    let wanted: Vec<(u64, u64)> = {
+                        let shard = self.shards[s].read();
+                        keys.iter().filter_map(|&k| shard.cold_loc(k).map(|l| (k, l))).collect()
+                    };
+                    let records = self.read_cold(&files, &wanted)?;
+                    wanted
+                        .iter()
+                        .zip(records)
+                        .filter(|(_, r)| r.meta.last_update_ms < cutoff_ms)
+                        .map(|((k, _), _)| *k)
+                        .collect()
+                };
+                if old.is_empty() {
+                    continue;
+                }
+                let entered = self.enter(&old)?;
+                {
+                    let mut shard = self.shards[s].write();
+                    for &k in &old {
+                        let expired = match shard.slot(k) {
+                            Some(slot) => shard.meta[slot].last_update_ms() < cutoff_ms,
+                            None => false,
+                        };
+                        if expired && shard.remove(k) {
+                            evicted += 1;
+                        }
+                    }
+                    shard.shrink_if_sparse()?;
+                }
+                // The shard's lock is released before the tier's guard, whose drop may make room.
+                drop(entered);
+            }
+        }
+        Ok(evicted)
     }
 
     /// Swaps every row (and the step counter) with `other`, a table of the same config, under

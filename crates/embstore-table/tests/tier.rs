@@ -600,3 +600,43 @@ fn memory_follows_the_budget_through_training_and_after_a_large_call() {
         held("after a lookup of 20,000 rows");
     }
 }
+
+/// Expiry reaches the rows on disk: with most of 50,000 rows evicted to disk, every row older
+/// than the cutoff is removed (and stays removed across a reopen), the rows written after it
+/// stay, and nothing expired is served again.
+#[test]
+fn expiry_removes_old_rows_on_disk_as_well_as_in_memory() {
+    const N: u64 = 50_000;
+    let dir = tempfile::tempdir().unwrap();
+    let fresh: Vec<u64> = (0..N).step_by(97).collect();
+    {
+        let store = open(dir.path(), 1 << 20);
+        let t = store.create_table(config()).unwrap();
+        for start in (0..N).step_by(5000) {
+            let ids: Vec<u64> = (start..start + 5000).collect();
+            t.assign(&ids, &vec![1.0; ids.len() * D]).unwrap();
+        }
+        store.memory_budget().unwrap().settle();
+        let on_disk = t.stats().rows_on_disk;
+        assert!(on_disk > 40_000, "only {on_disk} rows on disk");
+        let cutoff = embstore_table::now_ms() + 1;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        t.assign(&fresh, &vec![2.0; fresh.len() * D]).unwrap();
+        let removed = t.evict_older_than(cutoff).unwrap();
+        assert_eq!(removed, N as usize - fresh.len());
+        assert_eq!(t.len(), fresh.len());
+        assert_eq!(t.stats().evicted, removed as u64);
+        let all: Vec<u64> = (0..N).collect();
+        let mut found = vec![false; all.len()];
+        t.lookup(&all, OnMiss::Zeros, &mut vec![0.0; all.len() * D], Some(&mut found)).unwrap();
+        let served: Vec<u64> = all.iter().zip(&found).filter(|p| *p.1).map(|p| *p.0).collect();
+        assert_eq!(served, fresh);
+        store.flush().unwrap();
+    }
+    let store = open(dir.path(), 1 << 20);
+    let t = store.table("t").unwrap();
+    assert_eq!(t.len(), fresh.len(), "expired rows came back after a reopen");
+    let mut out = vec![0.0; fresh.len() * D];
+    t.lookup(&fresh, OnMiss::Error, &mut out, None).unwrap();
+    assert!(out.iter().all(|&v| v == 2.0));
+}
