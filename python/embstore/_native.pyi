@@ -358,12 +358,12 @@ class SyncServer:
         store: Store,
         listen: str,
         token: str | None = None,
-        parts: int = 1024,
+        parts: int | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
-        use_cache: bool = True,
-        tombstone_horizon_ms: int = 3_600_000,
+        use_cache: bool | None = None,
+        tombstone_horizon_ms: int | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...

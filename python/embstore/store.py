@@ -169,23 +169,28 @@ class Store:
         listen: str = "127.0.0.1:0",
         *,
         token: str | None = None,
-        parts: int = 1024,
+        parts: int | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         tls_client_ca: str | os.PathLike[str] | None = None,
-        use_cache: bool = True,
-        tombstone_horizon_s: float = 3600.0,
+        use_cache: bool | None = None,
+        tombstone_horizon_s: float | None = None,
     ) -> SyncPort:
         """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
         one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
         write is versioned and remembered for followers, each removal leaves a tombstone.
         ``token``: a replication token followers must present. ``parts``: sync parts per
-        table (a power of two, at least the shard count); followers take the source's.
-        ``tls_cert``/``tls_key`` (PEM files): serve TLS; with ``tls_client_ca``, followers
-        need a certificate from that CA (mutual TLS). ``use_cache=False`` answers every pull
-        by a scan (only for measuring what the update cache gains). ``tombstone_horizon_s``:
-        how long a removal's tombstone is kept; a follower away for longer gets the parts with
-        collected removals whole and drops the rows they lack.
+        table (a power of two, at least the shard count; default 1024); followers take the
+        source's. ``tls_cert``/``tls_key`` (PEM files): serve TLS; with ``tls_client_ca``,
+        followers need a certificate from that CA (mutual TLS). ``use_cache=False`` answers
+        every pull by a scan (only for measuring what the update cache gains).
+        ``tombstone_horizon_s``: how long a removal's tombstone is kept (default 3600); a
+        follower away for longer gets the parts with collected removals whole and drops the
+        rows they lack.
+
+        A store that syncs already (a follower, also after :meth:`stop_following`, to become
+        a source for others) serves with its own sync options: leave ``parts``, ``use_cache``
+        and ``tombstone_horizon_s`` out (asking for others is an error).
 
         Start it before other threads write. A table that syncs cannot be replaced by
         :meth:`Table.load` (import its rows instead: they sync as writes)."""

@@ -62,20 +62,24 @@ def serve(
     store_inner: Any,
     listen: str,
     token: str | None,
-    parts: int,
+    parts: int | None = None,
     tls: tuple[Any, Any, Any] = (None, None, None),
-    use_cache: bool = True,
-    tombstone_horizon_s: float = 3600.0,
+    use_cache: bool | None = None,
+    tombstone_horizon_s: float | None = None,
 ) -> SyncPort:
     """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
     if not isinstance(listen, str) or ":" not in listen:
         raise InvalidArgumentError(f"listen must be 'host:port', got {listen!r}")
     if token is not None and not isinstance(token, str):
         raise InvalidArgumentError(f"token must be a str, got {token!r}")
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or parts & (parts - 1):
+    if parts is not None and (
+        isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or parts & (parts - 1)
+    ):
         raise InvalidArgumentError(f"parts must be a power of two, got {parts!r}")
     h = tombstone_horizon_s
-    if isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h < 2**53 / 1000:
+    if h is not None and (
+        isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h < 2**53 / 1000
+    ):
         raise InvalidArgumentError(
             f"tombstone_horizon_s must be a number of seconds >= 0, got {tombstone_horizon_s!r}"
         )
@@ -83,7 +87,15 @@ def serve(
         _path(p, w) for p, w in zip(tls, ("tls_cert", "tls_key", "tls_client_ca"), strict=True)
     )
     native = _native.SyncServer(
-        store_inner, listen, token, parts, cert, key, client_ca, bool(use_cache), int(h * 1000)
+        store_inner,
+        listen,
+        token,
+        parts,
+        cert,
+        key,
+        client_ca,
+        None if use_cache is None else bool(use_cache),
+        None if h is None else int(h * 1000),
     )
     return SyncPort(native)
 

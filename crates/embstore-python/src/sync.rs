@@ -24,24 +24,24 @@ pub(crate) struct PySyncServer {
 #[pymethods]
 impl PySyncServer {
     #[new]
-    #[pyo3(signature = (store, listen, token=None, parts=embstore_table::sync::DEFAULT_PARTS, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=true, tombstone_horizon_ms=3_600_000))]
+    #[pyo3(signature = (store, listen, token=None, parts=None, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=None, tombstone_horizon_ms=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         store: &PyStore,
         listen: &str,
         token: Option<String>,
-        parts: u32,
+        parts: Option<u32>,
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
         tls_client_ca: Option<std::path::PathBuf>,
-        use_cache: bool,
-        tombstone_horizon_ms: u64,
+        use_cache: Option<bool>,
+        tombstone_horizon_ms: Option<u64>,
     ) -> PyResult<Self> {
         let tls = crate::tls::serving_tls(tls_cert, tls_key, tls_client_ca)?;
         let options = ServeOptions {
             token,
-            sync: SyncOptions { parts, use_cache, tombstone_horizon_ms, ..SyncOptions::default() },
+            sync: serve_options(&store.inner, parts, use_cache, tombstone_horizon_ms)?,
             tls: tls.map(|t| t.server_config()).transpose().map_err(to_py_err)?,
         };
         let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))
@@ -70,6 +70,30 @@ impl PySyncServer {
         if let Some(s) = self.inner.lock().take() {
             detached(py, || s.stop());
         }
+    }
+}
+
+/// The sync options a port serves with: a store that syncs already (it follows a source, or
+/// followed one, or serves a port) keeps its own, and an option asked for that differs from
+/// them is an error; otherwise the defaults with what was asked.
+fn serve_options(
+    store: &embstore_table::Store,
+    parts: Option<u32>,
+    use_cache: Option<bool>,
+    tombstone_horizon_ms: Option<u64>,
+) -> PyResult<SyncOptions> {
+    let base = store.sync_options();
+    let mut asked = base.clone().unwrap_or_default();
+    asked.parts = parts.unwrap_or(asked.parts);
+    asked.use_cache = use_cache.unwrap_or(asked.use_cache);
+    asked.tombstone_horizon_ms = tombstone_horizon_ms.unwrap_or(asked.tombstone_horizon_ms);
+    match base {
+        Some(have) if have != asked => Err(to_py_err(embstore_table::Error::invalid(format!(
+            "this store syncs already (it follows or followed a source, or serves a sync port) \
+             with {have}; serve_sync asked for {asked}: leave parts, use_cache and \
+             tombstone_horizon_s out to serve with the store's"
+        )))),
+        _ => Ok(asked),
     }
 }
 

@@ -450,12 +450,29 @@ fn pull(
         )));
     }
     c.counters.pulls.fetch_add(1, Ordering::Relaxed);
+    let rows = piece_rows(&t, with_state);
     for (part, vv) in parts {
-        let reply = t.sync_pull(part, &vv, with_state)?;
-        send_reply(c, &t, reply, with_state, known, (name.clone(), part), vv)?;
+        // Read and sent a piece at a time: a part of any size costs one piece here.
+        let mut knows = vv.clone();
+        t.sync_pull_pieces(part, &vv, with_state, rows, &mut |mut piece| {
+            if !piece.partial {
+                knows.merge(&piece.vv);
+            }
+            if c.protocol < 3 {
+                piece.step = None; // an older client's decoder knows no step
+            }
+            c.send(Kind::Part, &wire::encode_part(&piece))
+        })?;
+        known.insert((name.clone(), part), knows);
         c.counters.parts.fetch_add(1, Ordering::Relaxed);
     }
     c.send(Kind::PullDone, &[])
+}
+
+/// Rows in a reply's piece: about 8 MiB on the wire, well under the frame limit.
+fn piece_rows(t: &Table, with_state: bool) -> usize {
+    let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
+    (8 << 20) / row_bytes
 }
 
 /// Sends `reply` (in pieces of about 8 MiB, well under the frame limit) to a client that knew
@@ -470,12 +487,11 @@ fn send_reply(
     mut vv: Vv,
 ) -> Result<()> {
     vv.merge(&reply.vv);
-    let row_bytes = 41 + 4 * (t.dim() + if with_state { t.state_dim() } else { 0 });
     let mut reply = reply;
     if c.protocol < 3 {
         reply.step = None; // an older client's decoder knows no step
     }
-    for piece in reply.split((8 << 20) / row_bytes) {
+    for piece in reply.split(piece_rows(t, with_state)) {
         c.send(Kind::Part, &wire::encode_part(&piece))?;
     }
     known.insert(key, vv);

@@ -320,7 +320,8 @@ impl Store {
         if let Some(have) = &*sync {
             if have != options {
                 return Err(Error::invalid(format!(
-                    "the store syncs already, with other options ({have:?})"
+                    "the store syncs already, with {have}; asked for {options} (leave the \
+                     options out to serve with the store's)"
                 )));
             }
         }

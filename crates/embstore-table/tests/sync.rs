@@ -330,3 +330,65 @@ fn removals_a_restart_forgets_reach_peers_behind_them_as_whole_parts() {
     assert_eq!(rows(&b), rows(&a));
     assert!(!rows(&b).contains_key(&8));
 }
+
+/// Pulls every part of `src` into `dst` through `sync_pull_pieces` (pieces of `piece` rows,
+/// applied as they come); returns (pieces, the most rows in one).
+fn pull_all_in_pieces(src: &Table, dst: &Table, piece: usize) -> (usize, usize) {
+    let (mut pieces, mut largest) = (0, 0);
+    for part in 0..src.sync_parts().unwrap() {
+        let (vv, _) = dst.sync_knowledge(part).unwrap();
+        src.sync_pull_pieces(part, &vv, false, piece, &mut |p| {
+            pieces += 1;
+            largest = largest.max(p.len());
+            dst.sync_apply(&p).map(drop)
+        })
+        .unwrap();
+    }
+    (pieces, largest)
+}
+
+#[test]
+fn a_cleared_table_leaves_no_tombstone_per_row_and_its_followers_drop_every_row() {
+    let (_p, primary) = syncing(1);
+    let (_f, follower) = syncing(2);
+    let ids: Vec<u64> = (0..20_000).collect();
+    primary.assign(&ids, &vec![0.5; ids.len() * D]).unwrap();
+    pull_all(&primary, &follower, usize::MAX);
+    assert_eq!(follower.len(), ids.len());
+    primary.clear().unwrap();
+    assert_eq!(primary.sync_stats().unwrap().tombstones, 0, "a clear kept a tombstone per row");
+    // Written after the clear: the followers keep these.
+    primary.assign(&[7, 8], &[1.5; 2 * D]).unwrap();
+    let mut book = Book::default();
+    round(&primary, &follower, &mut book, false);
+    assert_eq!(rows(&follower), rows(&primary));
+    assert_eq!(follower.len(), 2);
+    // A replica that joins after the clear gets the same rows, in whole parts.
+    let (_g, late) = syncing(3);
+    let complete = pull_all(&primary, &late, 3);
+    assert_eq!(complete, 16);
+    assert_eq!(rows(&late), rows(&primary));
+}
+
+#[test]
+fn a_part_is_read_and_sent_in_pieces_and_whole_parts_cover_every_key() {
+    let horizon0 = SyncOptions { parts: 16, tombstone_horizon_ms: 0, ..SyncOptions::default() };
+    let (_p, primary) = syncing_with(1, &horizon0);
+    let ids: Vec<u64> = (0..30_000).collect();
+    primary.assign(&ids, &vec![0.25; ids.len() * D]).unwrap();
+    // A joining replica: every row, in pieces of at most 100 rows.
+    let (_f, follower) = syncing(2);
+    let (pieces, largest) = pull_all_in_pieces(&primary, &follower, 100);
+    assert!(largest <= 100, "a piece of {largest} rows");
+    assert!(pieces >= 300, "{pieces} pieces");
+    assert_eq!(rows(&follower), rows(&primary));
+    // Removals whose tombstones are collected: whole parts, in pieces that cover every key.
+    let gone: Vec<u64> = (0..30_000).step_by(3).collect();
+    primary.remove(&gone).unwrap();
+    primary.sync_prune().unwrap();
+    primary.assign(&[1, 2], &[3.0; 2 * D]).unwrap();
+    let (_, largest) = pull_all_in_pieces(&primary, &follower, 64);
+    assert!(largest <= 64);
+    assert_eq!(rows(&follower), rows(&primary));
+    assert_eq!(follower.len(), primary.len());
+}

@@ -339,11 +339,6 @@ impl Shard {
     /// Drops every row and releases the memory.
     pub(crate) fn clear(&mut self) -> Result<()> {
         let tracking = self.removed.is_some();
-        // A shard that syncs leaves a tombstone for every row it drops.
-        let dropped: Vec<u64> = match self.sync {
-            Some(_) => self.index.iter().chain(self.cold_entries()).map(|(k, _)| k).collect(),
-            None => Vec::new(),
-        };
         let cold = match &mut self.cold {
             Some(t) => Some(Box::new(t.emptied()?)),
             None => None,
@@ -353,10 +348,9 @@ impl Shard {
         *self = fresh;
         self.cold = cold;
         self.sync = sync;
+        // A shard that syncs raises its parts' floors: peers drop the rows they held.
         if let Some(sync) = &mut self.sync {
-            for key in dropped {
-                sync.on_local_remove(key, 0);
-            }
+            sync.on_local_clear();
         }
         if tracking {
             self.track_changes();
@@ -371,6 +365,7 @@ impl Shard {
             + self.state.bytes()
             + self.meta.capacity() * std::mem::size_of::<PackedMeta>()
             + self.free.capacity() * std::mem::size_of::<usize>()
+            + self.sync.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// Bytes that hold live rows: their values, state, metadata and index buckets.

@@ -96,6 +96,31 @@ impl ShardSync {
         self.tombs.insert(key, v);
     }
 
+    /// A local clear of the whole shard: one fresh version `v` raises every part's VV and
+    /// floor, so every peer that knew less gets each part whole (empty, or what was written
+    /// since) and drops the rows it held; no tombstone per row (they would hold memory for the
+    /// horizon, and a requester behind a floor needs none). The caches restart from the VVs.
+    pub(crate) fn on_local_clear(&mut self) {
+        let v = self.shared.clock.tick();
+        self.tombs = HashMap::new();
+        let sv = Sv::new(v.timestamp, self.shared.clock.replica());
+        for sub in 0..self.parts.len() {
+            let p = &mut self.parts[sub];
+            p.vv.raise(v.replica, v.timestamp);
+            p.cache = UpdateCache::covering(p.vv.clone());
+            p.sv = sv;
+            self.floors[sub].raise(v.replica, v.timestamp);
+            let id = self.part_id(sub);
+            self.shared.changed(id);
+        }
+    }
+
+    /// Bytes of memory the sync state holds beyond a fixed amount per part: the tombstones
+    /// (at their table's capacity) and the update caches' rows (about 32 bytes each).
+    pub(crate) fn bytes(&self) -> usize {
+        self.tombs.capacity() * (std::mem::size_of::<(u64, Version)>() + 1) + self.cached() * 32
+    }
+
     /// Prunes every part's cache to `now - D_prop`, at most every [`PRUNE_EVERY_MS`] unless
     /// `force`, and each to its cap (a share of the part's rows, of `shard_rows` in all).
     pub(crate) fn maybe_prune(&mut self, force: bool, shard_rows: usize) {

@@ -70,6 +70,19 @@ pub struct SyncOptions {
     pub tombstone_horizon_ms: u64,
 }
 
+impl std::fmt::Display for SyncOptions {
+    /// The options a user chooses, as a user names them (for error messages).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} parts, tombstone horizon {} s, update cache {}",
+            self.parts,
+            self.tombstone_horizon_ms as f64 / 1000.0,
+            if self.use_cache { "on" } else { "off" }
+        )
+    }
+}
+
 impl Default for SyncOptions {
     fn default() -> Self {
         Self {

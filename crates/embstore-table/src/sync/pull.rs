@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Complete, PartReply, Vv};
-use crate::tier::Gate;
+use crate::tier::{Gate, Host};
 use crate::{Result, RowMeta, Table, Version};
 
 impl Table {
@@ -14,7 +14,12 @@ impl Table {
     /// on disk included, read without promoting them). `with_state` adds optimizer state (for
     /// peers that may take over training).
     pub fn sync_pull(&self, part: u32, vv_r: &Vv, with_state: bool) -> Result<PartReply> {
-        Ok(self.pull_part(part, vv_r, with_state, None)?.expect("a scan always answers"))
+        let mut out = None;
+        self.pull_part(part, vv_r, with_state, None, usize::MAX, &mut |r| {
+            out = Some(r);
+            Ok(())
+        })?;
+        Ok(out.expect("one piece of usize::MAX rows answers"))
     }
 
     /// [`Table::sync_pull`] when the update cache can answer it with at most `max_rows` rows
@@ -27,32 +32,141 @@ impl Table {
         with_state: bool,
         max_rows: usize,
     ) -> Result<Option<PartReply>> {
-        self.pull_part(part, vv_r, with_state, Some(max_rows))
+        let mut out = None;
+        let answered =
+            self.pull_part(part, vv_r, with_state, Some(max_rows), usize::MAX, &mut |r| {
+                out = Some(r);
+                Ok(())
+            })?;
+        Ok(if answered { out } else { None })
     }
 
-    /// A part's reply; with `cached_only` (a row limit), only from the update cache.
+    /// [`Table::sync_pull`] in pieces of at most `piece_rows` rows (fewer in a table with a
+    /// memory budget: a piece stays within an eighth of it), each handed to `emit` as it is
+    /// read: a part of any size costs the responder its keys (8 bytes each) and one piece,
+    /// not the whole reply. Every piece but the last is `partial`; the pieces of a complete
+    /// reply cover consecutive key ranges, together every key.
+    pub fn sync_pull_pieces(
+        &self,
+        part: u32,
+        vv_r: &Vv,
+        with_state: bool,
+        piece_rows: usize,
+        emit: &mut dyn FnMut(PartReply) -> Result<()>,
+    ) -> Result<()> {
+        self.pull_part(part, vv_r, with_state, None, piece_rows, emit).map(drop)
+    }
+
+    /// A part's reply, in pieces; with `cached_only` (a row limit), only from the update
+    /// cache (whether it answered).
     fn pull_part(
         &self,
         part: u32,
         vv_r: &Vv,
         with_state: bool,
         cached_only: Option<usize>,
-    ) -> Result<Option<PartReply>> {
+        piece_rows: usize,
+        emit: &mut dyn FnMut(PartReply) -> Result<()>,
+    ) -> Result<bool> {
         self.check_live()?;
         let (s, sub) = self.check_part(part)?;
         let sync = self.sync_shared()?.clone();
-        let mut r = PartReply {
+        let mut head = PartReply {
             part,
             state: with_state.then(Vec::new),
             // Read before the rows: a row's state is never older than the count sent with it.
             step: with_state.then(|| self.step()),
             ..PartReply::default()
         };
+        let (d, sd) = (self.dim(), self.state_dim);
+        let piece_rows = match self.tier() {
+            Some(tier) => {
+                let row_bytes = 48 + 4 * (d + if with_state { sd } else { 0 });
+                piece_rows.min(((tier.budget_limit() / 8) as usize / row_bytes).max(256))
+            }
+            None => piece_rows,
+        }
+        .max(1);
+        // The part's knowledge, read before any row (R1: a row that changes meanwhile only
+        // gets newer, so it is still selected or shipped next time), and the keys to read.
+        let mut keys: Vec<u64> = {
+            let shard = self.shards[s].read();
+            let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
+            let p = &sy.parts[sub];
+            (head.vv, head.sv) = (p.vv.clone(), p.sv);
+            let floor = &sy.floors[sub];
+            if !vv_r.dominates(floor) {
+                // Behind removals whose tombstones are gone: every row, in key order.
+                head.complete = Some(Complete { lo: 0, hi: u64::MAX, floor: floor.clone() });
+            }
+            let known = vv_r.max_timestamp();
+            let behind =
+                (known > 0).then(|| (head.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
+            let hit = sync.use_cache && head.complete.is_none() && p.cache.hits(vv_r);
+            if !hit && cached_only.is_some() {
+                return Ok(false);
+            }
+            if hit {
+                head.from_cache = true;
+                let keys = p.cache.select(vv_r);
+                if cached_only.is_some_and(|max| keys.len() > max) {
+                    return Ok(false);
+                }
+                // What the cache had to hold for this requester: back to the oldest write it
+                // lacked (a part written rarely is not "behind" for it).
+                let oldest = keys.iter().filter_map(|&k| p.cache.get(k)).map(|v| v.ms()).min();
+                let now = crate::version::now_ms();
+                sync.note_pull(true, Some(oldest.map_or(0, |ms| now.saturating_sub(ms))));
+                keys
+            } else {
+                sync.note_pull(false, behind);
+                let mine = |&(k, _): &(u64, u64)| sy.sub(k) == sub;
+                let mut keys: Vec<u64> = shard.index.iter().filter(mine).map(|(k, _)| k).collect();
+                keys.extend(shard.cold_entries().filter(mine).map(|(k, _)| k));
+                keys.extend(sy.tombs.keys().filter(|&&k| sy.sub(k) == sub));
+                keys
+            }
+        };
+        if head.complete.is_some() {
+            keys.sort_unstable();
+        }
+        let c = &sync.counters;
+        let which = if head.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
+        which.fetch_add(1, Ordering::Relaxed);
+        let pieces = keys.len().div_ceil(piece_rows).max(1);
+        for i in 0..pieces {
+            let chunk = &keys[(i * piece_rows).min(keys.len())..((i + 1) * piece_rows).min(keys.len())];
+            let mut r = head.clone();
+            self.read_piece(s, vv_r, chunk, &mut r)?;
+            r.partial = i + 1 < pieces;
+            if r.complete.is_some() {
+                r.sort_by_key();
+            }
+            if let Some(c) = &mut r.complete {
+                // Each piece covers the keys after the previous piece's last, up to its own
+                // last (the first from the start, the last to the end).
+                if i > 0 {
+                    c.lo = keys[i * piece_rows - 1] + 1;
+                }
+                if r.partial {
+                    c.hi = chunk[chunk.len() - 1];
+                }
+            }
+            c.rows_sent.fetch_add(r.len() as u64, Ordering::Relaxed);
+            emit(r)?;
+        }
+        Ok(true)
+    }
+
+    /// Appends to `r` the rows and tombstones of `keys` (all of shard `s`) that are newer than
+    /// `vv_r` (every one for a complete reply); rows on disk are read without promoting them.
+    fn read_piece(&self, s: usize, vv_r: &Vv, keys: &[u64], r: &mut PartReply) -> Result<()> {
         // A row created by a lookup and never written (version 0) is no write: the requester's
         // lookups compute its initial values alike, so it is never shipped (a complete reply
         // included: the requester keeps, or drops, its own such row).
-        let newer = |r: &PartReply, v: Version| {
-            v != Version::default() && (r.complete.is_some() || v.timestamp > vv_r.get(v.replica))
+        let complete = r.complete.is_some();
+        let newer = |v: Version| {
+            v != Version::default() && (complete || v.timestamp > vv_r.get(v.replica))
         };
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
@@ -83,76 +197,31 @@ impl Table {
         {
             let shard = self.shards[s].read();
             let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
-            let p = &sy.parts[sub];
-            (r.vv, r.sv) = (p.vv.clone(), p.sv);
-            let floor = &sy.floors[sub];
-            if !vv_r.dominates(floor) {
-                // Behind removals whose tombstones are gone: every row, in key order.
-                r.complete = Some(Complete { lo: 0, hi: u64::MAX, floor: floor.clone() });
-            }
-            let known = vv_r.max_timestamp();
-            let behind =
-                (known > 0).then(|| (r.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
-            let hit = sync.use_cache && r.complete.is_none() && p.cache.hits(vv_r);
-            if !hit && cached_only.is_some() {
-                return Ok(None);
-            }
-            let keys: Vec<u64> = if hit {
-                r.from_cache = true;
-                let keys = p.cache.select(vv_r);
-                if cached_only.is_some_and(|max| keys.len() > max) {
-                    return Ok(None);
-                }
-                // What the cache had to hold for this requester: back to the oldest write it
-                // lacked (a part written rarely is not "behind" for it).
-                let oldest = keys.iter().filter_map(|&k| p.cache.get(k)).map(|v| v.ms()).min();
-                let now = crate::version::now_ms();
-                sync.note_pull(true, Some(oldest.map_or(0, |ms| now.saturating_sub(ms))));
-                keys
-            } else {
-                sync.note_pull(false, behind);
-                let mine = |&(k, _): &(u64, u64)| sy.sub(k) == sub;
-                let mut keys: Vec<u64> = shard.index.iter().filter(mine).map(|(k, _)| k).collect();
-                keys.extend(shard.cold_entries().filter(mine).map(|(k, _)| k));
-                keys.extend(sy.tombs.keys().filter(|&&k| sy.sub(k) == sub));
-                keys
-            };
-            for k in keys {
+            for &k in keys {
                 if let Some(slot) = shard.slot(k) {
                     let meta = shard.meta[slot].unpack();
-                    if newer(&r, meta.version) {
-                        push(
-                            &mut r,
-                            k,
-                            meta,
-                            Some((shard.values.row(slot), shard.state.row(slot))),
-                        );
+                    if newer(meta.version) {
+                        let row = (shard.values.row(slot), shard.state.row(slot));
+                        push(r, k, meta, Some(row));
                     }
                 } else if let Some(l) = shard.cold_loc(k) {
                     cold.push((k, l));
                 } else if let Some(&v) = sy.tombs.get(&k) {
-                    if newer(&r, v) {
+                    if newer(v) {
                         let meta =
                             RowMeta { version: v, update_count: 0, last_update_ms: v.millis() };
-                        push(&mut r, k, meta, None);
+                        push(r, k, meta, None);
                     }
                 }
             }
         }
         if let (false, Some(files)) = (cold.is_empty(), &files) {
             for ((k, _), rec) in cold.iter().zip(self.read_cold(files, &cold)?) {
-                if newer(&r, rec.meta.version) {
-                    push(&mut r, *k, rec.meta, Some((&rec.values, &rec.state)));
+                if newer(rec.meta.version) {
+                    push(r, *k, rec.meta, Some((&rec.values, &rec.state)));
                 }
             }
         }
-        if r.complete.is_some() {
-            r.sort_by_key();
-        }
-        let c = &sync.counters;
-        let which = if r.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
-        which.fetch_add(1, Ordering::Relaxed);
-        c.rows_sent.fetch_add(r.len() as u64, Ordering::Relaxed);
-        Ok(Some(r))
+        Ok(())
     }
 }

@@ -108,6 +108,13 @@ pub(crate) struct Tier {
 }
 
 impl Tier {
+    /// The memory budget this table's tier is under (bytes).
+    pub(crate) fn budget_limit(&self) -> u64 {
+        self.budget.limit()
+    }
+}
+
+impl Tier {
     /// The file table, held for reading: no rewrite releases a slot meanwhile (an export holds
     /// it from classifying keys to reading the rows on disk).
     pub(crate) fn files(&self) -> parking_lot::RwLockReadGuard<'_, FileTable> {

@@ -100,7 +100,9 @@ pub(crate) trait Evict: Host {
             // into them and gives the room back, see `Shard::compact_tiered`).
             let held = shard.slots();
             let t = shard.cold.as_ref().map_or(0, |t| t.index.bytes() + held * t.slot_bytes());
-            b += held * row + shard.index.bytes() + t;
+            // A syncing shard's tombstones and cached rows are memory too.
+            let sync = shard.sync.as_ref().map_or(0, |s| s.bytes());
+            b += held * row + shard.index.bytes() + t + sync;
             rows += shard.len();
         }
         (b as u64, rows)
