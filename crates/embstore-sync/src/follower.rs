@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -162,7 +162,8 @@ const LAG_SAMPLES: usize = 4096;
 pub struct FollowOptions {
     /// The replication token the source expects (empty: none).
     pub token: String,
-    /// The tables to follow (empty: every table the source serves when the follower starts).
+    /// The tables to follow (empty: every table the source serves, those it creates later
+    /// included: the follower asks for the source's tables every [`WATCH_EVERY`]).
     pub tables: Vec<String>,
     /// Whether to take optimizer state as well (a replica that may take over training).
     pub with_state: bool,
@@ -251,14 +252,40 @@ pub struct TableSync {
     pub last_error: Option<String>,
 }
 
+/// How often a follower of every table asks its source for the tables it serves, to follow
+/// those created since.
+pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// What a follower's threads share: each table's status (a table the source creates later is
+/// added), and how far the watch for new tables has come.
+#[derive(Debug, Default)]
+struct Shared {
+    tables: Mutex<Vec<Arc<Mutex<Status>>>>,
+    /// Whether new tables are watched for (the follower follows every table).
+    watching: bool,
+    /// Table lists asked for, and the number of the last one that was answered and whose new
+    /// tables are followed.
+    lists_begun: AtomicU64,
+    lists_done: AtomicU64,
+    /// Asks the watch for a table list now (a caller waits to catch up).
+    nudge: AtomicBool,
+}
+
+impl Shared {
+    fn tables(&self) -> Vec<Arc<Mutex<Status>>> {
+        self.tables.lock().clone()
+    }
+}
+
 /// Reads where a follower's tables stand ([`Follower::status_view`]).
 #[derive(Clone, Debug)]
-pub struct StatusView(Vec<Arc<Mutex<Status>>>);
+pub struct StatusView(Arc<Shared>);
 
 impl StatusView {
     /// Where each followed table stands.
     pub fn status(&self) -> Vec<TableSync> {
         self.0
+            .tables()
             .iter()
             .map(|s| {
                 let s = s.lock();
@@ -271,18 +298,32 @@ impl StatusView {
             .collect()
     }
 
-    /// A mark of now for [`StatusView::caught_up_after`]: the rounds each table has begun.
+    /// A mark of now for [`StatusView::caught_up_after`]: the rounds each table has begun,
+    /// and (following every table) the table lists asked for; the watch is asked for one now.
     pub fn mark(&self) -> CatchUpMark {
-        CatchUpMark(self.0.iter().map(|s| s.lock().rounds_begun).collect())
+        let lists = self.0.watching.then(|| {
+            self.0.nudge.store(true, Ordering::Relaxed);
+            self.0.lists_begun.load(Ordering::Acquire)
+        });
+        let rounds = self.0.tables().iter().map(|s| s.lock().rounds_begun).collect();
+        CatchUpMark { rounds, lists }
     }
 
     /// Whether every table is caught up by a round that *began* after `mark` was taken: its
     /// change list was asked for after the mark, so it covers every write the source made
     /// before it, and the round left nothing pending. (A round that began before the mark may
     /// have listed the source's changes before writes made just before it: it never counts.)
+    /// Following every table, a table list asked for after the mark must have been answered
+    /// too, so a table the source created before the mark is among them.
     pub fn caught_up_after(&self, mark: &CatchUpMark) -> bool {
+        if mark.lists.is_some_and(|l| self.0.lists_done.load(Ordering::Acquire) <= l) {
+            return false;
+        }
         let status = self.status();
-        self.0.iter().zip(&mark.0).zip(&status).all(|((s, &begun), out)| {
+        let tables = self.0.tables();
+        tables.iter().zip(&status).enumerate().all(|(i, (s, out))| {
+            // A table found after the mark: any round counts (all began after it).
+            let begun = mark.rounds.get(i).copied().unwrap_or(0);
             out.caught_up && s.lock().caught_up_round > begun
         })
     }
@@ -303,16 +344,24 @@ impl StatusView {
     }
 }
 
-/// The rounds each followed table had begun at [`StatusView::mark`].
+/// The rounds each followed table had begun at [`StatusView::mark`], and the table lists.
 #[derive(Clone, Debug)]
-pub struct CatchUpMark(Vec<u64>);
+pub struct CatchUpMark {
+    rounds: Vec<u64>,
+    lists: Option<u64>,
+}
 
 /// A running follower; [`Follower::stop`] (or drop) ends its threads.
 #[derive(Debug)]
-pub struct Follower {
+pub struct Follower(Parts);
+
+/// What a follower's threads share with it: the stop flag, the tables' status, the threads
+/// (the watch for new tables adds to them).
+#[derive(Clone, Debug)]
+struct Parts {
     stop: Arc<AtomicBool>,
-    status: Vec<Arc<Mutex<Status>>>,
-    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 #[derive(Debug, Default)]
@@ -345,7 +394,8 @@ impl Follower {
     /// whichever source the directory names for it, and this replica reports its status there.
     pub fn start_with(store: Arc<Store>, source: Source, options: FollowOptions) -> Result<Self> {
         let flush = options.flush_every.zip(store.path().map(|_| store.clone()));
-        Self::start_inner(store, source, options, flush)
+        let watch = options.tables.is_empty();
+        Self::start_inner(store, source, options, flush, watch)
     }
 
     /// [`Follower::start_with`] into any [`Target`]: with a [`Server`], into the versions it
@@ -356,7 +406,7 @@ impl Follower {
         source: Source,
         options: FollowOptions,
     ) -> Result<Self> {
-        Self::start_inner(target, source, options, None)
+        Self::start_inner(target, source, options, None, false)
     }
 
     fn start_inner(
@@ -364,6 +414,7 @@ impl Follower {
         source: Source,
         options: FollowOptions,
         flush: Option<(Duration, Arc<Store>)>,
+        watch: bool,
     ) -> Result<Self> {
         let first =
             source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
@@ -378,33 +429,36 @@ impl Follower {
         }
         target.prepare(&first, &infos, &options.sync)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (mut status, mut threads) = (Vec::new(), Vec::new());
+        let shared = Arc::new(Shared { watching: watch, ..Shared::default() });
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let me = Parts { stop, shared, threads };
+        let known: std::collections::HashSet<String> =
+            infos.iter().map(|i| i.name.clone()).collect();
         for info in infos {
-            let stale_ms = u64::from(options.wait_ms) + ROUND_GRACE_MS;
-            let st = Arc::new(Mutex::new(Status { stale_ms, ..Status::default() }));
-            st.lock().s.table = info.name.clone();
-            let (stop, st2, source, options, target) =
-                (stop.clone(), st.clone(), source.clone(), options.clone(), target.clone());
-            let th = std::thread::Builder::new()
-                .name(format!("embstore-follow-{}", info.name))
-                .spawn(move || follow_table(&*target, &info, &source, &options, &stop, &st2))
-                .map_err(|e| Error::io("cannot start a follower thread", e))?;
-            status.push(st);
-            threads.push(th);
+            spawn_table(&me, &target, &source, &options, info)?;
         }
         if let Source::Directory(d) = &source {
-            let all = status.clone();
-            d.set_report(Box::new(move || report(&all)));
+            let shared = me.shared.clone();
+            d.set_report(Box::new(move || report(&shared.tables())));
         }
         if let Some((every, store)) = flush {
-            let (stop, st) = (stop.clone(), status.clone());
+            let (stop, shared) = (me.stop.clone(), me.shared.clone());
             let th = std::thread::Builder::new()
                 .name("embstore-follow-flush".into())
-                .spawn(move || flush_loop(&store, every, &stop, &st))
+                .spawn(move || flush_loop(&store, every, &stop, &shared))
                 .map_err(|e| Error::io("cannot start the follower's flush thread", e))?;
-            threads.push(th);
+            me.threads.lock().push(th);
         }
-        Ok(Self { stop, status, threads })
+        if watch {
+            let handle = me.clone();
+            let (target, source, options) = (target.clone(), source.clone(), options.clone());
+            let th = std::thread::Builder::new()
+                .name("embstore-follow-watch".into())
+                .spawn(move || watch_tables(&handle, &target, &source, &options, known))
+                .map_err(|e| Error::io("cannot start the follower's table watch", e))?;
+            me.threads.lock().push(th);
+        }
+        Ok(Self(me))
     }
 
     /// Where each followed table stands.
@@ -415,7 +469,7 @@ impl Follower {
     /// A handle that reads [`Follower::status`] (for as long as it is kept; after the
     /// follower stopped, its last status).
     pub fn status_view(&self) -> StatusView {
-        StatusView(self.status.clone())
+        StatusView(self.0.shared.clone())
     }
 
     /// Waits until every table is caught up (a round that left nothing pending after the
@@ -430,9 +484,17 @@ impl Follower {
     }
 
     fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        self.0.stop.store(true, Ordering::Relaxed);
+        // The watch may start a table's thread while the first ones are joined: join until
+        // none is left.
+        loop {
+            let threads: Vec<_> = self.0.threads.lock().drain(..).collect();
+            if threads.is_empty() {
+                return;
+            }
+            for t in threads {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -440,6 +502,79 @@ impl Follower {
 impl Drop for Follower {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Starts the thread that follows `info`'s table, with its status line.
+fn spawn_table(
+    f: &Parts,
+    target: &Arc<dyn Target>,
+    source: &Source,
+    options: &FollowOptions,
+    info: wire::TableInfo,
+) -> Result<()> {
+    let stale_ms = u64::from(options.wait_ms) + ROUND_GRACE_MS;
+    let st = Arc::new(Mutex::new(Status { stale_ms, ..Status::default() }));
+    st.lock().s.table = info.name.clone();
+    let (stop, st2, source, options, target) =
+        (f.stop.clone(), st.clone(), source.clone(), options.clone(), target.clone());
+    let th = std::thread::Builder::new()
+        .name(format!("embstore-follow-{}", info.name))
+        .spawn(move || follow_table(&*target, &info, &source, &options, &stop, &st2))
+        .map_err(|e| Error::io("cannot start a follower thread", e))?;
+    f.shared.tables.lock().push(st);
+    f.threads.lock().push(th);
+    Ok(())
+}
+
+/// Asks the source for its tables every [`WATCH_EVERY`] (or at once when a caller waits to
+/// catch up) and follows each new one: created here with the source's config, then pulled
+/// like the others. A table that cannot be followed (its config here differs) gets a status
+/// line with the error.
+fn watch_tables(
+    f: &Parts,
+    target: &Arc<dyn Target>,
+    source: &Source,
+    options: &FollowOptions,
+    mut known: std::collections::HashSet<String>,
+) {
+    let timeout = Duration::from_millis(options.timeout_ms.max(1));
+    let mut last = Instant::now();
+    while !f.stop.load(Ordering::Relaxed) {
+        if !f.shared.nudge.swap(false, Ordering::Relaxed) && last.elapsed() < WATCH_EVERY {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        last = Instant::now();
+        let seq = f.shared.lists_begun.fetch_add(1, Ordering::AcqRel) + 1;
+        let listed = source.any(&[], timeout).and_then(|addr| {
+            connect(&addr, options, &[]).map(|(_, _, infos)| (addr, infos))
+        });
+        let Ok((addr, infos)) = listed else { continue }; // the tables' threads say why
+        for info in infos {
+            if known.contains(&info.name) {
+                continue;
+            }
+            known.insert(info.name.clone());
+            let name = info.name.clone();
+            let started = target
+                .prepare(&addr, std::slice::from_ref(&info), &options.sync)
+                .and_then(|()| spawn_table(f, target, source, options, info));
+            if let Err(e) = started {
+                let st = Status {
+                    s: TableSync {
+                        table: name,
+                        source: addr.clone(),
+                        errors: 1,
+                        last_error: Some(format!("cannot follow this table: {e}")),
+                        ..TableSync::default()
+                    },
+                    ..Status::default()
+                };
+                f.shared.tables.lock().push(Arc::new(Mutex::new(st)));
+            }
+        }
+        f.shared.lists_done.fetch_max(seq, Ordering::AcqRel);
     }
 }
 
@@ -587,13 +722,13 @@ struct Book {
 
 /// Flushes `store` every `every` until stopped (and once more at the end); a failure is
 /// reported on every table's status and retried at the next tick.
-fn flush_loop(store: &Store, every: Duration, stop: &AtomicBool, status: &[Arc<Mutex<Status>>]) {
+fn flush_loop(store: &Store, every: Duration, stop: &AtomicBool, status: &Shared) {
     let mut next = Instant::now() + every;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
         if stopping || Instant::now() >= next {
             if let Err(e) = store.flush() {
-                for s in status {
+                for s in status.tables() {
                     let mut s = s.lock();
                     s.s.errors += 1;
                     s.s.last_error = Some(format!("flush: {e}"));

@@ -591,6 +591,8 @@ mod tests {
                     f
                 },
             }),
+            // With state: a step counter (protocol 3).
+            step: s.map(|_| 200 + n as u64),
         }
     }
 

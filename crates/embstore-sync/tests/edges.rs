@@ -313,3 +313,60 @@ fn errors_say_what_to_do_about_tls_and_tokens() {
     assert!(e.to_string().contains("requires a replication token"), "{e}");
     server.stop();
 }
+
+#[test]
+fn a_table_the_source_creates_later_is_followed_and_waited_for() {
+    within(120, || {
+        let (store, t, server) = primary(adagrad("items"));
+        t.assign(&ids(100, 1), &vec![1.0; 100 * D]).unwrap();
+        let replica = Arc::new(Store::with_replica(2).unwrap());
+        let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
+        assert!(f.wait_caught_up(Duration::from_secs(30)));
+        assert_eq!(f.status().len(), 1);
+        // Created at the source after the follower started, and written at once.
+        let users = store.create_table(adagrad("users")).unwrap();
+        users.assign(&ids(500, 3), &vec![2.0; 500 * D]).unwrap();
+        // Waiting to catch up covers it (it existed before the wait began).
+        assert!(f.wait_caught_up(Duration::from_secs(30)));
+        let mine = replica.table("users").expect("the new table is followed");
+        assert_eq!(rows(&mine), rows(&users));
+        let names: Vec<String> = f.status().into_iter().map(|s| s.table).collect();
+        assert_eq!(names, ["items", "users"]);
+        // A follower of named tables follows only those.
+        let other = Arc::new(Store::with_replica(3).unwrap());
+        let only = FollowOptions { tables: vec!["items".into()], ..follow() };
+        let g = Follower::start(other.clone(), &server.addr().to_string(), only).unwrap();
+        assert!(g.wait_caught_up(Duration::from_secs(30)));
+        store.create_table(adagrad("later")).unwrap();
+        assert!(g.wait_caught_up(Duration::from_secs(30)));
+        assert_eq!(other.tables(), ["items"]);
+        g.stop();
+        f.stop();
+        server.stop();
+    });
+}
+
+#[test]
+fn a_table_is_not_dropped_from_a_store_that_syncs_and_a_clear_reaches_followers() {
+    within(120, || {
+        let (store, t, server) = primary(adagrad("items"));
+        t.assign(&ids(300, 1), &vec![1.0; 300 * D]).unwrap();
+        let replica = Arc::new(Store::with_replica(2).unwrap());
+        let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
+        assert!(f.wait_caught_up(Duration::from_secs(30)));
+        for s in [&store, &replica] {
+            let e = s.drop_table("items").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.message().contains("syncs") && e.message().contains("clear()"), "{e}");
+        }
+        // What the message offers works: the followers drop the rows.
+        t.clear().unwrap();
+        t.assign(&ids(3, 5), &vec![4.0; 3 * D]).unwrap();
+        assert!(f.wait_caught_up(Duration::from_secs(30)));
+        let mine = replica.table("items").unwrap();
+        assert_eq!(rows(&mine), rows(&t));
+        assert_eq!(mine.len(), 3);
+        f.stop();
+        server.stop();
+    });
+}

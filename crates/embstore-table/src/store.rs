@@ -380,6 +380,16 @@ impl Store {
         if !tables.contains_key(name) {
             return Err(not_found(name));
         }
+        if self.sync.lock().is_some() {
+            // Followers learn of rows and removals, not of tables: they would serve the
+            // dropped table's rows for ever, and a table created again under its name beside
+            // them as if it were the old one.
+            return Err(Error::invalid(format!(
+                "table '{name}' cannot be dropped while the store syncs (it serves a sync port \
+                 or follows a source): followers would keep serving its rows. clear() it \
+                 instead (followers drop its rows too), or drop it in a store that does not sync"
+            )));
+        }
         if let Some(durable) = &self.durable {
             durable.drop_table(name)?;
             crate::sync::saved::remove(durable.dir(), name);
