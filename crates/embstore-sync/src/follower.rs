@@ -538,7 +538,10 @@ fn watch_tables(
     options: &FollowOptions,
     mut known: std::collections::HashSet<String>,
 ) {
-    let timeout = Duration::from_millis(options.timeout_ms.max(1));
+    // Short waits: a stop is not held up by a source that does not answer (the tables'
+    // threads report it).
+    let listing = FollowOptions { timeout_ms: options.timeout_ms.min(2000), ..options.clone() };
+    let timeout = Duration::from_millis(500);
     let mut last = Instant::now();
     while !f.stop.load(Ordering::Relaxed) {
         if !f.shared.nudge.swap(false, Ordering::Relaxed) && last.elapsed() < WATCH_EVERY {
@@ -548,7 +551,7 @@ fn watch_tables(
         last = Instant::now();
         let seq = f.shared.lists_begun.fetch_add(1, Ordering::AcqRel) + 1;
         let listed = source.any(&[], timeout).and_then(|addr| {
-            connect(&addr, options, &[]).map(|(_, _, infos)| (addr, infos))
+            connect(&addr, &listing, &[]).map(|(_, _, infos)| (addr, infos))
         });
         let Ok((addr, infos)) = listed else { continue }; // the tables' threads say why
         for info in infos {

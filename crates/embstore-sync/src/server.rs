@@ -242,7 +242,7 @@ fn warn_if_open(addr: &SocketAddr, token: Option<&str>) {
         eprintln!(
             "embstore: WARNING: the sync port on {addr} serves every row to any client that \
              connects: it has no replication token (pass token= to serve_sync, or \
-             --sync-token to embstore serve)"
+             --sync-token-file to embstore serve)"
         );
     }
 }
@@ -333,7 +333,7 @@ fn serve_conn(
                 ErrorKind::PermissionDenied,
                 if hello.token.is_empty() {
                     "this sync port requires a replication token and the follower sent none \
-                     (token= in Python, --sync-token on the command line)"
+                     (token= in Python, --sync-token-file on the command line)"
                 } else {
                     "wrong replication token"
                 },
