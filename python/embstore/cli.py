@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from embstore.errors import EmbstoreError
+from embstore.errors import EmbstoreError, StoreLockedError
 from embstore.store import inspect, verify
 
 
@@ -176,7 +176,11 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     srv.add_argument(
-        "--store", metavar="DIR", help="serve every table of this store directory as version 1"
+        "--store",
+        metavar="DIR",
+        help="serve every table of this store directory as version 1 (a directory is open in "
+        "one process at a time: not one a trainer has open). With --follow: the follower's copy "
+        "lives there (a new or empty directory is created as a store)",
     )
     srv.add_argument(
         "--admin",
@@ -252,7 +256,9 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "--sync-listen",
         metavar="HOST:PORT",
         help="also expose the store's tables for followers to pull fresh rows from "
-        "(docs/dissemination.md) (default: off)",
+        "(docs/dissemination.md) (default: off). This serves a store that no process trains: "
+        "a store that trains serves its own sync port, from the training process, with "
+        "store.serve_sync(HOST:PORT, token=...)",
     )
     srv.add_argument(
         "--follow",
@@ -621,6 +627,15 @@ def _serve(args: argparse.Namespace) -> int:
             args.fast_listen,
             args.fast_unix,
         )
+    except StoreLockedError as e:
+        hint = ""
+        if args.sync_listen:
+            hint = (
+                "; if a trainer has it open, serve the sync port from the training process "
+                "instead: store.serve_sync(HOST:PORT, token=...) (docs/dissemination.md)"
+            )
+        print(f"embstore serve: {e}{hint}", file=sys.stderr)
+        return 2
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2

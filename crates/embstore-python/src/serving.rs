@@ -78,15 +78,26 @@ fn lease_ttl(seconds: f64) -> PyResult<Duration> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// Refuses a store directory that holds no store.
-fn check_store_dir(dir: &std::path::Path) -> PyResult<()> {
-    if !dir.join("MANIFEST").is_file() {
-        return Err(to_py_err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("{} holds no store (no MANIFEST)", dir.display()),
-        )));
+/// Refuses a store directory that holds no store, except where a follower creates its copy
+/// (`follow`): a directory that does not exist yet, or an empty one.
+fn check_store_dir(dir: &std::path::Path, follow: bool) -> PyResult<()> {
+    if dir.join("MANIFEST").is_file() {
+        return Ok(());
     }
-    Ok(())
+    let refuse = |why: String| Err(to_py_err(Error::new(ErrorKind::InvalidArgument, why)));
+    if !follow {
+        return refuse(format!("{} holds no store (no MANIFEST)", dir.display()));
+    }
+    match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(true) => Ok(()),
+        Ok(false) => refuse(format!(
+            "{} holds no store (no MANIFEST) and is not empty: a follower keeps its copy in a \
+             new or empty directory, or in the store it kept there before",
+            dir.display()
+        )),
+        Err(e) => refuse(format!("cannot use {} as the follower's store: {e}", dir.display())),
+    }
 }
 
 /// Where budgeted shards are loaded: `data_dir`, or without one, a scratch directory this
@@ -411,7 +422,8 @@ impl PyServer {
         let lease_ttl = lease_ttl(lease_ttl_s)?;
         let tls = serving_tls(tls_cert, tls_key, tls_client_ca)?;
         if let Some(dir) = &store_dir {
-            check_store_dir(dir)?;
+            // A follower (not a roll cluster's member, which takes no directory) creates it.
+            check_store_dir(dir, follow.is_some() && etcd.is_none())?;
         }
         let runtime = runtime(2)?;
         // One budget for the store's tables and every shard loaded later.
