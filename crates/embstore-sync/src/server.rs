@@ -15,7 +15,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_replication::Vv;
@@ -259,6 +259,9 @@ struct Conn<'a> {
     counters: &'a Counters,
     /// The protocol the client speaks (from its Hello; 1 before it).
     protocol: u16,
+    /// A send failed (the client is gone, or stopped reading past the deadline): nothing
+    /// more is sent, and the connection ends.
+    broken: bool,
 }
 
 impl Conn<'_> {
@@ -277,14 +280,50 @@ impl Conn<'_> {
         Ok(())
     }
 
+    /// Sends what is buffered within [`WRITE_TIMEOUT`] in all (not per system call: a reader
+    /// that takes a byte now and then does not keep the connection), or fails, and the
+    /// connection ends with its buffers.
     fn flush(&mut self) -> Result<()> {
+        let r = self.flush_within();
+        self.broken |= r.is_err();
+        r
+    }
+
+    fn flush_within(&mut self) -> Result<()> {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
         let w = self.r.get_mut();
-        w.write_all(&self.out).and_then(|_| w.flush()).map_err(|e| Error::io("sync send", e))?;
+        let late = || Error::io("sync send", std::io::ErrorKind::TimedOut.into());
+        let mut left = &self.out[..];
+        let step = |w: &mut Stream, f: &mut dyn FnMut(&mut Stream) -> std::io::Result<()>| {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(late());
+            }
+            let _ = w.tcp().set_write_timeout(Some(remaining));
+            match f(w) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
+                r => r.map_err(|e| Error::io("sync send", e)),
+            }
+        };
+        while !left.is_empty() {
+            step(w, &mut |w| {
+                let n = w.write(left)?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+                left = &left[n..];
+                Ok(())
+            })?;
+        }
+        step(w, &mut |w| w.flush())?;
         self.out.clear();
         Ok(())
     }
 
     fn fail(&mut self, e: &Error) -> Result<()> {
+        if self.broken {
+            return Err(e.clone());
+        }
         self.send(Kind::Error, &wire::encode_error(e))?;
         self.flush()
     }
@@ -311,7 +350,8 @@ fn serve_conn(
         return s.write_all(&out).map_err(|e| Error::io("sync send", e));
     }
     let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
-    let mut c = Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL };
+    let mut c =
+        Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL, broken: false };
     let first = wire::read_frame_limited(&mut c.r, MAX_HELLO).map(|(k, b)| {
         c.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
         (k, b)

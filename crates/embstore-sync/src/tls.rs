@@ -105,6 +105,17 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// The TCP connection under it (for its timeouts).
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Server(s) => &s.sock,
+            Stream::Client(s) => &s.sock,
+        }
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {

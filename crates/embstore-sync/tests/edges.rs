@@ -370,3 +370,38 @@ fn a_table_is_not_dropped_from_a_store_that_syncs_and_a_clear_reaches_followers(
         server.stop();
     });
 }
+
+/// A follower that asks for rows and never reads them: after the 30 s write deadline the port
+/// drops the connection and what it held for it (the client then reads what its socket had
+/// buffered, and the end). Before the deadline existed, the port kept writing once the reader
+/// drained, and the connection never ended.
+#[test]
+fn a_follower_that_never_reads_is_dropped_after_the_write_deadline() {
+    const WIDE: usize = 64;
+    let store = Arc::new(Store::with_replica(1).unwrap());
+    let t = store.create_table(TableConfig::new("items", WIDE)).unwrap();
+    let batch: Vec<u64> = (0..200_000).collect();
+    t.assign(&batch, &vec![0.5; batch.len() * WIDE]).unwrap(); // ~51 MB of rows
+    let server = serve(&store, SyncOptions { parts: 16, ..SyncOptions::default() });
+    let mut s = hello(&server);
+    let parts: Vec<_> = (0..16).map(|p| (p, embstore_replication::Vv::default())).collect();
+    let mut frame = Vec::new();
+    wire::write_frame(&mut frame, Kind::Pull, &wire::encode_pull("items", &parts)).unwrap();
+    s.write_all(&frame).unwrap();
+    std::thread::sleep(Duration::from_secs(33));
+    // Drain: with the connection dropped this ends well before the 51 MB; alive, the port
+    // would go on sending every part and then wait for the next request (a read timeout).
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut got, mut buf) = (0usize, vec![0u8; 1 << 16]);
+    let ended = loop {
+        match std::io::Read::read(&mut s, &mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    assert!(ended, "the connection is still open after {got} bytes");
+    assert!(got < 40 << 20, "{got} bytes were sent to a client that did not read");
+    server.stop();
+}
