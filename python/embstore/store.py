@@ -715,7 +715,11 @@ def verify(
     """:func:`inspect`, then read every record of every segment, checking each checksum;
     ``damage`` lists what failed (empty: the store is intact): a damaged segment, a manifest
     that fails its checks, or one that cannot account for the segments on disk (the store
-    would refuse to open). Each table gains its live ``rows`` and the ``memory_bytes`` they
+    would refuse to open). ``orphan_segments`` lists the files no record names that the
+    manifest proves superseded (safe to remove while no process has the store open; the next
+    open deletes them), ``unaccounted_segments`` those it cannot (the store is not opened
+    while they are there; move them aside, and the store opens at its manifest's state without
+    their rows). Each table gains its live ``rows`` and the ``memory_bytes`` they
     take once opened (``None`` for a table with a damaged segment: its rows cannot be
     counted). Safe on a store another process has open: when a flush or compaction replaces
     a segment during the walk, the walk starts over on the new manifest (``restarts`` counts
