@@ -279,6 +279,46 @@ class Comm:
         self.agree(what, None)
 
 
+# -- sessions -----------------------------------------------------------------------------------
+
+#: What a session must be opened with alike on every process (in the order an error checks).
+SESSION_FIELDS = ("tables", "grad_average", "staleness", "on_miss")
+
+
+def agree_session(comm: Comm, mine: dict[str, Any], open_: Callable[[], Any]) -> Any:
+    """Collective: every process says how it opens a session (``mine``: the values of
+    :data:`SESSION_FIELDS`); if they differ anywhere, every process raises an
+    :class:`InvalidArgumentError` naming the field and both values, else ``open_()`` runs on
+    every process (its error, if any, raised on every one). A session's batches are exchanged
+    table by table, in the session's order, and its gradients scaled and staged by these
+    values: two processes that disagree train ids into the wrong tables, apply a row that is
+    neither an average nor a sum, or wait on each other until the timeout."""
+    what = "opening a session (store.session())"
+    if comm.world == 1:
+        return open_()
+    everyone = comm.all_gather(mine, what)
+
+    def check_and_open() -> Any:
+        for rank, other in enumerate(everyone):
+            for field in SESSION_FIELDS:
+                if other.get(field) != mine.get(field):
+                    hint = (
+                        " (the same tables in the same order: a list built from a set or a "
+                        "dict of another process may be ordered differently)"
+                        if field == "tables"
+                        else ""
+                    )
+                    raise InvalidArgumentError(
+                        f"store.session() was opened with {field}={other.get(field)!r} on "
+                        f"process {rank} and {field}={mine.get(field)!r} on process "
+                        f"{comm.rank}: every process of a distributed store must open its "
+                        f"sessions alike{hint}"
+                    )
+        return open_()
+
+    return comm.agreed(what, check_and_open)
+
+
 # -- the store's directory and checkpoints ------------------------------------------------------
 
 

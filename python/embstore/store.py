@@ -602,6 +602,12 @@ class Store:
                 your loop; each batch then misses the previous batch's updates to its rows,
                 the same way on every run and process count.
 
+        In a distributed store this is collective: every process opens its sessions in the
+        same order, with the same ``tables`` (in the same order), ``grad_average``,
+        ``staleness`` and ``on_miss``; a difference raises :class:`InvalidArgumentError` on
+        every process, naming the field and both values. ``prefetch`` and ``device`` may
+        differ.
+
         Example::
 
             >>> import embstore, numpy as np, tempfile, torch
@@ -616,15 +622,31 @@ class Store:
             >>> sess.stats()["batches"]
             2
         """
-        return Session(
-            self,
-            tables,
-            prefetch=prefetch,
-            grad_average=grad_average,
-            on_miss=on_miss,
-            device=device,
-            staleness=staleness,
-        )
+
+        def open_() -> Session:
+            return Session(
+                self,
+                tables,
+                prefetch=prefetch,
+                grad_average=grad_average,
+                on_miss=on_miss,
+                device=device,
+                staleness=staleness,
+            )
+
+        if not self._distributed:
+            return open_()
+        try:
+            names: Any = [t.name if isinstance(t, Table) else t for t in tables]
+        except TypeError:
+            names = repr(tables)  # not a list: Session says so, on every process
+        mine = {
+            "tables": names,
+            "grad_average": grad_average,
+            "staleness": staleness,
+            "on_miss": on_miss,
+        }
+        return _dist.agree_session(self._comm, mine, open_)
 
     def __getitem__(self, name: str) -> Table:
         return self.table(name)

@@ -53,6 +53,8 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         list(train(store, data))
     elif mode == "config":
         store_with_table(work / "s", dim=8 if rank == 1 else 4)
+    elif mode == "sessions":
+        open_sessions(store_with_table(work / "s"), rank)
     elif mode == "world":
         embstore.Store(work / "s", distributed=True)
     elif mode == "batches":
@@ -89,6 +91,30 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         store.checkpoint(ckpt / "end", step=40)  # full: the flush fails here
     else:
         raise SystemExit(f"unknown mode {mode}")
+
+
+def open_sessions(store, rank: int) -> None:
+    """Process 1 opens a session differently from process 0 in one field at a time: every
+    process prints ``SESSION rank=<r> field=<f> <ExceptionType>: <message>`` (or ``ok``). Then
+    both open one alike (``prefetch`` may differ) and train on it: still in step."""
+    store.create_table("u", 4, optimizer=embstore.Adagrad(lr=0.1), seed=2)
+    alike = {"tables": ["t", "u"], "grad_average": True, "staleness": 0, "on_miss": "init"}
+    other = {"tables": ["u", "t"], "grad_average": False, "staleness": 1, "on_miss": "zeros"}
+    for field in alike:
+        kw = dict(alike)
+        if rank == 1:
+            kw[field] = other[field]
+        tables = kw.pop("tables")
+        try:
+            store.session(tables, prefetch=0, **kw)
+            print(f"SESSION rank={rank} field={field} ok", flush=True)
+        except embstore.EmbstoreError as e:
+            print(f"SESSION rank={rank} field={field} {type(e).__name__}: {e}", flush=True)
+    sess = store.session(["t", "u"], prefetch=2 * rank)
+    for b in sess.run(batches_for(rank, 3), lambda ids: {"t": ids, "u": ids[::-1].copy()}):
+        (b.embeddings("t").pow(2).sum() + b.embeddings("u").sum()).backward()
+        b.push_grads()
+    print(f"SESSION rank={rank} trained {sess.stats()['batches']} batches", flush=True)
 
 
 def corrupt_a_segment(part: pathlib.Path) -> None:

@@ -235,6 +235,44 @@ def test_tables_configured_differently_are_refused_on_every_process(tmp_path):
         assert "embedding_dim" in r[rank]
 
 
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> tuple[dict[tuple[int, str], str], str]:
+    """One 2-process job (dist_faults.py sessions): process 1 opens a session differently in
+    each field in turn; then both open one alike and train. Returns {(rank, field): result}
+    and the job's output."""
+    work = tmp_path_factory.mktemp("sessions")
+    code, out, _ = torchrun(2, "dist_faults.py", "sessions", "--work", str(work))
+    assert code == 0, out[-4000:]
+    found = re.finditer(
+        r"SESSION rank=(\d+) field=(\w+) (.*?)(?=SESSION rank=|RESULT rank=|\n|$)", out
+    )
+    return {(int(m[1]), m[2]): m[3] for m in found}, out
+
+
+@pytest.mark.parametrize(
+    "field, there, here",
+    [
+        ("tables", "['u', 't']", "['t', 'u']"),
+        ("grad_average", "False", "True"),
+        ("staleness", "1", "0"),
+        ("on_miss", "'zeros'", "'init'"),
+    ],
+)
+def test_sessions_opened_differently_are_refused_on_every_process(sessions, field, there, here):
+    results, out = sessions
+    values = {0: here, 1: there}
+    for rank in (0, 1):
+        got = results.get((rank, field), "")
+        assert got.startswith("InvalidArgumentError: store.session() was opened with "), out[-4000:]
+        # The field and both values, each with its process.
+        other = 1 - rank
+        assert f"{field}={values[other]} on process {other}" in got, got
+        assert f"{field}={values[rank]} on process {rank}" in got, got
+    # Refused alike on every process: the job stayed in step and trained a session after.
+    for rank in (0, 1):
+        assert f"SESSION rank={rank} trained 3 batches" in out, out[-4000:]
+
+
 def test_a_changed_process_count_without_a_restore_is_refused(tmp_path):
     (tmp_path / "s").mkdir()
     edist.write_manifest(tmp_path / "s", {"world_size": 4})
