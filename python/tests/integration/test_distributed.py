@@ -188,6 +188,35 @@ def test_a_killed_process_is_restarted_from_the_checkpoint_and_ends_the_same(tmp
     assert (tmp_path / "wk" / "mlp-seq" / "store" / edist.MANIFEST).exists()
 
 
+def test_a_checkpoint_interrupted_by_a_dead_process_is_replaced_when_the_job_resumes(tmp_path):
+    # docs/training.md's restart recipe: torchrun --max-restarts restarts the job, which resumes
+    # from the newest complete checkpoint and so reaches the interrupted one's step again.
+    ckpt_args = ("--runs", "exact", "--checkpoint-every", "2")
+    train(2, tmp_path / "wu", tmp_path / "ou", *ckpt_args)
+    text = train(
+        2,
+        tmp_path / "wk",
+        tmp_path / "ok",
+        *ckpt_args,
+        "--kill-in-checkpoint",
+        "6",
+        "--resume",
+        restarts=1,
+    )
+    assert "rank 1: killing myself (SIGKILL) in the checkpoint at batch 6" in text
+    assert "rank 0: resumed from batch-00004 at batch 4" in text, text[-4000:]
+    assert "rank 1: resumed from batch-00004 at batch 4" in text, text[-4000:]
+    ckpts = tmp_path / "wk" / "exact" / "ckpt"
+    # Written again, complete, and it restores.
+    assert embstore.latest_checkpoint(ckpts) == ckpts / "batch-00012"
+    again = ckpts / "batch-00006"
+    assert (again / edist.MANIFEST).exists() and not (again / edist.BEGUN).exists()
+    assert embstore.training_state(again) == {"batch": 6}
+    for rank in (0, 1):
+        assert embstore.verify(again / f"rank-{rank:05d}")["damage"] == []
+    assert_same_rows(rows(tmp_path / "ok" / "exact"), rows(tmp_path / "ou" / "exact"), exact=True)
+
+
 @pytest.mark.parametrize("new_count", [1, 4])
 def test_a_checkpoint_restores_onto_another_process_count(runs, tmp_path, new_count):
     # 2 processes train 6 batches and checkpoint; `new_count` processes go on from there.
