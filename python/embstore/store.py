@@ -384,7 +384,10 @@ class Store:
         the epoch, the dense model's ``state_dict()``; read back with
         :func:`embstore.training_state`), and the manifest last, which makes the checkpoint
         complete (:func:`embstore.latest_checkpoint` finds the newest complete one by
-        ``step``)."""
+        ``step``). Process 0 first writes a marker (``embstore-checkpoint-begun.json``): a
+        directory holding it and no manifest is a checkpoint a dead process interrupted, and
+        is replaced when the job checkpoints into it again (after a restart); any other
+        directory that is not empty is refused."""
         if self._distributed:
             if since is not None:
                 raise InvalidArgumentError(
