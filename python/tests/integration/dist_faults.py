@@ -7,6 +7,7 @@ process stopped, with which error, and quickly (no process left waiting for anot
 from __future__ import annotations
 
 import argparse
+import errno
 import faulthandler
 import os
 import pathlib
@@ -132,15 +133,27 @@ def corrupt_a_segment(part: pathlib.Path) -> None:
 
 def fill_the_disk(part: pathlib.Path) -> None:
     """Take every free byte of the file system the partition is on (the test mounts a small
-    tmpfs there), as another program filling the disk would."""
-    with open(part / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
-        except OSError:
-            pass
-    print(f"rank=1 filled the disk of {part}", flush=True)
+    tmpfs there), as another program filling the disk would, whatever the store left free.
+    Unbuffered writes, halving the size down to one byte at each "no space left": nothing is
+    held back in a buffer that a later flush or close would fail to write (a buffered filler
+    raised ENOSPC itself, at close), and no free space is left for the store's next write."""
+    fd = os.open(part / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    size, zeros, taken = 1 << 20, bytes(1 << 20), 0
+    try:
+        while size >= 1:
+            try:
+                written = os.write(fd, zeros[:size])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                size //= 2
+                continue
+            taken += written
+            if written < size:  # the disk filled part-way through this write
+                size //= 2
+    finally:
+        os.close(fd)
+    print(f"rank=1 filled the disk of {part} ({taken} bytes)", flush=True)
 
 
 def main() -> int:

@@ -239,15 +239,17 @@ def test_a_checkpoint_restores_onto_another_process_count(runs, tmp_path, new_co
 
 
 def faults(mode: str, tmp_path: pathlib.Path, *extra: str) -> dict[int, str]:
-    code, out, seconds = torchrun(2, "dist_faults.py", mode, "--work", str(tmp_path), *extra)
+    code, out, _ = torchrun(2, "dist_faults.py", mode, "--work", str(tmp_path), *extra)
     # Two processes share the output: their lines may run into each other.
     results = {
         int(m[1]): m[2] for m in re.finditer(r"RESULT rank=(\d+) (.*?)(?=RESULT rank=|\n|$)", out)
     }
     assert sorted(results) == [0, 1], out[-4000:]
     assert code != 0
-    # No process waited for a peer: far below the 60 s timeout the job runs with.
-    assert seconds < 45, seconds
+    # No process waited for a peer until the timeout: each test checks that the others name
+    # the failed process and its error, which only the agreement (not a timeout) reports. No
+    # bound on the seconds: a loaded machine must not fail the test.
+    assert "lost its peers" not in out, out[-4000:]
     return results
 
 
