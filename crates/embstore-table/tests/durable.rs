@@ -463,7 +463,9 @@ fn a_full_disk_is_a_no_space_error_and_flushing_resumes_once_space_is_freed() {
 fn failure_options(budget: bool) -> StoreOptions {
     match budget {
         false => StoreOptions::default(),
-        true => StoreOptions::default().with_memory_budget(12 << 10).with_background_eviction(false),
+        true => {
+            StoreOptions::default().with_memory_budget(12 << 10).with_background_eviction(false)
+        }
     }
 }
 
@@ -477,9 +479,12 @@ fn failed_manifest_appends_and_rewrites_then_a_crash_reopen_to_what_was_flushed(
             let what = format!("budget {budget}, {failures} failed flush(es)");
             let dir = tempfile::tempdir().unwrap();
             let fs = FaultFs::new(u64::MAX);
-            let store =
-                Store::open_with_options(dir.path(), &failure_options(budget), Arc::new(fs.clone()))
-                    .unwrap();
+            let store = Store::open_with_options(
+                dir.path(),
+                &failure_options(budget),
+                Arc::new(fs.clone()),
+            )
+            .unwrap();
             let t = store.create_table(TableConfig::new("a", 4).with_shards(2)).unwrap();
             let ids: Vec<u64> = (0..400).collect();
             t.assign(&ids, &vec![1.0; 4 * ids.len()]).unwrap();
@@ -500,12 +505,9 @@ fn failed_manifest_appends_and_rewrites_then_a_crash_reopen_to_what_was_flushed(
             }
             drop(store);
             fs.crash().unwrap();
-            let store = Store::open_with_options(
-                dir.path(),
-                &failure_options(budget),
-                Arc::new(RealFs),
-            )
-            .unwrap_or_else(|e| panic!("{what}: reopen refused: {e}"));
+            let store =
+                Store::open_with_options(dir.path(), &failure_options(budget), Arc::new(RealFs))
+                    .unwrap_or_else(|e| panic!("{what}: reopen refused: {e}"));
             assert_same(&snapshot(&store), &flushed, &what);
             // What the failed flushes left is provably superseded and was deleted.
             let report = store.recovery().unwrap();

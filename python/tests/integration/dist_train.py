@@ -188,7 +188,9 @@ def die_after_writing_my_partition(store: embstore.Store, rank: int, done: int) 
 
     def write_then_die(path, since=None):
         write(path, since)
-        print(f"rank {rank}: killing myself (SIGKILL) in the checkpoint at batch {done}", flush=True)
+        print(
+            f"rank {rank}: killing myself (SIGKILL) in the checkpoint at batch {done}", flush=True
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
     store._local_checkpoint = write_then_die

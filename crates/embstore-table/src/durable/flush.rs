@@ -111,7 +111,9 @@ impl Durable {
             SegmentKind::Flush,
             false,
             &mut stats,
-            |w, file, taken| Ok((table.write_changes_of(w, file, Some(&by_shard), taken)?, Vec::new())),
+            |w, file, taken| {
+                Ok((table.write_changes_of(w, file, Some(&by_shard), taken)?, Vec::new()))
+            },
         )?;
         Ok(())
     }

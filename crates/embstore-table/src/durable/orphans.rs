@@ -47,10 +47,9 @@ impl Unnamed {
         }
         let safe = match self.superseded.as_slice() {
             [] => String::new(),
-            files => format!(
-                "; {} the manifest proves superseded and safe to remove",
-                files.join(", ")
-            ),
+            files => {
+                format!("; {} the manifest proves superseded and safe to remove", files.join(", "))
+            }
         };
         Some(Error::corrupt(format!(
             "{}: {}; the manifest cannot account for them, so the store is not opened (nothing \
