@@ -501,14 +501,14 @@ def prepare_checkpoint_dir(path: pathlib.Path, world: int, step: int | None) -> 
             pass
         if manifest is not None and "checkpoint" in manifest:
             raise InvalidArgumentError(
-                f"checkpoint directory {path} holds a complete checkpoint (step "
+                f"checkpoint directory {path} is not empty: it holds a complete checkpoint (step "
                 f"{manifest['checkpoint'].get('step')}); give a new directory (a checkpoint is "
                 "never overwritten)"
             )
         if MANIFEST in entries:
             raise InvalidArgumentError(
-                f"checkpoint directory {path} holds a distributed store or a checkpoint "
-                f"({MANIFEST}); give a new directory"
+                f"checkpoint directory {path} is not empty: it holds a distributed store or a "
+                f"checkpoint ({MANIFEST}); give a new directory"
             )
         if BEGUN in entries:
             for child in path.iterdir():
