@@ -74,7 +74,16 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
     if r["torn_manifest_bytes"]:
         print(f"  torn manifest tail: {r['torn_manifest_bytes']} bytes (dropped at the next open)")
     if r["orphan_segments"]:
-        print(f"  orphan segments (deleted at the next open): {', '.join(r['orphan_segments'])}")
+        print(
+            "  orphan segments (superseded: safe to remove while no process has the store open; "
+            f"the next open deletes them): {', '.join(r['orphan_segments'])}"
+        )
+    if r.get("unaccounted_segments"):
+        print(
+            "  unaccounted segments (the manifest cannot prove them superseded; the store is "
+            "not opened while they are here; move them aside, do not delete them): "
+            f"{', '.join(r['unaccounted_segments'])}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,6 +49,10 @@ __all__ = ["Comm", "init_distributed", "latest_checkpoint", "owner_of", "trainin
 MANIFEST = "embstore-distributed.json"
 #: Process 0's pickled ``state`` argument of a checkpoint (epoch, step, the dense model...).
 STATE_FILE = "training-state.pkl"
+#: Written first into a checkpoint directory, before any partition: a directory holding it and
+#: no :data:`MANIFEST` is a checkpoint whose writing was interrupted (replaced when the job
+#: writes that checkpoint again). Removed once the manifest is written.
+BEGUN = "embstore-checkpoint-begun.json"
 _FORMAT = 1
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -279,6 +283,46 @@ class Comm:
         self.agree(what, None)
 
 
+# -- sessions -----------------------------------------------------------------------------------
+
+#: What a session must be opened with alike on every process (in the order an error checks).
+SESSION_FIELDS = ("tables", "grad_average", "staleness", "on_miss")
+
+
+def agree_session(comm: Comm, mine: dict[str, Any], open_: Callable[[], Any]) -> Any:
+    """Collective: every process says how it opens a session (``mine``: the values of
+    :data:`SESSION_FIELDS`); if they differ anywhere, every process raises an
+    :class:`InvalidArgumentError` naming the field and both values, else ``open_()`` runs on
+    every process (its error, if any, raised on every one). A session's batches are exchanged
+    table by table, in the session's order, and its gradients scaled and staged by these
+    values: two processes that disagree train ids into the wrong tables, apply a row that is
+    neither an average nor a sum, or wait on each other until the timeout."""
+    what = "opening a session (store.session())"
+    if comm.world == 1:
+        return open_()
+    everyone = comm.all_gather(mine, what)
+
+    def check_and_open() -> Any:
+        for rank, other in enumerate(everyone):
+            for field in SESSION_FIELDS:
+                if other.get(field) != mine.get(field):
+                    hint = (
+                        " (the same tables in the same order: a list built from a set or a "
+                        "dict of another process may be ordered differently)"
+                        if field == "tables"
+                        else ""
+                    )
+                    raise InvalidArgumentError(
+                        f"store.session() was opened with {field}={other.get(field)!r} on "
+                        f"process {rank} and {field}={mine.get(field)!r} on process "
+                        f"{comm.rank}: every process of a distributed store must open its "
+                        f"sessions alike{hint}"
+                    )
+        return open_()
+
+    return comm.agreed(what, check_and_open)
+
+
 # -- the store's directory and checkpoints ------------------------------------------------------
 
 
@@ -393,9 +437,7 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
 
     def make_dir() -> None:
         if comm.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-            if any(path.iterdir()):
-                raise InvalidArgumentError(f"checkpoint directory {path} is not empty")
+            prepare_checkpoint_dir(path, comm.world, step)
 
     def write_part() -> Any:
         result = store._local_checkpoint(part_dir(path, comm.rank))
@@ -426,6 +468,9 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
                     },
                 },
             )
+            # Complete: the marker has done its work (a crash before this leaves both, and
+            # the manifest is what counts).
+            (path / BEGUN).unlink(missing_ok=True)
 
     comm.agreed(what, complete)
     return Checkpoint(
@@ -436,6 +481,65 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
         segments=sum(int(p.get("segments", 0)) for p in parts),
         bytes=sum(int(p.get("bytes", 0)) for p in parts),
     )
+
+
+def prepare_checkpoint_dir(path: pathlib.Path, world: int, step: int | None) -> None:
+    """Process 0, at the start of a distributed checkpoint: make ``path`` ready and write the
+    :data:`BEGUN` marker into it before anything else. A new or empty directory is used as
+    is; one that holds the marker and no manifest is a checkpoint of this store whose writing
+    was interrupted (a process died during it) and is emptied first, so that a job restarted
+    from an earlier checkpoint writes it again when it reaches that step. Anything else is
+    refused, saying what the directory holds: a complete checkpoint, a checkpoint interrupted
+    before markers were written (no manifest: it may be deleted), or other files."""
+    path.mkdir(parents=True, exist_ok=True)
+    entries = sorted(p.name for p in path.iterdir())
+    if entries:
+        manifest = None
+        try:
+            manifest = read_manifest(path)
+        except UnsupportedFormatError:
+            pass
+        if manifest is not None and "checkpoint" in manifest:
+            raise InvalidArgumentError(
+                f"checkpoint directory {path} is not empty: it holds a complete checkpoint (step "
+                f"{manifest['checkpoint'].get('step')}); give a new directory (a checkpoint is "
+                "never overwritten)"
+            )
+        if MANIFEST in entries:
+            raise InvalidArgumentError(
+                f"checkpoint directory {path} is not empty: it holds a distributed store or a "
+                f"checkpoint ({MANIFEST}); give a new directory"
+            )
+        if BEGUN in entries:
+            for child in path.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        elif any(n.startswith("rank-") or n == STATE_FILE for n in entries):
+            raise InvalidArgumentError(
+                f"checkpoint directory {path} is not empty: it holds an interrupted "
+                f"checkpoint ({', '.join(entries[:4])}{', ...' if len(entries) > 4 else ''} "
+                f"and no {MANIFEST}, so it is incomplete and nothing restores from it) left "
+                "by an embstore that did not mark checkpoints it began; it may be deleted. "
+                "Delete it, or give another directory"
+            )
+        else:
+            raise InvalidArgumentError(
+                f"checkpoint directory {path} is not empty and holds no checkpoint "
+                f"({', '.join(entries[:4])}{', ...' if len(entries) > 4 else ''}); give a new "
+                "or empty directory"
+            )
+    marker = path / BEGUN
+    with open(marker, "w") as f:
+        json.dump({"world_size": world, "step": -1 if step is None else int(step)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def restore_part(

@@ -389,7 +389,10 @@ class Store:
         the epoch, the dense model's ``state_dict()``; read back with
         :func:`embstore.training_state`), and the manifest last, which makes the checkpoint
         complete (:func:`embstore.latest_checkpoint` finds the newest complete one by
-        ``step``)."""
+        ``step``). Process 0 first writes a marker (``embstore-checkpoint-begun.json``): a
+        directory holding it and no manifest is a checkpoint a dead process interrupted, and
+        is replaced when the job checkpoints into it again (after a restart); any other
+        directory that is not empty is refused."""
         if self._distributed:
             if since is not None:
                 raise InvalidArgumentError(
@@ -607,6 +610,12 @@ class Store:
                 your loop; each batch then misses the previous batch's updates to its rows,
                 the same way on every run and process count.
 
+        In a distributed store this is collective: every process opens its sessions in the
+        same order, with the same ``tables`` (in the same order), ``grad_average``,
+        ``staleness`` and ``on_miss``; a difference raises :class:`InvalidArgumentError` on
+        every process, naming the field and both values. ``prefetch`` and ``device`` may
+        differ.
+
         Example::
 
             >>> import embstore, numpy as np, tempfile, torch
@@ -621,15 +630,31 @@ class Store:
             >>> sess.stats()["batches"]
             2
         """
-        return Session(
-            self,
-            tables,
-            prefetch=prefetch,
-            grad_average=grad_average,
-            on_miss=on_miss,
-            device=device,
-            staleness=staleness,
-        )
+
+        def open_() -> Session:
+            return Session(
+                self,
+                tables,
+                prefetch=prefetch,
+                grad_average=grad_average,
+                on_miss=on_miss,
+                device=device,
+                staleness=staleness,
+            )
+
+        if not self._distributed:
+            return open_()
+        try:
+            names: Any = [t.name if isinstance(t, Table) else t for t in tables]
+        except TypeError:
+            names = repr(tables)  # not a list: Session says so, on every process
+        mine = {
+            "tables": names,
+            "grad_average": grad_average,
+            "staleness": staleness,
+            "on_miss": on_miss,
+        }
+        return _dist.agree_session(self._comm, mine, open_)
 
     def __getitem__(self, name: str) -> Table:
         return self.table(name)
@@ -720,7 +745,11 @@ def verify(
     """:func:`inspect`, then read every record of every segment, checking each checksum;
     ``damage`` lists what failed (empty: the store is intact): a damaged segment, a manifest
     that fails its checks, or one that cannot account for the segments on disk (the store
-    would refuse to open). Each table gains its live ``rows`` and the ``memory_bytes`` they
+    would refuse to open). ``orphan_segments`` lists the files no record names that the
+    manifest proves superseded (safe to remove while no process has the store open; the next
+    open deletes them), ``unaccounted_segments`` those it cannot (the store is not opened
+    while they are there; move them aside, and the store opens at its manifest's state without
+    their rows). Each table gains its live ``rows`` and the ``memory_bytes`` they
     take once opened (``None`` for a table with a damaged segment: its rows cannot be
     counted). Safe on a store another process has open: when a flush or compaction replaces
     a segment during the walk, the walk starts over on the new manifest (``restarts`` counts

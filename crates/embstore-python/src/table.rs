@@ -354,6 +354,7 @@ pub(crate) fn inspect_dir<'py>(
     d.set_item("checkpoint", r.checkpoint)?;
     d.set_item("torn_manifest_bytes", r.torn_manifest_bytes)?;
     d.set_item("orphan_segments", r.orphan_segments)?;
+    d.set_item("unaccounted_segments", r.unaccounted_segments)?;
     d.set_item("damage", r.damage)?;
     d.set_item("restarts", r.restarts)?;
     let tables = pyo3::types::PyList::empty(py);

@@ -8,8 +8,8 @@ use std::path::Path;
 use crate::config::parse_config_text;
 use crate::disk::manifest::{self, FileEntry, State};
 use crate::disk::segment::{self, SegmentReader};
-use crate::disk::vfs::{RealFs, Vfs};
-use crate::durable::{segment_path, SEG_DIR};
+use crate::disk::vfs::RealFs;
+use crate::durable::{orphans, segment_path};
 use crate::{Error, ErrorKind, Result};
 
 /// One table of a store directory.
@@ -43,8 +43,13 @@ pub struct StoreReport {
     pub checkpoint: Option<(u64, u64)>,
     /// Bytes of a torn last manifest record (recovery drops them).
     pub torn_manifest_bytes: u64,
-    /// Segment files no table names (recovery deletes them).
+    /// Segment files no table names that the manifest proves superseded: safe to remove
+    /// while no process has the store open (recovery deletes them).
     pub orphan_segments: Vec<String>,
+    /// Segment files no table names that the manifest cannot prove superseded: the store is
+    /// not opened while they are there (see [`verify`], which reports them as damage). Moving
+    /// them aside opens the store at the state its manifest records, without their rows.
+    pub unaccounted_segments: Vec<String>,
     /// Damage found: one line per damaged file or record ([`verify`] only).
     pub damage: Vec<String>,
     /// How often [`verify`] took a table's segments from a fresh manifest because a live
@@ -74,12 +79,10 @@ fn report_of(dir: &Path, state: &State, torn_bytes: u64) -> Result<StoreReport> 
         torn_manifest_bytes: torn_bytes,
         ..StoreReport::default()
     };
-    let mut named = HashSet::new();
     for (&id, t) in &state.tables {
         let bad = |w: &str| Error::corrupt(format!("table id {id} in the manifest: {w}"));
         let (config, _) = parse_config_text(&t.config, &bad)?;
         let sum = |f: fn(&FileEntry) -> u64| t.files.values().map(f).sum::<u64>();
-        named.extend(t.files.keys().copied());
         report.tables.push(TableReport {
             name: t.name.clone(),
             embedding_dim: config.embedding_dim,
@@ -92,13 +95,9 @@ fn report_of(dir: &Path, state: &State, torn_bytes: u64) -> Result<StoreReport> 
             memory_bytes: Some(memory_bytes(&config, t.rows)),
         });
     }
-    if let Ok(names) = RealFs.list(&dir.join(SEG_DIR)) {
-        for name in names {
-            let seq = name.strip_suffix(".seg").and_then(|h| u64::from_str_radix(h, 16).ok());
-            if seq.is_some_and(|s| !named.contains(&s)) {
-                report.orphan_segments.push(name);
-            }
-        }
+    if let Ok(unnamed) = orphans::unnamed(&RealFs, dir, state) {
+        report.orphan_segments = unnamed.superseded;
+        report.unaccounted_segments = unnamed.unaccounted;
     }
     Ok(report)
 }
@@ -191,16 +190,45 @@ pub fn verify(
     // manifest finds the same state (a flush may have been writing its segment meanwhile).
     let mut last = state;
     for _ in 0..VERIFY_ATTEMPTS {
-        let Err(e) = crate::durable::orphans::deletable(&RealFs, dir, &last) else { break };
-        match manifest::read(&RealFs, dir) {
-            Ok((now, _)) if now != last => last = now,
-            _ => {
-                report.damage.push(format!("manifest: {e}"));
+        let unnamed = match orphans::unnamed(&RealFs, dir, &last) {
+            Ok(unnamed) => unnamed,
+            Err(e) => {
+                report.damage.push(format!("segments: {e}"));
                 break;
             }
+        };
+        if !unnamed.unaccounted.is_empty() {
+            match manifest::read(&RealFs, dir) {
+                Ok((now, _)) if now != last => {
+                    last = now;
+                    continue;
+                }
+                _ => report.damage.push(unaccounted_damage(&unnamed)),
+            }
         }
+        report.orphan_segments = unnamed.superseded;
+        report.unaccounted_segments = unnamed.unaccounted;
+        break;
     }
     Ok(report)
+}
+
+/// The damage line for segments the manifest cannot account for: which files are safe to
+/// remove, and what moving the others aside costs.
+fn unaccounted_damage(unnamed: &orphans::Unnamed) -> String {
+    let safe = match unnamed.superseded.as_slice() {
+        [] => "none".to_owned(),
+        files => files.join(", "),
+    };
+    format!(
+        "manifest: {}; it cannot account for them, so the store is not opened. Safe to remove \
+         (superseded): {safe}. Unaccounted, not safe to delete: {}; moving them aside opens \
+         the store at the state its manifest records, and rows only they hold are lost (none \
+         that a flush acknowledged, when they were left by flushes that failed, e.g. on a full \
+         disk)",
+        unnamed.why,
+        unnamed.unaccounted.join(", ")
+    )
 }
 
 /// A segment of a table opened for [`verify`] (or why it could not be).

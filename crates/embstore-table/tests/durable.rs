@@ -458,6 +458,169 @@ fn a_full_disk_is_a_no_space_error_and_flushing_resumes_once_space_is_freed() {
     assert_same(&snapshot(&Store::open(dir.path()).unwrap()), &want, "after the disk was freed");
 }
 
+/// Options for the manifest-failure tests: none, or a memory budget small enough that rows
+/// leave memory (evictions on the calling thread).
+fn failure_options(budget: bool) -> StoreOptions {
+    match budget {
+        false => StoreOptions::default(),
+        true => {
+            StoreOptions::default().with_memory_budget(12 << 10).with_background_eviction(false)
+        }
+    }
+}
+
+/// A nearly full disk: a small segment still fits, the manifest's append and then its rewrite
+/// do not (each write fails part-way). Flushes fail, one after another, and then the machine
+/// stops: the reopened store holds what the last flush that returned wrote, and opens.
+#[test]
+fn failed_manifest_appends_and_rewrites_then_a_crash_reopen_to_what_was_flushed() {
+    for budget in [false, true] {
+        for failures in 1..=4u64 {
+            let what = format!("budget {budget}, {failures} failed flush(es)");
+            let dir = tempfile::tempdir().unwrap();
+            let fs = FaultFs::new(u64::MAX);
+            let store = Store::open_with_options(
+                dir.path(),
+                &failure_options(budget),
+                Arc::new(fs.clone()),
+            )
+            .unwrap();
+            let t = store.create_table(TableConfig::new("a", 4).with_shards(2)).unwrap();
+            let ids: Vec<u64> = (0..400).collect();
+            t.assign(&ids, &vec![1.0; 4 * ids.len()]).unwrap();
+            store.flush().unwrap();
+            let flushed = snapshot(&store);
+            fs.set_full_for(Some("MANIFEST"));
+            for i in 0..failures {
+                // With a budget a write may have to evict, and eviction writes a segment: it
+                // fails the same way.
+                let writes = t
+                    .assign(&[1000 + i, 7], &[2.0 + i as f32; 8])
+                    .and_then(|()| t.remove(&[100 + i]).map(drop));
+                if let Err(e) = writes {
+                    assert!(budget && e.kind() == ErrorKind::NoSpace, "{what}: {e}");
+                }
+                let err = store.flush().unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::NoSpace, "{what}: {err}");
+            }
+            drop(store);
+            fs.crash().unwrap();
+            let store =
+                Store::open_with_options(dir.path(), &failure_options(budget), Arc::new(RealFs))
+                    .unwrap_or_else(|e| panic!("{what}: reopen refused: {e}"));
+            assert_same(&snapshot(&store), &flushed, &what);
+            // What the failed flushes left is provably superseded and was deleted.
+            let report = store.recovery().unwrap();
+            assert!(report.orphan_segments.len() <= 1, "{what}: {report:?}");
+            let report = embstore_table::verify(dir.path(), |_, _| {}).unwrap();
+            assert!(report.damage.is_empty(), "{what}: {:?}", report.damage);
+            assert!(report.unaccounted_segments.is_empty(), "{what}: {report:?}");
+        }
+    }
+}
+
+/// A removal goes into the segment of the flush after it; when that segment's manifest record
+/// fails, the removal must be written by the next flush, or the row comes back on reopen.
+#[test]
+fn a_removal_whose_manifest_append_failed_is_written_by_the_next_flush() {
+    for budget in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new(u64::MAX);
+        let store =
+            Store::open_with_options(dir.path(), &failure_options(budget), Arc::new(fs.clone()))
+                .unwrap();
+        let t = store.create_table(TableConfig::new("a", 4).with_shards(2)).unwrap();
+        let ids: Vec<u64> = (0..400).collect();
+        t.assign(&ids, &vec![1.0; 4 * ids.len()]).unwrap();
+        store.flush().unwrap();
+        assert!(t.remove(&[1, 2, 300]).unwrap() > 0);
+        fs.set_full_for(Some("MANIFEST"));
+        let err = store.flush().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoSpace, "budget {budget}: {err}");
+        fs.set_full_for(None);
+        store.flush().unwrap();
+        let want = snapshot(&store);
+        assert_eq!(want["a"].0.len(), 397, "budget {budget}");
+        drop(store);
+        let store =
+            Store::open_with_options(dir.path(), &failure_options(budget), Arc::new(RealFs))
+                .unwrap();
+        let got = snapshot(&store);
+        let back: Vec<u64> =
+            got["a"].0.iter().map(|r| r.0).filter(|k| [1, 2, 300].contains(k)).collect();
+        assert!(back.is_empty(), "budget {budget}: removed rows {back:?} came back on reopen");
+        assert_same(&got, &want, &format!("budget {budget}"));
+    }
+}
+
+/// A directory whose manifest cannot account for its segments (several newer than every
+/// record, as an older build left behind failed manifest writes, or a manifest that lost
+/// records): `verify` names the files that are safe to remove apart from the unaccounted ones,
+/// and opening refuses, naming both.
+#[test]
+fn verify_of_a_manifest_that_lost_records_says_which_files_are_safe_to_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("MANIFEST");
+    let seg_dir = dir.path().join("seg");
+    let seg_names = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&seg_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let (before, old) = {
+        let store = Store::open(dir.path()).unwrap();
+        let t = store.create_table(TableConfig::new("a", 4)).unwrap();
+        t.assign(&[1, 2, 3], &[1.0; 12]).unwrap();
+        store.flush().unwrap();
+        let old = std::fs::read(&manifest).unwrap();
+        let before = seg_names();
+        for i in 0..2u64 {
+            t.assign(&[10 + i], &[2.0; 4]).unwrap();
+            store.flush().unwrap();
+        }
+        (before, old)
+    };
+    let all = seg_names();
+    let newer: Vec<String> = all.iter().filter(|n| !before.contains(n)).cloned().collect();
+    assert_eq!(newer.len(), 2, "{all:?}");
+    // The manifest as it was before the two newer segments, and a superseded leftover (seq 0,
+    // below every seq the manifest handed out).
+    std::fs::write(&manifest, &old).unwrap();
+    let leftover = "0000000000000000.seg".to_owned();
+    std::fs::copy(seg_dir.join(&before[0]), seg_dir.join(&leftover)).unwrap();
+
+    let report = embstore_table::verify(dir.path(), |_, _| {}).unwrap();
+    assert_eq!(report.orphan_segments, vec![leftover.clone()], "{report:?}");
+    assert_eq!(report.unaccounted_segments, newer, "{report:?}");
+    assert_eq!(report.damage.len(), 1, "{:?}", report.damage);
+    let line = &report.damage[0];
+    assert!(line.contains(&format!("Safe to remove (superseded): {leftover}")), "{line}");
+    assert!(line.contains(&format!("not safe to delete: {}", newer.join(", "))), "{line}");
+    assert!(line.contains("moving them aside opens the store"), "{line}");
+    // inspect says the same without reading every record.
+    let report = embstore_table::inspect(dir.path()).unwrap();
+    assert_eq!(
+        (report.orphan_segments, report.unaccounted_segments),
+        (vec![leftover.clone()], newer.clone())
+    );
+    let err = Store::open(dir.path()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corruption, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&newer[0]) && msg.contains(&newer[1]), "{msg}");
+    assert!(msg.contains(&format!("{leftover} the manifest proves superseded")), "{msg}");
+    assert!(seg_dir.join(&leftover).exists(), "nothing is deleted when the open is refused");
+    // Moving the unaccounted files aside opens the store at the manifest's state.
+    for n in &newer {
+        std::fs::rename(seg_dir.join(n), dir.path().join(n)).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.table("a").unwrap().len(), 3);
+    assert_eq!(store.recovery().unwrap().orphan_segments, vec![leftover]);
+}
+
 #[test]
 fn a_crash_with_a_memory_budget_keeps_every_row_at_a_flushed_or_later_value() {
     // With a budget, evictions write segments between flushes, so after a crash a row may hold

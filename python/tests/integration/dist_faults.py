@@ -7,6 +7,7 @@ process stopped, with which error, and quickly (no process left waiting for anot
 from __future__ import annotations
 
 import argparse
+import errno
 import faulthandler
 import os
 import pathlib
@@ -53,6 +54,8 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         list(train(store, data))
     elif mode == "config":
         store_with_table(work / "s", dim=8 if rank == 1 else 4)
+    elif mode == "sessions":
+        open_sessions(store_with_table(work / "s"), rank)
     elif mode == "world":
         embstore.Store(work / "s", distributed=True)
     elif mode == "batches":
@@ -91,6 +94,30 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         raise SystemExit(f"unknown mode {mode}")
 
 
+def open_sessions(store, rank: int) -> None:
+    """Process 1 opens a session differently from process 0 in one field at a time: every
+    process prints ``SESSION rank=<r> field=<f> <ExceptionType>: <message>`` (or ``ok``). Then
+    both open one alike (``prefetch`` may differ) and train on it: still in step."""
+    store.create_table("u", 4, optimizer=embstore.Adagrad(lr=0.1), seed=2)
+    alike = {"tables": ["t", "u"], "grad_average": True, "staleness": 0, "on_miss": "init"}
+    other = {"tables": ["u", "t"], "grad_average": False, "staleness": 1, "on_miss": "zeros"}
+    for field in alike:
+        kw = dict(alike)
+        if rank == 1:
+            kw[field] = other[field]
+        tables = kw.pop("tables")
+        try:
+            store.session(tables, prefetch=0, **kw)
+            print(f"SESSION rank={rank} field={field} ok", flush=True)
+        except embstore.EmbstoreError as e:
+            print(f"SESSION rank={rank} field={field} {type(e).__name__}: {e}", flush=True)
+    sess = store.session(["t", "u"], prefetch=2 * rank)
+    for b in sess.run(batches_for(rank, 3), lambda ids: {"t": ids, "u": ids[::-1].copy()}):
+        (b.embeddings("t").pow(2).sum() + b.embeddings("u").sum()).backward()
+        b.push_grads()
+    print(f"SESSION rank={rank} trained {sess.stats()['batches']} batches", flush=True)
+
+
 def corrupt_a_segment(part: pathlib.Path) -> None:
     """Flip bytes all through every segment file of a partition, in place (as a failing disk
     would; the checkpoint is on another file system, so it holds copies, not hard links)."""
@@ -106,15 +133,27 @@ def corrupt_a_segment(part: pathlib.Path) -> None:
 
 def fill_the_disk(part: pathlib.Path) -> None:
     """Take every free byte of the file system the partition is on (the test mounts a small
-    tmpfs there), as another program filling the disk would."""
-    with open(part / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (64 << 10))
-                f.flush()
-        except OSError:
-            pass
-    print(f"rank=1 filled the disk of {part}", flush=True)
+    tmpfs there), as another program filling the disk would, whatever the store left free.
+    Unbuffered writes, halving the size down to one byte at each "no space left": nothing is
+    held back in a buffer that a later flush or close would fail to write (a buffered filler
+    raised ENOSPC itself, at close), and no free space is left for the store's next write."""
+    fd = os.open(part / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    size, zeros, taken = 1 << 20, bytes(1 << 20), 0
+    try:
+        while size >= 1:
+            try:
+                written = os.write(fd, zeros[:size])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                size //= 2
+                continue
+            taken += written
+            if written < size:  # the disk filled part-way through this write
+                size //= 2
+    finally:
+        os.close(fd)
+    print(f"rank=1 filled the disk of {part} ({taken} bytes)", flush=True)
 
 
 def main() -> int:

@@ -124,6 +124,7 @@ def train(
         list(TABLES), prefetch=prefetch, grad_average=(model == "mlp"), staleness=staleness
     )
     done = start_batch
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     for b in sess.run(batches, ids_of):
         n = len(b.label)
         if model == "sign":
@@ -164,8 +165,10 @@ def train(
             state = {"batch": done}
             if ddp is not None:
                 state |= {"head": head.state_dict(), "opt": dense_opt.state_dict()}
+            if args.kill_in_checkpoint == done and first_attempt and rank == world - 1:
+                die_after_writing_my_partition(store, rank, done)
             store.checkpoint(base / "ckpt" / f"batch-{done:05d}", step=done, state=state)
-        if args.kill_at == done and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        if args.kill_at == done and first_attempt:
             if rank == world - 1:
                 print(f"rank {rank}: killing myself (SIGKILL) after batch {done}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -178,6 +181,21 @@ def train(
     store.close()
 
 
+def die_after_writing_my_partition(store: embstore.Store, rank: int, done: int) -> None:
+    """Make this process die (SIGKILL) inside the next checkpoint, once it has written its
+    partition: the checkpoint directory is left begun, with partitions, and no manifest."""
+    write = store._local_checkpoint
+
+    def write_then_die(path, since=None):
+        write(path, since)
+        print(
+            f"rank {rank}: killing myself (SIGKILL) in the checkpoint at batch {done}", flush=True
+        )
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    store._local_checkpoint = write_then_die
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
@@ -187,6 +205,12 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument(
+        "--kill-in-checkpoint",
+        type=int,
+        default=0,
+        help="the last process dies in the checkpoint at this batch (first attempt only)",
+    )
     p.add_argument("--resume", action="store_true", help="from the latest checkpoint, if any")
     p.add_argument("--restore", help="from this checkpoint (of any process count)")
     args = p.parse_args()

@@ -188,6 +188,35 @@ def test_a_killed_process_is_restarted_from_the_checkpoint_and_ends_the_same(tmp
     assert (tmp_path / "wk" / "mlp-seq" / "store" / edist.MANIFEST).exists()
 
 
+def test_a_checkpoint_interrupted_by_a_dead_process_is_replaced_when_the_job_resumes(tmp_path):
+    # docs/training.md's restart recipe: torchrun --max-restarts restarts the job, which resumes
+    # from the newest complete checkpoint and so reaches the interrupted one's step again.
+    ckpt_args = ("--runs", "exact", "--checkpoint-every", "2")
+    train(2, tmp_path / "wu", tmp_path / "ou", *ckpt_args)
+    text = train(
+        2,
+        tmp_path / "wk",
+        tmp_path / "ok",
+        *ckpt_args,
+        "--kill-in-checkpoint",
+        "6",
+        "--resume",
+        restarts=1,
+    )
+    assert "rank 1: killing myself (SIGKILL) in the checkpoint at batch 6" in text
+    assert "rank 0: resumed from batch-00004 at batch 4" in text, text[-4000:]
+    assert "rank 1: resumed from batch-00004 at batch 4" in text, text[-4000:]
+    ckpts = tmp_path / "wk" / "exact" / "ckpt"
+    # Written again, complete, and it restores.
+    assert embstore.latest_checkpoint(ckpts) == ckpts / "batch-00012"
+    again = ckpts / "batch-00006"
+    assert (again / edist.MANIFEST).exists() and not (again / edist.BEGUN).exists()
+    assert embstore.training_state(again) == {"batch": 6}
+    for rank in (0, 1):
+        assert embstore.verify(again / f"rank-{rank:05d}")["damage"] == []
+    assert_same_rows(rows(tmp_path / "ok" / "exact"), rows(tmp_path / "ou" / "exact"), exact=True)
+
+
 @pytest.mark.parametrize("new_count", [1, 4])
 def test_a_checkpoint_restores_onto_another_process_count(runs, tmp_path, new_count):
     # 2 processes train 6 batches and checkpoint; `new_count` processes go on from there.
@@ -210,15 +239,17 @@ def test_a_checkpoint_restores_onto_another_process_count(runs, tmp_path, new_co
 
 
 def faults(mode: str, tmp_path: pathlib.Path, *extra: str) -> dict[int, str]:
-    code, out, seconds = torchrun(2, "dist_faults.py", mode, "--work", str(tmp_path), *extra)
+    code, out, _ = torchrun(2, "dist_faults.py", mode, "--work", str(tmp_path), *extra)
     # Two processes share the output: their lines may run into each other.
     results = {
         int(m[1]): m[2] for m in re.finditer(r"RESULT rank=(\d+) (.*?)(?=RESULT rank=|\n|$)", out)
     }
     assert sorted(results) == [0, 1], out[-4000:]
     assert code != 0
-    # No process waited for a peer: far below the 60 s timeout the job runs with.
-    assert seconds < 45, seconds
+    # No process waited for a peer until the timeout: each test checks that the others name
+    # the failed process and its error, which only the agreement (not a timeout) reports. No
+    # bound on the seconds: a loaded machine must not fail the test.
+    assert "lost its peers" not in out, out[-4000:]
     return results
 
 
@@ -233,6 +264,44 @@ def test_tables_configured_differently_are_refused_on_every_process(tmp_path):
     for rank in (0, 1):
         assert r[rank].startswith("InvalidArgumentError: table 't' is configured differently")
         assert "embedding_dim" in r[rank]
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> tuple[dict[tuple[int, str], str], str]:
+    """One 2-process job (dist_faults.py sessions): process 1 opens a session differently in
+    each field in turn; then both open one alike and train. Returns {(rank, field): result}
+    and the job's output."""
+    work = tmp_path_factory.mktemp("sessions")
+    code, out, _ = torchrun(2, "dist_faults.py", "sessions", "--work", str(work))
+    assert code == 0, out[-4000:]
+    found = re.finditer(
+        r"SESSION rank=(\d+) field=(\w+) (.*?)(?=SESSION rank=|RESULT rank=|\n|$)", out
+    )
+    return {(int(m[1]), m[2]): m[3] for m in found}, out
+
+
+@pytest.mark.parametrize(
+    "field, there, here",
+    [
+        ("tables", "['u', 't']", "['t', 'u']"),
+        ("grad_average", "False", "True"),
+        ("staleness", "1", "0"),
+        ("on_miss", "'zeros'", "'init'"),
+    ],
+)
+def test_sessions_opened_differently_are_refused_on_every_process(sessions, field, there, here):
+    results, out = sessions
+    values = {0: here, 1: there}
+    for rank in (0, 1):
+        got = results.get((rank, field), "")
+        assert got.startswith("InvalidArgumentError: store.session() was opened with "), out[-4000:]
+        # The field and both values, each with its process.
+        other = 1 - rank
+        assert f"{field}={values[other]} on process {other}" in got, got
+        assert f"{field}={values[rank]} on process {rank}" in got, got
+    # Refused alike on every process: the job stayed in step and trained a session after.
+    for rank in (0, 1):
+        assert f"SESSION rank={rank} trained 3 batches" in out, out[-4000:]
 
 
 def test_a_changed_process_count_without_a_restore_is_refused(tmp_path):

@@ -294,6 +294,18 @@ impl Manifest {
         Ok((Self { dir: dir.to_path_buf(), file, len, poisoned: false }, state, report))
     }
 
+    /// Rewrites the manifest from `state` if an append failed since the last write (the file
+    /// may end in part of a record), so that it records every seq handed out — those of
+    /// segments whose record failed included — before another segment is written. Without
+    /// this, a second segment could land while no manifest record accounts for the first, and
+    /// a crash would leave two segments recovery cannot prove superseded.
+    pub(crate) fn heal(&mut self, vfs: &dyn Vfs, state: &State) -> Result<()> {
+        if self.poisoned {
+            *self = Self::create(vfs, &self.dir, state)?;
+        }
+        Ok(())
+    }
+
     /// Appends `edits` as one record and fsyncs it; they are durable when this returns.
     /// `state` (with the edits applied) is written out as a fresh snapshot instead when the
     /// log has grown long.

@@ -164,6 +164,10 @@ struct FaultState {
     stopped: AtomicBool,
     /// While set, writes and file creation fail with "no space left on device".
     full: AtomicBool,
+    /// While set, writes and creations of files whose name starts with this fail with "no
+    /// space left on device" (a write keeps a prefix of its bytes, as a disk that fills up
+    /// part-way through it does): a nearly full disk where small files still fit.
+    full_for: Mutex<Option<String>>,
     /// Durable length of every file written through this layer.
     synced: Mutex<HashMap<PathBuf, u64>>,
 }
@@ -186,6 +190,7 @@ impl FaultFs {
                 fail_at: AtomicU64::new(fail_at),
                 stopped: AtomicBool::new(false),
                 full: AtomicBool::new(false),
+                full_for: Mutex::new(None),
                 synced: Mutex::new(HashMap::new()),
             }),
         }
@@ -196,11 +201,23 @@ impl FaultFs {
         self.inner.full.store(full, Ordering::Relaxed);
     }
 
+    /// Makes writes and creations of files whose name starts with `prefix` fail with
+    /// `ENOSPC` (`None`: no longer); other files are written as usual.
+    pub fn set_full_for(&self, prefix: Option<&str>) {
+        *self.inner.full_for.lock() = prefix.map(str::to_owned);
+    }
+
     fn check_space(&self) -> io::Result<()> {
         if self.inner.full.load(Ordering::Relaxed) {
             return Err(io::Error::from_raw_os_error(28)); // ENOSPC
         }
         Ok(())
+    }
+
+    /// Whether writes to `path` fail for want of space ([`FaultFs::set_full_for`]).
+    fn full_for(&self, path: &Path) -> bool {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        self.inner.full_for.lock().as_deref().is_some_and(|p| name.starts_with(p))
     }
 
     /// Mutating operations so far.
@@ -254,6 +271,14 @@ struct FaultWrite {
 impl WriteFile for FaultWrite {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.fs.check_space()?;
+        if self.fs.full_for(&self.path) {
+            // The disk fills up part-way through the write.
+            let part = &buf[..buf.len() / 2];
+            if self.file.write_all(part).is_ok() {
+                self.len += part.len() as u64;
+            }
+            return Err(io::Error::from_raw_os_error(28));
+        }
         if let Err(e) = self.fs.step("write") {
             // A torn write: half of the bytes reach the file before the stop.
             let _ = self.file.write_all(&buf[..buf.len() / 2]);
@@ -276,6 +301,7 @@ impl Vfs for FaultFs {
     fn create(&self, path: &Path) -> io::Result<Box<dyn WriteFile>> {
         self.check_space()?;
         self.step("create")?;
+        // Creating an empty file takes no data blocks: it succeeds, and writing to it fails.
         let file = OpenOptions::new().write(true).create_new(true).open(path)?;
         self.inner.synced.lock().entry(path.to_path_buf()).or_insert(0);
         Ok(Box::new(FaultWrite { fs: self.clone(), path: path.to_path_buf(), file, len: 0 }))

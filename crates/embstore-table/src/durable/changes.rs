@@ -20,6 +20,9 @@ const FLUSH_CHUNK: usize = 4096;
 /// Rows per import batch while replaying.
 const REPLAY_BATCH: usize = 16 * 1024;
 
+/// Removals taken out of the shards for a segment: (shard, its removed keys and versions).
+pub(crate) type Removals = Vec<(usize, Vec<(u64, Version)>)>;
+
 /// Rows copied out of a shard, reused between chunks.
 pub(crate) struct CopyBuf {
     values: Vec<f32>,
@@ -72,11 +75,17 @@ impl Table {
     }
 
     /// Appends the removals and the dirty rows to `w`, clearing the rows' dirty bits; returns
-    /// the rows written (tombstones included). On an error the removals taken so far go back
-    /// to their shards; the caller must then [`Table::mark_all_dirty`], as some rows' bits
-    /// were cleared for a segment that will never count.
-    pub(crate) fn write_changes(&self, w: &mut SegmentWriter, file: Option<u32>) -> Result<u64> {
-        self.write_changes_of(w, file, None)
+    /// the rows written (tombstones included). The removals taken out of the shards go to
+    /// `taken`: unless the segment's record lands, the caller must give them back
+    /// ([`Table::put_back_removals`]) and [`Table::mark_all_dirty`], as some rows' bits were
+    /// cleared for a segment that will never count.
+    pub(crate) fn write_changes(
+        &self,
+        w: &mut SegmentWriter,
+        file: Option<u32>,
+        taken: &mut Removals,
+    ) -> Result<u64> {
+        self.write_changes_of(w, file, None, taken)
     }
 
     /// [`Table::write_changes`], writing of the dirty rows only those of `only` (keys by
@@ -88,39 +97,43 @@ impl Table {
         w: &mut SegmentWriter,
         file: Option<u32>,
         only: Option<&[Vec<u64>]>,
+        taken: &mut Removals,
     ) -> Result<u64> {
-        let mut taken: Vec<(usize, Vec<(u64, Version)>)> = Vec::new();
-        let result = (|| {
-            let mut written = 0u64;
-            let mut buf = CopyBuf::new(self);
-            for (s, lock) in self.shards.iter().enumerate() {
-                let (removed, dirty) = {
-                    let mut shard = lock.write();
-                    let removed = shard.removed.as_mut().map(std::mem::take).unwrap_or_default();
-                    let dirty = match only {
-                        Some(_) => Vec::new(),
-                        None => shard.dirty_keys.as_mut().map(std::mem::take).unwrap_or_default(),
-                    };
-                    (removed, dirty)
+        let mut written = 0u64;
+        let mut buf = CopyBuf::new(self);
+        for (s, lock) in self.shards.iter().enumerate() {
+            let (removed, dirty) = {
+                let mut shard = lock.write();
+                let removed = shard.removed.as_mut().map(std::mem::take).unwrap_or_default();
+                let dirty = match only {
+                    Some(_) => Vec::new(),
+                    None => shard.dirty_keys.as_mut().map(std::mem::take).unwrap_or_default(),
                 };
-                let dirty = only.map_or(&dirty[..], |o| &o[s][..]);
-                for &(key, version) in &removed {
-                    w.push_tombstone(key, version)?;
-                }
-                written += removed.len() as u64;
-                taken.push((s, removed));
-                written += self.copy_dirty(s, dirty, w, file, &mut buf)?;
+                (removed, dirty)
+            };
+            let dirty = only.map_or(&dirty[..], |o| &o[s][..]);
+            taken.push((s, removed));
+            let removed = &taken.last().expect("just pushed").1;
+            for &(key, version) in removed {
+                w.push_tombstone(key, version)?;
             }
-            Ok(written)
-        })();
-        if result.is_err() {
-            for (s, removed) in taken {
-                if let Some(list) = self.shards[s].write().removed.as_mut() {
-                    list.extend(removed);
-                }
+            written += removed.len() as u64;
+            written += self.copy_dirty(s, dirty, w, file, &mut buf)?;
+        }
+        Ok(written)
+    }
+
+    /// Gives the removals a segment took ([`Table::write_changes`]) back to their shards, so
+    /// that the next flush writes them: the segment's record did not land.
+    pub(crate) fn put_back_removals(&self, taken: Removals) {
+        for (s, removed) in taken {
+            if removed.is_empty() {
+                continue;
+            }
+            if let Some(list) = self.shards[s].write().removed.as_mut() {
+                list.extend(removed);
             }
         }
-        result
     }
 
     /// Appends the rows of `keys` (all in shard `s`) that are dirty to `w`, FLUSH_CHUNK at a

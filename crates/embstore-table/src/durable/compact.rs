@@ -335,7 +335,7 @@ impl Durable {
     ) -> Result<Option<Option<u64>>> {
         let epoch = table.clear_epoch.load(Ordering::Acquire);
         // Rolls back on any early return: the segment goes unless its record may have landed.
-        let mut tx = SegmentTx::begin_copy(self, guard, table);
+        let mut tx = SegmentTx::begin_copy(self, guard, table)?;
         let seq = tx.seq();
         let mut written = None;
         let mut edits = Vec::new();

@@ -83,8 +83,8 @@ impl Durable {
         // A rewrite of a tiered table also copies its rows on disk; it holds the gate for
         // reading meanwhile (no `clear` or `load` can interleave).
         let _gate = if rewrite { table.shared_gate() } else { None };
-        self.write_segment(guard, table, kind, rewrite, stats, |w, file| {
-            let n = table.write_changes(w, file)?;
+        self.write_segment(guard, table, kind, rewrite, stats, |w, file, taken| {
+            let n = table.write_changes(w, file, taken)?;
             match (rewrite, file) {
                 (true, Some(file)) => {
                     let moved = table.copy_cold(w, file)?;
@@ -105,9 +105,16 @@ impl Durable {
         for &k in keys {
             by_shard[table.shard_of(k)].push(k);
         }
-        self.write_segment(&mut guard, table, SegmentKind::Flush, false, &mut stats, |w, file| {
-            Ok((table.write_changes_of(w, file, Some(&by_shard))?, Vec::new()))
-        })?;
+        self.write_segment(
+            &mut guard,
+            table,
+            SegmentKind::Flush,
+            false,
+            &mut stats,
+            |w, file, taken| {
+                Ok((table.write_changes_of(w, file, Some(&by_shard), taken)?, Vec::new()))
+            },
+        )?;
         Ok(())
     }
 }

@@ -10,9 +10,15 @@
 //!   table the manifest holds, or the crash came before its header was written.
 //!
 //! Anything else (several segments newer than the manifest, one of a table the manifest does
-//! not know, a file that is not a segment) means the manifest has lost records: opening
-//! refuses with [`ErrorKind::Corruption`](crate::ErrorKind::Corruption), naming the files, and
-//! `verify` reports it.
+//! not know, a file that is not a segment) is *unaccounted*: the manifest has lost records, or
+//! an older build left more than one segment behind failed manifest writes. Opening refuses
+//! with [`ErrorKind::Corruption`](crate::ErrorKind::Corruption), naming the files, and
+//! `verify` reports them apart from the superseded ones (which are safe to remove).
+//!
+//! The store keeps "at most one" true through failed manifest writes too: after an append
+//! fails, the manifest is rewritten — recording the seq of the segment whose record failed as
+//! handed out — before the next segment is created (`SegmentTx::begin`), so a flush that cannot
+//! write the manifest writes no segment either.
 
 use std::path::Path;
 
@@ -22,15 +28,60 @@ use crate::disk::segment;
 use crate::disk::vfs::Vfs;
 use crate::{Error, Result};
 
+/// The segment files of a directory that its manifest does not name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Unnamed {
+    /// Files the manifest proves superseded: safe to remove, and the next open deletes them.
+    pub(crate) superseded: Vec<String>,
+    /// Files it cannot prove superseded: while one is there the store is not opened.
+    pub(crate) unaccounted: Vec<String>,
+    /// Why the unaccounted ones cannot be proven superseded (empty when there are none).
+    pub(crate) why: String,
+}
+
+impl Unnamed {
+    /// The refusal to open `dir` while unaccounted segments are there (`None`: there are none).
+    pub(crate) fn refusal(&self, dir: &Path) -> Option<Error> {
+        if self.unaccounted.is_empty() {
+            return None;
+        }
+        let safe = match self.superseded.as_slice() {
+            [] => String::new(),
+            files => {
+                format!("; {} the manifest proves superseded and safe to remove", files.join(", "))
+            }
+        };
+        Some(Error::corrupt(format!(
+            "{}: {}; the manifest cannot account for them, so the store is not opened (nothing \
+             was deleted){safe}. Run `embstore verify` on it. Moving the unaccounted files \
+             aside opens the store at the state its manifest records: rows that only they hold \
+             are lost (none that a flush acknowledged, when they were left by flushes that \
+             failed, e.g. on a full disk)",
+            dir.display(),
+            self.why,
+        )))
+    }
+}
+
 /// The names of the segment files in `dir` that `state` does not name and recovery may
 /// delete; an error (corruption) when any unnamed segment cannot be proven superseded.
 pub(crate) fn deletable(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Vec<String>> {
+    let unnamed = unnamed(vfs, dir, state)?;
+    match unnamed.refusal(dir) {
+        Some(e) => Err(e),
+        None => Ok(unnamed.superseded),
+    }
+}
+
+/// The segment files in `dir` that `state` does not name, split into those it proves
+/// superseded and those it cannot account for; an error only when the folder cannot be listed.
+pub(crate) fn unnamed(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Unnamed> {
     let seg_dir = dir.join(SEG_DIR);
     let names =
         vfs.list(&seg_dir).map_err(|e| Error::io(format!("list {}", seg_dir.display()), e))?;
     let named: std::collections::HashSet<u64> =
         state.tables.values().flat_map(|t| t.files.keys().copied()).collect();
-    let mut out = Vec::new();
+    let mut out = Unnamed::default();
     let mut newer = Vec::new();
     for name in names {
         let Some(seq) = name.strip_suffix(".seg").and_then(|h| u64::from_str_radix(h, 16).ok())
@@ -41,51 +92,45 @@ pub(crate) fn deletable(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Vec<
             continue;
         }
         if seq < state.next_seq {
-            out.push(name);
+            out.superseded.push(name);
         } else {
             newer.push((seq, name));
         }
     }
-    let refuse = |why: String| {
-        Error::corrupt(format!(
-            "{}: {why}; the manifest has lost records, so the store is not opened (nothing was \
-             deleted). Run `embstore verify` on it; move the files aside only if their rows may \
-             be lost",
-            dir.display()
-        ))
-    };
     match newer.as_slice() {
         [] => {}
         [(seq, name)] => {
             let path = seg_dir.join(name);
             match segment::read_header(vfs, &path) {
-                Ok(None) => out.push(name.clone()),
+                Ok(None) => out.superseded.push(name.clone()),
                 Ok(Some(h)) if h.seq == *seq && state.tables.contains_key(&h.table_id) => {
-                    out.push(name.clone())
+                    out.superseded.push(name.clone())
                 }
                 Ok(Some(h)) => {
-                    return Err(refuse(format!(
+                    out.why = format!(
                         "segment {name} (table id {}) is newer than the manifest and belongs to \
                          no table it holds",
                         h.table_id
-                    )))
+                    );
+                    out.unaccounted.push(name.clone());
                 }
                 Err(e) => {
-                    return Err(refuse(format!(
-                        "segment {name} is newer than the manifest and unreadable ({e})"
-                    )))
+                    out.why =
+                        format!("segment {name} is newer than the manifest and unreadable ({e})");
+                    out.unaccounted.push(name.clone());
                 }
             }
         }
         many => {
-            let list: Vec<&str> = many.iter().map(|(_, n)| n.as_str()).collect();
-            return Err(refuse(format!(
+            out.unaccounted = many.iter().map(|(_, n)| n.clone()).collect();
+            out.why = format!(
                 "{} segments ({}) are newer than every manifest record, where a crash leaves at \
                  most one",
                 many.len(),
-                list.join(", ")
-            )));
+                out.unaccounted.join(", ")
+            );
         }
     }
+    out.superseded.sort();
     Ok(out)
 }

@@ -6,12 +6,14 @@
 //! of the table (dirty bits cleared as they are copied, removals and the cleared mark taken),
 //! the segment file created, the manifest record tried — and dropping the transaction before
 //! [`SegmentTx::commit`] undoes each of them: the slot is released, every row is marked dirty
-//! (and the cleared mark set again) so the next flush writes it again, and the file is deleted.
+//! and the removals taken go back to their shards (and the cleared mark is set again) so the
+//! next flush writes them again, and the file is deleted.
 //!
 //! Invariant: once the manifest append has been tried, its record may be on disk in part or
 //! whole, so the segment is kept (an orphan the next open deletes if the record did not make it,
-//! see `orphans`) and its seq is never handed out again; the manifest rewrites itself before its
-//! next append. Rolling back runs under the table's gate when the commit had taken it, so no
+//! see `orphans`) and its seq is never handed out again; the manifest is rewritten — recording
+//! that seq as handed out — before the next segment is created ([`SegmentTx::begin`]), so at
+//! most one segment is ever newer than the manifest on disk. Rolling back runs under the table's gate when the commit had taken it, so no
 //! `clear`, `load` or demotion sees rows that point into a segment no record names.
 //!
 //! A compaction step's segment (`compact`) goes through the same guard
@@ -24,6 +26,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLockReadGuard;
 
+use super::changes::Removals;
 use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
@@ -45,7 +48,7 @@ impl Durable {
         kind: SegmentKind,
         rewrite: bool,
         stats: &mut FlushStats,
-        body: impl FnOnce(&mut SegmentWriter, Option<u32>) -> Result<(u64, Vec<Moved>)>,
+        body: impl FnOnce(&mut SegmentWriter, Option<u32>, &mut Removals) -> Result<(u64, Vec<Moved>)>,
     ) -> Result<Option<u64>> {
         // The table this handle was created as: a handle of a dropped table (an eviction still
         // in flight) must never write into a new table of the same name.
@@ -59,7 +62,8 @@ impl Durable {
         let mut tx = SegmentTx::begin(self, log, table, rewrite)?;
         let (seq, cleared) = (tx.seq, tx.cleared);
         let mut w = tx.create(id, kind)?;
-        let (written, moved) = body(&mut w, tx.slot)?;
+        let slot = tx.slot;
+        let (written, moved) = body(&mut w, slot, &mut tx.removals)?;
         if written == 0 && !cleared && tx.state().tables[&id].step == table.step() {
             drop(w);
             tx.discard_unchanged();
@@ -127,6 +131,9 @@ pub(super) struct SegmentTx<'a> {
     slot: Option<u32>,
     /// Rows were taken out of the table: on rollback every row is marked dirty.
     rows_taken: bool,
+    /// The removals taken out of the table's shards for the segment: given back on rollback,
+    /// so the next flush writes them (the tombstones in this segment may never count).
+    removals: Removals,
     /// The table's cleared mark was taken (and this is no rewrite): set again on rollback, so
     /// that the next segment still supersedes the older ones.
     restore_cleared: bool,
@@ -150,6 +157,8 @@ impl<'a> SegmentTx<'a> {
         table: &'a Table,
         rewrite: bool,
     ) -> Result<Self> {
+        // A manifest whose last append failed is rewritten first (see `orphans`).
+        log.0.heal(&*durable.vfs, &log.1)?;
         let seq = log.1.next_seq.max(1);
         let slot = table.reserve_file_slot()?;
         let took = table.take_cleared();
@@ -162,6 +171,7 @@ impl<'a> SegmentTx<'a> {
             cleared: took || rewrite,
             slot,
             rows_taken: true,
+            removals: Removals::new(),
             restore_cleared: took && !rewrite,
             file: false,
             record_tried: false,
@@ -177,9 +187,10 @@ impl<'a> SegmentTx<'a> {
         durable: &'a Durable,
         log: &'a mut (Manifest, State),
         table: &'a Table,
-    ) -> Self {
+    ) -> Result<Self> {
+        log.0.heal(&*durable.vfs, &log.1)?;
         let seq = log.1.next_seq.max(1);
-        Self {
+        Ok(Self {
             durable,
             table,
             path: segment_path(&durable.dir, seq),
@@ -188,12 +199,13 @@ impl<'a> SegmentTx<'a> {
             cleared: false,
             slot: None,
             rows_taken: false,
+            removals: Removals::new(),
             restore_cleared: false,
             file: false,
             record_tried: false,
             gate: None,
             committed: false,
-        }
+        })
     }
 
     /// The segment's seq.
@@ -267,6 +279,7 @@ impl Drop for SegmentTx<'_> {
             state.next_seq = state.next_seq.max(self.seq + 1);
         }
         if self.rows_taken {
+            self.table.put_back_removals(std::mem::take(&mut self.removals));
             self.table.mark_all_dirty();
         }
         if self.restore_cleared {
@@ -311,7 +324,8 @@ mod tests {
         let id = table.disk_id.load(Ordering::Relaxed);
         let mut tx = SegmentTx::begin(durable, log, table, false).unwrap();
         let mut w = tx.create(id, SegmentKind::Flush).unwrap();
-        assert_eq!(table.write_changes(&mut w, tx.slot).unwrap(), 3);
+        let slot = tx.slot;
+        assert_eq!(table.write_changes(&mut w, slot, &mut tx.removals).unwrap(), 3);
         let info = w.finish().unwrap();
         let (seq, records, bytes) = (tx.seq, info.records, info.bytes);
         let edits = vec![
@@ -401,7 +415,7 @@ mod tests {
         let id = table.disk_id.load(Ordering::Relaxed);
         let path = {
             let mut log = durable.inner.lock();
-            let mut tx = SegmentTx::begin_copy(&durable, &mut log, &table);
+            let mut tx = SegmentTx::begin_copy(&durable, &mut log, &table).unwrap();
             let seq = tx.seq();
             let w = tx.create(id, SegmentKind::Compaction).unwrap();
             let path = tx.path.clone();
