@@ -550,9 +550,9 @@ fn watch_tables(
         }
         last = Instant::now();
         let seq = f.shared.lists_begun.fetch_add(1, Ordering::AcqRel) + 1;
-        let listed = source.any(&[], timeout).and_then(|addr| {
-            connect(&addr, &listing, &[]).map(|(_, _, infos)| (addr, infos))
-        });
+        let listed = source
+            .any(&[], timeout)
+            .and_then(|addr| connect(&addr, &listing, &[]).map(|(_, _, infos)| (addr, infos)));
         let Ok((addr, infos)) = listed else { continue }; // the tables' threads say why
         for info in infos {
             if known.contains(&info.name) {

@@ -350,8 +350,7 @@ fn serve_conn(
         return s.write_all(&out).map_err(|e| Error::io("sync send", e));
     }
     let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
-    let mut c =
-        Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL, broken: false };
+    let mut c = Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL, broken: false };
     let first = wire::read_frame_limited(&mut c.r, MAX_HELLO).map(|(k, b)| {
         c.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
         (k, b)

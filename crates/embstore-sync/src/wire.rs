@@ -114,10 +114,8 @@ pub fn read_frame_limited(r: &mut impl Read, max: usize) -> Result<(Kind, Vec<u8
     let kind = Kind::from_u8(head[4])?;
     let crc = u32::from_le_bytes(head[5..].try_into().expect("4 bytes"));
     let mut body = Vec::with_capacity(len.min(64 << 10));
-    let got = r
-        .take(len as u64)
-        .read_to_end(&mut body)
-        .map_err(|e| Error::io("sync receive", e))?;
+    let got =
+        r.take(len as u64).read_to_end(&mut body).map_err(|e| Error::io("sync receive", e))?;
     if got < len {
         return Err(Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)")));
     }

@@ -302,11 +302,8 @@ fn errors_say_what_to_do_about_tls_and_tokens() {
     assert!(started.elapsed() < Duration::from_secs(25), "answered, not timed out");
     // TLS without a token: told that a token is needed, not that it is wrong.
     let c = embstore_sync::ClientTls { ca_pem: ca.into_bytes(), ..Default::default() };
-    let no_token = FollowOptions {
-        token: String::new(),
-        tls: Some((c.config().unwrap(), None)),
-        ..follow()
-    };
+    let no_token =
+        FollowOptions { token: String::new(), tls: Some((c.config().unwrap(), None)), ..follow() };
     let e =
         Follower::start(Arc::new(Store::with_replica(3).unwrap()), &addr, no_token).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
@@ -361,7 +358,7 @@ fn a_table_is_not_dropped_from_a_store_that_syncs_and_a_clear_reaches_followers(
         }
         // What the message offers works: the followers drop the rows.
         t.clear().unwrap();
-        t.assign(&ids(3, 5), &vec![4.0; 3 * D]).unwrap();
+        t.assign(&ids(3, 5), &[4.0; 3 * D]).unwrap();
         assert!(f.wait_caught_up(Duration::from_secs(30)));
         let mine = replica.table("items").unwrap();
         assert_eq!(rows(&mine), rows(&t));

@@ -135,7 +135,8 @@ impl Table {
         which.fetch_add(1, Ordering::Relaxed);
         let pieces = keys.len().div_ceil(piece_rows).max(1);
         for i in 0..pieces {
-            let chunk = &keys[(i * piece_rows).min(keys.len())..((i + 1) * piece_rows).min(keys.len())];
+            let chunk =
+                &keys[(i * piece_rows).min(keys.len())..((i + 1) * piece_rows).min(keys.len())];
             let mut r = head.clone();
             self.read_piece(s, vv_r, chunk, &mut r)?;
             r.partial = i + 1 < pieces;
@@ -165,9 +166,8 @@ impl Table {
         // lookups compute its initial values alike, so it is never shipped (a complete reply
         // included: the requester keeps, or drops, its own such row).
         let complete = r.complete.is_some();
-        let newer = |v: Version| {
-            v != Version::default() && (complete || v.timestamp > vv_r.get(v.replica))
-        };
+        let newer =
+            |v: Version| v != Version::default() && (complete || v.timestamp > vv_r.get(v.replica));
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
         // (`None`) takes zeros of both widths.
