@@ -379,21 +379,22 @@ async fn open(
     token: Option<&str>,
     tls: Option<&Tls>,
 ) -> Result<Conn, Opened> {
-    let io: Box<dyn Io> = match (&offer.target, tls) {
-        (Target::Tcp { addr, host }, Some(t)) => {
-            let name = t.domain.clone().unwrap_or_else(|| host.clone());
-            let name = rustls::pki_types::ServerName::try_from(name)
-                .map_err(|e| Status::invalid_argument(format!("tls name: {e}")))?;
-            let connector = tokio_rustls::TlsConnector::from(t.config.clone());
-            // A handshake the server refuses is no reason to fall back to plaintext gRPC: it
-            // fails the call (UNAUTHENTICATED names the cause).
-            Box::new(connector.connect(name, io).await.map_err(|e| {
-                Status::unauthenticated(format!("tls handshake with {addr}: {e}"))
-            })?)
-        }
-        // The Unix socket is plaintext: `learn` never picks it for a client that talks TLS.
-        _ => io,
-    };
+    let io: Box<dyn Io> =
+        match (&offer.target, tls) {
+            (Target::Tcp { addr, host }, Some(t)) => {
+                let name = t.domain.clone().unwrap_or_else(|| host.clone());
+                let name = rustls::pki_types::ServerName::try_from(name)
+                    .map_err(|e| Status::invalid_argument(format!("tls name: {e}")))?;
+                let connector = tokio_rustls::TlsConnector::from(t.config.clone());
+                // A handshake the server refuses is no reason to fall back to plaintext gRPC: it
+                // fails the call (UNAUTHENTICATED names the cause).
+                Box::new(connector.connect(name, io).await.map_err(|e| {
+                    Status::unauthenticated(format!("tls handshake with {addr}: {e}"))
+                })?)
+            }
+            // The Unix socket is plaintext: `learn` never picks it for a client that talks TLS.
+            _ => io,
+        };
     let mut conn = Conn { io: BufReader::with_capacity(64 << 10, io), next_id: 1 };
     let whose = |info: &ServerInfo| -> Result<(), Opened> {
         if info.boot_id == offer.boot_id {

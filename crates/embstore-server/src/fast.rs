@@ -487,8 +487,7 @@ async fn connection<S: Io>(
                 frame::frame(Kind::Info, id, &server.identity().encode_to_vec())
             }
             _ if !hello => {
-                let status =
-                    Status::unauthenticated("the first frame must be HELLO (or DESCRIBE)");
+                let status = Status::unauthenticated("the first frame must be HELLO (or DESCRIBE)");
                 send(&mut w, &error_frame(id, &status), &limits, &server).await;
                 return;
             }

@@ -571,7 +571,11 @@ fn new_boot_id() -> String {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         for half in bytes.chunks_exact_mut(8) {
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
             h.write_u32(std::process::id());
             h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
             half.copy_from_slice(&h.finish().to_le_bytes());

@@ -252,15 +252,12 @@ async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
     let info = server.info();
     assert_ne!(info.fast_port, 0, "the port is offered before serving runs");
     assert_eq!(info.fast_unix, path.display().to_string());
-    let mut c = tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.fast_port))
-        .await
-        .unwrap();
+    let mut c =
+        tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.fast_port)).await.unwrap();
     c.write_all(&frame::frame(Kind::Hello, 0, b"")).await.unwrap();
     let tasks = [tokio::spawn(tcp), tokio::spawn(unix)];
-    let (h, _) = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut c))
-        .await
-        .unwrap()
-        .unwrap();
+    let (h, _) =
+        tokio::time::timeout(Duration::from_secs(30), read_frame(&mut c)).await.unwrap().unwrap();
     assert_eq!(h.kind, Kind::Info);
     let _ = stop.send(true);
     for t in tasks {

@@ -41,8 +41,14 @@ impl Serving {
         let quit = async move {
             let _ = rx.wait_for(|q| *q).await;
         };
-        let serve =
-            embstore_server::serve_fast_with(server.clone(), listener, Tokens::default(), None, limits, quit);
+        let serve = embstore_server::serve_fast_with(
+            server.clone(),
+            listener,
+            Tokens::default(),
+            None,
+            limits,
+            quit,
+        );
         let task = tokio::spawn(serve);
         let addr = format!("127.0.0.1:{}", server.info().fast_port);
         Self { addr, stop, task }
