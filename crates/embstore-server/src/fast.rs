@@ -221,7 +221,7 @@ async fn accept_loop(
         while conns.try_join_next().is_some() {}
         let open = &server.metrics.fast_connections;
         if open.get() >= limits.max_connections as i64 {
-            stream.refuse(&server, limits.max_connections);
+            stream.refuse(&server, limits.max_connections, acceptor.is_some());
             continue;
         }
         open.inc();
@@ -287,9 +287,13 @@ impl Accepted {
     }
 
     /// Answers a connection over the cap `UNAVAILABLE` where the socket takes the frame at
-    /// once (a TLS client sees its handshake fail instead), and closes it.
-    fn refuse(self, server: &Server, cap: usize) {
+    /// once, and closes it (a TLS listener's only closes it: its client sees its handshake
+    /// fail).
+    fn refuse(self, server: &Server, cap: usize, tls: bool) {
         server.closed_for("over_cap");
+        if tls {
+            return;
+        }
         let status = Status::unavailable(format!(
             "this server's framed port holds its limit of {cap} connections: retry later, or \
              take gRPC"
