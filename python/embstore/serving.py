@@ -110,9 +110,10 @@ def connect(
 
     ``transport`` picks how lookups travel: ``"auto"`` (the default) takes the framed lookup
     path wherever a server offers it — binary frames on a TCP port of its own, or its Unix
-    socket when the server is on this host — and gRPC elsewhere; ``"grpc"`` always takes gRPC;
-    ``"fast"`` only the framed path. Both give the same rows, versions and errors
-    (docs/serving.md, "Choosing a transport").
+    socket when the server is on this host and ``tls_ca`` is not given — once the endpoint has
+    answered as that server (not another one behind a tunnel or port mapping), and gRPC
+    elsewhere; ``"grpc"`` always takes gRPC; ``"fast"`` only the framed path. Both give the
+    same rows, versions and errors (docs/serving.md, "Choosing a transport").
 
     Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
     they refuse the token (or its absence)."""

@@ -1,7 +1,8 @@
 //! The client side of the framed lookup path (`embstore_proto::frame`, docs/serving.md): per
 //! server, a pool of connections to the port (or Unix socket) its `ServerInfo` offers; a lookup
-//! takes an idle connection (or opens one, sending HELLO with the token), writes one LOOKUP
-//! frame and reads the ROWS answer straight into a float buffer.
+//! takes an idle connection (or opens one: DESCRIBE, to check that the endpoint is the server
+//! that offered it, then HELLO with the token), writes one LOOKUP frame and reads the ROWS
+//! answer straight into a float buffer.
 //!
 //! Answers come back as the gRPC call's would — a [`tonic::Status`] on error, with the
 //! server's info in its details — so that the lookup logic above treats both transports alike.
@@ -24,8 +25,9 @@ use crate::ClientTls;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
     /// The framed path where a server offers it (its `ServerInfo` names a port or, for a
-    /// server on this host, a Unix socket), gRPC elsewhere and while the framed port does not
-    /// accept connections.
+    /// server on this host and a client without TLS, a Unix socket) and the endpoint proves
+    /// to be that server (its DESCRIBE names the `boot_id` the gRPC port named); gRPC
+    /// elsewhere, and while the framed port does not accept connections.
     #[default]
     Auto,
     /// gRPC only.
@@ -56,12 +58,38 @@ enum Target {
     Unix(PathBuf),
 }
 
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Tcp { addr, .. } => write!(f, "the framed port {addr}"),
+            Target::Unix(path) => write!(f, "the framed Unix socket {}", path.display()),
+        }
+    }
+}
+
+/// A framed endpoint a server's `ServerInfo` offers, and the `boot_id` that info named: the
+/// endpoint is read from only when it names the same one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Offer {
+    target: Target,
+    boot_id: String,
+}
+
 /// After a failed connect, how long lookups of that server take gRPC before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// The longest a connect to a framed port may take (within the call's deadline): a port a
-/// firewall drops costs the first lookup this much, then gRPC for [`RETRY_AFTER`].
+/// firewall drops costs the first lookup this much, then gRPC for [`RETRY_AFTER`]. Only the
+/// connect itself: a port that accepted is waited for (see [`answer_within`]).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a framed endpoint that accepted a connection has to finish its TLS handshake and
+/// answer DESCRIBE and HELLO, within a call of deadline `deadline`: half of it (at least
+/// [`CONNECT_TIMEOUT`]), so that a busy server is waited for, and a port that accepts but
+/// never answers still leaves the call time for gRPC.
+fn answer_within(deadline: Duration) -> Duration {
+    (deadline / 2).max(CONNECT_TIMEOUT)
+}
 
 /// Idle connections kept per server.
 const KEEP_IDLE: usize = 64;
@@ -69,14 +97,17 @@ const KEEP_IDLE: usize = 64;
 /// One server's framed path: where it is, and the idle connections to it.
 #[derive(Default)]
 pub(crate) struct FastPath {
-    target: Mutex<Option<Target>>,
+    offer: Mutex<Option<Offer>>,
+    /// An offer whose endpoint answered as another server (or did not say which): `Auto`
+    /// takes gRPC until the server offers another endpoint or restarts.
+    foreign: Mutex<Option<Offer>>,
     idle: Mutex<Vec<Conn>>,
     off_until: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for FastPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FastPath").field("target", &*self.target.lock()).finish()
+        f.debug_struct("FastPath").field("offer", &*self.offer.lock()).finish()
     }
 }
 
@@ -120,11 +151,14 @@ fn host_of(addr: &str) -> &str {
 
 impl FastPath {
     /// Learns where the server at `addr` offers the framed path from its `info`: its Unix
-    /// socket when the server is on this host (a loopback address) and the socket exists, else
-    /// its port on the address's host.
-    pub(crate) fn learn(&self, addr: &str, info: &ServerInfo) {
+    /// socket when the server is on this host (a loopback address), the socket exists and the
+    /// client does not talk TLS (`tls`: the socket is plaintext, and TLS asked for is never
+    /// dropped), else its port on the address's host. A server that names no `boot_id` (its
+    /// framed endpoint cannot be checked to be its own) offers none.
+    pub(crate) fn learn(&self, addr: &str, info: &ServerInfo, tls: bool) {
         let host = host_of(addr);
-        let unix = (!info.fast_unix.is_empty()
+        let unix = (!tls
+            && !info.fast_unix.is_empty()
             && is_loopback(host)
             && std::path::Path::new(&info.fast_unix).exists())
         .then(|| Target::Unix(PathBuf::from(&info.fast_unix)));
@@ -134,9 +168,12 @@ impl FastPath {
                 host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
             })
         });
-        let mut t = self.target.lock();
-        if *t != target {
-            *t = target;
+        let offer = target
+            .filter(|_| !info.boot_id.is_empty())
+            .map(|target| Offer { target, boot_id: info.boot_id.clone() });
+        let mut current = self.offer.lock();
+        if *current != offer {
+            *current = offer;
             self.idle.lock().clear();
         }
     }
@@ -147,10 +184,17 @@ impl FastPath {
             Transport::Grpc => false,
             Transport::Fast => true,
             Transport::Auto => {
-                self.target.lock().is_some()
+                let offer = self.offer.lock().clone();
+                offer.is_some()
+                    && *self.foreign.lock() != offer
                     && self.off_until.lock().is_none_or(|t| Instant::now() >= t)
             }
         }
+    }
+
+    /// Lookups take gRPC for [`RETRY_AFTER`].
+    fn pause(&self) {
+        *self.off_until.lock() = Some(Instant::now() + RETRY_AFTER);
     }
 
     /// One lookup: `req` on an idle connection or a new one; the connection goes back to the
@@ -171,24 +215,47 @@ impl FastPath {
                 return answer.map_err(FastError::Call);
             }
         }
-        let mut conn = {
-            let target = self.target.lock().clone().ok_or_else(|| {
-                FastError::Connect(Status::unavailable("this server offers no framed lookup path"))
-            })?;
-            let limit = timeout.min(CONNECT_TIMEOUT);
-            match tokio::time::timeout(limit, open(&target, token, tls)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(s)) if s.code() == Code::Unavailable => {
-                    *self.off_until.lock() = Some(Instant::now() + RETRY_AFTER);
-                    return Err(FastError::Connect(s));
-                }
-                Ok(Err(s)) => return Err(FastError::Call(s)),
-                Err(_) => {
-                    *self.off_until.lock() = Some(Instant::now() + RETRY_AFTER);
-                    return Err(FastError::Connect(Status::unavailable(
-                        "connecting to the framed lookup port timed out",
-                    )));
-                }
+        let offer = self.offer.lock().clone().ok_or_else(|| {
+            FastError::Connect(Status::unavailable(
+                "this server offers no framed lookup path this client can check and use",
+            ))
+        })?;
+        let io = match tokio::time::timeout(timeout.min(CONNECT_TIMEOUT), connect(&offer.target))
+            .await
+        {
+            Ok(Ok(io)) => io,
+            Ok(Err(s)) => {
+                self.pause();
+                return Err(FastError::Connect(s));
+            }
+            Err(_) => {
+                self.pause();
+                return Err(FastError::Connect(Status::unavailable(format!(
+                    "connecting to {} timed out",
+                    offer.target
+                ))));
+            }
+        };
+        // The port accepted: a server slow to answer (loaded, or still starting) is waited
+        // for rather than left for gRPC.
+        let within = answer_within(timeout);
+        let mut conn = match tokio::time::timeout(within, open(io, &offer, token, tls)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(Opened::Foreign(s))) => {
+                *self.foreign.lock() = Some(offer);
+                return Err(FastError::Connect(s));
+            }
+            Ok(Err(Opened::Failed(s))) if s.code() == Code::Unavailable => {
+                self.pause();
+                return Err(FastError::Connect(s));
+            }
+            Ok(Err(Opened::Failed(s))) => return Err(FastError::Call(s)),
+            Err(_) => {
+                self.pause();
+                return Err(FastError::Connect(Status::unavailable(format!(
+                    "{} accepted a connection but did not answer within {within:?}",
+                    offer.target
+                ))));
             }
         };
         match conn.lookup(req).await {
@@ -202,7 +269,7 @@ impl FastPath {
 
     /// How lookups reach this server over the framed path: over TCP or a Unix socket.
     pub(crate) fn describe(&self) -> &'static str {
-        match &*self.target.lock() {
+        match self.offer.lock().as_ref().map(|o| &o.target) {
             Some(Target::Unix(_)) => "fast-unix",
             _ => "fast",
         }
@@ -271,44 +338,117 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> Status {
     Status::unavailable(format!("{what}: {e}"))
 }
 
-/// Opens a connection to `target` and says HELLO with `token`.
-async fn open(target: &Target, token: Option<&str>, tls: Option<&Tls>) -> Result<Conn, Status> {
-    let io: Box<dyn Io> = match target {
+/// Why a connection could not be opened.
+enum Opened {
+    /// The endpoint is another server's, or does not say whose: never read from.
+    Foreign(Status),
+    /// Anything else (`UNAVAILABLE`: the caller may take gRPC).
+    Failed(Status),
+}
+
+impl From<Status> for Opened {
+    fn from(s: Status) -> Self {
+        Opened::Failed(s)
+    }
+}
+
+/// Connects to `target` (the socket only: no byte is exchanged).
+async fn connect(target: &Target) -> Result<Box<dyn Io>, Status> {
+    Ok(match target {
         Target::Unix(path) => Box::new(
             tokio::net::UnixStream::connect(path)
                 .await
-                .map_err(|e| unavailable(&format!("connecting to {}", path.display()), e))?,
+                .map_err(|e| unavailable(&format!("connecting to {target}"), e))?,
         ),
-        Target::Tcp { addr, host } => {
+        Target::Tcp { addr, .. } => {
             let tcp = tokio::net::TcpStream::connect(addr.as_str())
                 .await
-                .map_err(|e| unavailable(&format!("connecting to {addr}"), e))?;
+                .map_err(|e| unavailable(&format!("connecting to {target}"), e))?;
             let _ = tcp.set_nodelay(true);
-            match tls {
-                None => Box::new(tcp),
-                Some(t) => {
-                    let name = t.domain.clone().unwrap_or_else(|| host.clone());
-                    let name = rustls::pki_types::ServerName::try_from(name)
-                        .map_err(|e| Status::invalid_argument(format!("tls name: {e}")))?;
-                    let connector = tokio_rustls::TlsConnector::from(t.config.clone());
-                    // A handshake the server refuses is no reason to fall back to plaintext
-                    // gRPC: it fails the call (UNAUTHENTICATED names the cause).
-                    Box::new(connector.connect(name, tcp).await.map_err(|e| {
-                        Status::unauthenticated(format!("tls handshake with {addr}: {e}"))
-                    })?)
-                }
-            }
+            Box::new(tcp)
         }
-    };
+    })
+}
+
+/// Opens a connection on `io` (connected to `offer`'s endpoint): TLS over TCP when the client
+/// talks TLS; DESCRIBE, to check the endpoint is the server that offered it (its `boot_id`)
+/// before the token goes to it; then HELLO with `token`.
+async fn open(
+    io: Box<dyn Io>,
+    offer: &Offer,
+    token: Option<&str>,
+    tls: Option<&Tls>,
+) -> Result<Conn, Opened> {
+    let io: Box<dyn Io> =
+        match (&offer.target, tls) {
+            (Target::Tcp { addr, host }, Some(t)) => {
+                let name = t.domain.clone().unwrap_or_else(|| host.clone());
+                let name = rustls::pki_types::ServerName::try_from(name)
+                    .map_err(|e| Status::invalid_argument(format!("tls name: {e}")))?;
+                let connector = tokio_rustls::TlsConnector::from(t.config.clone());
+                // A handshake the server refuses is no reason to fall back to plaintext gRPC: it
+                // fails the call (UNAUTHENTICATED names the cause).
+                Box::new(connector.connect(name, io).await.map_err(|e| {
+                    Status::unauthenticated(format!("tls handshake with {addr}: {e}"))
+                })?)
+            }
+            // The Unix socket is plaintext: `learn` never picks it for a client that talks TLS.
+            _ => io,
+        };
     let mut conn = Conn { io: BufReader::with_capacity(64 << 10, io), next_id: 1 };
+    let whose = |info: &ServerInfo| -> Result<(), Opened> {
+        if info.boot_id == offer.boot_id {
+            return Ok(());
+        }
+        let instance = match info.instance.as_str() {
+            "" => String::new(),
+            i => format!(" (instance '{i}')"),
+        };
+        Err(Opened::Foreign(Status::unavailable(format!(
+            "{} answers as another server{instance} than the one whose ServerInfo offered it \
+             (a tunnel, a port mapping or a reused socket path): not read from; lookups to this \
+             server take gRPC",
+            offer.target
+        ))))
+    };
+    conn.send(&frame::frame(Kind::Describe, 0, &[])).await?;
+    let (header, body) = conn.read_frame(1 << 20).await?;
+    match header.kind {
+        Kind::Info => whose(&info_of(&body)?)?,
+        Kind::Error => {
+            let status = error_status(&body);
+            if status.code() == Code::Unavailable {
+                return Err(Opened::Failed(status));
+            }
+            return Err(Opened::Foreign(Status::unavailable(format!(
+                "{} does not say which server it is (it answered DESCRIBE: {}): not read from; \
+                 lookups to this server take gRPC",
+                offer.target,
+                status.message()
+            ))));
+        }
+        k => {
+            return Err(Opened::Failed(Status::internal(format!(
+                "the server answered DESCRIBE with {k:?}"
+            ))))
+        }
+    }
     let hello = frame::frame(Kind::Hello, 0, token.unwrap_or("").trim().as_bytes());
     conn.send(&hello).await?;
     let (header, body) = conn.read_frame(1 << 24).await?;
     match header.kind {
-        Kind::Info => Ok(conn),
-        Kind::Error => Err(error_status(&body)),
-        k => Err(Status::internal(format!("the server answered HELLO with {k:?}"))),
+        Kind::Info => {
+            whose(&info_of(&body)?)?;
+            Ok(conn)
+        }
+        Kind::Error => Err(Opened::Failed(error_status(&body))),
+        k => Err(Opened::Failed(Status::internal(format!("the server answered HELLO with {k:?}")))),
     }
+}
+
+/// The `ServerInfo` an INFO body carries.
+fn info_of(body: &[u8]) -> Result<ServerInfo, Status> {
+    ServerInfo::decode(body).map_err(|e| Status::internal(format!("a malformed server info: {e}")))
 }
 
 /// The status an ERROR body carries.
@@ -412,18 +552,28 @@ mod tests {
         assert!(is_loopback("[::1]") && is_loopback("localhost") && is_loopback("127.0.0.2"));
         assert!(!is_loopback("10.0.0.1") && !is_loopback("a.b"));
         let p = FastPath::default();
-        let info = ServerInfo { fast_port: 7001, ..Default::default() };
-        p.learn("10.0.0.1:7000", &info);
+        let target = |p: &FastPath| p.offer.lock().clone().map(|o| o.target);
+        let info = ServerInfo { fast_port: 7001, boot_id: "b".into(), ..Default::default() };
+        p.learn("10.0.0.1:7000", &info, false);
         assert!(p.usable(Transport::Auto) && !p.usable(Transport::Grpc));
         assert_eq!(
-            *p.target.lock(),
+            target(&p),
             Some(Target::Tcp { addr: "10.0.0.1:7001".into(), host: "10.0.0.1".into() })
         );
-        // A socket on another host is never dialled; no port: no framed path.
-        let info = ServerInfo { fast_unix: "/".into(), ..Default::default() };
-        p.learn("10.0.0.1:7000", &info);
+        // A server that names no boot id offers nothing a client can check.
+        p.learn("10.0.0.1:7000", &ServerInfo { fast_port: 7001, ..Default::default() }, false);
         assert!(!p.usable(Transport::Auto));
-        p.learn("127.0.0.1:7000", &info);
-        assert_eq!(*p.target.lock(), Some(Target::Unix("/".into())));
+        // A socket on another host is never dialled; no port: no framed path.
+        let info = ServerInfo { fast_unix: "/".into(), boot_id: "b".into(), ..Default::default() };
+        p.learn("10.0.0.1:7000", &info, false);
+        assert!(!p.usable(Transport::Auto));
+        p.learn("127.0.0.1:7000", &info, false);
+        assert_eq!(target(&p), Some(Target::Unix("/".into())));
+        // A client that talks TLS never takes the (plaintext) socket: the TLS port instead.
+        p.learn("127.0.0.1:7000", &info, true);
+        assert!(!p.usable(Transport::Auto));
+        let info = ServerInfo { fast_port: 7001, ..info };
+        p.learn("127.0.0.1:7000", &info, true);
+        assert!(matches!(target(&p), Some(Target::Tcp { .. })));
     }
 }

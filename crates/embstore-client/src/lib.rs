@@ -326,7 +326,7 @@ impl Client {
         let mut infos = self.infos.lock();
         if infos[endpoint].as_ref().is_none_or(|old| info.gen >= old.gen) {
             let ep = self.endpoint(endpoint);
-            ep.fast.learn(&ep.addr, &info);
+            ep.fast.learn(&ep.addr, &info, self.fast_tls.is_some());
             infos[endpoint] = Some(info);
         }
     }

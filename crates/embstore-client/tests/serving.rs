@@ -75,9 +75,19 @@ async fn start(server: Arc<Server>) -> Running {
 }
 
 async fn start_with(server: Arc<Server>, options: embstore_server::ServeOptions) -> Running {
+    let fast = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+    start_on(server, options, vec![fast]).await
+}
+
+/// A running server: gRPC on a free loopback port, the framed path on `fast`. Clients learn
+/// the framed endpoints from the server's info: they are there once `serve_fast` is called.
+async fn start_on(
+    server: Arc<Server>,
+    options: embstore_server::ServeOptions,
+    fast: Vec<embstore_server::FastListener>,
+) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let fast = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
     let (stop, rx) = watch::channel(false);
     let quit = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|q| *q).await;
@@ -85,17 +95,13 @@ async fn start_with(server: Arc<Server>, options: embstore_server::ServeOptions)
     let (s, o, q) = (server.clone(), options.clone(), quit(rx.clone()));
     let grpc =
         tokio::spawn(async move { embstore_server::serve(s, listener, o, q).await.unwrap() });
-    let (s, q) = (server.clone(), quit(rx));
-    let fast = tokio::spawn(async move {
-        embstore_server::serve_fast(s, fast, options.tokens, options.tls, q).await.unwrap()
-    });
-    // Clients learn the framed port from the server's info: it is there before they connect.
-    let t0 = Instant::now();
-    while server.info().fast_port == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the framed path did not start");
-        tokio::time::sleep(Duration::from_millis(2)).await;
+    let mut tasks = vec![grpc];
+    for l in fast {
+        let (tokens, tls) = (options.tokens.clone(), options.tls.clone());
+        let serve = embstore_server::serve_fast(server.clone(), l, tokens, tls, quit(rx.clone()));
+        tasks.push(tokio::spawn(async move { serve.await.unwrap() }));
     }
-    Running { addr, stop, tasks: vec![grpc, fast] }
+    Running { addr, stop, tasks }
 }
 
 /// A server of `user` ids 0..10 over TLS with the test PKI's server pair (`mutual`: clients
@@ -565,4 +571,164 @@ fn running_info_port(client: &Client, addr: &str) -> u32 {
     let view = client.view();
     let (_, info) = view.iter().find(|(a, _)| a == addr).unwrap();
     info.as_ref().unwrap().fast_port
+}
+
+/// `user` ids 0..20 as shard_table makes them, but hosted as version 1 whatever `mark` is:
+/// a row's first value says which server answered it.
+fn marked_server(name: &str, mark: u64) -> Arc<Server> {
+    let ids: Vec<u64> = (0..20u64).collect();
+    let server = Server::new(name, 64);
+    server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, mark)).unwrap();
+    server
+}
+
+/// Reads `user` ids 0..20 through `client` and returns the servers' marks seen.
+async fn marks(client: &Client) -> Vec<f32> {
+    let ids: Vec<u64> = (0..20u64).collect();
+    let rows = client.lookup("user", &ids).await.unwrap();
+    assert_eq!(rows.found, vec![true; 20]);
+    let mut m: Vec<f32> = rows.values.chunks(D).map(|r| r[0]).collect();
+    m.dedup();
+    m
+}
+
+/// A server whose advertised framed endpoint leads to another server (a Unix socket path
+/// another server took, a framed port that a port mapping renumbers onto another server) is
+/// read over gRPC: the client checks the endpoint's boot id against the gRPC port's before
+/// sending its token or reading a row, and a client that insists on the framed path is told
+/// why it may not. A client configured with TLS never takes the (plaintext) Unix socket: it
+/// reads over the framed port with TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
+    use embstore_server::FastListener;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = |name: &str| dir.path().join(name);
+    let auto = ClientOptions { transport: Transport::Auto, ..options() };
+    let only_fast = ClientOptions { transport: Transport::Fast, ..options() };
+
+    // The socket path A offers answers for B (B's socket moved there: the path was reused).
+    let (a, b) = (marked_server("a", 1), marked_server("b", 2));
+    let a_run = start_on(a, Default::default(), vec![FastListener::unix(sock("a")).unwrap()]);
+    let a_run = a_run.await;
+    let b_run = start_on(b, Default::default(), vec![FastListener::unix(sock("b")).unwrap()]);
+    let b_run = b_run.await;
+    std::fs::rename(sock("b"), sock("a")).unwrap();
+    let addrs = vec![a_run.addr.clone()];
+    let client = Client::connect(&addrs, auto.clone()).await.unwrap();
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast-unix"));
+    assert_eq!(marks(&client).await, vec![1.0], "rows of another server were read");
+    assert_eq!(client.transport_to(&addrs[0]), Some("grpc"));
+    assert_eq!(marks(&client).await, vec![1.0]);
+    let insisting = Client::connect(&addrs, only_fast.clone()).await.unwrap();
+    let e = insisting.lookup("user", &[1]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("answers as another server"), "{e}");
+    a_run.stop().await;
+    b_run.stop().await;
+
+    // A's framed port, as a port mapping renumbers it, is B's: A's framed path dies without
+    // withdrawing its port, and B takes that port.
+    let (a, b) = (marked_server("a", 1), marked_server("b", 2));
+    let mut a_run = start(a.clone()).await;
+    let port = a.info().fast_port;
+    let fast = a_run.tasks.pop().unwrap();
+    fast.abort();
+    let _ = fast.await;
+    let taken = FastListener::tcp(&format!("127.0.0.1:{port}")).await.unwrap();
+    let b_run = start_on(b, Default::default(), vec![taken]).await;
+    assert_eq!(a.info().fast_port, port);
+    let addrs = vec![a_run.addr.clone()];
+    let client = Client::connect(&addrs, auto.clone()).await.unwrap();
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(marks(&client).await, vec![1.0], "rows of another server were read");
+    assert_eq!(client.transport_to(&addrs[0]), Some("grpc"));
+    a_run.stop().await;
+    b_run.stop().await;
+
+    // TLS: A serves TLS on gRPC and its framed port and offers a Unix socket too (B's, again);
+    // a TLS client reads A over its framed port, never over the socket.
+    let p = pki();
+    let a = marked_server("a", 1);
+    let tls = embstore_server::Tls {
+        cert_pem: p.server.0.clone().into_bytes(),
+        key_pem: p.server.1.clone().into_bytes(),
+        client_ca_pem: None,
+    };
+    let tls_options = embstore_server::ServeOptions { tls: Some(tls), ..Default::default() };
+    let listeners = vec![
+        FastListener::tcp("127.0.0.1:0").await.unwrap(),
+        FastListener::unix(sock("a-tls")).unwrap(),
+    ];
+    let a_run = start_on(a.clone(), tls_options, listeners).await;
+    let b_run = start_on(
+        marked_server("b", 2),
+        Default::default(),
+        vec![FastListener::unix(sock("b-tls")).unwrap()],
+    )
+    .await;
+    std::fs::rename(sock("b-tls"), sock("a-tls")).unwrap();
+    assert!(!a.info().fast_unix.is_empty() && a.info().fast_port != 0);
+    let port = a_run.addr.rsplit(':').next().unwrap();
+    let addrs = vec![format!("localhost:{port}")];
+    let trusting = embstore_client::ClientTls {
+        ca_pem: p.ca.clone().into_bytes(),
+        domain: None,
+        identity: None,
+    };
+    let client = Client::connect(&addrs, ClientOptions { tls: Some(trusting), ..auto }).await;
+    let client = client.unwrap();
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(marks(&client).await, vec![1.0]);
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast"), "the TLS framed port was used");
+    a_run.stop().await;
+    b_run.stop().await;
+}
+
+/// A framed port that accepts a connection but answers it late (its server busy: here its
+/// runtime's only thread is held for 2 s) is waited for, not given up after a short connect
+/// bound and left for gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framed_endpoint_that_answers_late_is_waited_for_not_left_for_grpc() {
+    let server = marked_server("late", 1);
+    let grpc = start_on(server.clone(), Default::default(), vec![]).await;
+    let (blocked_tx, blocked_rx) = oneshot::channel();
+    let (block_tx, block_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let s = server.clone();
+    let busy = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+            let stopped = async move {
+                let _ = stop_rx.await;
+            };
+            let serve =
+                tokio::spawn(embstore_server::serve_fast(s, l, Default::default(), None, stopped));
+            let _ = block_rx.await;
+            let _ = blocked_tx.send(());
+            // Busy: nothing else on this runtime runs meanwhile.
+            std::thread::sleep(Duration::from_secs(2));
+            serve.await.unwrap().unwrap();
+        });
+    });
+    let t0 = Instant::now();
+    while server.info().fast_port == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the framed path was not offered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let addrs = vec![grpc.addr.clone()];
+    let patient = ClientOptions {
+        deadline: Duration::from_secs(20),
+        transport: Transport::Auto,
+        ..options()
+    };
+    let client = Client::connect(&addrs, patient).await.unwrap();
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    block_tx.send(()).unwrap();
+    blocked_rx.await.unwrap();
+    assert_eq!(marks(&client).await, vec![1.0]);
+    assert_eq!(client.transport_to(&addrs[0]), Some("fast"), "the late framed port was left");
+    let _ = stop_tx.send(());
+    tokio::task::spawn_blocking(move || busy.join().unwrap()).await.unwrap();
+    grpc.stop().await;
 }

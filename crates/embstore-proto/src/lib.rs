@@ -142,6 +142,7 @@ mod tests {
             }],
             fast_port: 7001,
             fast_unix: String::new(),
+            boot_id: "0123abcd".into(),
         };
         let resp = LookupResponse {
             info: Some(info),

@@ -8,10 +8,16 @@
 //! HTTP/2 framing, protobuf for the rows, and one copy of them: each answer is one buffer,
 //! header and rows, that the table writes its rows into and the socket sends as it is.
 //!
-//! A connection starts with HELLO (the token); requests may be pipelined and are answered in
-//! order. A frame that is not of this protocol or version, or a request too large for the
-//! server's maximum batch, gets an ERROR and the connection is closed; a malformed body gets
-//! an ERROR and the connection goes on.
+//! A connection starts with HELLO (the token), optionally after a DESCRIBE that a client uses
+//! to check which server it reached before it sends its token (the answer names only the
+//! server's `boot_id` and instance); requests may be pipelined and are answered in order. A
+//! frame that is not of this protocol or version, or a request too large for the server's
+//! maximum batch, gets an ERROR and the connection is closed; a malformed body gets an ERROR
+//! and the connection goes on.
+//!
+//! What a connection may take is bounded ([`FastLimits`]): a few KiB and a few seconds before
+//! HELLO, a deadline for each frame once it has started and for each answer's write, and a
+//! cap on connections; frame bodies are allocated as their bytes come.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_proto::frame::{self, Header, Kind, RowsHead, HEADER, ROWS_FIXED};
-use embstore_proto::v1::LookupRequest;
+use embstore_proto::v1::{LookupRequest, ServerInfo};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
@@ -96,61 +102,146 @@ const KEEP_BUFFER: usize = 8 << 20;
 /// The send buffer of framed connections (the kernel caps it at `net.core.wmem_max`).
 const SEND_BUFFER: u32 = 4 << 20;
 
-/// How long a connection has to finish its TLS handshake.
-const HANDSHAKE: Duration = Duration::from_secs(10);
+/// What the framed port lets one connection take, and how many connections it holds
+/// ([`serve_fast_with`]; docs/serving.md, "Limits of the framed port"). The defaults are
+/// [`serve_fast`]'s.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FastLimits {
+    /// The largest frame body (bytes) a connection may send before its HELLO is accepted: a
+    /// token, or an empty DESCRIBE, takes far less. A larger announced frame is answered
+    /// `RESOURCE_EXHAUSTED` and the connection closed, before any of it is read.
+    pub before_hello: u32,
+    /// How long a connection has, from being accepted (its TLS handshake included), to send
+    /// a HELLO the server accepts; then it is closed.
+    pub hello_within: Duration,
+    /// Once a frame's first byte has come, how long the rest of it may take. An idle
+    /// authenticated connection (a client's pool) waits for its next frame without limit.
+    pub frame_within: Duration,
+    /// The most connections open at once, over every framed listener of the server; one more
+    /// is answered `UNAVAILABLE` (plain TCP and the Unix socket) and closed at once.
+    pub max_connections: usize,
+    /// How long writing one answer may take, plus [`FastLimits::write_per_8_mib`] for each
+    /// 8 MiB of it; a client that does not read its answer in that time is disconnected and
+    /// the answer dropped.
+    pub write_within: Duration,
+    /// See [`FastLimits::write_within`].
+    pub write_per_8_mib: Duration,
+}
+
+impl Default for FastLimits {
+    fn default() -> Self {
+        Self {
+            before_hello: 4 << 10,
+            hello_within: Duration::from_secs(10),
+            frame_within: Duration::from_secs(30),
+            max_connections: 4096,
+            write_within: Duration::from_secs(10),
+            write_per_8_mib: Duration::from_secs(1),
+        }
+    }
+}
+
+impl FastLimits {
+    /// How long writing an answer of `bytes` bytes may take.
+    pub fn write_deadline(&self, bytes: usize) -> Duration {
+        let chunks = u32::try_from(bytes.div_ceil(8 << 20)).unwrap_or(u32::MAX);
+        self.write_within.saturating_add(self.write_per_8_mib.saturating_mul(chunks))
+    }
+}
 
 /// Serves the framed lookup path of `server` on `listener` until `shutdown` resolves (then
-/// stops accepting, lets each connection finish the request it is answering, and returns).
-/// `tokens` and `tls` are the serving port's; TLS applies to TCP only. Clients learn the port
-/// (or socket) from `ServerInfo`.
-pub async fn serve_fast(
+/// stops accepting, lets each connection finish the request it is answering, and returns),
+/// under the default [`FastLimits`]. `tokens` and `tls` are the serving port's; TLS applies to
+/// TCP only. Clients learn the port (or socket) from `ServerInfo`: the server offers it as
+/// soon as this is called (the listener is bound, so connections made before the returned
+/// future first runs wait in its backlog), not when the future first runs.
+pub fn serve_fast(
     server: Arc<Server>,
     listener: FastListener,
     tokens: Tokens,
     tls: Option<Tls>,
     shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
+) -> impl Future<Output = std::io::Result<()>> {
+    serve_fast_with(server, listener, tokens, tls, FastLimits::default(), shutdown)
+}
+
+/// [`serve_fast`] under `limits`.
+pub fn serve_fast_with(
+    server: Arc<Server>,
+    listener: FastListener,
+    tokens: Tokens,
+    tls: Option<Tls>,
+    limits: FastLimits,
+    shutdown: impl Future<Output = ()>,
+) -> impl Future<Output = std::io::Result<()>> {
     let acceptor = match (&listener, &tls) {
-        (FastListener::Tcp(_), Some(t)) => {
-            let config = t
-                .rustls_config()
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            Some(tokio_rustls::TlsAcceptor::from(config))
-        }
-        _ => None,
+        (FastListener::Tcp(_), Some(t)) => t
+            .rustls_config()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+            .map(|config| Some(tokio_rustls::TlsAcceptor::from(config))),
+        _ => Ok(None),
     };
-    let accepted: Arc<Vec<String>> = Arc::new(tokens.for_lookups().into_iter().cloned().collect());
-    match &listener {
-        FastListener::Tcp(l) => server.offer_fast(Some(l.local_addr()?.port() as u32), None),
-        FastListener::Unix(_, p) => server.offer_fast(None, Some(p.display().to_string())),
+    let offered = acceptor.and_then(|a| {
+        match &listener {
+            FastListener::Tcp(l) => server.offer_fast(Some(l.local_addr()?.port() as u32), None),
+            FastListener::Unix(_, p) => server.offer_fast(None, Some(p.display().to_string())),
+        }
+        Ok(a)
+    });
+    async move {
+        let acceptor = offered?;
+        accept_loop(server, listener, tokens, acceptor, Arc::new(limits), shutdown).await;
+        Ok(())
     }
+}
+
+async fn accept_loop(
+    server: Arc<Server>,
+    listener: FastListener,
+    tokens: Tokens,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    limits: Arc<FastLimits>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let accepted: Arc<Vec<String>> = Arc::new(tokens.for_lookups().into_iter().cloned().collect());
     let (quit_tx, quit) = watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        let io: Box<dyn Io> = tokio::select! {
+        let stream = tokio::select! {
             _ = &mut shutdown => break,
             accepted = accept(&listener) => match accepted {
-                Ok(io) => io,
+                Ok(stream) => stream,
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             },
         };
-        let (server, accepted, quit, acceptor) =
-            (server.clone(), accepted.clone(), quit.clone(), acceptor.clone());
+        while conns.try_join_next().is_some() {}
+        let open = &server.metrics.fast_connections;
+        if open.get() >= limits.max_connections as i64 {
+            stream.refuse(&server, limits.max_connections, acceptor.is_some());
+            continue;
+        }
+        open.inc();
+        let guard = Open(server.clone());
+        let since = tokio::time::Instant::now();
+        let (server, accepted, quit, acceptor, limits) =
+            (server.clone(), accepted.clone(), quit.clone(), acceptor.clone(), limits.clone());
         conns.spawn(async move {
+            let _guard = guard;
+            let io = stream.into_io();
+            let hello_by = since + limits.hello_within;
             match acceptor {
-                None => connection(server, io, accepted, quit).await,
-                Some(a) => {
-                    if let Ok(Ok(io)) = tokio::time::timeout(HANDSHAKE, a.accept(io)).await {
-                        connection(server, io, accepted, quit).await;
-                    }
-                }
+                None => connection(server, io, accepted, quit, limits, hello_by).await,
+                Some(a) => match tokio::time::timeout_at(hello_by, a.accept(io)).await {
+                    Ok(Ok(io)) => connection(server, io, accepted, quit, limits, hello_by).await,
+                    Ok(Err(_)) => {}
+                    Err(_) => server.closed_for("hello_deadline"),
+                },
             }
         });
-        while conns.try_join_next().is_some() {}
     }
     let _ = quit_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
@@ -166,22 +257,64 @@ pub async fn serve_fast(
             let _ = std::fs::remove_file(path);
         }
     }
-    Ok(())
+}
+
+/// An open framed connection, counted in `embstore_fast_connections` until dropped.
+struct Open(Arc<Server>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.metrics.fast_connections.dec();
+    }
 }
 
 /// A byte stream of either listener, plain or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-async fn accept(listener: &FastListener) -> std::io::Result<Box<dyn Io>> {
+/// A connection as accepted, before TLS.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Accepted {
+    fn into_io(self) -> Box<dyn Io> {
+        match self {
+            Accepted::Tcp(s) => Box::new(s),
+            Accepted::Unix(s) => Box::new(s),
+        }
+    }
+
+    /// Answers a connection over the cap `UNAVAILABLE` where the socket takes the frame at
+    /// once, and closes it (a TLS listener's only closes it: its client sees its handshake
+    /// fail).
+    fn refuse(self, server: &Server, cap: usize, tls: bool) {
+        server.closed_for("over_cap");
+        if tls {
+            return;
+        }
+        let status = Status::unavailable(format!(
+            "this server's framed port holds its limit of {cap} connections: retry later, or \
+             take gRPC"
+        ));
+        let frame = error_frame(0, &status);
+        let _ = match &self {
+            Accepted::Tcp(s) => s.try_write(&frame),
+            Accepted::Unix(s) => s.try_write(&frame),
+        };
+    }
+}
+
+async fn accept(listener: &FastListener) -> std::io::Result<Accepted> {
     Ok(match listener {
         FastListener::Tcp(l) => {
             let (s, _) = l.accept().await?;
             // No Nagle: a small answer would otherwise wait for the client's delayed ACK.
             let _ = s.set_nodelay(true);
-            Box::new(s)
+            Accepted::Tcp(s)
         }
-        FastListener::Unix(l, _) => Box::new(l.accept().await?.0),
+        FastListener::Unix(l, _) => Accepted::Unix(l.accept().await?.0),
     })
 }
 
@@ -198,6 +331,26 @@ impl Server {
         }
         self.gen.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
+
+    /// Counts a framed connection closed for a limit (`embstore_fast_closed_total`).
+    fn closed_for(&self, reason: &str) {
+        self.metrics.fast_closed.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+    }
+
+    /// Framed connections open now.
+    pub fn fast_connections(&self) -> usize {
+        self.metrics.fast_connections.get().max(0) as usize
+    }
+
+    /// What the framed path's DESCRIBE answers before HELLO: who this server is, and nothing
+    /// of what it holds.
+    fn identity(&self) -> ServerInfo {
+        ServerInfo {
+            instance: self.instance.clone(),
+            boot_id: self.boot_id.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 /// The ERROR frame of `status` answering request `id`.
@@ -205,13 +358,39 @@ fn error_frame(id: u32, status: &Status) -> Vec<u8> {
     frame::encode_error(id, status.code() as i32, status.message(), status.details())
 }
 
-/// Serves one connection until the client closes it, it breaks, or `quit` is set between
-/// requests.
+/// Writes `bytes` within the deadline of an answer of their size; whether they went.
+async fn send<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    limits: &FastLimits,
+    server: &Server,
+) -> bool {
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    match tokio::time::timeout(limits.write_deadline(bytes.len()), write).await {
+        Ok(done) => done.is_ok(),
+        Err(_) => {
+            server.closed_for("write_deadline");
+            false
+        }
+    }
+}
+
+/// Frame bodies above this many bytes are not kept for the connection's next frame.
+const KEEP_BODY: usize = 1 << 20;
+
+/// Serves one connection until the client closes it, it breaks, a limit closes it
+/// ([`FastLimits`]; before HELLO, everything must be done by `hello_by`), or `quit` is set
+/// between requests.
 async fn connection<S: Io>(
     server: Arc<Server>,
     io: S,
     accepted: Arc<Vec<String>>,
     mut quit: watch::Receiver<bool>,
+    limits: Arc<FastLimits>,
+    hello_by: tokio::time::Instant,
 ) {
     let (r, mut w) = tokio::io::split(io);
     let mut r = BufReader::with_capacity(64 << 10, r);
@@ -220,20 +399,52 @@ async fn connection<S: Io>(
     let mut buf: Vec<f32> = Vec::new();
     let mut hello = false;
     loop {
+        // The next frame's first byte: an authenticated connection may wait for it as long as
+        // the client keeps it; one that has not said HELLO, until `hello_by`.
         let mut h = [0u8; HEADER];
-        tokio::select! {
-            read = r.read_exact(&mut h) => if read.is_err() { return },
+        let first = r.read_exact(&mut h[..1]);
+        let wait = if hello { None } else { Some(hello_by) };
+        let started = tokio::select! {
+            read = async {
+                match wait {
+                    None => Some(first.await),
+                    Some(by) => tokio::time::timeout_at(by, first).await.ok(),
+                }
+            } => read,
             _ = quit.wait_for(|q| *q) => return,
+        };
+        match started {
+            Some(Ok(_)) => {}
+            Some(Err(_)) => return,
+            None => return server.closed_for("hello_deadline"),
+        }
+        // The rest of the frame within its deadline.
+        let by = if hello { tokio::time::Instant::now() + limits.frame_within } else { hello_by };
+        let late = if hello { "frame_deadline" } else { "hello_deadline" };
+        match tokio::time::timeout_at(by, r.read_exact(&mut h[1..])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return,
+            Err(_) => return server.closed_for(late),
         }
         let header = match frame::parse_header(&h) {
             Ok(header) => header,
             Err(e) => {
                 let status = Status::unimplemented(e.to_string());
-                let _ = w.write_all(&error_frame(0, &status)).await;
+                send(&mut w, &error_frame(0, &status), &limits, &server).await;
                 return;
             }
         };
         let Header { kind, len, id } = header;
+        if !hello && len > limits.before_hello {
+            server.closed_for("frame_too_large_before_hello");
+            let status = Status::resource_exhausted(format!(
+                "a frame of {len} bytes before HELLO is over the {} bytes this server reads \
+                 from a connection that has not authenticated",
+                limits.before_hello
+            ));
+            send(&mut w, &error_frame(id, &status), &limits, &server).await;
+            return;
+        }
         if len as usize > limit {
             let status = server.status(
                 Code::ResourceExhausted,
@@ -243,12 +454,21 @@ async fn connection<S: Io>(
                     server.max_batch
                 ),
             );
-            let _ = w.write_all(&error_frame(id, &status)).await;
+            send(&mut w, &error_frame(id, &status), &limits, &server).await;
             return;
         }
-        body.resize(len as usize, 0);
-        if r.read_exact(&mut body).await.is_err() {
-            return;
+        // The body as its bytes come: a frame that announces much and sends little holds
+        // little.
+        if body.capacity() > KEEP_BODY {
+            body = Vec::new();
+        }
+        body.clear();
+        body.reserve((len as usize).min(64 << 10));
+        let mut rest = (&mut r).take(u64::from(len));
+        match tokio::time::timeout_at(by, rest.read_to_end(&mut body)).await {
+            Ok(Ok(n)) if n == len as usize => {}
+            Ok(_) => return,
+            Err(_) => return server.closed_for(late),
         }
         let answer = match kind {
             Kind::Hello => {
@@ -260,14 +480,19 @@ async fn connection<S: Io>(
                         frame::frame(Kind::Info, id, &server.info().encode_to_vec())
                     }
                     Err(status) => {
-                        let _ = w.write_all(&error_frame(id, &status)).await;
+                        send(&mut w, &error_frame(id, &status), &limits, &server).await;
                         return;
                     }
                 }
             }
+            // Before HELLO, who this server is (a client checks it before sending its
+            // token); after, what it holds too.
+            Kind::Describe if !hello => {
+                frame::frame(Kind::Info, id, &server.identity().encode_to_vec())
+            }
             _ if !hello => {
-                let status = Status::unauthenticated("the first frame must be HELLO");
-                let _ = w.write_all(&error_frame(id, &status)).await;
+                let status = Status::unauthenticated("the first frame must be HELLO (or DESCRIBE)");
+                send(&mut w, &error_frame(id, &status), &limits, &server).await;
                 return;
             }
             Kind::Describe => frame::frame(Kind::Info, id, &server.info().encode_to_vec()),
@@ -276,7 +501,7 @@ async fn connection<S: Io>(
                     Ok(req) => req,
                     Err(e) => {
                         let status = server.status(Code::InvalidArgument, e.to_string());
-                        if w.write_all(&error_frame(id, &status)).await.is_err() {
+                        if !send(&mut w, &error_frame(id, &status), &limits, &server).await {
                             return;
                         }
                         continue;
@@ -301,25 +526,30 @@ async fn connection<S: Io>(
                 if let Some(own) = back {
                     buf = own;
                 }
+                // A client that does not read its answer within the deadline is dropped,
+                // and the answer with it.
                 let sent = match result {
-                    Ok(words) => w.write_all(embstore_proto::f32_bytes(&buf[..words])).await,
-                    Err(status) => w.write_all(&error_frame(id, &status)).await,
+                    Ok(words) => {
+                        let bytes = embstore_proto::f32_bytes(&buf[..words]);
+                        send(&mut w, bytes, &limits, &server).await
+                    }
+                    Err(status) => send(&mut w, &error_frame(id, &status), &limits, &server).await,
                 };
                 if buf.len() > KEEP_BUFFER / 4 {
                     buf = Vec::new();
                 }
-                if sent.is_err() {
+                if !sent {
                     return;
                 }
                 continue;
             }
             Kind::Info | Kind::Rows | Kind::Error => {
                 let status = Status::invalid_argument(format!("{kind:?} is not a request"));
-                let _ = w.write_all(&error_frame(id, &status)).await;
+                send(&mut w, &error_frame(id, &status), &limits, &server).await;
                 return;
             }
         };
-        if w.write_all(&answer).await.is_err() {
+        if !send(&mut w, &answer, &limits, &server).await {
             return;
         }
     }

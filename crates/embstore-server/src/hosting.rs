@@ -184,6 +184,8 @@ pub struct Hosted {
 #[derive(Debug)]
 pub struct Server {
     pub(crate) instance: String,
+    /// A random id drawn when this server was made ([`Server::boot_id`]).
+    pub(crate) boot_id: String,
     pub(crate) metrics: Metrics,
     pub(crate) gen: AtomicU64,
     pub(crate) max_batch: usize,
@@ -280,6 +282,7 @@ impl Server {
     fn build(instance: String, max_batch: usize, tier: Option<TierOptions>) -> Arc<Self> {
         Arc::new(Self {
             instance,
+            boot_id: new_boot_id(),
             metrics: Metrics::new(),
             gen: AtomicU64::new(1),
             max_batch: max_batch.max(1),
@@ -292,6 +295,14 @@ impl Server {
             live: RwLock::new(HashMap::new()),
             fast: RwLock::new((0, String::new())),
         })
+    }
+
+    /// A random id (32 hex digits) drawn when this server was made, which its `ServerInfo` and
+    /// the framed path's DESCRIBE both carry: a client reads over the framed path only from an
+    /// endpoint that names the id the gRPC port named (docs/serving.md, "Limits of the framed
+    /// port").
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
     }
 
     /// Rows the shards held now have read from disk so far.
@@ -543,8 +554,34 @@ impl Server {
             held,
             fast_port,
             fast_unix,
+            boot_id: self.boot_id.clone(),
         }
     }
+}
+
+/// 128 random bits as hex: from the OS (`/dev/urandom`), else from the standard library's
+/// randomly keyed hasher over the time, the process and a counter.
+fn new_boot_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    let from_os =
+        std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
+    if !from_os {
+        use std::hash::{BuildHasher, Hasher};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        for half in bytes.chunks_exact_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            h.write_u32(std::process::id());
+            h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Bytes of the files in `dir`.

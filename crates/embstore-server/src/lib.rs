@@ -30,7 +30,8 @@
 //! - `hosting` — [`Server`], [`Hosted`], [`State`], [`RowSource`], [`TierOptions`]: what is held,
 //!   and loading it from checkpoints.
 //! - `service` — [`Serving`], [`Admin`], the lookup path, [`to_status`], [`serve`].
-//! - `fast` — [`serve_fast`], [`FastListener`]: the framed lookup path.
+//! - `fast` — [`serve_fast`], [`serve_fast_with`], [`FastLimits`], [`FastListener`]: the framed
+//!   lookup path and its limits.
 //! - `metrics` — the Prometheus metrics and [`serve_metrics`].
 //! - `tls` — [`Tls`], the metrics port's TLS listener, and [`Tokens`].
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
@@ -45,7 +46,7 @@ mod service;
 mod tls;
 
 pub use endpoint::{serve_metrics, serve_metrics_with};
-pub use fast::{serve_fast, FastListener};
+pub use fast::{serve_fast, serve_fast_with, FastLimits, FastListener};
 pub use hosting::{
     Followed, FollowedReport, Hosted, RowSource, Server, State, SyncLoads, TierOptions,
 };

@@ -47,6 +47,10 @@ pub(crate) struct Metrics {
     pub(crate) follow_lag: Family<Labels, FloatGauge>,
     pub(crate) follow_state: Family<Labels, Gauge>,
     pub(crate) follow_count: Family<Labels, Gauge>,
+    /// Connections open on the framed path now (its cap counts them).
+    pub(crate) fast_connections: Gauge,
+    /// Framed connections the server closed for a limit, by reason.
+    pub(crate) fast_closed: Family<Labels, Counter>,
     pub(crate) registry: Registry,
 }
 
@@ -76,6 +80,8 @@ impl Metrics {
             follow_lag: Family::default(),
             follow_state: Family::default(),
             follow_count: Family::default(),
+            fast_connections: Gauge::default(),
+            fast_closed: Family::default(),
             registry: Registry::with_prefix("embstore"),
         };
         let r = &mut m.registry;
@@ -143,6 +149,17 @@ impl Metrics {
             "A followed table since this process started, by table and what (parts_pending, \
              rows_applied, bytes_in, errors)",
             m.follow_count.clone(),
+        );
+        r.register(
+            "fast_connections",
+            "Connections open on the framed lookup path",
+            m.fast_connections.clone(),
+        );
+        r.register(
+            "fast_closed",
+            "Framed connections the server closed for a limit, by reason (over_cap, \
+             frame_too_large_before_hello, hello_deadline, frame_deadline, write_deadline)",
+            m.fast_closed.clone(),
         );
         m
     }

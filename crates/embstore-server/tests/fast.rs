@@ -231,3 +231,65 @@ async fn the_unix_socket_serves_and_never_replaces_what_is_not_a_dead_socket() {
     assert!(path.exists());
     drop(FastListener::unix(&path).unwrap());
 }
+
+/// The server offers its framed endpoint when `serve_fast` is called, not when its future
+/// first runs: a client that reads the info at once finds it, and a connection made before
+/// the accept loop runs waits in the listener's backlog and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("embstore.sock");
+    let (stop, rx) = watch::channel(false);
+    let quit = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|q| *q).await;
+    };
+    let tcp = FastListener::tcp("127.0.0.1:0").await.unwrap();
+    let (s, q) = (server.clone(), quit(rx.clone()));
+    let tcp = embstore_server::serve_fast(s, tcp, Tokens::default(), None, q);
+    let unix = FastListener::unix(&path).unwrap();
+    let unix = embstore_server::serve_fast(server.clone(), unix, Tokens::default(), None, quit(rx));
+    let info = server.info();
+    assert_ne!(info.fast_port, 0, "the port is offered before serving runs");
+    assert_eq!(info.fast_unix, path.display().to_string());
+    let mut c =
+        tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.fast_port)).await.unwrap();
+    c.write_all(&frame::frame(Kind::Hello, 0, b"")).await.unwrap();
+    let tasks = [tokio::spawn(tcp), tokio::spawn(unix)];
+    let (h, _) =
+        tokio::time::timeout(Duration::from_secs(30), read_frame(&mut c)).await.unwrap().unwrap();
+    assert_eq!(h.kind, Kind::Info);
+    let _ = stop.send(true);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!((server.info().fast_port, server.info().fast_unix), (0, String::new()));
+}
+
+/// DESCRIBE before HELLO says which server this is (its boot id, as its gRPC `ServerInfo`
+/// names it) and nothing of what it holds, also to a client without the token; after HELLO,
+/// DESCRIBE answers the whole info.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_before_hello_names_the_server_and_nothing_it_holds() {
+    let server = server();
+    let other = Server::new("other", 64);
+    assert_eq!(server.boot_id().len(), 32);
+    assert_ne!(server.boot_id(), other.boot_id());
+    assert_eq!(server.info().boot_id, server.boot_id());
+    let tokens = Tokens { read: Some("r3ad".into()), admin: None };
+    let serving =
+        serve(server.clone(), FastListener::tcp("127.0.0.1:0").await.unwrap(), tokens).await;
+    let addr = format!("127.0.0.1:{}", server.info().fast_port);
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    c.write_all(&frame::frame(Kind::Describe, 1, &[])).await.unwrap();
+    let (h, body) = read_frame(&mut c).await.unwrap();
+    assert_eq!((h.kind, h.id), (Kind::Info, 1));
+    let info = ServerInfo::decode(body.as_slice()).unwrap();
+    assert_eq!((info.boot_id.as_str(), info.instance.as_str()), (server.boot_id(), "fast"));
+    assert!(info.held.is_empty() && info.fast_port == 0, "{info:?}");
+    let (kind, body) = hello(&mut c, "r3ad").await;
+    assert_eq!(kind, Kind::Info);
+    let info = ServerInfo::decode(body.as_slice()).unwrap();
+    assert_eq!((info.boot_id.as_str(), info.held.len()), (server.boot_id(), 1));
+    serving.stop().await;
+}
