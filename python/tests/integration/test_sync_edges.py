@@ -107,7 +107,9 @@ def test_a_table_created_at_the_source_is_followed_and_a_drop_is_refused() -> No
             users.assign(np.arange(100), np.full((100, 8), 3.0, np.float32))
             assert replica.wait_caught_up(timeout=60)
             assert [s["table"] for s in replica.sync_status()] == ["item", "user"]
-            assert np.array_equal(replica["user"].lookup(np.arange(100)), users.lookup(np.arange(100)))
+            assert np.array_equal(
+                replica["user"].lookup(np.arange(100)), users.lookup(np.arange(100))
+            )
             with pytest.raises(InvalidArgumentError, match=r"while the store syncs.*clear\(\)"):
                 primary.drop_table("user")
             users.clear()
