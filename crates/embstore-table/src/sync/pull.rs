@@ -42,7 +42,8 @@ impl Table {
     }
 
     /// [`Table::sync_pull`] in pieces of at most `piece_rows` rows (fewer in a table with a
-    /// memory budget: a piece stays within an eighth of it), each handed to `emit` as it is
+    /// memory budget: a piece, with a 4 KiB read buffer per row on disk, stays within an
+    /// eighth of it, or 256 rows), each handed to `emit` as it is
     /// read: a part of any size costs the responder its keys (8 bytes each) and one piece,
     /// not the whole reply. Every piece but the last is `partial`; the pieces of a complete
     /// reply cover consecutive key ranges, together every key.
@@ -81,7 +82,8 @@ impl Table {
         let (d, sd) = (self.dim(), self.state_dim);
         let piece_rows = match self.tier() {
             Some(tier) => {
-                let row_bytes = 48 + 4 * (d + if with_state { sd } else { 0 });
+                // A row read from disk costs a block of the read's buffer besides its bytes.
+                let row_bytes = 48 + 4 * (d + if with_state { sd } else { 0 }) + 4096;
                 piece_rows.min(((tier.budget_limit() / 8) as usize / row_bytes).max(256))
             }
             None => piece_rows,
