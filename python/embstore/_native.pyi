@@ -364,6 +364,9 @@ class SyncServer:
         tls_client_ca: str | None = None,
         use_cache: bool | None = None,
         tombstone_horizon_ms: int | None = None,
+        etcd: list[str] | None = None,
+        dc: str | None = None,
+        advertise: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...

@@ -175,6 +175,9 @@ class Store:
         tls_client_ca: str | os.PathLike[str] | None = None,
         use_cache: bool | None = None,
         tombstone_horizon_s: float | None = None,
+        etcd: str | list[str] | None = None,
+        dc: str | None = None,
+        advertise: str | None = None,
     ) -> SyncPort:
         """Exposes this store's tables for pulling on ``listen`` (``host:port``; port 0 picks
         one: see :attr:`SyncPort.address`). From now on every table keeps sync state: each
@@ -192,10 +195,27 @@ class Store:
         a source for others) serves with its own sync options: leave ``parts``, ``use_cache``
         and ``tombstone_horizon_s`` out (asking for others is an error).
 
+        With ``etcd`` (a URL or a list) and ``dc``, the port is registered there as a primary
+        of data centre ``dc`` (under a lease, until :meth:`SyncPort.stop`), so that replicas
+        that follow through etcd find it: a trainer registers its own sync port this way.
+        ``advertise``: the ``host:port`` replicas dial (default: the address it listens on,
+        which must then not be ``0.0.0.0``).
+
         Start it before other threads write. A table that syncs cannot be replaced by
         :meth:`Table.load` (import its rows instead: they sync as writes)."""
         tls = (tls_cert, tls_key, tls_client_ca)
-        return _sync.serve(self._inner, listen, token, parts, tls, use_cache, tombstone_horizon_s)
+        return _sync.serve(
+            self._inner,
+            listen,
+            token,
+            parts,
+            tls,
+            use_cache,
+            tombstone_horizon_s,
+            etcd=etcd,
+            dc=dc,
+            advertise=advertise,
+        )
 
     @classmethod
     def follow(

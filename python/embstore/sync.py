@@ -66,8 +66,16 @@ def serve(
     tls: tuple[Any, Any, Any] = (None, None, None),
     use_cache: bool | None = None,
     tombstone_horizon_s: float | None = None,
+    etcd: str | list[str] | None = None,
+    dc: str | None = None,
+    advertise: str | None = None,
 ) -> SyncPort:
     """The native port for a store (see :meth:`embstore.Store.serve_sync`)."""
+    endpoints = _etcd_endpoints(etcd, dc, "registering in etcd") if etcd is not None else None
+    if dc is not None and etcd is None:
+        raise InvalidArgumentError("dc names a data centre in etcd: pass etcd= too")
+    if advertise is not None and (not isinstance(advertise, str) or ":" not in advertise):
+        raise InvalidArgumentError(f"advertise must be 'host:port', got {advertise!r}")
     if not isinstance(listen, str) or ":" not in listen:
         raise InvalidArgumentError(f"listen must be 'host:port', got {listen!r}")
     if token is not None and not isinstance(token, str):
@@ -96,8 +104,22 @@ def serve(
         client_ca,
         None if use_cache is None else bool(use_cache),
         None if h is None else int(h * 1000),
+        endpoints,
+        dc if endpoints else None,
+        advertise,
     )
     return SyncPort(native)
+
+
+def _etcd_endpoints(etcd: str | list[str], dc: str | None, what: str) -> list[str]:
+    """etcd's endpoints from a URL, a comma-separated list or a list; ``dc`` must be a name."""
+    urls = [etcd] if isinstance(etcd, str) else etcd
+    endpoints = [e for u in urls for e in str(u).split(",") if e]
+    if not endpoints or not all(isinstance(e, str) for e in endpoints):
+        raise InvalidArgumentError(f"etcd must be a URL or a list of URLs, got {etcd!r}")
+    if not isinstance(dc, str) or not dc:
+        raise InvalidArgumentError(f"{what} needs dc (a name), got {dc!r}")
+    return endpoints
 
 
 def new_replica_id() -> int:
@@ -125,12 +147,7 @@ def start_follower(
         raise InvalidArgumentError(f"source must be 'host:port' of a sync port, got {source!r}")
     endpoints = None
     if etcd is not None:
-        endpoints = [etcd] if isinstance(etcd, str) else etcd
-        endpoints = [e for u in endpoints for e in str(u).split(",") if e]
-        if not endpoints or not all(isinstance(e, str) for e in endpoints):
-            raise InvalidArgumentError(f"etcd must be a URL or a list of URLs, got {etcd!r}")
-        if not isinstance(dc, str) or not dc:
-            raise InvalidArgumentError(f"following through etcd needs dc (a name), got {dc!r}")
+        endpoints = _etcd_endpoints(etcd, dc, "following through etcd")
     if tables is not None and (
         isinstance(tables, str) or not all(isinstance(t, str) for t in tables)
     ):

@@ -19,12 +19,14 @@ use crate::{detached, to_py_err};
 pub(crate) struct PySyncServer {
     inner: Mutex<Option<SyncServer>>,
     addr: String,
+    /// The registration in etcd as a primary of a data centre, when asked for.
+    directory: Mutex<Option<Arc<embstore_sync::Directory>>>,
 }
 
 #[pymethods]
 impl PySyncServer {
     #[new]
-    #[pyo3(signature = (store, listen, token=None, parts=None, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=None, tombstone_horizon_ms=None))]
+    #[pyo3(signature = (store, listen, token=None, parts=None, tls_cert=None, tls_key=None, tls_client_ca=None, use_cache=None, tombstone_horizon_ms=None, etcd=None, dc=None, advertise=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -37,6 +39,9 @@ impl PySyncServer {
         tls_client_ca: Option<std::path::PathBuf>,
         use_cache: Option<bool>,
         tombstone_horizon_ms: Option<u64>,
+        etcd: Option<Vec<String>>,
+        dc: Option<String>,
+        advertise: Option<String>,
     ) -> PyResult<Self> {
         let tls = crate::tls::serving_tls(tls_cert, tls_key, tls_client_ca)?;
         let options = ServeOptions {
@@ -46,7 +51,47 @@ impl PySyncServer {
         };
         let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))
             .map_err(to_py_err)?;
-        Ok(Self { addr: s.addr().to_string(), inner: Mutex::new(Some(s)) })
+        let addr = s.addr().to_string();
+        // A primary of `dc` in etcd: replicas there and elsewhere find this port (the trainer
+        // serves its own sync port, and registers it, from the training process).
+        let directory = match (etcd, dc) {
+            (Some(etcd), Some(dc)) => {
+                let advertised = match advertise {
+                    Some(a) => a,
+                    None if s.addr().ip().is_unspecified() => {
+                        detached(py, || s.stop());
+                        return Err(to_py_err(embstore_table::Error::invalid(format!(
+                            "the sync port listens on {addr}, which replicas cannot dial: pass \
+                             advertise='HOST:PORT' (the address they reach it at) to register it \
+                             in etcd"
+                        ))));
+                    }
+                    None => addr.clone(),
+                };
+                let me = embstore_sync::Member {
+                    dc,
+                    replica: store.inner.replica(),
+                    addr: advertised,
+                    primary: true,
+                    status: String::new(),
+                };
+                let ttl = embstore_sync::discovery::DEFAULT_TTL;
+                let dir = match detached(py, || embstore_sync::Directory::start(&etcd, me, ttl)) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        detached(py, || s.stop());
+                        return Err(to_py_err(e));
+                    }
+                };
+                let held = store.inner.clone();
+                dir.set_report(Box::new(move || {
+                    format!("primary tables={}", held.tables().join(","))
+                }));
+                Some(dir)
+            }
+            _ => None,
+        };
+        Ok(Self { addr, inner: Mutex::new(Some(s)), directory: Mutex::new(directory) })
     }
 
     #[getter]
@@ -67,6 +112,10 @@ impl PySyncServer {
     }
 
     fn stop(&self, py: Python<'_>) {
+        // Deregistered first: replicas stop choosing this port before it closes.
+        if let Some(d) = self.directory.lock().take() {
+            detached(py, || d.stop());
+        }
         if let Some(s) = self.inner.lock().take() {
             detached(py, || s.stop());
         }

@@ -118,3 +118,41 @@ def test_a_table_created_at_the_source_is_followed_and_a_drop_is_refused() -> No
         finally:
             replica.close()
     primary.close()
+
+
+@pytest.mark.etcd
+def test_a_trainer_registers_its_own_sync_port_in_etcd(tmp_path) -> None:
+    """The training process serves its sync port and registers it in etcd as a primary of its
+    data centre; a replica of another data centre finds it there and follows; stopping the
+    port deregisters it."""
+    from test_cluster import _Etcd, _status
+
+    etcd = _Etcd(tmp_path / "etcd")
+    try:
+        trainer = embstore.Store(tmp_path / "train", replica_id=1)
+        t = trainer.create_table("item", embedding_dim=4, optimizer=embstore.Adagrad(lr=0.1))
+        with pytest.raises(InvalidArgumentError, match="advertise="):
+            trainer.serve_sync("0.0.0.0:0", etcd=etcd.url, dc="dc1")
+        with pytest.raises(InvalidArgumentError, match="needs dc"):
+            trainer.serve_sync(etcd=etcd.url)
+        port = trainer.serve_sync(token="tok", etcd=etcd.url, dc="dc1")
+        members = _status(etcd.url)["sync"]
+        assert [(m["dc"], m["primary"], m["addr"]) for m in members] == [
+            ("dc1", True, port.address)
+        ], members
+        replica = embstore.Store.follow(etcd=etcd.url, dc="dc2", token="tok")
+        try:
+            ids = np.arange(300)
+            t.apply_gradients(ids, np.ones((300, 4), np.float32))
+            assert replica.wait_caught_up(timeout=60), replica.sync_status()
+            assert np.array_equal(replica["item"].lookup(ids, on_miss="error"), t.lookup(ids))
+        finally:
+            replica.close()
+        port.stop()
+        deadline = time.monotonic() + 30
+        while any(m["primary"] for m in _status(etcd.url)["sync"]):
+            assert time.monotonic() < deadline, "the stopped port stayed registered"
+            time.sleep(0.2)
+        trainer.close()
+    finally:
+        etcd.stop()
