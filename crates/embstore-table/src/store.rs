@@ -381,12 +381,14 @@ impl Store {
     }
 
     /// A durable store's table that starts to sync as its own source (knowledge from its
-    /// rows) with nothing saved of what it knew: it may have synced before, under this name,
-    /// and changed since without sync (a restart that wrote, cleared, removed, or dropped and
-    /// created the table again before serving): its floors are raised, so that a follower
-    /// that knew it takes every part whole once.
+    /// rows) with nothing saved of what it knew, in a store that synced before (it saved
+    /// knowledge then): it may have synced under this name and changed since without sync (a
+    /// restart that wrote, cleared, removed, or dropped and created the table again before
+    /// serving): its floors are raised, so that a follower that knew it takes every part
+    /// whole once. (A store that never synced has no follower that knew it.)
     fn raise_floors_of_unknown(&self, table: &Table, options: &crate::sync::SyncOptions) {
-        if self.durable.is_some() && options.knowledge_from_rows {
+        let Some(durable) = &self.durable else { return };
+        if options.knowledge_from_rows && durable.dir().join(crate::sync::saved::DIR).exists() {
             table.raise_sync_floors();
         }
     }
