@@ -204,3 +204,24 @@ fn writes_made_while_the_source_did_not_sync_reach_followers() {
         server.stop();
     });
 }
+
+/// Serving a follower's store with options that differ only in what a user does not name
+/// (the default `SyncOptions` take knowledge from rows; a follower's never do) says how.
+#[test]
+fn serving_a_followers_store_with_other_options_says_which() {
+    within(60, || {
+        let p = Arc::new(Store::with_replica(1).unwrap());
+        p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
+        let s0 = serve(&p);
+        let a = Arc::new(Store::with_replica(2).unwrap());
+        let fa = Follower::start(a.clone(), &s0.addr().to_string(), follow()).unwrap();
+        let sync = SyncOptions { parts: 16, ..SyncOptions::default() };
+        let options = ServeOptions { token: None, sync, tls: None };
+        let e = SyncServer::start(a.clone(), "127.0.0.1:0", options).unwrap_err();
+        let m = e.message();
+        assert!(m.contains("never from rows") && m.contains("from rows (a source)"), "{m}");
+        assert!(!m.contains('{') && !m.contains("SyncOptions"), "{m}");
+        fa.stop();
+        s0.stop();
+    });
+}

@@ -328,9 +328,16 @@ impl Store {
         let mut sync = self.sync.lock();
         if let Some(have) = &*sync {
             if have != options {
+                // Options a user does not name (a follower's knowledge is never taken from its
+                // rows, and so on) show only when the named ones agree.
+                let (a, b) = if have.to_string() == options.to_string() {
+                    (have.in_full(), options.in_full())
+                } else {
+                    (have.to_string(), options.to_string())
+                };
                 return Err(Error::invalid(format!(
-                    "the store syncs already, with {have}; asked for {options} (leave the \
-                     options out to serve with the store's)"
+                    "the store syncs already, with {a}; asked for {b} (leave the options out \
+                     to serve with the store's, Store::sync_options)"
                 )));
             }
         }
