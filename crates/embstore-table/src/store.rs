@@ -242,6 +242,15 @@ impl Store {
     ) -> Result<FlushStats> {
         let known: Vec<_> =
             tables.iter().filter_map(|t| Some((t.name(), t.sync_knowledge_snapshot()?))).collect();
+        // A table that does not sync now and is about to write changes (its store restarted
+        // and serves its port later, or not at all): what it saved when it synced no longer
+        // says what it holds. Removed before the rows land, so that the next serve raises its
+        // floors instead (followers then take every part whole: writes and removals alike).
+        for t in tables {
+            if t.sync.get().is_none() && t.has_unflushed_changes() {
+                crate::sync::saved::remove(durable.dir(), t.name());
+            }
+        }
         let stats = durable.flush(tables)?;
         for (name, vvs) in known {
             crate::sync::saved::save(durable.dir(), name, &vvs)?;
@@ -319,14 +328,27 @@ impl Store {
         let mut sync = self.sync.lock();
         if let Some(have) = &*sync {
             if have != options {
+                // Options a user does not name (a follower's knowledge is never taken from its
+                // rows, and so on) show only when the named ones agree.
+                let (a, b) = if have.to_string() == options.to_string() {
+                    (have.in_full(), options.in_full())
+                } else {
+                    (have.to_string(), options.to_string())
+                };
                 return Err(Error::invalid(format!(
-                    "the store syncs already, with {have}; asked for {options} (leave the \
-                     options out to serve with the store's)"
+                    "the store syncs already, with {a}; asked for {b} (leave the options out \
+                     to serve with the store's, Store::sync_options)"
                 )));
             }
         }
         for table in self.tables.read().values() {
-            table.enable_sync_knowing(options, self.saved_knowledge(table, options))?;
+            let fresh = table.sync.get().is_none();
+            let known = self.saved_knowledge(table, options);
+            let unknown = known.is_none();
+            table.enable_sync_knowing(options, known)?;
+            if fresh && unknown {
+                self.raise_floors_of_unknown(table, options);
+            }
         }
         *sync = Some(options.clone());
         Ok(())
@@ -356,8 +378,25 @@ impl Store {
 
     fn start_sync(&self, table: &Table) -> Result<()> {
         match &*self.sync.lock() {
-            Some(options) => table.enable_sync(options),
+            Some(options) => {
+                table.enable_sync(options)?;
+                self.raise_floors_of_unknown(table, options);
+                Ok(())
+            }
             None => Ok(()),
+        }
+    }
+
+    /// A durable store's table that starts to sync as its own source (knowledge from its
+    /// rows) with nothing saved of what it knew, in a store that synced before (it saved
+    /// knowledge then): it may have synced under this name and changed since without sync (a
+    /// restart that wrote, cleared, removed, or dropped and created the table again before
+    /// serving): its floors are raised, so that a follower that knew it takes every part
+    /// whole once. (A store that never synced has no follower that knew it.)
+    fn raise_floors_of_unknown(&self, table: &Table, options: &crate::sync::SyncOptions) {
+        let Some(durable) = &self.durable else { return };
+        if options.knowledge_from_rows && durable.dir().join(crate::sync::saved::DIR).exists() {
+            table.raise_sync_floors();
         }
     }
 

@@ -99,6 +99,11 @@ impl Durable {
     /// Writes the dirty rows among `keys` of `table` to a new segment (eviction): durable when
     /// this returns, their disk locations set.
     pub(crate) fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
+        if table.sync.get().is_none() {
+            // Changes of a table that does not sync now land here too, not at a flush: what it
+            // saved when it synced no longer says what it holds (see `Store::flush`).
+            crate::sync::saved::remove(&self.dir, table.name());
+        }
         let mut guard = self.inner.lock();
         let mut stats = FlushStats::default();
         let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); table.shards.len()];

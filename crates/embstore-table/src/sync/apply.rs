@@ -51,8 +51,15 @@ impl Table {
             self.enter(&[&reply.keys[..], &missing[..]].concat())?
         };
         if let (Some(step), Some(_)) = (reply.step, &reply.state) {
-            // A replica with state may take over training: it continues the step count.
-            self.raise_step(step);
+            // A replica with state may take over training: it continues the step count. A
+            // complete reply (the requester was behind a floor: a clear, or removals whose
+            // tombstones were collected) takes the responder's count as it is, which a clear
+            // set back to 0; otherwise the count only rises.
+            if reply.complete.is_some() {
+                self.set_step(step);
+            } else {
+                self.raise_step(step);
+            }
         }
         let created = PackedMeta::created(now_ms());
         // The shard's lock is released before the tier's guard (`_entered`): the guard's drop

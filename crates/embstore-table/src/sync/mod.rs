@@ -83,6 +83,23 @@ impl std::fmt::Display for SyncOptions {
     }
 }
 
+impl SyncOptions {
+    /// Every option, as words (for an error where the ones a user names agree).
+    pub fn in_full(&self) -> String {
+        format!(
+            "{self}, update cache time {} s{}, cache cap {} of a part's rows, knowledge {}",
+            self.d_prop_ms as f64 / 1000.0,
+            if self.adaptive { " (adaptive)" } else { "" },
+            self.cache_max_frac,
+            if self.knowledge_from_rows {
+                "from rows (a source)"
+            } else {
+                "never from rows (a follower)"
+            }
+        )
+    }
+}
+
 impl Default for SyncOptions {
     fn default() -> Self {
         Self {

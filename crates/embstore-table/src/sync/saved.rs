@@ -57,6 +57,31 @@ impl Table {
     }
 }
 
+impl Table {
+    /// Whether a flush would write anything for this table (rows changed or removed since
+    /// the last flush, or a clear or load).
+    pub(crate) fn has_unflushed_changes(&self) -> bool {
+        self.cleared.load(std::sync::atomic::Ordering::Relaxed)
+            || self.shards.iter().any(|s| {
+                let s = s.read();
+                s.dirty_keys.as_ref().is_some_and(|d| !d.is_empty())
+                    || s.removed.as_ref().is_some_and(|r| !r.is_empty())
+            })
+    }
+
+    /// Raises every part's VV and floor by one fresh version (as a clear does, keeping the
+    /// rows): every peer that knew this table before gets each part complete once, takes its
+    /// rows and drops those it lacks. For a table whose history is not known (its saved
+    /// knowledge is missing, or was invalidated by changes made while the store did not sync).
+    pub(crate) fn raise_sync_floors(&self) {
+        for shard in self.shards.iter() {
+            if let Some(sy) = shard.write().sync.as_mut() {
+                sy.on_local_clear();
+            }
+        }
+    }
+}
+
 fn put_vv(b: &mut Vec<u8>, vv: &Vv) {
     b.extend_from_slice(&(vv.entries().len() as u16).to_le_bytes());
     for &(o, t) in vv.entries() {
