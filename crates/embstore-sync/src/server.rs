@@ -292,30 +292,7 @@ impl Conn<'_> {
     fn flush_within(&mut self) -> Result<()> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
         let w = self.r.get_mut();
-        let late = || Error::io("sync send", std::io::ErrorKind::TimedOut.into());
-        let mut left = &self.out[..];
-        let step = |w: &mut Stream, f: &mut dyn FnMut(&mut Stream) -> std::io::Result<()>| {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return Err(late());
-            }
-            let _ = w.tcp().set_write_timeout(Some(remaining));
-            match f(w) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
-                r => r.map_err(|e| Error::io("sync send", e)),
-            }
-        };
-        while !left.is_empty() {
-            step(w, &mut |w| {
-                let n = w.write(left)?;
-                if n == 0 {
-                    return Err(std::io::ErrorKind::WriteZero.into());
-                }
-                left = &left[n..];
-                Ok(())
-            })?;
-        }
-        step(w, &mut |w| w.flush())?;
+        w.write_all_by(&self.out, deadline).map_err(|e| Error::io("sync send", e))?;
         self.out.clear();
         Ok(())
     }

@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Instant;
 
 use embstore_common::{Error, ErrorKind, Result};
 use tokio_rustls::rustls;
@@ -106,13 +107,64 @@ impl Stream {
 }
 
 impl Stream {
-    /// The TCP connection under it (for its timeouts).
-    pub(crate) fn tcp(&self) -> &TcpStream {
+    /// Writes all of `buf` (through TLS, and the TLS records it makes) by `deadline`, or fails
+    /// with `TimedOut`: each system call gets the time left, so a reader that takes a few bytes
+    /// now and then cannot stretch it.
+    pub(crate) fn write_all_by(&mut self, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
         match self {
-            Stream::Plain(s) => s,
-            Stream::Server(s) => &s.sock,
-            Stream::Client(s) => &s.sock,
+            Stream::Plain(s) => plain_write_by(s, buf, deadline),
+            Stream::Server(s) => tls_write_by(&mut s.conn, &mut s.sock, buf, deadline),
+            Stream::Client(s) => tls_write_by(&mut s.conn, &mut s.sock, buf, deadline),
         }
+    }
+}
+
+/// Sets `sock`'s write timeout to the time left before `deadline` (`TimedOut` when none is).
+fn time_left(sock: &TcpStream, deadline: Instant) -> std::io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    sock.set_write_timeout(Some(left))
+}
+
+fn plain_write_by(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        time_left(s, deadline)?;
+        match s.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn tls_write_by<D>(
+    conn: &mut rustls::ConnectionCommon<D>,
+    sock: &mut TcpStream,
+    mut buf: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
+    loop {
+        while conn.wants_write() {
+            time_left(sock, deadline)?;
+            match conn.write_tls(sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // rustls takes what its buffer limit allows; the records it made go out above.
+        let n = conn.writer().write(buf)?;
+        if n == 0 && !conn.wants_write() {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n..];
     }
 }
 
