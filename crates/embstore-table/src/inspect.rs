@@ -43,8 +43,9 @@ pub struct StoreReport {
     pub checkpoint: Option<(u64, u64)>,
     /// Bytes of a torn last manifest record (recovery drops them).
     pub torn_manifest_bytes: u64,
-    /// Segment files no table names that the manifest proves superseded: safe to remove
-    /// while no process has the store open (recovery deletes them).
+    /// Segment files no table names that the manifest proves superseded (evictions' spills no
+    /// flush adopted included): safe to remove while no process has the store open (recovery
+    /// deletes them).
     pub orphan_segments: Vec<String>,
     /// Segment files no table names that the manifest cannot prove superseded: the store is
     /// not opened while they are there (see [`verify`], which reports them as damage). Moving
