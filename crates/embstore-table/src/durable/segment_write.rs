@@ -13,8 +13,10 @@
 //! whole, so the segment is kept (an orphan the next open deletes if the record did not make it,
 //! see `orphans`) and its seq is never handed out again; the manifest is rewritten — recording
 //! that seq as handed out — before the next segment is created ([`SegmentTx::begin`]), so at
-//! most one segment is ever newer than the manifest on disk. Rolling back runs under the table's gate when the commit had taken it, so no
-//! `clear`, `load` or demotion sees rows that point into a segment no record names.
+//! most one segment is ever newer than the manifest on disk, spills aside: their seqs lie in the
+//! range the manifest reserved for them (`spill`). Rolling back runs under the table's gate
+//! when the commit had taken it, so no `clear`, `load` or demotion sees rows that point into a
+//! segment no record names.
 //!
 //! A compaction step's segment (`compact`) goes through the same guard
 //! ([`SegmentTx::begin_copy`]): it takes no rows out of the table, so its rollback only deletes
