@@ -366,14 +366,16 @@ class Store:
         """What opening the directory found: ``created`` (no store was there), ``tables``,
         ``segments`` and ``records`` replayed, ``torn_manifest_bytes`` (a manifest append a
         crash cut short, dropped) and ``orphan_segments`` (files of a flush a crash cut
-        short, deleted). ``None`` for a store in memory."""
+        short, or spills of evictions no flush adopted, deleted). ``None`` for a store in
+        memory."""
         return self._inner.recovery()
 
     def flush(self) -> dict[str, int]:
         """Make every write acknowledged before this call durable; return what was written
         (``segments``, ``records``, ``bytes``, ``compactions`` — tables rewritten whole — and
         ``compacted_segments`` — stale files whose live rows the flush's compaction step moved
-        out and deleted). A no-op in memory. On a full
+        out and deleted — and ``spills_adopted`` — segments evictions wrote under a memory
+        budget since the last flush, made durable by this one). A no-op in memory. On a full
         disk it raises :class:`NoSpaceError` and loses nothing: the rows stay in memory and
         the next flush writes them. In a distributed store, collective: every process
         flushes its partition."""
@@ -766,14 +768,14 @@ def verify(
     ``damage`` lists what failed (empty: the store is intact): a damaged segment, a manifest
     that fails its checks, or one that cannot account for the segments on disk (the store
     would refuse to open). ``orphan_segments`` lists the files no record names that the
-    manifest proves superseded (safe to remove while no process has the store open; the next
-    open deletes them), ``unaccounted_segments`` those it cannot (the store is not opened
-    while they are there; move them aside, and the store opens at its manifest's state without
-    their rows). Each table gains its live ``rows`` and the ``memory_bytes`` they
-    take once opened (``None`` for a table with a damaged segment: its rows cannot be
-    counted). Safe on a store another process has open: when a flush or compaction replaces
-    a segment during the walk, the walk starts over on the new manifest (``restarts`` counts
-    how often), so the report is of one consistent state."""
+    manifest proves superseded (unadopted spills of evictions included: safe to remove while
+    no process has the store open; the next open deletes them), ``unaccounted_segments``
+    those it cannot (the store is not opened while they are there; move them aside, and the
+    store opens at its manifest's state without their rows). Each table gains its live
+    ``rows`` and the ``memory_bytes`` they take once opened (``None`` for a table with a
+    damaged segment: its rows cannot be counted). Safe on a store another process has open:
+    when a flush or compaction replaces a segment during the walk, the walk starts over on the
+    new manifest (``restarts`` counts how often), so the report is of one consistent state."""
     return _native.inspect_dir(os.fspath(path), True, _progress(progress, "verify"))
 
 

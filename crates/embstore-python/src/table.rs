@@ -318,6 +318,7 @@ fn flush_dict(py: Python<'_>, s: embstore_table::FlushStats) -> PyResult<Bound<'
     d.set_item("bytes", s.bytes)?;
     d.set_item("compactions", s.compactions)?;
     d.set_item("compacted_segments", s.compacted_segments)?;
+    d.set_item("spills_adopted", s.spills_adopted)?;
     Ok(d)
 }
 

@@ -43,8 +43,9 @@ pub struct StoreReport {
     pub checkpoint: Option<(u64, u64)>,
     /// Bytes of a torn last manifest record (recovery drops them).
     pub torn_manifest_bytes: u64,
-    /// Segment files no table names that the manifest proves superseded: safe to remove
-    /// while no process has the store open (recovery deletes them).
+    /// Segment files no table names that the manifest proves superseded (evictions' spills no
+    /// flush adopted included): safe to remove while no process has the store open (recovery
+    /// deletes them).
     pub orphan_segments: Vec<String>,
     /// Segment files no table names that the manifest cannot prove superseded: the store is
     /// not opened while they are there (see [`verify`], which reports them as damage). Moving
@@ -67,16 +68,16 @@ fn memory_bytes(config: &crate::TableConfig, rows: u64) -> u64 {
 pub fn inspect(dir: impl AsRef<Path>) -> Result<StoreReport> {
     let dir = dir.as_ref();
     let (state, opened) = manifest::read(&RealFs, dir)?;
-    report_of(dir, &state, opened.torn_bytes)
+    report_of(dir, &state, opened)
 }
 
 /// The report of the manifest state `state` of `dir`, its files summed.
-fn report_of(dir: &Path, state: &State, torn_bytes: u64) -> Result<StoreReport> {
+fn report_of(dir: &Path, state: &State, opened: manifest::OpenReport) -> Result<StoreReport> {
     let mut report = StoreReport {
-        manifest_format: manifest::FORMAT,
+        manifest_format: opened.format,
         segment_format: segment::FORMAT,
         checkpoint: state.checkpoint.as_ref().map(|c| (c.id, c.parent_id)),
-        torn_manifest_bytes: torn_bytes,
+        torn_manifest_bytes: opened.torn_bytes,
         ..StoreReport::default()
     };
     for (&id, t) in &state.tables {
@@ -135,7 +136,7 @@ pub fn verify(
         }
         Err(e) => return Err(e),
     };
-    let mut report = report_of(dir, &state, opened.torn_bytes)?;
+    let mut report = report_of(dir, &state, opened)?;
     let total: usize = state.tables.values().map(|t| t.files.len()).sum();
     let mut done = 0;
     for ((&id, t), out) in state.tables.iter().zip(report.tables.iter_mut()) {

@@ -215,6 +215,7 @@ def test_compact_by_hand_shows_progress_and_keeps_the_rows(tmp_path, capsys):
         "bytes": 0,
         "compactions": 0,
         "compacted_segments": 0,
+        "spills_adopted": 0,
     }
 
 

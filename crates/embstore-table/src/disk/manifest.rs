@@ -25,8 +25,11 @@ use crate::disk::vfs::{Vfs, WriteFile};
 use crate::{Error, ErrorKind, Result};
 
 const MAGIC: &[u8; 8] = b"EMBMAN01";
-/// The manifest format this build writes and reads.
-pub(crate) const FORMAT: u32 = 1;
+/// The newest manifest format this build writes and reads: 2 once the store has reserved seqs
+/// for spills ([`Edit::SpillRange`]), which builds reading only format 1 do not know; 1 before.
+pub(crate) const FORMAT: u32 = 2;
+/// The format of a manifest that records no spill range (read by every build).
+const FORMAT_NO_SPILLS: u32 = 1;
 const HEADER_BYTES: usize = 16;
 /// The log is rewritten as a snapshot once it is this long.
 const REWRITE_BYTES: u64 = 4 << 20;
@@ -93,6 +96,13 @@ pub(crate) enum Edit {
         next_table_id: u64,
         next_seq: u64,
     },
+    /// Seqs below `below` may name spills: segments an eviction wrote without fsync, which no
+    /// record names until a flush adopts them (`durable::spill`). One record reserves a range
+    /// of seqs for many evictions; recovery deletes an unnamed segment in it as an unadopted
+    /// spill (`durable::orphans`).
+    SpillRange {
+        below: u64,
+    },
 }
 
 /// A segment file of a table.
@@ -135,6 +145,10 @@ pub(crate) struct State {
     pub(crate) next_seq: u64,
     pub(crate) checkpoint: Option<CheckpointInfo>,
     pub(crate) store_id: u64,
+    /// Seqs below this were reserved for spills ([`Edit::SpillRange`]; 0: none ever were).
+    /// `next_seq` is the seq handed out next; while it is below this, an eviction's segment
+    /// needs no record to reserve its seq.
+    pub(crate) spill_below: u64,
 }
 
 impl State {
@@ -182,6 +196,7 @@ impl State {
                 self.next_table_id = self.next_table_id.max(*next_table_id);
                 self.next_seq = self.next_seq.max(*next_seq);
             }
+            Edit::SpillRange { below } => self.spill_below = self.spill_below.max(*below),
             Edit::Checkpoint { id, max_seq, parent_id, parent_max_seq, parent_path } => {
                 self.checkpoint = Some(CheckpointInfo {
                     id: *id,
@@ -201,6 +216,9 @@ impl State {
             vec![Edit::Counters { next_table_id: self.next_table_id, next_seq: self.next_seq }];
         if self.store_id != 0 {
             edits.push(Edit::StoreId { id: self.store_id });
+        }
+        if self.spill_below != 0 {
+            edits.push(Edit::SpillRange { below: self.spill_below });
         }
         if let Some(c) = &self.checkpoint {
             edits.push(Edit::Checkpoint {
@@ -238,6 +256,8 @@ pub(crate) struct OpenReport {
     pub(crate) torn_bytes: u64,
     /// Records replayed.
     pub(crate) records: u64,
+    /// The format in the file's header.
+    pub(crate) format: u32,
 }
 
 /// The open manifest of a store directory, for appending.
@@ -245,6 +265,9 @@ pub(crate) struct Manifest {
     dir: PathBuf,
     file: Box<dyn WriteFile>,
     len: u64,
+    /// The format in the file's header: a format-1 manifest is rewritten (as format 2) before
+    /// a spill range is recorded in it.
+    format: u32,
     /// An append failed part-way (a full disk): the file may end in part of a record, so the
     /// next append rewrites the whole manifest instead of adding to it.
     poisoned: bool,
@@ -263,7 +286,8 @@ impl Manifest {
         let io = |what: &str, e| Error::io(format!("{what} {}", tmp.display()), e);
         let _ = vfs.remove(&tmp);
         let mut file = vfs.create(&tmp).map_err(|e| io("create", e))?;
-        let mut bytes = header();
+        let format = if state.spill_below != 0 { FORMAT } else { FORMAT_NO_SPILLS };
+        let mut bytes = header(format);
         bytes.extend_from_slice(&encode_record(&state.snapshot()));
         file.write_all(&bytes).map_err(|e| io("write", e))?;
         file.sync().map_err(|e| io("fsync", e))?;
@@ -274,7 +298,7 @@ impl Manifest {
         vfs.sync_dir(dir).map_err(|e| Error::io(format!("sync directory {}", dir.display()), e))?;
         let file =
             vfs.append(&path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        Ok(Self { dir: dir.to_path_buf(), file, len: bytes.len() as u64, poisoned: false })
+        Ok(Self { dir: dir.to_path_buf(), file, len: bytes.len() as u64, format, poisoned: false })
     }
 
     /// Reads the manifest in `dir`; with a torn tail, rewrites it without the tail.
@@ -291,7 +315,8 @@ impl Manifest {
             .open(&path)
             .and_then(|f| f.size())
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        Ok((Self { dir: dir.to_path_buf(), file, len, poisoned: false }, state, report))
+        let format = report.format;
+        Ok((Self { dir: dir.to_path_buf(), file, len, format, poisoned: false }, state, report))
     }
 
     /// Rewrites the manifest from `state` if an append failed since the last write (the file
@@ -310,7 +335,8 @@ impl Manifest {
     /// `state` (with the edits applied) is written out as a fresh snapshot instead when the
     /// log has grown long.
     pub(crate) fn append(&mut self, vfs: &dyn Vfs, edits: &[Edit], state: &State) -> Result<()> {
-        if self.len > REWRITE_BYTES || self.poisoned {
+        let new_format = self.format < FORMAT && state.spill_below != 0;
+        if self.len > REWRITE_BYTES || self.poisoned || new_format {
             *self = Self::create(vfs, &self.dir, state)?;
             return Ok(());
         }
@@ -365,7 +391,7 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path) -> Result<(State, OpenReport)> {
         ));
     }
     let mut state = State::default();
-    let mut report = OpenReport::default();
+    let mut report = OpenReport { format, ..OpenReport::default() };
     let mut at = HEADER_BYTES;
     while at < len {
         let torn = |report: &mut OpenReport| report.torn_bytes = (len - at) as u64;
@@ -405,9 +431,9 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path) -> Result<(State, OpenReport)> {
     Ok((state, report))
 }
 
-fn header() -> Vec<u8> {
+fn header(format: u32) -> Vec<u8> {
     let mut b = MAGIC.to_vec();
-    b.extend_from_slice(&FORMAT.to_le_bytes());
+    b.extend_from_slice(&format.to_le_bytes());
     let crc = crc32fast::hash(&b);
     b.extend_from_slice(&crc.to_le_bytes());
     b
@@ -466,6 +492,10 @@ fn encode_record(edits: &[Edit]) -> Vec<u8> {
                 p.push(8);
                 u64s(&mut p, &[*next_table_id, *next_seq]);
             }
+            Edit::SpillRange { below } => {
+                p.push(11);
+                u64s(&mut p, &[*below]);
+            }
         }
     }
     let mut rec = (p.len() as u32).to_le_bytes().to_vec();
@@ -499,6 +529,7 @@ fn decode_record(p: &[u8]) -> std::result::Result<Vec<Edit>, String> {
             8 => Edit::Counters { next_table_id: r.u64()?, next_seq: r.u64()? },
             9 => Edit::StoreId { id: r.u64()? },
             10 => Edit::Rows { table: r.u64()?, rows: r.u64()? },
+            11 => Edit::SpillRange { below: r.u64()? },
             t => return Err(format!("unknown edit tag {t}")),
         };
         edits.push(e);

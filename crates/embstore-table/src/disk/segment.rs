@@ -261,7 +261,13 @@ impl SegmentWriter {
     }
 
     /// Writes the footer and trailer and fsyncs the file: from here on it is immutable.
-    pub(crate) fn finish(mut self) -> Result<SegmentInfo> {
+    pub(crate) fn finish(self) -> Result<SegmentInfo> {
+        self.seal(true)
+    }
+
+    /// Writes the footer and trailer; with `sync`, fsyncs the file. Unsynced (a spill), the
+    /// file is complete for readers but not durable until something fsyncs it.
+    pub(crate) fn seal(mut self, sync: bool) -> Result<SegmentInfo> {
         let footer_off = self.info.bytes;
         let n = self.info.records;
         let mut footer = Vec::with_capacity(8 + self.footer.len() + 4);
@@ -279,7 +285,9 @@ impl SegmentWriter {
         trailer.extend_from_slice(&0u32.to_le_bytes());
         self.buf.extend_from_slice(&trailer);
         self.write_buf()?;
-        self.file.sync().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))?;
+        if sync {
+            self.file.sync().map_err(|e| Error::io(format!("fsync {}", self.path.display()), e))?;
+        }
         self.info.bytes += footer.len() as u64 + TRAILER_BYTES;
         Ok(self.info)
     }

@@ -83,7 +83,7 @@ impl Durable {
         // A rewrite of a tiered table also copies its rows on disk; it holds the gate for
         // reading meanwhile (no `clear` or `load` can interleave).
         let _gate = if rewrite { table.shared_gate() } else { None };
-        self.write_segment(guard, table, kind, rewrite, stats, |w, file, taken| {
+        self.write_segment(guard, table, kind, rewrite, false, stats, |w, file, taken| {
             let n = table.write_changes(w, file, taken)?;
             match (rewrite, file) {
                 (true, Some(file)) => {
@@ -96,8 +96,9 @@ impl Durable {
         Ok(())
     }
 
-    /// Writes the dirty rows among `keys` of `table` to a new segment (eviction): durable when
-    /// this returns, their disk locations set.
+    /// Writes the dirty rows among `keys` of `table` to a new segment (eviction), their disk
+    /// locations set: a spill, durable once the next flush adopts it (`spill`) — or, when the
+    /// table's cleared mark is pending, a segment recorded at once.
     pub(crate) fn write_rows_of(&self, table: &Table, keys: &[u64]) -> Result<()> {
         if table.sync.get().is_none() {
             // Changes of a table that does not sync now land here too, not at a flush: what it
@@ -115,6 +116,7 @@ impl Durable {
             table,
             SegmentKind::Flush,
             false,
+            true,
             &mut stats,
             |w, file, taken| {
                 Ok((table.write_changes_of(w, file, Some(&by_shard), taken)?, Vec::new()))
@@ -137,4 +139,7 @@ pub struct FlushStats {
     pub compactions: u64,
     /// Segment files whose live rows a compaction step moved out, deleted.
     pub compacted_segments: u64,
+    /// Evictions' segments (spills) written since the last flush, fsynced and recorded by this
+    /// one (or, rewritten, superseded).
+    pub spills_adopted: u64,
 }

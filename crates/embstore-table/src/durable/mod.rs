@@ -7,6 +7,7 @@
 //! - `flush`: a flush, table by table, and the rewrite of every row (`Store::compact`);
 //! - `segment_write`: one segment written and recorded in the manifest, the step every flush,
 //!   rewrite and eviction goes through;
+//! - `spill`: evictions' segments, written without fsync and adopted by the next flush;
 //! - `changes`: a table's side — tracking, copying out and replaying its changed rows;
 //! - `compact`: the bounded compaction step after a flush, and its liveness index;
 //! - `orphans`: which unnamed segment files recovery may delete;
@@ -23,7 +24,8 @@
 //!
 //! **What is durable when.** `create_table` and `drop_table` are durable when they return.
 //! Row writes (lookups that insert, `apply_gradients`, `assign`, `import`, `remove`,
-//! expiry, `clear`, `load`) live in memory until [`Store::flush`] returns: every write
+//! expiry, `clear`, `load`) live in memory (or, evicted under a memory budget, in a spill no
+//! record names yet: `spill`) until [`Store::flush`] returns: every write
 //! acknowledged before the call is then in a sealed, fsynced segment that an fsynced manifest
 //! record names. After a crash, reopening gives every row its value at the last completed
 //! flush or a value written after it — never a torn row (each record has its own checksum and
@@ -46,6 +48,7 @@ mod flush;
 pub(crate) mod orphans;
 mod recovery;
 mod segment_write;
+mod spill;
 pub(crate) mod table_file;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +95,8 @@ pub(crate) struct Durable {
     /// The tables' liveness indexes for incremental compaction (`compact`); taken under
     /// `inner`.
     pub(crate) compactor: Mutex<compact::Compactor>,
+    /// Spills written since the last flush, which adopts them (`spill`); taken under `inner`.
+    pub(crate) spills: Mutex<Vec<spill::Spill>>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -154,12 +159,13 @@ impl Durable {
         manifest.append(&*self.vfs, &edits, &next)?;
         *state = next;
         self.compactor.lock().forget(id);
+        self.drop_spills(id);
         self.delete_segments(&files);
         Ok(())
     }
 
     /// Unlinks segments no longer named; a failure leaves an orphan the next open deletes.
-    fn delete_segments(&self, seqs: &[u64]) {
+    pub(super) fn delete_segments(&self, seqs: &[u64]) {
         for &seq in seqs {
             let _ = self.vfs.remove(&segment_path(&self.dir, seq));
         }

@@ -5,6 +5,11 @@
 //! - its seq is below the manifest's next seq: the manifest handed that seq out and no longer
 //!   names it (its table was dropped, a rewrite superseded it, or the flush that wrote it
 //!   failed and wrote its rows again later); or
+//! - its seq lies in the range the manifest reserved for spills ([`Edit::SpillRange`]): it is
+//!   a segment an eviction wrote without fsync that no flush adopted (`durable::spill`) — or a
+//!   flush's, rewrite's or compaction step's segment whose record never landed. Its rows were
+//!   written after the last completed flush (a flush adopts every spill written before it),
+//!   whose segments hold their flushed values, and the durability contract lets them go; or
 //! - it is the one segment newer than every manifest record — the flush a crash cut short
 //!   before its record landed (flushes write one segment at a time) — and its header names a
 //!   table the manifest holds, or the crash came before its header was written.
@@ -18,7 +23,10 @@
 //! The store keeps "at most one" true through failed manifest writes too: after an append
 //! fails, the manifest is rewritten — recording the seq of the segment whose record failed as
 //! handed out — before the next segment is created (`SegmentTx::begin`), so a flush that cannot
-//! write the manifest writes no segment either.
+//! write the manifest writes no segment either. Spills take their seqs inside a reserved range
+//! only (a seq past it is reserved by a record first), so they never count against it.
+//!
+//! [`Edit::SpillRange`]: crate::disk::manifest::Edit::SpillRange
 
 use std::path::Path;
 
@@ -91,7 +99,7 @@ pub(crate) fn unnamed(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Unname
         if named.contains(&seq) {
             continue;
         }
-        if seq < state.next_seq {
+        if seq < state.next_seq.max(state.spill_below) {
             out.superseded.push(name);
         } else {
             newer.push((seq, name));

@@ -77,6 +77,7 @@ impl Durable {
             inner: Mutex::new((manifest, state)),
             report,
             compactor: Mutex::default(),
+            spills: Mutex::default(),
         };
         Ok((durable, tables))
     }
@@ -99,8 +100,11 @@ fn read_manifest(
         // manifest's torn tail included).
         let (state, _) = crate::disk::manifest::read(vfs, dir)?;
         let orphans = orphans::deletable(vfs, dir, &state)?;
-        let (m, state, r) = Manifest::open(vfs, dir)?;
+        let (m, mut state, r) = Manifest::open(vfs, dir)?;
         report.torn_manifest_bytes = r.torn_bytes;
+        // No seq of the spill range is handed out again: the unadopted spills in it are
+        // deleted, and a checkpoint may count seqs up to it as its own.
+        state.next_seq = state.next_seq.max(state.spill_below);
         return Ok((m, state, orphans));
     }
     let segs = vfs.list(&dir.join(SEG_DIR)).map_err(|e| io("list", dir, e))?;

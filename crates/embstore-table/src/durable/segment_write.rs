@@ -13,8 +13,10 @@
 //! whole, so the segment is kept (an orphan the next open deletes if the record did not make it,
 //! see `orphans`) and its seq is never handed out again; the manifest is rewritten — recording
 //! that seq as handed out — before the next segment is created ([`SegmentTx::begin`]), so at
-//! most one segment is ever newer than the manifest on disk. Rolling back runs under the table's gate when the commit had taken it, so no
-//! `clear`, `load` or demotion sees rows that point into a segment no record names.
+//! most one segment is ever newer than the manifest on disk, spills aside: their seqs lie in the
+//! range the manifest reserved for them (`spill`). Rolling back runs under the table's gate
+//! when the commit had taken it, so no `clear`, `load` or demotion sees rows that point into a
+//! segment no record names.
 //!
 //! A compaction step's segment (`compact`) goes through the same guard
 //! ([`SegmentTx::begin_copy`]): it takes no rows out of the table, so its rollback only deletes
@@ -27,6 +29,7 @@ use std::sync::Arc;
 use parking_lot::RwLockReadGuard;
 
 use super::changes::Removals;
+use super::spill::{Spill, SPILL_RANGE};
 use super::{segment_path, Durable, FlushStats};
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter};
@@ -41,12 +44,19 @@ impl Durable {
     /// manifest record. Returns the segment's seq if one was kept. On any failure the segment
     /// is deleted (unless its record may have landed) and every row is marked dirty again
     /// ([`SegmentTx`]).
+    ///
+    /// With `spill` (an eviction) the segment is sealed without fsync and no record names it:
+    /// it is listed for the next flush to adopt (`spill`), its seq taken from the range the
+    /// manifest reserved for spills. A table whose cleared mark is pending gets a recorded
+    /// segment instead (it must supersede the older ones).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn write_segment(
         &self,
         log: &mut (Manifest, State),
         table: &Table,
         kind: SegmentKind,
         rewrite: bool,
+        spill: bool,
         stats: &mut FlushStats,
         body: impl FnOnce(&mut SegmentWriter, Option<u32>, &mut Removals) -> Result<(u64, Vec<Moved>)>,
     ) -> Result<Option<u64>> {
@@ -59,12 +69,33 @@ impl Durable {
         // A `clear` or `load` that overlaps this segment (the epoch is odd while one runs, and
         // moves on each) leaves it holding rows from both sides: see below.
         let epoch = table.clear_epoch.load(Ordering::Acquire);
+        if spill {
+            // Heals the manifest first if an append failed, as `begin` does.
+            log.0.heal(&*self.vfs, &log.1)?;
+            self.reserve_spill_seq(log)?;
+        }
         let mut tx = SegmentTx::begin(self, log, table, rewrite)?;
         let (seq, cleared) = (tx.seq, tx.cleared);
+        // A spill, unless the table's cleared mark was pending (then a recorded segment).
+        let spill = spill && !cleared;
+        tx.spill = spill;
         let mut w = tx.create(id, kind)?;
         let slot = tx.slot;
         let (written, moved) = body(&mut w, slot, &mut tx.removals)?;
-        if written == 0 && !cleared && tx.state().tables[&id].step == table.step() {
+        if spill {
+            return self.commit_spill(tx, w, id, written, epoch);
+        }
+        // The table's spills: adopted by this record, or superseded by it when it supersedes
+        // the older segments (their rows were copied into it, or cleared).
+        let spills = self.spills_of(id);
+        // The next range of seqs for spills, reserved in this record when little is left.
+        let extend = table.is_tiered() && tx.state().spill_below < seq + 1 + SPILL_RANGE / 2;
+        if written == 0
+            && !cleared
+            && spills.is_empty()
+            && !extend
+            && tx.state().tables[&id].step == table.step()
+        {
             drop(w);
             tx.discard_unchanged();
             return Ok(None); // nothing changed
@@ -76,6 +107,13 @@ impl Durable {
         let mut edits = Vec::new();
         if cleared {
             edits.push(Edit::Supersede { table: id, below: seq });
+        } else {
+            self.sync_spills(&spills)?;
+            for s in &spills {
+                let (seq, records, bytes) = (s.seq, s.records, s.bytes);
+                edits.push(Edit::AddFile { table: id, seq, records, bytes });
+            }
+            stats.spills_adopted += spills.len() as u64;
         }
         let kept = written > 0;
         if kept {
@@ -90,6 +128,9 @@ impl Durable {
         }
         edits.push(Edit::Step { table: id, step: table.step() });
         edits.push(Edit::Rows { table: id, rows: table.len() as u64 });
+        if extend {
+            edits.push(Edit::SpillRange { below: seq + 1 + SPILL_RANGE });
+        }
         let mut next = tx.state().clone();
         edits.iter().try_for_each(|e| next.apply(e))?;
         let reader = match (kept, table.is_tiered()) {
@@ -112,7 +153,46 @@ impl Durable {
             table.on_segment_committed(slot, seq, reader, cleared, &moved);
         }
         self.delete_segments(&superseded);
+        self.forget_spills(&spills, cleared);
         Ok(kept.then_some(seq))
+    }
+
+    /// The end of [`Durable::write_segment`] for a spill: seals the segment without fsync,
+    /// installs it in the tier and lists it for the next flush to adopt; no record.
+    fn commit_spill(
+        &self,
+        mut tx: SegmentTx<'_>,
+        w: SegmentWriter,
+        id: u64,
+        written: u64,
+        epoch: u64,
+    ) -> Result<Option<u64>> {
+        let (table, seq) = (tx.table, tx.seq);
+        if written == 0 {
+            drop(w);
+            tx.discard_unchanged();
+            return Ok(None);
+        }
+        let info = w.seal(false)?;
+        let reader = match table.is_tiered() {
+            true => Some(Arc::new(SegmentReader::open_for_reads(&*self.vfs, &tx.path)?)),
+            false => None,
+        };
+        tx.hold_gate();
+        if epoch % 2 == 1 || table.clear_epoch.load(Ordering::Acquire) != epoch {
+            // As in `write_segment`: a clear overlapped; the next flush's segment supersedes
+            // this one (adopted first).
+            table.mark_all_dirty();
+            table.set_cleared();
+        }
+        let mut next = tx.state().clone();
+        next.next_seq = next.next_seq.max(seq + 1);
+        self.spills.lock().push(Spill { table: id, seq, records: info.records, bytes: info.bytes });
+        let (slot, _gate) = tx.commit(next);
+        if let Some(slot) = slot {
+            table.on_segment_committed(slot, seq, reader, false, &[]);
+        }
+        Ok(Some(seq))
     }
 }
 
@@ -144,6 +224,9 @@ pub(super) struct SegmentTx<'a> {
     record_tried: bool,
     /// The table's gate, held from the commit's start (through a rollback).
     gate: Option<RwLockReadGuard<'a, ()>>,
+    /// A spill: on rollback, if its file cannot be removed, its seq (in the spill range) is
+    /// never handed out again, so the file left behind never blocks the next segment.
+    spill: bool,
     committed: bool,
 }
 
@@ -176,6 +259,7 @@ impl<'a> SegmentTx<'a> {
             file: false,
             record_tried: false,
             gate: None,
+            spill: false,
             committed: false,
         })
     }
@@ -204,6 +288,7 @@ impl<'a> SegmentTx<'a> {
             file: false,
             record_tried: false,
             gate: None,
+            spill: false,
             committed: false,
         })
     }
@@ -285,8 +370,11 @@ impl Drop for SegmentTx<'_> {
         if self.restore_cleared {
             self.table.set_cleared();
         }
-        if self.file {
-            let _ = self.durable.vfs.remove(&self.path);
+        if self.file && self.durable.vfs.remove(&self.path).is_err() && self.spill {
+            // A spill's file left behind: its seq (in the spill range, so recovery deletes the
+            // file) is never handed out again, or the next spill's create would fail on it.
+            let state = &mut self.log.1;
+            state.next_seq = state.next_seq.max(self.seq + 1);
         }
         if let Some(slot) = self.slot.take() {
             self.table.release_file_slot(slot);
