@@ -3,7 +3,7 @@
 //! promoted replica's step counter, a port that must not leak sockets or multiply work, and
 //! errors that say what to do.
 mod common;
-use common::{pki, rows};
+use common::{follow, ids, pki, rows, within};
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -18,17 +18,6 @@ use embstore_table::{OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig,
 
 const D: usize = 8;
 
-/// Runs `f` on a thread of its own and fails (leaving that thread behind) if it has not
-/// finished within `secs`: a deadlock is a failure, not a hung suite.
-fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("did not finish within {secs} s (a deadlock?)"))
-}
-
 fn serve(store: &Arc<Store>, sync: SyncOptions) -> SyncServer {
     let options = ServeOptions { token: Some("t0k".into()), sync, tls: None };
     SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap()
@@ -41,17 +30,9 @@ fn primary(config: TableConfig) -> (Arc<Store>, Arc<Table>, SyncServer) {
     (store, t, server)
 }
 
-fn follow() -> FollowOptions {
-    FollowOptions { token: "t0k".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
-}
-
 fn adagrad(name: &str) -> TableConfig {
     let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
     TableConfig::new(name, D).with_optimizer(opt).with_shards(4)
-}
-
-fn ids(n: u64, offset: u64) -> Vec<u64> {
-    (0..n).map(|i| offset + i * 7919).collect()
 }
 
 #[test]

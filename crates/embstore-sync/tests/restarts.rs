@@ -1,7 +1,7 @@
 //! Where dissemination's features meet: a clear and a replica's step counter, removals made
 //! while a durable source did not sync, and a follower-of-a-follower after a clear.
 mod common;
-use common::rows;
+use common::{follow, ids, rows, within};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,27 +12,34 @@ use embstore_table::{Optimizer, Store, TableConfig};
 
 const D: usize = 8;
 
-fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("did not finish within {secs} s (a deadlock?)"))
-}
-
 fn serve(store: &Arc<Store>) -> SyncServer {
     let sync = SyncOptions { parts: 16, ..SyncOptions::default() };
     let options = ServeOptions { token: Some("t0k".into()), sync, tls: None };
     SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap()
 }
 
-fn follow() -> FollowOptions {
-    FollowOptions { token: "t0k".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
+/// A durable source in `dir` (replica 1) whose table "items" (100 rows) `replica` followed
+/// until caught up; the source then closed (it restarts without sync).
+fn known_then_closed(dir: &std::path::Path, replica: &Arc<Store>) {
+    let p = open(dir);
+    let t = p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
+    t.assign(&ids(100, 1), &vec![1.0; 100 * D]).unwrap();
+    let server = serve(&p);
+    follow_until_caught_up(&server, replica);
+    assert_eq!(replica.table("items").unwrap().len(), 100);
+    server.stop();
+    p.close().unwrap();
 }
 
-fn ids(n: u64, offset: u64) -> Vec<u64> {
-    (0..n).map(|i| offset + i * 7919).collect()
+fn open(dir: &std::path::Path) -> Arc<Store> {
+    Arc::new(Store::open_with(dir, 1, Arc::new(RealFs)).unwrap())
+}
+
+/// Follows `server` into `replica` until caught up, then stops.
+fn follow_until_caught_up(server: &SyncServer, replica: &Arc<Store>) {
+    let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
+    assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
+    f.stop();
 }
 
 /// A clear at the source restarts its step counter (Adam's `t`) at 0; a replica that takes
@@ -75,29 +82,15 @@ fn a_state_replica_follows_the_sources_step_counter_down_after_a_clear() {
 fn a_table_dropped_and_recreated_while_the_source_did_not_sync_reaches_followers() {
     within(120, || {
         let dir = tempfile::tempdir().unwrap();
-        let open = || Arc::new(Store::open_with(dir.path(), 1, Arc::new(RealFs)).unwrap());
         let replica = Arc::new(Store::with_replica(2).unwrap());
-        {
-            let p = open();
-            let t = p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
-            t.assign(&ids(100, 1), &vec![1.0; 100 * D]).unwrap();
-            let server = serve(&p);
-            let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-            assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-            assert_eq!(replica.table("items").unwrap().len(), 100);
-            f.stop();
-            server.stop();
-            p.close().unwrap();
-        }
-        let p = open();
+        known_then_closed(dir.path(), &replica);
+        let p = open(dir.path());
         p.drop_table("items").unwrap(); // allowed: the store does not sync (yet)
         let t = p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
         t.assign(&ids(3, 5), &[4.0; 3 * D]).unwrap();
         p.flush().unwrap();
         let server = serve(&p);
-        let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-        assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-        f.stop();
+        follow_until_caught_up(&server, &replica);
         let mine = replica.table("items").unwrap();
         assert_eq!(
             mine.len(),
@@ -113,28 +106,15 @@ fn a_table_dropped_and_recreated_while_the_source_did_not_sync_reaches_followers
 fn a_clear_made_while_the_source_did_not_sync_reaches_followers() {
     within(120, || {
         let dir = tempfile::tempdir().unwrap();
-        let open = || Arc::new(Store::open_with(dir.path(), 1, Arc::new(RealFs)).unwrap());
         let replica = Arc::new(Store::with_replica(2).unwrap());
-        {
-            let p = open();
-            let t = p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
-            t.assign(&ids(100, 1), &vec![1.0; 100 * D]).unwrap();
-            let server = serve(&p);
-            let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-            assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-            f.stop();
-            server.stop();
-            p.close().unwrap();
-        }
-        let p = open();
+        known_then_closed(dir.path(), &replica);
+        let p = open(dir.path());
         let t = p.table("items").unwrap();
         t.clear().unwrap();
         t.assign(&ids(3, 5), &[4.0; 3 * D]).unwrap();
         p.flush().unwrap();
         let server = serve(&p);
-        let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-        assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-        f.stop();
+        follow_until_caught_up(&server, &replica);
         assert_eq!(replica.table("items").unwrap().len(), 3, "rows cleared at the source");
         server.stop();
     });
@@ -178,28 +158,15 @@ fn a_clear_reaches_a_follower_of_a_follower() {
 fn writes_made_while_the_source_did_not_sync_reach_followers() {
     within(120, || {
         let dir = tempfile::tempdir().unwrap();
-        let open = || Arc::new(Store::open_with(dir.path(), 1, Arc::new(RealFs)).unwrap());
         let replica = Arc::new(Store::with_replica(2).unwrap());
-        {
-            let p = open();
-            let t = p.create_table(TableConfig::new("items", D).with_shards(4)).unwrap();
-            t.assign(&ids(100, 1), &vec![1.0; 100 * D]).unwrap();
-            let server = serve(&p);
-            let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-            assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-            f.stop();
-            server.stop();
-            p.close().unwrap();
-        }
-        let p = open();
+        known_then_closed(dir.path(), &replica);
+        let p = open(dir.path());
         let t = p.table("items").unwrap();
         t.assign(&ids(100, 1), &vec![2.0; 100 * D]).unwrap();
         t.assign(&ids(50, 3), &vec![3.0; 50 * D]).unwrap();
         p.flush().unwrap();
         let server = serve(&p);
-        let f = Follower::start(replica.clone(), &server.addr().to_string(), follow()).unwrap();
-        assert!(f.wait_caught_up(Duration::from_secs(30)), "{:?}", f.status());
-        f.stop();
+        follow_until_caught_up(&server, &replica);
         assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
         server.stop();
     });

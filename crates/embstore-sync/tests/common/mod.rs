@@ -1,6 +1,33 @@
 //! Helpers shared by the sync integration tests.
 
+use std::time::Duration;
+
+use embstore_sync::FollowOptions;
 use embstore_table::{RowMeta, Table};
+
+/// Runs `f` on a thread of its own and fails (leaving that thread behind) if it has not
+/// finished within `secs`: a deadlock is a failure, not a hung suite.
+#[allow(dead_code)]
+pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("did not finish within {secs} s (a deadlock?)"))
+}
+
+/// Follow options for tests: token "t0k", a short long-poll and retry.
+#[allow(dead_code)]
+pub fn follow() -> FollowOptions {
+    FollowOptions { token: "t0k".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
+}
+
+/// `n` ids spread over the key space from `offset`.
+#[allow(dead_code)]
+pub fn ids(n: u64, offset: u64) -> Vec<u64> {
+    (0..n).map(|i| offset + i * 7919).collect()
+}
 
 #[allow(dead_code)]
 /// Every row of `t` (key, values, metadata), in key order.
