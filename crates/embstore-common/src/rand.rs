@@ -43,6 +43,29 @@ impl SplitMix64 {
     }
 }
 
+/// 64 bits no one can predict or repeat (identities: a store's, a server instance's): from
+/// the OS (`/dev/urandom`), else from the standard library's randomly keyed hasher over the
+/// time, the process and a counter.
+pub fn unpredictable_u64() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::SplitMix64;

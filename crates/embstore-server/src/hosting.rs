@@ -559,29 +559,11 @@ impl Server {
     }
 }
 
-/// 128 random bits as hex: from the OS (`/dev/urandom`), else from the standard library's
-/// randomly keyed hasher over the time, the process and a counter.
+/// 128 unpredictable bits as hex.
 fn new_boot_id() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    let from_os =
-        std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok();
-    if !from_os {
-        use std::hash::{BuildHasher, Hasher};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        for half in bytes.chunks_exact_mut(8) {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos()),
-            );
-            h.write_u32(std::process::id());
-            h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-            half.copy_from_slice(&h.finish().to_le_bytes());
-        }
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let (a, b) =
+        (embstore_common::rand::unpredictable_u64(), embstore_common::rand::unpredictable_u64());
+    format!("{a:016x}{b:016x}")
 }
 
 /// Bytes of the files in `dir`.

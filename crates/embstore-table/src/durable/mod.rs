@@ -174,13 +174,5 @@ impl Durable {
 
 /// A random non-zero id (store and checkpoint identities).
 pub(crate) fn random_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish().max(1)
+    embstore_common::rand::unpredictable_u64().max(1)
 }
