@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 mod common;
 
-use common::Rng;
+use common::{snapshot_of, Rng};
 use embstore_table::disk::vfs::{FaultFs, RealFs, Vfs};
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, TableConfig};
 
@@ -391,24 +391,6 @@ fn checkpoints_full_and_incremental_restore_onto_another_shard_count() {
         let err = embstore_table::load_checkpoint_shard(&c3, name, shard, of).err().unwrap();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "shard {shard} of {of}");
     }
-}
-
-/// A table's rows as `snapshot` lists them.
-fn snapshot_of(t: &embstore_table::Table) -> Vec<(u64, Vec<f32>, Vec<f32>, String)> {
-    let (d, s) = (t.dim(), t.state_dim());
-    let mut rows = Vec::new();
-    for c in t.export(1000) {
-        for i in 0..c.len() {
-            rows.push((
-                c.ids[i],
-                c.values[i * d..][..d].to_vec(),
-                c.state[i * s..][..s].to_vec(),
-                format!("{:?}", c.meta[i]),
-            ));
-        }
-    }
-    rows.sort_by_key(|r| r.0);
-    rows
 }
 
 #[test]

@@ -8,18 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::segment_files;
 use embstore_table::disk::vfs::FaultFs;
 use embstore_table::{verify, ErrorKind, OnMiss, Store, TableConfig};
-
-/// The segment files in `dir`, sorted.
-fn segments(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir.join("seg"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 /// A store in `dir` with one table of 1,000 rows, flushed `flushes` times (each flush after
 /// new writes adds a segment); returns the MANIFEST's bytes after each flush.
@@ -41,7 +34,7 @@ fn a_truncated_manifest_is_corruption_and_deletes_no_segment() {
     let dir = tempfile::tempdir().unwrap();
     let manifests = store_with_flushes(dir.path(), 1);
     let full = manifests.last().unwrap().clone();
-    let before = segments(dir.path());
+    let before = segment_files(dir.path());
     assert_eq!(before.len(), 1);
     // Cut anywhere inside the header or the first record (the snapshot): 40 bytes is the
     // header plus part of that record.
@@ -54,7 +47,7 @@ fn a_truncated_manifest_is_corruption_and_deletes_no_segment() {
         let err = Store::open(dir.path()).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corruption, "cut at {cut}: {err}");
         assert!(err.message().contains("MANIFEST"), "cut at {cut}: names the file: {err}");
-        assert_eq!(segments(dir.path()), before, "cut at {cut}: no segment deleted");
+        assert_eq!(segment_files(dir.path()), before, "cut at {cut}: no segment deleted");
         assert_eq!(std::fs::read(dir.path().join("MANIFEST")).unwrap(), &full[..cut]);
         let report = verify(dir.path(), |_, _| {}).unwrap();
         assert!(!report.damage.is_empty(), "cut at {cut}: verify reports it: {report:?}");
@@ -69,7 +62,7 @@ fn a_truncated_manifest_is_corruption_and_deletes_no_segment() {
 fn segments_the_manifest_cannot_account_for_are_kept_and_the_open_refused() {
     let dir = tempfile::tempdir().unwrap();
     let manifests = store_with_flushes(dir.path(), 3);
-    let all = segments(dir.path());
+    let all = segment_files(dir.path());
     assert_eq!(all.len(), 3);
     // The manifest as of the first flush: two later segments that no record names, where a
     // crash leaves at most one (the flush in flight).
@@ -77,7 +70,7 @@ fn segments_the_manifest_cannot_account_for_are_kept_and_the_open_refused() {
     let err = Store::open(dir.path()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corruption, "{err}");
     assert!(err.message().contains(&all[1]) && err.message().contains(&all[2]), "{err}");
-    assert_eq!(segments(dir.path()), all, "nothing deleted");
+    assert_eq!(segment_files(dir.path()), all, "nothing deleted");
     let report = verify(dir.path(), |_, _| {}).unwrap();
     assert!(report.damage.iter().any(|d| d.contains("newer")), "{report:?}");
     // As of the second flush: the one segment newer than the manifest is the flush a crash cut

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 mod common;
 
-use common::Rng;
+use common::{segment_files, snapshot_of, Rng};
 use embstore_table::disk::vfs::{FaultFs, ReadFile, RealFs, Vfs, WriteFile};
 use embstore_table::{OnMiss, Optimizer, Store, StoreOptions, TableConfig};
 
@@ -22,20 +22,7 @@ type Snapshot = (Vec<(u64, Vec<f32>, Vec<f32>, String)>, u64);
 
 fn snapshot(store: &Store) -> Snapshot {
     let t = store.table("t").unwrap();
-    let mut rows = Vec::new();
-    let (d, s) = (t.dim(), t.state_dim());
-    for c in t.export(1000) {
-        for i in 0..c.len() {
-            rows.push((
-                c.ids[i],
-                c.values[i * d..][..d].to_vec(),
-                c.state[i * s..][..s].to_vec(),
-                format!("{:?}", c.meta[i]),
-            ));
-        }
-    }
-    rows.sort_by_key(|r| r.0);
-    (rows, t.step())
+    (snapshot_of(&t), t.step())
 }
 
 /// Evictions on the calling thread: the N-th file operation is the same one in every run.
@@ -107,15 +94,6 @@ fn script(vfs: Arc<dyn Vfs>, dir: &Path) -> Run {
     run
 }
 
-fn seg_files(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir.join("seg"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn a_crash_at_any_file_operation_of_a_spill_or_its_adoption_reopens_to_the_last_flush() {
     let counter = FaultFs::new(u64::MAX);
@@ -137,7 +115,7 @@ fn a_crash_at_any_file_operation_of_a_spill_or_its_adoption_reopens_to_the_last_
         let fs = FaultFs::new(fail_at);
         let run = script(Arc::new(fs.clone()), dir.path());
         fs.crash().unwrap();
-        let before = seg_files(dir.path());
+        let before = segment_files(dir.path());
         let store = Store::open_with_options(dir.path(), &options(), Arc::new(RealFs))
             .unwrap_or_else(|e| panic!("fault at op {fail_at}: reopen failed: {e}"));
         if run.flushed.is_empty() {
@@ -157,7 +135,7 @@ fn a_crash_at_any_file_operation_of_a_spill_or_its_adoption_reopens_to_the_last_
         // Recovery deleted only unnamed segments: every file a table needs is still there (it
         // opened), and what it deleted is what it reported.
         let report = store.recovery().unwrap().clone();
-        let after = seg_files(dir.path());
+        let after = segment_files(dir.path());
         let gone: Vec<String> = before.iter().filter(|n| !after.contains(n)).cloned().collect();
         assert_eq!(gone, report.orphan_segments, "fault at op {fail_at}");
         // The reopened store goes on: a flush and a second reopen keep every row.
@@ -314,12 +292,12 @@ fn unadopted_spills_are_safe_to_remove_for_verify_and_deleted_by_the_next_open()
         }
         store.flush().unwrap();
         let flushed = snapshot(&store);
-        let named = seg_files(dir.path());
+        let named = segment_files(dir.path());
         for _ in 0..6 {
             train(&store, &mut rng).unwrap();
         }
         let spills: Vec<String> =
-            seg_files(dir.path()).into_iter().filter(|n| !named.contains(n)).collect();
+            segment_files(dir.path()).into_iter().filter(|n| !named.contains(n)).collect();
         assert!(!spills.is_empty(), "the training after the flush evicted nothing");
         // Dropped without a flush (a process killed): its spills stay unadopted.
         drop(store);

@@ -33,3 +33,33 @@ impl Rng {
             .collect()
     }
 }
+
+/// A table's rows sorted by id: values, state, and metadata (as text, to compare).
+#[allow(dead_code)]
+pub fn snapshot_of(t: &embstore_table::Table) -> Vec<(u64, Vec<f32>, Vec<f32>, String)> {
+    let (d, s) = (t.dim(), t.state_dim());
+    let mut rows = Vec::new();
+    for c in t.export(1000) {
+        for i in 0..c.len() {
+            rows.push((
+                c.ids[i],
+                c.values[i * d..][..d].to_vec(),
+                c.state[i * s..][..s].to_vec(),
+                format!("{:?}", c.meta[i]),
+            ));
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+/// The segment files of the store in `dir`, sorted.
+#[allow(dead_code)]
+pub fn segment_files(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("seg"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
