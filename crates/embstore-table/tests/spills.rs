@@ -312,3 +312,34 @@ fn unadopted_spills_are_safe_to_remove_for_verify_and_deleted_by_the_next_open()
     assert_eq!(store.recovery().unwrap().orphan_segments, spills);
     assert_eq!(snapshot(&store), flushed, "the reopened store holds the flushed rows");
 }
+
+/// The spill range alone proves nothing about a file whose record was lost: a manifest that
+/// lost the records of two flushes (a file system that dropped fsynced appends) leaves their
+/// segments, inside the range, unnamed. They are flushes' segments, not spills (their headers
+/// say so): the open refuses and deletes nothing, as it does outside the range.
+#[test]
+fn flushed_segments_in_the_spill_range_are_never_taken_for_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("MANIFEST");
+    let kept = {
+        let store = Store::open_with_options(dir.path(), &options(), Arc::new(RealFs)).unwrap();
+        store.create_table(config()).unwrap();
+        let mut rng = Rng(0x5eed_0043);
+        train(&store, &mut rng).unwrap();
+        store.flush().unwrap(); // reserves the spill range
+        let len = std::fs::metadata(&manifest).unwrap().len();
+        for _ in 0..2 {
+            train(&store, &mut rng).unwrap();
+            store.flush().unwrap();
+        }
+        store.close().unwrap();
+        len
+    };
+    let before = segment_files(dir.path());
+    let f = std::fs::OpenOptions::new().write(true).open(&manifest).unwrap();
+    f.set_len(kept).unwrap(); // the last two flushes' records lost, at a record boundary
+    drop(f);
+    let e = Store::open_with_options(dir.path(), &options(), Arc::new(RealFs)).unwrap_err();
+    assert_eq!(e.kind(), embstore_table::ErrorKind::Corruption, "{e}");
+    assert_eq!(segment_files(dir.path()), before, "a segment was deleted");
+}

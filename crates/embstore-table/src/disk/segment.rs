@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! page 0 (4 KiB)  header: magic "EMBSEG01", format u32, dim u32, state_dim u32,
-//!                 record_bytes u32, seq u64, table_id u64, kind u32, pad u32, created_ms u64,
+//!                 record_bytes u32, seq u64, table_id u64, kind u32 (1 flush, 2 compaction,
+//!                 3 spill), pad u32, created_ms u64,
 //!                 crc32 (of the 56 bytes before it); zeros to 4096
 //! records         at 4096 + i × record_bytes, record_bytes = 44 + 4 (dim + state_dim) rounded
 //!                 up to 64: key u64, timestamp u64, replica u32, flags u32 (bit 0: tombstone),
@@ -50,6 +51,9 @@ pub(crate) enum SegmentKind {
     Flush = 1,
     /// Every live row of a table, rewritten by compaction.
     Compaction = 2,
+    /// Dirty rows an eviction wrote, durable once a flush adopts it (names it in a record):
+    /// until then recovery may prove it superseded by this mark and its seq.
+    Spill = 3,
 }
 
 /// What a segment's header says.
@@ -109,6 +113,7 @@ impl SegmentHeader {
         let kind = match u32_at(b, 40) {
             1 => SegmentKind::Flush,
             2 => SegmentKind::Compaction,
+            3 => SegmentKind::Spill,
             k => return Err(bad(&format!("unknown kind {k}"))),
         };
         let h = Self {

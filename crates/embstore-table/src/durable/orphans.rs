@@ -5,9 +5,9 @@
 //! - its seq is below the manifest's next seq: the manifest handed that seq out and no longer
 //!   names it (its table was dropped, a rewrite superseded it, or the flush that wrote it
 //!   failed and wrote its rows again later); or
-//! - its seq lies in the range the manifest reserved for spills ([`Edit::SpillRange`]): it is
-//!   a segment an eviction wrote without fsync that no flush adopted (`durable::spill`) — or a
-//!   flush's, rewrite's or compaction step's segment whose record never landed. Its rows were
+//! - its seq lies in the range the manifest reserved for spills ([`Edit::SpillRange`]) and its
+//!   header marks it a spill (or a crash cut it before its header): a segment an eviction wrote
+//!   without fsync that no flush adopted (`durable::spill`). Its rows were
 //!   written after the last completed flush (a flush adopts every spill written before it),
 //!   whose segments hold their flushed values, and the durability contract lets them go; or
 //! - it is the one segment newer than every manifest record — the flush a crash cut short
@@ -83,6 +83,17 @@ pub(crate) fn deletable(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Vec<
 
 /// The segment files in `dir` that `state` does not name, split into those it proves
 /// superseded and those it cannot account for; an error only when the folder cannot be listed.
+/// Whether the segment `name` (seq `seq`) is a spill: its header says so (or a crash cut its
+/// write before the header landed, when nothing in it was ever acknowledged). Any other file in
+/// the spill range keeps the proof of a segment newer than the manifest.
+fn is_spill(vfs: &dyn Vfs, seg_dir: &Path, name: &str, seq: u64) -> bool {
+    match segment::read_header(vfs, &seg_dir.join(name)) {
+        Ok(None) => true,
+        Ok(Some(h)) => h.kind == segment::SegmentKind::Spill && h.seq == seq,
+        Err(_) => false,
+    }
+}
+
 pub(crate) fn unnamed(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Unnamed> {
     let seg_dir = dir.join(SEG_DIR);
     let names =
@@ -99,7 +110,7 @@ pub(crate) fn unnamed(vfs: &dyn Vfs, dir: &Path, state: &State) -> Result<Unname
         if named.contains(&seq) {
             continue;
         }
-        if seq < state.next_seq.max(state.spill_below) {
+        if seq < state.next_seq || seq < state.spill_below && is_spill(vfs, &seg_dir, &name, seq) {
             out.superseded.push(name);
         } else {
             newer.push((seq, name));

@@ -79,7 +79,8 @@ impl Durable {
         // A spill, unless the table's cleared mark was pending (then a recorded segment).
         let spill = spill && !cleared;
         tx.spill = spill;
-        let mut w = tx.create(id, kind)?;
+        // A spill says so in its header: recovery takes only such a file for an unadopted one.
+        let mut w = tx.create(id, if spill { SegmentKind::Spill } else { kind })?;
         let slot = tx.slot;
         let (written, moved) = body(&mut w, slot, &mut tx.removals)?;
         if spill {
