@@ -94,6 +94,45 @@ def timeout_s() -> float:
     return value
 
 
+def torch_world_size() -> int:
+    """Processes of the ``torch.distributed`` job this process is in: the initialised default
+    group's size, else ``WORLD_SIZE`` as ``torchrun`` sets it (1 outside a job)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except ImportError:
+        pass
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_not_process_local(table: Any, what: str) -> None:
+    """Refuse to train ``table`` (``what``: the step, for the message) when it belongs to this
+    process alone but the process is one of several of a ``torch.distributed`` job: each
+    process would silently train its own copy of the table (DDP averages the dense model, not
+    the rows). A distributed store's tables, and a store opened with ``per_process=True``,
+    pass."""
+    if getattr(table, "_per_process", False) or getattr(table, "_distributed", False):
+        return
+    world = torch_world_size()
+    if world <= 1:
+        return
+    raise DistributedError(
+        f"{what} of table '{table.name}': this process is one of {world} of a "
+        "torch.distributed job, but the table belongs to a store of this process alone, so "
+        "each process would train its own copy of it and no process would see the rows the "
+        "others trained. Open the store on every process as "
+        "embstore.Store(path, distributed=True): each process then holds a share of every "
+        'table and every process trains the same rows (docs/training.md, "Many '
+        'processes"). To train one table per process on purpose, open it with '
+        "embstore.Store(..., per_process=True)"
+    )
+
+
 def init_distributed(backend: str = "gloo") -> None:
     """``torch.distributed.init_process_group(backend)`` from the launcher's environment,
     safe across ``torchrun`` restarts: the rendezvous keys are kept apart per restart

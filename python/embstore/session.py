@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from embstore._arrays import as_ids
-from embstore.distributed import Comm, owner_of, timeout_s
+from embstore.distributed import Comm, check_not_process_local, owner_of, timeout_s
 from embstore.errors import (
     CapacityError,
     DistributedError,
@@ -103,6 +103,7 @@ class SessionBatch:
         self._plan = plan
         self._leaves = leaves
         self._pushed = False
+        self._train = session._training
         self._push_s = 0.0
         self._before_push: Callable[[], None] | None = None
         self.data = plan.data
@@ -173,16 +174,37 @@ class SessionBatch:
             per_sample_weights=per_sample_weights,
         )
 
-    def push_grads(self, lr: float | None = None) -> None:
+    def push_grads(self, lr: float | None = None, *, scaler: Any = None) -> None:
         """Send the gradients of this batch's rows to their tables: each owner sums them over
         every process and steps its optimizer once per id (``lr`` overrides its learning
-        rate). Rows whose gradient is ``None`` (not used in the loss) get zeros. Call it once
-        per batch, after ``backward()``, on every process of a distributed job."""
+        rate). Call it once per batch, after ``backward()``, on every process of a
+        distributed job.
+
+        A table whose rows have no gradient on any process (not used in the loss) is not
+        stepped, as ``torch.optim`` skips a parameter whose ``.grad`` is ``None``; a batch
+        with no gradient at all is refused (:class:`InvalidArgumentError`: ``backward()`` was
+        not called). A batch of ``run(..., train=False)`` has nothing to push: refused.
+
+        Args:
+            lr: the learning rate of this step, in place of each table's own.
+            scaler: the ``torch.amp.GradScaler`` that scaled the loss: the gradients are
+                unscaled (as ``scaler.unscale_`` does, recorded in the scaler) and, when any is
+                inf or NaN on any process, nothing is applied on any process and
+                ``scaler.update()`` backs off. Call ``scaler.update()`` once per iteration, as
+                usual.
+        """
+        if not self._train:
+            raise InvalidArgumentError(
+                "push_grads() on a batch of run(..., train=False): evaluation batches apply "
+                "no gradient (their rows do not require grad)"
+            )
         if self._pushed:
             raise InvalidArgumentError("push_grads() was called twice for one batch")
         self._pushed = True
         if self._before_push is not None:  # staleness 1: the next batch's rows first
             self._before_push()
+        if scaler is not None and scaler.is_enabled() and self._session._unscale(self, scaler):
+            return  # overflowed on some process: nothing applied anywhere
         self._session._push(self, lr)
 
 
@@ -228,6 +250,8 @@ class Session:
         self._batches = 0
         self._rows = {"pulled": 0, "pulled_remote": 0, "served": 0, "pinned": 0}
         self._running = False
+        self._training = True  # the running loop's: run(..., train=)
+        self._scaled = _Scaled()  # what push_grads(scaler=) hands to scaler.unscale_
         self._prepared = 0  # batches prepared by this run (the same on every process)
 
     @property
@@ -446,7 +470,7 @@ class Session:
             got = comm.exchange(
                 send.view(np.int64), plan.counts.sum(1), recv.sum(1), what, group
             ).view(np.uint64)
-            served = _Served(_by_table(got, recv, [1] * n_tables, flagged=False)[0], recv)
+            served = _Served(_by_table(got, recv, [1] * n_tables)[0], recv)
         plan.served = served
         reads = []
         for table, ids in zip(self._tables, served.ids, strict=True):
@@ -500,13 +524,13 @@ class Session:
 
         start = time.perf_counter()
         leaves = []
-        for r, inv in zip(
-            self._gather_rows(plan, self._on_miss, self._comm.main), plan.inv, strict=True
-        ):
+        # Evaluation stores no row: a new id reads zeros, as a module in eval mode does.
+        on_miss = self._on_miss if self._training or self._on_miss != "init" else "zeros"
+        for r, inv in zip(self._gather_rows(plan, on_miss, self._comm.main), plan.inv, strict=True):
             leaf = torch.from_numpy(r if inv is None else r[inv])
             if self._device is not None:
                 leaf = leaf.to(self._device)
-            leaves.append(leaf.requires_grad_(True))
+            leaves.append(leaf.requires_grad_(self._training))
         self._add("gather", time.perf_counter() - start)
         return leaves
 
@@ -531,7 +555,7 @@ class Session:
             mine = rows
         else:
             # Each process's error flag rides with its rows (one float per destination).
-            mine = self._exchange_rows(
+            mine, _ = self._exchange_rows(
                 rows,
                 served.ids,
                 served.counts,
@@ -573,13 +597,46 @@ class Session:
                 stacklevel=4,
             )
 
+    def _unscale(self, batch: SessionBatch, scaler: Any) -> bool:
+        """``scaler.unscale_`` the batch's gradients (in place, recorded in the scaler as an
+        optimizer's); whether any was inf or NaN on any process (collective then). An overflow
+        elsewhere is recorded here too, so every process's scaler backs off alike."""
+        import torch
+
+        leaves = [leaf for leaf in batch._leaves if leaf.grad is not None]
+        mine = any(not bool(torch.isfinite(leaf.grad).all()) for leaf in leaves)
+        bad = mine
+        if self._comm.world > 1:
+            bad = any(self._comm.all_gather(mine, "checking a batch's scaled gradients"))
+        params = list(leaves)
+        if bad and not mine:
+            flag = torch.zeros(1)
+            flag.grad = torch.full((1,), float("inf"))
+            params.append(flag)
+        self._scaled.param_groups = [{"params": params}]
+        try:
+            scaler.unscale_(self._scaled)
+        finally:
+            self._scaled.param_groups = []
+        return bad
+
     def _push(self, batch: SessionBatch, lr: float | None) -> None:
         start = time.perf_counter()
         grads: list[np.ndarray] = []
         error: BaseException | None = None
+        has_grad = [leaf.grad is not None for leaf in batch._leaves]
         try:
             import torch
 
+            if self._comm.world == 1 and not self._store._distributed:
+                for table in self._tables:
+                    check_not_process_local(table, "push_grads()")
+            if not any(has_grad):
+                raise InvalidArgumentError(
+                    "push_grads(): no row of this batch has a gradient (call loss.backward() "
+                    "first, with a loss that uses the batch's embeddings); to evaluate, "
+                    "iterate sess.run(..., train=False), which never applies gradients"
+                )
             for leaf, uniq, inv in zip(
                 batch._leaves, batch._plan.uniq, batch._plan.inv, strict=True
             ):
@@ -601,7 +658,7 @@ class Session:
                 grads.append(g * np.float32(self._scale) if self._scale != 1.0 else g)
         except Exception as e:  # agreed in _push_rows
             error = e
-        self._push_rows(batch._plan, grads, lr, error, self._comm.main)
+        self._push_rows(batch._plan, grads, lr, error, self._comm.main, has_grad)
         batch._push_s = time.perf_counter() - start
         self._add("write_back", batch._push_s)
 
@@ -612,9 +669,14 @@ class Session:
         lr: float | None,
         error: BaseException | None,
         group: Any,
+        has_grad: list[bool] | None = None,
     ) -> None:
         """Send ``grads`` (per table, ``float32[U, D]`` in the order of the plan's ``uniq``) to
-        the owners; as owner, sum what every process sent and step the optimizer; unpin."""
+        the owners; as owner, sum what every process sent and step the optimizer; unpin.
+        ``has_grad[t]`` False: table ``t`` had no gradient here (zeros are sent); a table with
+        none on any process is not stepped."""
+        if has_grad is None:
+            has_grad = [True] * len(self._tables)
         comm, served = self._comm, plan.served
         assert served is not None
         what = "pushing a batch's gradients"
@@ -624,6 +686,7 @@ class Session:
                 _release(served)
                 raise error
             mine = grads
+            stepped = has_grad
         else:
             try:
                 if error is None:
@@ -638,12 +701,15 @@ class Session:
                 error = e
             # Each process's error flag rides with its gradients: no owner applies anything
             # unless every process's gradients are good.
-            mine = self._exchange_rows(
-                grads, plan.uniq, plan.counts, served.counts, error, what, group, served
+            mine, flags = self._exchange_rows(
+                grads, plan.uniq, plan.counts, served.counts, error, what, group, served, has_grad
             )
+            stepped = list(flags.any(axis=0))
         error = None
         try:
-            for table, ids, g in zip(self._tables, served.ids, mine, strict=True):
+            for table, ids, g, step in zip(self._tables, served.ids, mine, stepped, strict=True):
+                if not step:
+                    continue  # no process had a gradient for it: as torch skips grad None
                 if len(ids):
                     table.apply_gradients(ids, g, lr=lr)
                 else:
@@ -664,25 +730,34 @@ class Session:
         what: str,
         group: Any,
         release: _Served | None = None,
-    ) -> list[np.ndarray]:
+        has_grad: list[bool] | None = None,
+    ) -> tuple[list[np.ndarray], np.ndarray]:
         """All-to-all of per-table rows (``arrays[t]``: a row per id of ``ids[t]``, cut per
-        process by ``send_counts``), each process's piece followed by its error flag (zeros
-        are sent by a process that failed); raises on every process if any failed (after
-        releasing ``release``'s pins)."""
+        process by ``send_counts``), each process's piece followed by its flags: its error
+        (zeros are sent by a process that failed) and, per table, ``has_grad``. Raises on
+        every process if any failed (after releasing ``release``'s pins); returns the rows
+        per table and ``flags[s, t]``: process ``s`` had a gradient for table ``t``."""
         comm = self._comm
+        n_tables = len(self._dims)
         if error is not None:
             arrays = [
                 np.zeros((len(i), d), np.float32) for i, d in zip(ids, self._dims, strict=True)
             ]
-        send = _flatten(arrays, send_counts, comm.world, 0.0 if error is None else 1.0)
+        status = np.ones(1 + n_tables, np.float32)
+        status[0] = 0.0 if error is None else 1.0
+        if has_grad is not None:
+            status[1:] = has_grad
+        send = _flatten(arrays, send_counts, comm.world, status)
+        extra = 1 + n_tables
         got = comm.exchange(
-            send, send_counts @ self._dims + 1, recv_counts @ self._dims + 1, what, group
+            send, send_counts @ self._dims + extra, recv_counts @ self._dims + extra, what, group
         )
-        parts, failed = _by_table(got, recv_counts, self._dims)
-        if failed.any() or error is not None:
+        parts, flags = _by_table(got, recv_counts, self._dims, flags=extra)
+        if flags[:, 0].any() or error is not None:
             _release(release)
             comm.fail(what, error, group)
-        return [p.reshape(-1, d) for p, d in zip(parts, self._dims, strict=True)]
+        rows = [p.reshape(-1, d) for p, d in zip(parts, self._dims, strict=True)]
+        return rows, flags[:, 1:]
 
     # -- one table, called directly (DistributedTable) ----------------------------------------
 
@@ -697,11 +772,20 @@ class Session:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(
-        self, batches: Iterable[Any], ids: Callable[[Any], Mapping[str, Any]]
+        self,
+        batches: Iterable[Any],
+        ids: Callable[[Any], Mapping[str, Any]],
+        *,
+        train: bool = True,
     ) -> Iterator[SessionBatch]:
         """Yield a :class:`SessionBatch` per batch of ``batches`` (any iterable: a
         ``DataLoader``, a generator), in order; ``ids(batch)`` maps each table's name to the
         batch's ids of it (numpy, torch or a sequence of ints, any shape).
+
+        ``train=False`` evaluates: nothing is written — new ids read zeros and store no row
+        (with ``on_miss="init"``, the default), the rows do not require grad and
+        ``push_grads()`` is refused. In a distributed job every process runs its loop with
+        the same ``train``.
 
         In a distributed job every process runs its own loader over its share of the data;
         every process must have the same number of batches (the session says so if not).
@@ -711,10 +795,15 @@ class Session:
             raise InvalidArgumentError("this session is already running a loop")
         if not callable(ids):
             raise InvalidArgumentError("ids must be a callable: batch -> {table name: ids}")
-        return self._run(iter(batches), ids)
+        if not isinstance(train, bool):
+            raise InvalidArgumentError(f"train must be a bool, got {train!r}")
+        return self._run(iter(batches), ids, train)
 
-    def _run(self, it: Iterator[Any], ids: Callable[[Any], Mapping[str, Any]]) -> Iterator[Any]:
+    def _run(
+        self, it: Iterator[Any], ids: Callable[[Any], Mapping[str, Any]], train: bool
+    ) -> Iterator[Any]:
         self._running = True
+        self._training = train
         self._prepared = 0
         try:
             if self._prefetch == 0:
@@ -865,6 +954,15 @@ class Session:
         return 5.0 if self._comm.world == 1 else timeout_s()
 
 
+class _Scaled:
+    """The "optimizer" a ``GradScaler`` unscales for ``push_grads(scaler=)``: the batch's
+    leaves as its parameters (one object per session, so the scaler keeps one state for it
+    per iteration)."""
+
+    def __init__(self) -> None:
+        self.param_groups: list[dict[str, Any]] = []
+
+
 class _Failed:
     __slots__ = ("error",)
 
@@ -877,11 +975,13 @@ def _span(counts: np.ndarray, j: int) -> slice:
     return slice(start, start + int(counts[j]))
 
 
-def _flatten(arrays: list[np.ndarray], counts: np.ndarray, world: int, status: float) -> np.ndarray:
+def _flatten(
+    arrays: list[np.ndarray], counts: np.ndarray, world: int, status: np.ndarray
+) -> np.ndarray:
     """Rows of every table, cut per process ``j`` (``counts[j, t]`` rows of table ``t``),
-    process-major, each process's piece followed by ``status`` (this process's error flag), as
+    process-major, each process's piece followed by ``status`` (this process's flags), as
     one float32 buffer."""
-    flag = np.array([status], np.float32)
+    flag = np.asarray(status, np.float32).reshape(-1)
     pieces = []
     for j in range(world):
         pieces += [arrays[t][_span(counts[:, t], j)].reshape(-1) for t in range(len(arrays))]
@@ -890,16 +990,16 @@ def _flatten(arrays: list[np.ndarray], counts: np.ndarray, world: int, status: f
 
 
 def _by_table(
-    buf: np.ndarray, counts: np.ndarray, widths: list[int], flagged: bool = True
+    buf: np.ndarray, counts: np.ndarray, widths: list[int], flags: int = 0
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """The inverse of :func:`_flatten` on the receiving side: a buffer, process-major with
-    ``counts[s, t] * widths[t]`` elements of table ``t`` and then a flag from process ``s``;
-    returns the rows regrouped per table (process after process) and the flags (``flagged``
-    False: a buffer without them, the ids sent ahead)."""
+    ``counts[s, t] * widths[t]`` elements of table ``t`` and then ``flags`` floats from process
+    ``s``; returns the rows regrouped per table (process after process) and the flags,
+    ``bool[world, flags]`` (0: a buffer without them, the ids sent ahead)."""
     world, n_tables = counts.shape
     sizes = counts * np.asarray(widths, np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=1) + int(flagged))])
-    flags = buf[starts[1:] - 1] if flagged else np.zeros(world)
+    starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=1) + flags)])
+    got = np.stack([buf[e - flags : e] for e in starts[1:]]) if flags else np.zeros((world, 0))
     out = []
     for t in range(n_tables):
         parts = []
@@ -907,7 +1007,7 @@ def _by_table(
             at = starts[s] + int(sizes[s, :t].sum())
             parts.append(buf[at : at + int(sizes[s, t])])
         out.append(np.concatenate(parts))
-    return out, flags != 0
+    return out, got != 0
 
 
 def _release(served: _Served | None) -> None:
@@ -933,6 +1033,7 @@ class DistributedTable(Table):
     """
 
     __slots__ = ("_sess", "_store")
+    _distributed = True
 
     def __init__(self, inner: Any, store: Any) -> None:
         super().__init__(inner)

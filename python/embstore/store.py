@@ -60,6 +60,14 @@ class Store:
             ``"group_lfu"`` (each access a one-key request; ~26-31 B per hot row). The store
             replays concurrent hits into these in batches (docs/cache.md).
 
+        distributed: share every table among the processes of a ``torchrun`` job (needs
+            ``path``; :mod:`embstore.distributed`, docs/training.md "Many processes").
+        per_process: this store is one process's own in a multi-process ``torch.distributed``
+            job, on purpose. Without it (and without ``distributed``), training a table of
+            the store — a module's training forward pass, a session's ``push_grads()`` —
+            raises :class:`DistributedError` when ``torch.distributed`` runs more than one
+            process: each process would silently train its own copy of the table.
+
     Example::
 
         >>> import embstore
@@ -97,9 +105,18 @@ class Store:
         background_eviction: bool = False,
         eviction: str = "lru_lfu",
         distributed: bool = False,
+        per_process: bool = False,
     ) -> None:
         if not isinstance(distributed, bool):
             raise InvalidArgumentError(f"distributed must be a bool, got {distributed!r}")
+        if not isinstance(per_process, bool):
+            raise InvalidArgumentError(f"per_process must be a bool, got {per_process!r}")
+        if per_process and distributed:
+            raise InvalidArgumentError(
+                "per_process=True is for a store of one process; distributed=True shares the "
+                "tables among the processes: choose one"
+            )
+        self._per_process = per_process
         self._comm = _dist.Comm.single()
         if distributed:
             if path is None:
@@ -162,6 +179,7 @@ class Store:
         store._follower = None
         store._comm = _dist.Comm.single()
         store._distributed = False
+        store._per_process = False
         return store
 
     def serve_sync(
@@ -560,7 +578,7 @@ class Store:
             )
         native = to_native_spec(spec)
         if not self._distributed:
-            return Table(self._inner.create_table(native))
+            return Table(self._inner.create_table(native), self._per_process)
         what = f"create_table({spec.name!r})"
         specs = self._comm.all_gather(native, what)
 
@@ -584,11 +602,14 @@ class Store:
         reach every process's partition)."""
         if self._distributed:
             return DistributedTable(self._inner.table(str(name)), self)
-        return Table(self._inner.table(str(name)))
+        return Table(self._inner.table(str(name)), self._per_process)
 
     def _local_table(self, name: str | Table) -> Table:
         """This process's partition of a table (the whole table outside a distributed job)."""
-        return Table(self._inner.table(name.name if isinstance(name, Table) else str(name)))
+        return Table(
+            self._inner.table(name.name if isinstance(name, Table) else str(name)),
+            self._per_process,
+        )
 
     @property
     def rank(self) -> int:
@@ -695,7 +716,7 @@ class Store:
     def load_table(self, path: str | os.PathLike[str], name: str | None = None) -> Table:
         """Create a table from a file written by :meth:`Table.save`, named as saved or
         ``name``."""
-        return Table(self._inner.load_table(os.fspath(path), name))
+        return Table(self._inner.load_table(os.fspath(path), name), self._per_process)
 
 
 # The defaults of create_table's arguments after `name`, in order: a spec given with any other

@@ -65,10 +65,15 @@ class Table:
         True
     """
 
-    __slots__ = ("_inner",)
+    __slots__ = ("_inner", "_per_process")
+    #: A distributed store's table (:class:`~embstore.DistributedTable`) says True.
+    _distributed = False
 
-    def __init__(self, inner: _native.Table):
+    def __init__(self, inner: _native.Table, per_process: bool = False):
         self._inner = inner
+        # From a store opened with per_process=True: trained by one process of a multi-process
+        # job on purpose (embstore.distributed.check_not_process_local lets it pass).
+        self._per_process = per_process
 
     def native(self) -> _native.Table:
         """The native table this handle wraps: the seam through which embstore's own modules

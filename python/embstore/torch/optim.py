@@ -12,16 +12,26 @@ hands them to the tables (one ``apply_gradients`` per table, duplicate ids summe
 Why on ``step()`` and not inside backward: it keeps torch's contract that nothing changes until
 ``step()``. Gradient accumulation over several backward passes, a table shared by two modules
 (both gradients summed into one step, as torch sums them into one ``.grad``), skipping a step
-on a NaN loss or an AMP overflow, and ``zero_grad()`` all behave as they do for
-``nn.Embedding``; applying inside backward would take one optimizer step per module and per
-backward pass, which for Adagrad and Adam is a different update. :class:`EmbeddingOptimizer`
+on a NaN loss, and ``zero_grad()`` all behave as they do for ``nn.Embedding``; applying inside
+backward would take one optimizer step per module and per backward pass, which for Adagrad and
+Adam is a different update.
+
+Mixed precision. ``torch.amp.GradScaler`` steps an :class:`EmbeddingOptimizer` as it steps a
+``torch.optim`` one — ``scaler.scale(loss).backward(); scaler.step(sparse_opt);
+scaler.update()``: the pending gradients are its parameters' gradients (``param_groups``
+expose them), so the scaler checks them for inf/NaN, ``step()`` applies them unscaled, a step
+whose gradients overflowed applies nothing (on every process of a distributed store when any
+process's overflowed) and the scaler backs off. Rows come out as in the same run without a
+scaler. ``scaler.unscale_(sparse_opt)`` before the step (to inspect or clip) unscales them in
+place, as for dense parameters. Calling ``sparse_opt.step()`` directly after a scaled
+backward applies the scaled gradients, as ``torch.optim`` optimizers do. :class:`EmbeddingOptimizer`
 is a ``torch.optim.Optimizer`` with one param group per table, so ``torch.optim.lr_scheduler``
 schedules the tables' learning rates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +50,31 @@ def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModul
     for m in modules:
         found.update((id(x), x) for x in m.modules() if isinstance(x, _StoreModule))
     return list(found.values())
+
+
+class _PendingParams(Sequence[torch.Tensor]):
+    """A param group's ``"params"``: one tensor per pending gradient of the group's table,
+    whose ``.grad`` is that gradient (read live from the modules, so what ``GradScaler`` sees
+    is what :meth:`EmbeddingOptimizer.step` applies); empty after ``zero_grad()``."""
+
+    def __init__(self, modules: list[_StoreModule], extra: list[torch.Tensor]) -> None:
+        self._modules = modules
+        self._extra = extra  # another process's overflow, for GradScaler to see (see step)
+
+    def _all(self) -> list[torch.Tensor]:
+        return [h for m in self._modules for h in m._holders] + self._extra
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return sum(len(m._holders) for m in self._modules) + len(self._extra)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} pending gradients>"
 
 
 def _table_lr(table: Table) -> float:
@@ -101,6 +136,12 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         self._building = False
         self.modules = found
         self._tables = tables
+        self._elsewhere: list[torch.Tensor] = []
+        for i, (group, table) in enumerate(zip(self.param_groups, tables, strict=True)):
+            mine = [m for m in found if m.table == table]
+            group["params"] = _PendingParams(mine, self._elsewhere if i == 0 else [])
+        self._comms = [t._store._comm for t in tables if t._distributed]
+        self._agreed_overflow = False
 
     @property
     def lr(self) -> float | None:
@@ -139,6 +180,13 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        scale = getattr(self, "grad_scale", None)  # set by GradScaler.step for the call
+        found_inf = getattr(self, "found_inf", None)
+        agreed, self._agreed_overflow = self._agreed_overflow, False
+        self._elsewhere.clear()
+        if found_inf is not None and (float(found_inf) > 0 or agreed):
+            return loss if closure is not None else 0
+        inv_scale = None if scale is None else 1.0 / float(scale)
         pending: dict[Table, tuple[list[np.ndarray], list[torch.Tensor]]] = {
             t: ([], []) for t in self._tables
         }
@@ -154,15 +202,47 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
                 continue
             all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
             all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
+            if inv_scale is not None and inv_scale != 1.0:
+                # As GradScaler.unscale_: multiplied by the float32 of the fp64 reciprocal.
+                all_grads = all_grads * torch.tensor(inv_scale, dtype=torch.float32)
             lr = float(group["lr"])
             stepped += table.apply_gradients(all_ids, all_grads.numpy(), lr=lr)
         return loss if closure is not None else stepped
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Read by ``torch.amp.GradScaler.step`` (only there, once per call, on every
+        process): True, so the scaler calls :meth:`step` also after an overflow, with the
+        scale (``grad_scale``; None once ``unscale_`` ran) and the overflow (``found_inf``) as
+        attributes, and :meth:`step` unscales or skips.
+
+        With a distributed store's tables the processes first agree here whether any
+        process's gradients overflowed (collective): where another's did, a gradient of inf
+        joins this optimizer's parameters, so this process's scaler sees the overflow too,
+        skips alike and backs off alike (the scales must stay equal: DDP sums the dense
+        gradients of every process's scaled loss)."""
+        if self._comms:
+            mine = any(
+                not bool(torch.isfinite(p.grad).all())
+                for g in self.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            )
+            what = "checking a scaled step for overflow (GradScaler.step)"
+            self._agreed_overflow = any(self._comms[0].all_gather(mine, what))
+            if self._agreed_overflow and not mine:
+                flag = torch.zeros(1)
+                flag.grad = torch.full((1,), float("inf"))
+                self._elsewhere.append(flag)
+        return True
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every pending gradient and release the rows pinned by the forward passes
         (``set_to_none`` is accepted for torch's signature)."""
+        self._elsewhere.clear()
         for m in self.modules:
             m._pending.clear()
+            m._holders.clear()
             m._warned = False
             for ids in m._pinned:
                 m.table.unpin(ids)
@@ -178,7 +258,22 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
             raise InvalidArgumentError(
                 f"the optimizer state is for tables {saved}, this EmbeddingOptimizer steps {ours}"
             )
-        super().load_state_dict(state_dict)
+        assert groups is not None
+        # The groups' settings only: their "params" are the pending gradients of the moment,
+        # not saved (the rows and their optimizer state travel in the model's state_dict()).
+        for group, loaded in zip(self.param_groups, groups, strict=True):
+            group.update({k: v for k, v in loaded.items() if k not in ("params", "table")})
+
+    def state_dict(self) -> dict[str, Any]:
+        """The groups' settings (``table``, ``lr``, a scheduler's ``initial_lr``); no
+        gradients and no rows (those travel in the model's ``state_dict()``)."""
+        return {
+            "state": {},
+            "param_groups": [
+                {**{k: v for k, v in g.items() if k != "params"}, "params": []}
+                for g in self.param_groups
+            ],
+        }
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise NotCopyableError(

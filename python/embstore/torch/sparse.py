@@ -60,6 +60,7 @@ from torch import nn
 from embstore import _native
 from embstore._arrays import as_ids
 from embstore.config import Optimizer
+from embstore.distributed import check_not_process_local
 from embstore.errors import (
     CapacityError,
     DTypeError,
@@ -134,6 +135,10 @@ class _StoreModule(nn.Module):
         self.rows_in_state_dict = bool(rows_in_state_dict)
         self.embedding_dim = table.embedding_dim
         self._pending: list[tuple[np.ndarray, torch.Tensor]] = []
+        # One per pending gradient: a storage-less tensor of its shape whose .grad is that
+        # gradient (the same tensor), so torch.amp.GradScaler finds, checks and unscales the
+        # pending gradients through EmbeddingOptimizer.param_groups as it does a model's.
+        self._holders: list[torch.Tensor] = []
         self._pinned: list[np.ndarray] = []
         self._warned = False
         # The output's dtype: rows are float32 in the table, but model.half() / .double() /
@@ -159,6 +164,8 @@ class _StoreModule(nn.Module):
         # tensor's memory before backward or step().
         arr = np.array(as_ids(ids.reshape(-1))[0], copy=True)
         track = torch.is_grad_enabled() and self.training
+        if track:
+            check_not_process_local(self.table, "a training forward pass")
         if track and self.table.tiered:
             # The step's working set stays in memory until EmbeddingOptimizer.zero_grad()
             # (pinned before the lookup brings it in, so no eviction in between drops it).
@@ -176,7 +183,10 @@ class _StoreModule(nn.Module):
 
     def _stash(self, ids: np.ndarray, grad: torch.Tensor) -> None:
         grad = grad.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        holder = torch.empty((), dtype=torch.float32).expand(grad.shape)
+        holder.grad = grad
         self._pending.append((ids, grad))
+        self._holders.append(holder)
         if len(self._pending) > _PENDING_WARN and not self._warned:
             self._warned = True
             warnings.warn(

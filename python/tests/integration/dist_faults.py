@@ -90,8 +90,71 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         for _ in steps:
             pass
         store.checkpoint(ckpt / "end", step=40)  # full: the flush fails here
+    elif mode == "ddp_local":
+        ddp_over_a_store_of_one_process()
+    elif mode == "amp":
+        amp_and_unused_tables(work, rank)
     else:
         raise SystemExit(f"unknown mode {mode}")
+
+
+def ddp_over_a_store_of_one_process() -> None:
+    """The README's first line and the DDP a user always adds: refused at the first step."""
+    import embstore.torch as et
+
+    store = embstore.Store()
+    emb = et.Embedding(store.create_table("t", 4))
+    dense = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    dense(emb(torch.tensor([1, 2, 3]))).sum().backward()
+
+
+def amp_and_unused_tables(work: pathlib.Path, rank: int) -> None:
+    """A distributed store under torch.amp.GradScaler, by a session and by modules: an
+    overflow on process 1 alone applies nothing on any process and every scaler backs off;
+    then a table only process 0's loss uses is stepped (on its owners), and one no loss uses
+    is not. Prints ``AMP rank=<r> <what>=<value>`` lines."""
+    import embstore.torch as et
+
+    store = embstore.Store(work / "s", distributed=True)
+    for name in ("t", "u"):
+        store.create_table(name, 4, optimizer=embstore.Adam(lr=0.1), seed=3)
+    t, u = store.table("t"), store.table("u")
+    probe = np.arange(0, 64)
+    sess = store.session(["t", "u"], prefetch=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    data = [np.arange(rank, 64, 2) + 0 for _ in range(3)]
+    rows_before = None
+    for n, b in enumerate(sess.run(data, lambda i: {"t": i, "u": i})):
+        loss = b.embeddings("t").pow(2).sum()
+        if n == 1:
+            rows_before = t.lookup(probe)  # collective: in step on every process
+            if rank == 1:
+                loss = loss * float("inf")
+        if n == 2 and rank == 0:
+            loss = loss + b.embeddings("u").sum()
+        scaler.scale(loss).backward()
+        b.push_grads(scaler=scaler)
+        scaler.update()
+        if n == 1:
+            print(
+                f"AMP rank={rank} session_unchanged={np.array_equal(t.lookup(probe), rows_before)}"
+            )
+            print(f"AMP rank={rank} session_scale={scaler.get_scale()}")
+    print(f"AMP rank={rank} steps t={t.local.step} u={u.local.step}", flush=True)
+    # Modules over the distributed tables, stepped by a GradScaler.
+    emb = et.Embedding(t)
+    opt = et.EmbeddingOptimizer(emb)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    before = t.lookup(probe)
+    loss = emb(torch.arange(rank, 64, 2)).pow(2).sum()
+    if rank == 1:
+        loss = loss * float("nan")
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    unchanged = np.array_equal(t.lookup(probe), before)
+    print(f"AMP rank={rank} modules_unchanged={unchanged} scale={scaler.get_scale()}", flush=True)
 
 
 def open_sessions(store, rank: int) -> None:

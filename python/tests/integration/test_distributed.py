@@ -327,6 +327,25 @@ def test_nan_gradients_on_one_process_apply_nothing_anywhere(tmp_path):
     assert "RESULT rank=0 DistributedError: pushing a batch's gradients failed on process 1" in out
 
 
+def test_ddp_over_a_store_of_one_process_is_refused_on_every_process(tmp_path):
+    r = faults("ddp_local", tmp_path)
+    for rank in (0, 1):
+        assert r[rank].startswith("DistributedError: a training forward pass of table 't'"), r
+        assert "one of 2" in r[rank] and "distributed=True" in r[rank]
+
+
+def test_grad_scaler_overflow_on_one_process_skips_the_step_on_every_process(tmp_path):
+    code, out, _ = torchrun(2, "dist_faults.py", "amp", "--work", str(tmp_path))
+    assert code == 0, out[-4000:]
+    for rank in (0, 1):
+        assert f"AMP rank={rank} session_unchanged=True" in out, out[-4000:]
+        # Both scalers backed off, also process 0's, whose own gradients were finite.
+        assert f"AMP rank={rank} session_scale=32768.0" in out, out[-4000:]
+        # Three batches, one skipped: t stepped twice; u only by process 0's last loss.
+        assert f"AMP rank={rank} steps t=2 u=1" in out, out[-4000:]
+        assert f"AMP rank={rank} modules_unchanged=True scale=32768.0" in out, out[-4000:]
+
+
 def _check_checkpoint(ckpt: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Each partition of the checkpoint restores, passes verification and holds rows."""
     for rank in (0, 1):

@@ -206,6 +206,12 @@ def test_bad_batches_raise_typed_errors_and_apply_nothing():
     assert t.step == 0
 
 
+def _step(b) -> None:
+    """A training step of a batch of ``_ids``: a loss over both tables, backward, push."""
+    (b.embeddings("user").sum() + b.embeddings("item").sum()).backward()
+    b.push_grads()
+
+
 def test_an_error_of_the_loader_reaches_the_loop():
     store = embstore.Store()
     store.create_table("t", 4)
@@ -217,6 +223,7 @@ def test_an_error_of_the_loader_reaches_the_loop():
     sess = store.session(["t"], prefetch=2)
     with pytest.raises(OSError, match="disk on fire"):
         for b in sess.run(loader(), lambda i: {"t": i}):
+            b.embeddings("t").sum().backward()
             b.push_grads()
 
 
@@ -238,12 +245,12 @@ def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
     for staleness in (0, 1):
         sess = store.session(["user", "item"], prefetch=3, staleness=staleness)
         for n, b in enumerate(sess.run(_data(4), _ids)):
-            b.push_grads()
+            _step(b)
             if n == 4:
                 break
         assert held and all(v == 0 for v in held.values()), (staleness, held)
     # The session runs again from a clean state.
-    assert sum(1 for b in sess.run(_data(5, n=3), _ids) if b.push_grads() is None) == 3
+    assert sum(1 for b in sess.run(_data(5, n=3), _ids) if _step(b) is None) == 3
 
 
 @pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
@@ -254,7 +261,7 @@ def test_the_cold_row_readers_end_with_the_run(tmp_path):
     store = _store(tmp_path, "s", 48 << 10)
     seen = 0
     for b in store.session(["user", "item"], prefetch=2).run(_data(6), _ids):
-        b.push_grads()
+        _step(b)
         seen = max(seen, len(readers()))
     assert seen > 0, "no batch read the cold rows of two tables at once"
     deadline = time.monotonic() + 5
