@@ -23,6 +23,7 @@ one (each process takes the rows it owns from every partition).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -30,7 +31,10 @@ import pathlib
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +59,15 @@ STATE_FILE = "training-state.pkl"
 BEGUN = "embstore-checkpoint-begun.json"
 _FORMAT = 1
 DEFAULT_TIMEOUT_S = 300.0
+#: A collective still waiting after this many seconds says where it is (in the job's
+#: rendezvous store) and compares with where the others wait: processes in different calls
+#: are out of step, and every one of them raises, naming both calls.
+_CHECK_S = 1.0
+#: A collective still waiting after this many seconds warns, once, naming the processes it
+#: waits for and where they were last seen.
+_WARN_S = 15.0
+# The user-level call in progress on each thread (``lookup('item')``), see calling().
+_CALL = threading.local()
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -133,6 +146,21 @@ def check_not_process_local(table: Any, what: str) -> None:
     )
 
 
+@contextlib.contextmanager
+def calling(label: str) -> Iterator[None]:
+    """Name the call in progress on this thread (``lookup('item')``, ``checkpoint()``) for the
+    collectives it makes: a process out of step with the others is told which call each is
+    in. The outermost name holds."""
+    outer = getattr(_CALL, "label", None)
+    if outer is None:
+        _CALL.label = label
+    try:
+        yield
+    finally:
+        if outer is None:
+            _CALL.label = None
+
+
 def init_distributed(backend: str = "gloo") -> None:
     """``torch.distributed.init_process_group(backend)`` from the launcher's environment,
     safe across ``torchrun`` restarts: the rendezvous keys are kept apart per restart
@@ -176,6 +204,9 @@ class Comm:
         self.main, self.prep = groups if groups is not None else (None, None)
         self.bytes_sent = 0
         self.bytes_received = 0
+        # Collectives made on each group ("main", "prep"): in step, every process is at the
+        # same count on a group when it enters a collective there.
+        self._seq = {"main": 0, "prep": 0}
 
     @classmethod
     def from_env(cls) -> Comm:
@@ -212,7 +243,9 @@ class Comm:
         import torch.distributed as dist
 
         flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
-        self._collective(what, lambda: dist.all_reduce(flag, group=group or self.main))
+        self._collective(
+            what, lambda: dist.all_reduce(flag, group=group or self.main, async_op=True), group
+        )
         if flag.item():
             self.fail(what, error, group)
 
@@ -229,13 +262,8 @@ class Comm:
 
     def fail(self, what: str, error: BaseException | None, group: Any = None) -> None:
         """Some process failed ``what`` (every process knows it): share the messages, raise."""
-        import torch.distributed as dist
-
         note = None if error is None else f"{type(error).__name__}: {error}"
-        notes: list[Any] = [None] * self.world
-        self._collective(
-            what, lambda: dist.all_gather_object(notes, note, group=group or self.main)
-        )
+        notes = self._gather_objects(note, what, group)
         if error is not None:
             error.add_note(f"(on process {self.rank} of {self.world}, during {what})")
             raise error
@@ -244,16 +272,129 @@ class Comm:
         also = f" (and {others} other process{'es' if others > 1 else ''})" if others else ""
         raise DistributedError(f"{what} failed on process {first}{also}: {notes[first]}")
 
-    def _collective(self, what: str, call: Callable[[], Any]) -> Any:
+    def _collective(self, what: str, call: Callable[[], Any], group: Any = None) -> None:
+        """Run ``call()``, which starts a collective on ``group`` (None: main) with
+        ``async_op=True``, and wait for it (see :meth:`_wait`)."""
+        key = "prep" if group is not None and group is self.prep else "main"
+        self._seq[key] += 1
         try:
-            return call()
+            self._wait(call(), what, key, self._seq[key])
         except EmbstoreError:
             raise
         except RuntimeError as e:  # gloo: a peer closed its connection, or the timeout passed
+            # A peer that found the processes out of step raised and left: say so here too.
+            out_of_step = self._out_of_step(key, self._seq[key], _where(what))
+            if out_of_step is not None:
+                raise out_of_step from e
             raise DistributedError(
                 f"{what}: process {self.rank} of {self.world} lost its peers ({e}); another "
-                "process has probably died (its own output says why)"
+                "process has probably died (its own output says why), or is not making this "
+                f"call{self._last_seen(key)}"
             ) from e
+
+    def _wait(self, work: Any, what: str, key: str, seq: int) -> None:
+        """Wait for ``work``, the ``seq``-th collective on group ``key``. Past
+        :data:`_CHECK_S` this process says where it waits (the job's rendezvous store) and
+        compares: a process waiting in another call at the same count is out of step, and
+        each process raises, naming both calls, within seconds rather than at the timeout."""
+        poll = _dt.timedelta(seconds=_CHECK_S)
+        began = time.monotonic()
+        here = _where(what)
+        published = warned = False
+        while True:
+            try:
+                work.wait(timeout=poll)
+                return
+            except RuntimeError:
+                if work.is_completed():  # the collective itself failed
+                    raise
+            store = _rendezvous_store()
+            if store is None:
+                work.wait()
+                return
+            if not published:
+                store.set(_call_key(key, self.rank), json.dumps([seq, here]))
+                published = True
+            peers = _peers_where(store, key, self.world, self.rank)
+            out_of_step = self._out_of_step(key, seq, here, peers)
+            if out_of_step is not None:
+                raise out_of_step
+            waited = time.monotonic() - began
+            if waited > _WARN_S and not warned:
+                warned = True
+                late = [
+                    p for p in range(self.world) if p != self.rank and peers.get(p, (0,))[0] != seq
+                ]
+                warnings.warn(
+                    f"embstore: process {self.rank} has waited {waited:.0f} s in {here} for "
+                    f"process(es) {late}{self._last_seen(key, peers)}; a process that does "
+                    "not make this call (evaluation on one process?) leaves the others "
+                    "waiting until the timeout (EMBSTORE_DIST_TIMEOUT_S)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    def _out_of_step(
+        self, key: str, seq: int, here: str, peers: dict[int, tuple[int, str]] | None = None
+    ) -> DistributedError | None:
+        """The error to raise when another process said it waits in another call at the same
+        collective count on group ``key``, else None."""
+        if peers is None:
+            try:
+                store = _rendezvous_store()
+                peers = {} if store is None else _peers_where(store, key, self.world, self.rank)
+            except Exception:  # the store went with the job: nothing to compare
+                return None
+        for peer, (their_seq, there) in sorted(peers.items()):
+            if their_seq == seq and there != here:
+                return DistributedError(
+                    f"the processes are out of step: process {self.rank} is in {here} and "
+                    f"process {peer} in {there}, both at embstore's collective call {seq} "
+                    f"(on its {key} group). Every process must make embstore's collective "
+                    "calls (lookups and gradients of a distributed table, a session's "
+                    "batches, checkpoint(), flush(), create_table(), len()) in the same "
+                    "order. To evaluate on one process alone, restore a checkpoint there "
+                    "(embstore.Store.restore(checkpoint, path) in one process merges every "
+                    'partition; docs/training.md, "Evaluating on one process")'
+                )
+        return None
+
+    def _last_seen(self, key: str, peers: dict[int, tuple[int, str]] | None = None) -> str:
+        """`` (process 1 last waited in X at call 12, ...)`` from the rendezvous store."""
+        if peers is None:
+            try:
+                store = _rendezvous_store()
+                peers = {} if store is None else _peers_where(store, key, self.world, self.rank)
+            except Exception:
+                peers = {}
+        if not peers:
+            return ""
+        seen = ", ".join(
+            f"process {p} last waited in {w} at call {s}" for p, (s, w) in peers.items()
+        )
+        return f" ({seen}; this process is at call {self._seq[key]})"
+
+    def _gather_objects(self, obj: Any, what: str, group: Any = None) -> list[Any]:
+        """Every process's ``obj`` (pickled), in rank order: ``all_gather_object`` made of
+        two all_gathers this class can wait for."""
+        import torch
+        import torch.distributed as dist
+
+        data = pickle.dumps(obj)
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        g = group or self.main
+        self._collective(what, lambda: dist.all_gather(sizes, size, group=g, async_op=True), g)
+        longest = int(max(int(x.item()) for x in sizes))
+        buf = torch.zeros(max(longest, 1), dtype=torch.uint8)
+        if data:
+            buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        bufs = [torch.empty_like(buf) for _ in range(self.world)]
+        self._collective(what, lambda: dist.all_gather(bufs, buf, group=g, async_op=True), g)
+        return [
+            pickle.loads(b[: int(n.item())].numpy().tobytes())
+            for b, n in zip(bufs, sizes, strict=True)
+        ]
 
     # -- exchanges ------------------------------------------------------------------------
 
@@ -274,8 +415,9 @@ class Comm:
         self._collective(
             what,
             lambda: dist.all_to_all_single(
-                torch.from_numpy(recv), torch.from_numpy(send), group=group
+                torch.from_numpy(recv), torch.from_numpy(send), group=group, async_op=True
             ),
+            group,
         )
         if recv[:, k].any():
             self.fail(what, error, group)
@@ -303,7 +445,9 @@ class Comm:
                 [int(x) for x in recv_splits],
                 [int(x) for x in send_splits],
                 group=group,
+                async_op=True,
             ),
+            group,
         )
         self.bytes_sent += send.nbytes - int(send_splits[self.rank]) * send.itemsize
         self.bytes_received += recv.nbytes - int(recv_splits[self.rank]) * recv.itemsize
@@ -312,14 +456,44 @@ class Comm:
     def all_gather(self, obj: Any, what: str) -> list[Any]:
         if self.world == 1:
             return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        self._collective(what, lambda: dist.all_gather_object(out, obj, group=self.main))
-        return out
+        return self._gather_objects(obj, what)
 
     def barrier(self, what: str) -> None:
         self.agree(what, None)
+
+
+def _where(what: str) -> str:
+    """This thread's call and the step of it a collective is for: ``lookup('item')
+    (preparing a batch)``."""
+    label = getattr(_CALL, "label", None)
+    return what if label is None or label == what else f"{label} ({what})"
+
+
+def _rendezvous_store() -> Any:
+    """The job's rendezvous key-value store (torch.distributed's default store), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:  # not initialised, or a torch without it: no out-of-step check
+        return None
+
+
+def _call_key(key: str, rank: int) -> str:
+    return f"embstore/waiting/{key}/{rank}"
+
+
+def _peers_where(store: Any, key: str, world: int, rank: int) -> dict[int, tuple[int, str]]:
+    """Where each other process last said it waited, on group ``key``: ``{rank: (call,
+    where)}`` (processes that never waited long are missing)."""
+    out: dict[int, tuple[int, str]] = {}
+    for peer in range(world):
+        k = _call_key(key, peer)
+        if peer == rank or not store.check([k]):
+            continue
+        seq, where = json.loads(store.get(k))
+        out[peer] = (int(seq), str(where))
+    return out
 
 
 # -- sessions -----------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from embstore._arrays import as_ids
-from embstore.distributed import Comm, check_not_process_local, owner_of, timeout_s
+from embstore.distributed import Comm, calling, check_not_process_local, owner_of, timeout_s
 from embstore.errors import (
     CapacityError,
     DistributedError,
@@ -252,6 +252,7 @@ class Session:
         self._running = False
         self._training = True  # the running loop's: run(..., train=)
         self._scaled = _Scaled()  # what push_grads(scaler=) hands to scaler.unscale_
+        self._label = f"a session over {names}"  # for its collectives (distributed.calling)
         self._prepared = 0  # batches prepared by this run (the same on every process)
 
     @property
@@ -422,6 +423,10 @@ class Session:
             plan.counts[:, t] = np.bincount(owner, minlength=world)
 
     def _prepare(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
+        with calling(self._label):
+            return self._prepare_here(plan, group, pin)
+
+    def _prepare_here(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
         """Send the plan's ids to their owners; as owner, pin and read in what is asked.
         Returns the plan, or ``_END`` once every process's loader has ended."""
         start = time.perf_counter()
@@ -518,6 +523,10 @@ class Session:
         return error
 
     def _gather(self, plan: _Plan) -> list[Any]:
+        with calling(self._label):
+            return self._gather_here(plan)
+
+    def _gather_here(self, plan: _Plan) -> list[Any]:
         """Read the rows the batch's owners serve and build the batch's leaves: ``[N, D]``, a
         row per id of the batch, in order."""
         import torch
@@ -621,6 +630,10 @@ class Session:
         return bad
 
     def _push(self, batch: SessionBatch, lr: float | None) -> None:
+        with calling(self._label):
+            return self._push_here(batch, lr)
+
+    def _push_here(self, batch: SessionBatch, lr: float | None) -> None:
         start = time.perf_counter()
         grads: list[np.ndarray] = []
         error: BaseException | None = None
@@ -1052,7 +1065,7 @@ class DistributedTable(Table):
 
     def __len__(self) -> int:
         """Rows in every process's partition together (collective)."""
-        return sum(self._store._comm.all_gather(len(self._inner), "len(table)"))
+        return sum(self._store._comm.all_gather(len(self._inner), f"len({self.name!r})"))
 
     def lookup(
         self,
@@ -1063,10 +1076,14 @@ class DistributedTable(Table):
         out: np.ndarray | None = None,
     ) -> Any:
         """Rows of ``ids`` (``float32[B, D]``), wherever they are held; collective."""
-        from embstore._arrays import check_out, on_device
-
         if return_found:
             raise InvalidArgumentError("return_found is not available on a distributed table")
+        with calling(f"lookup({self.name!r})"):
+            return self._lookup(ids, on_miss, out)
+
+    def _lookup(self, ids: Any, on_miss: str, out: np.ndarray | None) -> Any:
+        from embstore._arrays import check_out, on_device
+
         sess = self._session()
         comm = self._store._comm
         plan = sess._prepare(sess._plan_of(ids), comm.main, pin=False)
@@ -1086,6 +1103,10 @@ class DistributedTable(Table):
         """Gradients of ``ids`` (``float32[B, D]``) to the rows' owners, which sum them over
         every process (duplicates included) and step once per id; collective. Returns the
         unique ids this process sent."""
+        with calling(f"apply_gradients({self.name!r})"):
+            return self._apply_gradients(ids, grads, lr)
+
+    def _apply_gradients(self, ids: Any, grads: Any, lr: float | None) -> int:
         from embstore._arrays import as_rows
 
         sess = self._session()

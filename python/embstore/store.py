@@ -398,7 +398,8 @@ class Store:
         the next flush writes them. In a distributed store, collective: every process
         flushes its partition."""
         if self._distributed:
-            return self._comm.agreed("flush", self._inner.flush)
+            with _dist.calling("flush()"):
+                return self._comm.agreed("flush", self._inner.flush)
         return self._inner.flush()
 
     def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
@@ -438,7 +439,8 @@ class Store:
                 raise InvalidArgumentError(
                     "incremental checkpoints (since=) of a distributed store are not available"
                 )
-            return _dist.checkpoint(self, self._comm, pathlib.Path(path), step, state)
+            with _dist.calling("checkpoint()"):
+                return _dist.checkpoint(self, self._comm, pathlib.Path(path), step, state)
         if step is not None or state is not None:
             raise InvalidArgumentError("step= and state= are for distributed stores")
         return self._local_checkpoint(path, since)
@@ -473,7 +475,9 @@ class Store:
         ``distributed=True`` (collective, every process of the job): restore a distributed
         checkpoint. With the process count that wrote it each process restores its own
         partition; with another count each process takes the rows it owns from every
-        partition (slower: every process reads every partition)."""
+        partition (slower: every process reads every partition). Without it, a distributed
+        checkpoint is restored whole into one store of this process: every partition's rows
+        (nothing collective: how one process of a job evaluates or serves the model alone)."""
         if num_shards is not None and (
             isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer)
         ):
@@ -502,6 +506,24 @@ class Store:
                 lambda dst: cls(dst),
             )
             return cls(path, memory_budget_bytes=memory_budget_bytes, distributed=True)
+        manifest = _dist.read_manifest(pathlib.Path(checkpoint))
+        if manifest is not None and "checkpoint" in manifest:
+            # A distributed checkpoint restored by one process alone (evaluation, serving):
+            # every partition's rows merged into one store. Nothing collective.
+            target = pathlib.Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            if any(target.iterdir()):
+                raise InvalidArgumentError(f"restore target {target} is not empty")
+            _dist.repartition(
+                _dist.Comm.single(),
+                pathlib.Path(checkpoint),
+                int(manifest["world_size"]),
+                target,
+                manifest,
+                restore_one,
+                lambda dst: cls(dst),
+            )
+            return cls(path, memory_budget_bytes=memory_budget_bytes)
         store = restore_one(checkpoint, path)
         if memory_budget_bytes is None:
             return store

@@ -94,6 +94,29 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         ddp_over_a_store_of_one_process()
     elif mode == "amp":
         amp_and_unused_tables(work, rank)
+    elif mode == "out_of_step":
+        store = store_with_table(work / "s")
+        list(train(store, batches_for(rank, 2)))
+        if rank == 0:  # evaluation on process 0 alone, by a collective lookup...
+            store.table("t").lookup(np.arange(10))
+        else:  # ...while process 1 goes on to its checkpoint
+            store.checkpoint(ckpt / "c1", step=2)
+    elif mode == "eval_one":
+        store = store_with_table(work / "s")
+        list(train(store, batches_for(rank, 3)))
+        probe = np.arange(0, 20000, 13)
+        expected = store.table("t").lookup(probe, "zeros")  # collective, before the checkpoint
+        store.checkpoint(ckpt / "c1", step=3)
+        if rank == 0:  # the documented recipe: the checkpoint, restored whole, here alone
+            whole = embstore.Store.restore(ckpt / "c1", work / "eval")
+            got = whole["t"].lookup(probe, "zeros")
+            total = len(store.table("t").local)
+            print(f"EVAL rank=0 same={np.array_equal(got, expected)} rows={len(whole['t'])}")
+            whole.close()
+        else:
+            total = len(store.table("t").local)
+        torch.distributed.barrier()
+        print(f"EVAL rank={rank} local_rows={total}", flush=True)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

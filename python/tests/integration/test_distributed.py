@@ -346,6 +346,24 @@ def test_grad_scaler_overflow_on_one_process_skips_the_step_on_every_process(tmp
         assert f"AMP rank={rank} modules_unchanged=True scale=32768.0" in out, out[-4000:]
 
 
+def test_processes_in_different_calls_are_told_which_within_seconds(tmp_path):
+    r = faults("out_of_step", tmp_path)
+    for rank in (0, 1):
+        assert r[rank].startswith("DistributedError: the processes are out of step"), r
+    assert "process 0 is in lookup('t')" in r[0] and "process 1 in checkpoint()" in r[0], r
+    assert "process 1 is in checkpoint()" in r[1] and "process 0 in lookup('t')" in r[1], r
+    assert "Evaluating on one process" in r[0]
+
+
+def test_one_process_evaluates_alone_from_a_checkpoint_restored_whole(tmp_path):
+    code, out, _ = torchrun(2, "dist_faults.py", "eval_one", "--work", str(tmp_path))
+    assert code == 0, out[-4000:]
+    m = re.search(r"EVAL rank=0 same=(\w+) rows=(\d+)", out)
+    assert m and m[1] == "True", out[-4000:]
+    local = [int(x) for x in re.findall(r"EVAL rank=\d local_rows=(\d+)", out)]
+    assert len(local) == 2 and int(m[2]) == sum(local), out[-4000:]
+
+
 def _check_checkpoint(ckpt: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """Each partition of the checkpoint restores, passes verification and holds rows."""
     for rank in (0, 1):
