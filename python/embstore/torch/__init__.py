@@ -14,8 +14,8 @@
 (:mod:`embstore.torch.inference`) read rows at serving time, from batch-query servers or
 through an :class:`~embstore.InferenceCache`. :class:`EmbeddingBagCollection` and
 :class:`EmbeddingCollection` (:mod:`embstore.torch.collection`) take TorchRec's configs and
-jagged input (:class:`KeyedJaggedTensor`, TorchRec's or ours). Training and eval modes, dtypes, checkpoints
-and copies are described in :mod:`embstore.torch.sparse`.
+jagged input (:class:`KeyedJaggedTensor`, TorchRec's or ours). Training and eval modes,
+dtypes, checkpoints and copies are described in :mod:`embstore.torch.sparse`.
 
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.

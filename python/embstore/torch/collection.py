@@ -11,11 +11,12 @@ when it is installed, the minimal :class:`KeyedJaggedTensor` here when not, or a
 Tables live in the store: a config's table is created there (with ``embedding_dim`` and the
 config's ``optimizer``, ``initializer`` and ``table_args``) unless the store already has it,
 in which case its ``embedding_dim`` (and any of those arguments given) must be the table's.
-Each table is one :class:`~embstore.torch.EmbeddingBag`-like module (``ebc.embedding_bags[name]``),
-so :class:`~embstore.torch.EmbeddingOptimizer`, ``state_dict()`` (``embedding_bags.<name>._extra_state``),
-``train()``/``eval()`` and dtypes behave as for :mod:`embstore.torch.sparse`. Two features on
-one table are one lookup of both features' ids and one gradient for the table: the optimizer
-steps each id once per ``step()``, its gradients summed, as for one ``nn.EmbeddingBag``.
+Each table is one :class:`~embstore.torch.EmbeddingBag`-like module
+(``ebc.embedding_bags[name]``), so :class:`~embstore.torch.EmbeddingOptimizer`,
+``state_dict()`` (``embedding_bags.<name>._extra_state``), ``train()``/``eval()`` and dtypes
+behave as for :mod:`embstore.torch.sparse`. Two features on one table are one lookup of both
+features' ids and one gradient for the table: the optimizer steps each id once per
+``step()``, its gradients summed, as for one ``nn.EmbeddingBag``.
 
 Sessions take the same input: ``store.session(features=ebc)`` (or a list of configs, or a
 mapping of feature name to table name) lets ``ids(batch)`` return a ``KeyedJaggedTensor``, and
@@ -105,7 +106,9 @@ def _pooling(value: Any, table: str, bags: bool) -> str:
     if mode not in allowed:
         what = "PoolingType.SUM or MEAN" if bags else "a PoolingType"
         hint = " (unpooled lookups: EmbeddingCollection)" if mode == "none" else ""
-        raise InvalidArgumentError(f"pooling of table {table!r} must be {what}, got {value!r}{hint}")
+        raise InvalidArgumentError(
+            f"pooling of table {table!r} must be {what}, got {value!r}{hint}"
+        )
     return mode
 
 
@@ -732,9 +735,7 @@ class KeyedTensor:
         if key not in self._index:
             raise KeyError(f"no feature {key!r} (keys: {self._keys})")
         i = self._index[key]
-        return self._values.narrow(
-            self._key_dim, self._offsets[i], self._length_per_key[i]
-        )
+        return self._values.narrow(self._key_dim, self._offsets[i], self._length_per_key[i])
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {k: self[k] for k in self._keys}
