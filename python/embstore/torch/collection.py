@@ -277,14 +277,14 @@ class _FeaturePlan:
         inputs = self.split(_read_jagged(kjt))
         return {p.name: i.ids for p, i in zip(self.tables, inputs, strict=True)}, inputs
 
-    def keyed(self, pooled: list[torch.Tensor]) -> KeyedTensor:
+    def keyed(self, pooled: list[torch.Tensor], stride: int) -> KeyedTensor:
         """The :class:`KeyedTensor` of each table's pooled ``[F_t * B, D]`` bags."""
         keys: list[str] = []
         lengths: list[int] = []
         blocks: list[torch.Tensor] = []
         for p, bags in zip(self.tables, pooled, strict=True):
             d = bags.shape[1]
-            blocks += list(bags.view(len(p.features), -1, d).unbind(0))
+            blocks += list(bags.view(len(p.features), stride, d).unbind(0))
             keys += p.names
             lengths += [d] * len(p.features)
         return KeyedTensor(keys, lengths, torch.cat(blocks, dim=1))
@@ -310,9 +310,10 @@ class _FeaturePlan:
             raise InvalidArgumentError(
                 f"table(s) {unpooled} have pooling NONE: read their rows with jagged()"
             )
-        return self.keyed(
-            [_pool(r, i.offsets, m, i.weights) for r, i, m in zip(rows, inputs, modes, strict=True)]
-        )
+        pooled = [
+            _pool(r, i.offsets, m, i.weights) for r, i, m in zip(rows, inputs, modes, strict=True)
+        ]
+        return self.keyed(pooled, inputs[0].stride)
 
 
 @dataclass
@@ -907,8 +908,8 @@ class EmbeddingBagCollection(_Collection):
         )
 
     def forward(self, features: Any) -> KeyedTensor:
-        _, pooled = self._lookups(features)
-        return self._plan.keyed(pooled)
+        inputs, pooled = self._lookups(features)
+        return self._plan.keyed(pooled, inputs[0].stride)
 
     def embedding_bag_configs(self) -> list[Any]:
         return list(self._configs)

@@ -490,3 +490,18 @@ def test_real_torchrec_input_when_installed() -> None:
     assert np.array_equal(
         ebc(theirs).values().detach().numpy(), ebc(ours).values().detach().numpy()
     )
+
+
+@pytest.mark.parametrize("lengths", [[], [0] * 6])
+def test_a_batch_without_ids_pools_to_zeros(lengths) -> None:
+    store = embstore.Store()
+    ebc = et.EmbeddingBagCollection(store, configs())
+    kjt = et.KeyedJaggedTensor.from_lengths_sync(
+        KEYS, torch.empty(0, dtype=torch.int64), torch.tensor(lengths, dtype=torch.int64)
+    )
+    out = ebc(kjt)
+    assert out.values().shape == (len(lengths) // 3, 11)
+    assert (out.values() == 0).all()
+    out.values().sum().backward()
+    assert et.EmbeddingOptimizer(ebc).step() == 0
+    assert len(store.table("t_item")) == 0
