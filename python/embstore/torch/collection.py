@@ -199,6 +199,11 @@ class _FeaturePlan:
                     f"(got {dtype}); model.half() converts the output"
                 )
             feats = list(getattr(c, "feature_names", None) or [name])
+            if not getattr(c, "feature_names", None):
+                try:  # as TorchRec does: models read config.feature_names (DLRM's SparseArch)
+                    c.feature_names = list(feats)
+                except AttributeError:
+                    pass
             if not all(isinstance(f, str) and f for f in feats) or len(set(feats)) != len(feats):
                 raise InvalidArgumentError(
                     f"feature_names of table {name!r} must be distinct names, got {feats}"
@@ -827,6 +832,9 @@ class _Collection(nn.Module):
                 f"the first argument must be an embstore.Store, got {type(store).__name__}"
             )
         self._plan = _FeaturePlan.from_configs(tables, bags, bool(is_weighted) if bags else False)
+        if not bags:  # EmbeddingCollection: unpooled, whatever a config's pooling says
+            for p in self._plan.tables:
+                p.mode = "none"
         self._configs = list(tables)
         self._is_weighted = bool(is_weighted)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -944,8 +952,6 @@ class EmbeddingCollection(_Collection):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(store, tables, False, False, device, on_miss, rows_in_state_dict, dtype)
-        for p in self._plan.tables:
-            p.mode = "none"
         self._need_indices = bool(need_indices)
 
     def forward(self, features: Any) -> dict[str, JaggedTensor]:

@@ -294,9 +294,10 @@ def test_tables_are_created_from_configs_or_checked() -> None:
         )
     # TorchRec's init_fn, when it is a uniform_/normal_ partial; other callables are refused.
     init = functools.partial(torch.nn.init.uniform_, a=-0.5, b=0.5)
-    et.EmbeddingBagCollection(
-        store, [et.EmbeddingBagConfig(embedding_dim=2, name="u", init_fn=init)]
-    )
+    u = et.EmbeddingBagConfig(embedding_dim=2, name="u", init_fn=init)
+    ebc_u = et.EmbeddingBagCollection(store, [u])
+    # No feature_names: the table's name, written back as TorchRec does (models read it).
+    assert u.feature_names == ["u"] and ebc_u.embedding_bag_configs()[0] is u
     assert store.table("u").config.initializer == embstore.Uniform(-0.5, 0.5)
     with pytest.raises(errors.InvalidArgumentError, match="init_fn"):
         et.EmbeddingBagCollection(
@@ -365,7 +366,8 @@ def test_embedding_collection_gives_each_features_rows() -> None:
         store,
         [
             et.EmbeddingConfig(embedding_dim=4, name="t_item", feature_names=["item", "hist"]),
-            et.EmbeddingConfig(embedding_dim=4, name="t_user", feature_names=["user"]),
+            # A bag config's pooling does not apply here: its rows come unpooled.
+            et.EmbeddingBagConfig(embedding_dim=4, name="t_user", feature_names=["user"]),
         ],
         need_indices=True,
     )
