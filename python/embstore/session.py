@@ -60,7 +60,7 @@ class _Plan:
     unique ids of table ``t`` owned by process ``j``. With one process ``uniq`` holds the ids
     as they are (duplicates too) and ``inv`` is None: the table sums duplicates itself."""
 
-    __slots__ = ("counts", "data", "error", "inv", "served", "shapes", "uniq")
+    __slots__ = ("counts", "data", "error", "inv", "jagged", "served", "shapes", "uniq")
 
     def __init__(self, data: Any, world: int, n_tables: int) -> None:
         self.data = data
@@ -70,6 +70,7 @@ class _Plan:
         self.counts = np.zeros((world, n_tables), np.int64)
         self.error: BaseException | None = None
         self.served: _Served | None = None
+        self.jagged: Any = None  # features=: each table's jagged input (collection._TableInput)
 
 
 class _Served:
@@ -207,6 +208,28 @@ class SessionBatch:
             return  # overflowed on some process: nothing applied anywhere
         self._session._push(self, lr)
 
+    def pooled(self) -> Any:
+        """The batch's features pooled per bag, as the session's ``features=`` pool them: a
+        :class:`~embstore.torch.KeyedTensor`, bit for bit what
+        :class:`~embstore.torch.EmbeddingBagCollection` returns for the same input and rows.
+        Needs ``features=`` and an ``ids(batch)`` that returns a ``KeyedJaggedTensor``."""
+        features, inputs = self._jagged_input()
+        return features.pooled_rows([self.rows(p.name) for p in features.tables], inputs)
+
+    def jagged(self) -> dict[str, Any]:
+        """The batch's features unpooled, as :class:`~embstore.torch.EmbeddingCollection`
+        returns them: ``{feature: JaggedTensor}`` of ``[N_f, D]`` rows (differentiable)."""
+        features, inputs = self._jagged_input()
+        return features.jagged([self.rows(p.name) for p in features.tables], inputs)
+
+    def _jagged_input(self) -> tuple[Any, Any]:
+        if self._plan.jagged is None:
+            raise InvalidArgumentError(
+                "pooled() and jagged() need a session opened with features= whose ids() "
+                "returns a KeyedJaggedTensor"
+            )
+        return self._session._features, self._plan.jagged
+
 
 class Session:
     """A training session over some of a store's tables; see :meth:`embstore.Store.session`."""
@@ -221,6 +244,7 @@ class Session:
         on_miss: str = "init",
         device: Any = None,
         staleness: int = 0,
+        features: Any = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise InvalidArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
@@ -231,6 +255,17 @@ class Session:
             raise InvalidArgumentError("a session needs at least one table")
         if len(set(names)) != len(names):
             raise InvalidArgumentError(f"a table is named twice in {names}")
+        self._features = None
+        if features is not None:  # ids() may return a KeyedJaggedTensor (embstore.torch)
+            from embstore.torch.collection import _FeaturePlan
+
+            self._features = _FeaturePlan.of(features)
+            extra = [p.name for p in self._features.tables if p.name not in names]
+            if extra:
+                raise InvalidArgumentError(
+                    f"features= looks features up in table(s) {extra}, not in the session's "
+                    f"tables {names}"
+                )
         self._store = store
         self._comm: Comm = store._comm
         self._tables = [store._local_table(n) for n in names]
@@ -359,9 +394,17 @@ class Session:
         plan = _Plan(data, self._comm.world, len(self._tables))
         try:
             raw = ids(data)
+            if self._features is not None and not isinstance(raw, Mapping):
+                raw, plan.jagged = self._features.session_ids(raw)
             if not isinstance(raw, Mapping):
+                hint = (
+                    " (a KeyedJaggedTensor needs store.session(..., features=...))"
+                    if callable(getattr(raw, "lengths", None))
+                    else ""
+                )
                 raise InvalidArgumentError(
-                    f"ids() must return a mapping of table name to ids, got {type(raw).__name__}"
+                    "ids() must return a mapping of table name to ids, got "
+                    f"{type(raw).__name__}{hint}"
                 )
             unknown = [k for k in raw if k not in self._index]
             missing = [n for n in self._index if n not in raw]

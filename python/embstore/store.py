@@ -645,13 +645,14 @@ class Store:
 
     def session(
         self,
-        tables: list[str | Table] | tuple[str | Table, ...],
+        tables: list[str | Table] | tuple[str | Table, ...] | None = None,
         *,
         prefetch: int = 2,
         grad_average: bool = True,
         on_miss: str = "init",
         device: Any = None,
         staleness: int = 0,
+        features: Any = None,
     ) -> Session:
         """A training session over ``tables``: the 4-stage pipeline of the hierarchical
         parameter server (read and partition; prepare: rows brought into memory and pinned at
@@ -674,6 +675,12 @@ class Store:
                 before trains (after the one before that is applied), so the gather leaves
                 your loop; each batch then misses the previous batch's updates to its rows,
                 the same way on every run and process count.
+            features: lets ``ids(batch)`` return a ``KeyedJaggedTensor`` (TorchRec's or
+                :class:`embstore.torch.KeyedJaggedTensor`): an
+                :class:`~embstore.torch.EmbeddingBagCollection` (or its list of configs), or
+                a mapping of feature name to table name (sum pooling). Each table's features'
+                ids are looked up together; ``batch.pooled()`` pools them as the module does,
+                bit for bit. ``tables`` may then be left out: the features' tables.
 
         In a distributed store this is collective: every process opens its sessions in the
         same order, with the same ``tables`` (in the same order), ``grad_average``,
@@ -696,6 +703,13 @@ class Store:
             2
         """
 
+        if tables is None and features is not None:
+            from embstore.torch.collection import _FeaturePlan
+
+            tables = [p.name for p in _FeaturePlan.of(features).tables]
+        if tables is None:
+            raise InvalidArgumentError("session() needs tables (or features=)")
+
         def open_() -> Session:
             return Session(
                 self,
@@ -705,6 +719,7 @@ class Store:
                 on_miss=on_miss,
                 device=device,
                 staleness=staleness,
+                features=features,
             )
 
         if not self._distributed:

@@ -12,13 +12,25 @@
 
 :class:`RemoteEmbedding` and :class:`CachedEmbeddingBagCollection`
 (:mod:`embstore.torch.inference`) read rows at serving time, from batch-query servers or
-through an :class:`~embstore.InferenceCache`. Training and eval modes, dtypes, checkpoints
-and copies are described in :mod:`embstore.torch.sparse`.
+through an :class:`~embstore.InferenceCache`. :class:`EmbeddingBagCollection` and
+:class:`EmbeddingCollection` (:mod:`embstore.torch.collection`) take TorchRec's configs and
+jagged input (:class:`KeyedJaggedTensor`, TorchRec's or ours). Training and eval modes,
+dtypes, checkpoints and copies are described in :mod:`embstore.torch.sparse`.
 
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.
 """
 
+from embstore.torch.collection import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    JaggedTensor,
+    KeyedJaggedTensor,
+    KeyedTensor,
+    PoolingType,
+)
 from embstore.torch.inference import CachedEmbeddingBagCollection, RemoteEmbedding
 from embstore.torch.optim import EmbeddingOptimizer
 from embstore.torch.sparse import Embedding, EmbeddingBag
@@ -27,6 +39,14 @@ __all__ = [
     "CachedEmbeddingBagCollection",
     "Embedding",
     "EmbeddingBag",
+    "EmbeddingBagCollection",
+    "EmbeddingBagConfig",
+    "EmbeddingCollection",
+    "EmbeddingConfig",
     "EmbeddingOptimizer",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
+    "PoolingType",
     "RemoteEmbedding",
 ]
