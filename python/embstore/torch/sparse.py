@@ -193,6 +193,8 @@ class _StoreModule(nn.Module):
         optimizer. Tensors, ints, strings and bools: ``torch.load(weights_only=True)``
         reads them."""
         table = self.table
+        if self.rows_in_state_dict:
+            _refuse_distributed(table, "model.state_dict()")
         step = table.step
         chunks = list(table.export()) if self.rows_in_state_dict else []
         d, s = table.embedding_dim, table.state_dim
@@ -258,6 +260,7 @@ class _StoreModule(nn.Module):
             )
         if state.get("rows") is False:  # saved with rows_in_state_dict=False
             return
+        _refuse_distributed(table, "model.load_state_dict()")
         step = state.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an int >= 0, got {step!r}")
@@ -509,6 +512,23 @@ def _check_nn_args(cls: str, table: Table, nn_args: dict[str, Any]) -> tuple[tor
     elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise DTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     return dtype, device
+
+
+def _refuse_distributed(table: Table, call: str) -> None:
+    """A state dict cannot carry the rows of a distributed table (each process holds part of
+    them): say what checkpoints one."""
+    from embstore.session import DistributedTable
+
+    if isinstance(table, DistributedTable):
+        raise InvalidArgumentError(
+            f"{call} cannot carry the rows of table '{table.name}': it is a table of a "
+            "distributed store, and each process holds part of its rows. Checkpoint with "
+            "torch.distributed.checkpoint and embstore.torch.checkpoint.StoreState "
+            "(dcp.save({'model': StoreState(model)}, checkpoint_id=...) on every process; "
+            "it loads onto any process count), or with store.checkpoint(path) on every "
+            "process; or create the module with rows_in_state_dict=False for a state dict "
+            "without rows"
+        )
 
 
 def _same(value: Any, harmless: Any) -> bool:
