@@ -13,15 +13,20 @@
 :class:`RemoteEmbedding` and :class:`CachedEmbeddingBagCollection`
 (:mod:`embstore.torch.inference`) read rows at serving time, from batch-query servers or
 through an :class:`~embstore.InferenceCache`. Training and eval modes, dtypes, checkpoints
-and copies are described in :mod:`embstore.torch.sparse`.
+and copies are described in :mod:`embstore.torch.sparse`; :class:`StoreState`
+(:mod:`embstore.torch.checkpoint`) checkpoints tables with ``torch.distributed.checkpoint``
+onto any process count, and :func:`from_torchrec` (:mod:`embstore.torch.torchrec`) imports a
+TorchRec checkpoint's tables and fused optimizer state.
 
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.
 """
 
+from embstore.torch.checkpoint import StoreState
 from embstore.torch.inference import CachedEmbeddingBagCollection, RemoteEmbedding
 from embstore.torch.optim import EmbeddingOptimizer
 from embstore.torch.sparse import Embedding, EmbeddingBag
+from embstore.torch.torchrec import from_torchrec
 
 __all__ = [
     "CachedEmbeddingBagCollection",
@@ -29,4 +34,6 @@ __all__ = [
     "EmbeddingBag",
     "EmbeddingOptimizer",
     "RemoteEmbedding",
+    "StoreState",
+    "from_torchrec",
 ]

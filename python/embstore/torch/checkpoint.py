@@ -46,6 +46,7 @@ writes them; a loading process holds the rows of its parts and then those it own
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -199,14 +200,19 @@ class StoreState:
         out: dict[str, Any] = {
             "format": _FORMAT,
             "parts": self.parts,
-            "tables": {
-                name: {
-                    "embedding_dim": t.embedding_dim,
-                    "state_dim": t.state_dim,
-                    "optimizer": t.config.optimizer._kind,
-                }
-                for name, t in self.tables.items()
-            },
+            # One string (DCP saves it whole, whichever tables the loader has): the tables'
+            # headers, so a load sees tables it lacks.
+            "tables": json.dumps(
+                {
+                    name: {
+                        "embedding_dim": t.embedding_dim,
+                        "state_dim": t.state_dim,
+                        "optimizer": t.config.optimizer._kind,
+                    }
+                    for name, t in self.tables.items()
+                },
+                sort_keys=True,
+            ),
             "rows": {
                 name: {
                     f"{p:05d}": _Part(self, name, p) for p in self._my_parts(comm.world, comm.rank)
@@ -287,7 +293,10 @@ class StoreState:
                 f"the checkpoint was saved with StoreState(parts={state.get('parts')}) and is "
                 f"loaded with parts={self.parts}: pass parts={state.get('parts')}"
             )
-        saved = state.get("tables")
+        try:
+            saved = json.loads(state.get("tables"))
+        except (TypeError, ValueError):
+            saved = None
         if not isinstance(saved, dict):
             raise InvalidArgumentError("the checkpoint's StoreState has no table headers")
         extra = sorted(set(saved) - set(self.tables))
