@@ -30,7 +30,10 @@ removes rows the checkpoint does not hold. A table used by two modules is copied
 module, and loading restores it once per module with the same rows; pass
 ``rows_in_state_dict=False`` to all modules of the table but one — or to all of them, for a
 table too big to copy, and save it with :meth:`~embstore.Table.save` instead. Checkpoints
-from before embstore modules had extra state load with ``strict=False``.
+from before embstore modules had extra state load with ``strict=False``. A table of a
+distributed store is not carried by ``state_dict()`` (each process holds part of its rows: it
+raises, naming the recipe): checkpoint it with ``torch.distributed.checkpoint`` and
+:class:`embstore.torch.StoreState`, which also loads onto another process count.
 
 Copies. ``copy.deepcopy(module)``, ``copy.copy`` and ``pickle`` (also ``torch.save(model)``)
 raise :class:`~embstore.NotCopyableError`, a ``TypeError``: a copy could only share the table
