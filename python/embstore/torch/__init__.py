@@ -15,12 +15,17 @@
 through an :class:`~embstore.InferenceCache`. :class:`EmbeddingBagCollection` and
 :class:`EmbeddingCollection` (:mod:`embstore.torch.collection`) take TorchRec's configs and
 jagged input (:class:`KeyedJaggedTensor`, TorchRec's or ours). Training and eval modes,
-dtypes, checkpoints and copies are described in :mod:`embstore.torch.sparse`.
+dtypes, checkpoints and copies are described in :mod:`embstore.torch.sparse`;
+:class:`StoreState` (:mod:`embstore.torch.checkpoint`) checkpoints tables with
+``torch.distributed.checkpoint`` onto any process count, and :func:`from_torchrec`
+(:mod:`embstore.torch.torchrec`) imports a TorchRec checkpoint's tables and fused optimizer
+state.
 
 Shape letters: ``B`` bags (or the input's shape for :class:`Embedding`), ``N`` ids, ``D``
 ``embedding_dim``.
 """
 
+from embstore.torch.checkpoint import StoreState
 from embstore.torch.collection import (
     EmbeddingBagCollection,
     EmbeddingBagConfig,
@@ -34,6 +39,7 @@ from embstore.torch.collection import (
 from embstore.torch.inference import CachedEmbeddingBagCollection, RemoteEmbedding
 from embstore.torch.optim import EmbeddingOptimizer
 from embstore.torch.sparse import Embedding, EmbeddingBag
+from embstore.torch.torchrec import from_torchrec
 
 __all__ = [
     "CachedEmbeddingBagCollection",
@@ -49,4 +55,6 @@ __all__ = [
     "KeyedTensor",
     "PoolingType",
     "RemoteEmbedding",
+    "StoreState",
+    "from_torchrec",
 ]

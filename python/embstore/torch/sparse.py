@@ -30,7 +30,10 @@ removes rows the checkpoint does not hold. A table used by two modules is copied
 module, and loading restores it once per module with the same rows; pass
 ``rows_in_state_dict=False`` to all modules of the table but one — or to all of them, for a
 table too big to copy, and save it with :meth:`~embstore.Table.save` instead. Checkpoints
-from before embstore modules had extra state load with ``strict=False``.
+from before embstore modules had extra state load with ``strict=False``. A table of a
+distributed store is not carried by ``state_dict()`` (each process holds part of its rows: it
+raises, naming the recipe): checkpoint it with ``torch.distributed.checkpoint`` and
+:class:`embstore.torch.StoreState`, which also loads onto another process count.
 
 Copies. ``copy.deepcopy(module)``, ``copy.copy`` and ``pickle`` (also ``torch.save(model)``)
 raise :class:`~embstore.NotCopyableError`, a ``TypeError``: a copy could only share the table
@@ -203,6 +206,8 @@ class _StoreModule(nn.Module):
         optimizer. Tensors, ints, strings and bools: ``torch.load(weights_only=True)``
         reads them."""
         table = self.table
+        if self.rows_in_state_dict:
+            _refuse_distributed(table, "model.state_dict()")
         step = table.step
         chunks = list(table.export()) if self.rows_in_state_dict else []
         d, s = table.embedding_dim, table.state_dim
@@ -268,6 +273,7 @@ class _StoreModule(nn.Module):
             )
         if state.get("rows") is False:  # saved with rows_in_state_dict=False
             return
+        _refuse_distributed(table, "model.load_state_dict()")
         step = state.get("step")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an int >= 0, got {step!r}")
@@ -519,6 +525,23 @@ def _check_nn_args(cls: str, table: Table, nn_args: dict[str, Any]) -> tuple[tor
     elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise DTypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     return dtype, device
+
+
+def _refuse_distributed(table: Table, call: str) -> None:
+    """A state dict cannot carry the rows of a distributed table (each process holds part of
+    them): say what checkpoints one."""
+    from embstore.session import DistributedTable
+
+    if isinstance(table, DistributedTable):
+        raise InvalidArgumentError(
+            f"{call} cannot carry the rows of table '{table.name}': it is a table of a "
+            "distributed store, and each process holds part of its rows. Checkpoint with "
+            "torch.distributed.checkpoint and embstore.torch.checkpoint.StoreState "
+            "(dcp.save({'model': StoreState(model)}, checkpoint_id=...) on every process; "
+            "it loads onto any process count), or with store.checkpoint(path) on every "
+            "process; or create the module with rows_in_state_dict=False for a state dict "
+            "without rows"
+        )
 
 
 def _same(value: Any, harmless: Any) -> bool:
