@@ -744,7 +744,11 @@ class KeyedTensor:
         return self._values.narrow(self._key_dim, self._offsets[i], self._length_per_key[i])
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return {k: self[k] for k in self._keys}
+        """``{feature: [B, D]}``, views of ``values()`` cut by one ``torch.split`` (as
+        TorchRec's): their backward is one concatenation, where a narrow per key would add a
+        gradient of the whole ``values()`` per key."""
+        parts = torch.split(self._values, self._length_per_key, dim=self._key_dim)
+        return dict(zip(self._keys, parts, strict=True))
 
     def __repr__(self) -> str:
         return f"KeyedTensor(keys={self._keys}, values={list(self._values.shape)})"
