@@ -31,7 +31,7 @@ AUC_TOLERANCE = 0.005
 def torchrec_python() -> pathlib.Path | None:
     given = os.environ.get("EMBSTORE_TORCHREC_PYTHON")
     candidates = [pathlib.Path(given)] if given else []
-    candidates += [ROOT / ".venv-torchrec/bin/python", ROOT.parent / "main/.venv-torchrec/bin/python"]
+    candidates.append(ROOT / ".venv-torchrec/bin/python")
     return next((c for c in candidates if c.exists()), None)
 
 
