@@ -507,3 +507,22 @@ def test_a_batch_without_ids_pools_to_zeros(lengths) -> None:
     out.values().sum().backward()
     assert et.EmbeddingOptimizer(ebc).step() == 0
     assert len(store.table("t_item")) == 0
+
+
+@pytest.mark.parametrize(("mode", "weighted"), [("sum", False), ("mean", False), ("sum", True)])
+def test_bags_of_one_id_pool_and_backprop_as_embedding_bag(mode, weighted):
+    """One-hot features skip embedding_bag (a bag of one id is its row, times its weight):
+    the same output and row gradients, to the bit."""
+    from embstore.torch.collection import _pool
+
+    torch.manual_seed(0)
+    rows = torch.randn(50, 7, requires_grad=True)
+    w = torch.rand(50) * 3 if weighted else None
+    offsets = torch.arange(51)
+    fast = _pool(rows, offsets, mode, w)
+    (g_fast,) = torch.autograd.grad(fast.pow(2).sum(), rows)
+    ref = torch.nn.functional.embedding_bag(
+        torch.arange(50), rows, offsets, mode=mode, per_sample_weights=w, include_last_offset=True
+    )
+    (g_ref,) = torch.autograd.grad(ref.pow(2).sum(), rows)
+    assert torch.equal(fast, ref) and torch.equal(g_fast, g_ref)
