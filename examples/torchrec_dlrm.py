@@ -61,7 +61,7 @@ except ImportError:  # no TorchRec: embstore's own, with the same constructors a
     from embstore.torch import KeyedJaggedTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python/benchmarks/training"))
-import synth_ctr  # noqa: E402
+import synth_ctr
 
 HIST_FIELD = 2  # the field whose table the multi-hot "hist" feature shares
 HIST_MAX = 8

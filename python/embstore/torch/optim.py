@@ -105,6 +105,13 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         lr: when set, every table's learning rate, in place of the one its optimizer was
             created with (``opt.lr = x`` sets every group's lr between steps; ``None``: each
             table's own again).
+        grad_average: with a distributed store's tables (``Store(path, distributed=True)``
+            under torchrun), average the processes' gradients of a row (True, the default: as
+            DDP averages the dense gradients and TorchRec divides its sparse ones, so a loss
+            that is each process's mean over its share trains like one process over the
+            global batch) or sum them (False). :meth:`step` sends the gradients of all of one
+            store's tables to the rows' owners in one exchange; it is collective: every
+            process steps (its model's tables are the same everywhere), with gradients or not.
 
     Example::
 
@@ -258,7 +265,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
                     for _, ids, _ in items
                 ],
             )
-            for (table, ids, g), inv, uniq in zip(items, plan.inv, plan.uniq, strict=True):
+            for (table, _, g), inv, uniq in zip(items, plan.inv, plan.uniq, strict=True):
                 acc = torch.zeros((len(uniq), table.embedding_dim), dtype=torch.float32)
                 if g is not None:
                     # Per id, in the ids' order: the sums apply_gradients makes of duplicates.

@@ -1,8 +1,9 @@
 """A job for ``test_torchrec_dlrm.py``: an ``EmbeddingBagCollection`` (a table shared by two
-features, weighted input; SGD and Adam) over a distributed store, trained with ``EmbeddingOptimizer`` by
-every process on its slice of the same global batches; each process writes its partition's
-rows and its slice's evaluation output. :func:`train` with one process over ``Store()`` is the
-reference: the processes' gradients are averaged, so the rows are the one process's."""
+features, weighted input; SGD and Adam) over a distributed store, trained with
+``EmbeddingOptimizer`` by every process on its slice of the same global batches; each process
+writes its partition's rows and its slice's evaluation output. :func:`train` with one process
+over ``Store()`` is the reference: the processes' gradients are averaged, so the rows are the
+one process's."""
 
 from __future__ import annotations
 

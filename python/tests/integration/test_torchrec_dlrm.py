@@ -66,7 +66,8 @@ def test_embstore_reaches_torchrecs_auc_on_the_same_batches(embstore_run):
     if python is None:
         pytest.skip("no TorchRec virtualenv (.venv-torchrec: make torchrec-deps)")
     theirs = run_example(python, "torchrec")
-    assert theirs["backend"] == "torchrec" and theirs["eval_examples"] == embstore_run["eval_examples"]
+    assert theirs["backend"] == "torchrec"
+    assert theirs["eval_examples"] == embstore_run["eval_examples"]
     gap = abs(embstore_run["auc"] - theirs["auc"])
     assert gap <= AUC_TOLERANCE, (embstore_run["auc"], theirs["auc"])
 
