@@ -526,3 +526,15 @@ def test_bags_of_one_id_pool_and_backprop_as_embedding_bag(mode, weighted):
     )
     (g_ref,) = torch.autograd.grad(ref.pow(2).sum(), rows)
     assert torch.equal(fast, ref) and torch.equal(g_fast, g_ref)
+
+
+def test_keyed_tensor_to_dict_backprops_through_one_split():
+    """``to_dict()`` cuts ``values()`` with one split (as TorchRec's): one backward node for
+    every key, where a narrow per key added a gradient of the whole ``values()`` per key."""
+    values = torch.randn(4, 6, requires_grad=True)
+    kt = et.KeyedTensor(["a", "b", "c"], [2, 3, 1], values * 1.0)
+    parts = kt.to_dict()
+    assert {type(v.grad_fn).__name__ for v in parts.values()} == {"SplitWithSizesBackward0"}
+    assert torch.equal(parts["b"], values[:, 2:5]) and torch.equal(kt["c"], values[:, 5:])
+    sum(p.sum() for p in parts.values()).backward()
+    assert torch.equal(values.grad, torch.ones(4, 6))
