@@ -511,7 +511,8 @@ mod tests {
         table.assign(&ids, &(0..50).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
         table.set_step(7);
         let dest = root.path().join("c");
-        let r = checkpoint_memory(&RealFs, &[table.clone()], &dest, 10, &mut |_, _| {}).unwrap();
+        let r = checkpoint_memory(&RealFs, std::slice::from_ref(&table), &dest, 10, &mut |_, _| {})
+            .unwrap();
         assert_eq!(r.segments, 3, "{r:?}");
         let files = chain_files(&chain(&dest).unwrap());
         assert_eq!(files[&1].len(), 3);
