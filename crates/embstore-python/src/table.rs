@@ -259,15 +259,21 @@ impl PyStore {
         flush_dict(py, s.map_err(to_py_err)?)
     }
 
-    #[pyo3(signature = (path, since=None))]
+    #[pyo3(signature = (path, since=None, progress=None))]
     fn checkpoint<'py>(
         &self,
         py: Python<'py>,
         path: std::path::PathBuf,
         since: Option<std::path::PathBuf>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        let r = detached(py, || inner.checkpoint(&path, since.as_deref())).map_err(to_py_err)?;
+        let r = detached(py, || {
+            inner.checkpoint_with_progress(&path, since.as_deref(), |d, t| {
+                report(&progress, d as usize, t as usize)
+            })
+        })
+        .map_err(to_py_err)?;
         let d = PyDict::new(py);
         d.set_item("path", r.path)?;
         d.set_item("id", r.id)?;
