@@ -240,3 +240,53 @@ fn a_durable_reopen_keeps_the_dtype_and_every_row() {
     assert_eq!(loaded.config().dtype, Dtype::Bf16);
     assert_eq!(snapshot_of(&loaded), want);
 }
+
+#[test]
+fn rows_evicted_to_disk_and_faulted_back_stay_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = embstore_table::StoreOptions::default().with_memory_budget(256 << 10);
+    let fs = std::sync::Arc::new(embstore_table::disk::vfs::RealFs);
+    let store = Store::open_with_options(dir.path(), &options, fs).unwrap();
+    let t = store.create_table(config(Dtype::Bf16, Optimizer::Sgd { lr: 0.1 })).unwrap();
+    let ids: Vec<u64> = (0..20_000).collect();
+    let grads: Vec<f32> = (0..ids.len() * 8).map(|i| (i % 11) as f32 * 0.013).collect();
+    t.apply_gradients(&ids, &grads, None).unwrap();
+    assert!(t.stats().rows_on_disk > 0, "the budget sent rows to disk");
+    let mut got = vec![0.0; ids.len() * 8];
+    t.lookup(&ids, OnMiss::Error, &mut got, None).unwrap();
+    let mut init = vec![0.0; 8];
+    for (i, &id) in ids.iter().enumerate() {
+        t.initial_row(id, &mut init);
+        for j in 0..8 {
+            let want = Dtype::Bf16.round(init[j] - 0.1 * grads[i * 8 + j]);
+            assert_eq!(got[i * 8 + j], want, "id {id} value {j}");
+        }
+    }
+}
+
+#[test]
+fn sync_ships_bf16_rows_to_a_follower_made_from_the_config_text() {
+    use embstore_table::sync::{Changes, SyncOptions};
+    let options = SyncOptions { parts: 4, ..SyncOptions::default() };
+    let make = |replica, config: TableConfig| {
+        let store = Store::with_replica(replica).unwrap();
+        let t = store.create_table(config).unwrap();
+        t.enable_sync(&options).unwrap();
+        (store, t)
+    };
+    let (_p, primary) = make(1, config(Dtype::Bf16, Optimizer::Sgd { lr: 0.1 }));
+    let text = primary.config().to_text();
+    let (_f, follower) = make(2, TableConfig::from_text(&text).unwrap());
+    assert_eq!(follower.config().dtype, Dtype::Bf16);
+    train(&primary, 3);
+    let Changes { parts, .. } = primary.sync_changes(0, 0).unwrap();
+    for (part, _) in parts {
+        let (vv, _) = follower.sync_knowledge(part).unwrap();
+        follower.sync_apply(&primary.sync_pull(part, &vv, true).unwrap()).unwrap();
+    }
+    let (a, b) = (snapshot_of(&primary), snapshot_of(&follower));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((x.0, &x.1, &x.2), (y.0, &y.1, &y.2), "the follower's row is the primary's");
+    }
+}
