@@ -57,8 +57,8 @@ native module is given back to the kernel and not counted. ``stats()["bytes"]`` 
 runs both variants anyway). ``--dtype bf16`` (or ``fp16``) stores the row values of scenarios 1-3
 at 2 bytes each (``create_table(dtype=...)``; optimizer state stays 4 bytes), and ``raw`` counts
 them at 2 bytes; compare ``RSS B/row`` (growth / rows) between a ``--dtype fp32`` and a
-``--dtype bf16`` run (``--scenario rows``). Progress goes to stderr; results (markdown tables, or one JSON
-object with ``--json``) to stdout.
+``--dtype bf16`` run (``--scenario rows``). Progress goes to stderr; results (markdown tables, or
+one JSON object with ``--json``) to stdout.
 """
 
 from __future__ import annotations
@@ -560,7 +560,9 @@ def scenario_shrink(args: argparse.Namespace) -> dict[str, Any]:
         "rows_live": live,
         "dim": args.dim,
         "state_dim": r["state_dim"],
-        "raw_bytes_filled": raw_bytes(r["filled_stats"]["rows"], args.dim, r["state_dim"], args.dtype),
+        "raw_bytes_filled": raw_bytes(
+            r["filled_stats"]["rows"], args.dim, r["state_dim"], args.dtype
+        ),
         "raw_bytes_live": raw_live,
         "rss_base": base,
         "fill_s": r["fill_s"],

@@ -69,9 +69,9 @@ impl Dtype {
             "fp32" | "float32" | "f32" | "float" => Ok(Dtype::F32),
             "bf16" | "bfloat16" => Ok(Dtype::Bf16),
             "fp16" | "float16" | "f16" | "half" => Ok(Dtype::F16),
-            _ => Err(Error::invalid(format!(
-                "dtype must be 'fp32', 'bf16' or 'fp16', got {name:?}"
-            ))),
+            _ => {
+                Err(Error::invalid(format!("dtype must be 'fp32', 'bf16' or 'fp16', got {name:?}")))
+            }
         }
     }
 
@@ -85,13 +85,46 @@ impl Dtype {
         }
     }
 
-    /// Rounds every value of `xs` in place (see [`Dtype::round`]).
-    #[inline]
+    /// Rounds every value of `xs` in place (see [`Dtype::round`]), as a table stores them
+    /// (for f16 through the same slice conversion).
     pub fn round_slice(self, xs: &mut [f32]) {
-        if self != Dtype::F32 {
-            xs.iter_mut().for_each(|x| *x = self.round(*x));
+        match self {
+            Dtype::F32 => {}
+            Dtype::Bf16 => xs.iter_mut().for_each(|x| *x = self.round(*x)),
+            Dtype::F16 => {
+                let mut bits = [0u16; 256];
+                for chunk in xs.chunks_mut(bits.len()) {
+                    let bits = &mut bits[..chunk.len()];
+                    f32_to_f16_slice(chunk, bits);
+                    f16_to_f32_slice(bits, chunk);
+                }
+            }
         }
     }
+}
+
+/// `src` as IEEE half bits in `dst` (same length), rounded to nearest, ties to even,
+/// saturating at ±65504: the slice conversion of `half`, which uses the CPU's F16C
+/// instructions where it has them (detected once per call, not per value).
+#[inline]
+pub(crate) fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
+    // Past 65520 a value rounds to infinity; saturate instead (its bits minus one are ±65504:
+    // the same as clamping before rounding, since 65504..65520 rounds to 65504). Rows are
+    // finite, so no NaN reaches here.
+    for d in dst.iter_mut() {
+        if *d & 0x7fff == 0x7c00 {
+            *d -= 1;
+        }
+    }
+}
+
+/// The f32s of IEEE half bits (exact), as [`f32_to_f16_slice`] converts.
+#[inline]
+pub(crate) fn f16_to_f32_slice(src: &[u16], dst: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
 }
 
 /// `x` as bfloat16 bits, rounded to nearest, ties to even (a NaN stays a quiet NaN).

@@ -9,7 +9,7 @@
 use std::mem::MaybeUninit;
 
 use crate::arena::Arena;
-use crate::config::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::config::{bf16_to_f32, f16_to_f32_slice, f32_to_bf16, f32_to_f16_slice};
 use crate::{Dtype, MAX_EMBEDDING_DIM};
 
 /// The row values of one shard.
@@ -39,7 +39,7 @@ macro_rules! each {
 fn widen(dtype: Dtype, src: &[u16], dst: &mut [f32]) {
     match dtype {
         Dtype::Bf16 => dst.iter_mut().zip(src).for_each(|(d, &h)| *d = bf16_to_f32(h)),
-        _ => dst.iter_mut().zip(src).for_each(|(d, &h)| *d = f16_to_f32(h)),
+        _ => f16_to_f32_slice(src, dst),
     }
 }
 
@@ -50,11 +50,17 @@ fn widen_into<'a>(dtype: Dtype, src: &[u16], buf: &'a mut [MaybeUninit<f32>]) ->
     let row = &mut buf[..src.len()];
     match dtype {
         Dtype::Bf16 => row.iter_mut().zip(src).for_each(|(d, &h)| _ = d.write(bf16_to_f32(h))),
-        _ => row.iter_mut().zip(src).for_each(|(d, &h)| _ = d.write(f16_to_f32(h))),
+        // The slice conversion takes initialised f32s: zero the row first (cheap beside
+        // converting it value by value).
+        _ => row.iter_mut().for_each(|d| _ = d.write(0.0)),
     }
     // SAFETY: every element of `row` was written just above, and `MaybeUninit<f32>` has the
     // layout of `f32`.
-    unsafe { &mut *(row as *mut [MaybeUninit<f32>] as *mut [f32]) }
+    let row = unsafe { &mut *(row as *mut [MaybeUninit<f32>] as *mut [f32]) };
+    if dtype != Dtype::Bf16 {
+        f16_to_f32_slice(src, row);
+    }
+    row
 }
 
 const UNINIT: MaybeUninit<f32> = MaybeUninit::uninit();
@@ -63,7 +69,7 @@ const UNINIT: MaybeUninit<f32> = MaybeUninit::uninit();
 fn narrow(dtype: Dtype, src: &[f32], dst: &mut [u16]) {
     match dtype {
         Dtype::Bf16 => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f32_to_bf16(x)),
-        _ => dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f32_to_f16(x)),
+        _ => f32_to_f16_slice(src, dst),
     }
 }
 

@@ -71,7 +71,7 @@ fn finite_f32() -> impl Strategy<Value = f32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4000))]
+    #![proptest_config(ProptestConfig::with_cases(3000))]
 
     #[test]
     fn rounding_is_to_nearest_even_and_saturates(x in finite_f32()) {
@@ -89,6 +89,26 @@ proptest! {
             }
         });
         prop_assert_eq!(Dtype::F32.round(x).to_bits(), x.to_bits());
+    }
+
+    /// The slice path (SIMD where the CPU has it, as rows are stored) rounds as the scalar
+    /// reference does, at every length (whole vectors and remainders).
+    #[test]
+    fn slices_round_as_the_reference(xs in prop::collection::vec(finite_f32(), 0..40)) {
+        thread_local! {
+            static TABLES: (Vec<(f64, u16)>, Vec<(f64, u16)>) =
+                (finite_values(Dtype::Bf16), finite_values(Dtype::F16));
+        }
+        TABLES.with(|(bf, f16)| {
+            for (dtype, table) in [(Dtype::Bf16, bf), (Dtype::F16, f16)] {
+                let mut got = xs.clone();
+                dtype.round_slice(&mut got);
+                for (g, &x) in got.iter().zip(&xs) {
+                    let want = reference(table, x);
+                    assert!(*g == want, "{dtype:?}: round({x:e}) = {g:e}, want {want:e}");
+                }
+            }
+        });
     }
 }
 

@@ -111,7 +111,7 @@ def test_export_import_and_a_table_file_keep_the_values(tmp_path) -> None:
     ids = np.arange(100, dtype=np.uint64)
     src.lookup(ids)
     src.apply_gradients(ids, np.full((100, D), 0.37, np.float32))
-    got_ids, values, state = exported(src)
+    got_ids, values, _ = exported(src)
     assert values.dtype == np.float32
     np.testing.assert_array_equal(got_ids, ids)
     np.testing.assert_array_equal(values, bf16(values))

@@ -185,7 +185,7 @@ def test_a_meta_device_module_is_not_yet_materialised(cls) -> None:
     table = store.create_table("t", D)
     module = cls(table, device="meta", num_embeddings=100)
     assert len(table) == 0
-    with pytest.raises(errors.InvalidArgumentError, match="meta device.*to_empty"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"meta device.*to_empty"):
         module(torch.zeros((1, 2), dtype=torch.int64, device="meta"))
     assert len(table) == 0
     module = module.to_empty(device="cpu")

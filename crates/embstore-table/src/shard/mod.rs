@@ -12,8 +12,8 @@ use self::cold::{ColdSide, NONE};
 
 use self::sync::ShardSync;
 use crate::arena::Arena;
-use crate::values::Values;
 use crate::meta::PackedMeta;
+use crate::values::Values;
 use crate::{Dtype, Error, ErrorKind, Optimizer, Result};
 
 pub(crate) mod cold;
@@ -391,8 +391,7 @@ impl Shard {
 
     /// Bytes that hold live rows: their values, state, metadata and index buckets.
     pub(crate) fn bytes_used(&self) -> usize {
-        let row = self.slot_bytes()
-            + embstore_index::BUCKET_BYTES;
+        let row = self.slot_bytes() + embstore_index::BUCKET_BYTES;
         self.len() * row
     }
 }
