@@ -14,7 +14,7 @@ use embstore_table::{Dtype, OnMiss, Optimizer, Store, Table, TableConfig};
 /// Every finite value of a 16-bit format, ascending, as (value, bits): from `widen`, the
 /// format's exact bits-to-value map (shifting for bf16; for f16 computed here from the IEEE
 /// layout, not by the code under test).
-fn finite_values(dtype: Dtype) -> Vec<(f64, u16)> {
+fn finite_values(dtype: Dtype) -> Finite {
     let widen = |h: u16| -> f64 {
         match dtype {
             Dtype::Bf16 => f32::from_bits((h as u32) << 16) as f64,
@@ -29,7 +29,7 @@ fn finite_values(dtype: Dtype) -> Vec<(f64, u16)> {
             }
         }
     };
-    let mut v: Vec<(f64, u16)> =
+    let mut v: Finite =
         (0..=u16::MAX).map(|h| (widen(h), h)).filter(|(x, _)| x.is_finite()).collect();
     // -0.0 and 0.0 compare equal: keep +0 first (ties to even picks either; both read as 0).
     v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
@@ -61,6 +61,14 @@ fn reference(table: &[(f64, u16)], x: f32) -> f32 {
     pick.0 as f32
 }
 
+/// The finite values of one 16-bit format (see [`finite_values`]).
+type Finite = Vec<(f64, u16)>;
+
+thread_local! {
+    /// bf16's and f16's finite values, built once per test thread.
+    static TABLES: (Finite, Finite) = (finite_values(Dtype::Bf16), finite_values(Dtype::F16));
+}
+
 fn finite_f32() -> impl Strategy<Value = f32> {
     prop_oneof![
         any::<u32>().prop_map(f32::from_bits).prop_filter("finite", |x| x.is_finite()),
@@ -75,10 +83,6 @@ proptest! {
 
     #[test]
     fn rounding_is_to_nearest_even_and_saturates(x in finite_f32()) {
-        thread_local! {
-            static TABLES: (Vec<(f64, u16)>, Vec<(f64, u16)>) =
-                (finite_values(Dtype::Bf16), finite_values(Dtype::F16));
-        }
         TABLES.with(|(bf, f16)| {
             for (dtype, table) in [(Dtype::Bf16, bf), (Dtype::F16, f16)] {
                 let got = dtype.round(x);
@@ -95,10 +99,6 @@ proptest! {
     /// reference does, at every length (whole vectors and remainders).
     #[test]
     fn slices_round_as_the_reference(xs in prop::collection::vec(finite_f32(), 0..40)) {
-        thread_local! {
-            static TABLES: (Vec<(f64, u16)>, Vec<(f64, u16)>) =
-                (finite_values(Dtype::Bf16), finite_values(Dtype::F16));
-        }
         TABLES.with(|(bf, f16)| {
             for (dtype, table) in [(Dtype::Bf16, bf), (Dtype::F16, f16)] {
                 let mut got = xs.clone();
@@ -163,7 +163,7 @@ fn optimizer_state_stays_f32() {
     let ids = [1u64, 2, 3];
     let grads: Vec<f32> = (0..24).map(|i| 0.001 + i as f32 * 1.234e-3).collect();
     for t in [&a, &b] {
-        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; 24], None).unwrap();
+        t.lookup(&ids, OnMiss::Init, &mut [0.0; 24], None).unwrap();
         t.apply_gradients(&ids, &grads, None).unwrap();
     }
     let (ra, rb) = (snapshot_of(&a), snapshot_of(&b));
