@@ -563,6 +563,7 @@ class Store:
         ttl: float | _dt.timedelta | None = None,
         on_non_finite: str = "error",
         huge_pages: bool = True,
+        dtype: Any = "fp32",
     ) -> Table:
         """Create a table from a :class:`TableSpec`, or from the spec's fields given as
         arguments: ``create_table(spec)`` and ``create_table("user", 64, optimizer=...)`` are
@@ -588,6 +589,11 @@ class Store:
             on_non_finite: ``"error"`` rejects a batch with a NaN/Inf gradient; ``"skip"``
                 skips those ids and steps the rest.
             huge_pages: back large arenas and indexes with transparent huge pages.
+            dtype: how row values are stored: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``
+                (2 bytes per value; ``torch.bfloat16``/``torch.float16``/``np.float16`` too).
+                Lookups return float32 (the stored, rounded values); gradients are applied
+                in float32 and the result rounded to the dtype (to nearest, ties to even);
+                optimizer state stays float32.
 
         Raises:
             TableExistsError: the name is taken.
@@ -595,7 +601,7 @@ class Store:
         """
         if isinstance(name, TableSpec):
             given = (embedding_dim, optimizer, initializer, num_shards, seed, admission_min_count)
-            given += (admission_sketch_width, ttl, on_non_finite, huge_pages)
+            given += (admission_sketch_width, ttl, on_non_finite, huge_pages, dtype)
             if given != _CREATE_TABLE_DEFAULTS:
                 raise InvalidArgumentError(
                     "create_table takes a TableSpec or the spec's fields as arguments, not both"
@@ -616,6 +622,7 @@ class Store:
                 ttl=ttl,
                 on_non_finite=on_non_finite,
                 huge_pages=huge_pages,
+                dtype=dtype,
             )
         native = to_native_spec(spec)
         if not self._distributed:

@@ -359,7 +359,11 @@ class Embedding(_StoreModule):
         **nn_args: ``nn.Embedding``'s other arguments, for ported code. ``dtype`` (the
             output's, default float32) and ``device`` are honoured, ``embedding_dim`` must be
             the table's, ``sparse`` may be either (the table always acts as ``sparse=True``);
-            ``num_embeddings``, ``padding_idx``, ``max_norm``, ``norm_type``,
+            ``num_embeddings`` is a capacity hint (any positive int; it reserves nothing: the
+            table makes rows as ids are first used); ``device="meta"`` makes a module not yet
+            materialised (nothing is done to the table, as at any creation;
+            ``model.to_empty(device=...)`` or ``.to(device)`` materialises it, and its
+            forward needs real ids); ``padding_idx``, ``max_norm``, ``norm_type``,
             ``scale_grad_by_freq``, ``_weight`` and ``_freeze`` are accepted only with their
             defaults, and any other value raises :class:`~embstore.InvalidArgumentError`
             naming the argument.
@@ -497,10 +501,6 @@ class EmbeddingBag(_StoreModule):
 # nn.Embedding / nn.EmbeddingBag arguments without an embstore meaning: the values that change
 # nothing, and why any other value cannot be honoured.
 _NN_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "num_embeddings": (
-        (None,),
-        "a table takes any 64-bit id and holds as many rows as memory allows",
-    ),
     "padding_idx": (
         (None,),
         "no id is special to a table; mask padded positions, or give them "
@@ -526,6 +526,14 @@ def _check_nn_args(cls: str, table: Table, nn_args: dict[str, Any]) -> tuple[tor
     dtype = nn_args.pop("dtype", None)
     device = nn_args.pop("device", None)
     dim = nn_args.pop("embedding_dim", None)
+    # A capacity hint (TorchRec's configs always give one): a table takes any 64-bit id and
+    # makes rows as they are first used, so the hint reserves nothing; only its type is checked.
+    rows = nn_args.pop("num_embeddings", None)
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise InvalidArgumentError(
+            f"num_embeddings must be a positive int (a capacity hint: a table takes any "
+            f"64-bit id), got {rows!r}"
+        )
     for name, value in nn_args.items():
         if name not in _NN_ARGS:
             raise TypeError(f"{cls}.__init__() got an unexpected keyword argument {name!r}")
@@ -584,6 +592,12 @@ def _check_input(input: Any) -> None:
         raise DTypeError(f"input must be an int64 tensor, got {type(input).__name__}")
     if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
         raise DTypeError(f"input must be an int64 tensor, got {_describe(input)}")
+    if input.device.type == "meta":
+        raise InvalidArgumentError(
+            "input is on the meta device: an embstore module looks its rows up in its table, "
+            "so it needs real ids (on the CPU or an accelerator); a module made with "
+            "device='meta' is materialised by model.to_empty(device=...) or model.to(device)"
+        )
 
 
 def _check_offsets(offsets: Any, n: int, include_last_offset: bool) -> torch.Tensor:
