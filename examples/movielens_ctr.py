@@ -354,6 +354,7 @@ def run(
     session: bool = False,
     distributed: bool = False,
     metrics: str | None = None,
+    dtype: str = "fp32",
 ) -> dict[str, Any]:
     """Train and evaluate; print progress (stderr) and per-epoch results unless ``quiet``.
 
@@ -384,7 +385,9 @@ def run(
     spreads the tables over the job's processes (``Store(distributed=True)``), each training on
     its share of every batch, the MLP in DDP; every process evaluates, process 0 prints.
 
-    ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one. Torch
+    ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one;
+    ``dtype`` the tables' storage dtype (``"fp32"``, ``"bf16"`` or ``"fp16"``: 16-bit rows
+    take half the memory; see docs/table.md). Torch
     runs on one thread: the MLP is too small to gain from more, and on a small machine torch's
     spinning worker threads can slow every step many times over when a core is busy elsewhere.
 
@@ -430,6 +433,7 @@ def run(
             optimizer=embstore.Adagrad(lr=emb_lr),
             initializer=embstore.Normal(std=0.01),
             seed=seed,
+            dtype=dtype,
         )
         for field in FIELDS
     }
@@ -1063,6 +1067,12 @@ def main(argv: list[str] | None = None) -> int:
         "--emb-lr", type=float, default=0.05, help="Adagrad learning rate (embstore tables)"
     )
     parser.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="storage dtype of the tables' rows (16-bit: half the memory)",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="print only the summary: no progress, no epochs"
     )
     parser.add_argument(
@@ -1242,7 +1252,9 @@ def table_bytes(args: argparse.Namespace) -> tuple[int, int]:
     index = rows = 0
     genre_ids, _ = train.genre_bags(np.arange(len(train)))
     for k, f in enumerate(FIELDS):
-        t = store.create_table(f, EMBEDDING_DIM, optimizer=embstore.Adagrad(lr=args.emb_lr))
+        t = store.create_table(
+            f, EMBEDDING_DIM, optimizer=embstore.Adagrad(lr=args.emb_lr), dtype=args.dtype
+        )
         t.lookup(genre_ids if f == "genres" else train.ids[:, k])
         rows += t.stats()["bytes_used"]
         index += 2 * 16 * t.index_stats()["capacity"]
@@ -1258,6 +1270,7 @@ def training_args(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "lr": args.lr,
         "emb_lr": args.emb_lr,
+        "dtype": args.dtype,
     }
 
 

@@ -54,8 +54,11 @@ native module is given back to the kernel and not counted. ``stats()["bytes"]`` 
    under ``--data-dir`` (``make data``).
 
 ``--no-huge-pages`` passes ``huge_pages=False`` to the tables of scenarios 1 and 3 (scenario 2
-runs both variants anyway). Progress goes to stderr; results (markdown tables, or one JSON
-object with ``--json``) to stdout.
+runs both variants anyway). ``--dtype bf16`` (or ``fp16``) stores the row values of scenarios 1-3
+at 2 bytes each (``create_table(dtype=...)``; optimizer state stays 4 bytes), and ``raw`` counts
+them at 2 bytes; compare ``RSS B/row`` (growth / rows) between a ``--dtype fp32`` and a
+``--dtype bf16`` run (``--scenario rows``). Progress goes to stderr; results (markdown tables, or
+one JSON object with ``--json``) to stdout.
 """
 
 from __future__ import annotations
@@ -132,6 +135,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-huge-pages",
         action="store_true",
         help="huge_pages=False for the tables of scenarios rows and shrink (default: on)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="storage dtype of the row values, scenarios rows, small and shrink (default fp32)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--json-out", default=None, help="also write the JSON object to this file")
@@ -339,6 +348,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             embedding_dim=dim,
             optimizer=optimizers[spec["optimizer"]](),
             huge_pages=spec["huge_pages"],
+            dtype=spec.get("dtype", "fp32"),
         )
 
     def fill(table: Any, n: int, counters: np.ndarray | None = None) -> float:
@@ -428,8 +438,12 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(p.stdout)
 
 
-def raw_bytes(rows: int, dim: int, state_dim: int) -> int:
-    return rows * (dim + state_dim) * 4
+VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def raw_bytes(rows: int, dim: int, state_dim: int, dtype: str = "fp32") -> int:
+    """What the rows need: ``D`` values of the dtype and ``S`` f32 state floats each."""
+    return rows * (dim * VALUE_BYTES[dtype] + state_dim * 4)
 
 
 def per_row_beyond_raw(total: int, rows: int, raw: int) -> float:
@@ -448,10 +462,11 @@ def scenario_rows(args: argparse.Namespace) -> dict[str, Any]:
                 "dim": args.dim,
                 "huge_pages": not args.no_huge_pages,
                 "seed": args.seed,
+                "dtype": args.dtype,
             }
         )
         rows, s = r["stats"]["rows"], r["stats"]
-        raw = raw_bytes(rows, args.dim, r["state_dim"])
+        raw = raw_bytes(rows, args.dim, r["state_dim"], args.dtype)
         growth = r["after"]["rss"] - r["base"]["rss"]
         res = {
             "rows": rows,
@@ -466,13 +481,15 @@ def scenario_rows(args: argparse.Namespace) -> dict[str, Any]:
             "stats": s,
             "fill_s": r["fill_s"],
             "beyond_raw_per_row": {"rss": per_row_beyond_raw(growth, rows, raw)},
+            "rss_per_row": growth / rows,
         }
         for k in ("bytes", "bytes_used", "bytes_reserved"):
             if k in s:
                 res["beyond_raw_per_row"][k] = per_row_beyond_raw(s[k], rows, raw)
         log(
             f"  {rows:,} rows in {r['fill_s']:.1f} s; RSS +{growth / MIB:,.0f} MiB, "
-            f"{res['beyond_raw_per_row']['rss']:.1f} B/row beyond raw"
+            f"{res['rss_per_row']:.1f} B/row, {res['beyond_raw_per_row']['rss']:.1f} B/row "
+            "beyond raw"
         )
         out[opt] = res
     return out
@@ -492,10 +509,11 @@ def scenario_small(args: argparse.Namespace) -> dict[str, Any]:
                 "dim": args.dim,
                 "huge_pages": hp,
                 "seed": args.seed,
+                "dtype": args.dtype,
             }
         )
         rows = r["stats"]["rows"]
-        raw = raw_bytes(rows, args.dim, r["state_dim"])
+        raw = raw_bytes(rows, args.dim, r["state_dim"], args.dtype)
         growth = r["after"]["rss"] - r["base"]["rss"]
         res = {
             "tables": args.tables,
@@ -526,6 +544,7 @@ def scenario_shrink(args: argparse.Namespace) -> dict[str, Any]:
         "dim": args.dim,
         "huge_pages": not args.no_huge_pages,
         "seed": args.seed,
+        "dtype": args.dtype,
     }
     log(f"shrink: fill {args.shrink_rows:,} rows, Adagrad, remove {REMOVE_FRACTION:.0%}, clear")
     r = run_child(spec)
@@ -533,7 +552,7 @@ def scenario_shrink(args: argparse.Namespace) -> dict[str, Any]:
     f = run_child({**spec, "scenario": "shrink_fresh"})
     base = r["base"]["rss"]
     live = r["after_remove_stats"]["rows"]
-    raw_live = raw_bytes(live, args.dim, r["state_dim"])
+    raw_live = raw_bytes(live, args.dim, r["state_dim"], args.dtype)
     fresh_growth = f["after"]["rss"] - f["base"]["rss"]
     res: dict[str, Any] = {
         "rows_filled": r["filled_stats"]["rows"],
@@ -541,7 +560,9 @@ def scenario_shrink(args: argparse.Namespace) -> dict[str, Any]:
         "rows_live": live,
         "dim": args.dim,
         "state_dim": r["state_dim"],
-        "raw_bytes_filled": raw_bytes(r["filled_stats"]["rows"], args.dim, r["state_dim"]),
+        "raw_bytes_filled": raw_bytes(
+            r["filled_stats"]["rows"], args.dim, r["state_dim"], args.dtype
+        ),
         "raw_bytes_live": raw_live,
         "rss_base": base,
         "fill_s": r["fill_s"],
@@ -750,7 +771,10 @@ def report(res: dict[str, Any]) -> None:
     )
     sc = res["scenarios"]
     if "rows" in sc:
-        print("rows: bytes per row beyond raw = (total - rows x (D + S) x 4) / rows\n")
+        print(
+            f"rows ({c['dtype']} values): RSS B/row = RSS growth / rows; bytes per row beyond "
+            "raw = (total - rows x (D x value bytes + S x 4)) / rows\n"
+        )
         rows = []
         for opt, r in sc["rows"].items():
             b = r["beyond_raw_per_row"]
@@ -760,6 +784,7 @@ def report(res: dict[str, Any]) -> None:
                     f"{r['rows']:,}",
                     mib(r["raw_bytes"]),
                     mib(r["rss_growth"]),
+                    f"{r['rss_growth'] / r['rows']:.1f}",
                     f"{b['rss']:.1f}",
                     f"{b['bytes']:.1f}",
                     opt_stat(b, "bytes_used", lambda v: f"{v:.1f}"),
@@ -774,6 +799,7 @@ def report(res: dict[str, Any]) -> None:
                 "raw MiB",
                 "RSS MiB",
                 "RSS B/row",
+                "RSS B/row beyond raw",
                 "bytes B/row",
                 "bytes_used B/row",
                 "bytes_reserved B/row",
@@ -898,6 +924,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "remove_fraction": REMOVE_FRACTION,
             "seed": args.seed,
             "huge_pages": not args.no_huge_pages,
+            "dtype": args.dtype,
             "budget_mib": args.budget_mib,
             "budget_rows": args.budget_rows,
             "budget_dim": args.budget_dim,

@@ -240,6 +240,12 @@ class TableSpec:
         on_non_finite: ``"error"`` rejects a batch with a NaN/Inf gradient; ``"skip"`` skips
             those ids and steps the rest.
         huge_pages: back large arenas and indexes with transparent huge pages.
+        dtype: how row values are stored in memory: ``"fp32"`` (default), ``"bf16"`` or
+            ``"fp16"`` (2 bytes per value; ``torch.bfloat16``, ``torch.float16``,
+            ``np.float16`` and ``np.float32`` are accepted too, and read back as the name).
+            Lookups and exports are float32 whatever the dtype; optimizer state stays
+            float32; each written value (initial, stepped, imported) is rounded to the
+            nearest value of the dtype, ties to even. See ``docs/table.md``.
 
     Raises:
         InvalidArgumentError: a field has the wrong type or is out of its native range.
@@ -256,6 +262,7 @@ class TableSpec:
     ttl: float | None = None
     on_non_finite: str = "error"
     huge_pages: bool = True
+    dtype: Any = "fp32"
 
     def __post_init__(self) -> None:
         # Frozen: the normalised values (defaults for None, a timedelta as seconds, numpy
@@ -305,6 +312,7 @@ class TableSpec:
                 raise InvalidArgumentError(f"{arg} must be in {bounds}, got {value}")
             put(arg, int(value))
         put("huge_pages", bool(self.huge_pages))
+        put("dtype", dtype_name(self.dtype))
 
     # The mapping face: the keyword arguments of Store.create_table.
     def keys(self) -> tuple[str, ...]:
@@ -322,6 +330,48 @@ class TableSpec:
 
     def __hash__(self) -> int:
         return hash(tuple(self[k] for k in self.keys()))
+
+
+# Storage dtypes by every name accepted for them (str names, and the names of torch and numpy
+# dtypes, which are matched by name so that torch need not be imported here).
+_DTYPE_NAMES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "f32": "fp32",
+    "float": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "f16": "fp16",
+    "half": "fp16",
+}
+
+
+def dtype_name(value: Any) -> str:
+    """The storage dtype ``value`` names — ``"fp32"``, ``"bf16"`` or ``"fp16"`` — from a name
+    (``"bfloat16"``, ``"float16"``, ...), a ``torch.dtype`` or a numpy dtype; ``None`` is
+    ``"fp32"``. :class:`InvalidArgumentError` for anything else."""
+    name: str | None
+    if value is None:
+        name = "fp32"
+    elif isinstance(value, str):
+        name = value.lower()
+    elif type(value).__module__ == "torch":  # a torch.dtype: "torch.bfloat16"
+        name = str(value).removeprefix("torch.")
+    elif isinstance(value, bool | int | float):
+        name = None
+    else:
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            name = None
+    if name not in _DTYPE_NAMES:
+        raise InvalidArgumentError(
+            f"dtype must be 'fp32', 'bf16' or 'fp16' (or torch.float32, torch.bfloat16, "
+            f"torch.float16, np.float32, np.float16), got {value!r}"
+        )
+    return _DTYPE_NAMES[name]
 
 
 def to_native_spec(spec: TableSpec) -> dict[str, Any]:
@@ -343,6 +393,7 @@ def to_native_spec(spec: TableSpec) -> dict[str, Any]:
         "ttl_seconds": spec.ttl,
         "skip_non_finite": spec.on_non_finite == "skip",
         "huge_pages": spec.huge_pages,
+        "dtype": spec.dtype,
     }
 
 
@@ -360,6 +411,7 @@ def from_native_spec(c: dict[str, Any]) -> TableSpec:
         ttl=c["ttl_seconds"],
         on_non_finite="skip" if c["skip_non_finite"] else "error",
         huge_pages=c["huge_pages"],
+        dtype=c.get("dtype", "fp32"),  # absent in manifests written before dtypes
     )
 
 

@@ -418,12 +418,27 @@ class Store:
         *,
         step: int | None = None,
         state: Any = None,
+        progress: bool | Callable[[int, int], None] = False,
     ) -> Checkpoint:
-        """Flush, then write a self-contained snapshot of every table (rows, optimizer state,
-        metadata, steps, configs) into ``path``, a new or empty directory. Segments are
-        immutable, so they are hard-linked (copied across file systems): a checkpoint costs
-        little. With ``since`` (an earlier checkpoint of this store) only what was written
-        after it is linked; restoring then needs the chain.
+        """Write a self-contained snapshot of every table (rows, optimizer state, metadata,
+        steps, configs) into ``path``, a new or empty directory. :meth:`restore`,
+        :func:`embstore.inspect`, :func:`embstore.verify` and serving read it the same way
+        whether the store is kept in a directory or held in memory.
+
+        A store in a directory flushes first; its segments are immutable, so they are
+        hard-linked (copied across file systems): a checkpoint costs little. With ``since``
+        (an earlier checkpoint of this store) only what was written after it is linked;
+        restoring then needs the chain.
+
+        A store held in memory writes every row into the checkpoint, streamed a chunk at a
+        time (no copy of a whole table), so it costs a write of the table's bytes. Its
+        checkpoints are always full: ``since`` raises :class:`InvalidArgumentError`. Rows
+        written by other threads while it runs may be in it or not, each row whole; take it
+        between training steps for one point in time. On an error (a full disk:
+        :class:`NoSpaceError`) what was written is removed; a directory without a manifest is
+        never taken for a checkpoint.
+
+        ``progress=True`` prints rows done to stderr; a callable gets ``(done, total)``.
 
         In a distributed store this is collective, at a batch boundary: every process writes
         its partition into ``path/rank-<r>``, process 0 also ``state`` (anything picklable:
@@ -443,15 +458,19 @@ class Store:
                 return _dist.checkpoint(self, self._comm, pathlib.Path(path), step, state)
         if step is not None or state is not None:
             raise InvalidArgumentError("step= and state= are for distributed stores")
-        return self._local_checkpoint(path, since)
+        return self._local_checkpoint(path, since, progress)
 
     def _local_checkpoint(
         self,
         path: str | os.PathLike[str],
         since: Checkpoint | str | os.PathLike[str] | None = None,
+        progress: bool | Callable[[int, int], None] = False,
     ) -> Checkpoint:
         since_path = None if since is None else os.fspath(since)
-        return Checkpoint(**self._inner.checkpoint(os.fspath(path), since_path))
+        native = self._inner.checkpoint(
+            os.fspath(path), since_path, _progress(progress, "checkpoint", "rows")
+        )
+        return Checkpoint(**native)
 
     def _specs_for_manifest(self) -> dict[str, Any]:
         return {name: self._inner.table(name).config() for name in self._inner.tables()}
@@ -544,6 +563,7 @@ class Store:
         ttl: float | _dt.timedelta | None = None,
         on_non_finite: str = "error",
         huge_pages: bool = True,
+        dtype: Any = "fp32",
     ) -> Table:
         """Create a table from a :class:`TableSpec`, or from the spec's fields given as
         arguments: ``create_table(spec)`` and ``create_table("user", 64, optimizer=...)`` are
@@ -569,6 +589,11 @@ class Store:
             on_non_finite: ``"error"`` rejects a batch with a NaN/Inf gradient; ``"skip"``
                 skips those ids and steps the rest.
             huge_pages: back large arenas and indexes with transparent huge pages.
+            dtype: how row values are stored: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``
+                (2 bytes per value; ``torch.bfloat16``/``torch.float16``/``np.float16`` too).
+                Lookups return float32 (the stored, rounded values); gradients are applied
+                in float32 and the result rounded to the dtype (to nearest, ties to even);
+                optimizer state stays float32.
 
         Raises:
             TableExistsError: the name is taken.
@@ -576,7 +601,7 @@ class Store:
         """
         if isinstance(name, TableSpec):
             given = (embedding_dim, optimizer, initializer, num_shards, seed, admission_min_count)
-            given += (admission_sketch_width, ttl, on_non_finite, huge_pages)
+            given += (admission_sketch_width, ttl, on_non_finite, huge_pages, dtype)
             if given != _CREATE_TABLE_DEFAULTS:
                 raise InvalidArgumentError(
                     "create_table takes a TableSpec or the spec's fields as arguments, not both"
@@ -597,6 +622,7 @@ class Store:
                 ttl=ttl,
                 on_non_finite=on_non_finite,
                 huge_pages=huge_pages,
+                dtype=dtype,
             )
         native = to_native_spec(spec)
         if not self._distributed:

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_table::{
-    Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
+    Dtype, Export, Initializer, NonFinite, OnMiss, Optimizer, RowChunk, RowMeta, Store, Table,
     TableConfig, Version,
 };
 use numpy::{
@@ -61,6 +61,9 @@ struct TableSpecArg {
     skip_non_finite: bool,
     #[pyo3(item)]
     huge_pages: bool,
+    /// `"fp32"`, `"bf16"` or `"fp16"` (the Python layer maps torch and numpy dtypes to these).
+    #[pyo3(item)]
+    dtype: String,
 }
 
 impl TableSpecArg {
@@ -89,6 +92,7 @@ impl TableSpecArg {
             ttl,
             non_finite: if self.skip_non_finite { NonFinite::Skip } else { NonFinite::Reject },
             huge_pages: self.huge_pages,
+            dtype: Dtype::from_name(&self.dtype).map_err(crate::to_py_err)?,
         })
     }
 }
@@ -259,15 +263,21 @@ impl PyStore {
         flush_dict(py, s.map_err(to_py_err)?)
     }
 
-    #[pyo3(signature = (path, since=None))]
+    #[pyo3(signature = (path, since=None, progress=None))]
     fn checkpoint<'py>(
         &self,
         py: Python<'py>,
         path: std::path::PathBuf,
         since: Option<std::path::PathBuf>,
+        progress: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        let r = detached(py, || inner.checkpoint(&path, since.as_deref())).map_err(to_py_err)?;
+        let r = detached(py, || {
+            inner.checkpoint_with_progress(&path, since.as_deref(), |d, t| {
+                report(&progress, d as usize, t as usize)
+            })
+        })
+        .map_err(to_py_err)?;
         let d = PyDict::new(py);
         d.set_item("path", r.path)?;
         d.set_item("id", r.id)?;
@@ -484,6 +494,7 @@ impl PyTable {
         d.set_item("ttl_seconds", c.ttl.map(|t| t.as_secs_f64()))?;
         d.set_item("skip_non_finite", c.non_finite == NonFinite::Skip)?;
         d.set_item("huge_pages", c.huge_pages)?;
+        d.set_item("dtype", c.dtype.name())?;
         Ok(d)
     }
 

@@ -205,12 +205,12 @@ impl Table {
                     }
                 }
                 let slot = shard.insert(key, created, &self.config.optimizer)?;
-                self.initial_row(key, shard.values.row_mut(slot));
+                shard.values.update(slot, |w| self.initial_row(key, w));
                 tally.inserted += 1;
                 slot
             };
-            let (w, st) = (shard.values.row_mut(slot), shard.state.row_mut(slot));
-            if !step.apply(w, st, g, &mut scratch) {
+            let st = shard.state.row_mut(slot);
+            if !shard.values.update(slot, |w| step.apply(w, st, g, &mut scratch)) {
                 tally.skipped += 1;
                 tally.first_refused.get_or_insert(key);
                 continue;

@@ -1,4 +1,4 @@
-//! Row arenas: fixed-stride f32 rows in chunks.
+//! Row arenas: fixed-stride rows of f32 (or, for 16-bit values, u16 bits) in chunks.
 //!
 //! A slot `i` lives in chunk `i >> CHUNK_LOG2` at row `i & (CHUNK_ROWS - 1)`. The first chunk
 //! grows gradually — by 1.5× from [`FIRST_ROWS`] rows, moving its rows — up to [`CHUNK_ROWS`]
@@ -9,6 +9,7 @@
 //! 4 B = 4 MiB), so a 10-GB arena costs no TLB misses beyond the index's; smaller chunks come
 //! from the allocator, where a huge page would cost more memory than it saves in misses.
 
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use embstore_index::mem;
@@ -20,17 +21,22 @@ const CHUNK_ROWS: usize = 1 << CHUNK_LOG2;
 /// row of `D = 4096` holds 16 KiB, not 64).
 const FIRST_ROWS: usize = 1;
 
-struct Chunk {
-    ptr: NonNull<f32>,
+/// An arena's element: a plain number whose all-zero bytes are a valid zero.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {}
+impl Elem for f32 {}
+impl Elem for u16 {}
+
+struct Chunk<T> {
+    ptr: NonNull<T>,
     bytes: usize,
     rows: usize,
     mapped: bool,
 }
 
-impl Chunk {
-    /// A zeroed chunk of `rows` rows of `stride` floats (`stride > 0`).
+impl<T: Elem> Chunk<T> {
+    /// A zeroed chunk of `rows` rows of `stride` elements (`stride > 0`).
     fn new(rows: usize, stride: usize, huge_pages: bool) -> Option<Self> {
-        let bytes = rows.checked_mul(stride)?.checked_mul(4)?;
+        let bytes = rows.checked_mul(stride)?.checked_mul(std::mem::size_of::<T>())?;
         if bytes >= mem::HUGE_PAGE {
             let ptr = mem::map_zeroed(bytes, huge_pages)?;
             Some(Self { ptr: ptr.cast(), bytes, rows, mapped: true })
@@ -44,7 +50,7 @@ impl Chunk {
     }
 }
 
-impl Drop for Chunk {
+impl<T> Drop for Chunk<T> {
     fn drop(&mut self) {
         if self.mapped {
             // SAFETY: the pointer and size are those `map_zeroed` returned and were asked for,
@@ -58,20 +64,21 @@ impl Drop for Chunk {
     }
 }
 
-/// Fixed-stride f32 rows addressed by slot.
-pub(crate) struct Arena {
+/// Fixed-stride rows of `T` addressed by slot.
+pub(crate) struct Arena<T: Elem = f32> {
     stride: usize,
     huge_pages: bool,
-    chunks: Vec<Chunk>,
+    chunks: Vec<Chunk<T>>,
+    _elem: PhantomData<T>,
 }
 
-// SAFETY: an `Arena` owns its chunks exclusively (like a `Vec<f32>`); shared access only reads
+// SAFETY: an `Arena` owns its chunks exclusively (like a `Vec<T>`); shared access only reads
 // through `&self` and writes need `&mut self`.
-unsafe impl Send for Arena {}
+unsafe impl<T: Elem> Send for Arena<T> {}
 // SAFETY: as above; `&Arena` gives out only shared slices.
-unsafe impl Sync for Arena {}
+unsafe impl<T: Elem> Sync for Arena<T> {}
 
-impl std::fmt::Debug for Arena {
+impl<T: Elem> std::fmt::Debug for Arena<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
             .field("stride", &self.stride)
@@ -80,12 +87,12 @@ impl std::fmt::Debug for Arena {
     }
 }
 
-impl Arena {
+impl<T: Elem> Arena<T> {
     pub(crate) fn new(stride: usize, huge_pages: bool) -> Self {
-        Self { stride, huge_pages, chunks: Vec::new() }
+        Self { stride, huge_pages, chunks: Vec::new(), _elem: PhantomData }
     }
 
-    /// Floats per row.
+    /// Elements per row.
     pub(crate) fn stride(&self) -> usize {
         self.stride
     }
@@ -143,7 +150,7 @@ impl Arena {
             std::ptr::copy_nonoverlapping(
                 old.ptr.as_ptr(),
                 next.ptr.as_ptr(),
-                old.bytes.min(next.bytes) / 4,
+                old.bytes.min(next.bytes) / std::mem::size_of::<T>(),
             )
         };
         self.chunks[0] = next;
@@ -174,13 +181,21 @@ impl Arena {
         }
         let (src, dst) = (self.ptr(from), self.ptr(to));
         // SAFETY: both rows lie inside live chunks (`ptr` checks the slots), hold `stride`
-        // floats each, and are distinct rows (`from != to`), so they do not overlap; `&mut
+        // elements each, and are distinct rows (`from != to`), so they do not overlap; `&mut
         // self` keeps every other borrow away.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, self.stride) };
     }
 
+    /// Copies the row at `from` of `other` (an arena of the same stride) over this arena's
+    /// row at `to`.
+    pub(crate) fn copy_row_from(&mut self, other: &Arena<T>, from: usize, to: usize) {
+        debug_assert_eq!(self.stride, other.stride);
+        let row = other.row(from);
+        self.row_mut(to).copy_from_slice(row);
+    }
+
     #[inline(always)]
-    fn ptr(&self, slot: usize) -> *mut f32 {
+    fn ptr(&self, slot: usize) -> *mut T {
         let chunk = &self.chunks[slot >> CHUNK_LOG2];
         let row = slot & (CHUNK_ROWS - 1);
         assert!(row < chunk.rows, "slot {slot} is past the arena's {} rows", self.capacity());
@@ -191,18 +206,18 @@ impl Arena {
 
     /// The row at `slot` (which must be below `capacity()`).
     #[inline(always)]
-    pub(crate) fn row(&self, slot: usize) -> &[f32] {
+    pub(crate) fn row(&self, slot: usize) -> &[T] {
         if self.stride == 0 {
             return &[];
         }
-        // SAFETY: `ptr` points at `stride` initialised (zeroed or written) floats inside a live
+        // SAFETY: `ptr` points at `stride` initialised (zeroed or written) elements inside a live
         // chunk; the shared borrow of `self` keeps every writer (`&mut self`) away.
         unsafe { std::slice::from_raw_parts(self.ptr(slot), self.stride) }
     }
 
     /// The row at `slot`, mutably.
     #[inline(always)]
-    pub(crate) fn row_mut(&mut self, slot: usize) -> &mut [f32] {
+    pub(crate) fn row_mut(&mut self, slot: usize) -> &mut [T] {
         if self.stride == 0 {
             return &mut [];
         }
@@ -217,7 +232,7 @@ impl Arena {
         if self.stride != 0 {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let p = self.ptr(slot).cast::<i8>();
-            for line in (0..self.stride * 4).step_by(64) {
+            for line in (0..self.stride * std::mem::size_of::<T>()).step_by(64) {
                 // SAFETY: prefetching never faults; the address is inside the row.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
             }
@@ -233,7 +248,7 @@ mod tests {
 
     #[test]
     fn first_chunk_grows_gradually() {
-        let mut a = Arena::new(64, true);
+        let mut a = Arena::<f32>::new(64, true);
         assert!(a.ensure(1));
         assert_eq!((a.capacity(), a.bytes()), (FIRST_ROWS, FIRST_ROWS * 256));
         a.row_mut(0).fill(7.0);
@@ -247,7 +262,7 @@ mod tests {
 
     #[test]
     fn rows_are_zeroed_distinct_and_stable_across_growth() {
-        let mut a = Arena::new(3, false);
+        let mut a = Arena::<f32>::new(3, false);
         assert!(a.ensure(1));
         a.row_mut(0).copy_from_slice(&[1.0, 2.0, 3.0]);
         assert!(a.ensure(3 * CHUNK_ROWS));
@@ -260,7 +275,7 @@ mod tests {
 
     #[test]
     fn stride_zero_needs_no_memory() {
-        let mut a = Arena::new(0, true);
+        let mut a = Arena::<f32>::new(0, true);
         assert!(a.ensure(1 << 40));
         assert_eq!(a.bytes(), 0);
         assert!(a.row(123).is_empty());
@@ -268,7 +283,7 @@ mod tests {
 
     #[test]
     fn truncating_keeps_the_rows_below_and_frees_the_rest() {
-        let mut a = Arena::new(4, false);
+        let mut a = Arena::<f32>::new(4, false);
         assert!(a.ensure(1000));
         for s in 0..1000 {
             a.row_mut(s).fill(s as f32);
@@ -287,8 +302,19 @@ mod tests {
     }
 
     #[test]
+    fn half_width_rows_take_half_the_bytes() {
+        let mut a = Arena::<u16>::new(64, false);
+        assert!(a.ensure(1000));
+        assert_eq!(a.bytes(), 1000 * 128);
+        a.row_mut(999).fill(0x3f80);
+        assert!(a.ensure(CHUNK_ROWS + 1));
+        assert_eq!(a.row(999), &[0x3f80; 64]);
+        assert_eq!(a.row(CHUNK_ROWS), &[0; 64]);
+    }
+
+    #[test]
     fn big_chunks_are_mapped() {
-        let mut a = Arena::new(64, true);
+        let mut a = Arena::<f32>::new(64, true);
         assert!(a.ensure(CHUNK_ROWS + 1));
         assert!(a.chunks[0].mapped && a.chunks[1].mapped);
         assert_eq!(a.bytes(), 2 * CHUNK_ROWS * 256);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use crate::disk::manifest::{Manifest, State};
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::durable::checkpoint::{
-    chain, chain_files, prepare_empty_dir, replay_segment, table_and_chain, table_config,
-    CheckpointReport,
+    chain, chain_files, checkpoint_memory, prepare_empty_dir, replay_segment, table_and_chain,
+    table_config, CheckpointReport, MEMORY_SEGMENT_RECORDS,
 };
 use crate::durable::{random_id, segment_path, SEG_DIR};
 use crate::sync::SyncOptions;
@@ -92,32 +92,90 @@ impl Table {
 }
 
 impl Store {
-    /// Flushes, then writes a consistent, self-contained snapshot of every table (rows,
-    /// optimizer state, metadata, step counters, configs) into `dest`, a new or empty
-    /// directory. With `since` (an earlier checkpoint of this store), writes only the segments
-    /// newer than it: restoring then needs the whole chain. Fails for a store in memory.
+    /// Writes a self-contained snapshot of every table (rows, optimizer state, metadata, step
+    /// counters, configs) into `dest`, a new or empty directory; [`Store::restore`], serving
+    /// and `inspect`/`verify` read it whether the store is kept in a directory or in memory.
+    ///
+    /// A store in a directory flushes and then hard-links its segments (each table as of the
+    /// flush); with `since` (an earlier checkpoint of this store) it writes only the segments
+    /// newer than it, and restoring then needs the whole chain. A store in memory writes every
+    /// row into new segments, streamed a chunk at a time (it costs a write of every row); its
+    /// checkpoints are always full, so `since` fails with `InvalidArgument`. Rows written
+    /// while a store in memory is checkpointed may be in it or not, each row whole (values,
+    /// state and metadata of one moment); take the checkpoint between training steps for one
+    /// point in time. On a failure (a full disk: `NoSpace`) what was written is removed: a
+    /// directory without a manifest is never a checkpoint.
     pub fn checkpoint(
         &self,
         dest: impl AsRef<Path>,
         since: Option<&Path>,
     ) -> Result<CheckpointReport> {
+        self.checkpoint_with_progress(dest, since, |_, _| {})
+    }
+
+    /// [`Store::checkpoint`], calling `progress` with (rows done, rows in all) as it goes:
+    /// after each chunk of rows written for a store in memory, after each table's segments
+    /// are linked for a store in a directory.
+    pub fn checkpoint_with_progress(
+        &self,
+        dest: impl AsRef<Path>,
+        since: Option<&Path>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<CheckpointReport> {
         self.check_open()?;
-        let durable = self.durable().ok_or_else(|| {
-            Error::invalid("checkpoints need a store kept in a directory (opened with a path)")
-        })?;
+        let dest = dest.as_ref();
+        if self.durable().is_none() {
+            return self.checkpoint_memory_on(&RealFs, dest, since, &mut progress);
+        }
+        let durable = self.durable().expect("checked");
         let tables: Vec<Arc<Table>> = self.all_tables();
         // What each syncing table knows, read before the checkpoint copies a row: the rows it
         // writes cover it (as a follower's flush does, `sync::saved`), so a follower that loads
         // this checkpoint pulls only what is newer.
-        let known: Vec<_> = tables
-            .iter()
-            .filter_map(|t| Some((t.name().to_owned(), t.sync_knowledge_snapshot()?)))
-            .collect();
-        let report = durable.checkpoint(&tables, dest.as_ref(), since)?;
+        let known = self.knowledge(&tables);
+        let report = durable.checkpoint(&tables, dest, since, &mut progress)?;
         for (name, vvs) in known {
-            crate::sync::saved::save(dest.as_ref(), &name, &vvs)?;
+            crate::sync::saved::save(dest, &name, &vvs)?;
         }
         Ok(report)
+    }
+
+    /// The checkpoint of a store in memory ([`Store::checkpoint`]) written through `vfs` (a
+    /// fault-injecting file layer in tests); fails for a store in a directory.
+    #[doc(hidden)]
+    pub fn checkpoint_memory_on(
+        &self,
+        vfs: &dyn Vfs,
+        dest: &Path,
+        since: Option<&Path>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CheckpointReport> {
+        self.check_open()?;
+        if self.durable().is_some() {
+            return Err(Error::invalid("checkpoint_memory_on is for a store held in memory"));
+        }
+        if let Some(since) = since {
+            return Err(Error::invalid(format!(
+                "a store held in memory takes only full checkpoints: leave out since= ({}), or \
+                 keep the store in a directory (open it with a path) for incremental ones",
+                since.display()
+            )));
+        }
+        let tables = self.all_tables();
+        let known = self.knowledge(&tables);
+        let report = checkpoint_memory(vfs, &tables, dest, MEMORY_SEGMENT_RECORDS, progress)?;
+        for (name, vvs) in known {
+            crate::sync::saved::save(dest, &name, &vvs)?;
+        }
+        Ok(report)
+    }
+
+    /// What each syncing table of `tables` knows now (see `sync::saved`).
+    fn knowledge(&self, tables: &[Arc<Table>]) -> Vec<(String, crate::sync::saved::Knowledge)> {
+        tables
+            .iter()
+            .filter_map(|t| Some((t.name().to_owned(), t.sync_knowledge_snapshot()?)))
+            .collect()
     }
 
     /// Creates a store in `dest` (a new or empty directory) from the checkpoint in `ckpt` and

@@ -25,6 +25,141 @@ pub enum NonFinite {
     Skip,
 }
 
+/// How a table stores its row values in memory. Lookups, exports and gradients are f32
+/// whatever the dtype; optimizer state is always f32.
+///
+/// With a 16-bit dtype each value is rounded to the nearest representable one (ties to even)
+/// when it is written — an initial value, an optimizer step computed in f32, an import — so
+/// every value read back is exactly a value of the dtype. A value past the dtype's largest
+/// finite one (±65504 for `F16`) is stored as that one, never as an infinity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// 4 bytes per value (the default).
+    #[default]
+    F32,
+    /// bfloat16: 2 bytes, f32's range with 8 bits of precision.
+    Bf16,
+    /// IEEE half precision: 2 bytes, 11 bits of precision, magnitudes up to 65504.
+    F16,
+}
+
+impl Dtype {
+    /// Bytes per stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+        }
+    }
+
+    /// The dtype's name: `fp32`, `bf16` or `fp16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "fp16",
+        }
+    }
+
+    /// The dtype called `name` (`fp32`/`float32`/`f32`, `bf16`/`bfloat16`, `fp16`/`float16`/
+    /// `f16`/`half`); an [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// listing the accepted names otherwise.
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" | "f32" | "float" => Ok(Dtype::F32),
+            "bf16" | "bfloat16" => Ok(Dtype::Bf16),
+            "fp16" | "float16" | "f16" | "half" => Ok(Dtype::F16),
+            _ => {
+                Err(Error::invalid(format!("dtype must be 'fp32', 'bf16' or 'fp16', got {name:?}")))
+            }
+        }
+    }
+
+    /// `x` rounded to the nearest value of the dtype (ties to even), as an f32.
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Dtype::F32 => x,
+            Dtype::Bf16 => bf16_to_f32(f32_to_bf16(x)),
+            Dtype::F16 => f16_to_f32(f32_to_f16(x)),
+        }
+    }
+
+    /// Rounds every value of `xs` in place (see [`Dtype::round`]), as a table stores them
+    /// (for f16 through the same slice conversion).
+    pub fn round_slice(self, xs: &mut [f32]) {
+        match self {
+            Dtype::F32 => {}
+            Dtype::Bf16 => xs.iter_mut().for_each(|x| *x = self.round(*x)),
+            Dtype::F16 => {
+                let mut bits = [0u16; 256];
+                for chunk in xs.chunks_mut(bits.len()) {
+                    let bits = &mut bits[..chunk.len()];
+                    f32_to_f16_slice(chunk, bits);
+                    f16_to_f32_slice(bits, chunk);
+                }
+            }
+        }
+    }
+}
+
+/// `src` as IEEE half bits in `dst` (same length), rounded to nearest, ties to even,
+/// saturating at ±65504: the slice conversion of `half`, which uses the CPU's F16C
+/// instructions where it has them (detected once per call, not per value).
+#[inline]
+pub(crate) fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    dst.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(src);
+    // Past 65520 a value rounds to infinity; saturate instead (its bits minus one are ±65504:
+    // the same as clamping before rounding, since 65504..65520 rounds to 65504). Rows are
+    // finite, so no NaN reaches here.
+    for d in dst.iter_mut() {
+        if *d & 0x7fff == 0x7c00 {
+            *d -= 1;
+        }
+    }
+}
+
+/// The f32s of IEEE half bits (exact), as [`f32_to_f16_slice`] converts.
+#[inline]
+pub(crate) fn f16_to_f32_slice(src: &[u16], dst: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    src.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst);
+}
+
+/// `x` as bfloat16 bits, rounded to nearest, ties to even (a NaN stays a quiet NaN).
+#[inline]
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
+    // bf16's largest finite value: rounding past it saturates instead of reaching infinity.
+    const MAX: f32 = f32::from_bits(0x7f7f_0000);
+    if x.is_nan() {
+        return ((x.to_bits() >> 16) | 0x0040) as u16;
+    }
+    let b = x.clamp(-MAX, MAX).to_bits();
+    // Adding 0x7fff plus the lowest kept bit rounds half-way cases to the even neighbour; a
+    // carry into the exponent is the correct rounding up.
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 of bfloat16 bits (exact).
+#[inline]
+pub(crate) fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// `x` as IEEE half bits, rounded to nearest, ties to even, saturating at ±65504.
+#[inline]
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
+    const MAX: f32 = 65504.0;
+    half::f16::from_f32(x.clamp(-MAX, MAX)).to_bits()
+}
+
+/// The f32 of IEEE half bits (exact).
+#[inline]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+
 /// Everything that defines a table. Build with [`TableConfig::new`] and the `with_*` setters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TableConfig {
@@ -50,11 +185,13 @@ pub struct TableConfig {
     pub non_finite: NonFinite,
     /// Back large arenas and indexes with transparent huge pages.
     pub huge_pages: bool,
+    /// How row values are stored in memory (optimizer state is always f32).
+    pub dtype: Dtype,
 }
 
 impl TableConfig {
     /// A config with the defaults: normal(0, 0.01) init, SGD(lr 0.01), 8 shards, seed 0, no
-    /// admission, no expiry, non-finite gradients rejected, huge pages on.
+    /// admission, no expiry, non-finite gradients rejected, huge pages on, f32 rows.
     pub fn new(name: impl Into<String>, embedding_dim: usize) -> Self {
         Self {
             name: name.into(),
@@ -68,7 +205,14 @@ impl TableConfig {
             ttl: None,
             non_finite: NonFinite::Reject,
             huge_pages: true,
+            dtype: Dtype::F32,
         }
+    }
+
+    /// Sets the storage dtype of the row values.
+    pub fn with_dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
     }
 
     /// Sets the optimizer.
@@ -166,6 +310,12 @@ impl TableConfig {
 /// a store's manifest keeps for each table.
 pub(crate) fn config_text(c: &TableConfig, step: u64) -> String {
     let ttl = c.ttl.map_or("none".to_owned(), |d| d.as_millis().to_string());
+    // Written only for a 16-bit table: an f32 table's text is as it always was (and readers
+    // that predate the key take a file without it as f32, which it is).
+    let dtype = match c.dtype {
+        Dtype::F32 => String::new(),
+        d => format!("dtype={}\n", d.name()),
+    };
     let non_finite = match c.non_finite {
         NonFinite::Reject => "reject",
         NonFinite::Skip => "skip",
@@ -173,7 +323,7 @@ pub(crate) fn config_text(c: &TableConfig, step: u64) -> String {
     format!(
         "name={}\nembedding_dim={}\nnum_shards={}\nseed={}\ninitializer={}\noptimizer={}\n\
          admission_min_count={}\nadmission_sketch_width={}\nttl_ms={ttl}\nnon_finite={non_finite}\n\
-         huge_pages={}\nstep={}\n",
+         huge_pages={}\n{dtype}step={}\n",
         c.name,
         c.embedding_dim,
         c.num_shards,
@@ -291,6 +441,13 @@ pub(crate) fn parse_config_text(
             "true" => true,
             "false" => false,
             v => return Err(bad(&format!("bad huge_pages: {v:?}"))),
+        },
+        // Absent in the text of an f32 table (and of every table written before dtypes).
+        dtype: match fields.iter().find(|(k, _)| *k == "dtype").map(|(_, v)| *v) {
+            None | Some("fp32") => Dtype::F32,
+            Some("bf16") => Dtype::Bf16,
+            Some("fp16") => Dtype::F16,
+            Some(v) => return Err(bad(&format!("bad dtype: {v:?}"))),
         },
     };
     let step = int(field("step")?, "step", b)?;

@@ -121,7 +121,7 @@ impl<T: std::ops::Deref<Target = Table>> Iterator for Export<T> {
                 for &k in keys {
                     if let Some(slot) = shard.slot(k) {
                         chunk.ids.push(k);
-                        chunk.values.extend_from_slice(shard.values.row(slot));
+                        shard.values.extend(slot, &mut chunk.values);
                         chunk.state.extend_from_slice(shard.state.row(slot));
                         chunk.meta.push(shard.meta[slot].unpack());
                     } else if let Some(l) = shard.cold_loc(k) {

@@ -74,13 +74,15 @@ mod store;
 pub mod sync;
 mod table;
 mod tier;
+mod values;
 mod version;
 mod write;
 
 pub use budget::Budget;
 pub use checkpoint::open_checkpoint_shard;
 pub use config::{
-    validate_name as validate_table_name, NonFinite, TableConfig, MAX_EMBEDDING_DIM, MAX_SHARDS,
+    validate_name as validate_table_name, Dtype, NonFinite, TableConfig, MAX_EMBEDDING_DIM,
+    MAX_SHARDS,
 };
 pub use durable::checkpoint::{
     checkpoint_table_bytes, load_checkpoint_shard, load_checkpoint_shard_as, CheckpointReport,

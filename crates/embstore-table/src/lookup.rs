@@ -114,7 +114,7 @@ impl Table {
             if slot != MISSING {
                 // SAFETY: see `ShardOut`; the row is dropped at the end of this statement.
                 let row = unsafe { out.row(i) };
-                row.copy_from_slice(shard.values.row(slot as usize));
+                shard.values.read(slot as usize, row);
                 continue;
             }
             // SAFETY: as above.
@@ -167,10 +167,10 @@ impl Table {
             let row = unsafe { out.row(i) };
             match shard.slot(keys[i]) {
                 // Another thread stored the row between our two locks: return its values.
-                Some(slot) => row.copy_from_slice(shard.values.row(slot)),
+                Some(slot) => shard.values.read(slot, row),
                 None => {
                     let slot = shard.insert(keys[i], meta, &self.config.optimizer)?;
-                    shard.values.row_mut(slot).copy_from_slice(row);
+                    shard.values.write(slot, row);
                     inserted += 1;
                 }
             }

@@ -78,7 +78,8 @@ impl Table {
         let state_dim = config.optimizer.state_dim(config.embedding_dim);
         let shards = (0..config.num_shards)
             .map(|_| {
-                Shard::new(config.embedding_dim, state_dim, config.huge_pages).map(RwLock::new)
+                Shard::new(config.embedding_dim, config.dtype, state_dim, config.huge_pages)
+                    .map(RwLock::new)
             })
             .collect::<Result<Box<[_]>>>()?;
         Ok(Self {
@@ -147,9 +148,10 @@ impl Table {
         self.len() == 0
     }
 
-    /// Writes `key`'s initial values to `out` (`D` floats).
+    /// Writes `key`'s initial values to `out` (`D` floats), rounded to the table's dtype.
     pub fn initial_row(&self, key: u64, out: &mut [f32]) {
         self.config.initializer.fill(self.config.seed, key, out);
+        self.config.dtype.round_slice(out);
     }
 
     /// Groups `ids` by shard (see [`Groups`]).
@@ -463,6 +465,11 @@ impl Host for Table {
     #[inline]
     fn state_dim(&self) -> usize {
         self.state_dim
+    }
+
+    #[inline]
+    fn value_bytes(&self) -> usize {
+        self.config.dtype.bytes()
     }
 
     fn group(&self, ids: &[u64]) -> Result<Groups> {

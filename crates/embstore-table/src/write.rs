@@ -217,7 +217,7 @@ impl Table {
                         shard.insert(key, created, &self.config.optimizer)?
                     }
                 };
-                shard.values.row_mut(slot).copy_from_slice(&values[p * d..][..d]);
+                shard.values.write(slot, &values[p * d..][..d]);
                 match state {
                     StateIn::Keep => {}
                     StateIn::Init => self.config.optimizer.init_state(shard.state.row_mut(slot)),

@@ -919,3 +919,182 @@ fn writes_during_compaction_steps_never_take_a_row_back_past_the_last_flush() {
         );
     }
 }
+
+/// The names under `dir` (none when it does not exist), sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(d) => d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    };
+    names.sort();
+    names
+}
+
+#[test]
+fn a_store_in_memory_checkpoints_as_a_store_in_a_directory_does() {
+    let root = tempfile::tempdir().unwrap();
+    let ckpt = root.path().join("ckpt");
+    let mut rng = Rng(0x5eed_0046);
+    println!("seed 0x5eed0046");
+    let store = Store::new();
+    for step in 0..12 {
+        work(&store, &mut rng, step).unwrap();
+    }
+    store.create_table(TableConfig::new("empty", 3).with_optimizer(adam())).unwrap();
+    store.table(&store.tables()[0]).unwrap().set_step(41);
+    let want = snapshot(&store);
+    assert!(want.values().filter(|(rows, _)| !rows.is_empty()).count() >= 2, "{want:?}");
+    let mut calls = Vec::new();
+    let report = store.checkpoint_with_progress(&ckpt, None, |d, t| calls.push((d, t))).unwrap();
+    let rows: u64 = want.values().map(|(r, _)| r.len() as u64).sum();
+    assert_eq!(calls.last(), Some(&(rows, rows)), "progress ends at every row");
+    assert_eq!((report.tables, report.parent_id), (want.len(), 0));
+    assert!(report.segments >= 2 && report.bytes > 0, "{report:?}");
+    // Restore reads it as any checkpoint: every table, its config, rows with state and
+    // metadata, and its step; on the saved shard count or another.
+    for shards in [None, Some(1), Some(16)] {
+        let dest = root.path().join(format!("restored-{shards:?}"));
+        let restored = Store::restore(&ckpt, &dest, shards, |_, _| {}).unwrap();
+        assert_same(&snapshot(&restored), &want, &format!("restore on {shards:?} shards"));
+        for name in restored.tables() {
+            let (got, src) = (restored.table(&name).unwrap(), store.table(&name).unwrap());
+            let mut config = src.config().clone();
+            config.num_shards = shards.unwrap_or(config.num_shards);
+            assert_eq!(got.config(), &config, "config of {name}");
+        }
+        drop(restored);
+        assert_same(&snapshot(&Store::open(&dest).unwrap()), &want, "reopened restore");
+    }
+    // inspect and verify read it; serving loads its shards.
+    let report = embstore_table::verify(&ckpt, |_, _| {}).unwrap();
+    assert!(report.damage.is_empty() && report.checkpoint.is_some(), "{report:?}");
+    let inspected = embstore_table::inspect(&ckpt).unwrap();
+    assert_eq!(inspected.checkpoint.map(|c| c.1), Some(0));
+    for t in &inspected.tables {
+        assert_eq!(t.rows, Some(want[&t.name].0.len() as u64), "rows of {}", t.name);
+        assert_eq!(t.step, want[&t.name].1, "step of {}", t.name);
+    }
+    for (name, (rows, step)) in &want {
+        let mut union = Vec::new();
+        for shard in 0..2 {
+            let t = embstore_table::load_checkpoint_shard(&ckpt, name, shard, 2).unwrap();
+            assert_eq!(t.step(), *step);
+            union.extend(snapshot_of(&t));
+        }
+        union.sort_by_key(|r| r.0);
+        assert_eq!(&union, rows, "the shards of {name} together");
+        let budget = embstore_table::Budget::shared(4 << 10).unwrap();
+        let options = StoreOptions::default().with_shared_budget(budget);
+        let part = root.path().join(format!("part-{name}"));
+        let (_s, t) =
+            embstore_table::open_checkpoint_shard(&ckpt, name, 0, 1, &part, &options).unwrap();
+        assert_eq!(&snapshot_of(&t), rows, "budgeted load of {name}");
+    }
+    // A store in a directory builds on it no more than on another store's checkpoint.
+    let durable = Store::restore(&ckpt, root.path().join("d"), None, |_, _| {}).unwrap();
+    let err = durable.checkpoint(root.path().join("inc"), Some(&ckpt)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn a_store_in_memory_refuses_since_a_used_directory_and_after_close() {
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::new();
+    let t = store.create_table(TableConfig::new("t", 4)).unwrap();
+    t.assign(&[1, 2, 3], &[0.5; 12]).unwrap();
+    let c1 = root.path().join("c1");
+    store.checkpoint(&c1, None).unwrap();
+    // Incremental checkpoints need a store in a directory: a typed error saying what works.
+    let c2 = root.path().join("c2");
+    let err = store.checkpoint(&c2, Some(&c1)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("only full checkpoints"), "{err}");
+    assert!(!c2.exists(), "nothing written");
+    // A used directory is refused, and left as it was.
+    std::fs::create_dir(&c2).unwrap();
+    std::fs::write(c2.join("notes.txt"), "mine").unwrap();
+    let err = store.checkpoint(&c2, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("not empty"), "{err}");
+    assert_eq!(entries(&c2), ["notes.txt"]);
+    assert_eq!(store.checkpoint(&c1, None).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    // An empty one is taken.
+    let c3 = root.path().join("c3");
+    std::fs::create_dir(&c3).unwrap();
+    store.checkpoint(&c3, None).unwrap();
+    store.close().unwrap();
+    let err = store.checkpoint(root.path().join("c4"), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed);
+}
+
+#[test]
+fn a_full_disk_fails_a_checkpoint_of_a_store_in_memory_and_leaves_no_checkpoint() {
+    let root = tempfile::tempdir().unwrap();
+    let store = Store::new();
+    for name in ["a", "b"] {
+        let t = store.create_table(TableConfig::new(name, 4).with_optimizer(adam())).unwrap();
+        t.apply_gradients(&(0..500).collect::<Vec<_>>(), &[0.1; 2000], None).unwrap();
+    }
+    let want = snapshot(&store);
+    // The disk fills up at the second table's segment, then at the manifest.
+    for (full, existed) in [("0000000000000002", false), ("MANIFEST", true)] {
+        let dest = root.path().join("ckpt");
+        if existed {
+            std::fs::create_dir(&dest).unwrap();
+        }
+        let fs = FaultFs::new(u64::MAX);
+        fs.set_full_for(Some(full));
+        let err = store.checkpoint_memory_on(&fs, &dest, None, &mut |_, _| {}).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoSpace, "full at {full}: {err}");
+        // What was written is gone: no manifest, no segment, and the directory as it was.
+        assert_eq!(dest.exists(), existed, "full at {full}");
+        assert!(entries(&dest).is_empty(), "full at {full}: {:?}", entries(&dest));
+        let err = Store::restore(&dest, root.path().join("r"), None, |_, _| {}).err().unwrap();
+        let kind = if existed { ErrorKind::Corruption } else { ErrorKind::NotFound };
+        assert_eq!(err.kind(), kind, "no checkpoint to restore: {err}");
+        // Space again: the same directory takes the checkpoint.
+        fs.set_full_for(None);
+        store.checkpoint_memory_on(&fs, &dest, None, &mut |_, _| {}).unwrap();
+        let restored = Store::restore(&dest, root.path().join("r"), None, |_, _| {}).unwrap();
+        assert_same(&snapshot(&restored), &want, &format!("after full at {full}"));
+        drop(restored);
+        std::fs::remove_dir_all(&dest).unwrap();
+        std::fs::remove_dir_all(root.path().join("r")).unwrap();
+    }
+}
+
+#[test]
+fn a_checkpoint_of_a_store_in_memory_taken_while_a_thread_writes_holds_whole_rows() {
+    let root = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::new());
+    let t = store.create_table(TableConfig::new("t", 8).with_shards(4)).unwrap();
+    let ids: Vec<u64> = (0..20_000).collect();
+    t.assign(&ids, &vec![0.0; ids.len() * 8]).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (t, stop) = (t.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Bounded in count; every write gives a row one value in all its columns.
+            for k in 1..=2_000u64 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let ids: Vec<u64> = (0..64).map(|i| (k * 97 + i * 311) % 20_000).collect();
+                t.assign(&ids, &vec![k as f32; ids.len() * 8]).unwrap();
+                t.assign(&[20_000 + k], &[k as f32; 8]).unwrap();
+            }
+        })
+    };
+    let ckpt = root.path().join("ckpt");
+    let report = store.checkpoint(&ckpt, None);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    report.unwrap();
+    let restored = Store::restore(&ckpt, root.path().join("r"), None, |_, _| {}).unwrap();
+    let rows = snapshot_of(&restored.table("t").unwrap());
+    // Every row present when the checkpoint began is in it, each whole.
+    assert!(rows.iter().filter(|r| r.0 < 20_000).count() == 20_000);
+    for (id, values, _, _) in &rows {
+        assert!(values.iter().all(|v| *v == values[0]), "row {id} torn: {values:?}");
+    }
+}

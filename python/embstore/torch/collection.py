@@ -29,9 +29,10 @@ mapping of feature name to table name) lets ``ids(batch)`` return a ``KeyedJagge
 ``batch.pooled()`` gives the :class:`KeyedTensor` the module would, bit for bit.
 
 Not supported: variable batch sizes per feature (``stride_per_key_per_rank``,
-``inverse_indices``), ``data_type`` other than FP32 (rows are float32), an ``init_fn`` other
-than ``torch.nn.init.uniform_``/``normal_`` with fixed arguments (give ``initializer=``), and
-``PoolingType.NONE`` in an :class:`EmbeddingBagCollection` (use :class:`EmbeddingCollection`).
+``inverse_indices``), ``data_type`` other than FP32, FP16 and BF16 (the table's storage
+dtype), an ``init_fn`` other than ``torch.nn.init.uniform_``/``normal_`` with fixed arguments
+(give ``initializer=``), and ``PoolingType.NONE`` in an :class:`EmbeddingBagCollection`
+(use :class:`EmbeddingCollection`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class EmbeddingBagConfig:
     TorchRec's fields keep their order and meaning: ``num_embeddings`` (optional here: a table
     holds any 64-bit id; with no ``initializer``, it sets TorchRec's default initial values,
     uniform on ``±sqrt(1 / num_embeddings)``), ``embedding_dim`` (required), ``name`` (the
-    store's table), ``data_type`` (FP32 only), ``feature_names`` (default ``[name]``),
+    store's table), ``data_type`` (FP32, FP16 or BF16: the table's storage dtype),
+    ``feature_names`` (default ``[name]``),
     ``weight_init_min``/``weight_init_max`` (uniform initial values), ``need_pos`` (ignored),
     ``init_fn`` (``functools.partial(torch.nn.init.uniform_, a=, b=)`` or ``normal_`` only) and
     ``pooling`` (:class:`PoolingType` or ``"sum"``/``"mean"``; TorchRec's enum works too).
@@ -198,14 +200,7 @@ class _FeaturePlan:
                 raise InvalidArgumentError(
                     f"embedding_dim of table {name!r} must be an int >= 1, got {dim!r}"
                 )
-            dtype = getattr(getattr(c, "data_type", "FP32"), "value", None) or str(
-                getattr(c, "data_type", "FP32")
-            )
-            if str(dtype).upper() not in ("FP32", "FLOAT32"):
-                raise InvalidArgumentError(
-                    f"data_type of table {name!r} must be FP32: a store keeps float32 rows "
-                    f"(got {dtype}); model.half() converts the output"
-                )
+            _data_type(c, name)  # checked here, used when the table is created
             feats = list(getattr(c, "feature_names", None) or [name])
             if not getattr(c, "feature_names", None):
                 try:  # as TorchRec does: models read config.feature_names (DLRM's SparseArch)
@@ -812,6 +807,21 @@ class _Gathered(torch.autograd.Function):
 
 
 _TABLE_ARGS = ("optimizer", "initializer")
+# TorchRec's DataType names -> a table's storage dtype (None: float32).
+_DATA_TYPES = {"FP32": None, "FLOAT32": None, "FP16": "fp16", "FLOAT16": "fp16", "BF16": "bf16"}
+
+
+def _data_type(c: Any, name: str) -> str | None:
+    """The storage dtype a config's ``data_type`` asks for: None (FP32), ``"fp16"`` or
+    ``"bf16"``; other TorchRec types (INT8, INT4, ...) are refused."""
+    raw = getattr(c, "data_type", "FP32")
+    label = str(getattr(raw, "value", None) or raw).upper().removeprefix("DATATYPE.")
+    if label not in _DATA_TYPES:
+        raise InvalidArgumentError(
+            f"data_type of table {name!r} must be FP32, FP16 or BF16 (rows stored at 4 or 2 "
+            f"bytes a value), got {label}"
+        )
+    return _DATA_TYPES[label]
 
 
 def _open_table(store: Any, plan: _TablePlan) -> Table:
@@ -826,6 +836,9 @@ def _open_table(store: Any, plan: _TablePlan) -> Table:
     init = _initializer(c, plan.name)
     if optimizer is not None:
         args["optimizer"] = optimizer
+    dtype = _data_type(c, plan.name)
+    if dtype is not None and "dtype" not in args:
+        args["dtype"] = dtype
     if plan.name not in store:
         return store.create_table(plan.name, plan.dim, initializer=init, **args)
     table = store.table(plan.name)

@@ -103,3 +103,15 @@ def test_one_scenario_as_markdown(run_bench):
 def test_bad_size_is_refused(run_bench):
     p = run_bench("--rows", "0")
     assert p.returncode == 2 and "--rows must be >= 1" in p.stderr
+
+
+def test_rows_scenario_with_16_bit_values(run_bench):
+    args = ["--scenario", "rows", "--rows", "20000", "--dim", "32", "--dtype", "bf16"]
+    p = run_bench(*args, "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["config"]["dtype"] == "bf16"
+    for r in res["scenarios"]["rows"].values():
+        # Values at 2 bytes, optimizer state at 4.
+        assert r["raw_bytes"] == 20000 * (32 * 2 + r["state_dim"] * 4)
+        assert r["rss_per_row"] == pytest.approx(r["rss_growth"] / 20000)

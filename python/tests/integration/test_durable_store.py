@@ -136,8 +136,97 @@ def test_checkpoints_restore_onto_another_shard_count(tmp_path):
     assert_same(rows_of(restored), want)
     with pytest.raises(InvalidArgumentError, match="not empty"):
         store.checkpoint(tmp_path / "c1")
-    with pytest.raises(InvalidArgumentError, match="directory"):
-        embstore.Store().checkpoint(tmp_path / "c9")
+    # A store held in memory checkpoints too, but only in full.
+    with pytest.raises(InvalidArgumentError, match="only full checkpoints"):
+        embstore.Store().checkpoint(tmp_path / "c9", since=c1)
+    assert not (tmp_path / "c9").exists()
+
+
+def exported(store: embstore.Store) -> dict[str, dict[str, np.ndarray]]:
+    """Every table's exported arrays (values, state and metadata), sorted by id, and step."""
+    keys = ("ids", "values", "state", "versions", "replicas", "update_counts", "last_update_ms")
+    out = {}
+    for name in store.tables():
+        chunks = list(store[name].export())
+        arrays = {k: np.concatenate([getattr(c, k) for c in chunks]) for k in keys if chunks}
+        order = np.argsort(arrays.get("ids", []))
+        out[name] = {k: v[order] for k, v in arrays.items()}
+        out[name]["step"] = np.array(store[name].step)
+    return out
+
+
+def assert_exported_same(got, want, keys=None) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        for key in [k for k in keys or want[name] if k in want[name]]:
+            assert key in got[name], f"{name}.{key}"
+            np.testing.assert_array_equal(got[name][key], want[name][key], err_msg=f"{name}.{key}")
+
+
+def test_a_model_trained_in_memory_checkpoints_and_restores_into_a_durable_store(tmp_path):
+    torch = pytest.importorskip("torch")
+    import embstore.torch as et
+
+    class Model(torch.nn.Module):
+        def __init__(self, store: embstore.Store):
+            super().__init__()
+            self.user = et.Embedding(store.table("user"))
+            self.genres = et.EmbeddingBag(store.table("genre"), mode="sum")
+            self.mlp = torch.nn.Linear(8, 1)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            bags = self.genres(ids.reshape(2, -1) % 97)
+            return self.mlp(self.user(ids).sum(0) + bags.sum(0)).sum()
+
+    def train(model: torch.nn.Module, steps: int, seed: int) -> None:
+        dense = torch.optim.SGD(model.mlp.parameters(), lr=0.01)
+        sparse = et.EmbeddingOptimizer(model)
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            ids = torch.randint(0, 5000, (64,), generator=gen)
+            model(ids).backward()
+            sparse.step()
+            dense.step()
+            sparse.zero_grad()
+            dense.zero_grad()
+
+    store = embstore.Store()
+    store.create_table("user", 8, optimizer=embstore.Adam(lr=0.01), num_shards=4)
+    store.create_table("genre", 8, optimizer=embstore.Adagrad(lr=0.05))
+    store.create_table("unused", 3)
+    torch.manual_seed(0)
+    model = Model(store)
+    train(model, 20, seed=1)
+    want = exported(store)
+    assert want["user"]["step"] == 20 and len(want["user"]["ids"]) > 500
+    ckpt = store.checkpoint(tmp_path / "ckpt")
+    assert ckpt.parent_id == 0 and ckpt.tables == 3 and ckpt.segments == 2
+    seen = []
+    store.checkpoint(tmp_path / "again", progress=lambda d, n: seen.append((d, n)))
+    rows = sum(len(t.get("ids", [])) for t in want.values())
+    assert seen[-1] == (rows, rows)
+    # inspect and verify read it as any checkpoint.
+    info = embstore.inspect(ckpt.path)
+    assert {t["name"]: t["rows"] for t in info["tables"]} == {
+        name: len(t.get("ids", [])) for name, t in want.items()
+    }
+    cmd = [sys.executable, "-m", "embstore", "verify", str(ckpt.path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out
+    # Restored into a store in a directory: rows, optimizer state, metadata and steps alike.
+    durable = embstore.Store.restore(ckpt, tmp_path / "durable")
+    assert durable.path is not None
+    assert_exported_same(exported(durable), want)
+    assert durable["user"].config == store["user"].config
+    # Training goes on identically in both (Adam's step and Adagrad's sums came along).
+    again = Model(durable)
+    again.mlp.load_state_dict(model.mlp.state_dict())
+    train(model, 3, seed=2)
+    train(again, 3, seed=2)
+    # (Each store stamps its own writes' versions and times.)
+    same = ("ids", "values", "state", "update_counts", "step")
+    assert_exported_same(exported(durable), exported(store), same)
+    assert "ids" not in want["unused"]  # an empty table comes back empty
 
 
 def test_inspect_and_verify_commands(tmp_path):

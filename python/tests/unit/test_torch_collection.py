@@ -303,10 +303,15 @@ def test_tables_are_created_from_configs_or_checked() -> None:
         et.EmbeddingBagCollection(
             store, [et.EmbeddingBagConfig(embedding_dim=2, name="v", init_fn=lambda w: w)]
         )
-    with pytest.raises(errors.InvalidArgumentError, match="FP32"):
+    with pytest.raises(errors.InvalidArgumentError, match="FP32, FP16 or BF16"):
         et.EmbeddingBagCollection(
-            store, [et.EmbeddingBagConfig(embedding_dim=2, name="w", data_type="FP16")]
+            store, [et.EmbeddingBagConfig(embedding_dim=2, name="w", data_type="INT8")]
         )
+    # FP16 / BF16: the table's storage dtype (rows at 2 bytes a value).
+    half = et.EmbeddingBagCollection(
+        store, [et.EmbeddingBagConfig(embedding_dim=2, name="h", data_type="BF16")]
+    )
+    assert store.table("h").config.dtype == "bf16" and half.embedding_bags["h"].table.name == "h"
     with pytest.raises(errors.InvalidArgumentError, match="pooling"):
         et.EmbeddingBagCollection(
             store, [et.EmbeddingBagConfig(embedding_dim=2, name="w", pooling=et.PoolingType.NONE)]

@@ -144,7 +144,6 @@ def test_model_half_returns_model_dtype_and_float32_grads(dtype: torch.dtype) ->
 
 
 NN_ARGS = [
-    ("num_embeddings", 1000),
     ("padding_idx", 0),
     ("max_norm", 1.0),
     ("norm_type", 1.0),
@@ -162,6 +161,37 @@ def test_nn_embedding_arguments_name_what_is_not_supported(cls, name: str, value
     with pytest.raises(errors.InvalidArgumentError) as e:
         cls(table, **{name: value})
     assert str(e.value).startswith(f"{name} is not supported by embstore.torch.{cls.__name__}: ")
+
+
+@pytest.mark.parametrize("cls", [et.Embedding, et.EmbeddingBag])
+def test_num_embeddings_is_a_capacity_hint(cls) -> None:
+    # TorchRec's configs always give num_embeddings: any positive int is taken as a hint
+    # (ids past it still get rows); anything else is refused, naming the argument.
+    table = make_store().table("t")
+    module = cls(table, num_embeddings=10)
+    ids = torch.tensor([[5, 1 << 40]])
+    assert module(ids).shape[0] == 1
+    assert len(table) == 2
+    for bad in (0, -3, 2.5, True, "10"):
+        with pytest.raises(errors.InvalidArgumentError, match="num_embeddings must be a positive"):
+            cls(table, num_embeddings=bad)
+
+
+@pytest.mark.parametrize("cls", [et.Embedding, et.EmbeddingBag])
+def test_a_meta_device_module_is_not_yet_materialised(cls) -> None:
+    # device="meta" (as TorchRec builds models before sharding them): nothing happens to the
+    # table; ids on the meta device are refused with what to do; to_empty() materialises it.
+    store = embstore.Store()
+    table = store.create_table("t", D)
+    module = cls(table, device="meta", num_embeddings=100)
+    assert len(table) == 0
+    with pytest.raises(errors.InvalidArgumentError, match=r"meta device.*to_empty"):
+        module(torch.zeros((1, 2), dtype=torch.int64, device="meta"))
+    assert len(table) == 0
+    module = module.to_empty(device="cpu")
+    out = module(torch.tensor([[1, 2]]))
+    assert out.device.type == "cpu" and out.dtype == torch.float32
+    assert len(table) == 2
 
 
 @pytest.mark.parametrize("cls", [et.Embedding, et.EmbeddingBag])

@@ -35,7 +35,7 @@ const HEADER_BYTES: usize = 16;
 const REWRITE_BYTES: u64 = 4 << 20;
 /// The manifest's file name in a store directory.
 pub(crate) const MANIFEST: &str = "MANIFEST";
-const MANIFEST_TMP: &str = "MANIFEST.tmp";
+pub(crate) const MANIFEST_TMP: &str = "MANIFEST.tmp";
 
 /// One change to the store's state.
 #[derive(Clone, Debug, PartialEq, Eq)]

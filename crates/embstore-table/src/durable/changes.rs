@@ -161,7 +161,7 @@ impl Table {
                     if !shard.meta[slot].is_dirty() {
                         continue;
                     }
-                    buf.values.extend_from_slice(shard.values.row(slot));
+                    shard.values.extend(slot, &mut buf.values);
                     buf.state.extend_from_slice(shard.state.row(slot));
                     if let Some(f) = file {
                         shard.set_disk_copy(slot, f, base + buf.rows.len() as u64);

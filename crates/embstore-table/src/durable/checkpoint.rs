@@ -14,15 +14,21 @@
 //! Each table is captured at the flush's moment, table by table: a checkpoint taken while
 //! other threads write is consistent per table; take it between training steps for one
 //! point in time across tables.
+//!
+//! A store in memory has no segments to link: [`checkpoint_memory`] writes each table's rows
+//! (with optimizer state and metadata) into fresh segments, streamed chunk by chunk from the
+//! table, and then the same manifest — so restore, inspect, verify and serving read it as any
+//! other checkpoint. Such a checkpoint is always full (a store in memory tracks no changes
+//! since an earlier one).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{random_id, segment_path, Durable, SEG_DIR};
-use crate::config::parse_config_text;
-use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State};
-use crate::disk::segment::SegmentReader;
+use crate::config::{config_text, parse_config_text};
+use crate::disk::manifest::{self, CheckpointInfo, FileEntry, Manifest, State, TableEntry};
+use crate::disk::segment::{SegmentHeader, SegmentKind, SegmentReader, SegmentWriter, MAX_RECORDS};
 use crate::disk::vfs::{RealFs, Vfs};
 use crate::{Error, ErrorKind, Result, Table};
 
@@ -42,11 +48,14 @@ pub struct CheckpointReport {
 
 impl Durable {
     /// Flushes `tables` and writes a checkpoint of them into `dest` (see the module docs).
+    /// `progress` is called after each table's segments are linked with (rows done, rows in
+    /// all), the rows as the manifest counts them.
     pub(crate) fn checkpoint(
         &self,
         tables: &[Arc<Table>],
         dest: &Path,
         since: Option<&Path>,
+        progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CheckpointReport> {
         let vfs = &*self.vfs;
         let parent = since.map(read_checkpoint).transpose()?;
@@ -82,6 +91,8 @@ impl Durable {
             tables: state.tables.len(),
             ..CheckpointReport::default()
         };
+        let total: u64 = state.tables.values().map(|t| t.rows).sum();
+        let mut done = 0;
         for (&id, t) in &state.tables {
             let mut entry = t.clone();
             entry.files = t
@@ -99,6 +110,8 @@ impl Durable {
                 report.bytes += f.bytes;
             }
             out.tables.insert(id, entry);
+            done += t.rows;
+            progress(done, total);
         }
         out.checkpoint = Some(CheckpointInfo {
             id: report.id,
@@ -118,6 +131,147 @@ impl Durable {
         Ok(report)
     }
 }
+
+/// Rows read from a table per chunk while a store in memory is checkpointed.
+const MEMORY_CHUNK: usize = 4096;
+
+/// Writes a full checkpoint of `tables` — the tables of a store held in memory — into `dest`,
+/// a new or empty directory, through `vfs`: per table, its rows with their optimizer state and
+/// metadata in segments (a new one after every `max_records` records), then one manifest that
+/// names them, with each table's config and step. The rows are streamed from the table a
+/// chunk at a time (each row copied whole under its shard's lock, as [`Table::export`] does),
+/// so the memory the checkpoint takes beyond the table is a chunk, one shard's keys and a
+/// segment's footer (24 bytes a row). The manifest comes last: on any failure the files
+/// written are removed (and `dest`, if this created it), and a directory without a manifest
+/// is never taken for a checkpoint. `progress` is called after each chunk with (rows done,
+/// rows in all when the checkpoint began).
+pub(crate) fn checkpoint_memory(
+    vfs: &dyn Vfs,
+    tables: &[Arc<Table>],
+    dest: &Path,
+    max_records: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CheckpointReport> {
+    let existed = dest.exists();
+    prepare_empty_dir(vfs, dest)?;
+    let mut written = Vec::new();
+    let result = write_memory_checkpoint(vfs, tables, dest, max_records, progress, &mut written);
+    if result.is_err() {
+        // Best effort: what is left is no checkpoint (no manifest), and removing it lets the
+        // same directory take the next try.
+        for path in &written {
+            let _ = vfs.remove(path);
+        }
+        let _ = vfs.remove(&dest.join(manifest::MANIFEST_TMP));
+        let _ = vfs.remove(&dest.join(manifest::MANIFEST));
+        let _ = std::fs::remove_dir(dest.join(SEG_DIR));
+        if !existed {
+            let _ = std::fs::remove_dir(dest);
+        }
+    }
+    result
+}
+
+/// [`checkpoint_memory`]'s work; every file it creates is pushed to `written` first.
+fn write_memory_checkpoint(
+    vfs: &dyn Vfs,
+    tables: &[Arc<Table>],
+    dest: &Path,
+    max_records: u64,
+    progress: &mut dyn FnMut(u64, u64),
+    written: &mut Vec<PathBuf>,
+) -> Result<CheckpointReport> {
+    let tables: Vec<&Arc<Table>> = tables.iter().filter(|t| !t.dropped()).collect();
+    let total: u64 = tables.iter().map(|t| t.len() as u64).sum();
+    let mut report = CheckpointReport {
+        path: dest.to_path_buf(),
+        id: random_id(),
+        tables: tables.len(),
+        ..CheckpointReport::default()
+    };
+    let mut out = State { store_id: random_id(), next_seq: 1, ..State::default() };
+    let mut done = 0u64;
+    for (i, table) in tables.iter().enumerate() {
+        let id = i as u64 + 1;
+        let mut entry = TableEntry {
+            name: table.name().to_owned(),
+            config: config_text(table.config(), 0),
+            ..TableEntry::default()
+        };
+        let mut w: Option<SegmentWriter> = None;
+        let mut export = table.export(MEMORY_CHUNK);
+        for chunk in &mut export {
+            let (d, sd) = (table.dim(), table.state_dim());
+            for r in 0..chunk.len() {
+                if w.as_ref().is_some_and(|w| w.records() >= max_records) {
+                    let full = w.take().expect("checked");
+                    seal_into(&mut entry, &mut report, full)?;
+                }
+                let seg = match &mut w {
+                    Some(seg) => seg,
+                    None => {
+                        let seq = out.next_seq;
+                        out.next_seq += 1;
+                        let path = segment_path(dest, seq);
+                        let header = SegmentHeader {
+                            dim: d as u32,
+                            state_dim: sd as u32,
+                            seq,
+                            table_id: id,
+                            kind: SegmentKind::Compaction,
+                            created_ms: crate::version::now_ms(),
+                        };
+                        written.push(path.clone());
+                        w.insert(SegmentWriter::create(vfs, &path, header)?)
+                    }
+                };
+                let (values, state) = (&chunk.values[r * d..][..d], &chunk.state[r * sd..][..sd]);
+                seg.push(chunk.ids[r], &chunk.meta[r], values, state)?;
+            }
+            entry.rows += chunk.len() as u64;
+            done += chunk.len() as u64;
+            progress(done, total.max(done));
+        }
+        if let Some(e) = export.take_error() {
+            return Err(e);
+        }
+        if let Some(last) = w.take() {
+            seal_into(&mut entry, &mut report, last)?;
+        }
+        // The step as the rows were copied (a checkpoint between training steps holds both of
+        // one moment).
+        entry.step = table.step();
+        out.tables.insert(id, entry);
+    }
+    out.next_table_id = tables.len() as u64 + 1;
+    out.checkpoint = Some(CheckpointInfo {
+        id: report.id,
+        max_seq: out.next_seq - 1,
+        ..CheckpointInfo::default()
+    });
+    let seg = dest.join(SEG_DIR);
+    vfs.sync_dir(&seg).map_err(|e| Error::io(format!("sync directory {}", seg.display()), e))?;
+    // The manifest last: a directory without one is not a checkpoint.
+    drop(Manifest::create(vfs, dest, &out)?);
+    Ok(report)
+}
+
+/// Seals (and fsyncs) a segment of a checkpoint of a store in memory and names it in `entry`.
+fn seal_into(
+    entry: &mut TableEntry,
+    report: &mut CheckpointReport,
+    w: SegmentWriter,
+) -> Result<()> {
+    let seq = w.seq();
+    let info = w.finish()?;
+    entry.files.insert(seq, FileEntry { records: info.records, bytes: info.bytes });
+    report.segments += 1;
+    report.bytes += info.bytes;
+    Ok(())
+}
+
+/// The most records one segment of a checkpoint of a store in memory holds.
+pub(crate) const MEMORY_SEGMENT_RECORDS: u64 = MAX_RECORDS;
 
 /// Creates `dir` (and `dir/seg`), which must not exist or be empty.
 pub(crate) fn prepare_empty_dir(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
@@ -342,4 +496,30 @@ pub fn load_checkpoint_shard_as(
     }
     part.set_step(t.step);
     Ok(Arc::new(part))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TableConfig;
+
+    #[test]
+    fn a_table_in_memory_past_a_segments_records_goes_into_several() {
+        let root = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::new(TableConfig::new("t", 2)).unwrap());
+        let ids: Vec<u64> = (0..25).collect();
+        table.assign(&ids, &(0..50).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+        table.set_step(7);
+        let dest = root.path().join("c");
+        let r = checkpoint_memory(&RealFs, std::slice::from_ref(&table), &dest, 10, &mut |_, _| {})
+            .unwrap();
+        assert_eq!(r.segments, 3, "{r:?}");
+        let files = chain_files(&chain(&dest).unwrap());
+        assert_eq!(files[&1].len(), 3);
+        let back = load_checkpoint_shard(&dest, "t", 0, 1).unwrap();
+        assert_eq!(back.step(), 7);
+        let mut out = vec![0.0; 50];
+        back.lookup(&ids, crate::OnMiss::Zeros, &mut out, None).unwrap();
+        assert_eq!(out, (0..50).map(|i| i as f32).collect::<Vec<_>>());
+    }
 }

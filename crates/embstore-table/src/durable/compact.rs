@@ -418,7 +418,7 @@ impl Table {
                     for &key in keys {
                         match shard.slot(key) {
                             Some(slot) => {
-                                values.extend_from_slice(shard.values.row(slot));
+                                shard.values.extend(slot, &mut values);
                                 state.extend_from_slice(shard.state.row(slot));
                                 rows.push((key, shard.meta[slot].unpack()));
                             }

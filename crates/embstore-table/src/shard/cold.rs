@@ -215,7 +215,7 @@ impl Shard {
         let mut meta = PackedMeta::pack(&rec.meta);
         meta.set_dirty(false);
         let slot = self.insert_clean(key, meta)?;
-        self.values.row_mut(slot).copy_from_slice(&rec.values);
+        self.values.write(slot, &rec.values);
         self.state.row_mut(slot).copy_from_slice(&rec.state);
         let t = self.cold.as_mut().expect("tiered");
         t.index.remove(key);

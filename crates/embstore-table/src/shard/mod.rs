@@ -13,7 +13,8 @@ use self::cold::{ColdSide, NONE};
 use self::sync::ShardSync;
 use crate::arena::Arena;
 use crate::meta::PackedMeta;
-use crate::{Error, ErrorKind, Optimizer, Result};
+use crate::values::Values;
+use crate::{Dtype, Error, ErrorKind, Optimizer, Result};
 
 pub(crate) mod cold;
 pub(crate) mod sync;
@@ -31,7 +32,7 @@ const SHRINK_MIN_BYTES: usize = 64 << 10;
 /// The rows of one shard.
 pub(crate) struct Shard {
     pub(crate) index: NeighborHash,
-    pub(crate) values: Arena,
+    pub(crate) values: Values,
     pub(crate) state: Arena,
     pub(crate) meta: Vec<PackedMeta>,
     free: Vec<usize>,
@@ -49,12 +50,23 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(dim: usize, state_dim: usize, huge_pages: bool) -> Result<Self> {
-        Self::with_rows(dim, state_dim, huge_pages, 0)
+    pub(crate) fn new(
+        dim: usize,
+        dtype: Dtype,
+        state_dim: usize,
+        huge_pages: bool,
+    ) -> Result<Self> {
+        Self::with_rows(dim, dtype, state_dim, huge_pages, 0)
     }
 
     /// A shard with room for `rows` rows.
-    fn with_rows(dim: usize, state_dim: usize, huge_pages: bool, rows: usize) -> Result<Self> {
+    fn with_rows(
+        dim: usize,
+        dtype: Dtype,
+        state_dim: usize,
+        huge_pages: bool,
+        rows: usize,
+    ) -> Result<Self> {
         let mut index = NeighborHash::with_config(embstore_index::Config {
             huge_pages,
             ..embstore_index::Config::default()
@@ -62,7 +74,7 @@ impl Shard {
         index.reserve(rows)?;
         let mut shard = Self {
             index,
-            values: Arena::new(dim, huge_pages),
+            values: Values::new(dim, dtype, huge_pages),
             state: Arena::new(state_dim, huge_pages),
             meta: Vec::new(),
             free: Vec::new(),
@@ -253,14 +265,14 @@ impl Shard {
     /// state and metadata; their slots change (no slot is held across a lock).
     pub(crate) fn shrink_if_sparse(&mut self) -> Result<bool> {
         let slots = self.slots();
-        let slot_bytes =
-            (self.values.stride() + self.state.stride()) * 4 + std::mem::size_of::<PackedMeta>();
+        let slot_bytes = self.slot_bytes();
         let worth_it = slots * slot_bytes >= SHRINK_MIN_BYTES || (self.len() == 0 && slots > 0);
         if !worth_it || self.len() * SHRINK_BELOW >= slots {
             return Ok(false);
         }
-        let (dim, state_dim) = (self.values.stride(), self.state.stride());
-        let mut next = Self::with_rows(dim, state_dim, self.huge_pages, self.len())?;
+        let (dim, dtype, state_dim) =
+            (self.values.stride(), self.values.dtype(), self.state.stride());
+        let mut next = Self::with_rows(dim, dtype, state_dim, self.huge_pages, self.len())?;
         // The policy starts over for the moved rows (their access history is lost: compaction
         // is rare, and every row re-enters the recency segment).
         next.cold = match &mut self.cold {
@@ -271,7 +283,7 @@ impl Shard {
             let (old, new) = (slot as usize, next.meta.len());
             next.index.insert(key, new as u64)?;
             next.meta.push(self.meta[old]);
-            next.values.row_mut(new).copy_from_slice(self.values.row(old));
+            next.values.copy_row_from(&self.values, old, new);
             next.state.row_mut(new).copy_from_slice(self.state.row(old));
             if let (Some(t), Some(old_t)) = (&mut next.cold, &self.cold) {
                 t.on_insert(new, key, old_t.disk_loc[old]);
@@ -296,6 +308,7 @@ impl Shard {
     /// (only a shard under half full was compacted): 114 MiB held for a 64 MiB budget.
     pub(crate) fn compact_tiered(&mut self, keep_rows: usize) {
         let len = self.len();
+        let slot_bytes = self.slot_bytes();
         let Some(t) = self.cold.as_mut() else { return };
         if !self.free.is_empty() {
             let high = self.meta.len();
@@ -322,8 +335,6 @@ impl Shard {
             t.disk_loc.truncate(len);
         }
         let keep = keep_rows.max(len);
-        let slot_bytes =
-            (self.values.stride() + self.state.stride()) * 4 + std::mem::size_of::<PackedMeta>();
         let capacity = self.values.capacity().min(self.state.capacity());
         let spare = capacity.saturating_sub(keep);
         if capacity != usize::MAX && spare * 4 > keep && spare * slot_bytes >= SHRINK_MIN_BYTES {
@@ -343,7 +354,12 @@ impl Shard {
             Some(t) => Some(Box::new(t.emptied()?)),
             None => None,
         };
-        let fresh = Self::new(self.values.stride(), self.state.stride(), self.huge_pages)?;
+        let fresh = Self::new(
+            self.values.stride(),
+            self.values.dtype(),
+            self.state.stride(),
+            self.huge_pages,
+        )?;
         let sync = self.sync.take();
         *self = fresh;
         self.cold = cold;
@@ -358,6 +374,11 @@ impl Shard {
         Ok(())
     }
 
+    /// Bytes of one slot: its values (in the table's dtype), state and metadata.
+    fn slot_bytes(&self) -> usize {
+        self.values.row_bytes() + self.state.stride() * 4 + std::mem::size_of::<PackedMeta>()
+    }
+
     /// Bytes allocated for this shard: index, arenas, metadata and free list.
     pub(crate) fn bytes_reserved(&self) -> usize {
         self.index.bytes()
@@ -370,9 +391,7 @@ impl Shard {
 
     /// Bytes that hold live rows: their values, state, metadata and index buckets.
     pub(crate) fn bytes_used(&self) -> usize {
-        let row = (self.values.stride() + self.state.stride()) * 4
-            + std::mem::size_of::<PackedMeta>()
-            + embstore_index::BUCKET_BYTES;
+        let row = self.slot_bytes() + embstore_index::BUCKET_BYTES;
         self.len() * row
     }
 }

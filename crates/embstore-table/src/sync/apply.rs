@@ -97,7 +97,7 @@ impl Table {
                     Some(slot) => slot,
                     None => shard.insert(key, created, &self.config.optimizer)?,
                 };
-                shard.values.row_mut(slot).copy_from_slice(&reply.values[i * d..][..d]);
+                shard.values.write(slot, &reply.values[i * d..][..d]);
                 if let Some(st) = &reply.state {
                     shard.state.row_mut(slot).copy_from_slice(&st[i * sd..][..sd]);
                 }

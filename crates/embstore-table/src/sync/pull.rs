@@ -203,8 +203,9 @@ impl Table {
                 if let Some(slot) = shard.slot(k) {
                     let meta = shard.meta[slot].unpack();
                     if newer(meta.version) {
-                        let row = (shard.values.row(slot), shard.state.row(slot));
-                        push(r, k, meta, Some(row));
+                        shard.values.with_row(slot, |values| {
+                            push(r, k, meta, Some((values, shard.state.row(slot))))
+                        });
                     }
                 } else if let Some(l) = shard.cold_loc(k) {
                     cold.push((k, l));

@@ -57,6 +57,8 @@ pub(crate) trait Host: Send + Sync + Sized + 'static {
     fn dim(&self) -> usize;
     /// Optimizer state floats per row.
     fn state_dim(&self) -> usize;
+    /// Bytes per stored value (4, or 2 in a table of 16-bit rows).
+    fn value_bytes(&self) -> usize;
     /// `ids` grouped by shard (checks that the table is live).
     fn group(&self, ids: &[u64]) -> Result<Groups>;
     /// Notes a version read from disk, so that later writes get greater ones.
@@ -376,7 +378,9 @@ pub(crate) trait Gate: Host {
                 }
                 t.disk_loc[slot] = loc(file, w.records());
                 let meta = shard.meta[slot].unpack();
-                w.push(key, &meta, &shard.values.row(slot)[..d], &shard.state.row(slot)[..sd])?;
+                shard.values.with_row(slot, |values| {
+                    w.push(key, &meta, &values[..d], &shard.state.row(slot)[..sd])
+                })?;
             }
         }
         Ok(moved)

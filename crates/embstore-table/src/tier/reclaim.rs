@@ -92,7 +92,9 @@ pub(crate) trait Evict: Host {
     /// memory passes this by that headroom at most (and by a call's temporaries, during it).
     /// Returns them with the number of rows in memory.
     fn memory_and_rows(&self) -> (u64, usize) {
-        let row = (self.dim() + self.state_dim()) * 4 + std::mem::size_of::<PackedMeta>();
+        let row = self.dim() * self.value_bytes()
+            + self.state_dim() * 4
+            + std::mem::size_of::<PackedMeta>();
         let (mut b, mut rows) = (0, 0);
         for shard in self.shards().iter() {
             let shard = shard.read();
@@ -212,7 +214,7 @@ pub(crate) trait Evict: Host {
 
     /// What one hot row costs, as eviction (what it frees) and pinning (what it holds) count it.
     fn evict_row_bytes(&self) -> u64 {
-        ((self.dim() + self.state_dim()) * 4 + 16 + 16 + 16) as u64
+        (self.dim() * self.value_bytes() + self.state_dim() * 4 + 16 + 16 + 16) as u64
     }
 
     /// Evicts about `bytes` of hot rows (see the module docs).
