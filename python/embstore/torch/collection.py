@@ -347,7 +347,8 @@ def _pool(
             )
         weights = weights.to(device=rows.device, dtype=rows.dtype)
     n = rows.shape[0]
-    if offsets.numel() == n + 1 and bool((offsets[1:] - offsets[:-1] == 1).all()):
+    one_each = offsets.numel() == n + 1 and not torch.compiler.is_compiling()
+    if one_each and bool((offsets[1:] - offsets[:-1] == 1).all()):
         # A bag of one id each (one-hot features): the bag is its row (times its weight),
         # the same values embedding_bag gives, without its backward's sort and scatter.
         return rows if weights is None else rows * weights.unsqueeze(1)
