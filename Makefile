@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
+        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-dlrm-port bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
         fmt clean
 
 help: ## List the targets
@@ -198,6 +198,9 @@ torchrec-deps: $(TR_VENV)/.ready ## The TorchRec peer's virtualenv .venv-torchre
 
 bench-training: develop torchrec-deps ## Training across processes: embstore in memory / at 20 % vs TorchRec at 1, 2, 4 processes (~9 min; ARGS="--quick")
 	$(VPY) python/benchmarks/training/bench_training.py $(ARGS)
+
+bench-dlrm-port: develop torchrec-deps ## The TorchRec DLRM script (examples/torchrec_dlrm.py) on TorchRec and on embstore, 1 and 2 processes (ARGS="--quick")
+	$(VPY) python/benchmarks/training/bench_dlrm_port.py $(ARGS)
 
 bench-compile: develop ## torch.compile (Inductor) vs eager: a training step with 4 embstore modules (ARGS="--rounds 20")
 	$(VPY) python/benchmarks/bench_torch_compile.py $(ARGS)

@@ -18,6 +18,12 @@ behave as for :mod:`embstore.torch.sparse`. Two features on one table are one lo
 features' ids and one gradient for the table: the optimizer steps each id once per
 ``step()``, its gradients summed, as for one ``nn.EmbeddingBag``.
 
+Over a distributed store (``Store(path, distributed=True)`` under torchrun) a collection's
+forward gathers every table's rows from their owners in one exchange of ids and one of rows,
+and :class:`~embstore.torch.EmbeddingOptimizer` sends the gradients back in one exchange,
+averaged over the processes: a collection wrapped in DDP with the dense model trains as
+TorchRec's ``DistributedModelParallel`` does (collective: every process runs every forward).
+
 Sessions take the same input: ``store.session(features=ebc)`` (or a list of configs, or a
 mapping of feature name to table name) lets ``ids(batch)`` return a ``KeyedJaggedTensor``, and
 ``batch.pooled()`` gives the :class:`KeyedTensor` the module would, bit for bit.
@@ -43,7 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embstore._arrays import as_ids
 from embstore.config import Normal, Uniform
+from embstore.distributed import calling
 from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
 from embstore.table import Table
 from embstore.torch.sparse import _describe, _StoreModule
@@ -338,6 +346,12 @@ def _pool(
                 "(as nn.EmbeddingBag: per_sample_weights only with mode='sum')"
             )
         weights = weights.to(device=rows.device, dtype=rows.dtype)
+    n = rows.shape[0]
+    one_each = offsets.numel() == n + 1 and not torch.compiler.is_compiling()
+    if one_each and bool((offsets[1:] - offsets[:-1] == 1).all()):
+        # A bag of one id each (one-hot features): the bag is its row (times its weight),
+        # the same values embedding_bag gives, without its backward's sort and scatter.
+        return rows if weights is None else rows * weights.unsqueeze(1)
     return F.embedding_bag(
         torch.arange(rows.shape[0], device=rows.device),
         rows,
@@ -739,7 +753,11 @@ class KeyedTensor:
         return self._values.narrow(self._key_dim, self._offsets[i], self._length_per_key[i])
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return {k: self[k] for k in self._keys}
+        """``{feature: [B, D]}``, views of ``values()`` cut by one ``torch.split`` (as
+        TorchRec's): their backward is one concatenation, where a narrow per key would add a
+        gradient of the whole ``values()`` per key."""
+        parts = torch.split(self._values, self._length_per_key, dim=self._key_dim)
+        return dict(zip(self._keys, parts, strict=True))
 
     def __repr__(self) -> str:
         return f"KeyedTensor(keys={self._keys}, values={list(self._values.shape)})"
@@ -763,13 +781,30 @@ class _TableBags(_StoreModule):
         self.mode = mode
 
     def forward(self, inp: _TableInput) -> torch.Tensor:
-        rows = self._pull(inp.ids)
+        return self._finish(inp, self._pull(inp.ids))
+
+    def _finish(self, inp: _TableInput, rows: torch.Tensor) -> torch.Tensor:
         if self.mode == "none":
             return self._cast(rows)
         return self._cast(_pool(rows, inp.offsets, self.mode, inp.weights))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, pooling={self.mode!r}"
+
+
+class _Gathered(torch.autograd.Function):
+    """Rows gathered for ``module`` (``float32[N, D]``, one per id); backward stashes their
+    gradient on the module, as its own lookup's would."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, module: Any, ids: np.ndarray, rows: Any) -> Any:
+        ctx.module, ctx.ids = module, ids
+        return torch.from_numpy(rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.module._stash(ctx.ids, grad)
+        return None, None, None, None
 
 
 _TABLE_ARGS = ("optimizer", "initializer")
@@ -850,6 +885,11 @@ class _Collection(nn.Module):
                 p.mode = "none"
         self._configs = list(tables)
         self._is_weighted = bool(is_weighted)
+        # A distributed store over several processes: the tables' rows are gathered together
+        # (_gather), through a session of the collection's own.
+        many = getattr(store, "_distributed", False) and store._comm.world > 1
+        self._store = store if many else None
+        self._session: Any = None
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         modules = nn.ModuleDict()
         for p in self._plan.tables:
@@ -866,8 +906,43 @@ class _Collection(nn.Module):
     def _lookups(self, features: Any) -> tuple[list[_TableInput], list[torch.Tensor]]:
         inputs = self._plan.split(_read_jagged(features))  # every check before any lookup
         tables = getattr(self, self._attr)
-        out = [tables[p.name](i) for p, i in zip(self._plan.tables, inputs, strict=True)]
+        modules = [tables[p.name] for p in self._plan.tables]
+        if self._store is not None and len({m._mode() for m in modules}) == 1:
+            rows = self._gather(modules, inputs)
+            out = [m._finish(i, r) for m, i, r in zip(modules, inputs, rows, strict=True)]
+        else:
+            out = [m(i) for m, i in zip(modules, inputs, strict=True)]
         return inputs, out
+
+    def _gather(self, modules: list[_TableBags], inputs: list[_TableInput]) -> list[torch.Tensor]:
+        """A distributed store's tables: every table's rows in one exchange of ids and one of
+        rows (each table's own lookup would make its own), wired for backward per module."""
+        from embstore.session import Session, _Plan, _release
+
+        if self._session is None:
+            names = [p.name for p in self._plan.tables]
+            self._session = Session(self._store, names, prefetch=0, grad_average=False)
+        sess, comm = self._session, self._store._comm
+        arrs = [np.array(as_ids(i.ids.reshape(-1))[0], copy=True) for i in inputs]
+        track = torch.is_grad_enabled() and modules[0].training
+        plan = _Plan(None, comm.world, len(arrs))
+        try:
+            sess._partition(plan, [(a, a.shape) for a in arrs])
+        except Exception as e:  # agreed in _prepare
+            plan.error = e
+        with calling(f"a collection's lookup of {sess.tables}"):
+            plan = sess._prepare_here(plan, comm.main, pin=False)
+            try:
+                rows = sess._gather_rows(plan, modules[0]._mode(), comm.main)
+            finally:
+                _release(plan.served)
+        out = []
+        for m, a, r, inv, inp in zip(modules, arrs, rows, plan.inv, inputs, strict=True):
+            r = r if inv is None else r[inv]
+            anchor = torch.empty(0, requires_grad=track)
+            t = _Gathered.apply(anchor, m, a, r)
+            out.append(t if inp.ids.device.type == "cpu" else t.to(inp.ids.device))
+        return out
 
     @property
     def device(self) -> torch.device:

@@ -105,6 +105,13 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         lr: when set, every table's learning rate, in place of the one its optimizer was
             created with (``opt.lr = x`` sets every group's lr between steps; ``None``: each
             table's own again).
+        grad_average: with a distributed store's tables (``Store(path, distributed=True)``
+            under torchrun), average the processes' gradients of a row (True, the default: as
+            DDP averages the dense gradients and TorchRec divides its sparse ones, so a loss
+            that is each process's mean over its share trains like one process over the
+            global batch) or sum them (False). :meth:`step` sends the gradients of all of one
+            store's tables to the rows' owners in one exchange; it is collective: every
+            process steps (its model's tables are the same everywhere), with gradients or not.
 
     Example::
 
@@ -118,7 +125,13 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         (2, None, 0.05)
     """
 
-    def __init__(self, modules: nn.Module | Iterable[nn.Module], lr: float | None = None):
+    def __init__(
+        self,
+        modules: nn.Module | Iterable[nn.Module],
+        lr: float | None = None,
+        *,
+        grad_average: bool = True,
+    ):
         found = _store_modules(modules)
         if not found:
             raise InvalidArgumentError("no embstore.torch Embedding or EmbeddingBag found")
@@ -142,6 +155,10 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
             group["params"] = _PendingParams(mine, self._elsewhere if i == 0 else [])
         self._comms = [t._store._comm for t in tables if t._distributed]
         self._agreed_overflow = False
+        if not isinstance(grad_average, bool):
+            raise InvalidArgumentError(f"grad_average must be a bool, got {grad_average!r}")
+        self.grad_average = grad_average
+        self._pushers: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     @property
     def lr(self) -> float | None:
@@ -196,18 +213,72 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
                 ids.append(i)
                 grads.append(g)
         stepped = 0
+        # A distributed store's tables (several processes): every table of one store and lr
+        # in one collective push, also those without a gradient here (see _push_distributed).
+        together: dict[tuple[int, float], list[tuple[Table, Any, Any]]] = {}
         for group, table in zip(self.param_groups, self._tables, strict=True):
             ids, grads = pending[table]
-            if not ids:
+            lr = float(group["lr"])
+            many = table._distributed and table._store._comm.world > 1
+            if not ids and not many:
                 continue
-            all_ids = ids[0] if len(ids) == 1 else np.concatenate(ids)
-            all_grads = grads[0] if len(grads) == 1 else torch.cat(grads)
-            if inv_scale is not None and inv_scale != 1.0:
+            all_ids = (ids[0] if len(ids) == 1 else np.concatenate(ids)) if ids else None
+            all_grads = (grads[0] if len(grads) == 1 else torch.cat(grads)) if ids else None
+            if all_grads is not None and inv_scale is not None and inv_scale != 1.0:
                 # As GradScaler.unscale_: multiplied by the float32 of the fp64 reciprocal.
                 all_grads = all_grads * torch.tensor(inv_scale, dtype=torch.float32)
-            lr = float(group["lr"])
+            if many:
+                together.setdefault((id(table._store), lr), []).append((table, all_ids, all_grads))
+                continue
             stepped += table.apply_gradients(all_ids, all_grads.numpy(), lr=lr)
+        for (_, lr), items in together.items():
+            stepped += self._push_distributed(items, lr)
         return loss if closure is not None else stepped
+
+    def _push_distributed(self, items: list[tuple[Table, Any, Any]], lr: float) -> int:
+        """One exchange of ids and one of gradients for the tables of one distributed store:
+        each table's gradients to the rows' owners, which sum them over the processes —
+        averaged (``grad_average``: each process's share divided by the process count, as DDP
+        averages the dense gradients and TorchRec divides its sparse ones) — and step each id
+        once. A table no process has a gradient for is not stepped. Collective: every process
+        steps the same tables (its model's), gradients or not. Returns the unique ids sent."""
+        from embstore.distributed import calling
+        from embstore.session import Session, _Plan
+
+        store = items[0][0]._store
+        names = tuple(t.name for t, _, _ in items)
+        sess = self._pushers.get((id(store), names))
+        if sess is None:
+            sess = Session(store, list(names), prefetch=0, grad_average=False)
+            self._pushers[(id(store), names)] = sess
+        comm = store._comm
+        scale = np.float32(1.0 / comm.world) if self.grad_average else None
+        plan = _Plan(None, comm.world, len(items))
+        grads: list[np.ndarray] = []
+        has_grad = [ids is not None for _, ids, _ in items]
+        error = None
+        try:
+            sess._partition(
+                plan,
+                [
+                    (ids, ids.shape) if ids is not None else (np.empty(0, np.uint64), (0,))
+                    for _, ids, _ in items
+                ],
+            )
+            for (table, _, g), inv, uniq in zip(items, plan.inv, plan.uniq, strict=True):
+                acc = torch.zeros((len(uniq), table.embedding_dim), dtype=torch.float32)
+                if g is not None:
+                    # Per id, in the ids' order: the sums apply_gradients makes of duplicates.
+                    acc.index_add_(0, torch.from_numpy(inv), g)
+                a = acc.numpy()
+                grads.append(a * scale if scale is not None else a)
+        except Exception as e:  # agreed in _prepare / _push_rows
+            error = e
+            plan.error = plan.error or e
+        with calling(f"EmbeddingOptimizer.step() of {list(names)}"):
+            plan = sess._prepare_here(plan, comm.main, pin=False)
+            sess._push_rows(plan, grads, lr, error, comm.main, has_grad)
+        return sum(len(u) for u in plan.uniq)
 
     @property
     def _step_supports_amp_scaling(self) -> bool:

@@ -512,3 +512,34 @@ def test_a_batch_without_ids_pools_to_zeros(lengths) -> None:
     out.values().sum().backward()
     assert et.EmbeddingOptimizer(ebc).step() == 0
     assert len(store.table("t_item")) == 0
+
+
+@pytest.mark.parametrize(("mode", "weighted"), [("sum", False), ("mean", False), ("sum", True)])
+def test_bags_of_one_id_pool_and_backprop_as_embedding_bag(mode, weighted):
+    """One-hot features skip embedding_bag (a bag of one id is its row, times its weight):
+    the same output and row gradients, to the bit."""
+    from embstore.torch.collection import _pool
+
+    torch.manual_seed(0)
+    rows = torch.randn(50, 7, requires_grad=True)
+    w = torch.rand(50) * 3 if weighted else None
+    offsets = torch.arange(51)
+    fast = _pool(rows, offsets, mode, w)
+    (g_fast,) = torch.autograd.grad(fast.pow(2).sum(), rows)
+    ref = torch.nn.functional.embedding_bag(
+        torch.arange(50), rows, offsets, mode=mode, per_sample_weights=w, include_last_offset=True
+    )
+    (g_ref,) = torch.autograd.grad(ref.pow(2).sum(), rows)
+    assert torch.equal(fast, ref) and torch.equal(g_fast, g_ref)
+
+
+def test_keyed_tensor_to_dict_backprops_through_one_split():
+    """``to_dict()`` cuts ``values()`` with one split (as TorchRec's): one backward node for
+    every key, where a narrow per key added a gradient of the whole ``values()`` per key."""
+    values = torch.randn(4, 6, requires_grad=True)
+    kt = et.KeyedTensor(["a", "b", "c"], [2, 3, 1], values * 1.0)
+    parts = kt.to_dict()
+    assert {type(v.grad_fn).__name__ for v in parts.values()} == {"SplitWithSizesBackward0"}
+    assert torch.equal(parts["b"], values[:, 2:5]) and torch.equal(kt["c"], values[:, 5:])
+    sum(p.sum() for p in parts.values()).backward()
+    assert torch.equal(values.grad, torch.ones(4, 6))
