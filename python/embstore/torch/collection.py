@@ -40,6 +40,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -841,7 +842,10 @@ def _open_table(store: Any, plan: _TablePlan) -> Table:
     if dtype is not None and "dtype" not in args:
         args["dtype"] = dtype
     if plan.name not in store:
-        return store.create_table(plan.name, plan.dim, initializer=init, **args)
+        # A seed of the table's own (unless given): TorchRec's ids are row indices 0..N-1, so
+        # with one seed for every table, id i would start with the same row in each of them.
+        created = {"seed": zlib.crc32(plan.name.encode()), **args}
+        return store.create_table(plan.name, plan.dim, initializer=init, **created)
     table = store.table(plan.name)
     if table.embedding_dim != plan.dim:
         raise ShapeError(

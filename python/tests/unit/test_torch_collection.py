@@ -543,3 +543,22 @@ def test_keyed_tensor_to_dict_backprops_through_one_split():
     assert torch.equal(parts["b"], values[:, 2:5]) and torch.equal(kt["c"], values[:, 5:])
     sum(p.sum() for p in parts.values()).backward()
     assert torch.equal(values.grad, torch.ones(4, 6))
+
+
+def test_tables_a_collection_creates_start_from_rows_of_their_own() -> None:
+    # TorchRec's ids are row indices 0..N-1: with one seed for every table, id 0 would start
+    # with the same row in each table the collection creates.
+    store = embstore.Store()
+    et.EmbeddingBagCollection(
+        store,
+        [
+            et.EmbeddingBagConfig(name="a", embedding_dim=4, feature_names=["fa"]),
+            et.EmbeddingBagConfig(name="b", embedding_dim=4, feature_names=["fb"]),
+            et.EmbeddingBagConfig(
+                name="c", embedding_dim=4, feature_names=["fc"], table_args={"seed": 7}
+            ),
+        ],
+    )
+    a, b = (store.table(n).initial_values([0, 1]) for n in "ab")
+    assert not np.array_equal(a, b)
+    assert store.table("c").config.seed == 7
