@@ -367,12 +367,24 @@ class Comm:
                 peers = {} if store is None else _peers_where(store, key, self.world, self.rank)
             except Exception:
                 peers = {}
-        if not peers:
+        # The other group too: a process waiting on one group (a session's prepare stage)
+        # while another waits on the other (checkpoint()) never meets it at a call count.
+        other = "main" if key == "prep" else "prep"
+        try:
+            store = _rendezvous_store()
+            elsewhere = {} if store is None else _peers_where(store, other, self.world, self.rank)
+        except Exception:
+            elsewhere = {}
+        if not peers and not elsewhere:
             return ""
         seen = ", ".join(
-            f"process {p} last waited in {w} at call {s}" for p, (s, w) in peers.items()
+            [f"process {p} last waited in {w} at call {s}" for p, (s, w) in peers.items()]
+            + [
+                f"process {p} last waited in {w} at call {s} of its {other} group"
+                for p, (s, w) in elsewhere.items()
+            ]
         )
-        return f" ({seen}; this process is at call {self._seq[key]})"
+        return f" ({seen}; this process is at call {self._seq[key]} of its {key} group)"
 
     def _gather_objects(self, obj: Any, what: str, group: Any = None) -> list[Any]:
         """Every process's ``obj`` (pickled), in rank order: ``all_gather_object`` made of

@@ -31,6 +31,7 @@ schedules the tables' learning rates.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -305,6 +306,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
                 flag = torch.zeros(1)
                 flag.grad = torch.full((1,), float("inf"))
                 self._elsewhere.append(flag)
+                _record_overflow_in_scaler(self)
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -351,6 +353,26 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
             "EmbeddingOptimizer cannot be pickled or copied: it holds its modules' tables. "
             "Save opt.state_dict() and load it into a new EmbeddingOptimizer"
         )
+
+
+def _record_overflow_in_scaler(optimizer: EmbeddingOptimizer) -> None:
+    """Another process's gradients overflowed: where ``scaler.unscale_(optimizer)`` ran
+    before this ``scaler.step(optimizer)`` (to clip), the scaler already holds this process's
+    own check (finite) and would not look again, so it would skip the step but not back off,
+    and the processes' scales would part. Record the overflow in that check too (the scaler
+    is the caller of :attr:`EmbeddingOptimizer._step_supports_amp_scaling`). Before any
+    ``unscale_`` the check is empty and is made after this, over the flag ``step`` sees."""
+    frame = sys._getframe(1)
+    for _ in range(4):  # the property's getter is called from GradScaler.step
+        if frame is None:
+            return
+        scaler = frame.f_locals.get("self")
+        if isinstance(scaler, torch.amp.GradScaler):
+            state = scaler._per_optimizer_states.get(id(optimizer))
+            for found_inf in (state or {}).get("found_inf_per_device", {}).values():
+                found_inf.fill_(1.0)
+            return
+        frame = frame.f_back
 
 
 def _check_lr(lr: Any) -> float:

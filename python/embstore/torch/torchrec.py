@@ -66,7 +66,9 @@ def from_torchrec(
             (one), :class:`~embstore.Adam` (two moments) — with the checkpoint's ``lr`` (its
             ``param_groups``) and embstore's defaults for the rest; :class:`~embstore.SGD`
             without optimizer state. A table that exists already keeps its own optimizer,
-            which must match the state.
+            which must match the state. A table this creates stores its rows in the
+            weights' dtype when they are ``float16`` or ``bfloat16`` (TorchRec's
+            ``data_type`` FP16/BF16), else in float32; an existing table keeps its own.
         tables: embstore table names by TorchRec table name (default: the same names); a
             TorchRec table left out of a given mapping is not imported.
         step: the table step counter to set (Adam's ``t``) where the optimizer state holds
@@ -114,12 +116,14 @@ def from_torchrec(
                 opt = _default_optimizer(layout, lrs.get(tr_name))
             kind = opt._kind
             _check_kind(tr_name, es_name, kind, layout)
-            spec = (es_name, d, opt)
+            # A TorchRec table of FP16/BF16 weights (its config's data_type) is created at
+            # that storage dtype, as EmbeddingBagConfig(data_type=...) creates it.
+            spec = (es_name, d, opt, _STORAGE_DTYPES.get(weight.dtype, "fp32"))
         plans.append((es_name, weight, state, table_step, kind, spec))
     out: dict[str, Table] = {}
     for es_name, weight, state, table_step, kind, spec in plans:
         if spec is not None:
-            store.create_table(spec[0], spec[1], optimizer=spec[2])
+            store.create_table(spec[0], spec[1], optimizer=spec[2], dtype=spec[3])
         table = store.table(es_name)
         local = table.local if hasattr(table, "local") else table
         ids = np.arange(weight.shape[0], dtype=np.int64)
@@ -142,6 +146,10 @@ def from_torchrec(
             local.step = table_step
         out[es_name] = table
     return out
+
+
+# A weight's torch dtype -> the storage dtype of the table created for it (else fp32).
+_STORAGE_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def _weights(

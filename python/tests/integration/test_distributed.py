@@ -35,10 +35,15 @@ def _free_port() -> int:
 
 
 def torchrun(
-    nproc: int, script: str, *args: str, restarts: int = 0, timeout: float = TIMEOUT_S
+    nproc: int,
+    script: str,
+    *args: str,
+    restarts: int = 0,
+    timeout: float = TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, float]:
     """Run ``script`` under torchrun on loopback; return (exit code, output, seconds). The job
-    is killed (its process group) if it runs past ``timeout``."""
+    is killed (its process group) if it runs past ``timeout``. ``env``: more variables."""
     cmd = [
         str(TORCHRUN),
         "--nnodes",
@@ -54,7 +59,7 @@ def torchrun(
         str(HERE / script) if "/" not in script else script,
         *args,
     ]
-    env = {**os.environ, "EMBSTORE_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "EMBSTORE_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1", **(env or {})}
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd,

@@ -185,3 +185,30 @@ def test_what_cannot_map_is_refused_before_anything_is_written():
     with pytest.raises(embstore.InvalidArgumentError, match="optimizer mismatch"):
         from_torchrec(store, {key: w}, keyed({key: {"t.momentum1": torch.zeros(N)}}, 0.1))
     assert len(store["t"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("torch_dtype", "name"), [(torch.float16, "fp16"), (torch.bfloat16, "bf16")]
+)
+def test_half_weights_make_tables_of_their_dtype_that_a_collection_config_accepts(
+    torch_dtype, name
+) -> None:
+    # A TorchRec table of data_type FP16/BF16 imported first, then the ported model's
+    # collection with the same data_type over it: the table has the config's dtype.
+    import embstore.torch as et
+
+    w = weights(3).to(torch_dtype)
+    store = embstore.Store()
+    tables = from_torchrec(store, {"ebc.embedding_bags.t.weight": w})
+    assert tables["t"].config["dtype"] == name
+    np.testing.assert_array_equal(tables["t"].lookup(np.arange(N)), w.float().numpy())
+    config = et.EmbeddingBagConfig(name="t", embedding_dim=D, data_type=name.upper())
+    et.EmbeddingBagCollection(store, [config])  # no "exists with other dtype"
+    # float32 weights still make a float32 table; an existing table keeps its dtype.
+    assert (
+        from_torchrec(embstore.Store(), {"embeddings.u.weight": weights(4)})["u"].config["dtype"]
+        == "fp32"
+    )
+    other = embstore.Store()
+    other.create_table("t", D)
+    assert from_torchrec(other, {"embedding_bags.t.weight": w})["t"].config["dtype"] == "fp32"
