@@ -290,9 +290,8 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
         aligns = vec![PAGE, data.align];
         aligns.dedup();
     }
-    if let Some(&a) = aligns
-        .iter()
-        .find(|&&a| !a.is_power_of_two() || !(data.align..=PAGE).contains(&a))
+    if let Some(&a) =
+        aligns.iter().find(|&&a| !a.is_power_of_two() || !(data.align..=PAGE).contains(&a))
     {
         return Err(format!(
             "--align must be a power of two from the files' read alignment ({} here) to {PAGE}, \

@@ -600,8 +600,8 @@ pub fn read_alignment(file: &File) -> usize {
     let (mut dev_major, mut dev_minor) = (None, None);
     if rc == 0 {
         // A buffer address aligned to PAGE must satisfy the device's memory alignment.
-        let mem_ok = stx.stx_mask & libc::STATX_DIOALIGN == 0
-            || stx.stx_dio_mem_align as usize <= PAGE;
+        let mem_ok =
+            stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_mem_align as usize <= PAGE;
         if mem_ok && stx.stx_mask & libc::STATX_DIO_READ_ALIGN != 0 {
             let a = u64::from(stx.stx_dio_read_offset_align);
             if valid(a) {

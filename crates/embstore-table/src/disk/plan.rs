@@ -40,7 +40,12 @@ pub(crate) struct DirectRange {
 /// The blocks of `align` bytes (a power of two) that hold bytes `[at, at + len)` of a file of
 /// `file_len` bytes: `(offset, length, skip)` with the record at `offset + skip`; `None` when
 /// the last block would pass the end of the file (a direct read of it would come back short).
-pub(crate) fn aligned_range(at: u64, len: u64, align: u64, file_len: u64) -> Option<(u64, usize, usize)> {
+pub(crate) fn aligned_range(
+    at: u64,
+    len: u64,
+    align: u64,
+    file_len: u64,
+) -> Option<(u64, usize, usize)> {
     debug_assert!(align.is_power_of_two() && len > 0);
     let start = at & !(align - 1);
     let end = (at + len).next_multiple_of(align);
