@@ -627,7 +627,9 @@ pub fn read_alignment(file: &File) -> usize {
 /// The logical block size of block device `major:minor` from sysfs: its own queue, or its
 /// parent's for a partition. Cached per device (a store opens many segments on one device).
 fn sysfs_logical_block(major: u32, minor: u32) -> Option<u64> {
-    static CACHE: Mutex<Vec<((u32, u32), Option<u64>)>> = Mutex::new(Vec::new());
+    /// A device and its logical block, if sysfs gave one.
+    type Known = ((u32, u32), Option<u64>);
+    static CACHE: Mutex<Vec<Known>> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(&(_, a)) = cache.iter().find(|(d, _)| *d == (major, minor)) {
         return a;

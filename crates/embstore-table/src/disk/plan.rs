@@ -158,7 +158,7 @@ mod tests {
             let (reqs, at) = merged_reads(&mut all);
             prop_assert_eq!(at.len(), by_n.len());
             for q in &reqs {
-                prop_assert!(q.offset % align == 0 && q.len as u64 % align == 0);
+                prop_assert!(q.offset.is_multiple_of(align) && (q.len as u64).is_multiple_of(align));
                 prop_assert!(q.offset + q.len as u64 <= file_len, "read past the end");
             }
             for (i, a) in reqs.iter().enumerate() {
