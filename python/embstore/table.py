@@ -356,8 +356,10 @@ class Table:
         (rows read from a file whose values or state were not finite, written by an older
         embstore: state reset, non-finite values re-initialised), ``step``, ``rows_per_shard``;
         with a memory budget, ``rows_on_disk`` (of ``rows``), ``cold_reads`` (rows read back
-        from disk), ``cold_read_ios`` (the reads that brought them: records that share a page
-        or lie within 16 KiB of each other in a file are read together), ``evicted_to_disk``
+        from disk), ``cold_read_ios`` (the reads that brought them: records that share or
+        touch a block of the disk, or lie close in a file, are read together),
+        ``cold_read_bytes`` (the bytes those reads moved: whole logical blocks of the disk, 512 B
+        on most), ``evicted_to_disk``
         (rows moved out of memory) and ``eviction_rounds`` since the store opened, and
         ``eviction_errors`` with ``last_eviction_error`` (the message of the last eviction that
         failed, or ``None``): on a full disk the rows stay in memory and the next call over the

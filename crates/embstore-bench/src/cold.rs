@@ -1,7 +1,7 @@
 //! `embstore-bench cold-reads`: the memory tier's cold reads — a batch of records at random
-//! offsets of segment-like files, each read as the one or two aligned 4 KiB pages that hold it,
+//! offsets of segment-like files, each read as the one or two aligned blocks that hold it,
 //! with the page cache kept out (`O_DIRECT`) — by each read engine of embstore-table's
-//! `disk::io`, side by side.
+//! `disk::io`, and at each read alignment, side by side.
 //!
 //! Dimensions (defaults):
 //! - data: 4 GiB (`--file-gib`) in 1 file (`--files`), created under `target/cold-reads`
@@ -9,12 +9,16 @@
 //!   320 bytes (`--record-bytes`; D = 32 with Adagrad) at `4096 + i × record_bytes`, as in a
 //!   segment (spec E.2);
 //! - batches of 4,096 records (`--batch`) drawn uniformly over all records of all files, sorted by
-//!   (file, offset) as the tier does (spec B.2); one read per record, 4 KiB or 8 KiB when the
-//!   record straddles a page (6.25 % of 320-byte records, 25 % of 1,088-byte ones);
+//!   (file, offset) as the tier does (spec B.2); one read per record of one block, or two when
+//!   the record straddles a boundary;
+//! - alignments (`--align`, repeatable): 4 KiB pages (what the tier read before it sized reads
+//!   to the device) and the files' own read alignment (`disk::io::read_alignment`: the device's
+//!   logical block, 512 B on most disks), each engine at each;
 //! - engines (`--engine`, repeatable): `pread:1` (sequential), `pread:4`, `pread:16` (threads),
 //!   `uring:32`, `uring:128` (reads in flight);
 //! - 5 repetitions (`--reps`) after one warm-up batch per engine; each repetition runs every
-//!   engine once on fresh random records, in rotating order; the median batch time is reported.
+//!   engine at every alignment once on fresh random records, in rotating order; the median
+//!   batch time is reported, with the bytes read per record.
 //!
 //! The disk bound: a batch cannot take less than `reads ÷ IOPS`, with the device's 4 KiB
 //! random-read IOPS measured by fio (`--fio-iops`, see docs/benchmarks.md); the table shows each
@@ -28,7 +32,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use embstore_table::disk::io::{self, AlignedBuf, PageRead, PreadPool, ReadEngine, Uring, PAGE};
+use embstore_table::disk::io::{
+    self, AlignedBuf, PageRead, PreadPool, ReadEngine, Uring, MIN_ALIGN, PAGE,
+};
 
 use crate::index::SplitMix;
 
@@ -53,6 +59,10 @@ pub struct ColdReadsArgs {
     /// pread:1 pread:4 pread:16 uring:32 uring:128.
     #[arg(long = "engine", value_name = "KIND:N")]
     engines: Vec<String>,
+    /// A read alignment in bytes (a power of two from 512 to 4096, at least the files' own);
+    /// repeat for several. Default: 4096 and the files' read alignment.
+    #[arg(long = "align", value_name = "BYTES")]
+    aligns: Vec<usize>,
     /// The device's 4 KiB random-read IOPS (fio, O_DIRECT, deep queue): the bound each batch
     /// time is compared with.
     #[arg(long)]
@@ -113,6 +123,8 @@ struct DataFiles {
     paths: Vec<PathBuf>,
     files: Vec<File>,
     direct: bool,
+    /// The largest read alignment of the files (`disk::io::read_alignment`).
+    align: usize,
     records_per_file: u64,
     keep: bool,
 }
@@ -148,6 +160,7 @@ fn create_files(args: &ColdReadsArgs) -> Result<DataFiles, String> {
         paths: Vec::new(),
         files: Vec::new(),
         direct: true,
+        align: MIN_ALIGN,
         records_per_file,
         keep: args.keep,
     };
@@ -163,6 +176,7 @@ fn create_files(args: &ColdReadsArgs) -> Result<DataFiles, String> {
         let (file, direct) =
             io::open_direct(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         data.direct &= direct;
+        data.align = data.align.max(io::read_alignment(&file));
         data.files.push(file);
     }
     Ok(data)
@@ -194,9 +208,10 @@ struct Batch {
     reqs: Vec<PageRead>,
 }
 
-fn draw(data: &DataFiles, args: &ColdReadsArgs, rng: &mut SplitMix) -> Batch {
+fn draw(data: &DataFiles, args: &ColdReadsArgs, align: usize, rng: &mut SplitMix) -> Batch {
     let r = args.record_bytes as u64;
     let page = PAGE as u64;
+    let block = align as u64;
     let mut records: Vec<(usize, u64)> = (0..args.batch)
         .map(|_| {
             let f = (rng.next_u64() % data.files.len() as u64) as usize;
@@ -207,8 +222,8 @@ fn draw(data: &DataFiles, args: &ColdReadsArgs, rng: &mut SplitMix) -> Batch {
     let reqs = records
         .iter()
         .map(|&(f, off)| {
-            let first = off / page * page;
-            let end = (off + r).next_multiple_of(page);
+            let first = off / block * block;
+            let end = (off + r).next_multiple_of(block);
             PageRead { fd: data.files[f].as_raw_fd(), offset: first, len: (end - first) as usize }
         })
         .collect();
@@ -270,6 +285,23 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
     let engines: Vec<Box<dyn ReadEngine>> =
         specs.iter().map(|s| s.build()).collect::<Result<_, _>>()?;
     let data = create_files(&args)?;
+    let mut aligns = args.aligns.clone();
+    if aligns.is_empty() {
+        aligns = vec![PAGE, data.align];
+        aligns.dedup();
+    }
+    if let Some(&a) =
+        aligns.iter().find(|&&a| !a.is_power_of_two() || !(data.align..=PAGE).contains(&a))
+    {
+        return Err(format!(
+            "--align must be a power of two from the files' read alignment ({} here) to {PAGE}, \
+             got {a}",
+            data.align
+        ));
+    }
+    // Every (engine, alignment) pair, measured in turn.
+    let variants: Vec<(usize, usize)> =
+        (0..engines.len()).flat_map(|e| aligns.iter().map(move |&a| (e, a))).collect();
     let default = format!("{:?}", io::default_engine());
     if !args.json {
         println!("{}", crate::machine_line());
@@ -288,36 +320,39 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
 
     let mut rng = SplitMix::new(args.seed);
     // Warm-up: rings and thread stacks exist before timing.
-    for e in &engines {
-        let b = draw(&data, &args, &mut rng);
+    for &(e, align) in &variants {
+        let e = &engines[e];
+        let b = draw(&data, &args, align, &mut rng);
         let mut bufs = buffers(&b.reqs);
         e.read_all(&b.reqs, &mut bufs).map_err(|err| format!("{e:?}: {err}"))?;
         verify(&b, &bufs, args.record_bytes)?;
     }
-    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
-    let (mut reads, mut pages) = (0u64, 0u64);
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    // Reads and bytes read, per variant.
+    let mut moved: Vec<(u64, u64)> = vec![(0, 0); variants.len()];
     for rep in 0..args.reps {
-        for k in 0..engines.len() {
-            let e = (rep + k) % engines.len();
-            let b = draw(&data, &args, &mut rng);
-            reads += b.reqs.len() as u64;
-            pages += b.reqs.iter().map(|r| (r.len / PAGE) as u64).sum::<u64>();
+        for k in 0..variants.len() {
+            let v = (rep + k) % variants.len();
+            let (e, align) = variants[v];
+            let b = draw(&data, &args, align, &mut rng);
+            moved[v].0 += b.reqs.len() as u64;
+            moved[v].1 += b.reqs.iter().map(|r| r.len as u64).sum::<u64>();
             let mut bufs = buffers(&b.reqs);
             let t0 = Instant::now();
             engines[e]
                 .read_all(&b.reqs, &mut bufs)
                 .map_err(|err| format!("{:?}: {err}", engines[e]))?;
-            ms[e].push(t0.elapsed().as_secs_f64() * 1e3);
+            ms[v].push(t0.elapsed().as_secs_f64() * 1e3);
             verify(&b, &bufs, args.record_bytes)?;
         }
     }
-    let pages_per_read = pages as f64 / reads as f64;
 
     let bound_ms = args.fio_iops.map(|iops| args.batch as f64 / iops * 1e3);
     if !args.json {
         println!(
-            "reads per record: 1 ({:.1} % of them 2 pages); disk bound: {}",
-            (pages_per_read - 1.0) * 100.0,
+            "reads per record: 1 (of 1 block, or 2 across a boundary); files' read alignment: \
+             {} B; disk bound: {}",
+            data.align,
             match (args.fio_iops, bound_ms) {
                 (Some(iops), Some(b)) => format!("{b:.2} ms per batch ({iops:.0} IOPS, fio)"),
                 _ => "not given (--fio-iops)".into(),
@@ -325,11 +360,21 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
         );
         println!();
         println!(
-            "{:<11} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9}",
-            "engine", "batch ms", "min ms", "max ms", "records/s", "IOPS", "x bound"
+            "{:<11} {:>6} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9}",
+            "engine",
+            "align",
+            "batch ms",
+            "min ms",
+            "max ms",
+            "records/s",
+            "IOPS",
+            "B/record",
+            "x bound"
         );
     }
-    for (spec, runs) in specs.iter().zip(&ms) {
+    for ((&(e, align), runs), &(reads, bytes)) in variants.iter().zip(&ms).zip(&moved) {
+        let spec = &specs[e];
+        let bytes_per_record = bytes as f64 / reads as f64;
         let med = median(runs);
         let min = runs.iter().copied().fold(f64::INFINITY, f64::min);
         let max = runs.iter().copied().fold(0.0, f64::max);
@@ -339,11 +384,13 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
             let line = serde_json::json!({
                 "bench": "cold-reads",
                 "engine": spec.name(),
+                "align": align,
+                "bytes_per_record": bytes_per_record,
                 "batch_ms": med,
                 "batch_ms_runs": runs,
                 "records_per_s": per_s,
                 "iops": per_s,
-                "pages_per_read": pages_per_read,
+                "pages_per_read": bytes_per_record / PAGE as f64,
                 "bound_ms": bound_ms,
                 "ratio_to_bound": ratio,
                 "fio_iops": args.fio_iops,
@@ -357,7 +404,8 @@ pub fn run(args: ColdReadsArgs) -> Result<(), String> {
             println!("{line}");
         } else {
             println!(
-                "{:<11} {med:>9.2} {min:>9.2} {max:>9.2} {per_s:>11.0} {per_s:>11.0} {:>9}",
+                "{:<11} {align:>6} {med:>9.2} {min:>9.2} {max:>9.2} {per_s:>11.0} {per_s:>11.0} \
+                 {bytes_per_record:>9.0} {:>9}",
                 spec.name(),
                 ratio.map_or("-".into(), |r| format!("{r:.2}")),
             );

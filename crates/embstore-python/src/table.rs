@@ -754,6 +754,7 @@ impl PyTable {
         d.set_item("rows_on_disk", s.rows_on_disk)?;
         d.set_item("cold_reads", s.cold_reads)?;
         d.set_item("cold_read_ios", s.cold_read_ios)?;
+        d.set_item("cold_read_bytes", s.cold_read_bytes)?;
         d.set_item("evicted_to_disk", s.evicted_to_disk)?;
         d.set_item("eviction_rounds", s.eviction_rounds)?;
         d.set_item("eviction_errors", s.eviction_errors)?;

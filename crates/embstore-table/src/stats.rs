@@ -14,11 +14,14 @@ pub struct TableStats {
     pub rows: usize,
     /// Of those, rows held only on disk (0 without a memory budget).
     pub rows_on_disk: usize,
-    /// Rows read back from disk, the reads that brought them (records that share a page or
-    /// lie close are read together), rows moved from memory to disk, and the eviction rounds
-    /// that ran (each may move none: its victims turned out pinned or dirty again), so far.
+    /// Rows read back from disk, the reads that brought them (records that share a block or
+    /// lie close are read together) and the bytes those reads moved (each read is whole
+    /// logical blocks of the device, 512 B on most disks), rows moved from memory to disk, and
+    /// the eviction rounds that ran (each may move none: its victims turned out pinned or dirty
+    /// again), so far.
     pub cold_reads: u64,
     pub cold_read_ios: u64,
+    pub cold_read_bytes: u64,
     pub evicted_to_disk: u64,
     pub eviction_rounds: u64,
     /// Evictions that failed (a full disk, say: their rows stayed in memory, and the next call
@@ -106,6 +109,7 @@ impl Table {
             rows_on_disk,
             cold_reads: tier.cold_reads,
             cold_read_ios: tier.cold_ios,
+            cold_read_bytes: tier.cold_bytes,
             evicted_to_disk: tier.evicted_rows,
             eviction_rounds: tier.eviction_rounds,
             eviction_errors: tier.errors,

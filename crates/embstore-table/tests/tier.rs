@@ -214,6 +214,54 @@ fn a_reopened_tiered_store_reads_only_what_it_uses() {
     assert_eq!(export(&t), want);
 }
 
+/// Cold reads are sized to the device's logical block, not to 4 KiB pages: on a file system
+/// whose reads take 512-byte alignment (most disks), a cold row of 192 bytes on disk (dim 16,
+/// Adagrad) costs less than 1 KiB read (one block, or two when it straddles a boundary; reads
+/// of 4 KiB pages cost at least 4 KiB a row); elsewhere, at most a few of the file's blocks.
+#[test]
+fn a_cold_row_reads_about_its_record_not_a_page() {
+    use embstore_table::disk::io::{open_direct, read_alignment};
+    const DIM: usize = 16;
+    const ROWS: u64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("probe");
+    std::fs::write(&probe, vec![0u8; 8192]).unwrap();
+    let align = read_alignment(&open_direct(&probe).unwrap().0);
+    std::fs::remove_file(&probe).unwrap();
+    let opt = Optimizer::Adagrad { lr: 0.1, eps: 1e-10, initial_accumulator_value: 0.0 };
+    let config = TableConfig::new("t", DIM).with_optimizer(opt).with_shards(4);
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let t = store.create_table(config).unwrap();
+        let ids: Vec<u64> = (0..ROWS).collect();
+        t.lookup(&ids, OnMiss::Init, &mut vec![0.0; ids.len() * DIM], None).unwrap();
+        store.flush().unwrap();
+    }
+    // Every row on disk; 40 batches of 25 random rows (far apart, as cold rows of a large
+    // table are) read back.
+    let store = open(dir.path(), 4 << 20);
+    let t = store.table("t").unwrap();
+    assert_eq!(t.stats().rows_on_disk, ROWS as usize);
+    let mut rng = Rng(0x5eed_c01d);
+    for _ in 0..40 {
+        let ids = rng.ids(25, ROWS);
+        t.lookup(&ids, OnMiss::Error, &mut vec![0.0; ids.len() * DIM], None).unwrap();
+    }
+    let s = t.stats();
+    let per_row = s.cold_read_bytes as f64 / s.cold_reads as f64;
+    println!(
+        "alignment {align} B: {} cold rows, {} reads, {} B ({per_row:.0} B a row)",
+        s.cold_reads, s.cold_read_ios, s.cold_read_bytes
+    );
+    assert!(s.cold_reads > 900 && s.cold_read_bytes > 0, "{s:?}");
+    assert!(s.cold_read_bytes.is_multiple_of(align as u64));
+    if align == 512 {
+        assert!(per_row < 1024.0, "{per_row:.0} B read per cold row of 192 B");
+    } else {
+        assert!(per_row <= 4.0 * align as f64, "{per_row:.0} B read per cold row at {align} B");
+    }
+}
+
 #[test]
 fn a_rewrite_moves_the_rows_on_disk_and_loses_none() {
     let dir = tempfile::tempdir().unwrap();

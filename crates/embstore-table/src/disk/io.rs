@@ -2,23 +2,28 @@
 //! under the memory tier's cold reads (spec B.2 and E.2).
 //!
 //! Parts:
-//! - [`PageRead`]: one read of whole 4 KiB pages, `[offset, offset + len)` of an open file;
-//! - [`AlignedBuf`]: a zeroed buffer aligned to 4 KiB, as `O_DIRECT` requires;
+//! - [`PageRead`]: one read of whole blocks, `[offset, offset + len)` of an open file (offset
+//!   and length multiples of the file's [`read_alignment`], itself a multiple of [`MIN_ALIGN`]);
+//! - [`AlignedBuf`]: a zeroed buffer at a 4 KiB-aligned address, as `O_DIRECT` requires;
 //! - [`ReadEngine`]: performs a batch of reads, all in flight together up to its queue depth;
 //!   - [`Uring`]: io_uring, one thread keeping up to `depth` reads in flight;
 //!   - [`PreadPool`]: blocking `pread(2)` from `threads` scoped threads (1 = sequential);
-//! - [`open_direct`] opens a file for such reads; [`default_engine`] picks the engine.
+//! - [`open_direct`] opens a file for such reads, [`read_alignment`] finds the unit its reads
+//!   must be aligned to (the device's logical block: 512 B on most disks, not the 4 KiB page);
+//!   [`default_engine`] picks the engine.
 //!
 //! Invariants:
-//! - offsets and lengths are multiples of [`PAGE`] (checked before any read is issued, so a bug
-//!   shows up on tmpfs too and not only on a device that enforces `O_DIRECT` alignment);
+//! - offsets and lengths are multiples of [`MIN_ALIGN`] (checked before any read is issued, so a
+//!   bug shows up on tmpfs too and not only on a device that enforces `O_DIRECT` alignment; the
+//!   planner aligns them to the file's own [`read_alignment`], which the kernel enforces);
 //! - `read_all` returns only once the kernel holds no pointer into the caller's buffers: after an
 //!   error it stops issuing reads and waits for those in flight; if it cannot wait (the ring
 //!   itself failed), the buffers still in flight are replaced by fresh ones and leaked;
 //! - a read that ends short (end of file) is an `UnexpectedEof` error, never partial data.
 //!
-//! A segment record (320 or 1,088 bytes at 64-byte alignment) spans at most two pages, so one
-//! cold record is one `PageRead` of 4 or 8 KiB. Measured on the development VM (virtio disk,
+//! A segment record (a few hundred bytes at 64-byte alignment) spans one or two blocks, so one
+//! cold record is one `PageRead` of 512 B or 1 KiB on a disk with 512-byte logical blocks (4 or
+//! 8 KiB where the device's block is 4 KiB). Measured on the development VM (virtio disk,
 //! 4 KiB random reads with `O_DIRECT`, fio): 19k IOPS at queue depth 1, 61k at 8, 81k at 32 and
 //! 91k at 128, so a batch needs many reads in flight; `embstore-bench cold-reads` compares the
 //! engines against that bound.
@@ -40,8 +45,14 @@ use std::sync::Mutex;
 
 use io_uring::{opcode, types, IoUring, Probe};
 
-/// The unit of every read: offsets, lengths and buffer addresses are multiples of it.
+/// The alignment of every buffer's address (what `O_DIRECT` asks of memory on any device whose
+/// DMA alignment is at most a page), and the alignment [`read_alignment`] falls back to when
+/// it cannot find the device's.
 pub const PAGE: usize = 4096;
+
+/// The smallest logical block of a Linux block device: offsets and lengths of every read are
+/// multiples of it.
+pub const MIN_ALIGN: usize = 512;
 
 /// The longest single read accepted (1 GiB): io_uring takes a `u32` length, and a cold read is
 /// one or two pages.
@@ -59,7 +70,7 @@ pub const DEFAULT_DEPTH: u32 = 128;
 pub const DEFAULT_THREADS: usize = 16;
 
 /// One read: bytes `[offset, offset + len)` of the file `fd` (`offset` and `len` multiples of
-/// [`PAGE`]). The caller keeps the file open until `read_all` returns.
+/// the file's [`read_alignment`], so of [`MIN_ALIGN`]). The caller keeps the file open until `read_all` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRead {
     pub fd: RawFd,
@@ -71,7 +82,8 @@ pub struct PageRead {
 #[repr(C, align(4096))]
 struct PageAligned([u8; 0]);
 
-/// A buffer aligned to [`PAGE`] (as `O_DIRECT` requires), zeroed, of a multiple of `PAGE` bytes.
+/// A buffer at an address aligned to [`PAGE`] (as `O_DIRECT` requires), zeroed, of a multiple
+/// of [`MIN_ALIGN`] bytes.
 pub struct AlignedBuf {
     /// Start of `len` bytes from `alloc_zeroed` with [`AlignedBuf::layout`], or a dangling
     /// page-aligned pointer when `len` is 0.
@@ -89,10 +101,13 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     ///
     /// # Panics
-    /// If `len` is not a multiple of [`PAGE`] (a caller's bug: buffers are sized from
+    /// If `len` is not a multiple of [`MIN_ALIGN`] (a caller's bug: buffers are sized from
     /// [`PageRead::len`], which `read_all` also checks).
     pub fn new(len: usize) -> AlignedBuf {
-        assert!(len.is_multiple_of(PAGE), "buffer length {len} is not a multiple of {PAGE}");
+        assert!(
+            len.is_multiple_of(MIN_ALIGN),
+            "buffer length {len} is not a multiple of {MIN_ALIGN}"
+        );
         if len == 0 {
             return AlignedBuf { ptr: NonNull::<PageAligned>::dangling().cast(), len: 0 };
         }
@@ -209,11 +224,13 @@ fn check_batch(reqs: &[PageRead], bufs: &[AlignedBuf]) -> io::Result<()> {
         return invalid(format!("{} reads but {} buffers", reqs.len(), bufs.len()));
     }
     for (i, (r, b)) in reqs.iter().zip(bufs).enumerate() {
-        if !r.offset.is_multiple_of(PAGE as u64) || !r.len.is_multiple_of(PAGE) || r.len > MAX_READ
+        if !r.offset.is_multiple_of(MIN_ALIGN as u64)
+            || !r.len.is_multiple_of(MIN_ALIGN)
+            || r.len > MAX_READ
         {
             return invalid(format!(
-                "read {i}: offset {} and length {} must be multiples of {PAGE}, length at most \
-                 {MAX_READ}",
+                "read {i}: offset {} and length {} must be multiples of {MIN_ALIGN}, length at \
+                 most {MAX_READ}",
                 r.offset, r.len
             ));
         }
@@ -233,12 +250,12 @@ fn check_batch(reqs: &[PageRead], bufs: &[AlignedBuf]) -> io::Result<()> {
 
 /// What a read that returned `got` bytes (`0 < got`), `filled` in total of `len`, does next:
 /// `Ok(true)` to read the rest, `Ok(false)` when complete. A short read that does not end on a
-/// page boundary can only be the end of the file (and the rest could not be read with
+/// block boundary can only be the end of the file (and the rest could not be read with
 /// `O_DIRECT` from an unaligned offset anyway).
 fn after_read(filled: usize, len: usize) -> io::Result<bool> {
     if filled >= len {
         Ok(false)
-    } else if !filled.is_multiple_of(PAGE) {
+    } else if !filled.is_multiple_of(MIN_ALIGN) {
         Err(eof())
     } else {
         Ok(true)
@@ -558,6 +575,75 @@ pub fn open_direct(path: &Path) -> io::Result<(File, bool)> {
     }
 }
 
+/// The unit that offsets and lengths of reads of `file` (opened by [`open_direct`]) must be
+/// multiples of: [`MIN_ALIGN`] for a file open without `O_DIRECT` (the page cache takes reads
+/// of any alignment); with `O_DIRECT`, the alignment the file system reports for the file
+/// (`statx`: `STATX_DIO_READ_ALIGN` since Linux 6.14, else `STATX_DIOALIGN` since 6.1), else
+/// the logical block size of the file's block device (`/sys/dev/block/MAJ:MIN`, or its parent
+/// for a partition), else [`PAGE`]. Always a power of two from [`MIN_ALIGN`] to 1 MiB; found
+/// once per file, when a segment is opened.
+pub fn read_alignment(file: &File) -> usize {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL on an fd the caller's `File` keeps open; no pointer is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags >= 0 && flags & libc::O_DIRECT == 0 {
+        return MIN_ALIGN;
+    }
+    let valid = |a: u64| a.is_power_of_two() && (MIN_ALIGN as u64..=1 << 20).contains(&a);
+    // SAFETY: `statx` is all integers: any bit pattern, zeroes included, is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let mask = libc::STATX_DIOALIGN | libc::STATX_DIO_READ_ALIGN;
+    // SAFETY: an empty path with AT_EMPTY_PATH stats the fd itself; the kernel writes at most
+    // one `struct statx` into `stx`, which lives across the call.
+    let rc = unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, mask, &mut stx) };
+    let (mut dev_major, mut dev_minor) = (None, None);
+    if rc == 0 {
+        // A buffer address aligned to PAGE must satisfy the device's memory alignment.
+        let mem_ok =
+            stx.stx_mask & libc::STATX_DIOALIGN == 0 || stx.stx_dio_mem_align as usize <= PAGE;
+        if mem_ok && stx.stx_mask & libc::STATX_DIO_READ_ALIGN != 0 {
+            let a = u64::from(stx.stx_dio_read_offset_align);
+            if valid(a) {
+                return a as usize;
+            }
+        }
+        if mem_ok && stx.stx_mask & libc::STATX_DIOALIGN != 0 {
+            let a = u64::from(stx.stx_dio_offset_align);
+            if valid(a) {
+                return a as usize;
+            }
+        }
+        (dev_major, dev_minor) = (Some(stx.stx_dev_major), Some(stx.stx_dev_minor));
+    }
+    if let (Some(major), Some(minor)) = (dev_major, dev_minor) {
+        if let Some(a) = sysfs_logical_block(major, minor).filter(|&a| valid(a)) {
+            return a as usize;
+        }
+    }
+    PAGE
+}
+
+/// The logical block size of block device `major:minor` from sysfs: its own queue, or its
+/// parent's for a partition. Cached per device (a store opens many segments on one device).
+fn sysfs_logical_block(major: u32, minor: u32) -> Option<u64> {
+    /// A device and its logical block, if sysfs gave one.
+    type Known = ((u32, u32), Option<u64>);
+    static CACHE: Mutex<Vec<Known>> = Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, a)) = cache.iter().find(|(d, _)| *d == (major, minor)) {
+        return a;
+    }
+    let dev = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |p: std::path::PathBuf| -> Option<u64> {
+        std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    };
+    let a = read(dev.join("queue/logical_block_size"))
+        .or_else(|| read(dev.join("../queue/logical_block_size")));
+    cache.push(((major, minor), a));
+    a
+}
+
 /// The engine for this kernel: [`Uring`] at depth [`DEFAULT_DEPTH`] where io_uring works, else
 /// [`PreadPool`] with [`DEFAULT_THREADS`].
 pub fn default_engine() -> Box<dyn ReadEngine> {
@@ -640,9 +726,9 @@ mod tests {
 
     #[test]
     fn aligned_buf_is_aligned_zeroed_and_writable() {
-        for pages in [0, 1, 2, 17] {
-            let mut b = AlignedBuf::new(pages * PAGE);
-            assert_eq!(b.len(), pages * PAGE);
+        for len in [0, MIN_ALIGN, 3 * MIN_ALIGN, PAGE, 2 * PAGE, 17 * PAGE] {
+            let mut b = AlignedBuf::new(len);
+            assert_eq!(b.len(), len);
             assert_eq!(b.as_ptr() as usize % PAGE, 0);
             assert!(b.iter().all(|&x| x == 0));
             b.fill(0xab);
@@ -717,6 +803,38 @@ mod tests {
     }
 
     #[test]
+    fn read_alignment_is_a_power_of_two_the_kernel_accepts() {
+        let f = TestFile::new("align", 64 * PAGE + 700, 0x5eed_0002);
+        let align = read_alignment(&f.file);
+        println!("O_DIRECT: {}, alignment {align}", f.direct);
+        assert!(align.is_power_of_two() && (MIN_ALIGN..=1 << 20).contains(&align));
+        if !f.direct {
+            assert_eq!(align, MIN_ALIGN, "a buffered file takes any alignment");
+        }
+        // A file open without O_DIRECT: the page cache takes reads of any alignment.
+        assert_eq!(read_alignment(&File::open(&f.path).unwrap()), MIN_ALIGN);
+        // Reads of one or two blocks at every block of the file, at the reported alignment,
+        // from every engine: the kernel accepts them and they hold the file's bytes.
+        let blocks = f.bytes.len() / align;
+        let mut rng = SplitMix(SplitMix64::new(3));
+        let reqs: Vec<PageRead> = (0..200)
+            .map(|_| {
+                let n = 1 + rng.below(2);
+                let first = rng.below(blocks - n + 1);
+                PageRead { fd: f.fd(), offset: (first * align) as u64, len: n * align }
+            })
+            .collect();
+        for engine in engines() {
+            let mut bufs = bufs_for(&reqs);
+            engine.read_all(&reqs, &mut bufs).unwrap();
+            for (r, b) in reqs.iter().zip(&bufs) {
+                let at = r.offset as usize;
+                assert!(b[..] == f.bytes[at..at + r.len], "{engine:?}: bytes differ at {r:?}");
+            }
+        }
+    }
+
+    #[test]
     fn reads_past_the_end_are_errors() {
         let f = TestFile::new("eof", 8 * PAGE + 100, 7);
         let cases = [
@@ -757,8 +875,8 @@ mod tests {
         let r = PageRead { fd: f.fd(), offset: 0, len: PAGE };
         let cases: [(Vec<PageRead>, Vec<usize>); 4] = [
             (vec![r, r], vec![PAGE]),
-            (vec![PageRead { offset: 512, ..r }], vec![PAGE]),
-            (vec![PageRead { len: 512, ..r }], vec![0]),
+            (vec![PageRead { offset: 100, ..r }], vec![PAGE]),
+            (vec![PageRead { len: 100, ..r }], vec![0]),
             (vec![r], vec![2 * PAGE]),
         ];
         for engine in engines() {

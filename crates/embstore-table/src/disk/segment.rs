@@ -302,8 +302,8 @@ impl SegmentWriter {
 pub(crate) struct SegmentReader {
     file: Box<dyn ReadFile>,
     /// The same file opened for batched O_DIRECT reads (`disk::io`), where the file layer
-    /// offers it.
-    direct: Option<std::fs::File>,
+    /// offers it, and the alignment its reads take (`disk::io::read_alignment`).
+    direct: Option<(std::fs::File, usize)>,
     path: PathBuf,
     header: SegmentHeader,
     records: u64,
@@ -366,27 +366,29 @@ impl SegmentReader {
     /// offers them (the memory tier's cold reads).
     pub(crate) fn open_for_reads(vfs: &dyn Vfs, path: &Path) -> Result<Self> {
         let mut r = Self::open(vfs, path)?;
-        r.direct =
-            vfs.open_direct(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        r.direct = vfs
+            .open_direct(path)
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?
+            .map(|f| {
+                let align = crate::disk::io::read_alignment(&f);
+                (f, align)
+            });
         Ok(r)
     }
 
-    /// Where record `i` is: the 4 KiB-aligned byte range that holds it, and its offset in that
-    /// range; `None` without a direct descriptor, or when the range would pass the end of the
-    /// file (the last record's page, when the footer does not fill it).
+    /// Where record `i` is: the byte range that holds it, aligned to the file's read alignment
+    /// (the device's logical block: `plan::aligned_range`), and its offset in that range;
+    /// `None` without a direct descriptor, or when the range would pass the end of the file.
     pub(crate) fn direct_range(&self, i: u64) -> Option<(std::os::fd::RawFd, u64, usize, usize)> {
         use std::os::fd::AsRawFd;
-        let fd = self.direct.as_ref()?.as_raw_fd();
+        let (file, align) = self.direct.as_ref()?;
         let rb = self.header.record_bytes() as u64;
-        let at = HEADER_BYTES + i * rb;
-        let start = at & !4095;
-        let end = (at + rb).next_multiple_of(4096);
-        (i < self.records && end <= self.len).then_some((
-            fd,
-            start,
-            (end - start) as usize,
-            (at - start) as usize,
-        ))
+        if i >= self.records {
+            return None;
+        }
+        let (offset, len, skip) =
+            crate::disk::plan::aligned_range(HEADER_BYTES + i * rb, rb, *align as u64, self.len)?;
+        Some((file.as_raw_fd(), offset, len, skip))
     }
 
     /// Decodes record `i` from its bytes `raw` (read by the caller), checked.

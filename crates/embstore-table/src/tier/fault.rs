@@ -16,8 +16,8 @@ use crate::disk::segment::Record;
 use crate::shard::cold::{loc_parts, FileTable};
 use crate::{Error, Result};
 
-/// Cold rows a call reads and promotes per round: its temporaries (records and their page
-/// buffers, ~5 KiB a row) stay near 20 MiB, which the allocator reuses from call to call,
+/// Cold rows a call reads and promotes per round: its temporaries (records and their block
+/// buffers, at most ~5 KiB a row) stay near 20 MiB, which the allocator reuses from call to call,
 /// however many rows the call brings in (a 300k-row lookup held 1.5 GiB of them at once).
 const FAULT_ROUND: usize = 4096;
 
@@ -118,10 +118,11 @@ pub(crate) trait Fault: Host {
         tier: &Tier,
         wanted: &[(u64, u64)],
     ) -> Result<Vec<Record>> {
-        // All records whose pages can be read directly go to the I/O engine in one batch, all
-        // in flight together: each record's 1–2 aligned pages, merged with its neighbours' in
-        // the same file when they share a page or lie close ([`merged_reads`]). The rest are
-        // read one by one through the file layer.
+        // All records whose blocks can be read directly go to the I/O engine in one batch, all
+        // in flight together: each record's 1–2 blocks at its file's alignment (the device's
+        // logical block), merged with its neighbours' in the same file when they share or touch
+        // a block or lie close ([`merged_reads`]). The rest are read one by one through the
+        // file layer.
         let mut out: Vec<Option<Record>> = vec![None; wanted.len()];
         let mut ranges = Vec::new();
         for (n, &(_, l)) in wanted.iter().enumerate() {
@@ -143,6 +144,8 @@ pub(crate) trait Fault: Host {
             }
             crate::disk::io::AlignedBuf::recycle(bufs);
             tier.counters.cold_ios.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+            let bytes: usize = reqs.iter().map(|r| r.len).sum();
+            tier.counters.cold_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         }
         let mut records = Vec::with_capacity(wanted.len());
         for (&(key, l), got) in wanted.iter().zip(out) {

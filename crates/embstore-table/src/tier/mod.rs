@@ -140,6 +140,7 @@ impl Tier {
         TierCounts {
             cold_reads: get(&c.cold_reads),
             cold_ios: get(&c.cold_ios),
+            cold_bytes: get(&c.cold_bytes),
             evicted_rows: get(&c.evicted_rows),
             eviction_rounds: get(&c.eviction_rounds),
             errors: get(&c.errors),
@@ -153,6 +154,7 @@ impl Tier {
 pub(crate) struct TierCounts {
     pub(crate) cold_reads: u64,
     pub(crate) cold_ios: u64,
+    pub(crate) cold_bytes: u64,
     pub(crate) evicted_rows: u64,
     pub(crate) eviction_rounds: u64,
     pub(crate) errors: u64,
@@ -191,6 +193,9 @@ impl std::fmt::Debug for Tier {
 pub(crate) struct TierCounters {
     pub(crate) cold_reads: AtomicU64,
     pub(crate) cold_ios: AtomicU64,
+    /// Bytes the direct reads of `cold_ios` moved (records read through the file layer, where
+    /// no direct read is possible, are not counted).
+    pub(crate) cold_bytes: AtomicU64,
     pub(crate) eviction_rounds: AtomicU64,
     pub(crate) evicted_rows: AtomicU64,
     pub(crate) evicted_dirty: AtomicU64,
