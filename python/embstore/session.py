@@ -12,8 +12,9 @@ A batch goes through five stages::
     write-back gradients sent to the owners, which sum them over every  (your loop)
                process and step the optimizer once per id; unpin
 
-While your loop trains on batch t, the background thread reads, partitions and prepares up to
-``prefetch`` batches ahead. Values are read in the train stage, after batch t-1's write-back, so
+While your loop trains on batch t, the background thread reads, partitions and prepares the
+batches ahead: ``prefetch`` of them, or by default as many as the memory budget holds pinned (the
+lookahead, see ``_Window``), their cold rows read together, a group at a time. Values are read in the train stage, after batch t-1's write-back, so
 the pipeline changes when the work is done and never what is computed: a pipelined session
 trains bit for bit like ``prefetch=0`` (everything in your loop's thread, in order).
 
@@ -52,6 +53,13 @@ STAGES = ("read", "partition", "prepare", "gather", "train", "write_back")
 # Threads that read a batch's cold rows of several tables at once (see Session._read_in).
 _READERS = 4
 _END = object()
+# The lookahead (see _Window): with a memory budget and ``prefetch=None``, batches are prepared
+# ahead of training while the rows pinned for them stay within this share of the budget (the
+# rest caches rows for the batches beyond), at most _MAX_AHEAD batches, and their cold rows are
+# read together, up to _MAX_GROUP batches at once.
+_LOOKAHEAD_SHARE = 0.25
+_MAX_AHEAD = 32
+_MAX_GROUP = 8
 
 
 class _Plan:
@@ -60,7 +68,7 @@ class _Plan:
     unique ids of table ``t`` owned by process ``j``. With one process ``uniq`` holds the ids
     as they are (duplicates too) and ``inv`` is None: the table sums duplicates itself."""
 
-    __slots__ = ("counts", "data", "error", "inv", "jagged", "served", "shapes", "uniq")
+    __slots__ = ("counts", "data", "error", "inv", "jagged", "served", "shapes", "size", "uniq")
 
     def __init__(self, data: Any, world: int, n_tables: int) -> None:
         self.data = data
@@ -71,6 +79,7 @@ class _Plan:
         self.error: BaseException | None = None
         self.served: _Served | None = None
         self.jagged: Any = None  # features=: each table's jagged input (collection._TableInput)
+        self.size = 0  # the first of a group of batches read together: the group's size
 
 
 class _Served:
@@ -78,12 +87,14 @@ class _Served:
     for, source after source (``ids``; ``counts[s, t]`` of them from process ``s``), and the
     pins taken for them."""
 
-    __slots__ = ("counts", "error", "ids", "pinned", "refused")
+    __slots__ = ("counts", "error", "ids", "pin_bytes", "pinned", "reads", "refused")
 
     def __init__(self, ids: list[np.ndarray], counts: np.ndarray) -> None:
         self.ids = ids
         self.counts = counts
         self.pinned: list[tuple[Table, np.ndarray]] = []
+        self.pin_bytes = 0  # what the store's pins grew by when this batch's were taken
+        self.reads: list[tuple[Table, np.ndarray]] = []  # pinned, not read in yet
         self.refused = False
         self.error: BaseException | None = None
 
@@ -239,15 +250,20 @@ class Session:
         store: Any,
         tables: Iterable[str | Table],
         *,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         grad_average: bool = True,
         on_miss: str = "init",
         device: Any = None,
         staleness: int = 0,
         features: Any = None,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise InvalidArgumentError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        if prefetch is not None and (
+            isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0
+        ):
+            raise InvalidArgumentError(
+                f"prefetch must be None (chosen from the memory budget) or an int >= 0, "
+                f"got {prefetch!r}"
+            )
         if isinstance(staleness, bool) or staleness not in (0, 1):
             raise InvalidArgumentError(f"staleness must be 0 or 1, got {staleness!r}")
         names = [t.name if isinstance(t, Table) else t for t in tables]
@@ -289,6 +305,8 @@ class Session:
         self._scaled = _Scaled()  # what push_grads(scaler=) hands to scaler.unscale_
         self._label = f"a session over {names}"  # for its collectives (distributed.calling)
         self._prepared = 0  # batches prepared by this run (the same on every process)
+        self._window: _Window | None = None  # the running loop's lookahead
+        self._ahead = {"groups": 0, "batches_read": 0, "max_batches": 0}
 
     @property
     def tables(self) -> list[str]:
@@ -298,9 +316,18 @@ class Session:
         """Seconds each stage was busy (``busy_s``) and waited (``blocked_s``: the prepare
         stage waiting for room ahead of training, training waiting for a prepared batch),
         batches, rows (``pulled`` into training, of them ``pulled_remote`` from other
-        processes; ``served`` to training as owner) and bytes exchanged with other processes."""
+        processes; ``served`` to training as owner), bytes exchanged with other processes, and
+        the ``lookahead``: how many batches ahead of training the prepare stage may run now
+        (``batches``: chosen from the memory budget with ``prefetch=None``), how it is bounded
+        (``bounded_by``: ``"budget"``, ``"max"``, ``"prefetch"`` or ``"no budget"``), the
+        batches whose cold rows are read together (``group``), the bytes of rows pinned for
+        batches in flight (``pinned_bytes``, all the store's tables) and of one batch
+        (``batch_bytes``, the largest of the last 16), ``reads`` (reads of a group so far),
+        ``batches_read`` and the most batches it ran ahead (``max_batches``)."""
+        window = self._window
         with self._lock:
-            return {
+            ahead = dict(self._ahead)
+            out = {
                 "batches": self._batches,
                 "busy_s": dict(self._busy),
                 "blocked_s": dict(self._blocked),
@@ -309,6 +336,11 @@ class Session:
                 "bytes_received": self._comm.bytes_received,
                 "processes": self._comm.world,
             }
+        look = (window or self._new_window()).describe()
+        look.update(reads=ahead["groups"], batches_read=ahead["batches_read"])
+        look["max_batches"] = ahead["max_batches"]
+        out["lookahead"] = look
+        return out
 
     def serve_metrics(self, listen: str = "127.0.0.1:0") -> str:
         """Serve this session's metrics on ``listen`` (``host:port``; port 0 picks one) as
@@ -375,6 +407,25 @@ class Session:
             "# TYPE embstore_session_bytes_total counter",
             f'embstore_session_bytes_total{{{p},direction="sent"}} {s["bytes_sent"]}',
             f'embstore_session_bytes_total{{{p},direction="received"}} {s["bytes_received"]}',
+        ]
+        look = s["lookahead"]
+        lines += [
+            "# HELP embstore_session_lookahead_batches Batches the prepare stage may run ahead "
+            "of training now (chosen from the memory budget unless prefetch is set).",
+            "# TYPE embstore_session_lookahead_batches gauge",
+            f'embstore_session_lookahead_batches{{{p},bounded_by="{look["bounded_by"]}"}} '
+            f"{look['batches']}",
+            "# HELP embstore_session_lookahead_group_batches Batches whose cold rows are read "
+            "together.",
+            "# TYPE embstore_session_lookahead_group_batches gauge",
+            f"embstore_session_lookahead_group_batches{{{p}}} {look['group']}",
+            "# HELP embstore_session_lookahead_pinned_bytes Bytes of rows pinned in the store "
+            "for batches in flight.",
+            "# TYPE embstore_session_lookahead_pinned_bytes gauge",
+            f"embstore_session_lookahead_pinned_bytes{{{p}}} {look['pinned_bytes']}",
+            "# HELP embstore_session_lookahead_reads_total Reads of a group's cold rows.",
+            "# TYPE embstore_session_lookahead_reads_total counter",
+            f"embstore_session_lookahead_reads_total{{{p}}} {look['reads']}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -465,13 +516,22 @@ class Session:
             plan.inv.append(place[inv])
             plan.counts[:, t] = np.bincount(owner, minlength=world)
 
-    def _prepare(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
+    def _prepare(
+        self, plan: Any, group: Any = None, pin: bool = True, read: bool = True, want: int = 0
+    ) -> Any:
         with calling(self._label):
-            return self._prepare_here(plan, group, pin)
+            return self._prepare_here(plan, group, pin, read, want)
 
-    def _prepare_here(self, plan: Any, group: Any = None, pin: bool = True) -> Any:
-        """Send the plan's ids to their owners; as owner, pin and read in what is asked.
-        Returns the plan, or ``_END`` once every process's loader has ended."""
+    def _prepare_here(
+        self, plan: Any, group: Any = None, pin: bool = True, read: bool = True, want: int = 0
+    ) -> Any:
+        """Send the plan's ids to their owners; as owner, pin and read in what is asked
+        (``read=False``: pinned only, the reads left in ``served.reads`` for
+        :meth:`_read_group`). ``want`` > 0 starts a group of batches read together: the
+        group's size, the least every process wants, lands in ``plan.size`` (every process
+        groups the same batches, so that none waits in a prepare exchange for a partner whose
+        training waits for a batch still in a group). Returns the plan, or ``_END`` once every
+        process's loader has ended."""
         start = time.perf_counter()
         comm = self._comm
         end = plan is _END
@@ -481,13 +541,15 @@ class Session:
                 raise error
             if end:
                 return _END
+            plan.size = want
             served = _Served(plan.uniq, plan.counts)
         else:
             n_tables = len(self._tables)
-            counts = np.zeros((comm.world, n_tables + 1), np.int64)
+            counts = np.zeros((comm.world, n_tables + 2), np.int64)
             if not end and error is None:
                 counts[:, :n_tables] = plan.counts
             counts[:, n_tables] = 1 if end else 0
+            counts[:, n_tables + 1] = want
             what = "preparing a batch"
             group = group or comm.prep
             recv = comm.exchange_counts(counts, error, what, group)
@@ -503,6 +565,7 @@ class Session:
                     "same number of batches (DistributedSampler, drop_last=True)"
                 )
             self._prepared += 1
+            plan.size = int(recv[:, n_tables + 1].min())
             recv = recv[:, :n_tables]
             send = (
                 np.concatenate(
@@ -526,7 +589,7 @@ class Session:
                 continue
             ids = self._pin_set(ids)
             try:
-                table.pin(ids)
+                served.pin_bytes += table.pin(ids)
                 served.pinned.append((table, ids))
             except CapacityError:
                 served.refused = True
@@ -534,7 +597,9 @@ class Session:
                 served.error = e
                 break
             reads.append((table, ids))
-        if served.error is None and reads:
+        if not read:
+            served.reads = reads
+        elif served.error is None and reads:
             served.error = self._read_in(reads)
         with self._lock:
             self._rows["pinned"] += sum(len(ids) for _, ids in served.pinned)
@@ -564,6 +629,42 @@ class Session:
             except Exception as e:
                 error = error or e
         return error
+
+    def _read_group(self, plans: list[_Plan]) -> None:
+        """Reads the cold rows of the prepared ``plans`` together: per table the union of
+        their ids, one read of it (a row two batches use is read once, and the disk gets the
+        group's reads at once, in the order of the files). An error goes to every plan."""
+        if not plans:
+            return
+        start = time.perf_counter()
+        by_table: dict[str, tuple[Table, list[np.ndarray]]] = {}
+        for plan in plans:
+            served = plan.served
+            assert served is not None
+            for table, ids in served.reads:
+                by_table.setdefault(table.name, (table, []))[1].append(ids)
+            served.reads = []
+        reads = [
+            (table, parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts)))
+            for table, parts in by_table.values()
+        ]
+        error = self._read_in(reads) if reads else None
+        for plan in plans:
+            assert plan.served is not None
+            if plan.served.error is None:
+                plan.served.error = error
+        with self._lock:
+            self._ahead["groups"] += 1
+            self._ahead["batches_read"] += len(plans)
+        self._add("prepare", time.perf_counter() - start)
+
+    def _new_window(self) -> _Window:
+        budget = self._store._inner.memory_budget if self._store is not None else None
+        tiered = budget is not None and any(t.tiered for t in self._tables)
+        return _Window(self._prefetch, budget[0] if tiered else None, self._pinned_bytes)
+
+    def _pinned_bytes(self) -> int:
+        return int(self._store._inner.pinned_bytes)
 
     def _gather(self, plan: _Plan) -> list[Any]:
         with calling(self._label):
@@ -863,7 +964,7 @@ class Session:
         self._prepared = 0
         try:
             if self._prefetch == 0:
-                yield from self._train(lambda _: self._prepare(self._read(it, ids)), None)
+                yield from self._train(lambda _: self._prepare(self._read(it, ids)), None, _release)
             else:
                 yield from self._pipelined(it, ids)
         finally:
@@ -873,12 +974,14 @@ class Session:
         self,
         next_plan: Callable[[bool], Any],
         pool: concurrent.futures.ThreadPoolExecutor | None,
+        release: Callable[[_Served | None], None],
     ) -> Iterator[SessionBatch]:
         """The training loop's side: each prepared batch's rows gathered and handed out, its
         pins released after. At staleness 1 the next batch is gathered before this one's
         write-back: on ``pool``'s thread while this one trains (pipelined), else in
         ``push_grads`` (or after the batch, if it pushes nothing). ``next_plan(in_loop)``
-        gives the next prepared batch (``in_loop``: the wait counts as training blocked)."""
+        gives the next prepared batch (``in_loop``: the wait counts as training blocked);
+        ``release(served)`` lets a batch's pins go."""
         ahead: Any = None  # staleness 1: the next (plan, leaves), a future of it, or None
         plan: Any = None
 
@@ -889,7 +992,7 @@ class Session:
             try:
                 return nxt, self._gather(nxt)
             except BaseException:
-                _release(nxt.served)
+                release(nxt.served)
                 raise
 
         def settle() -> None:
@@ -925,51 +1028,86 @@ class Session:
                 self._add("train", time.perf_counter() - started - batch._push_s)
                 if self._staleness:
                     settle()  # a batch that pushed nothing: the next one is gathered now
-                _release(plan.served)
+                release(plan.served)
                 plan = None
         finally:
             if plan is not None and plan is not _END:
-                _release(plan.served)
+                release(plan.served)
             if isinstance(ahead, concurrent.futures.Future):
                 try:
                     ahead = ahead.result(timeout=self._join_timeout())
                 except BaseException:
                     ahead = None
             if isinstance(ahead, tuple) and ahead[0] is not _END:
-                _release(ahead[0].served)
+                release(ahead[0].served)
 
     def _pipelined(self, it: Iterator[Any], ids: Any) -> Iterator[SessionBatch]:
-        ready: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
+        ready: queue.Queue[Any] = queue.Queue()
         stop = threading.Event()
+        window = self._window = self._new_window()
+
+        def release(served: _Served | None) -> None:
+            if served is not None:
+                _release(served)
+                window.released()
+
+        def wait_room(n: int) -> None:
+            """Until ``n`` more batches fit the lookahead (or the loop is closed)."""
+            started = time.perf_counter()
+            with window.cond:
+                while not stop.is_set() and not window.room(n):
+                    window.cond.wait(0.05)
+            with self._lock:
+                self._blocked["prepare"] += time.perf_counter() - started
 
         def work() -> None:
             # Every process's thread runs the same sequence of prepare exchanges; once the loop
             # is closed, the next one says so (an "end"), so every process's thread stops after
-            # the same exchange and none is left waiting for a partner.
+            # the same exchange and none is left waiting for a partner. How many batches are
+            # prepared before their rows are read (a group) is each process's own choice: the
+            # reads are local.
+            group: list[_Plan] = []
             try:
+                size = want = 0
                 while True:
-                    plan = self._prepare(_END if stop.is_set() else self._read(it, ids))
-                    started = time.perf_counter()
-                    while True:
-                        try:
-                            ready.put(plan, timeout=0.05)
-                            break
-                        except queue.Full:
-                            if stop.is_set():
-                                if plan is not _END:
-                                    _release(plan.served)
-                                break
-                    with self._lock:
-                        self._blocked["prepare"] += time.perf_counter() - started
+                    if not group:
+                        want = window.group()
+                        wait_room(want)
+                    plan = self._prepare(
+                        _END if stop.is_set() else self._read(it, ids),
+                        read=False,
+                        want=0 if group else want,
+                    )
+                    if plan is not _END:
+                        if not group:
+                            size = max(1, plan.size)
+                        window.prepared(plan.served)
+                        group.append(plan)
+                        with self._lock:
+                            ahead = window.in_flight - 1
+                            self._ahead["max_batches"] = max(self._ahead["max_batches"], ahead)
+                        if window.too_small():
+                            warnings.warn(
+                                "embstore session: the memory budget holds the rows of fewer "
+                                "than 2 batches ahead of training; one batch is prepared ahead "
+                                "(a larger memory_budget_bytes, or smaller batches, lets the "
+                                "session look further ahead)",
+                                RuntimeWarning,
+                                stacklevel=2,
+                            )
+                        if len(group) < size:
+                            continue
+                    self._read_group(group)
+                    for p in group:
+                        ready.put(p)
+                    group = []
                     if plan is _END:
+                        ready.put(_END)
                         return
             except BaseException as e:  # raised in the training loop
-                while not stop.is_set():
-                    try:
-                        ready.put(_Failed(e), timeout=0.05)
-                        return
-                    except queue.Full:
-                        continue
+                for p in group:
+                    release(p.served)
+                ready.put(_Failed(e))
 
         def next_plan(in_loop: bool) -> Any:
             waited = time.perf_counter()
@@ -989,7 +1127,7 @@ class Session:
             else None
         )
         try:
-            yield from self._train(next_plan, pool)
+            yield from self._train(next_plan, pool, release)
         finally:
             stop.set()
             if pool is not None:
@@ -1004,7 +1142,7 @@ class Session:
                 except queue.Empty:
                     break
                 if isinstance(left, _Plan):
-                    _release(left.served)
+                    release(left.served)
 
     def _join_timeout(self) -> float:
         return 5.0 if self._comm.world == 1 else timeout_s()
@@ -1017,6 +1155,96 @@ class _Scaled:
 
     def __init__(self) -> None:
         self.param_groups: list[dict[str, Any]] = []
+
+
+class _Window:
+    """How far the prepare stage runs ahead of training, and how many prepared batches have
+    their cold rows read together.
+
+    ``prefetch=k``: ``k`` batches ahead, each read on its own (as it always was). ``None``
+    (the default): without a memory budget 2 ahead; with one, as many as the rows pinned for
+    them allow: another batch is prepared while the store's pinned bytes plus one batch's
+    (the largest of the last 16 batches' new pins) stay within ``_LOOKAHEAD_SHARE`` of the
+    budget, up to ``_MAX_AHEAD``. Batches are then prepared a group at a time — half the
+    batches the budget holds, up to ``_MAX_GROUP`` — and the group's cold rows read at once;
+    the prepare stage waits for room for a whole group, so that groups stay large. A budget
+    that holds fewer than 2 batches' pins ahead keeps one batch prepared ahead of the one
+    training, with a warning (the pins may then be refused: such batches read their rows at
+    their own lookups, as before)."""
+
+    def __init__(self, prefetch: int | None, limit: int | None, pinned: Callable[[], int]):
+        self.fixed = prefetch
+        self.limit = limit
+        self._pinned = pinned
+        self.cond = threading.Condition()
+        self.in_flight = 0  # prepared and not yet released (the batch training included)
+        self._sizes: list[int] = []  # the last 16 batches' new pins, bytes
+        self.warned = False
+
+    def batch_bytes(self) -> int:
+        return max(self._sizes, default=0)
+
+    def holds(self) -> tuple[int, str]:
+        """Batches ahead of training the lookahead may run now, and what bounds it."""
+        if self.fixed is not None:
+            return self.fixed, "prefetch"
+        if self.limit is None:
+            return 2, "no budget"
+        per = self.batch_bytes()
+        if per == 0:
+            return _MAX_AHEAD, "max"
+        n = int(_LOOKAHEAD_SHARE * self.limit // per)
+        return (n, "budget") if n < _MAX_AHEAD else (_MAX_AHEAD, "max")
+
+    def group(self) -> int:
+        """Prepared batches read together."""
+        if self.fixed is not None or self.limit is None:
+            return 1
+        if not self._sizes:  # the first batch alone: it measures a batch's pins
+            return 1
+        return max(1, min(_MAX_GROUP, self.holds()[0] // 2))
+
+    def room(self, n: int) -> bool:
+        """Whether ``n`` more batches may be prepared now."""
+        if self.fixed is not None:
+            return self.in_flight + n <= self.fixed + 1
+        if self.limit is None:
+            return self.in_flight + n <= 3
+        if self.in_flight == 0 or self.in_flight + n <= 2:  # one ahead, whatever the budget
+            return True
+        if self.in_flight + n > _MAX_AHEAD + 1:
+            return False
+        return self._pinned() + n * self.batch_bytes() <= _LOOKAHEAD_SHARE * self.limit
+
+    def prepared(self, served: _Served | None) -> None:
+        with self.cond:
+            self.in_flight += 1
+            if served is not None and self.limit is not None:
+                self._sizes = [*self._sizes[-15:], served.pin_bytes]
+
+    def released(self) -> None:
+        with self.cond:
+            self.in_flight -= 1
+            self.cond.notify_all()
+
+    def too_small(self) -> bool:
+        """A budget whose lookahead holds fewer than 2 batches (warned once)."""
+        if self.fixed is not None or self.limit is None or self.warned or len(self._sizes) < 2:
+            return False
+        if self.holds()[0] >= 2:
+            return False
+        self.warned = True
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        n, bound = self.holds()
+        return {
+            "batches": n,
+            "bounded_by": bound,
+            "group": self.group(),
+            "pinned_bytes": self._pinned() if self.limit is not None else 0,
+            "batch_bytes": self.batch_bytes(),
+        }
 
 
 class _Failed:

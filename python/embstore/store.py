@@ -673,7 +673,7 @@ class Store:
         self,
         tables: list[str | Table] | tuple[str | Table, ...] | None = None,
         *,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         grad_average: bool = True,
         on_miss: str = "init",
         device: Any = None,
@@ -686,9 +686,13 @@ class Store:
 
         Args:
             tables: the names (or tables) a batch reads.
-            prefetch: batches read and prepared ahead of training, by a background thread
-                (0: every stage in your loop's thread, in order). Results are the same, to
-                the bit, for every value: rows are read after the batch before is applied.
+            prefetch: batches read and prepared ahead of training, by a background thread.
+                ``None`` (the default) chooses from the memory budget: as many batches as
+                the rows pinned for them hold in a quarter of it (up to 32; 2 without a
+                budget), their cold rows read a group at a time, in one pass over the disk;
+                ``stats()["lookahead"]`` says how far it looks. An int fixes it (0: every
+                stage in your loop's thread, in order). Results are the same, to the bit,
+                for every value: rows are read after the batch before is applied.
             grad_average: divide the gradients by the process count before they are summed
                 at the owners: the average over processes, as DDP does for the dense model,
                 so a loss that is a mean over each process's batch trains as one process
@@ -719,7 +723,7 @@ class Store:
             >>> import embstore, numpy as np, tempfile, torch
             >>> store = embstore.Store(tempfile.mkdtemp(), memory_budget_bytes=1 << 20)
             >>> _ = store.create_table("item", embedding_dim=4, optimizer=embstore.SGD(lr=0.1))
-            >>> sess = store.session(["item"], prefetch=2)
+            >>> sess = store.session(["item"])
             >>> batches = [np.array([1, 2, 2]), np.array([2, 3, 4])]
             >>> for b in sess.run(batches, ids=lambda b: {"item": b}):
             ...     loss = b.embeddings("item").sum()

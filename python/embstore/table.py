@@ -201,13 +201,14 @@ class Table:
         """Whether rows may live on disk (the store has a ``memory_budget_bytes``)."""
         return self._inner.tiered
 
-    def pin(self, ids: Any) -> None:
+    def pin(self, ids: Any) -> int:
         """Keep the rows of ``ids`` in memory until :meth:`unpin` (counted: pin twice, unpin
         twice). Only matters with a memory budget; a no-op otherwise. The rows pinned in all
         the store's tables together may take at most 60 % of the budget: beyond that
         :class:`CapacityError` says so (a working set too large for the budget), instead of
-        thrashing or blocking."""
-        self._inner.pin(as_ids(ids)[0])
+        thrashing or blocking. Returns the bytes the store's pinned rows grew by (rows no pin
+        held before; 0 without a budget)."""
+        return int(self._inner.pin(as_ids(ids)[0]))
 
     def prefetch(self, ids: Any) -> int:
         """Bring the rows of ``ids`` that are on disk into memory now, as a lookup would,

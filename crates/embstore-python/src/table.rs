@@ -224,6 +224,12 @@ impl PyStore {
         self.inner.memory_budget().map(|b| (b.limit(), b.used()))
     }
 
+    /// Bytes of the rows pinned in all the tables of a store with a memory budget (0 without).
+    #[getter]
+    fn pinned_bytes(&self) -> u64 {
+        self.inner.memory_budget().map_or(0, |b| b.pinned())
+    }
+
     #[getter]
     fn path(&self) -> Option<std::path::PathBuf> {
         self.inner.path().map(|p| p.to_path_buf())
@@ -621,7 +627,7 @@ impl PyTable {
         Ok(())
     }
 
-    fn pin(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<()> {
+    fn pin(&self, py: Python<'_>, ids: PyReadonlyArray1<'_, u64>) -> PyResult<u64> {
         let keys = slice(&ids, "ids")?;
         let t = &self.inner;
         detached(py, || t.pin(keys)).map_err(to_py_err)

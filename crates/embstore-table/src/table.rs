@@ -429,8 +429,9 @@ impl Table {
 
     /// Pins the rows of `ids` in memory until [`Table::unpin`] (counted: pin twice, unpin
     /// twice). Fails with `Capacity` if the rows pinned in all the tables under the budget
-    /// would exceed 60 % of it.
-    pub fn pin(&self, ids: &[u64]) -> Result<()> {
+    /// would exceed 60 % of it. Returns the bytes the pins of all the tables under the budget
+    /// grew by (rows no pin held before; 0 without a budget).
+    pub fn pin(&self, ids: &[u64]) -> Result<u64> {
         Pinning::pin(self, ids)
     }
 

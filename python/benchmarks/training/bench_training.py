@@ -35,6 +35,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE))
+import synth_ctr  # noqa: E402
+
 EMBSTORE_TORCHRUN = ROOT / ".venv" / "bin" / "torchrun"
 TORCHREC_TORCHRUN = ROOT / ".venv-torchrec" / "bin" / "torchrun"
 CONFIGS = ("embstore_mem", "embstore_budget", "torchrec")
@@ -75,7 +78,7 @@ def command(config: str, processes: int, args: argparse.Namespace, out: Path) ->
         "--json", str(out),
     ]  # fmt: skip
     if config != "torchrec":
-        cmd += ["--prefetch", str(args.prefetch)]
+        cmd += ["--prefetch", "auto" if args.prefetch is None else str(args.prefetch)]
     if config == "embstore_budget":
         cmd += ["--memory-budget-share", str(args.memory_budget_share)]
     return cmd
@@ -293,7 +296,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (--quick: 1)")
     ap.add_argument("--processes", default=None, help="default 1,2,4 (--quick: 1,2)")
     ap.add_argument("--memory-budget-share", type=float, default=0.2)
-    ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--prefetch", type=synth_ctr.prefetch_arg, default=None, help="default: auto")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--retries", type=int, default=1, help="reruns of a failed run")
     ap.add_argument("--out", type=Path, default=None)

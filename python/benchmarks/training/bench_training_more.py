@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import synth_ctr  # noqa: E402
 from bench_training import run_one  # noqa: E402
 
 
@@ -132,7 +133,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=4096, help="global batch size")
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--prefetch", type=synth_ctr.prefetch_arg, default=None, help="default: auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--memory-budget-share", type=float, default=None, help="large: default 0.1")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")

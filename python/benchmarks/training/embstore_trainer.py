@@ -179,7 +179,13 @@ def main() -> None:
         default=None,
         help="per-process memory budget as a share of its rows' bytes (default: no budget)",
     )
-    ap.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead")
+    ap.add_argument(
+        "--prefetch",
+        type=synth_ctr.prefetch_arg,
+        default=None,
+        help="batches prepared ahead (default: auto, the session's lookahead chosen from the "
+        "memory budget)",
+    )
     ap.add_argument(
         "--staleness",
         type=int,
@@ -257,7 +263,7 @@ def main() -> None:
     log(
         f"{world} processes, {w.total_rows} rows, {row_bytes:.1f} B/row, budget "
         + ("none" if budget is None else f"{budget / 2**20:.1f} MiB/process ({share:g})")
-        + f", prefetch {args.prefetch}; set up in {time.perf_counter() - t0:.1f}s"
+        + f", prefetch {args.prefetch or 'auto'}; set up in {time.perf_counter() - t0:.1f}s"
     )
 
     sess = store.session(TABLES, prefetch=args.prefetch, staleness=args.staleness)
@@ -338,6 +344,7 @@ def main() -> None:
             "rows_stored_by_the_run": stored,
             "bytes_per_row": row_bytes,
             "prefetch": args.prefetch,
+            "lookahead": final["lookahead"],
             "staleness": args.staleness,
             # Over the timed batches (after warmup), rank 0's session.
             "stages": {"busy_s": stats["busy_s"], "blocked_s": stats["blocked_s"]},

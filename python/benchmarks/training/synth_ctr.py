@@ -176,6 +176,19 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def prefetch_arg(text: str) -> int | None:
+    """``--prefetch``: ``auto`` (None: the session's lookahead) or a number of batches."""
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"auto or an int >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"auto or an int >= 0, got {text!r}")
+    return n
+
+
 def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     """The command-line arguments every trainer of this workload takes (embstore's and the
     TorchRec peer's alike): the run's shape."""

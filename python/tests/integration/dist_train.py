@@ -12,6 +12,7 @@ tolerance across process counts).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import signal
@@ -92,7 +93,7 @@ def train(
     args: argparse.Namespace,
     run: str,
     model: str,
-    prefetch: int,
+    prefetch: int | None,
     budget: int | None,
     staleness: int = 0,
 ):
@@ -176,6 +177,8 @@ def train(
     if rank == 0:
         print(f"{run}: {stats['batches']} batches, stages {stats['busy_s']}", flush=True)
     dump(store, pathlib.Path(args.out) / run)
+    look = pathlib.Path(args.out) / run / f"lookahead-{rank}.json"
+    look.write_text(json.dumps(stats["lookahead"]))
     if rank == 0 and ddp is not None:
         torch.save(head.state_dict(), pathlib.Path(args.out) / run / "head.pt")
     store.close()
@@ -200,7 +203,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--runs", default="exact,sign,sign-stale,mlp-seq,mlp-pipe-budget")
+    p.add_argument("--runs", default="exact,sign,sign-stale,mlp-seq,mlp-pipe-budget,mlp-lookahead")
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--checkpoint-every", type=int, default=0)
@@ -222,6 +225,8 @@ def main() -> int:
         "sign-stale": ("sign", 2, 96 << 10, 1),
         "mlp-seq": ("mlp", 0, None),
         "mlp-pipe-budget": ("mlp", 2, 96 << 10),
+        # The default lookahead, under a budget that holds several batches ahead.
+        "mlp-lookahead": ("mlp", None, 256 << 10),
     }
     for run in args.runs.split(","):
         train(args, run, *plans[run])

@@ -8,6 +8,7 @@ The jobs are ``dist_train.py`` and ``dist_faults.py`` beside this file."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -165,6 +166,22 @@ def test_pipelined_under_a_tiny_budget_equals_sequential_in_memory(runs, n):
     assert_same_rows(rows(seq), rows(pipe), exact=True)
     h1, h2 = heads(seq), heads(pipe)
     assert all(torch.equal(h1[k], h2[k]) for k in h1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_the_default_lookahead_trains_bit_for_bit_like_sequential(runs, n):
+    # prefetch=None under a budget that holds several batches' pins: batches prepared a group
+    # at a time, their cold rows read together, every process grouping the same batches.
+    seq, look = runs / f"o{n}" / "mlp-seq", runs / f"o{n}" / "mlp-lookahead"
+    assert_same_rows(rows(seq), rows(look), exact=True)
+    h1, h2 = heads(seq), heads(look)
+    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+    stats = [json.loads(f.read_text()) for f in sorted(look.glob("lookahead-*.json"))]
+    assert len(stats) == n
+    for s in stats:
+        assert s["bounded_by"] in ("budget", "max"), s
+        assert s["max_batches"] >= 3, s
+        assert s["batches_read"] == 12 and s["reads"] < s["batches_read"], s
 
 
 def test_a_killed_process_is_restarted_from_the_checkpoint_and_ends_the_same(tmp_path):

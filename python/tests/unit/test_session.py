@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 import embstore
 from embstore import distributed as edist
+from embstore.session import _MAX_GROUP
 from embstore.table import Table
 
 TABLES = {"user": 8, "item": 4}
@@ -45,7 +47,7 @@ def _store(tmp_path, name: str, budget: int | None) -> embstore.Store:
 
 
 def _train(
-    store: embstore.Store, prefetch: int, data, staleness: int = 0
+    store: embstore.Store, prefetch: int | None, data, staleness: int = 0, stats=None
 ) -> tuple[np.ndarray, ...]:
     torch.manual_seed(0)
     head = torch.nn.Linear(8 + 12, 1)
@@ -59,6 +61,8 @@ def _train(
         opt.step()
         opt.zero_grad()
     assert sess.stats()["batches"] == len(data)
+    if stats is not None:
+        stats.update(sess.stats())
     rows = tuple(store[t].lookup(np.arange(0, 10400), "zeros").copy() for t in TABLES) + tuple(
         p.detach().clone().numpy() for p in head.parameters()
     )
@@ -76,6 +80,71 @@ def test_a_pipelined_session_trains_bit_for_bit_like_a_sequential_one(tmp_path, 
             np.testing.assert_array_equal(a, b)
     # Every table stepped once per batch.
     assert list(seq[-1]) == [len(data), len(data)]
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_the_default_lookahead_trains_bit_for_bit_and_stays_within_its_share(
+    tmp_path, monkeypatch, staleness
+):
+    # prefetch=None under a budget that holds many batches' pins: batches prepared a group at
+    # a time and their cold rows read together; the values are those of sequential training.
+    from embstore.session import _LOOKAHEAD_SHARE
+
+    data = _data(2, n=60)
+    seq = _train(_store(tmp_path, "seq", None), 0, data, staleness)
+    budget = 160 << 10
+    store = _store(tmp_path, "look", budget)
+    most = [0]
+    pin = Table.pin
+
+    def watched(self, ids):  # the store's pinned bytes after every pin
+        added = pin(self, ids)
+        most[0] = max(most[0], store._inner.pinned_bytes)
+        return added
+
+    monkeypatch.setattr(Table, "pin", watched)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no pin refused, no "budget too small"
+        got = _train(store, None, data, staleness, stats := {})
+    for a, b in zip(seq, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    look = stats["lookahead"]
+    assert look["bounded_by"] == "budget"
+    assert 0 < most[0] <= 0.6 * budget
+    # The rows pinned ahead stay within the lookahead's share, but for the last group's
+    # estimate (a batch's new pins vary).
+    assert most[0] <= _LOOKAHEAD_SHARE * budget + _MAX_GROUP * look["batch_bytes"]
+
+
+def test_a_lookahead_reads_groups_of_batches_and_says_so(tmp_path):
+    store = _store(tmp_path, "s", 160 << 10)
+    sess = store.session(["user", "item"])
+    for b in sess.run(_data(3, n=40), _ids):
+        (b.embeddings("user").sum() + b.embeddings("item").sum()).backward()
+        b.push_grads()
+    look = sess.stats()["lookahead"]
+    assert look["batches"] >= 3 and look["bounded_by"] == "budget", look
+    assert look["group"] >= 2 and look["max_batches"] >= 3, look
+    assert look["batches_read"] == 40 and look["reads"] <= 1 + 40 // 2, look
+    assert look["batch_bytes"] > 0
+    text = sess.metrics_text()
+    assert 'embstore_session_lookahead_batches{process="0",bounded_by="budget"}' in text
+    assert "embstore_session_lookahead_reads_total" in text
+    # Without a budget: 2 ahead; a fixed prefetch: that many, a batch per read.
+    mem = embstore.Store()
+    mem.create_table("t", 4)
+    assert mem.session(["t"]).stats()["lookahead"]["bounded_by"] == "no budget"
+    fixed = store.session(["user", "item"], prefetch=3).stats()["lookahead"]
+    assert (fixed["batches"], fixed["bounded_by"], fixed["group"]) == (3, "prefetch", 1)
+
+
+def test_a_budget_too_small_for_a_lookahead_warns_and_trains_exactly(tmp_path):
+    data = _data(4, n=20)
+    seq = _train(_store(tmp_path, "seq", None), 0, data)
+    with pytest.warns(RuntimeWarning, match="fewer than 2 batches ahead"):
+        got = _train(_store(tmp_path, "small", 24 << 10), None, data)
+    for a, b in zip(seq, got, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.filterwarnings("ignore:embstore session:RuntimeWarning")
@@ -232,8 +301,9 @@ def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
     real_pin, real_unpin = Table.pin, Table.unpin
 
     def pin(self, ids):
-        real_pin(self, ids)
+        added = real_pin(self, ids)
         held[id(ids)] = held.get(id(ids), 0) + 1
+        return added
 
     def unpin(self, ids):
         real_unpin(self, ids)
@@ -242,13 +312,14 @@ def test_breaking_out_releases_every_pin(tmp_path, monkeypatch):
     monkeypatch.setattr(Table, "pin", pin)
     monkeypatch.setattr(Table, "unpin", unpin)
     store = _store(tmp_path, "s", 1 << 20)
-    for staleness in (0, 1):
-        sess = store.session(["user", "item"], prefetch=3, staleness=staleness)
+    for staleness, prefetch in ((0, 3), (1, 3), (0, None), (1, None)):
+        sess = store.session(["user", "item"], prefetch=prefetch, staleness=staleness)
         for n, b in enumerate(sess.run(_data(4), _ids)):
             _step(b)
             if n == 4:
                 break
-        assert held and all(v == 0 for v in held.values()), (staleness, held)
+        assert held and all(v == 0 for v in held.values()), (staleness, prefetch, held)
+        assert store._inner.pinned_bytes == 0
     # The session runs again from a clean state.
     assert sum(1 for b in sess.run(_data(5, n=3), _ids) if _step(b) is None) == 3
 

@@ -54,9 +54,10 @@ fn unpin_locked(pins: &mut Pins, ids: &[u64]) {
 pub(crate) trait Pinning: Host {
     /// Pins the rows of `ids` in memory until [`Table::unpin`](crate::Table::unpin) (counted: pin
     /// twice, unpin twice). Fails with `Capacity` if the rows pinned in all the tables under the
-    /// budget would exceed 60 % of it.
-    fn pin(&self, ids: &[u64]) -> Result<()> {
-        let Some(tier) = self.tier() else { return Ok(()) };
+    /// budget would exceed 60 % of it. Returns the bytes of the rows it pinned that no pin held
+    /// before (what the pins of all the tables under the budget grew by).
+    fn pin(&self, ids: &[u64]) -> Result<u64> {
+        let Some(tier) = self.tier() else { return Ok(0) };
         let mut pins = tier.pins.lock();
         // Optimistic: count every id in (one hash probe each, the common case), and take the
         // counts back out if the pinned rows would pass the limit.
@@ -85,7 +86,7 @@ pub(crate) trait Pinning: Host {
             ));
         }
         tier.pinned_bytes.fetch_add(added, Ordering::Relaxed);
-        Ok(())
+        Ok(added)
     }
 
     /// Releases pins taken by [`Table::pin`](crate::Table::pin). Where the rows they held leave the
