@@ -170,6 +170,14 @@ def stage_delta(after: dict, before: dict) -> dict:
     }
 
 
+def vm_rss_mb() -> float:
+    """This process's resident memory now, MiB (``VmRSS``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     synth_ctr.add_run_arguments(ap)
@@ -243,6 +251,9 @@ def main() -> None:
     dist.broadcast_object_list(where, src=0)
     store_dir = Path(where[0])
 
+    # What torch, the interpreter and the workload hold before the store (goal: RSS within
+    # 1.5x the budget on top of this).
+    rss_before_store = vm_rss_mb()
     store = embstore.Store(store_dir, memory_budget_bytes=budget, distributed=True)
     for f, name in enumerate(TABLES):
         store.create_table(
@@ -320,6 +331,7 @@ def main() -> None:
         "evicted_to_disk": sum(s.get("evicted_to_disk", 0) for s in tstats),
         "bytes_reserved": sum(s["bytes_reserved"] for s in tstats),
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "rss_mb_before_store": rss_before_store,
         "memory_budget": store.memory_budget,
         # Over the timed batches: bytes this process read from disk, bytes written to the
         # machine's disks, and the rows read back from disk.
@@ -339,6 +351,16 @@ def main() -> None:
             # Batch generation runs in the session's read stage (background thread).
             "data_seconds_rank0": stats["busy_s"]["read"],
             "rss_mb_max": max(p["rss_mb"] for p in per_proc),
+            # Peak RSS over what the process held before opening the store, per process, as a
+            # multiple of its memory budget.
+            "rss_over_budget": (
+                None
+                if budget is None
+                else max(
+                    (p["rss_mb"] - p["rss_mb_before_store"]) * 2**20 / budget for p in per_proc
+                )
+            ),
+            "rss_mb_before_store": max(p["rss_mb_before_store"] for p in per_proc),
             "memory_budget_share": share,
             "memory_budget_bytes": budget,
             "rows_stored_by_the_run": stored,

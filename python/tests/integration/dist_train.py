@@ -226,7 +226,7 @@ def main() -> int:
         "mlp-seq": ("mlp", 0, None),
         "mlp-pipe-budget": ("mlp", 2, 96 << 10),
         # The default lookahead, under a budget that holds several batches ahead.
-        "mlp-lookahead": ("mlp", None, 256 << 10),
+        "mlp-lookahead": ("mlp", None, 384 << 10),
     }
     for run in args.runs.split(","):
         train(args, run, *plans[run])
