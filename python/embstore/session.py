@@ -15,9 +15,9 @@ A batch goes through five stages::
 While your loop trains on batch t, the background thread reads, partitions and prepares the
 batches ahead: ``prefetch`` of them, or by default as many as the memory budget holds pinned (the
 lookahead, see ``_Window``), their cold rows read together, a group at a time. Values are read
-in the train stage, after batch t-1's write-back, so
-the pipeline changes when the work is done and never what is computed: a pipelined session
-trains bit for bit like ``prefetch=0`` (everything in your loop's thread, in order).
+in the train stage, after batch t-1's write-back, so the pipeline changes when the work is done
+and never what is computed: a pipelined session trains bit for bit like ``prefetch=0``
+(everything in your loop's thread, in order).
 
 ``staleness=1`` moves the gather off your loop too: batch t+1's rows are read while batch t
 trains, after batch t-1's write-back and before batch t's, so batch t+1 misses exactly batch t's

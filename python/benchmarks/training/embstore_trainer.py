@@ -283,6 +283,7 @@ def main() -> None:
     start = time.perf_counter()
     at_warmup = sess.stats()
     io_warm, cold_warm = proc_io(), cold_counts(store)
+    cold_start, warmup_s = cold_warm, None
     losses = []
     for i, b in enumerate(sess.run(synth_ctr.batches(w, 0, args.batches, rank, world), ids_of)):
         sparse = torch.stack([b.embeddings(name) for name in TABLES], dim=1)  # [B, 26, dim]
@@ -294,6 +295,7 @@ def main() -> None:
         losses.append(loss.item())
         if i + 1 == args.warmup:
             dist.barrier()
+            warmup_s = time.perf_counter() - start
             at_warmup = sess.stats()
             io_warm, cold_warm = proc_io(), cold_counts(store)
             start = time.perf_counter()
@@ -339,6 +341,7 @@ def main() -> None:
         "timed_write_bytes": timed_io["write_bytes"],
         "timed_cold_reads": timed_cold["cold_reads"],
         "timed_cold_read_ios": timed_cold["cold_read_ios"],
+        "warmup_cold_reads": cold_warm["cold_reads"] - cold_start["cold_reads"],
     }
     per_proc: list = [None] * world
     dist.all_gather_object(per_proc, mine)
@@ -386,6 +389,15 @@ def main() -> None:
             # the same (a filled store and one that creates rows on first use).
             "train_losses": losses,
             "timed_cold_reads_per_batch": sum(p["timed_cold_reads"] for p in per_proc) / timed,
+            # The warm-up's batches (not timed above): their seconds and cold reads per second,
+            # all processes together.
+            "warmup_s": warmup_s,
+            "warmup_examples_per_s": (
+                args.warmup * args.batch_size / warmup_s if warmup_s else None
+            ),
+            "warmup_cold_reads_per_s": (
+                sum(p["warmup_cold_reads"] for p in per_proc) / warmup_s if warmup_s else None
+            ),
             "timed_read_bytes_per_cold_row": (
                 sum(p["timed_read_bytes"] for p in per_proc)
                 / max(1, sum(p["timed_cold_reads"] for p in per_proc))
