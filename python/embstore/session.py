@@ -660,7 +660,7 @@ class Session:
         self._add("prepare", time.perf_counter() - start)
 
     def _new_window(self) -> _Window:
-        budget = self._store._inner.memory_budget if self._store is not None else None
+        budget = self._store._inner.memory_budget
         tiered = budget is not None and any(t.tiered for t in self._tables)
         return _Window(self._prefetch, budget[0] if tiered else None, self._pinned_bytes)
 
@@ -1064,9 +1064,9 @@ class Session:
         def work() -> None:
             # Every process's thread runs the same sequence of prepare exchanges; once the loop
             # is closed, the next one says so (an "end"), so every process's thread stops after
-            # the same exchange and none is left waiting for a partner. How many batches are
-            # prepared before their rows are read (a group) is each process's own choice: the
-            # reads are local.
+            # the same exchange and none is left waiting for a partner. The processes agree on
+            # each group's size in its first batch's exchange (see _prepare_here), so every
+            # process reads its groups' rows after the same batches.
             group: list[_Plan] = []
             try:
                 size = want = 0

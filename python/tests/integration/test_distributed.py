@@ -160,22 +160,24 @@ def test_staleness_one_trains_alike_on_every_process_count(runs, n):
     assert not np.array_equal(one["user"][1], fresh["user"][1])
 
 
+def assert_same_model(a: pathlib.Path, b: pathlib.Path) -> None:
+    """Two runs' rows and dense heads, bit for bit."""
+    assert_same_rows(rows(a), rows(b), exact=True)
+    h1, h2 = heads(a), heads(b)
+    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+
+
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_pipelined_under_a_tiny_budget_equals_sequential_in_memory(runs, n):
-    seq, pipe = runs / f"o{n}" / "mlp-seq", runs / f"o{n}" / "mlp-pipe-budget"
-    assert_same_rows(rows(seq), rows(pipe), exact=True)
-    h1, h2 = heads(seq), heads(pipe)
-    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+    assert_same_model(runs / f"o{n}" / "mlp-seq", runs / f"o{n}" / "mlp-pipe-budget")
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_the_default_lookahead_trains_bit_for_bit_like_sequential(runs, n):
     # prefetch=None under a budget that holds several batches' pins: batches prepared a group
     # at a time, their cold rows read together, every process grouping the same batches.
-    seq, look = runs / f"o{n}" / "mlp-seq", runs / f"o{n}" / "mlp-lookahead"
-    assert_same_rows(rows(seq), rows(look), exact=True)
-    h1, h2 = heads(seq), heads(look)
-    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+    look = runs / f"o{n}" / "mlp-lookahead"
+    assert_same_model(runs / f"o{n}" / "mlp-seq", look)
     stats = [json.loads(f.read_text()) for f in sorted(look.glob("lookahead-*.json"))]
     assert len(stats) == n
     for s in stats:
@@ -201,11 +203,7 @@ def test_a_killed_process_is_restarted_from_the_checkpoint_and_ends_the_same(tmp
     assert "killing myself (SIGKILL) after batch 6" in text
     assert "rank 0: resumed from batch-00004 at batch 4" in text
     assert "rank 1: resumed from batch-00004 at batch 4" in text
-    assert_same_rows(
-        rows(tmp_path / "ok" / "mlp-seq"), rows(tmp_path / "ou" / "mlp-seq"), exact=True
-    )
-    h1, h2 = heads(tmp_path / "ok" / "mlp-seq"), heads(tmp_path / "ou" / "mlp-seq")
-    assert all(torch.equal(h1[k], h2[k]) for k in h1)
+    assert_same_model(tmp_path / "ok" / "mlp-seq", tmp_path / "ou" / "mlp-seq")
     # The killed attempt's store is kept (it may hold rows newer than the checkpoint).
     assert (tmp_path / "wk" / "mlp-seq" / "store" / edist.MANIFEST).exists()
 
