@@ -23,6 +23,7 @@ one (each process takes the rows it owns from every partition).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import json
@@ -161,6 +162,64 @@ def calling(label: str) -> Iterator[None]:
             _CALL.label = None
 
 
+class _Exit:
+    """Tears down, at interpreter exit, the process groups embstore made (and the default
+    group when embstore initialised it), while the interpreter is still whole. Left to the
+    interpreter's finalisation, gloo's worker threads may still hold a finished collective's
+    tensors and the process aborts after its work is done ("terminate called without an
+    active exception", SIGABRT: exit status -6 under torchrun). Nothing is torn down when a
+    collective is still running or one failed: the process is leaving because of an error,
+    and a teardown could wait for a peer that will never answer."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    failed = False
+    own_default = False
+    groups: list[Any] = []
+    registered = False
+
+    @classmethod
+    def track(cls, groups: Sequence[Any] = (), own_default: bool = False) -> None:
+        with cls.lock:
+            cls.groups.extend(groups)
+            cls.own_default = cls.own_default or own_default
+            if not cls.registered:
+                atexit.register(cls.teardown)
+                cls.registered = True
+
+    @classmethod
+    @contextlib.contextmanager
+    def collective(cls) -> Iterator[None]:
+        with cls.lock:
+            cls.in_flight += 1
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+                cls.failed = cls.failed or not ok
+
+    @classmethod
+    def teardown(cls) -> None:
+        import torch.distributed as dist
+
+        with cls.lock:
+            if cls.in_flight or cls.failed or not dist.is_initialized():
+                return
+            groups, cls.groups = cls.groups, []
+            own_default = cls.own_default
+        try:
+            if own_default:
+                dist.destroy_process_group()
+            else:
+                for g in groups:
+                    dist.destroy_process_group(g)
+        except Exception:  # at exit: nothing left to tell, and nothing to lose
+            pass
+
+
 def init_distributed(backend: str = "gloo") -> None:
     """``torch.distributed.init_process_group(backend)`` from the launcher's environment,
     safe across ``torchrun`` restarts: the rendezvous keys are kept apart per restart
@@ -187,6 +246,7 @@ def init_distributed(backend: str = "gloo") -> None:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"embstore/attempt-{attempt}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    _Exit.track(own_default=True)
 
 
 class Comm:
@@ -223,6 +283,7 @@ class Comm:
             dist.new_group(backend="gloo", timeout=timeout),
             dist.new_group(backend="gloo", timeout=timeout),
         )
+        _Exit.track(groups)
         return cls(rank, world, groups)
 
     @classmethod
@@ -278,7 +339,8 @@ class Comm:
         key = "prep" if group is not None and group is self.prep else "main"
         self._seq[key] += 1
         try:
-            self._wait(call(), what, key, self._seq[key])
+            with _Exit.collective():
+                self._wait(call(), what, key, self._seq[key])
         except EmbstoreError:
             raise
         except RuntimeError as e:  # gloo: a peer closed its connection, or the timeout passed

@@ -7,6 +7,7 @@ process stopped, with which error, and quickly (no process left waiting for anot
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import faulthandler
 import os
@@ -16,6 +17,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import embstore
 
@@ -56,6 +58,8 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
         store_with_table(work / "s", dim=8 if rank == 1 else 4)
     elif mode == "sessions":
         open_sessions(store_with_table(work / "s"), rank)
+    elif mode == "exit":  # train, then leave without tearing anything down
+        list(train(store_with_table(work / "s"), batches_for(rank, 3)))
     elif mode == "world":
         embstore.Store(work / "s", distributed=True)
     elif mode == "batches":
@@ -251,6 +255,11 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1)  # a stack dump of a process that hangs
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    if args.mode == "exit":
+        # Registered before embstore's own handler, so it runs after it (atexit is LIFO).
+        atexit.register(
+            lambda: print(f"EXIT rank={rank} initialized={dist.is_initialized()}", flush=True)
+        )
     try:
         embstore.init_distributed()
         run(args.mode, pathlib.Path(args.work), pathlib.Path(args.ckpt or args.work + "/ckpt"))

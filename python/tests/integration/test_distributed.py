@@ -354,6 +354,17 @@ def test_ddp_over_a_store_of_one_process_is_refused_on_every_process(tmp_path):
         assert "one of 2" in r[rank] and "distributed=True" in r[rank]
 
 
+def test_a_job_that_leaves_without_tearing_down_has_its_groups_torn_down_at_exit(tmp_path):
+    """A script that trains and returns, as most do, without destroy_process_group(): embstore
+    tears down the groups it made (here also the default group, which it initialised) while
+    the interpreter is whole; left to finalisation, gloo aborted one run in six (SIGABRT)."""
+    code, out, _ = torchrun(2, "dist_faults.py", "exit", "--work", str(tmp_path))
+    assert code == 0, out[-4000:]
+    for rank in (0, 1):
+        assert f"RESULT rank={rank} ok" in out, out[-4000:]
+        assert f"EXIT rank={rank} initialized=False" in out, out[-4000:]
+
+
 def test_grad_scaler_overflow_on_one_process_skips_the_step_on_every_process(tmp_path):
     code, out, _ = torchrun(2, "dist_faults.py", "amp", "--work", str(tmp_path))
     assert code == 0, out[-4000:]
