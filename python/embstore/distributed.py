@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -175,7 +175,7 @@ class _Exit:
     in_flight = 0
     failed = False
     own_default = False
-    groups: list[Any] = []
+    groups: ClassVar[list[Any]] = []
     registered = False
 
     @classmethod
