@@ -52,7 +52,7 @@ SELECTION: list[tuple[str, str, list[str], bool]] = [
     ("embstore-index", "model", [], False),
     # Arenas (chunk growth, huge mappings, truncation), the scoped pool, the I/O engine's
     # aligned buffers and reads, and read planning for cold records.
-    ("embstore-table", "lib", ["arena", "sched", "disk::io", "merged_reads"], False),
+    ("embstore-table", "lib", ["arena", "sched", "disk::io", "disk::plan"], False),
     # Batched lookups and steps over many shards write through the shared output (`batch`,
     # `lookup`), checked against a model.
     ("embstore-table", "model", [], False),
