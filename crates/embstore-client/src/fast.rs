@@ -299,38 +299,7 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     /// The rustls configuration of `t` (its CA, and its identity for mutual TLS).
     pub(crate) fn new(t: &ClientTls) -> embstore_common::Result<Self> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let bad = |what: &str, e: &dyn std::fmt::Display| {
-            embstore_common::Error::new(
-                embstore_common::ErrorKind::InvalidArgument,
-                format!("{what}: {e}"),
-            )
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&t.ca_pem) {
-            let cert = cert.map_err(|e| bad("the tls ca", &e))?;
-            roots.add(cert).map_err(|e| bad("the tls ca", &e))?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| bad("tls", &e))?
-            .with_root_certificates(roots);
-        let config = match &t.identity {
-            None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| bad("the tls client certificate", &e))?;
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| bad("the tls client key", &e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| bad("the tls client certificate", &e))?
-            }
-        };
-        Ok(Self { config: Arc::new(config), domain: t.domain.clone() })
+        Ok(Self { config: t.config()?, domain: t.domain.clone() })
     }
 }
 

@@ -28,6 +28,8 @@
 //! in `embstore-client`, and both parse with these functions, which take any bytes and never
 //! panic.
 
+use embstore_common::bytes::{Reader, Writer};
+
 use crate::v1::LookupRequest;
 
 /// The first byte of every frame.
@@ -85,7 +87,7 @@ pub enum FrameError {
     /// A kind this version does not know, or flags it does not define.
     Kind(u8),
     /// A body shorter or longer than its fields say, or a table name not UTF-8.
-    Malformed(&'static str),
+    Malformed(String),
 }
 
 impl std::fmt::Display for FrameError {
@@ -102,6 +104,17 @@ impl std::fmt::Display for FrameError {
 }
 
 impl std::error::Error for FrameError {}
+
+impl From<embstore_common::Error> for FrameError {
+    fn from(e: embstore_common::Error) -> Self {
+        FrameError::Malformed(e.message().to_owned())
+    }
+}
+
+/// A reader of a frame's body.
+fn reader(body: &[u8]) -> Reader<'_> {
+    Reader::new(body, "the frame's body")
+}
 
 /// The header of a frame of `kind` with a body of `len` bytes.
 pub fn header(kind: Kind, len: usize, id: u32) -> [u8; HEADER] {
@@ -139,32 +152,6 @@ pub fn frame(kind: Kind, id: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Reads little-endian fields off the front of a body.
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
-        if self.0.len() < n {
-            return Err(FrameError::Malformed(what));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
-        let b = self.take(8, what)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-}
-
 /// Bytes of the LOOKUP body of `req`.
 pub fn lookup_len(req: &LookupRequest) -> usize {
     2 + req.table.len() + 8 + 8 + 4 + 4 + 4 + req.ids.len() * 8
@@ -175,38 +162,30 @@ pub fn lookup_len(req: &LookupRequest) -> usize {
 pub fn encode_lookup(req: &LookupRequest, id: u32) -> Vec<u8> {
     let table = &req.table.as_bytes()[..req.table.len().min(u16::MAX as usize)];
     let len = lookup_len(req) - req.table.len() + table.len();
-    let mut out = Vec::with_capacity(HEADER + len);
-    out.extend_from_slice(&header(Kind::Lookup, len, id));
-    out.extend_from_slice(&(table.len() as u16).to_le_bytes());
-    out.extend_from_slice(table);
-    out.extend_from_slice(&req.version.to_le_bytes());
-    out.extend_from_slice(&req.known_gen.to_le_bytes());
-    out.extend_from_slice(&req.shard.to_le_bytes());
-    out.extend_from_slice(&req.num_shards.to_le_bytes());
-    out.extend_from_slice(&(req.ids.len() as u32).to_le_bytes());
-    for id in &req.ids {
-        out.extend_from_slice(&id.to_le_bytes());
+    let mut w = Writer::with_capacity(HEADER + len);
+    w.raw(&header(Kind::Lookup, len, id)).u16(table.len() as u16).raw(table);
+    w.u64(req.version).u64(req.known_gen).u32(req.shard).u32(req.num_shards);
+    w.u32(req.ids.len() as u32);
+    for &id in &req.ids {
+        w.u64(id);
     }
-    out
+    w.0
 }
 
 /// Parses a LOOKUP body.
 pub fn decode_lookup(body: &[u8]) -> Result<LookupRequest, FrameError> {
-    let mut c = Cursor(body);
-    let tlen = c.u16("table length")? as usize;
-    let table = std::str::from_utf8(c.take(tlen, "table")?)
-        .map_err(|_| FrameError::Malformed("the table name is not UTF-8"))?
-        .to_string();
-    let version = c.u64("version")?;
-    let known_gen = c.u64("known_gen")?;
-    let shard = c.u32("shard")?;
-    let num_shards = c.u32("num_shards")?;
-    let n = c.u32("id count")? as usize;
-    if c.0.len() != n.saturating_mul(8) {
-        return Err(FrameError::Malformed("the id count and the body's length differ"));
+    let mut c = reader(body);
+    let table = c.str16()?;
+    let version = c.u64()?;
+    let known_gen = c.u64()?;
+    let shard = c.u32()?;
+    let num_shards = c.u32()?;
+    let n = c.u32()? as usize;
+    if c.left() != n.saturating_mul(8) {
+        return Err(FrameError::Malformed("the id count and the body's length differ".into()));
     }
-    let ids = c.0.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8"))).collect();
-    Ok(LookupRequest { table, version, shard, num_shards, ids, known_gen })
+    let ids = c.rest().chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+    Ok(LookupRequest { table, version, shard, num_shards, ids: ids.collect(), known_gen })
 }
 
 /// The fixed part of a ROWS body.
@@ -247,15 +226,10 @@ impl RowsHead {
 
     /// Parses the fixed part of a ROWS body, checking it against the body's length `len`.
     pub fn parse(fixed: &[u8; ROWS_FIXED], len: u32) -> Result<Self, FrameError> {
-        let mut c = Cursor(fixed);
-        let head = RowsHead {
-            version: c.u64("version")?,
-            dim: c.u32("dim")?,
-            n: c.u32("n")?,
-            info_len: c.u32("info length")?,
-        };
+        let mut c = reader(fixed);
+        let head = RowsHead { version: c.u64()?, dim: c.u32()?, n: c.u32()?, info_len: c.u32()? };
         if head.body_len() != len as usize {
-            return Err(FrameError::Malformed("the rows and the body's length differ"));
+            return Err(FrameError::Malformed("the rows and the body's length differ".into()));
         }
         Ok(head)
     }
@@ -263,26 +237,18 @@ impl RowsHead {
 
 /// The ERROR frame of a status `code` (gRPC's numbering) with `message` and `details`.
 pub fn encode_error(id: u32, code: i32, message: &str, details: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(12 + message.len() + details.len());
-    body.extend_from_slice(&(code as u32).to_le_bytes());
-    body.extend_from_slice(&(message.len() as u32).to_le_bytes());
-    body.extend_from_slice(message.as_bytes());
-    body.extend_from_slice(&(details.len() as u32).to_le_bytes());
-    body.extend_from_slice(details);
-    frame(Kind::Error, id, &body)
+    let mut body = Writer::with_capacity(12 + message.len() + details.len());
+    body.u32(code as u32).str(message).bytes(details);
+    frame(Kind::Error, id, &body.0)
 }
 
 /// Parses an ERROR body: (code, message, details).
 pub fn decode_error(body: &[u8]) -> Result<(i32, String, Vec<u8>), FrameError> {
-    let mut c = Cursor(body);
-    let code = c.u32("code")? as i32;
-    let mlen = c.u32("message length")? as usize;
-    let message = String::from_utf8_lossy(c.take(mlen, "message")?).into_owned();
-    let dlen = c.u32("details length")? as usize;
-    let details = c.take(dlen, "details")?.to_vec();
-    if !c.0.is_empty() {
-        return Err(FrameError::Malformed("bytes after the details"));
-    }
+    let mut c = reader(body);
+    let code = c.u32()? as i32;
+    let message = String::from_utf8_lossy(c.bytes()?).into_owned();
+    let details = c.bytes()?.to_vec();
+    c.end()?;
     Ok((code, message, details))
 }
 

@@ -33,7 +33,7 @@ use tonic::{Code, Status};
 
 use crate::hosting::Server;
 use crate::service::request_limit;
-use crate::tls::{Tls, Tokens};
+use crate::tls::{ServerTls, Tokens};
 
 /// Where the framed path listens.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ pub fn serve_fast(
     server: Arc<Server>,
     listener: FastListener,
     tokens: Tokens,
-    tls: Option<Tls>,
+    tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
     serve_fast_with(server, listener, tokens, tls, FastLimits::default(), shutdown)
@@ -170,13 +170,13 @@ pub fn serve_fast_with(
     server: Arc<Server>,
     listener: FastListener,
     tokens: Tokens,
-    tls: Option<Tls>,
+    tls: Option<ServerTls>,
     limits: FastLimits,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
     let acceptor = match (&listener, &tls) {
         (FastListener::Tcp(_), Some(t)) => t
-            .rustls_config()
+            .config()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
             .map(|config| Some(tokio_rustls::TlsAcceptor::from(config))),
         _ => Ok(None),

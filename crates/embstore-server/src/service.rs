@@ -17,7 +17,7 @@ use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
 use crate::hosting::{Hosted, Server, State};
-use crate::tls::{Tls, Tokens};
+use crate::tls::{ServerTls, Tokens};
 
 /// Ids one lookup may carry, by default (a batch above the configured maximum gets
 /// `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
@@ -297,7 +297,7 @@ impl Admin {
 pub struct ServeOptions {
     pub admin: bool,
     pub tokens: Tokens,
-    pub tls: Option<Tls>,
+    pub tls: Option<ServerTls>,
 }
 
 /// Serves `server` on `listener` as `options` say until `shutdown` resolves (then stops

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use crate::discovery::Directory;
 use crate::tls::Stream;
 use crate::wire::{self, Kind};
-use tokio_rustls::rustls::ClientConfig;
+use embstore_proto::tls::ClientTls;
 
 /// Where a follower pulls from.
 #[derive(Clone, Debug)]
@@ -184,9 +184,9 @@ pub struct FollowOptions {
     /// How often a store in a directory is flushed, so that a restart serves recent rows at
     /// once (it then pulls every part again); `None`: never.
     pub flush_every: Option<Duration>,
-    /// TLS to the source ([`crate::ClientTls::config`]) and the name its certificate must
-    /// carry (default: the host of its address); `None`: plaintext.
-    pub tls: Option<(Arc<ClientConfig>, Option<String>)>,
+    /// TLS to the source: the CA it chains to, the name its certificate must carry (default:
+    /// the host of its address), a client identity for mutual TLS; `None`: plaintext.
+    pub tls: Option<ClientTls>,
     /// The sync options a store that does not sync yet starts with (the part count is the
     /// source's, and its knowledge never comes from its rows).
     pub sync: SyncOptions,
@@ -416,6 +416,9 @@ impl Follower {
         flush: Option<(Duration, Arc<Store>)>,
         watch: bool,
     ) -> Result<Self> {
+        if let Some(tls) = &options.tls {
+            tls.config()?; // a bad CA or identity fails here, not at each connection
+        }
         let first =
             source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
         let (_, replica, infos) = connect(&first, &options, &options.tables)?;
@@ -698,7 +701,8 @@ fn connect_speaking(
     let read_timeout = timeout + Duration::from_millis(u64::from(options.wait_ms));
     s.set_read_timeout(Some(read_timeout)).map_err(|e| Error::io("sync connection", e))?;
     let host = source.rsplit_once(':').map_or(source, |(h, _)| h).trim_matches(['[', ']']);
-    let tls = options.tls.as_ref().map(|(c, domain)| (c, domain.as_deref().unwrap_or(host)));
+    let config = options.tls.as_ref().map(ClientTls::config).transpose()?;
+    let tls = config.as_ref().zip(options.tls.as_ref()).map(|(c, t)| (c, t.name_for(host)));
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
     let mut link = Link { r, bytes_in: 0, bytes_out: 0, protocol };
     let hello = wire::Hello {

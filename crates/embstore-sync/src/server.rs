@@ -25,7 +25,8 @@ use parking_lot::Mutex;
 
 use crate::tls::Stream;
 use crate::wire::{self, Kind};
-use tokio_rustls::rustls::ServerConfig;
+use embstore_proto::tls::rustls::ServerConfig;
+use embstore_proto::tls::ServerTls;
 
 /// The longest a `List` waits for a change.
 pub const MAX_WAIT_MS: u32 = 5_000;
@@ -57,8 +58,9 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// The sync options the store's tables get (see [`Store::enable_sync`]).
     pub sync: SyncOptions,
-    /// TLS (the serving port's: `embstore_server::Tls::server_config`); `None`: plaintext.
-    pub tls: Option<Arc<ServerConfig>>,
+    /// TLS (with a client CA, mutual TLS; the serving port's identity, typically); `None`:
+    /// plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 /// What the sync port did.
@@ -137,6 +139,7 @@ impl SyncServer {
     /// Turns sync on in `store` ([`Store::enable_sync`]) and serves it on `addr`
     /// (`host:port`; port 0 picks one, see [`SyncServer::addr`]).
     pub fn start(store: Arc<Store>, addr: &str, options: ServeOptions) -> Result<Self> {
+        let tls = options.tls.as_ref().map(ServerTls::config).transpose()?;
         store.enable_sync(&options.sync)?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("cannot listen for sync on {addr}"), e))?;
@@ -146,7 +149,7 @@ impl SyncServer {
         let conns = Arc::new(Conns::default());
         warn_if_open(&local, options.token.as_deref());
         let counters = Arc::new(Counters::default());
-        let token = Arc::new((options.token, options.tls));
+        let token = Arc::new((options.token, tls));
         let accept = {
             let (stop, conns, counters) = (stop.clone(), conns.clone(), counters.clone());
             std::thread::Builder::new()
@@ -247,11 +250,6 @@ fn warn_if_open(addr: &SocketAddr, token: Option<&str>) {
     }
 }
 
-/// Compares tokens in time independent of where they differ.
-fn same_token(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 struct Conn<'a> {
     /// Reads through a buffer; writes gather in `out` until [`Conn::flush`].
     r: BufReader<Stream>,
@@ -343,7 +341,7 @@ fn serve_conn(
         }
     };
     if let Some(want) = token {
-        if !same_token(want, &hello.token) {
+        if !embstore_common::same_secret(want.as_bytes(), hello.token.as_bytes()) {
             counters.refused.fetch_add(1, Ordering::Relaxed);
             let e = Error::new(
                 ErrorKind::PermissionDenied,

@@ -15,7 +15,7 @@
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
 //!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
 //!            | (step: step u64, the responder's step counter; protocol 3, with state)
-//! PullDone = (empty)        Error = kind u8 | message str
+//! PullDone = (empty)        Error = kind u8 (embstore_common::ErrorKind::code) | message str
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
 //! ```
@@ -25,6 +25,7 @@
 
 use std::io::{Read, Write};
 
+use embstore_common::bytes::{Reader, Writer};
 use embstore_common::{Error, ErrorKind, Result};
 use embstore_replication::{Sv, Vv};
 use embstore_table::sync::{Changes, Complete, PartReply};
@@ -125,137 +126,27 @@ pub fn read_frame_limited(r: &mut impl Read, max: usize) -> Result<(Kind, Vec<u8
     Ok((kind, body))
 }
 
-/// A frame body under construction.
-#[derive(Default)]
-pub(crate) struct Enc(pub(crate) Vec<u8>);
-
-impl Enc {
-    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    pub(crate) fn u16(&mut self, v: u16) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn str(&mut self, s: &str) -> &mut Self {
-        self.u32(s.len() as u32);
-        self.0.extend_from_slice(s.as_bytes());
-        self
-    }
-    pub(crate) fn f32s(&mut self, v: &[f32]) -> &mut Self {
-        self.0.reserve(v.len() * 4);
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
-        }
-        self
-    }
-    /// LEB128: 7 bits a byte, low first.
-    pub(crate) fn varint(&mut self, mut v: u64) -> &mut Self {
-        while v >= 0x80 {
-            self.0.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-        self
-    }
-    pub(crate) fn vv(&mut self, vv: &Vv) -> &mut Self {
-        self.u16(vv.entries().len() as u16);
-        for &(o, t) in vv.entries() {
-            self.u32(o).u64(t);
-        }
-        self
+/// `vv = n u16 | n × (origin u32 | ts u64)`.
+fn put_vv(e: &mut Writer, vv: &Vv) {
+    e.u16(vv.entries().len() as u16);
+    for &(o, t) in vv.entries() {
+        e.u32(o).u64(t);
     }
 }
 
-/// A frame body being read; every read past the end is a [`ErrorKind::Corruption`] error.
-pub(crate) struct Dec<'a> {
-    b: &'a [u8],
-    pos: usize,
+fn get_vv(d: &mut Reader<'_>) -> Result<Vv> {
+    let n = d.u16()?;
+    let mut vv = Vv::new();
+    for _ in 0..n {
+        let (o, t) = (d.u32()?, d.u64()?);
+        vv.raise(o, t);
+    }
+    Ok(vv)
 }
 
-impl<'a> Dec<'a> {
-    pub(crate) fn new(b: &'a [u8]) -> Self {
-        Self { b, pos: 0 }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| {
-            Error::corrupt(format!("a sync frame ends early (needs {n} more bytes)"))
-        })?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    pub(crate) fn str(&mut self) -> Result<String> {
-        let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec())
-            .map_err(|_| Error::corrupt("a sync frame holds a string that is not utf-8"))
-    }
-    /// A count of items each at least `min_bytes` long, checked against what is left.
-    pub(crate) fn count(&mut self, min_bytes: usize) -> Result<usize> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_bytes) > self.b.len() - self.pos {
-            return Err(Error::corrupt(format!("a sync frame announces {n} items it cannot hold")));
-        }
-        Ok(n)
-    }
-    pub(crate) fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
-        let raw = self.take(n.checked_mul(4).ok_or_else(|| Error::corrupt("count overflow"))?)?;
-        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect())
-    }
-    pub(crate) fn varint(&mut self) -> Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
-            v |= u64::from(b & 0x7f)
-                .checked_shl(shift)
-                .filter(|_| shift < 63 || b <= 1)
-                .ok_or_else(|| Error::corrupt("a sync varint overflows"))?;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(Error::corrupt("a sync varint is too long"))
-    }
-    pub(crate) fn vv(&mut self) -> Result<Vv> {
-        let n = self.u16()?;
-        let mut vv = Vv::new();
-        for _ in 0..n {
-            let (o, t) = (self.u32()?, self.u64()?);
-            vv.raise(o, t);
-        }
-        Ok(vv)
-    }
-    /// Fails unless every byte was read.
-    pub(crate) fn end(&self) -> Result<()> {
-        if self.pos != self.b.len() {
-            return Err(Error::corrupt(format!(
-                "a sync frame has {} bytes past its end",
-                self.b.len() - self.pos
-            )));
-        }
-        Ok(())
-    }
+/// A reader of a sync frame's body.
+fn reader(b: &[u8]) -> Reader<'_> {
+    Reader::new(b, "a sync frame")
 }
 
 /// A client's first frame.
@@ -271,7 +162,7 @@ pub struct Hello {
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
+        let mut e = Writer::default();
         e.u32(MAGIC).u16(self.protocol).str(&self.token).u8(self.with_state as u8);
         e.u32(self.tables.len() as u32);
         self.tables.iter().for_each(|t| {
@@ -280,7 +171,7 @@ impl Hello {
         e.0
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let mut d = Dec::new(b);
+        let mut d = reader(b);
         if d.u32()? != MAGIC {
             return Err(Error::corrupt("not an embstore sync client (bad magic)"));
         }
@@ -315,7 +206,7 @@ pub struct TableInfo {
 
 /// The server's replica id and its tables.
 pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.u32(replica).u32(tables.len() as u32);
     for t in tables {
         e.str(&t.name).str(&t.config).u32(t.parts).u64(t.epoch);
@@ -324,7 +215,7 @@ pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {
 }
 
 pub fn decode_welcome(b: &[u8]) -> Result<(u32, Vec<TableInfo>)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let replica = d.u32()?;
     let n = d.count(20)?;
     let tables = (0..n)
@@ -347,12 +238,12 @@ pub struct List {
 
 impl List {
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
+        let mut e = Writer::default();
         e.str(&self.table).u64(self.epoch).u64(self.cursor).u32(self.wait_ms);
         e.0
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let mut d = Dec::new(b);
+        let mut d = reader(b);
         let l = Self { table: d.str()?, epoch: d.u64()?, cursor: d.u64()?, wait_ms: d.u32()? };
         d.end()?;
         Ok(l)
@@ -360,7 +251,7 @@ impl List {
 }
 
 pub fn encode_changed(c: &Changes, now_ms: u64) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.u64(c.epoch).u64(c.upto).u64(now_ms).u32(c.parts.len() as u32);
     for (p, sv) in &c.parts {
         e.u32(*p).u64(sv.c).u32(sv.id);
@@ -370,7 +261,7 @@ pub fn encode_changed(c: &Changes, now_ms: u64) -> Vec<u8> {
 
 /// `Changed`: the changes and the responder's clock when it answered.
 pub fn decode_changed(b: &[u8]) -> Result<(Changes, u64)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let (epoch, upto, now) = (d.u64()?, d.u64()?, d.u64()?);
     let n = d.count(16)?;
     let parts =
@@ -381,19 +272,20 @@ pub fn decode_changed(b: &[u8]) -> Result<(Changes, u64)> {
 
 /// A pull: the table and each part with the requester's VV.
 pub fn encode_pull(table: &str, parts: &[(u32, Vv)]) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.str(table).u32(parts.len() as u32);
     for (p, vv) in parts {
-        e.u32(*p).vv(vv);
+        e.u32(*p);
+        put_vv(&mut e, vv);
     }
     e.0
 }
 
 pub fn decode_pull(b: &[u8]) -> Result<(String, Vec<(u32, Vv)>)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let table = d.str()?;
     let n = d.count(6)?;
-    let parts = (0..n).map(|_| Ok((d.u32()?, d.vv()?))).collect::<Result<_>>()?;
+    let parts = (0..n).map(|_| Ok((d.u32()?, get_vv(&mut d)?))).collect::<Result<_>>()?;
     d.end()?;
     Ok((table, parts))
 }
@@ -415,11 +307,14 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     origins.sort_unstable();
     origins.dedup();
     let base = r.meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
-    let mut e = Enc(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
+    let mut e = Writer(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
     let flags = r.from_cache as u8 | (r.partial as u8) << 1 | (r.complete.is_some() as u8) << 2;
-    e.u32(r.part).u8(flags).vv(&r.vv).u64(r.sv.c).u32(r.sv.id);
+    e.u32(r.part).u8(flags);
+    put_vv(&mut e, &r.vv);
+    e.u64(r.sv.c).u32(r.sv.id);
     if let Some(c) = &r.complete {
-        e.u64(c.lo).u64(c.hi).vv(&c.floor);
+        e.u64(c.lo).u64(c.hi);
+        put_vv(&mut e, &c.floor);
     }
     let step = r.step.filter(|_| r.state.is_some());
     e.u32(n as u32).u8(r.state.is_some() as u8 | (step.is_some() as u8) << 1);
@@ -454,16 +349,16 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
 /// Reads a `Part` frame for a table of `dim` values and `state_dim` state floats; keys must
 /// strictly increase (a frame that repeats one is corrupt).
 pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let part = d.u32()?;
     let flags = d.u8()?;
     if flags > 7 {
         return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
     }
-    let vv = d.vv()?;
+    let vv = get_vv(&mut d)?;
     let sv = Sv::new(d.u64()?, d.u32()?);
     let complete = if flags & 4 != 0 {
-        Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: d.vv()? })
+        Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: get_vv(&mut d)? })
     } else {
         None
     };
@@ -513,39 +408,16 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     Ok(r)
 }
 
-/// The one-byte code of an error kind on the wire, and back (unknown codes read as `Io`).
-pub fn kind_code(k: ErrorKind) -> u8 {
-    KINDS.iter().position(|&x| x == k).map_or(255, |i| i as u8)
-}
-
-pub fn kind_of(code: u8) -> ErrorKind {
-    KINDS.get(code as usize).copied().unwrap_or(ErrorKind::Io)
-}
-
-const KINDS: [ErrorKind; 12] = [
-    ErrorKind::InvalidArgument,
-    ErrorKind::ShapeMismatch,
-    ErrorKind::TableNotFound,
-    ErrorKind::NonFinite,
-    ErrorKind::Corruption,
-    ErrorKind::Io,
-    ErrorKind::Capacity,
-    ErrorKind::NoSpace,
-    ErrorKind::Unsupported,
-    ErrorKind::Unavailable,
-    ErrorKind::Closed,
-    ErrorKind::PermissionDenied,
-];
-
 pub fn encode_error(e: &Error) -> Vec<u8> {
-    let mut b = Enc::default();
-    b.u8(kind_code(e.kind())).str(e.message());
+    let mut b = Writer::default();
+    b.u8(e.kind().code()).str(e.message());
     b.0
 }
 
 pub fn decode_error(b: &[u8]) -> Result<Error> {
-    let mut d = Dec::new(b);
-    let e = Error::new(kind_of(d.u8()?), d.str()?);
+    let mut d = reader(b);
+    let kind = ErrorKind::from_code(d.u8()?).unwrap_or(ErrorKind::Io);
+    let e = Error::new(kind, d.str()?);
     d.end()?;
     Ok(e)
 }

@@ -225,28 +225,23 @@ fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
     let other_ca = pki().0;
     let store = Arc::new(Store::with_replica(1).unwrap());
     let t = store.create_table(TableConfig::new("items", D)).unwrap();
-    let tls = embstore_server::Tls {
+    let tls = embstore_server::ServerTls {
         cert_pem: server_id.0.into_bytes(),
         key_pem: server_id.1.into_bytes(),
         client_ca_pem: Some(ca.clone().into_bytes()),
     };
-    let options =
-        ServeOptions { tls: Some(tls.server_config().unwrap()), ..ServeOptions::default() };
+    let options = ServeOptions { tls: Some(tls), ..ServeOptions::default() };
     let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
     t.assign(&[1, 2, 3], &[0.5; 3 * D]).unwrap();
     let addr = format!("localhost:{}", server.addr().port());
     let with = |ca: &str, identity: bool| {
         let c = embstore_sync::ClientTls {
             ca_pem: ca.as_bytes().to_vec(),
-            cert_pem: identity.then(|| client_id.0.clone().into_bytes()),
-            key_pem: identity.then(|| client_id.1.clone().into_bytes()),
+            identity: identity
+                .then(|| (client_id.0.clone().into_bytes(), client_id.1.clone().into_bytes())),
             domain: None,
         };
-        FollowOptions {
-            tls: Some((c.config().unwrap(), None)),
-            timeout_ms: 3000,
-            ..FollowOptions::default()
-        }
+        FollowOptions { tls: Some(c), timeout_ms: 3000, ..FollowOptions::default() }
     };
     // Trusted both ways: it follows.
     let replica = Arc::new(Store::with_replica(2).unwrap());
@@ -264,13 +259,18 @@ fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
         .is_err());
     let plain = FollowOptions { timeout_ms: 3000, ..FollowOptions::default() };
     assert!(Follower::start(Arc::new(Store::with_replica(5).unwrap()), &addr, plain).is_err());
-    // A client certificate without its key is a clear error.
-    let half = embstore_sync::ClientTls {
+    // A client identity that holds no certificate is a clear error when the follower starts,
+    // before it connects.
+    let empty = embstore_sync::ClientTls {
         ca_pem: ca.into_bytes(),
-        cert_pem: Some(vec![]),
+        identity: Some((vec![], client_id.1.clone().into_bytes())),
         ..Default::default()
     };
-    assert!(half.config().unwrap_err().to_string().contains("needs its key"));
+    let options = FollowOptions { tls: Some(empty), ..FollowOptions::default() };
+    let e = Follower::start(Arc::new(Store::with_replica(6).unwrap()), "127.0.0.1:1", options)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(e.message(), "the tls client certificate: the file holds no pem certificate");
 }
 
 #[test]
