@@ -38,6 +38,9 @@ pub fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result
 /// The table error for a gRPC status (the one mapping of this boundary; the server's
 /// `to_status` is its inverse where one exists).
 pub fn from_status(status: &tonic::Status) -> Error {
+    if let Some(kind) = embstore_proto::frame::kind_of(status) {
+        return Error::new(kind, status.message());
+    }
     let kind = match status.code() {
         Code::InvalidArgument => ErrorKind::InvalidArgument,
         Code::NotFound => ErrorKind::TableNotFound,

@@ -1,86 +1,51 @@
-//! The sync port's wire format: length-prefixed, checksummed frames over one TCP connection,
-//! each a request or a reply (`docs/dissemination.md` lists them byte by byte).
+//! The sync port's messages: the sync set of embstore's one wire (`embstore_proto::frame`: a
+//! 16-byte header, HELLO and ERROR shared with the framed lookup path; every sync frame
+//! carries its body's CRC). `docs/dissemination.md` lists them byte by byte.
 //!
 //! ```text
-//! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
-//! Hello    = magic u32 "EKSY" | protocol u16 (1 to 3) | token str | with_state u8 | tables [str]
-//! Welcome  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
-//! List     = table str | epoch u64 | cursor u64 | wait_ms u32
-//! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
-//!            (protocol 2: then the Parts of small changes, then PullDone)
-//! Pull     = table str | parts [part u32 | vv]
-//! Part     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
+//! HELLO    = token str | service u8 (2: sync) | protocol u16 (4) | with_state u8 | tables [str]
+//! WELCOME  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
+//! LIST     = table str | epoch u64 | cursor u64 | wait_ms u32
+//! CHANGED  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32],
+//!            then the PARTs of small changes, then PULL_DONE
+//! PULL     = table str | parts [part u32 | vv]
+//! PART     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
 //!            | (complete: lo u64 | hi u64 | floor vv) | n u32
 //!            | has_state u8 (1 state, 2 step) | origins [replica u32] | base_ts u64
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
 //!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
-//!            | (step: step u64, the responder's step counter; protocol 3, with state)
-//! PullDone = (empty)        Error = kind u8 (embstore_common::ErrorKind::code) | message str
+//!            | (step: step u64, the responder's step counter, with state)
+//! PULL_DONE = (empty)       ERROR = the wire's (kind u8 | code u32 | message str | details)
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
 //! ```
 //!
 //! A frame that is truncated, oversized, fails its checksum or does not parse is an
 //! [`ErrorKind::Corruption`] error; the connection is then dropped and nothing of it applied.
+//! A peer of an older build, which framed sync differently (a 9-byte header), is told so in
+//! its own framing, and a source of an older build is recognised by its answer: either side
+//! then fails with an [`ErrorKind::Unsupported`] error that says which side to upgrade.
 
 use std::io::{Read, Write};
 
 use embstore_common::bytes::{Reader, Writer};
 use embstore_common::{Error, ErrorKind, Result};
+pub use embstore_proto::frame::Kind;
+use embstore_proto::frame::{self, Service, HEADER};
 use embstore_replication::{Sv, Vv};
 use embstore_table::sync::{Changes, Complete, PartReply};
 use embstore_table::{RowMeta, Version};
 
-/// The first four bytes of a Hello ("EKSY").
-pub const MAGIC: u32 = u32::from_le_bytes(*b"EKSY");
-/// The newest protocol version this build speaks: 2 answers a change list with the rows of
-/// the parts whose change is small (`Changed`, then `Part`s, then `PullDone`); 3 adds the
-/// responder's step counter to parts with optimizer state.
-pub const PROTOCOL: u16 = 3;
-/// The oldest protocol version this build still speaks (1: a change list is only a list).
-pub const MIN_PROTOCOL: u16 = 1;
+/// The sync protocol this build speaks (on wire version 2; 1 to 3 were spoken on the older
+/// framing): change lists carry the rows of small changes, and parts with optimizer state
+/// the responder's step counter.
+pub const PROTOCOL: u16 = 4;
+/// The oldest sync protocol this build still speaks.
+pub const MIN_PROTOCOL: u16 = 4;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
 pub const MAX_FRAME: usize = 64 << 20;
 
-/// Frame kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    /// Client → server: the first frame (token, tables, whether state is wanted).
-    Hello = 1,
-    /// Server → client: the tables served.
-    Welcome = 2,
-    /// Client → server: the parts changed since a cursor (long-poll).
-    List = 3,
-    /// Server → client: the answer to `List`.
-    Changed = 4,
-    /// Client → server: pull these parts, each with the requester's VV.
-    Pull = 5,
-    /// Server → client: one part's reply.
-    Part = 6,
-    /// Server → client: the last frame of a pull's answer.
-    PullDone = 7,
-    /// Server → client: a request failed (the connection stays usable unless it was Hello).
-    Error = 8,
-}
-
-impl Kind {
-    fn from_u8(b: u8) -> Result<Self> {
-        Ok(match b {
-            1 => Kind::Hello,
-            2 => Kind::Welcome,
-            3 => Kind::List,
-            4 => Kind::Changed,
-            5 => Kind::Pull,
-            6 => Kind::Part,
-            7 => Kind::PullDone,
-            8 => Kind::Error,
-            _ => return Err(Error::corrupt(format!("unknown sync frame kind {b}"))),
-        })
-    }
-}
-
-/// Writes one frame.
+/// Writes one frame (with its CRC).
 pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
     if body.len() > MAX_FRAME {
         return Err(Error::invalid(format!(
@@ -88,42 +53,88 @@ pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
             body.len()
         )));
     }
-    let mut head = [0u8; 9];
-    head[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    head[4] = kind as u8;
-    head[5..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
-    w.write_all(&head).and_then(|_| w.write_all(body)).map_err(|e| Error::io("sync send", e))
+    let mut out = Vec::with_capacity(HEADER + body.len());
+    frame::frame_checked_into(&mut out, kind, 0, body);
+    w.write_all(&out).map_err(|e| Error::io("sync send", e))
 }
 
-/// Reads one frame: its kind and body (bytes read = 9 + body length).
+/// Reads one frame: its kind and body (bytes read = [`HEADER`] + body length).
 pub fn read_frame(r: &mut impl Read) -> Result<(Kind, Vec<u8>)> {
     read_frame_limited(r, MAX_FRAME)
 }
 
-/// [`read_frame`] of a frame of at most `max` body bytes. The body grows as its bytes arrive
-/// (from 64 KiB): a peer that announces a large frame and sends nothing pins nothing.
+/// [`read_frame`] of a frame of at most `max` body bytes (see [`frame::read_blocking`]). The
+/// answer of a source of an older build (its 9-byte framing) becomes an
+/// [`ErrorKind::Unsupported`] error carrying what it said.
 pub fn read_frame_limited(r: &mut impl Read, max: usize) -> Result<(Kind, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    r.read_exact(&mut head).map_err(|e| Error::io("sync receive", e))?;
-    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
-    if len > max.min(MAX_FRAME) {
-        return Err(Error::corrupt(format!(
-            "a sync frame announces {len} bytes, over the limit of {}",
-            max.min(MAX_FRAME)
-        )));
+    match read_or_legacy(r, max)? {
+        Ok(f) => Ok(f),
+        Err(Legacy::Error(said)) => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the sync source runs an older embstore, whose sync wire this build no longer \
+                 speaks: upgrade the source (it answered: {said})"
+            ),
+        )),
+        Err(Legacy::Hello | Legacy::Other) => Err(Error::corrupt("not an embstore sync frame")),
     }
-    let kind = Kind::from_u8(head[4])?;
-    let crc = u32::from_le_bytes(head[5..].try_into().expect("4 bytes"));
-    let mut body = Vec::with_capacity(len.min(64 << 10));
-    let got =
-        r.take(len as u64).read_to_end(&mut body).map_err(|e| Error::io("sync receive", e))?;
-    if got < len {
-        return Err(Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)")));
+}
+
+/// A frame of the sync port's older framing (`len u32 | kind u8 | crc u32 | body`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Legacy {
+    /// An older follower's Hello.
+    Hello,
+    /// An older source's Error frame, and its message.
+    Error(String),
+    /// Neither, or not that framing at all.
+    Other,
+}
+
+/// Kinds of the older framing.
+const LEGACY_HELLO: u8 = 1;
+const LEGACY_ERROR: u8 = 8;
+/// The first bytes of an older Hello's body ("EKSY").
+const LEGACY_MAGIC: &[u8; 4] = b"EKSY";
+/// The older framing's code of `Unsupported`.
+const LEGACY_UNSUPPORTED: u8 = 8;
+
+/// One frame, or what a peer of the older framing sent instead.
+pub fn read_or_legacy(r: &mut impl Read, max: usize) -> Result<Result<(Kind, Vec<u8>), Legacy>> {
+    let mut h = [0u8; HEADER];
+    r.read_exact(&mut h).map_err(|e| Error::io("sync receive", e))?;
+    if h[0] == frame::MAGIC {
+        let (header, body) = frame::read_blocking(r, max.min(MAX_FRAME), Some(h))?;
+        return Ok(Ok((header.kind, body)));
     }
-    if crc32fast::hash(&body) != crc {
-        return Err(Error::corrupt("a sync frame failed its checksum"));
-    }
-    Ok((kind, body))
+    let len = u32::from_le_bytes(h[..4].try_into().expect("4 bytes")) as usize;
+    Ok(Err(match h[4] {
+        LEGACY_HELLO if &h[9..13] == LEGACY_MAGIC => Legacy::Hello,
+        // An older Error body: kind u8 | message (len u32 | utf-8); 7 of its bytes are in `h`.
+        LEGACY_ERROR if (7..=1 << 16).contains(&len) => {
+            let mut body = h[9..].to_vec();
+            r.take((len - 7) as u64)
+                .read_to_end(&mut body)
+                .map_err(|e| Error::io("sync receive", e))?;
+            let mut d = Reader::new(&body, "an older sync error frame");
+            d.u8()?;
+            Legacy::Error(d.str()?)
+        }
+        _ => Legacy::Other,
+    }))
+}
+
+/// An Error frame in the older framing, which an older follower reads and shows: it is told
+/// that this source speaks a newer wire.
+pub fn legacy_error_frame() -> Vec<u8> {
+    let mut body = Writer::default();
+    body.u8(LEGACY_UNSUPPORTED).str(
+        "this sync source runs a newer embstore, whose sync wire this follower does not speak: \
+         upgrade the follower",
+    );
+    let mut out = Writer::with_capacity(9 + body.0.len());
+    out.u32(body.0.len() as u32).u8(LEGACY_ERROR).u32(crc32fast::hash(&body.0)).raw(&body.0);
+    out.0
 }
 
 /// `vv = n u16 | n × (origin u32 | ts u64)`.
@@ -163,18 +174,22 @@ pub struct Hello {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Writer::default();
-        e.u32(MAGIC).u16(self.protocol).str(&self.token).u8(self.with_state as u8);
+        e.u16(self.protocol).u8(self.with_state as u8);
         e.u32(self.tables.len() as u32);
         self.tables.iter().for_each(|t| {
             e.str(t);
         });
-        e.0
+        frame::encode_hello(&self.token, Service::Sync, &e.0)
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let mut d = reader(b);
-        if d.u32()? != MAGIC {
-            return Err(Error::corrupt("not an embstore sync client (bad magic)"));
+        let hello = frame::decode_hello(b)?;
+        if hello.service != Service::Sync {
+            return Err(Error::invalid(
+                "this is a sync port, not a framed lookup port: look up on the port the \
+                 server's info names",
+            ));
         }
+        let mut d = reader(hello.rest);
         let protocol = d.u16()?;
         if !(MIN_PROTOCOL..=PROTOCOL).contains(&protocol) {
             return Err(Error::new(
@@ -185,12 +200,11 @@ impl Hello {
                 ),
             ));
         }
-        let token = d.str()?;
         let with_state = d.u8()? != 0;
         let n = d.count(4)?;
         let tables = (0..n).map(|_| d.str()).collect::<Result<_>>()?;
         d.end()?;
-        Ok(Self { protocol, token, with_state, tables })
+        Ok(Self { protocol, token: hello.token, with_state, tables })
     }
 }
 
@@ -408,18 +422,20 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     Ok(r)
 }
 
+/// The body of the ERROR frame of `e`.
 pub fn encode_error(e: &Error) -> Vec<u8> {
-    let mut b = Writer::default();
-    b.u8(e.kind().code()).str(e.message());
-    b.0
+    frame::encode_error_body(&frame::ErrorBody {
+        kind: Some(e.kind()),
+        code: frame::status_code(e.kind()) as i32,
+        message: e.message().to_owned(),
+        details: Vec::new(),
+    })
 }
 
+/// The error an ERROR frame's body carries.
 pub fn decode_error(b: &[u8]) -> Result<Error> {
-    let mut d = reader(b);
-    let kind = ErrorKind::from_code(d.u8()?).unwrap_or(ErrorKind::Io);
-    let e = Error::new(kind, d.str()?);
-    d.end()?;
-    Ok(e)
+    let e = frame::decode_error(b)?;
+    Ok(Error::new(e.kind.unwrap_or(ErrorKind::Io), e.message))
 }
 
 #[cfg(test)]
@@ -504,12 +520,44 @@ mod tests {
 
     #[test]
     fn a_frame_over_the_limit_is_refused_before_reading_it() {
-        let mut head = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
-        head.extend_from_slice(&[6, 0, 0, 0, 0]);
+        let head = frame::header(Kind::Part, MAX_FRAME + 1, 0);
         let e = read_frame(&mut &head[..]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.to_string().contains("over the limit"), "{e}");
         let e = Hello::decode(&[1, 2, 3, 4, 1, 0]).unwrap_err();
-        assert!(e.to_string().contains("bad magic"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Corruption, "{e}");
+        let lookups = frame::encode_hello("t", Service::Lookups, &[]);
+        let e = Hello::decode(&lookups).unwrap_err();
+        assert!(e.to_string().contains("not a framed lookup port"), "{e}");
+    }
+
+    /// The older framing (9-byte header): an older follower's Hello is recognised, and an
+    /// older source's Error becomes an error that says to upgrade the source; the Error this
+    /// build sends an older follower reads in that framing.
+    #[test]
+    fn peers_of_the_older_framing_are_recognised_and_told() {
+        let legacy = |kind: u8, body: &[u8]| {
+            let mut w = Writer::default();
+            w.u32(body.len() as u32).u8(kind).u32(crc32fast::hash(body)).raw(body);
+            w.0
+        };
+        let mut old_hello = Writer::default();
+        old_hello.raw(b"EKSY").u16(3).str("tok").u8(0).u32(0);
+        let f = legacy(LEGACY_HELLO, &old_hello.0);
+        assert_eq!(read_or_legacy(&mut f.as_slice(), 1 << 20).unwrap(), Err(Legacy::Hello));
+        let mut old_error = Writer::default();
+        old_error.u8(4).str("a sync frame announces 16843499 bytes, over the limit");
+        let f = legacy(LEGACY_ERROR, &old_error.0);
+        let e = read_frame(&mut f.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(e.message().contains("upgrade the source"), "{e}");
+        assert!(e.message().contains("over the limit"), "{e}");
+        // What an older follower reads: its header, an Unsupported kind (8), the message.
+        let f = legacy_error_frame();
+        let len = u32::from_le_bytes(f[..4].try_into().unwrap()) as usize;
+        assert_eq!((f.len(), f[4], f[9]), (9 + len, LEGACY_ERROR, LEGACY_UNSUPPORTED));
+        assert_eq!(u32::from_le_bytes(f[5..9].try_into().unwrap()), crc32fast::hash(&f[9..]));
+        let mut d = Reader::new(&f[10..], "x");
+        assert!(d.str().unwrap().contains("upgrade the follower"));
     }
 }

@@ -247,9 +247,7 @@ fn a_hello_announcing_a_large_frame_is_refused_before_anything_is_read() {
     let mut s = TcpStream::connect(server.addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // A header that announces 10 MB, and nothing after it.
-    let mut head = [0u8; 9];
-    head[..4].copy_from_slice(&(10u32 << 20).to_le_bytes());
-    head[4] = Kind::Hello as u8;
+    let head = embstore_proto::frame::header(Kind::Hello, 10 << 20, 0);
     s.write_all(&head).unwrap();
     let (k, body) = wire::read_frame(&mut s).unwrap();
     assert_eq!(k, Kind::Error);
