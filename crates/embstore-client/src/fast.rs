@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_proto::frame::{self, Kind, RowsHead, HEADER, ROWS_FIXED};
+use embstore_proto::frame::{self, Kind, RowsHead, Service, HEADER, ROWS_FIXED};
 use embstore_proto::v1::{LookupRequest, ServerInfo};
 use parking_lot::Mutex;
 use prost::Message;
@@ -299,38 +299,7 @@ impl std::fmt::Debug for Tls {
 impl Tls {
     /// The rustls configuration of `t` (its CA, and its identity for mutual TLS).
     pub(crate) fn new(t: &ClientTls) -> embstore_common::Result<Self> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let bad = |what: &str, e: &dyn std::fmt::Display| {
-            embstore_common::Error::new(
-                embstore_common::ErrorKind::InvalidArgument,
-                format!("{what}: {e}"),
-            )
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&t.ca_pem) {
-            let cert = cert.map_err(|e| bad("the tls ca", &e))?;
-            roots.add(cert).map_err(|e| bad("the tls ca", &e))?;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| bad("tls", &e))?
-            .with_root_certificates(roots);
-        let config = match &t.identity {
-            None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| bad("the tls client certificate", &e))?;
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| bad("the tls client key", &e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| bad("the tls client certificate", &e))?
-            }
-        };
-        Ok(Self { config: Arc::new(config), domain: t.domain.clone() })
+        Ok(Self { config: t.config()?, domain: t.domain.clone() })
     }
 }
 
@@ -433,7 +402,8 @@ async fn open(
             ))))
         }
     }
-    let hello = frame::frame(Kind::Hello, 0, token.unwrap_or("").trim().as_bytes());
+    let token = token.unwrap_or("").trim();
+    let hello = frame::frame(Kind::Hello, 0, &frame::encode_hello(token, Service::Lookups, &[]));
     conn.send(&hello).await?;
     let (header, body) = conn.read_frame(1 << 24).await?;
     match header.kind {
@@ -454,8 +424,12 @@ fn info_of(body: &[u8]) -> Result<ServerInfo, Status> {
 /// The status an ERROR body carries.
 fn error_status(body: &[u8]) -> Status {
     match frame::decode_error(body) {
-        Ok((code, message, details)) => {
-            Status::with_details(Code::from_i32(code), message, details.into())
+        Ok(e) => {
+            let status = Status::with_details(Code::from_i32(e.code), e.message, e.details.into());
+            match e.kind {
+                Some(kind) => frame::with_kind(status, kind),
+                None => status,
+            }
         }
         Err(e) => Status::internal(format!("a malformed error frame: {e}")),
     }
@@ -481,6 +455,7 @@ impl Conn {
         }
         let mut body = vec![0u8; h.len as usize];
         self.io.read_exact(&mut body).await.map_err(|e| unavailable("reading an answer", e))?;
+        h.check(&body).map_err(|e| Status::internal(e.to_string()))?;
         Ok((h, body))
     }
 
@@ -543,6 +518,20 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every kind survives the framed path's ERROR frame into the client's error, and an
+    /// ERROR without a kind falls back to the status code's.
+    #[test]
+    fn every_kind_survives_an_error_frame() {
+        for kind in embstore_common::ErrorKind::ALL.into_iter().map(Some).chain([None]) {
+            let code = kind.map_or(Code::NotFound, frame::status_code);
+            let body =
+                frame::ErrorBody { kind, code: code as i32, message: "m".into(), details: vec![] };
+            let e = crate::from_status(&error_status(&frame::encode_error_body(&body)));
+            let want = kind.unwrap_or(embstore_common::ErrorKind::TableNotFound);
+            assert_eq!((e.kind(), e.message()), (want, "m"), "{kind:?}");
+        }
+    }
 
     #[test]
     fn hosts_and_loopback() {

@@ -49,3 +49,14 @@ fn kinds_with_their_own_code_survive_the_wire() {
         assert_eq!(from_status(&Status::new(to_status(kind), "m")).kind(), kind, "{kind:?}");
     }
 }
+
+/// Every kind, not only those with a gRPC code of their own, survives gRPC: the status
+/// carries it in its metadata (the framed path's ERROR frame: `fast::tests`).
+#[test]
+fn every_kind_survives_grpc_in_the_status_metadata() {
+    for kind in ErrorKind::ALL {
+        let grpc = embstore_proto::frame::with_kind(Status::new(to_status(kind), "m"), kind);
+        let e = from_status(&grpc);
+        assert_eq!((e.kind(), e.message()), (kind, "m"), "{kind:?}");
+    }
+}

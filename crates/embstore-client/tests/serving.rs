@@ -110,7 +110,7 @@ async fn start_tls(p: &Pki, mutual: bool, tokens: embstore_server::Tokens) -> (R
     let server = Server::new("tls", 64);
     let ids: Vec<u64> = (0..10u64).collect();
     server.host("user", 1, 0, 1, shard_table(&ids, 0, 1, 1)).unwrap();
-    let tls = embstore_server::Tls {
+    let tls = embstore_server::ServerTls {
         cert_pem: p.server.0.clone().into_bytes(),
         key_pem: p.server.1.clone().into_bytes(),
         client_ca_pem: mutual.then(|| p.ca.clone().into_bytes()),
@@ -525,7 +525,7 @@ async fn tls_mistakes_name_their_cause() {
     plain.stop().await;
     // A server given its certificate and key the wrong way round, or a key of another pair:
     // refused before serving, saying which.
-    let pair = |cert: &str, key: &str| embstore_server::Tls {
+    let pair = |cert: &str, key: &str| embstore_server::ServerTls {
         cert_pem: cert.as_bytes().to_vec(),
         key_pem: key.as_bytes().to_vec(),
         client_ca_pem: None,
@@ -649,7 +649,7 @@ async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
     // a TLS client reads A over its framed port, never over the socket.
     let p = pki();
     let a = marked_server("a", 1);
-    let tls = embstore_server::Tls {
+    let tls = embstore_server::ServerTls {
         cert_pem: p.server.0.clone().into_bytes(),
         key_pem: p.server.1.clone().into_bytes(),
         client_ca_pem: None,

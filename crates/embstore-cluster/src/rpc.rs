@@ -9,14 +9,8 @@ use embstore_common::{Error, ErrorKind, Result};
 use tonic::transport::Channel;
 use tonic::Code;
 
-/// TLS towards the servers: the CA their certificates chain to, the name to check them
-/// against (default: the address's host), and a client certificate for mutual TLS.
-#[derive(Clone, Debug)]
-pub struct ClientTls {
-    pub ca_pem: Vec<u8>,
-    pub domain: Option<String>,
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-}
+/// TLS towards the servers (PEM: a CA, the name to check, an identity for mutual TLS).
+pub use embstore_proto::tls::ClientTls;
 
 /// A channel to `addr` (lazy: it connects on first use).
 pub fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result<Channel> {
@@ -27,6 +21,7 @@ pub fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result
     let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
     let mut ep = Channel::from_shared(uri).map_err(|e| bad(&e))?.connect_timeout(timeout);
     if let Some(t) = tls {
+        t.config()?; // the PEM checked as every port checks it, with the same errors
         let mut config = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem));
         if let Some(d) = &t.domain {
@@ -43,6 +38,9 @@ pub fn channel(addr: &str, timeout: Duration, tls: Option<&ClientTls>) -> Result
 /// The table error for a gRPC status (the one mapping of this boundary; the server's
 /// `to_status` is its inverse where one exists).
 pub fn from_status(status: &tonic::Status) -> Error {
+    if let Some(kind) = embstore_proto::frame::kind_of(status) {
+        return Error::new(kind, status.message());
+    }
     let kind = match status.code() {
         Code::InvalidArgument => ErrorKind::InvalidArgument,
         Code::NotFound => ErrorKind::TableNotFound,

@@ -83,6 +83,39 @@ impl ErrorKind {
     ];
 }
 
+impl ErrorKind {
+    /// The kind's one-byte code on every binary wire (the sync port's and the framed path's
+    /// ERROR frames). Codes are a contract: a kind keeps its code forever, and a new kind
+    /// takes the next free one (a peer that does not know it reads it as [`ErrorKind::Io`]).
+    pub const fn code(self) -> u8 {
+        match self {
+            ErrorKind::InvalidArgument => 0,
+            ErrorKind::ShapeMismatch => 1,
+            ErrorKind::TableNotFound => 2,
+            ErrorKind::NonFinite => 3,
+            ErrorKind::Corruption => 4,
+            ErrorKind::Io => 5,
+            ErrorKind::Capacity => 6,
+            ErrorKind::NoSpace => 7,
+            ErrorKind::Unsupported => 8,
+            ErrorKind::Unavailable => 9,
+            ErrorKind::Closed => 10,
+            ErrorKind::PermissionDenied => 11,
+            ErrorKind::TableExists => 12,
+            ErrorKind::KeyNotFound => 13,
+            ErrorKind::Locked => 14,
+            ErrorKind::NotFound => 15,
+            ErrorKind::UnknownName => 16,
+            ErrorKind::Backing => 17,
+        }
+    }
+
+    /// The kind of a wire `code`; `None` for a code this build does not know (a newer peer's).
+    pub fn from_code(code: u8) -> Option<ErrorKind> {
+        ErrorKind::ALL.iter().copied().find(|k| k.code() == code)
+    }
+}
+
 /// An error: a kind plus a lowercase, exact message (and the I/O error behind it, if any).
 ///
 /// Two errors are equal when kind and message are; the I/O source is not compared (it is
@@ -209,6 +242,20 @@ mod tests {
         assert_eq!(a.clone(), a);
         assert_eq!(a, Error::new(ErrorKind::Io, "x: y"));
         assert_ne!(a, Error::new(ErrorKind::Corruption, "x: y"));
+    }
+
+    #[test]
+    fn every_kind_has_its_own_wire_code_and_reads_back() {
+        let codes: std::collections::HashSet<_> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
+        assert_eq!(codes.len(), ErrorKind::ALL.len());
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_code(k.code()), Some(k), "{k:?}");
+        }
+        // The first twelve are the codes the sync port has always sent: pinned.
+        assert_eq!(ErrorKind::PermissionDenied.code(), 11);
+        assert_eq!(ErrorKind::Backing.code(), 17);
+        assert_eq!(ErrorKind::from_code(ErrorKind::ALL.len() as u8), None);
+        assert_eq!(ErrorKind::from_code(255), None);
     }
 
     #[test]

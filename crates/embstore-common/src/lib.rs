@@ -4,7 +4,10 @@
 //! data-plane client does not link the storage engine for one function. The parts:
 //!
 //! - [`error`]: the one [`Error`] (`kind` + exact lowercase message) and its
-//!   `#[non_exhaustive]` [`ErrorKind`]; every boundary (gRPC, Python) maps it by one table.
+//!   `#[non_exhaustive]` [`ErrorKind`]; every boundary (gRPC, Python) maps it by one table,
+//!   and every binary wire carries it by one code ([`ErrorKind::code`]).
+//! - [`bytes`]: the little-endian [`Writer`](bytes::Writer) and [`Reader`](bytes::Reader) of
+//!   every binary frame and file record, and the constant-time [`same_secret`].
 //! - [`shard`]: [`shard_of_key`], the sharding contract client and server agree on. Its
 //!   placements are pinned by a test: changing them would misroute a running cluster.
 //! - [`hash`]: MurmurHash3's 64-bit finaliser [`fmix64`] and a `Hasher` over it.
@@ -15,12 +18,14 @@
 //! Invariants: no dependency beyond std, no other embstore crate, and nothing here changes an
 //! output for a given input across versions (hashes, placements and streams are contracts).
 
+pub mod bytes;
 pub mod clock;
 pub mod error;
 pub mod hash;
 pub mod rand;
 pub mod shard;
 
+pub use bytes::same_secret;
 pub use clock::now_ms;
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{fmix64, FmixHasher};

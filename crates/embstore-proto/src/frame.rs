@@ -1,43 +1,61 @@
-//! The framed lookup protocol (docs/serving.md, "The framed lookup path"): the same `Lookup`
-//! and `Describe` as the gRPC service, as length-prefixed binary frames on a plain TCP (or
-//! TLS, or Unix socket) connection, so that a batch pays neither HTTP/2 nor protobuf for its
-//! rows: the server writes rows from the table straight into the answer's buffer, and a client
-//! reads them straight into its output array.
+//! embstore's one binary wire: the frames of the framed lookup path (docs/serving.md, "The
+//! framed lookup path") and of the sync port (docs/dissemination.md, "The wire"), two message
+//! sets on one header, one HELLO, one ERROR and one codec. The lookup set carries the same
+//! `Lookup` and `Describe` as the gRPC service, so that a batch pays neither HTTP/2 nor
+//! protobuf for its rows: the server writes rows from the table straight into the answer's
+//! buffer, and a client reads them straight into its output array. The sync set carries a
+//! source's changes to its followers.
 //!
-//! Every frame is a 12-byte header and a body; integers are little-endian:
+//! Every frame is a 16-byte header and a body; integers are little-endian:
 //!
 //! ```text
-//! header   magic u8 (0xEB) | version u8 (1) | kind u8 | flags u8 (0) | body length u32 | id u32
-//! HELLO    1  client → server, first frame: the token (UTF-8, empty for none)
-//! INFO     2  server → client: ServerInfo (protobuf), answering HELLO and DESCRIBE
-//! LOOKUP   3  table length u16 | table | version u64 | known_gen u64 | shard u32
-//!             | num_shards u32 | n u32 | n ids (u64)
-//! ROWS     4  version u64 | dim u32 | n u32 | info length u32 | ServerInfo (protobuf, empty
-//!             when the client's known_gen is current) | found (n bytes, 0 or 1)
-//!             | zero bytes up to a multiple of 4 from the frame's start | n × dim float32
-//! ERROR    5  code u32 (a gRPC status code) | message length u32 | message (UTF-8)
-//!             | details length u32 | details (ServerInfo, protobuf, may be empty)
-//! DESCRIBE 6  empty
+//! header   magic u8 (0xEB) | version u8 (2) | kind u8 | flags u8 | body length u32 | id u32
+//!          | crc u32 (flags & 1: the body's CRC-32, checked by the reader; else 0)
+//!
+//! Both sets
+//! HELLO     1  client → server, first frame: token (len u32 | UTF-8, empty for none)
+//!              | service u8 (1 lookups, 2 sync) | the service's fields (sync: below)
+//! ERROR     5  server → client: kind u8 (ErrorKind::code; 255: none) | code u32 (a gRPC
+//!              status code) | message (len u32 | UTF-8) | details (len u32 | bytes:
+//!              ServerInfo, protobuf, may be empty)
+//! Lookups
+//! INFO      2  server → client: ServerInfo (protobuf), answering HELLO and DESCRIBE
+//! LOOKUP    3  table length u16 | table | version u64 | known_gen u64 | shard u32
+//!              | num_shards u32 | n u32 | n ids (u64)
+//! ROWS      4  version u64 | dim u32 | n u32 | info length u32 | ServerInfo (protobuf, empty
+//!              when the client's known_gen is current) | found (n bytes, 0 or 1)
+//!              | zero bytes up to a multiple of 4 from the frame's start | n × dim float32
+//! DESCRIBE  6  empty
+//! Sync (every sync frame carries its CRC; the bodies are in embstore-sync's `wire`)
+//! WELCOME  16, LIST 17, CHANGED 18, PULL 19, PART 20, PULL_DONE 21
 //! ```
 //!
-//! A server answers every request frame with one frame of the same `id`, in the order the
-//! requests came (requests may be pipelined). A frame of another magic or version gets an
+//! A server answers every lookup-set request with one frame of the same `id`, in the order
+//! the requests came (requests may be pipelined). A frame of another magic or version gets an
 //! ERROR (`UNIMPLEMENTED`, naming the versions spoken) and the connection is closed.
 //!
-//! This module holds the codec only (no I/O): the server is in `embstore-server`, the client
-//! in `embstore-client`, and both parse with these functions, which take any bytes and never
-//! panic.
+//! This module holds the codec only (no I/O beyond [`read_blocking`]): the framed server is in
+//! `embstore-server`, its client in `embstore-client`, the sync port in `embstore-sync`, and
+//! all parse with these functions, which take any bytes and never panic.
+
+use std::io::Read;
+
+use embstore_common::bytes::{Reader, Writer};
+use embstore_common::{Error, ErrorKind};
 
 use crate::v1::LookupRequest;
 
 /// The first byte of every frame.
 pub const MAGIC: u8 = 0xEB;
-/// The protocol version this codec speaks.
-pub const VERSION: u8 = 1;
+/// The version of the wire this codec speaks (1: the framed path before the sync port joined
+/// it, with a 12-byte header).
+pub const VERSION: u8 = 2;
 /// Bytes of a frame header.
-pub const HEADER: usize = 12;
+pub const HEADER: usize = 16;
 /// Bytes of a ROWS body before the server's info.
 pub const ROWS_FIXED: usize = 20;
+/// The header flag that says the crc field holds the body's CRC-32.
+pub const FLAG_CRC: u8 = 1;
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +67,12 @@ pub enum Kind {
     Rows = 4,
     Error = 5,
     Describe = 6,
+    Welcome = 16,
+    List = 17,
+    Changed = 18,
+    Pull = 19,
+    Part = 20,
+    PullDone = 21,
 }
 
 impl Kind {
@@ -60,6 +84,12 @@ impl Kind {
             4 => Kind::Rows,
             5 => Kind::Error,
             6 => Kind::Describe,
+            16 => Kind::Welcome,
+            17 => Kind::List,
+            18 => Kind::Changed,
+            19 => Kind::Pull,
+            20 => Kind::Part,
+            21 => Kind::PullDone,
             _ => return None,
         })
     }
@@ -73,6 +103,21 @@ pub struct Header {
     pub len: u32,
     /// The request's id, echoed by its answer.
     pub id: u32,
+    /// The body's CRC-32, when the sender gave one.
+    pub crc: Option<u32>,
+}
+
+impl Header {
+    /// Whether `body` is the body this header announced (its length, and its CRC if given).
+    pub fn check(&self, body: &[u8]) -> Result<(), FrameError> {
+        if body.len() != self.len as usize {
+            return Err(FrameError::Malformed("the body is shorter than its header says".into()));
+        }
+        match self.crc {
+            Some(crc) if crc32fast::hash(body) != crc => Err(FrameError::Checksum),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Why bytes are not a frame of this protocol.
@@ -85,7 +130,9 @@ pub enum FrameError {
     /// A kind this version does not know, or flags it does not define.
     Kind(u8),
     /// A body shorter or longer than its fields say, or a table name not UTF-8.
-    Malformed(&'static str),
+    Malformed(String),
+    /// A body that fails the CRC its header gives.
+    Checksum,
 }
 
 impl std::fmt::Display for FrameError {
@@ -97,13 +144,36 @@ impl std::fmt::Display for FrameError {
             }
             FrameError::Kind(k) => write!(f, "unknown frame kind or flags {k}"),
             FrameError::Malformed(what) => write!(f, "malformed frame: {what}"),
+            FrameError::Checksum => write!(f, "a frame failed its checksum"),
         }
     }
 }
 
 impl std::error::Error for FrameError {}
 
-/// The header of a frame of `kind` with a body of `len` bytes.
+impl From<embstore_common::Error> for FrameError {
+    fn from(e: embstore_common::Error) -> Self {
+        FrameError::Malformed(e.message().to_owned())
+    }
+}
+
+impl From<FrameError> for Error {
+    /// Another version is [`ErrorKind::Unsupported`]; anything else is corruption.
+    fn from(e: FrameError) -> Self {
+        let kind = match e {
+            FrameError::Version(_) => ErrorKind::Unsupported,
+            _ => ErrorKind::Corruption,
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+/// A reader of a frame's body.
+fn reader(body: &[u8]) -> Reader<'_> {
+    Reader::new(body, "the frame's body")
+}
+
+/// The header of a frame of `kind` with a body of `len` bytes, without a CRC.
 pub fn header(kind: Kind, len: usize, id: u32) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[0] = MAGIC;
@@ -123,15 +193,15 @@ pub fn parse_header(h: &[u8; HEADER]) -> Result<Header, FrameError> {
         return Err(FrameError::Version(h[1]));
     }
     let kind = Kind::from_u8(h[2]).ok_or(FrameError::Kind(h[2]))?;
-    if h[3] != 0 {
+    if h[3] & !FLAG_CRC != 0 {
         return Err(FrameError::Kind(h[3]));
     }
-    let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-    let id = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    Ok(Header { kind, len, id })
+    let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let crc = (h[3] & FLAG_CRC != 0).then(|| word(12));
+    Ok(Header { kind, len: word(4), id: word(8), crc })
 }
 
-/// A whole frame: header and `body`.
+/// A whole frame: header and `body`, without a CRC.
 pub fn frame(kind: Kind, id: u32, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(&header(kind, body.len(), id));
@@ -139,30 +209,83 @@ pub fn frame(kind: Kind, id: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Reads little-endian fields off the front of a body.
-struct Cursor<'a>(&'a [u8]);
+/// Appends a whole frame with its body's CRC to `out`.
+pub fn frame_checked_into(out: &mut Vec<u8>, kind: Kind, id: u32, body: &[u8]) {
+    let mut h = header(kind, body.len(), id);
+    h[3] = FLAG_CRC;
+    h[12..16].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(body);
+}
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
-        if self.0.len() < n {
-            return Err(FrameError::Malformed(what));
+/// Reads one frame from a blocking reader: its header and body (at most `max` body bytes,
+/// checked before any is read; the body grows as its bytes arrive, from 64 KiB, so that a peer
+/// announcing much and sending nothing pins nothing). `first`: the header's bytes when the
+/// caller read them already. Errors are embstore errors: [`ErrorKind::Unsupported`] for
+/// another version, [`ErrorKind::Corruption`] for anything else that is not a frame,
+/// [`ErrorKind::Io`] when reading fails.
+pub fn read_blocking(
+    r: &mut impl Read,
+    max: usize,
+    first: Option<[u8; HEADER]>,
+) -> embstore_common::Result<(Header, Vec<u8>)> {
+    let h = match first {
+        Some(h) => h,
+        None => {
+            let mut h = [0u8; HEADER];
+            r.read_exact(&mut h).map_err(|e| Error::io("receive", e))?;
+            h
         }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+    };
+    let header = parse_header(&h)?;
+    let len = header.len as usize;
+    if len > max {
+        return Err(Error::corrupt(format!(
+            "a frame announces {len} bytes, over the limit of {max}"
+        )));
     }
-    fn u16(&mut self, what: &'static str) -> Result<u16, FrameError> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+    let mut body = Vec::with_capacity(len.min(64 << 10));
+    r.take(len as u64).read_to_end(&mut body).map_err(|e| Error::io("receive", e))?;
+    if body.len() < len {
+        return Err(Error::corrupt(format!("a frame was cut short (expected {len} bytes)")));
     }
-    fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
-        let b = self.take(8, what)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
+    header.check(&body)?;
+    Ok((header, body))
+}
+
+/// Which message set a HELLO opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Service {
+    Lookups = 1,
+    Sync = 2,
+}
+
+/// A HELLO's body: the token, the service, and the service's own fields (`rest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello<'a> {
+    pub token: String,
+    pub service: Service,
+    pub rest: &'a [u8],
+}
+
+/// The body of a HELLO: `token`, `service`, then `rest`.
+pub fn encode_hello(token: &str, service: Service, rest: &[u8]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(5 + token.len() + rest.len());
+    w.str(token).u8(service as u8).raw(rest);
+    w.0
+}
+
+/// Parses a HELLO body.
+pub fn decode_hello(body: &[u8]) -> Result<Hello<'_>, FrameError> {
+    let mut c = reader(body);
+    let token = c.str()?;
+    let service = match c.u8()? {
+        1 => Service::Lookups,
+        2 => Service::Sync,
+        s => return Err(FrameError::Malformed(format!("a HELLO names unknown service {s}"))),
+    };
+    Ok(Hello { token, service, rest: c.rest() })
 }
 
 /// Bytes of the LOOKUP body of `req`.
@@ -175,38 +298,30 @@ pub fn lookup_len(req: &LookupRequest) -> usize {
 pub fn encode_lookup(req: &LookupRequest, id: u32) -> Vec<u8> {
     let table = &req.table.as_bytes()[..req.table.len().min(u16::MAX as usize)];
     let len = lookup_len(req) - req.table.len() + table.len();
-    let mut out = Vec::with_capacity(HEADER + len);
-    out.extend_from_slice(&header(Kind::Lookup, len, id));
-    out.extend_from_slice(&(table.len() as u16).to_le_bytes());
-    out.extend_from_slice(table);
-    out.extend_from_slice(&req.version.to_le_bytes());
-    out.extend_from_slice(&req.known_gen.to_le_bytes());
-    out.extend_from_slice(&req.shard.to_le_bytes());
-    out.extend_from_slice(&req.num_shards.to_le_bytes());
-    out.extend_from_slice(&(req.ids.len() as u32).to_le_bytes());
-    for id in &req.ids {
-        out.extend_from_slice(&id.to_le_bytes());
+    let mut w = Writer::with_capacity(HEADER + len);
+    w.raw(&header(Kind::Lookup, len, id)).u16(table.len() as u16).raw(table);
+    w.u64(req.version).u64(req.known_gen).u32(req.shard).u32(req.num_shards);
+    w.u32(req.ids.len() as u32);
+    for &id in &req.ids {
+        w.u64(id);
     }
-    out
+    w.0
 }
 
 /// Parses a LOOKUP body.
 pub fn decode_lookup(body: &[u8]) -> Result<LookupRequest, FrameError> {
-    let mut c = Cursor(body);
-    let tlen = c.u16("table length")? as usize;
-    let table = std::str::from_utf8(c.take(tlen, "table")?)
-        .map_err(|_| FrameError::Malformed("the table name is not UTF-8"))?
-        .to_string();
-    let version = c.u64("version")?;
-    let known_gen = c.u64("known_gen")?;
-    let shard = c.u32("shard")?;
-    let num_shards = c.u32("num_shards")?;
-    let n = c.u32("id count")? as usize;
-    if c.0.len() != n.saturating_mul(8) {
-        return Err(FrameError::Malformed("the id count and the body's length differ"));
+    let mut c = reader(body);
+    let table = c.str16()?;
+    let version = c.u64()?;
+    let known_gen = c.u64()?;
+    let shard = c.u32()?;
+    let num_shards = c.u32()?;
+    let n = c.u32()? as usize;
+    if c.left() != n.saturating_mul(8) {
+        return Err(FrameError::Malformed("the id count and the body's length differ".into()));
     }
-    let ids = c.0.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8"))).collect();
-    Ok(LookupRequest { table, version, shard, num_shards, ids, known_gen })
+    let ids = c.rest().chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+    Ok(LookupRequest { table, version, shard, num_shards, ids: ids.collect(), known_gen })
 }
 
 /// The fixed part of a ROWS body.
@@ -247,43 +362,90 @@ impl RowsHead {
 
     /// Parses the fixed part of a ROWS body, checking it against the body's length `len`.
     pub fn parse(fixed: &[u8; ROWS_FIXED], len: u32) -> Result<Self, FrameError> {
-        let mut c = Cursor(fixed);
-        let head = RowsHead {
-            version: c.u64("version")?,
-            dim: c.u32("dim")?,
-            n: c.u32("n")?,
-            info_len: c.u32("info length")?,
-        };
+        let mut c = reader(fixed);
+        let head = RowsHead { version: c.u64()?, dim: c.u32()?, n: c.u32()?, info_len: c.u32()? };
         if head.body_len() != len as usize {
-            return Err(FrameError::Malformed("the rows and the body's length differ"));
+            return Err(FrameError::Malformed("the rows and the body's length differ".into()));
         }
         Ok(head)
     }
 }
 
-/// The ERROR frame of a status `code` (gRPC's numbering) with `message` and `details`.
-pub fn encode_error(id: u32, code: i32, message: &str, details: &[u8]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(12 + message.len() + details.len());
-    body.extend_from_slice(&(code as u32).to_le_bytes());
-    body.extend_from_slice(&(message.len() as u32).to_le_bytes());
-    body.extend_from_slice(message.as_bytes());
-    body.extend_from_slice(&(details.len() as u32).to_le_bytes());
-    body.extend_from_slice(details);
-    frame(Kind::Error, id, &body)
+/// What an ERROR frame says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// The embstore error kind, when the error is one.
+    pub kind: Option<ErrorKind>,
+    /// The gRPC status code (as the gRPC service would answer).
+    pub code: i32,
+    pub message: String,
+    /// The server's ServerInfo (protobuf) where the code needs it; may be empty.
+    pub details: Vec<u8>,
 }
 
-/// Parses an ERROR body: (code, message, details).
-pub fn decode_error(body: &[u8]) -> Result<(i32, String, Vec<u8>), FrameError> {
-    let mut c = Cursor(body);
-    let code = c.u32("code")? as i32;
-    let mlen = c.u32("message length")? as usize;
-    let message = String::from_utf8_lossy(c.take(mlen, "message")?).into_owned();
-    let dlen = c.u32("details length")? as usize;
-    let details = c.take(dlen, "details")?.to_vec();
-    if !c.0.is_empty() {
-        return Err(FrameError::Malformed("bytes after the details"));
+/// Code 255 on the wire: no kind.
+const NO_KIND: u8 = u8::MAX;
+
+/// The body of an ERROR frame.
+pub fn encode_error_body(e: &ErrorBody) -> Vec<u8> {
+    let mut body = Writer::with_capacity(13 + e.message.len() + e.details.len());
+    body.u8(e.kind.map_or(NO_KIND, ErrorKind::code)).u32(e.code as u32);
+    body.str(&e.message).bytes(&e.details);
+    body.0
+}
+
+/// The ERROR frame of `e` answering request `id`.
+pub fn encode_error(id: u32, e: &ErrorBody) -> Vec<u8> {
+    frame(Kind::Error, id, &encode_error_body(e))
+}
+
+/// Parses an ERROR body (a kind this build does not know reads as [`ErrorKind::Io`]).
+pub fn decode_error(body: &[u8]) -> Result<ErrorBody, FrameError> {
+    let mut c = reader(body);
+    let kind = match c.u8()? {
+        NO_KIND => None,
+        k => Some(ErrorKind::from_code(k).unwrap_or(ErrorKind::Io)),
+    };
+    let code = c.u32()? as i32;
+    let message = String::from_utf8_lossy(c.bytes()?).into_owned();
+    let details = c.bytes()?.to_vec();
+    c.end()?;
+    Ok(ErrorBody { kind, code, message, details })
+}
+
+/// The gRPC status code of an error kind: the one mapping, for the gRPC service and the
+/// framed path's ERROR alike (clients read the kind itself where the answer carries it).
+pub fn status_code(kind: ErrorKind) -> tonic::Code {
+    use tonic::Code;
+    match kind {
+        ErrorKind::InvalidArgument | ErrorKind::ShapeMismatch | ErrorKind::NonFinite => {
+            Code::InvalidArgument
+        }
+        ErrorKind::TableNotFound | ErrorKind::KeyNotFound => Code::NotFound,
+        ErrorKind::TableExists => Code::AlreadyExists,
+        ErrorKind::Capacity | ErrorKind::NoSpace => Code::ResourceExhausted,
+        ErrorKind::Corruption => Code::DataLoss,
+        ErrorKind::Unavailable | ErrorKind::Locked => Code::Unavailable,
+        ErrorKind::Unsupported => Code::Unimplemented,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        _ => Code::Internal,
     }
-    Ok((code, message, details))
+}
+
+/// The gRPC metadata key that carries an error's kind (its [`ErrorKind::code`]) beside the
+/// status code, which names several kinds alike.
+pub const KIND_METADATA: &str = "embstore-error-kind";
+
+/// `status` carrying `kind` in its metadata.
+pub fn with_kind(mut status: tonic::Status, kind: ErrorKind) -> tonic::Status {
+    status.metadata_mut().insert(KIND_METADATA, u32::from(kind.code()).into());
+    status
+}
+
+/// The kind a status carries in its metadata, if any.
+pub fn kind_of(status: &tonic::Status) -> Option<ErrorKind> {
+    let v = status.metadata().get(KIND_METADATA)?.to_str().ok()?;
+    ErrorKind::from_code(v.parse().ok()?)
 }
 
 #[cfg(test)]
@@ -334,9 +496,23 @@ mod tests {
                 (Kind::Lookup, id, wire.len() - HEADER)
             );
             prop_assert_eq!(decode_lookup(&wire[HEADER..]).unwrap(), req.clone());
-            let e = encode_error(id, code, &msg, &[1, 2, 3]);
-            let got = decode_error(&e[HEADER..]).unwrap();
-            prop_assert_eq!(got, (code, msg.clone(), vec![1, 2, 3]));
+            for kind in ErrorKind::ALL.iter().copied().map(Some).chain([None]) {
+                let body = ErrorBody { kind, code, message: msg.clone(), details: vec![1, 2, 3] };
+                let e = encode_error(id, &body);
+                prop_assert_eq!(decode_error(&e[HEADER..]).unwrap(), body);
+            }
+            let mut checked = Vec::new();
+            frame_checked_into(&mut checked, Kind::Part, id, msg.as_bytes());
+            let h = parse_header(checked[..HEADER].try_into().unwrap()).unwrap();
+            prop_assert_eq!(h.check(&checked[HEADER..]), Ok(()));
+            let (h2, body) = read_blocking(&mut checked.as_slice(), 1 << 20, None).unwrap();
+            prop_assert_eq!((h2, body.as_slice()), (h, msg.as_bytes()));
+            let hello = encode_hello(&msg, Service::Sync, &[9, 8]);
+            let got = decode_hello(&hello).unwrap();
+            prop_assert_eq!(
+                (got.token.as_str(), got.service, got.rest),
+                (msg.as_str(), Service::Sync, &[9u8, 8][..])
+            );
             let head =
                 RowsHead { version: req.version, dim: 3, n: req.ids.len() as u32, info_len: 5 };
             let mut buf = vec![0u8; head.prefix_len()];
@@ -372,6 +548,8 @@ mod tests {
                         prop_assert_eq!(lookup_len(&r), wire.len() - HEADER);
                     }
                     let _ = decode_error(&wire[HEADER..]);
+                    let _ = decode_hello(&wire[HEADER..]);
+                    let _ = read_blocking(&mut &wire[..], 1 << 20, None);
                 }
                 if wire.len() >= ROWS_FIXED {
                     let fixed: &[u8; ROWS_FIXED] = wire[..ROWS_FIXED].try_into().unwrap();
@@ -388,14 +566,24 @@ mod tests {
     #[test]
     fn another_version_or_magic_is_named() {
         let mut h = header(Kind::Describe, 0, 1);
-        h[1] = 2;
-        assert_eq!(parse_header(&h), Err(FrameError::Version(2)));
-        assert!(FrameError::Version(2).to_string().contains("speaks version 1"));
+        h[1] = 1;
+        assert_eq!(parse_header(&h), Err(FrameError::Version(1)));
+        assert!(FrameError::Version(1).to_string().contains("speaks version 2"));
+        assert_eq!(Error::from(FrameError::Version(1)).kind(), ErrorKind::Unsupported);
         // An HTTP/2 client on this port: its preface starts with "PRI".
-        let h: [u8; HEADER] = *b"PRI * HTTP/2";
+        let h: [u8; HEADER] = *b"PRI * HTTP/2.0\r\n";
         assert_eq!(parse_header(&h), Err(FrameError::Magic(b'P')));
         let mut h = header(Kind::Describe, 0, 1);
         h[2] = 99;
         assert_eq!(parse_header(&h), Err(FrameError::Kind(99)));
+        let mut h = header(Kind::Describe, 0, 1);
+        h[3] = 2;
+        assert_eq!(parse_header(&h), Err(FrameError::Kind(2)));
+        // A body that fails its CRC.
+        let mut f = Vec::new();
+        frame_checked_into(&mut f, Kind::List, 3, b"abc");
+        f[HEADER] ^= 1;
+        let e = read_blocking(&mut f.as_slice(), 100, None).unwrap_err();
+        assert_eq!((e.kind(), e.message()), (ErrorKind::Corruption, "a frame failed its checksum"));
     }
 }

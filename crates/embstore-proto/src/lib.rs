@@ -5,7 +5,10 @@
 //!   and the `Serving` service: [`v1::serving_server`] for servers, [`v1::serving_client`] for
 //!   clients.
 //!
-//! Generated code only, plus what every party needs to agree on beside the messages: the two
+//! - [`frame`] — the framed lookup path's codec; [`tls`] — TLS from PEM for every port
+//!   ([`tls::ServerTls`], [`tls::ClientTls`]).
+//!
+//! Generated code, plus what every party needs to agree on beside the messages: the two
 //! helpers that read a response's row bytes the same way ([`encode_rows`], [`decode_rows`]), and
 //! the sharding contract [`shard_of_key`] (re-exported from `embstore-common`), which decides
 //! the serving shard a client sends each id to.
@@ -14,6 +17,7 @@
 pub use embstore_common::shard_of_key;
 
 pub mod frame;
+pub mod tls;
 
 /// Version 1 of the contract (package `embstore.v1`).
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

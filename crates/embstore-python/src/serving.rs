@@ -221,9 +221,9 @@ pub(crate) struct SyncArgs {
     etcd: Option<Vec<String>>,
     dc: Option<String>,
     /// The serving TLS, which the sync port takes too.
-    server_tls: Option<Arc<embstore_sync::tls::ServerConfig>>,
+    server_tls: Option<embstore_sync::ServerTls>,
     /// `--sync-tls-*`: TLS to the source followed.
-    client_tls: Option<(Arc<embstore_sync::tls::ClientConfig>, Option<String>)>,
+    client_tls: Option<embstore_sync::ClientTls>,
     /// `--sync-no-cache`, `--sync-no-shard-versions` (for measuring what each gains).
     use_cache: bool,
     skip_by_sv: bool,
@@ -478,7 +478,7 @@ impl PyServer {
             events: sync_events,
             etcd: sync_etcd,
             dc,
-            server_tls: tls.as_ref().map(|t| t.server_config()).transpose().map_err(to_py_err)?,
+            server_tls: tls.clone(),
             client_tls,
             use_cache: sync_cache,
             skip_by_sv: sync_shard_versions,

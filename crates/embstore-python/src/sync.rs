@@ -47,7 +47,7 @@ impl PySyncServer {
         let options = ServeOptions {
             token,
             sync: serve_options(&store.inner, parts, use_cache, tombstone_horizon_ms)?,
-            tls: tls.map(|t| t.server_config()).transpose().map_err(to_py_err)?,
+            tls,
         };
         let s = detached(py, || SyncServer::start(store.inner.clone(), listen, options))
             .map_err(to_py_err)?;

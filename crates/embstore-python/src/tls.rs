@@ -1,7 +1,5 @@
 //! TLS settings from PEM files, for the serving port, its clients and the sync port.
 
-use std::sync::Arc;
-
 use embstore_common::{Error, ErrorKind};
 use pyo3::prelude::*;
 
@@ -14,9 +12,9 @@ pub(crate) fn serving_tls(
     cert: Option<std::path::PathBuf>,
     key: Option<std::path::PathBuf>,
     client_ca: Option<std::path::PathBuf>,
-) -> PyResult<Option<embstore_server::Tls>> {
+) -> PyResult<Option<embstore_server::ServerTls>> {
     let tls = match (cert, key) {
-        (Some(cert), Some(key)) => embstore_server::Tls {
+        (Some(cert), Some(key)) => embstore_server::ServerTls {
             cert_pem: read_pem(&cert)?,
             key_pem: read_pem(&key)?,
             client_ca_pem: client_ca.as_deref().map(read_pem).transpose()?,
@@ -40,7 +38,7 @@ pub(crate) fn sync_client_tls(
     cert: Option<std::path::PathBuf>,
     key: Option<std::path::PathBuf>,
     domain: Option<String>,
-) -> PyResult<Option<(Arc<embstore_sync::tls::ClientConfig>, Option<String>)>> {
+) -> PyResult<Option<embstore_sync::ClientTls>> {
     let Some(ca) = ca else {
         if cert.is_some() || key.is_some() || domain.is_some() {
             return Err(to_py_err(Error::new(
@@ -50,13 +48,11 @@ pub(crate) fn sync_client_tls(
         }
         return Ok(None);
     };
-    let tls = embstore_sync::ClientTls {
-        ca_pem: read_pem(&ca)?,
-        cert_pem: cert.as_deref().map(read_pem).transpose()?,
-        key_pem: key.as_deref().map(read_pem).transpose()?,
-        domain: domain.clone(),
-    };
-    Ok(Some((tls.config().map_err(to_py_err)?, domain)))
+    let tls = client_tls(Some((ca, cert, key, domain)))?;
+    if let Some(t) = &tls {
+        t.config().map_err(to_py_err)?; // refused here, before any connection
+    }
+    Ok(tls)
 }
 
 /// `(ca, cert, key, domain)`: a CA file, an optional client certificate and key (mutual TLS)

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::hosting::Server;
-use crate::tls::{Tls, TlsListener};
+use crate::tls::{ServerTls, TlsListener};
 
 impl Server {
     /// The metrics in Prometheus' text format, with the gauges of what is held set now.
@@ -133,7 +133,7 @@ pub async fn serve_metrics(
 pub async fn serve_metrics_with(
     server: Arc<Server>,
     listener: tokio::net::TcpListener,
-    tls: Option<Tls>,
+    tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = axum::Router::new().route(
@@ -151,9 +151,10 @@ pub async fn serve_metrics_with(
     match tls {
         None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
         Some(tls) => {
-            let config = tls
-                .rustls_config()
+            let mut config = tls
+                .config()
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            Arc::make_mut(&mut config).alpn_protocols = vec![b"http/1.1".to_vec()];
             let listener = TlsListener::new(listener, config);
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await
         }

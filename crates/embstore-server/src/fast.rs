@@ -33,7 +33,7 @@ use tonic::{Code, Status};
 
 use crate::hosting::Server;
 use crate::service::request_limit;
-use crate::tls::{Tls, Tokens};
+use crate::tls::{ServerTls, Tokens};
 
 /// Where the framed path listens.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ pub fn serve_fast(
     server: Arc<Server>,
     listener: FastListener,
     tokens: Tokens,
-    tls: Option<Tls>,
+    tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
     serve_fast_with(server, listener, tokens, tls, FastLimits::default(), shutdown)
@@ -170,13 +170,13 @@ pub fn serve_fast_with(
     server: Arc<Server>,
     listener: FastListener,
     tokens: Tokens,
-    tls: Option<Tls>,
+    tls: Option<ServerTls>,
     limits: FastLimits,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
     let acceptor = match (&listener, &tls) {
         (FastListener::Tcp(_), Some(t)) => t
-            .rustls_config()
+            .config()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
             .map(|config| Some(tokio_rustls::TlsAcceptor::from(config))),
         _ => Ok(None),
@@ -355,7 +355,13 @@ impl Server {
 
 /// The ERROR frame of `status` answering request `id`.
 fn error_frame(id: u32, status: &Status) -> Vec<u8> {
-    frame::encode_error(id, status.code() as i32, status.message(), status.details())
+    let body = frame::ErrorBody {
+        kind: frame::kind_of(status),
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        details: status.details().to_vec(),
+    };
+    frame::encode_error(id, &body)
 }
 
 /// Writes `bytes` within the deadline of an answer of their size; whether they went.
@@ -434,7 +440,7 @@ async fn connection<S: Io>(
                 return;
             }
         };
-        let Header { kind, len, id } = header;
+        let Header { kind, len, id, .. } = header;
         if !hello && len > limits.before_hello {
             server.closed_for("frame_too_large_before_hello");
             let status = Status::resource_exhausted(format!(
@@ -470,9 +476,31 @@ async fn connection<S: Io>(
             Ok(_) => return,
             Err(_) => return server.closed_for(late),
         }
+        if let Err(e) = header.check(&body) {
+            let status = Status::invalid_argument(e.to_string());
+            send(&mut w, &error_frame(id, &status), &limits, &server).await;
+            return;
+        }
         let answer = match kind {
             Kind::Hello => {
-                let token = (!body.is_empty()).then_some(body.as_slice());
+                let hello_body = match frame::decode_hello(&body) {
+                    Ok(h) if h.service == frame::Service::Lookups => h,
+                    Ok(_) => {
+                        let status = Status::invalid_argument(
+                            "this is a framed lookup port, not a sync port: follow the sync \
+                             port the server announces",
+                        );
+                        send(&mut w, &error_frame(id, &status), &limits, &server).await;
+                        return;
+                    }
+                    Err(e) => {
+                        let status = Status::invalid_argument(e.to_string());
+                        send(&mut w, &error_frame(id, &status), &limits, &server).await;
+                        return;
+                    }
+                };
+                let token = hello_body.token.as_bytes();
+                let token = (!token.is_empty()).then_some(token);
                 let refs: Vec<&String> = accepted.iter().collect();
                 match Tokens::check_token(token, &refs) {
                     Ok(()) => {
@@ -545,6 +573,18 @@ async fn connection<S: Io>(
             }
             Kind::Info | Kind::Rows | Kind::Error => {
                 let status = Status::invalid_argument(format!("{kind:?} is not a request"));
+                send(&mut w, &error_frame(id, &status), &limits, &server).await;
+                return;
+            }
+            Kind::Welcome
+            | Kind::List
+            | Kind::Changed
+            | Kind::Pull
+            | Kind::Part
+            | Kind::PullDone => {
+                let status = Status::invalid_argument(format!(
+                    "{kind:?} is a sync frame: this is a framed lookup port, not a sync port"
+                ));
                 send(&mut w, &error_frame(id, &status), &limits, &server).await;
                 return;
             }

@@ -24,7 +24,7 @@
 //!   one whose answer no gRPC frame can carry, is refused `RESOURCE_EXHAUSTED` before any row
 //!   is read, and counted as such, never as `ok`.
 //! - A TLS identity that cannot serve (certificate and key swapped, or of two pairs) is
-//!   refused by [`Tls::check`], naming the cause.
+//!   refused by [`ServerTls::check`], naming the cause.
 //!
 //! ## Files
 //! - `hosting` — [`Server`], [`Hosted`], [`State`], [`RowSource`], [`TierOptions`]: what is held,
@@ -33,7 +33,7 @@
 //! - `fast` — [`serve_fast`], [`serve_fast_with`], [`FastLimits`], [`FastListener`]: the framed
 //!   lookup path and its limits.
 //! - `metrics` — the Prometheus metrics and [`serve_metrics`].
-//! - `tls` — [`Tls`], the metrics port's TLS listener, and [`Tokens`].
+//! - `tls` — [`ServerTls`], the metrics port's TLS listener, and [`Tokens`].
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
 
@@ -53,4 +53,4 @@ pub use hosting::{
 pub use service::{
     request_limit, serve, to_status, Admin, ServeOptions, Serving, DEFAULT_MAX_BATCH,
 };
-pub use tls::{Tls, Tokens};
+pub use tls::{ServerTls, Tokens};

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use embstore_common::{now_ms, ErrorKind};
+use embstore_proto::frame::with_kind;
 use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
 use embstore_proto::v1::{
@@ -17,7 +18,7 @@ use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
 use crate::hosting::{Hosted, Server, State};
-use crate::tls::{Tls, Tokens};
+use crate::tls::{ServerTls, Tokens};
 
 /// Ids one lookup may carry, by default (a batch above the configured maximum gets
 /// `RESOURCE_EXHAUSTED`): 1M ids of D 256 are a 1 GiB answer.
@@ -180,7 +181,7 @@ impl Server {
         hosted
             .table
             .lookup(&req.ids, values, found)
-            .map_err(|e| self.status(to_status(e.kind()), e.to_string()))
+            .map_err(|e| with_kind(self.status(to_status(e.kind()), e.to_string()), e.kind()))
     }
 
     /// Whether `req` (for `target`) runs on the I/O thread that received it: a small lookup of
@@ -191,21 +192,10 @@ impl Server {
     }
 }
 
-/// The gRPC code for a table error (the one mapping of this boundary; the client maps back).
+/// The gRPC status of a table error: its code (the one mapping, shared with the framed path)
+/// and its kind in the metadata, which the client reads back exactly.
 pub fn to_status(kind: ErrorKind) -> Code {
-    match kind {
-        ErrorKind::InvalidArgument | ErrorKind::ShapeMismatch | ErrorKind::NonFinite => {
-            Code::InvalidArgument
-        }
-        ErrorKind::TableNotFound | ErrorKind::KeyNotFound => Code::NotFound,
-        ErrorKind::TableExists => Code::AlreadyExists,
-        ErrorKind::Capacity | ErrorKind::NoSpace => Code::ResourceExhausted,
-        ErrorKind::Corruption => Code::DataLoss,
-        ErrorKind::Unavailable | ErrorKind::Locked => Code::Unavailable,
-        ErrorKind::Unsupported => Code::Unimplemented,
-        ErrorKind::PermissionDenied => Code::PermissionDenied,
-        _ => Code::Internal,
-    }
+    embstore_proto::frame::status_code(kind)
 }
 
 /// The `Serving` service over a [`Server`].
@@ -250,7 +240,9 @@ impl embstore_proto::v1::admin_server::Admin for Admin {
         tokio::task::spawn_blocking(move || {
             let ckpt = std::path::Path::new(&r.checkpoint);
             server.load(&r.table, r.version, r.shard, r.num_shards, ckpt).map_err(|e| {
-                server.status(to_status(e.kind()), format!("load of '{}': {e}", r.table))
+                let status =
+                    server.status(to_status(e.kind()), format!("load of '{}': {e}", r.table));
+                with_kind(status, e.kind())
             })?;
             Ok(Response::new(server.info()))
         })
@@ -297,7 +289,7 @@ impl Admin {
 pub struct ServeOptions {
     pub admin: bool,
     pub tokens: Tokens,
-    pub tls: Option<Tls>,
+    pub tls: Option<ServerTls>,
 }
 
 /// Serves `server` on `listener` as `options` say until `shutdown` resolves (then stops

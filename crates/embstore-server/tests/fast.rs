@@ -86,14 +86,20 @@ fn lookup(ids: &[u64], known_gen: u64) -> LookupRequest {
 }
 
 async fn hello<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, token: &str) -> (Kind, Vec<u8>) {
-    s.write_all(&frame::frame(Kind::Hello, 0, token.as_bytes())).await.unwrap();
+    s.write_all(&frame::frame(
+        Kind::Hello,
+        0,
+        &frame::encode_hello(token, frame::Service::Lookups, &[]),
+    ))
+    .await
+    .unwrap();
     let (h, body) = read_frame(s).await.unwrap();
     (h.kind, body)
 }
 
 fn error(body: &[u8]) -> (tonic::Code, String) {
-    let (code, message, _) = frame::decode_error(body).unwrap();
-    (tonic::Code::from_i32(code), message)
+    let e = frame::decode_error(body).unwrap();
+    (tonic::Code::from_i32(e.code), e.message)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,8 +169,8 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
         let (got, message) = error(&body);
         assert_eq!(got, code, "{message}");
         // The details carry the server's info, as gRPC's do.
-        let (_, _, details) = frame::decode_error(&body).unwrap();
-        assert_eq!(ServerInfo::decode(details.as_slice()).unwrap().instance, "fast");
+        let e = frame::decode_error(&body).unwrap();
+        assert_eq!(ServerInfo::decode(e.details.as_slice()).unwrap().instance, "fast");
     }
     c.write_all(&frame::frame(Kind::Describe, 22, &[])).await.unwrap();
     let (h, _) = read_frame(&mut c).await.unwrap();
@@ -174,13 +180,13 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
 
     // Another protocol version, or a frame over what any allowed batch needs: an error, then
     // the connection is closed.
-    let mut v2 = frame::frame(Kind::Describe, 30, &[]);
-    v2[1] = 2;
-    c.write_all(&v2).await.unwrap();
+    let mut v1 = frame::frame(Kind::Describe, 30, &[]);
+    v1[1] = 1;
+    c.write_all(&v1).await.unwrap();
     let (_, body) = read_frame(&mut c).await.unwrap();
     let (code, message) = error(&body);
     assert_eq!(code, tonic::Code::Unimplemented);
-    assert!(message.contains("speaks version 1"), "{message}");
+    assert!(message.contains("speaks version 2"), "{message}");
     assert!(read_frame(&mut c).await.is_none());
     let mut c = connect().await.unwrap();
     hello(&mut c, "r3ad").await;
@@ -254,7 +260,13 @@ async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
     assert_eq!(info.fast_unix, path.display().to_string());
     let mut c =
         tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.fast_port)).await.unwrap();
-    c.write_all(&frame::frame(Kind::Hello, 0, b"")).await.unwrap();
+    c.write_all(&frame::frame(
+        Kind::Hello,
+        0,
+        &frame::encode_hello("", frame::Service::Lookups, &[]),
+    ))
+    .await
+    .unwrap();
     let tasks = [tokio::spawn(tcp), tokio::spawn(unix)];
     let (h, _) =
         tokio::time::timeout(Duration::from_secs(30), read_frame(&mut c)).await.unwrap().unwrap();

@@ -90,13 +90,19 @@ async fn until_closed<S: AsyncRead + Unpin>(s: &mut S) -> usize {
 }
 
 fn error_code(body: &[u8]) -> (tonic::Code, String) {
-    let (code, message, _) = frame::decode_error(body).unwrap();
-    (tonic::Code::from_i32(code), message)
+    let e = frame::decode_error(body).unwrap();
+    (tonic::Code::from_i32(e.code), e.message)
 }
 
 async fn hello(addr: &str) -> TcpStream {
     let mut c = TcpStream::connect(addr).await.unwrap();
-    c.write_all(&frame::frame(Kind::Hello, 0, b"")).await.unwrap();
+    c.write_all(&frame::frame(
+        Kind::Hello,
+        0,
+        &frame::encode_hello("", frame::Service::Lookups, &[]),
+    ))
+    .await
+    .unwrap();
     let (h, _) = read_frame(&mut c).await.unwrap();
     assert_eq!(h.kind, Kind::Info);
     c
@@ -179,7 +185,13 @@ async fn connections_that_stall_before_hello_or_mid_frame_are_closed() {
     let idle = hello(&serving.addr).await;
     let mut silent = TcpStream::connect(&serving.addr).await.unwrap();
     let mut partial = TcpStream::connect(&serving.addr).await.unwrap();
-    partial.write_all(&frame::frame(Kind::Hello, 0, b"")[..5]).await.unwrap();
+    partial
+        .write_all(
+            &frame::frame(Kind::Hello, 0, &frame::encode_hello("", frame::Service::Lookups, &[]))
+                [..5],
+        )
+        .await
+        .unwrap();
     assert_eq!(until_closed(&mut silent).await, 0);
     assert_eq!(until_closed(&mut partial).await, 0);
     let mut stalled = hello(&serving.addr).await;
@@ -247,7 +259,13 @@ async fn a_client_that_never_reads_its_answer_is_closed_and_the_answer_dropped()
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut c = socket.connect(serving.addr.parse().unwrap()).await.unwrap();
-    c.write_all(&frame::frame(Kind::Hello, 0, b"")).await.unwrap();
+    c.write_all(&frame::frame(
+        Kind::Hello,
+        0,
+        &frame::encode_hello("", frame::Service::Lookups, &[]),
+    ))
+    .await
+    .unwrap();
     assert_eq!(read_frame(&mut c).await.unwrap().0.kind, Kind::Info);
     let ids: Vec<u64> = (0..N as u64).collect();
     c.write_all(&frame::encode_lookup(&lookup(ids), 6)).await.unwrap();

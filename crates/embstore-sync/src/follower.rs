@@ -25,7 +25,8 @@ use parking_lot::Mutex;
 use crate::discovery::Directory;
 use crate::tls::Stream;
 use crate::wire::{self, Kind};
-use tokio_rustls::rustls::ClientConfig;
+use embstore_proto::frame::HEADER;
+use embstore_proto::tls::ClientTls;
 
 /// Where a follower pulls from.
 #[derive(Clone, Debug)]
@@ -184,9 +185,9 @@ pub struct FollowOptions {
     /// How often a store in a directory is flushed, so that a restart serves recent rows at
     /// once (it then pulls every part again); `None`: never.
     pub flush_every: Option<Duration>,
-    /// TLS to the source ([`crate::ClientTls::config`]) and the name its certificate must
-    /// carry (default: the host of its address); `None`: plaintext.
-    pub tls: Option<(Arc<ClientConfig>, Option<String>)>,
+    /// TLS to the source: the CA it chains to, the name its certificate must carry (default:
+    /// the host of its address), a client identity for mutual TLS; `None`: plaintext.
+    pub tls: Option<ClientTls>,
     /// The sync options a store that does not sync yet starts with (the part count is the
     /// source's, and its knowledge never comes from its rows).
     pub sync: SyncOptions,
@@ -416,6 +417,9 @@ impl Follower {
         flush: Option<(Duration, Arc<Store>)>,
         watch: bool,
     ) -> Result<Self> {
+        if let Some(tls) = &options.tls {
+            tls.config()?; // a bad CA or identity fails here, not at each connection
+        }
         let first =
             source.any(&options.tables, Duration::from_millis(options.timeout_ms.max(1)))?;
         let (_, replica, infos) = connect(&first, &options, &options.tables)?;
@@ -619,13 +623,11 @@ struct Link {
     r: BufReader<Stream>,
     bytes_in: u64,
     bytes_out: u64,
-    /// The protocol spoken (2: change lists carry the rows of small changes).
-    protocol: u16,
 }
 
 impl Link {
     fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
-        let mut frame = Vec::with_capacity(9 + body.len());
+        let mut frame = Vec::with_capacity(HEADER + body.len());
         wire::write_frame(&mut frame, kind, body)?;
         let w = self.r.get_mut();
         w.write_all(&frame).and_then(|_| w.flush()).map_err(untrusted("sync send"))?;
@@ -646,7 +648,7 @@ impl Link {
                 e
             }
         })?;
-        self.bytes_in += 9 + b.len() as u64;
+        self.bytes_in += (HEADER + b.len()) as u64;
         if k == Kind::Error {
             return Err(wire::decode_error(&b)?);
         }
@@ -667,24 +669,6 @@ fn connect(
     options: &FollowOptions,
     tables: &[String],
 ) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
-    // A source of an older build refuses a newer protocol: speak the newest it knows.
-    let mut protocol = wire::PROTOCOL;
-    loop {
-        match connect_speaking(source, options, tables, protocol) {
-            Err(e) if e.kind() == ErrorKind::Unsupported && protocol > wire::MIN_PROTOCOL => {
-                protocol -= 1;
-            }
-            r => return r,
-        }
-    }
-}
-
-fn connect_speaking(
-    source: &str,
-    options: &FollowOptions,
-    tables: &[String],
-    protocol: u16,
-) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
     let timeout = Duration::from_millis(options.timeout_ms.max(1));
     let addr = source
         .to_socket_addrs()
@@ -698,11 +682,12 @@ fn connect_speaking(
     let read_timeout = timeout + Duration::from_millis(u64::from(options.wait_ms));
     s.set_read_timeout(Some(read_timeout)).map_err(|e| Error::io("sync connection", e))?;
     let host = source.rsplit_once(':').map_or(source, |(h, _)| h).trim_matches(['[', ']']);
-    let tls = options.tls.as_ref().map(|(c, domain)| (c, domain.as_deref().unwrap_or(host)));
+    let config = options.tls.as_ref().map(ClientTls::config).transpose()?;
+    let tls = config.as_ref().zip(options.tls.as_ref()).map(|(c, t)| (c, t.name_for(host)));
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
-    let mut link = Link { r, bytes_in: 0, bytes_out: 0, protocol };
+    let mut link = Link { r, bytes_in: 0, bytes_out: 0 };
     let hello = wire::Hello {
-        protocol,
+        protocol: wire::PROTOCOL,
         token: options.token.clone(),
         with_state: options.with_state,
         tables: tables.to_vec(),
@@ -881,10 +866,8 @@ fn rounds(
             book.pending.insert(*p);
         }
         let listed: Vec<u32> = changes.parts.iter().map(|(p, _)| *p).collect();
-        if link.protocol >= 2 {
-            // The rows of small changes come with the list: those parts are done.
-            pull_replies(t, link, status, book, true)?;
-        }
+        // The rows of small changes come with the list: those parts are done.
+        pull_replies(t, link, status, book, true)?;
         let inlined: BTreeSet<u32> =
             listed.into_iter().filter(|p| !book.pending.contains(p)).collect();
         (book.epoch, book.cursor) = (changes.epoch, changes.upto);

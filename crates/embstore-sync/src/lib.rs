@@ -21,6 +21,6 @@ pub mod tls;
 pub mod wire;
 
 pub use discovery::{Directory, Member};
+pub use embstore_proto::tls::{ClientTls, ServerTls};
 pub use follower::{CatchUpMark, FollowOptions, Follower, Source, StatusView, TableSync, Target};
 pub use server::{ServeOptions, ServerStats, SyncServer};
-pub use tls::ClientTls;

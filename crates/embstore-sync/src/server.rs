@@ -3,7 +3,7 @@
 //! cursor) and `Pull` (the rows of parts newer than its VVs), one request at a time. One thread
 //! per connection: a replica has a few neighbours, each with one connection per table.
 //!
-//! With protocol 2, a change list also carries the rows of small changes: the connection
+//! A change list also carries the rows of small changes: the connection
 //! remembers, per part, what the client knows at least (the VV it pulled with, merged with the
 //! VV of the reply it got: the client applies replies in order or drops the connection), and a
 //! listed part whose rows since then the update cache can give is answered with the list, up to
@@ -25,12 +25,14 @@ use parking_lot::Mutex;
 
 use crate::tls::Stream;
 use crate::wire::{self, Kind};
-use tokio_rustls::rustls::ServerConfig;
+use embstore_proto::frame::HEADER;
+use embstore_proto::tls::rustls::ServerConfig;
+use embstore_proto::tls::ServerTls;
 
 /// The longest a `List` waits for a change.
 pub const MAX_WAIT_MS: u32 = 5_000;
 
-/// The most rows a change list carries (protocol 2).
+/// The most rows a change list carries.
 pub const INLINE_ROWS: usize = 4096;
 
 /// A connection with no request for this long is closed.
@@ -57,8 +59,9 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// The sync options the store's tables get (see [`Store::enable_sync`]).
     pub sync: SyncOptions,
-    /// TLS (the serving port's: `embstore_server::Tls::server_config`); `None`: plaintext.
-    pub tls: Option<Arc<ServerConfig>>,
+    /// TLS (with a client CA, mutual TLS; the serving port's identity, typically); `None`:
+    /// plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 /// What the sync port did.
@@ -74,7 +77,7 @@ pub struct ServerStats {
     /// Pull requests served and parts answered.
     pub pulls: u64,
     pub parts: u64,
-    /// Parts answered with a change list (protocol 2), without a pull.
+    /// Parts answered with a change list, without a pull.
     pub parts_inline: u64,
 }
 
@@ -137,6 +140,7 @@ impl SyncServer {
     /// Turns sync on in `store` ([`Store::enable_sync`]) and serves it on `addr`
     /// (`host:port`; port 0 picks one, see [`SyncServer::addr`]).
     pub fn start(store: Arc<Store>, addr: &str, options: ServeOptions) -> Result<Self> {
+        let tls = options.tls.as_ref().map(ServerTls::config).transpose()?;
         store.enable_sync(&options.sync)?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("cannot listen for sync on {addr}"), e))?;
@@ -146,7 +150,7 @@ impl SyncServer {
         let conns = Arc::new(Conns::default());
         warn_if_open(&local, options.token.as_deref());
         let counters = Arc::new(Counters::default());
-        let token = Arc::new((options.token, options.tls));
+        let token = Arc::new((options.token, tls));
         let accept = {
             let (stop, conns, counters) = (stop.clone(), conns.clone(), counters.clone());
             std::thread::Builder::new()
@@ -247,18 +251,11 @@ fn warn_if_open(addr: &SocketAddr, token: Option<&str>) {
     }
 }
 
-/// Compares tokens in time independent of where they differ.
-fn same_token(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 struct Conn<'a> {
     /// Reads through a buffer; writes gather in `out` until [`Conn::flush`].
     r: BufReader<Stream>,
     out: Vec<u8>,
     counters: &'a Counters,
-    /// The protocol the client speaks (from its Hello; 1 before it).
-    protocol: u16,
     /// A send failed (the client is gone, or stopped reading past the deadline): nothing
     /// more is sent, and the connection ends.
     broken: bool,
@@ -267,7 +264,7 @@ struct Conn<'a> {
 impl Conn<'_> {
     fn recv(&mut self) -> Result<(Kind, Vec<u8>)> {
         let (k, b) = wire::read_frame(&mut self.r)?;
-        self.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
+        self.counters.bytes_in.fetch_add((HEADER + b.len()) as u64, Ordering::Relaxed);
         Ok((k, b))
     }
 
@@ -276,7 +273,7 @@ impl Conn<'_> {
         if self.out.len() >= 256 << 10 {
             self.flush()?;
         }
-        self.counters.bytes_out.fetch_add(9 + body.len() as u64, Ordering::Relaxed);
+        self.counters.bytes_out.fetch_add((HEADER + body.len()) as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -327,11 +324,21 @@ fn serve_conn(
         return s.write_all(&out).map_err(|e| Error::io("sync send", e));
     }
     let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
-    let mut c = Conn { r, out: Vec::new(), counters, protocol: wire::MIN_PROTOCOL, broken: false };
-    let first = wire::read_frame_limited(&mut c.r, MAX_HELLO).map(|(k, b)| {
-        c.counters.bytes_in.fetch_add(9 + b.len() as u64, Ordering::Relaxed);
-        (k, b)
-    });
+    let mut c = Conn { r, out: Vec::new(), counters, broken: false };
+    let first = match wire::read_or_legacy(&mut c.r, MAX_HELLO) {
+        Ok(Err(wire::Legacy::Hello)) => {
+            // A follower of an older build: told in its own framing to upgrade.
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            c.out = wire::legacy_error_frame();
+            return c.flush();
+        }
+        Ok(Err(_)) => Err(Error::corrupt("not an embstore sync frame")),
+        Ok(Ok((k, b))) => {
+            c.counters.bytes_in.fetch_add((HEADER + b.len()) as u64, Ordering::Relaxed);
+            Ok((k, b))
+        }
+        Err(e) => Err(e),
+    };
     let hello = match first.and_then(|(k, b)| match k {
         Kind::Hello => wire::Hello::decode(&b),
         _ => Err(Error::corrupt("a sync connection must start with Hello")),
@@ -343,7 +350,7 @@ fn serve_conn(
         }
     };
     if let Some(want) = token {
-        if !same_token(want, &hello.token) {
+        if !embstore_common::same_secret(want.as_bytes(), hello.token.as_bytes()) {
             counters.refused.fetch_add(1, Ordering::Relaxed);
             let e = Error::new(
                 ErrorKind::PermissionDenied,
@@ -357,7 +364,6 @@ fn serve_conn(
             return c.fail(&e);
         }
     }
-    c.protocol = hello.protocol;
     let names = if hello.tables.is_empty() { store.tables() } else { hello.tables.clone() };
     let tables = match names.iter().map(|n| store.table(n)).collect::<Result<Vec<_>>>() {
         Ok(t) => t,
@@ -384,13 +390,10 @@ fn serve_conn(
     }
     // Per (table, part): what the client knows at least.
     let mut known: HashMap<(String, u32), Vv> = HashMap::new();
-    let inline = hello.protocol >= 2;
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
-            Kind::List => {
-                list(store, &mut c, &body, inline.then_some(&mut known), hello.with_state)
-            }
+            Kind::List => list(store, &mut c, &body, &mut known, hello.with_state),
             Kind::Pull => pull(store, &mut c, &body, hello.with_state, &mut known),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
@@ -417,13 +420,13 @@ fn table_of(store: &Store, name: &str) -> Result<Arc<Table>> {
     store.table(name)
 }
 
-/// Answers a `List`; with `known` (protocol 2), also sends the rows of the listed parts the
+/// Answers a `List`; also sends the rows of the listed parts the
 /// update cache can give, then `PullDone`.
 fn list(
     store: &Store,
     c: &mut Conn<'_>,
     body: &[u8],
-    known: Option<&mut HashMap<(String, u32), Vv>>,
+    known: &mut HashMap<(String, u32), Vv>,
     with_state: bool,
 ) -> Result<()> {
     let l = wire::List::decode(body)?;
@@ -432,7 +435,6 @@ fn list(
     t.sync_wait(l.epoch, l.cursor, wait)?;
     let changes = t.sync_changes(l.epoch, l.cursor)?;
     c.send(Kind::Changed, &wire::encode_changed(&changes, now_ms()))?;
-    let Some(known) = known else { return Ok(()) };
     let mut budget = INLINE_ROWS;
     for &(part, _) in &changes.parts {
         let key = (l.table.clone(), part);
@@ -470,12 +472,9 @@ fn pull(
     for (part, vv) in parts {
         // Read and sent a piece at a time: a part of any size costs one piece here.
         let mut knows = vv.clone();
-        t.sync_pull_pieces(part, &vv, with_state, rows, &mut |mut piece| {
+        t.sync_pull_pieces(part, &vv, with_state, rows, &mut |piece| {
             if !piece.partial {
                 knows.merge(&piece.vv);
-            }
-            if c.protocol < 3 {
-                piece.step = None; // an older client's decoder knows no step
             }
             c.send(Kind::Part, &wire::encode_part(&piece))
         })?;
@@ -503,10 +502,6 @@ fn send_reply(
     mut vv: Vv,
 ) -> Result<()> {
     vv.merge(&reply.vv);
-    let mut reply = reply;
-    if c.protocol < 3 {
-        reply.step = None; // an older client's decoder knows no step
-    }
     for piece in reply.split(piece_rows(t, with_state)) {
         c.send(Kind::Part, &wire::encode_part(&piece))?;
     }

@@ -1,4 +1,4 @@
-//! TLS for the sync port: the server side takes the serving TLS (`embstore_server::Tls`, and
+//! TLS for the sync port: the server side takes the serving TLS (`embstore_server::ServerTls`, and
 //! with a client CA, mutual TLS); a follower trusts a CA ([`ClientTls`]) and may present a
 //! certificate. [`Stream`] is a connection either way, plain or TLS.
 
@@ -7,61 +7,12 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Instant;
 
-use embstore_common::{Error, ErrorKind, Result};
-use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-pub use tokio_rustls::rustls::{ClientConfig, ServerConfig};
-
-/// What a follower trusts, and the certificate it presents (mutual TLS), as PEM.
-#[derive(Clone, Debug, Default)]
-pub struct ClientTls {
-    /// The CA the source's certificate must chain to.
-    pub ca_pem: Vec<u8>,
-    /// A client certificate chain and its key, for sources that ask for one.
-    pub cert_pem: Option<Vec<u8>>,
-    pub key_pem: Option<Vec<u8>>,
-    /// The name the source's certificate carries (default: the host of its address).
-    pub domain: Option<String>,
-}
+use embstore_common::{Error, Result};
+use embstore_proto::tls::rustls;
+use embstore_proto::tls::rustls::pki_types::ServerName;
 
 fn invalid(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::new(ErrorKind::InvalidArgument, format!("{what}: {e}"))
-}
-
-impl ClientTls {
-    /// The rustls client configuration; `InvalidArgument` naming what is wrong.
-    pub fn config(&self) -> Result<Arc<rustls::ClientConfig>> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&self.ca_pem) {
-            roots
-                .add(cert.map_err(|e| invalid("the sync tls ca", e))?)
-                .map_err(|e| invalid("the sync tls ca", e))?;
-        }
-        if roots.is_empty() {
-            return Err(invalid("the sync tls ca", "the file holds no pem certificate"));
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| invalid("tls", e))?
-            .with_root_certificates(roots);
-        let config = match (&self.cert_pem, &self.key_pem) {
-            (Some(cert), Some(key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert)
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| invalid("the sync tls certificate", e))?;
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| invalid("the sync tls key", e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| invalid("the sync tls certificate", e))?
-            }
-            (None, None) => builder.with_no_client_auth(),
-            _ => return Err(invalid("sync tls", "a client certificate needs its key, and back")),
-        };
-        Ok(Arc::new(config))
-    }
+    Error::invalid(format!("{what}: {e}"))
 }
 
 /// A connection of the sync port, plain or TLS.

@@ -1,85 +1,51 @@
-//! The sync port's wire format: length-prefixed, checksummed frames over one TCP connection,
-//! each a request or a reply (`docs/dissemination.md` lists them byte by byte).
+//! The sync port's messages: the sync set of embstore's one wire (`embstore_proto::frame`: a
+//! 16-byte header, HELLO and ERROR shared with the framed lookup path; every sync frame
+//! carries its body's CRC). `docs/dissemination.md` lists them byte by byte.
 //!
 //! ```text
-//! frame  = body_len u32 | kind u8 | crc32(body) u32 | body           (little-endian)
-//! Hello    = magic u32 "EKSY" | protocol u16 (1 to 3) | token str | with_state u8 | tables [str]
-//! Welcome  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
-//! List     = table str | epoch u64 | cursor u64 | wait_ms u32
-//! Changed  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32]
-//!            (protocol 2: then the Parts of small changes, then PullDone)
-//! Pull     = table str | parts [part u32 | vv]
-//! Part     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
+//! HELLO    = token str | service u8 (2: sync) | protocol u16 (4) | with_state u8 | tables [str]
+//! WELCOME  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
+//! LIST     = table str | epoch u64 | cursor u64 | wait_ms u32
+//! CHANGED  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32],
+//!            then the PARTs of small changes, then PULL_DONE
+//! PULL     = table str | parts [part u32 | vv]
+//! PART     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
 //!            | (complete: lo u64 | hi u64 | floor vv) | n u32
 //!            | has_state u8 (1 state, 2 step) | origins [replica u32] | base_ts u64
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
 //!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
-//!            | (step: step u64, the responder's step counter; protocol 3, with state)
-//! PullDone = (empty)        Error = kind u8 | message str
+//!            | (step: step u64, the responder's step counter, with state)
+//! PULL_DONE = (empty)       ERROR = the wire's (kind u8 | code u32 | message str | details)
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
 //! ```
 //!
 //! A frame that is truncated, oversized, fails its checksum or does not parse is an
 //! [`ErrorKind::Corruption`] error; the connection is then dropped and nothing of it applied.
+//! A peer of an older build, which framed sync differently (a 9-byte header), is told so in
+//! its own framing, and a source of an older build is recognised by its answer: either side
+//! then fails with an [`ErrorKind::Unsupported`] error that says which side to upgrade.
 
 use std::io::{Read, Write};
 
+use embstore_common::bytes::{Reader, Writer};
 use embstore_common::{Error, ErrorKind, Result};
+pub use embstore_proto::frame::Kind;
+use embstore_proto::frame::{self, Service, HEADER};
 use embstore_replication::{Sv, Vv};
 use embstore_table::sync::{Changes, Complete, PartReply};
 use embstore_table::{RowMeta, Version};
 
-/// The first four bytes of a Hello ("EKSY").
-pub const MAGIC: u32 = u32::from_le_bytes(*b"EKSY");
-/// The newest protocol version this build speaks: 2 answers a change list with the rows of
-/// the parts whose change is small (`Changed`, then `Part`s, then `PullDone`); 3 adds the
-/// responder's step counter to parts with optimizer state.
-pub const PROTOCOL: u16 = 3;
-/// The oldest protocol version this build still speaks (1: a change list is only a list).
-pub const MIN_PROTOCOL: u16 = 1;
+/// The sync protocol this build speaks (on wire version 2; 1 to 3 were spoken on the older
+/// framing): change lists carry the rows of small changes, and parts with optimizer state
+/// the responder's step counter.
+pub const PROTOCOL: u16 = 4;
+/// The oldest sync protocol this build still speaks.
+pub const MIN_PROTOCOL: u16 = 4;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
 pub const MAX_FRAME: usize = 64 << 20;
 
-/// Frame kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    /// Client → server: the first frame (token, tables, whether state is wanted).
-    Hello = 1,
-    /// Server → client: the tables served.
-    Welcome = 2,
-    /// Client → server: the parts changed since a cursor (long-poll).
-    List = 3,
-    /// Server → client: the answer to `List`.
-    Changed = 4,
-    /// Client → server: pull these parts, each with the requester's VV.
-    Pull = 5,
-    /// Server → client: one part's reply.
-    Part = 6,
-    /// Server → client: the last frame of a pull's answer.
-    PullDone = 7,
-    /// Server → client: a request failed (the connection stays usable unless it was Hello).
-    Error = 8,
-}
-
-impl Kind {
-    fn from_u8(b: u8) -> Result<Self> {
-        Ok(match b {
-            1 => Kind::Hello,
-            2 => Kind::Welcome,
-            3 => Kind::List,
-            4 => Kind::Changed,
-            5 => Kind::Pull,
-            6 => Kind::Part,
-            7 => Kind::PullDone,
-            8 => Kind::Error,
-            _ => return Err(Error::corrupt(format!("unknown sync frame kind {b}"))),
-        })
-    }
-}
-
-/// Writes one frame.
+/// Writes one frame (with its CRC).
 pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
     if body.len() > MAX_FRAME {
         return Err(Error::invalid(format!(
@@ -87,175 +53,111 @@ pub fn write_frame(w: &mut impl Write, kind: Kind, body: &[u8]) -> Result<()> {
             body.len()
         )));
     }
-    let mut head = [0u8; 9];
-    head[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    head[4] = kind as u8;
-    head[5..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
-    w.write_all(&head).and_then(|_| w.write_all(body)).map_err(|e| Error::io("sync send", e))
+    let mut out = Vec::with_capacity(HEADER + body.len());
+    frame::frame_checked_into(&mut out, kind, 0, body);
+    w.write_all(&out).map_err(|e| Error::io("sync send", e))
 }
 
-/// Reads one frame: its kind and body (bytes read = 9 + body length).
+/// Reads one frame: its kind and body (bytes read = [`HEADER`] + body length).
 pub fn read_frame(r: &mut impl Read) -> Result<(Kind, Vec<u8>)> {
     read_frame_limited(r, MAX_FRAME)
 }
 
-/// [`read_frame`] of a frame of at most `max` body bytes. The body grows as its bytes arrive
-/// (from 64 KiB): a peer that announces a large frame and sends nothing pins nothing.
+/// [`read_frame`] of a frame of at most `max` body bytes (see [`frame::read_blocking`]). The
+/// answer of a source of an older build (its 9-byte framing) becomes an
+/// [`ErrorKind::Unsupported`] error carrying what it said.
 pub fn read_frame_limited(r: &mut impl Read, max: usize) -> Result<(Kind, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    r.read_exact(&mut head).map_err(|e| Error::io("sync receive", e))?;
-    let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
-    if len > max.min(MAX_FRAME) {
-        return Err(Error::corrupt(format!(
-            "a sync frame announces {len} bytes, over the limit of {}",
-            max.min(MAX_FRAME)
-        )));
-    }
-    let kind = Kind::from_u8(head[4])?;
-    let crc = u32::from_le_bytes(head[5..].try_into().expect("4 bytes"));
-    let mut body = Vec::with_capacity(len.min(64 << 10));
-    let got =
-        r.take(len as u64).read_to_end(&mut body).map_err(|e| Error::io("sync receive", e))?;
-    if got < len {
-        return Err(Error::corrupt(format!("a sync frame was cut short (expected {len} bytes)")));
-    }
-    if crc32fast::hash(&body) != crc {
-        return Err(Error::corrupt("a sync frame failed its checksum"));
-    }
-    Ok((kind, body))
-}
-
-/// A frame body under construction.
-#[derive(Default)]
-pub(crate) struct Enc(pub(crate) Vec<u8>);
-
-impl Enc {
-    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    pub(crate) fn u16(&mut self, v: u16) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn str(&mut self, s: &str) -> &mut Self {
-        self.u32(s.len() as u32);
-        self.0.extend_from_slice(s.as_bytes());
-        self
-    }
-    pub(crate) fn f32s(&mut self, v: &[f32]) -> &mut Self {
-        self.0.reserve(v.len() * 4);
-        for x in v {
-            self.0.extend_from_slice(&x.to_le_bytes());
-        }
-        self
-    }
-    /// LEB128: 7 bits a byte, low first.
-    pub(crate) fn varint(&mut self, mut v: u64) -> &mut Self {
-        while v >= 0x80 {
-            self.0.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-        self
-    }
-    pub(crate) fn vv(&mut self, vv: &Vv) -> &mut Self {
-        self.u16(vv.entries().len() as u16);
-        for &(o, t) in vv.entries() {
-            self.u32(o).u64(t);
-        }
-        self
+    match read_or_legacy(r, max)? {
+        Ok(f) => Ok(f),
+        Err(Legacy::Error(said)) => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the sync source runs an older embstore, whose sync wire this build no longer \
+                 speaks: upgrade the source (it answered: {said})"
+            ),
+        )),
+        Err(Legacy::Hello | Legacy::Other) => Err(Error::corrupt("not an embstore sync frame")),
     }
 }
 
-/// A frame body being read; every read past the end is a [`ErrorKind::Corruption`] error.
-pub(crate) struct Dec<'a> {
-    b: &'a [u8],
-    pos: usize,
+/// A frame of the sync port's older framing (`len u32 | kind u8 | crc u32 | body`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Legacy {
+    /// An older follower's Hello.
+    Hello,
+    /// An older source's Error frame, and its message.
+    Error(String),
+    /// Neither, or not that framing at all.
+    Other,
 }
 
-impl<'a> Dec<'a> {
-    pub(crate) fn new(b: &'a [u8]) -> Self {
-        Self { b, pos: 0 }
+/// Kinds of the older framing.
+const LEGACY_HELLO: u8 = 1;
+const LEGACY_ERROR: u8 = 8;
+/// The first bytes of an older Hello's body ("EKSY").
+const LEGACY_MAGIC: &[u8; 4] = b"EKSY";
+/// The older framing's code of `Unsupported`.
+const LEGACY_UNSUPPORTED: u8 = 8;
+
+/// One frame, or what a peer of the older framing sent instead.
+pub fn read_or_legacy(r: &mut impl Read, max: usize) -> Result<Result<(Kind, Vec<u8>), Legacy>> {
+    let mut h = [0u8; HEADER];
+    r.read_exact(&mut h).map_err(|e| Error::io("sync receive", e))?;
+    if h[0] == frame::MAGIC {
+        let (header, body) = frame::read_blocking(r, max.min(MAX_FRAME), Some(h))?;
+        return Ok(Ok((header.kind, body)));
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| {
-            Error::corrupt(format!("a sync frame ends early (needs {n} more bytes)"))
-        })?;
-        let s = &self.b[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    pub(crate) fn str(&mut self) -> Result<String> {
-        let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec())
-            .map_err(|_| Error::corrupt("a sync frame holds a string that is not utf-8"))
-    }
-    /// A count of items each at least `min_bytes` long, checked against what is left.
-    pub(crate) fn count(&mut self, min_bytes: usize) -> Result<usize> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_bytes) > self.b.len() - self.pos {
-            return Err(Error::corrupt(format!("a sync frame announces {n} items it cannot hold")));
+    let len = u32::from_le_bytes(h[..4].try_into().expect("4 bytes")) as usize;
+    Ok(Err(match h[4] {
+        LEGACY_HELLO if &h[9..13] == LEGACY_MAGIC => Legacy::Hello,
+        // An older Error body: kind u8 | message (len u32 | utf-8); 7 of its bytes are in `h`.
+        LEGACY_ERROR if (7..=1 << 16).contains(&len) => {
+            let mut body = h[9..].to_vec();
+            r.take((len - 7) as u64)
+                .read_to_end(&mut body)
+                .map_err(|e| Error::io("sync receive", e))?;
+            let mut d = Reader::new(&body, "an older sync error frame");
+            d.u8()?;
+            Legacy::Error(d.str()?)
         }
-        Ok(n)
+        _ => Legacy::Other,
+    }))
+}
+
+/// An Error frame in the older framing, which an older follower reads and shows: it is told
+/// that this source speaks a newer wire.
+pub fn legacy_error_frame() -> Vec<u8> {
+    let mut body = Writer::default();
+    body.u8(LEGACY_UNSUPPORTED).str(
+        "this sync source runs a newer embstore, whose sync wire this follower does not speak: \
+         upgrade the follower",
+    );
+    let mut out = Writer::with_capacity(9 + body.0.len());
+    out.u32(body.0.len() as u32).u8(LEGACY_ERROR).u32(crc32fast::hash(&body.0)).raw(&body.0);
+    out.0
+}
+
+/// `vv = n u16 | n × (origin u32 | ts u64)`.
+fn put_vv(e: &mut Writer, vv: &Vv) {
+    e.u16(vv.entries().len() as u16);
+    for &(o, t) in vv.entries() {
+        e.u32(o).u64(t);
     }
-    pub(crate) fn f32s(&mut self, n: usize) -> Result<Vec<f32>> {
-        let raw = self.take(n.checked_mul(4).ok_or_else(|| Error::corrupt("count overflow"))?)?;
-        Ok(raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect())
+}
+
+fn get_vv(d: &mut Reader<'_>) -> Result<Vv> {
+    let n = d.u16()?;
+    let mut vv = Vv::new();
+    for _ in 0..n {
+        let (o, t) = (d.u32()?, d.u64()?);
+        vv.raise(o, t);
     }
-    pub(crate) fn varint(&mut self) -> Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
-            v |= u64::from(b & 0x7f)
-                .checked_shl(shift)
-                .filter(|_| shift < 63 || b <= 1)
-                .ok_or_else(|| Error::corrupt("a sync varint overflows"))?;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(Error::corrupt("a sync varint is too long"))
-    }
-    pub(crate) fn vv(&mut self) -> Result<Vv> {
-        let n = self.u16()?;
-        let mut vv = Vv::new();
-        for _ in 0..n {
-            let (o, t) = (self.u32()?, self.u64()?);
-            vv.raise(o, t);
-        }
-        Ok(vv)
-    }
-    /// Fails unless every byte was read.
-    pub(crate) fn end(&self) -> Result<()> {
-        if self.pos != self.b.len() {
-            return Err(Error::corrupt(format!(
-                "a sync frame has {} bytes past its end",
-                self.b.len() - self.pos
-            )));
-        }
-        Ok(())
-    }
+    Ok(vv)
+}
+
+/// A reader of a sync frame's body.
+fn reader(b: &[u8]) -> Reader<'_> {
+    Reader::new(b, "a sync frame")
 }
 
 /// A client's first frame.
@@ -271,19 +173,23 @@ pub struct Hello {
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
-        e.u32(MAGIC).u16(self.protocol).str(&self.token).u8(self.with_state as u8);
+        let mut e = Writer::default();
+        e.u16(self.protocol).u8(self.with_state as u8);
         e.u32(self.tables.len() as u32);
         self.tables.iter().for_each(|t| {
             e.str(t);
         });
-        e.0
+        frame::encode_hello(&self.token, Service::Sync, &e.0)
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let mut d = Dec::new(b);
-        if d.u32()? != MAGIC {
-            return Err(Error::corrupt("not an embstore sync client (bad magic)"));
+        let hello = frame::decode_hello(b)?;
+        if hello.service != Service::Sync {
+            return Err(Error::invalid(
+                "this is a sync port, not a framed lookup port: look up on the port the \
+                 server's info names",
+            ));
         }
+        let mut d = reader(hello.rest);
         let protocol = d.u16()?;
         if !(MIN_PROTOCOL..=PROTOCOL).contains(&protocol) {
             return Err(Error::new(
@@ -294,12 +200,11 @@ impl Hello {
                 ),
             ));
         }
-        let token = d.str()?;
         let with_state = d.u8()? != 0;
         let n = d.count(4)?;
         let tables = (0..n).map(|_| d.str()).collect::<Result<_>>()?;
         d.end()?;
-        Ok(Self { protocol, token, with_state, tables })
+        Ok(Self { protocol, token: hello.token, with_state, tables })
     }
 }
 
@@ -315,7 +220,7 @@ pub struct TableInfo {
 
 /// The server's replica id and its tables.
 pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.u32(replica).u32(tables.len() as u32);
     for t in tables {
         e.str(&t.name).str(&t.config).u32(t.parts).u64(t.epoch);
@@ -324,7 +229,7 @@ pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {
 }
 
 pub fn decode_welcome(b: &[u8]) -> Result<(u32, Vec<TableInfo>)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let replica = d.u32()?;
     let n = d.count(20)?;
     let tables = (0..n)
@@ -347,12 +252,12 @@ pub struct List {
 
 impl List {
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
+        let mut e = Writer::default();
         e.str(&self.table).u64(self.epoch).u64(self.cursor).u32(self.wait_ms);
         e.0
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
-        let mut d = Dec::new(b);
+        let mut d = reader(b);
         let l = Self { table: d.str()?, epoch: d.u64()?, cursor: d.u64()?, wait_ms: d.u32()? };
         d.end()?;
         Ok(l)
@@ -360,7 +265,7 @@ impl List {
 }
 
 pub fn encode_changed(c: &Changes, now_ms: u64) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.u64(c.epoch).u64(c.upto).u64(now_ms).u32(c.parts.len() as u32);
     for (p, sv) in &c.parts {
         e.u32(*p).u64(sv.c).u32(sv.id);
@@ -370,7 +275,7 @@ pub fn encode_changed(c: &Changes, now_ms: u64) -> Vec<u8> {
 
 /// `Changed`: the changes and the responder's clock when it answered.
 pub fn decode_changed(b: &[u8]) -> Result<(Changes, u64)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let (epoch, upto, now) = (d.u64()?, d.u64()?, d.u64()?);
     let n = d.count(16)?;
     let parts =
@@ -381,19 +286,20 @@ pub fn decode_changed(b: &[u8]) -> Result<(Changes, u64)> {
 
 /// A pull: the table and each part with the requester's VV.
 pub fn encode_pull(table: &str, parts: &[(u32, Vv)]) -> Vec<u8> {
-    let mut e = Enc::default();
+    let mut e = Writer::default();
     e.str(table).u32(parts.len() as u32);
     for (p, vv) in parts {
-        e.u32(*p).vv(vv);
+        e.u32(*p);
+        put_vv(&mut e, vv);
     }
     e.0
 }
 
 pub fn decode_pull(b: &[u8]) -> Result<(String, Vec<(u32, Vv)>)> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let table = d.str()?;
     let n = d.count(6)?;
-    let parts = (0..n).map(|_| Ok((d.u32()?, d.vv()?))).collect::<Result<_>>()?;
+    let parts = (0..n).map(|_| Ok((d.u32()?, get_vv(&mut d)?))).collect::<Result<_>>()?;
     d.end()?;
     Ok((table, parts))
 }
@@ -415,11 +321,14 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     origins.sort_unstable();
     origins.dedup();
     let base = r.meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
-    let mut e = Enc(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
+    let mut e = Writer(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
     let flags = r.from_cache as u8 | (r.partial as u8) << 1 | (r.complete.is_some() as u8) << 2;
-    e.u32(r.part).u8(flags).vv(&r.vv).u64(r.sv.c).u32(r.sv.id);
+    e.u32(r.part).u8(flags);
+    put_vv(&mut e, &r.vv);
+    e.u64(r.sv.c).u32(r.sv.id);
     if let Some(c) = &r.complete {
-        e.u64(c.lo).u64(c.hi).vv(&c.floor);
+        e.u64(c.lo).u64(c.hi);
+        put_vv(&mut e, &c.floor);
     }
     let step = r.step.filter(|_| r.state.is_some());
     e.u32(n as u32).u8(r.state.is_some() as u8 | (step.is_some() as u8) << 1);
@@ -454,16 +363,16 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
 /// Reads a `Part` frame for a table of `dim` values and `state_dim` state floats; keys must
 /// strictly increase (a frame that repeats one is corrupt).
 pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> {
-    let mut d = Dec::new(b);
+    let mut d = reader(b);
     let part = d.u32()?;
     let flags = d.u8()?;
     if flags > 7 {
         return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
     }
-    let vv = d.vv()?;
+    let vv = get_vv(&mut d)?;
     let sv = Sv::new(d.u64()?, d.u32()?);
     let complete = if flags & 4 != 0 {
-        Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: d.vv()? })
+        Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: get_vv(&mut d)? })
     } else {
         None
     };
@@ -513,41 +422,20 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     Ok(r)
 }
 
-/// The one-byte code of an error kind on the wire, and back (unknown codes read as `Io`).
-pub fn kind_code(k: ErrorKind) -> u8 {
-    KINDS.iter().position(|&x| x == k).map_or(255, |i| i as u8)
-}
-
-pub fn kind_of(code: u8) -> ErrorKind {
-    KINDS.get(code as usize).copied().unwrap_or(ErrorKind::Io)
-}
-
-const KINDS: [ErrorKind; 12] = [
-    ErrorKind::InvalidArgument,
-    ErrorKind::ShapeMismatch,
-    ErrorKind::TableNotFound,
-    ErrorKind::NonFinite,
-    ErrorKind::Corruption,
-    ErrorKind::Io,
-    ErrorKind::Capacity,
-    ErrorKind::NoSpace,
-    ErrorKind::Unsupported,
-    ErrorKind::Unavailable,
-    ErrorKind::Closed,
-    ErrorKind::PermissionDenied,
-];
-
+/// The body of the ERROR frame of `e`.
 pub fn encode_error(e: &Error) -> Vec<u8> {
-    let mut b = Enc::default();
-    b.u8(kind_code(e.kind())).str(e.message());
-    b.0
+    frame::encode_error_body(&frame::ErrorBody {
+        kind: Some(e.kind()),
+        code: frame::status_code(e.kind()) as i32,
+        message: e.message().to_owned(),
+        details: Vec::new(),
+    })
 }
 
+/// The error an ERROR frame's body carries.
 pub fn decode_error(b: &[u8]) -> Result<Error> {
-    let mut d = Dec::new(b);
-    let e = Error::new(kind_of(d.u8()?), d.str()?);
-    d.end()?;
-    Ok(e)
+    let e = frame::decode_error(b)?;
+    Ok(Error::new(e.kind.unwrap_or(ErrorKind::Io), e.message))
 }
 
 #[cfg(test)]
@@ -632,12 +520,44 @@ mod tests {
 
     #[test]
     fn a_frame_over_the_limit_is_refused_before_reading_it() {
-        let mut head = ((MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
-        head.extend_from_slice(&[6, 0, 0, 0, 0]);
+        let head = frame::header(Kind::Part, MAX_FRAME + 1, 0);
         let e = read_frame(&mut &head[..]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corruption);
         assert!(e.to_string().contains("over the limit"), "{e}");
         let e = Hello::decode(&[1, 2, 3, 4, 1, 0]).unwrap_err();
-        assert!(e.to_string().contains("bad magic"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Corruption, "{e}");
+        let lookups = frame::encode_hello("t", Service::Lookups, &[]);
+        let e = Hello::decode(&lookups).unwrap_err();
+        assert!(e.to_string().contains("not a framed lookup port"), "{e}");
+    }
+
+    /// The older framing (9-byte header): an older follower's Hello is recognised, and an
+    /// older source's Error becomes an error that says to upgrade the source; the Error this
+    /// build sends an older follower reads in that framing.
+    #[test]
+    fn peers_of_the_older_framing_are_recognised_and_told() {
+        let legacy = |kind: u8, body: &[u8]| {
+            let mut w = Writer::default();
+            w.u32(body.len() as u32).u8(kind).u32(crc32fast::hash(body)).raw(body);
+            w.0
+        };
+        let mut old_hello = Writer::default();
+        old_hello.raw(b"EKSY").u16(3).str("tok").u8(0).u32(0);
+        let f = legacy(LEGACY_HELLO, &old_hello.0);
+        assert_eq!(read_or_legacy(&mut f.as_slice(), 1 << 20).unwrap(), Err(Legacy::Hello));
+        let mut old_error = Writer::default();
+        old_error.u8(4).str("a sync frame announces 16843499 bytes, over the limit");
+        let f = legacy(LEGACY_ERROR, &old_error.0);
+        let e = read_frame(&mut f.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(e.message().contains("upgrade the source"), "{e}");
+        assert!(e.message().contains("over the limit"), "{e}");
+        // What an older follower reads: its header, an Unsupported kind (8), the message.
+        let f = legacy_error_frame();
+        let len = u32::from_le_bytes(f[..4].try_into().unwrap()) as usize;
+        assert_eq!((f.len(), f[4], f[9]), (9 + len, LEGACY_ERROR, LEGACY_UNSUPPORTED));
+        assert_eq!(u32::from_le_bytes(f[5..9].try_into().unwrap()), crc32fast::hash(&f[9..]));
+        let mut d = Reader::new(&f[10..], "x");
+        assert!(d.str().unwrap().contains("upgrade the follower"));
     }
 }

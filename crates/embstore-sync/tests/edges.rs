@@ -247,9 +247,7 @@ fn a_hello_announcing_a_large_frame_is_refused_before_anything_is_read() {
     let mut s = TcpStream::connect(server.addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // A header that announces 10 MB, and nothing after it.
-    let mut head = [0u8; 9];
-    head[..4].copy_from_slice(&(10u32 << 20).to_le_bytes());
-    head[4] = Kind::Hello as u8;
+    let head = embstore_proto::frame::header(Kind::Hello, 10 << 20, 0);
     s.write_all(&head).unwrap();
     let (k, body) = wire::read_frame(&mut s).unwrap();
     assert_eq!(k, Kind::Error);
@@ -262,16 +260,13 @@ fn errors_say_what_to_do_about_tls_and_tokens() {
     let (ca, server_id, _) = pki();
     let store = Arc::new(Store::with_replica(1).unwrap());
     store.create_table(TableConfig::new("items", D)).unwrap();
-    let tls = embstore_server::Tls {
+    let tls = embstore_server::ServerTls {
         cert_pem: server_id.0.into_bytes(),
         key_pem: server_id.1.into_bytes(),
         client_ca_pem: None,
     };
-    let options = ServeOptions {
-        token: Some("t0k".into()),
-        tls: Some(tls.server_config().unwrap()),
-        ..ServeOptions::default()
-    };
+    let options =
+        ServeOptions { token: Some("t0k".into()), tls: Some(tls), ..ServeOptions::default() };
     let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
     let addr = format!("localhost:{}", server.addr().port());
     // Plaintext to a TLS port: told at once, naming TLS.
@@ -283,8 +278,7 @@ fn errors_say_what_to_do_about_tls_and_tokens() {
     assert!(started.elapsed() < Duration::from_secs(25), "answered, not timed out");
     // TLS without a token: told that a token is needed, not that it is wrong.
     let c = embstore_sync::ClientTls { ca_pem: ca.into_bytes(), ..Default::default() };
-    let no_token =
-        FollowOptions { token: String::new(), tls: Some((c.config().unwrap(), None)), ..follow() };
+    let no_token = FollowOptions { token: String::new(), tls: Some(c), ..follow() };
     let e =
         Follower::start(Arc::new(Store::with_replica(3).unwrap()), &addr, no_token).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");

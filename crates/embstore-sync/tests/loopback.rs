@@ -87,7 +87,7 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
     t.assign(&[1, 2], &[1.0; 2 * D]).unwrap();
     // Garbage: an Error frame back, then the connection closes.
     let mut s = TcpStream::connect(server.addr()).unwrap();
-    s.write_all(&[3, 0, 0, 0, 1, 0, 0, 0, 0, 1, 2, 3]).unwrap();
+    s.write_all(&[3, 0, 0, 0, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).unwrap();
     let (k, body) = wire::read_frame(&mut s).unwrap();
     assert_eq!(k, Kind::Error);
     let e = wire::decode_error(&body).unwrap();
@@ -120,31 +120,20 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
     assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
 }
 
-/// A fake source that serves one table whose every reply carries `reply`; an older build
-/// (protocol 1 only) when `v1_only`, refusing a newer client's Hello as such a build does.
+/// A fake source that serves one table whose every reply carries `reply`.
 fn fake_source(
     reply: PartReply,
     config: TableConfig,
     parts: u32,
-    v1_only: bool,
 ) -> (String, std::thread::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let h = std::thread::spawn(move || {
-        // Two connections: the follower's start, then its table thread (each tried first
-        // with protocol 2 when `v1_only`).
-        let mut served = 0;
-        while served < 2 {
+        // Two connections: the follower's start, then its table thread.
+        for _ in 0..2 {
             let Ok((mut s, _)) = l.accept() else { return };
             let Ok((_, hello)) = wire::read_frame(&mut s) else { return };
-            // Protocol 2 ends a change list with `PullDone` (here: no rows with it).
-            let v2 = wire::Hello::decode(&hello).is_ok_and(|h| h.protocol >= 2);
-            if v1_only && v2 {
-                let e = embstore_common::Error::new(ErrorKind::Unsupported, "sync protocol 2");
-                wire::write_frame(&mut s, Kind::Error, &wire::encode_error(&e)).unwrap();
-                continue;
-            }
-            served += 1;
+            assert!(wire::Hello::decode(&hello).is_ok());
             let info =
                 wire::TableInfo { name: "items".into(), config: config.to_text(), parts, epoch: 7 };
             wire::write_frame(&mut s, Kind::Welcome, &wire::encode_welcome(1, &[info])).unwrap();
@@ -159,9 +148,7 @@ fn fake_source(
                     Kind::List => {
                         wire::write_frame(&mut s, Kind::Changed, &wire::encode_changed(&c, 0))
                             .unwrap();
-                        if v2 {
-                            wire::write_frame(&mut s, Kind::PullDone, &[]).unwrap();
-                        }
+                        wire::write_frame(&mut s, Kind::PullDone, &[]).unwrap();
                     }
                     Kind::Pull => {
                         wire::write_frame(&mut s, Kind::Part, &wire::encode_part(&reply)).unwrap();
@@ -173,6 +160,58 @@ fn fake_source(
         }
     });
     (addr, h)
+}
+
+/// A frame of the older sync framing (`len u32 | kind u8 | crc u32 | body`).
+fn legacy_frame(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.push(kind);
+    f.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    f.extend_from_slice(body);
+    f
+}
+
+#[test]
+fn peers_of_an_older_build_are_told_which_side_to_upgrade() {
+    // An older follower (its Hello: "EKSY", protocol 3, a token, no state, no tables) is
+    // answered in its own framing: an Error of kind Unsupported (its code 8) that says so.
+    let (_p, _t, server) = primary();
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hello = b"EKSY".to_vec();
+    hello.extend_from_slice(&3u16.to_le_bytes());
+    hello.extend_from_slice(&6u32.to_le_bytes());
+    hello.extend_from_slice(b"s3cret");
+    hello.extend_from_slice(&[0, 0, 0, 0, 0]);
+    s.write_all(&legacy_frame(1, &hello)).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    assert!(answer.len() > 14, "{answer:?}");
+    let len = u32::from_le_bytes(answer[..4].try_into().unwrap()) as usize;
+    assert_eq!((answer.len(), answer[4], answer[9]), (9 + len, 8, 8), "{answer:?}");
+    let message = String::from_utf8_lossy(&answer[14..]);
+    assert!(message.contains("upgrade the follower"), "{message}");
+    assert_eq!(server.stats().refused, 1);
+    // A follower of this build to an older source, which refuses its Hello in the older
+    // framing: the follower says to upgrade the source, and creates nothing.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let old = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).unwrap();
+        let mut body = vec![4u8]; // Corruption, as an older source answers a huge length
+        let message = b"a sync frame announces 16843499 bytes, over the limit of 1048576";
+        body.extend_from_slice(&(message.len() as u32).to_le_bytes());
+        body.extend_from_slice(message);
+        s.write_all(&legacy_frame(8, &body)).unwrap();
+    });
+    let store = Arc::new(Store::with_replica(2).unwrap());
+    let e = Follower::start(store.clone(), &addr, follow_options()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.message().contains("upgrade the source"), "{e}");
+    assert!(store.tables().is_empty());
+    old.join().unwrap();
 }
 
 #[test]
@@ -196,9 +235,8 @@ fn a_reply_a_day_ahead_is_refused_and_the_follower_keeps_serving() {
         values: vec![1.0; D],
         ..PartReply::default()
     };
-    // From a source of this build, and from one of an older build (protocol 1 only).
-    for v1_only in [false, true] {
-        let (addr, h) = fake_source(reply.clone(), config.clone(), parts, v1_only);
+    {
+        let (addr, h) = fake_source(reply.clone(), config.clone(), parts);
         let store = Arc::new(Store::with_replica(2).unwrap());
         let f = Follower::start(store.clone(), &addr, follow_options()).unwrap();
         let t = store.table("items").unwrap();
@@ -225,28 +263,23 @@ fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
     let other_ca = pki().0;
     let store = Arc::new(Store::with_replica(1).unwrap());
     let t = store.create_table(TableConfig::new("items", D)).unwrap();
-    let tls = embstore_server::Tls {
+    let tls = embstore_server::ServerTls {
         cert_pem: server_id.0.into_bytes(),
         key_pem: server_id.1.into_bytes(),
         client_ca_pem: Some(ca.clone().into_bytes()),
     };
-    let options =
-        ServeOptions { tls: Some(tls.server_config().unwrap()), ..ServeOptions::default() };
+    let options = ServeOptions { tls: Some(tls), ..ServeOptions::default() };
     let server = SyncServer::start(store.clone(), "127.0.0.1:0", options).unwrap();
     t.assign(&[1, 2, 3], &[0.5; 3 * D]).unwrap();
     let addr = format!("localhost:{}", server.addr().port());
     let with = |ca: &str, identity: bool| {
         let c = embstore_sync::ClientTls {
             ca_pem: ca.as_bytes().to_vec(),
-            cert_pem: identity.then(|| client_id.0.clone().into_bytes()),
-            key_pem: identity.then(|| client_id.1.clone().into_bytes()),
+            identity: identity
+                .then(|| (client_id.0.clone().into_bytes(), client_id.1.clone().into_bytes())),
             domain: None,
         };
-        FollowOptions {
-            tls: Some((c.config().unwrap(), None)),
-            timeout_ms: 3000,
-            ..FollowOptions::default()
-        }
+        FollowOptions { tls: Some(c), timeout_ms: 3000, ..FollowOptions::default() }
     };
     // Trusted both ways: it follows.
     let replica = Arc::new(Store::with_replica(2).unwrap());
@@ -264,13 +297,18 @@ fn mutual_tls_serves_trusted_followers_and_refuses_the_others() {
         .is_err());
     let plain = FollowOptions { timeout_ms: 3000, ..FollowOptions::default() };
     assert!(Follower::start(Arc::new(Store::with_replica(5).unwrap()), &addr, plain).is_err());
-    // A client certificate without its key is a clear error.
-    let half = embstore_sync::ClientTls {
+    // A client identity that holds no certificate is a clear error when the follower starts,
+    // before it connects.
+    let empty = embstore_sync::ClientTls {
         ca_pem: ca.into_bytes(),
-        cert_pem: Some(vec![]),
+        identity: Some((vec![], client_id.1.clone().into_bytes())),
         ..Default::default()
     };
-    assert!(half.config().unwrap_err().to_string().contains("needs its key"));
+    let options = FollowOptions { tls: Some(empty), ..FollowOptions::default() };
+    let e = Follower::start(Arc::new(Store::with_replica(6).unwrap()), "127.0.0.1:1", options)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(e.message(), "the tls client certificate: the file holds no pem certificate");
 }
 
 #[test]

@@ -21,6 +21,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use embstore_common::bytes::{Reader, Writer};
+
 use crate::disk::vfs::{Vfs, WriteFile};
 use crate::{Error, ErrorKind, Result};
 
@@ -415,7 +417,9 @@ pub(crate) fn read(vfs: &dyn Vfs, dir: &Path) -> Result<(State, OpenReport)> {
             }
             return Err(bad(format!("record at byte {at} fails its checksum")));
         }
-        for e in decode_record(payload).map_err(|w| bad(format!("record at byte {at}: {w}")))? {
+        for e in decode_record(payload)
+            .map_err(|w| bad(format!("record at byte {at}: {}", w.message())))?
+        {
             state.apply(&e).map_err(|e| bad(e.message().to_owned()))?;
         }
         report.records += 1;
@@ -440,64 +444,60 @@ fn header(format: u32) -> Vec<u8> {
 }
 
 fn encode_record(edits: &[Edit]) -> Vec<u8> {
-    let mut p = (edits.len() as u32).to_le_bytes().to_vec();
-    let u64s =
-        |p: &mut Vec<u8>, vs: &[u64]| vs.iter().for_each(|v| p.extend_from_slice(&v.to_le_bytes()));
-    let string = |p: &mut Vec<u8>, s: &str| {
-        p.extend_from_slice(&(s.len() as u32).to_le_bytes());
-        p.extend_from_slice(s.as_bytes());
-    };
+    let mut w = Writer::default();
+    w.u32(edits.len() as u32);
     for e in edits {
         match e {
             Edit::CreateTable { id, name, config } => {
-                p.push(1);
-                u64s(&mut p, &[*id]);
-                string(&mut p, name);
-                string(&mut p, config);
+                w.u8(1);
+                w.u64(*id);
+                w.str(name);
+                w.str(config);
             }
             Edit::DropTable { id } => {
-                p.push(2);
-                u64s(&mut p, &[*id]);
+                w.u8(2);
+                w.u64(*id);
             }
             Edit::AddFile { table, seq, records, bytes } => {
-                p.push(3);
-                u64s(&mut p, &[*table, *seq, *records, *bytes]);
+                w.u8(3);
+                w.u64(*table).u64(*seq).u64(*records).u64(*bytes);
             }
             Edit::DeleteFile { table, seq } => {
-                p.push(4);
-                u64s(&mut p, &[*table, *seq]);
+                w.u8(4);
+                w.u64(*table).u64(*seq);
             }
             Edit::Supersede { table, below } => {
-                p.push(5);
-                u64s(&mut p, &[*table, *below]);
+                w.u8(5);
+                w.u64(*table).u64(*below);
             }
             Edit::Step { table, step } => {
-                p.push(6);
-                u64s(&mut p, &[*table, *step]);
+                w.u8(6);
+                w.u64(*table).u64(*step);
             }
             Edit::Rows { table, rows } => {
-                p.push(10);
-                u64s(&mut p, &[*table, *rows]);
+                w.u8(10);
+                w.u64(*table).u64(*rows);
             }
             Edit::Checkpoint { id, max_seq, parent_id, parent_max_seq, parent_path } => {
-                p.push(7);
-                u64s(&mut p, &[*id, *max_seq, *parent_id, *parent_max_seq]);
-                string(&mut p, parent_path);
+                w.u8(7);
+                w.u64(*id).u64(*max_seq).u64(*parent_id).u64(*parent_max_seq);
+                w.str(parent_path);
             }
             Edit::StoreId { id } => {
-                p.push(9);
-                u64s(&mut p, &[*id]);
+                w.u8(9);
+                w.u64(*id);
             }
             Edit::Counters { next_table_id, next_seq } => {
-                p.push(8);
-                u64s(&mut p, &[*next_table_id, *next_seq]);
+                w.u8(8);
+                w.u64(*next_table_id).u64(*next_seq);
             }
             Edit::SpillRange { below } => {
-                p.push(11);
-                u64s(&mut p, &[*below]);
+                w.u8(11);
+                w.u64(*below);
             }
         }
     }
+    let p = w.0;
     let mut rec = (p.len() as u32).to_le_bytes().to_vec();
     rec.extend_from_slice(&crc32fast::hash(&rec).to_le_bytes());
     rec.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
@@ -505,13 +505,13 @@ fn encode_record(edits: &[Edit]) -> Vec<u8> {
     rec
 }
 
-fn decode_record(p: &[u8]) -> std::result::Result<Vec<Edit>, String> {
-    let mut r = Reader { p, at: 0 };
+fn decode_record(p: &[u8]) -> Result<Vec<Edit>> {
+    let mut r = Reader::new(p, "the record");
     let n = r.u32()?;
     let mut edits = Vec::with_capacity(n.min(1 << 16) as usize);
     for _ in 0..n {
         let e = match r.u8()? {
-            1 => Edit::CreateTable { id: r.u64()?, name: r.string()?, config: r.string()? },
+            1 => Edit::CreateTable { id: r.u64()?, name: r.str()?, config: r.str()? },
             2 => Edit::DropTable { id: r.u64()? },
             3 => {
                 Edit::AddFile { table: r.u64()?, seq: r.u64()?, records: r.u64()?, bytes: r.u64()? }
@@ -524,50 +524,18 @@ fn decode_record(p: &[u8]) -> std::result::Result<Vec<Edit>, String> {
                 max_seq: r.u64()?,
                 parent_id: r.u64()?,
                 parent_max_seq: r.u64()?,
-                parent_path: r.string()?,
+                parent_path: r.str()?,
             },
             8 => Edit::Counters { next_table_id: r.u64()?, next_seq: r.u64()? },
             9 => Edit::StoreId { id: r.u64()? },
             10 => Edit::Rows { table: r.u64()?, rows: r.u64()? },
             11 => Edit::SpillRange { below: r.u64()? },
-            t => return Err(format!("unknown edit tag {t}")),
+            t => return Err(r.error(format!("holds an unknown edit tag {t}"))),
         };
         edits.push(e);
     }
-    if r.at != p.len() {
-        return Err("trailing bytes".into());
-    }
+    r.end()?;
     Ok(edits)
-}
-
-struct Reader<'a> {
-    p: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> std::result::Result<&[u8], String> {
-        let s = self.p.get(self.at..self.at + n).ok_or("record ends early")?;
-        self.at += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self) -> std::result::Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-
-    fn string(&mut self) -> std::result::Result<String, String> {
-        let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "string is not UTF-8".to_owned())
-    }
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
