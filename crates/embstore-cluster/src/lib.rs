@@ -16,6 +16,8 @@
 //!   the slots of dead servers to live ones. Both are deterministic, so every server computes
 //!   the same answer from the same facts.
 //! - [`roll_lock`]: one roll per table at a time (a key under the coordinator's lease).
+//! - [`LeaseKeeper`]: the one keeper of every lease above (and of the sync members'), renewing
+//!   it and registering its key again when it was lost.
 //! - The roll coordinator: [`admin`] makes one [`AdminCall`] to a server (`admin.rs`);
 //!   [`roll`] carries out a [`RollPlan`] over a fixed cluster (`roll.rs`); [`publish`] rolls
 //!   a table over the cluster in etcd, its plan decided first by a pure function
@@ -250,47 +252,77 @@ pub fn repair(
 }
 
 /// A lease a task keeps alive, renewing it every TTL/3, until it is ended (revoked: its keys go
-/// at once) or dropped (left to expire after the TTL).
+/// at once) or dropped (left to expire after the TTL): the one lease keeper of every etcd
+/// registration (a server's naming key, a roll lock, a sync member).
+///
+/// With a key (a registration), a lost lease (etcd restarted, or the process stalled past the
+/// TTL) is replaced by a new one and the key put under it again with its latest value
+/// ([`LeaseKeeper::set_value`]); without (a lock), a lost lease stays lost.
 #[derive(Debug)]
-struct KeptLease {
+pub struct LeaseKeeper {
     etcd: Arc<Etcd>,
     id: Arc<AtomicI64>,
+    value: Arc<parking_lot::Mutex<Vec<u8>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl KeptLease {
-    /// Keeps lease `id` of `ttl` alive. With `again` (a key and its value), a lost lease (etcd
-    /// restarted, or the process stalled past the TTL) is replaced by a new one with the key
-    /// put under it again; without, a lost lease stays lost.
+impl LeaseKeeper {
+    /// Grants a lease of `ttl`, puts `key` = `value` under it and keeps it (on the current
+    /// tokio runtime); fails if etcd does not answer now.
+    pub async fn register(etcd: Arc<Etcd>, key: &str, value: &[u8], ttl: Duration) -> Result<Self> {
+        let lease = etcd.grant(ttl).await?;
+        etcd.put(key, value, lease).await?;
+        Ok(Self::keep(etcd, lease, ttl, Some((key.to_owned(), value.to_vec()))))
+    }
+
+    /// Keeps lease `id` of `ttl` alive; with `again` (a key and its value), put again under a
+    /// new lease when the lease is lost.
     fn keep(etcd: Arc<Etcd>, id: i64, ttl: Duration, again: Option<(String, Vec<u8>)>) -> Self {
         let id = Arc::new(AtomicI64::new(id));
-        let (e, current) = (etcd.clone(), id.clone());
+        let (key, value) = match again {
+            Some((k, v)) => (Some(k), v),
+            None => (None, Vec::new()),
+        };
+        let value = Arc::new(parking_lot::Mutex::new(value));
+        let (e, current, latest) = (etcd.clone(), id.clone(), value.clone());
         let task = tokio::spawn(async move {
             let every = (ttl / 3).max(Duration::from_millis(200));
             loop {
                 tokio::time::sleep(every).await;
                 // Errors: etcd away; try again next time (serving goes on meanwhile).
                 let lost = matches!(e.keep_alive(current.load(Ordering::Relaxed)).await, Ok(false));
-                if let (true, Some((key, value))) = (lost, &again) {
+                if let (true, Some(key)) = (lost, &key) {
                     if let Ok(new) = e.grant(ttl).await {
-                        if e.put(key, value, new).await.is_ok() {
+                        let value = latest.lock().clone();
+                        if e.put(key, &value, new).await.is_ok() {
                             current.store(new, Ordering::Relaxed);
                         }
                     }
                 }
             }
         });
-        Self { etcd, id, task }
+        Self { etcd, id, value, task }
+    }
+
+    /// The lease's id now (it changes when a lost lease is replaced).
+    pub fn id(&self) -> i64 {
+        self.id.load(Ordering::Relaxed)
+    }
+
+    /// The value the key is put with again if the lease is lost (the caller puts a changed
+    /// value itself, under [`LeaseKeeper::id`]).
+    pub fn set_value(&self, value: &[u8]) {
+        *self.value.lock() = value.to_vec();
     }
 
     /// Ends the lease now: its keys are deleted.
-    async fn end(self) {
+    pub async fn end(self) {
         self.task.abort();
-        let _ = self.etcd.revoke(self.id.load(Ordering::Relaxed)).await;
+        let _ = self.etcd.revoke(self.id()).await;
     }
 }
 
-impl Drop for KeptLease {
+impl Drop for LeaseKeeper {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -298,7 +330,7 @@ impl Drop for KeptLease {
 
 /// A server's registration: its naming key lives while its lease is kept alive.
 #[derive(Debug)]
-pub struct Registration(KeptLease);
+pub struct Registration(LeaseKeeper);
 
 /// Registers `instance` (dialled at `addr`) under a lease of `ttl`, and keeps it registered:
 /// the lease is renewed every `ttl / 3`, and the key registered again under a new lease if the
@@ -311,10 +343,7 @@ pub async fn register(
     ttl: Duration,
 ) -> Result<Registration> {
     let key = format!("{NAMING}{instance}");
-    let lease = etcd.grant(ttl).await?;
-    etcd.put(&key, addr.as_bytes(), lease).await?;
-    let again = Some((key, addr.as_bytes().to_vec()));
-    Ok(Registration(KeptLease::keep(etcd, lease, ttl, again)))
+    Ok(Registration(LeaseKeeper::register(etcd, &key, addr.as_bytes(), ttl).await?))
 }
 
 impl Registration {
@@ -327,7 +356,7 @@ impl Registration {
 /// A held roll lock of one table (see [`roll_lock`]); released by [`RollLock::release`], or
 /// by its lease expiring if the coordinator dies.
 #[derive(Debug)]
-pub struct RollLock(KeptLease);
+pub struct RollLock(LeaseKeeper);
 
 /// Takes table `table`'s roll lock for `coordinator`, under a lease of `ttl` kept alive while
 /// held. Fails with `Locked`, naming the holder, if another coordinator holds it.
@@ -355,7 +384,7 @@ pub async fn roll_lock(
             ),
         ));
     }
-    Ok(RollLock(KeptLease::keep(etcd, lease, ttl, None)))
+    Ok(RollLock(LeaseKeeper::keep(etcd, lease, ttl, None)))
 }
 
 impl RollLock {

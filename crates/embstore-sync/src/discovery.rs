@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use embstore_cluster::etcd::Etcd;
+use embstore_cluster::LeaseKeeper;
 use embstore_common::{fmix64, Error, Result};
 use parking_lot::{Mutex, RwLock};
 
@@ -27,7 +28,8 @@ use parking_lot::{Mutex, RwLock};
 pub const PREFIX: &str = "/embstore/sync/";
 /// How long a dead member stays listed (the lease TTL).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(2);
-/// How often a member renews its lease, refreshes its status and re-reads the members.
+/// How often a member refreshes its status and re-reads the members (its lease is renewed
+/// every third of the TTL).
 const REFRESH: Duration = Duration::from_millis(500);
 
 /// A replica that syncs, as registered in etcd.
@@ -127,11 +129,15 @@ impl Directory {
         let rt = runtime()?;
         let etcd = {
             let _in = rt.enter(); // the client's connections live on this runtime
-            Etcd::connect(endpoints, Duration::from_secs(2))?
+            Arc::new(Etcd::connect(endpoints, Duration::from_secs(2))?)
         };
         let ttl = ttl.max(Duration::from_secs(1));
-        let lease = rt.block_on(etcd.grant(ttl))?;
-        rt.block_on(etcd.put(&me.key(), me.value().as_bytes(), lease))?;
+        let lease = rt.block_on(LeaseKeeper::register(
+            etcd.clone(),
+            &me.key(),
+            me.value().as_bytes(),
+            ttl,
+        ))?;
         let members = rt.block_on(list(&etcd))?;
         let dir = Arc::new(Self {
             members: RwLock::new(members),
@@ -144,7 +150,7 @@ impl Directory {
         let d = dir.clone();
         let t = std::thread::Builder::new()
             .name("embstore-sync-etcd".into())
-            .spawn(move || d.run(&rt, &etcd, lease, ttl))
+            .spawn(move || rt.block_on(d.run(&etcd, lease)))
             .map_err(|e| Error::io("cannot start the etcd thread", e))?;
         *dir.thread.lock() = Some(t);
         Ok(dir)
@@ -155,22 +161,22 @@ impl Directory {
         *self.report.lock() = Some(report);
     }
 
-    fn run(&self, rt: &tokio::runtime::Runtime, etcd: &Etcd, mut lease: i64, ttl: Duration) {
+    /// Every [`REFRESH`]: this member's status put under its lease (which the keeper renews,
+    /// and registers again if it was lost), and the members read; at stop, the lease ended.
+    async fn run(&self, etcd: &Etcd, lease: LeaseKeeper) {
         while !self.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(REFRESH);
+            tokio::time::sleep(REFRESH).await;
             if let Some(r) = self.report.lock().as_ref() {
                 self.me.lock().status = r();
             }
             let me = self.me.lock().clone();
-            let step = rt.block_on(async {
-                if !etcd.keep_alive(lease).await? {
-                    // The lease ran out (etcd was unreachable too long): register anew.
-                    lease = etcd.grant(ttl).await?;
-                }
-                etcd.put(&me.key(), me.value().as_bytes(), lease).await?;
+            let value = me.value();
+            lease.set_value(value.as_bytes());
+            let step = async {
+                etcd.put(&me.key(), value.as_bytes(), lease.id()).await?;
                 list(etcd).await
-            });
-            match step {
+            };
+            match step.await {
                 Ok(m) => {
                     *self.members.write() = m;
                     *self.error.lock() = None;
@@ -178,7 +184,7 @@ impl Directory {
                 Err(e) => *self.error.lock() = Some(e.to_string()),
             }
         }
-        let _ = rt.block_on(etcd.revoke(lease));
+        lease.end().await;
     }
 
     /// The members as last read.
