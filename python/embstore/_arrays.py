@@ -146,3 +146,12 @@ def on_device(arr: np.ndarray, device: Any) -> Any:
     torch = sys.modules["torch"]
     t = torch.from_numpy(arr)
     return t if device.type == "cpu" else t.to(device)
+
+
+def describe(x: Any) -> str:
+    """``x``'s dtype and rank for an error message (``1-D float32``) when it is a torch
+    tensor, else its type's name."""
+    torch = sys.modules.get("torch")  # x cannot be a tensor of a torch not imported
+    if torch is not None and isinstance(x, torch.Tensor):
+        return f"{x.dim()}-D {str(x.dtype).removeprefix('torch.')}"
+    return type(x).__name__

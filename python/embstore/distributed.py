@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from embstore.checkpoints import Checkpoint
 from embstore.errors import (
     DistributedError,
     EmbstoreError,
@@ -718,7 +719,6 @@ def training_state(checkpoint: str | os.PathLike[str]) -> Any:
 def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, state: Any) -> Any:
     """Every process writes its partition into ``path/rank-<r>``, process 0 its ``state``,
     then process 0 writes the manifest (complete only once every partition is)."""
-    from embstore.store import Checkpoint
 
     what = f"checkpoint {path}"
 

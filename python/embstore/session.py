@@ -274,7 +274,7 @@ class Session:
             raise InvalidArgumentError(f"a table is named twice in {names}")
         self._features = None
         if features is not None:  # ids() may return a KeyedJaggedTensor (embstore.torch)
-            from embstore.torch.collection import _FeaturePlan
+            from embstore.torch.jagged import _FeaturePlan
 
             self._features = _FeaturePlan.of(features)
             extra = [p.name for p in self._features.tables if p.name not in names]

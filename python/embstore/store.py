@@ -12,7 +12,6 @@ import os
 import pathlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from inspect import signature as _signature
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 from embstore import _native
 from embstore import distributed as _dist
 from embstore import sync as _sync
+from embstore.checkpoints import Checkpoint
 from embstore.config import Initializer, Optimizer, TableSpec, to_native_spec
 from embstore.errors import InvalidArgumentError, StoreClosedError
 from embstore.session import DistributedTable, Session
@@ -734,7 +734,7 @@ class Store:
         """
 
         if tables is None and features is not None:
-            from embstore.torch.collection import _FeaturePlan
+            from embstore.torch.jagged import _FeaturePlan
 
             tables = [p.name for p in _FeaturePlan.of(features).tables]
         if tables is None:
@@ -791,25 +791,6 @@ class Store:
 _CREATE_TABLE_DEFAULTS = tuple(
     p.default for p in list(_signature(Store.create_table).parameters.values())[2:]
 )
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint written by :meth:`Store.checkpoint`; usable wherever a path is
-    (``os.fspath(ckpt)``)."""
-
-    path: pathlib.Path
-    id: int
-    parent_id: int
-    tables: int
-    segments: int
-    bytes: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", pathlib.Path(self.path))
-
-    def __fspath__(self) -> str:
-        return os.fspath(self.path)
 
 
 def _progress(

@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embstore import _native
-from embstore._arrays import as_ids
+from embstore._arrays import as_ids, describe
 from embstore.config import Optimizer
 from embstore.distributed import check_not_process_local
 from embstore.errors import (
@@ -315,7 +315,7 @@ class _StoreModule(nn.Module):
             if t.dtype.is_floating_point != floating or t.dtype.is_complex or t.dtype == torch.bool:
                 kind = "float" if floating else "integer"
                 raise DTypeError(
-                    f"{key} for table '{table.name}' must be {kind}, got {_describe(t)}"
+                    f"{key} for table '{table.name}' must be {kind}, got {describe(t)}"
                 )
             t = t.detach().cpu()
             arr = (t.float() if floating else t).contiguous().numpy()
@@ -473,7 +473,7 @@ class EmbeddingBag(_StoreModule):
             if not isinstance(per_sample_weights, torch.Tensor) or not (
                 per_sample_weights.dtype.is_floating_point
             ):
-                got = _describe(per_sample_weights)
+                got = describe(per_sample_weights)
                 raise DTypeError(f"per_sample_weights must be a float tensor, got {got}")
             if per_sample_weights.shape != input.shape:
                 raise ShapeError(
@@ -579,19 +579,12 @@ def _same(value: Any, harmless: Any) -> bool:
     return number and isinstance(harmless, float) and value == harmless
 
 
-def _describe(x: Any) -> str:
-    """``x``'s dtype and rank for an error message (``1-D float32``), or its type."""
-    if isinstance(x, torch.Tensor):
-        return f"{x.dim()}-D {str(x.dtype).removeprefix('torch.')}"
-    return type(x).__name__
-
-
 def _check_input(input: Any) -> None:
     """Refuse an ``input`` that is not an integer tensor (before any row is looked up)."""
     if not isinstance(input, torch.Tensor):
         raise DTypeError(f"input must be an int64 tensor, got {type(input).__name__}")
     if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
-        raise DTypeError(f"input must be an int64 tensor, got {_describe(input)}")
+        raise DTypeError(f"input must be an int64 tensor, got {describe(input)}")
     if input.device.type == "meta":
         raise InvalidArgumentError(
             "input is on the meta device: an embstore module looks its rows up in its table, "
@@ -606,41 +599,10 @@ def _check_offsets(offsets: Any, n: int, include_last_offset: bool) -> torch.Ten
     if offsets is None:
         raise ShapeError("1-D input [N] needs offsets [B] (or give input as 2-D [B, L])")
     if not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int64, torch.int32):
-        raise DTypeError(f"offsets must be a 1-D int64 tensor, got {_describe(offsets)}")
+        raise DTypeError(f"offsets must be a 1-D int64 tensor, got {describe(offsets)}")
     if offsets.dim() != 1:
-        raise ShapeError(f"offsets must be a 1-D int64 tensor, got {_describe(offsets)}")
+        raise ShapeError(f"offsets must be a 1-D int64 tensor, got {describe(offsets)}")
     return torch.ops.embstore.check_offsets(offsets.detach(), n, include_last_offset)
-
-
-def _check_offset_values(offsets: torch.Tensor, n: int, include_last_offset: bool) -> torch.Tensor:
-    """The data-dependent half of :func:`_check_offsets` (``embstore::check_offsets``): a
-    CPU int64 copy of ``offsets``, or the error."""
-    off = offsets.to(device="cpu", dtype=torch.int64, copy=True)
-    arr = off.numpy()  # numpy: the checks below cost ~5 us, not ~20 us in torch ops
-    if len(arr) == 0:
-        if include_last_offset:
-            raise ShapeError("offsets must have B + 1 >= 1 entries with include_last_offset=True")
-        if n:
-            raise InvalidArgumentError(f"offsets is empty (no bag) but input has {n} ids")
-        return off
-    if arr[0] != 0:
-        raise InvalidArgumentError(f"offsets[0] must be 0, got {int(arr[0])}")
-    if len(arr) > 1 and (dec := arr[1:] < arr[:-1]).any():
-        i = int(dec.argmax()) + 1
-        raise InvalidArgumentError(
-            f"offsets must be non-decreasing, got offsets[{i}] = {int(arr[i])} "
-            f"after offsets[{i - 1}] = {int(arr[i - 1])}"
-        )
-    last = int(arr[-1])
-    if include_last_offset and last != n:
-        raise InvalidArgumentError(
-            f"offsets[-1] must be the input's length {n} with include_last_offset=True, got {last}"
-        )
-    if last > n:
-        raise InvalidArgumentError(
-            f"offsets[-1] must be at most the input's length {n}, got {last}"
-        )
-    return off
 
 
 __all__ = ["Embedding", "EmbeddingBag"]

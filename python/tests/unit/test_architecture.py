@@ -70,17 +70,57 @@ def test_the_shared_vocabulary_and_the_policies_sit_below_the_engines(diagram, g
     assert "embstore-common" in diagram.depends_on(graph, "embstore-proto")
 
 
-def test_no_crate_has_a_circle_among_its_modules():
+@pytest.fixture(scope="module")
+def modules():
     spec = importlib.util.spec_from_file_location(
         "module_graph", ROOT / "scripts" / "module_graph.py"
     )
     graph = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(graph)
+    return graph
+
+
+def test_no_crate_has_a_circle_among_its_files(modules):
     crates = sorted(p for p in (ROOT / "crates").iterdir() if (p / "src").is_dir())
     assert len(crates) >= 10, crates
-    found = {c.name: graph.circles(graph.module_graph(c / "src")) for c in crates}
+    found = {c.name: modules.circles(modules.module_graph(c / "src")) for c in crates}
     assert {name: c for name, c in found.items() if c} == {}
     # The check finds a circle where there is one.
-    assert graph.circles({"table": {"tier"}, "tier": {"shard", "table"}, "shard": set()}) == [
+    assert modules.circles({"table": {"tier"}, "tier": {"shard", "table"}, "shard": set()}) == [
         ["table", "tier"]
     ]
+
+
+def test_the_python_package_has_no_import_circle(modules):
+    edges = modules.python_graph()
+    assert len(edges) >= 20 and "embstore.store" in edges, sorted(edges)
+    assert "embstore.session" in edges["embstore.store"]  # the graph sees the imports
+    assert modules.circles(edges) == []
+
+
+def test_the_guard_sees_circles_between_files_of_a_folder_and_through_deferred_imports(
+    modules, tmp_path
+):
+    src = tmp_path / "crate" / "src"
+    (src / "tier").mkdir(parents=True)
+    (src / "lib.rs").write_text("mod tier;\npub use tier::Tier;\n")
+    (src / "tier" / "mod.rs").write_text("mod pins;\nmod reclaim;\npub struct Tier;\n")
+    (src / "tier" / "pins.rs").write_text("use super::reclaim::Evict;\npub struct Pins;\n")
+    (src / "tier" / "reclaim.rs").write_text(
+        "pub struct Evict(crate::tier::pins::Pins);\n#[cfg(test)]\nuse crate::Tier;\n"
+    )
+    edges = modules.module_graph(src)
+    assert edges["tier"] == set(), edges  # a folder is made of its files: no dependency
+    assert modules.circles(edges) == [["tier/pins", "tier/reclaim"]], edges
+    pkg = tmp_path / "embstore"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from embstore.a import A\n")
+    (pkg / "a.py").write_text("class A:\n    pass\n\n\ndef f():\n    from embstore.b import B\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\n\nfrom embstore import A\n\n"
+        "if TYPE_CHECKING:\n    from embstore.c import C\nB = A\n"
+    )
+    (pkg / "c.py").write_text("from embstore.b import B\n")
+    edges = modules.python_graph(pkg)
+    assert edges["embstore.b"] == {"embstore.a"}, edges  # TYPE_CHECKING imports never run
+    assert modules.circles(edges) == [["embstore.a", "embstore.b"]], edges

@@ -49,6 +49,7 @@ pub(crate) mod orphans;
 mod recovery;
 mod segment_write;
 mod spill;
+mod stats;
 pub(crate) mod table_file;
 
 use std::path::{Path, PathBuf};
@@ -57,7 +58,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use self::flush::FlushStats;
+pub use self::stats::FlushStats;
 pub use self::recovery::RecoveryReport;
 use crate::config::config_text;
 use crate::disk::manifest::{Edit, Manifest, State};

@@ -20,6 +20,7 @@
 //! the next call's eviction succeeds and the call goes on.
 
 mod fault;
+mod keys;
 mod pins;
 mod reclaim;
 
@@ -41,7 +42,7 @@ pub(crate) use self::pins::Pinning;
 pub(crate) use self::reclaim::Evict;
 
 use self::fault::Access;
-use self::pins::Pins;
+use self::keys::Pins;
 
 /// What the tier needs of the table above it: its shards, their layout and the tier it holds.
 /// The tier's calls ([`Gate`], [`Fault`], [`Evict`], [`Pinning`]) are generic over it, so they

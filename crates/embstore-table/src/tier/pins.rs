@@ -3,10 +3,10 @@
 //! pinned rows of all the tables under one budget together may take at most [`MAX_PINNED_FRACTION`]
 //! of it.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::reclaim::{Evict, Report, Share};
+use super::keys::Pins;
 use super::Host;
 use crate::{Error, ErrorKind, Result};
 
@@ -14,29 +14,6 @@ use crate::{Error, ErrorKind, Result};
 /// (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
 
-/// Pin counts by key. Ids are hashed with the index's mixer, not SipHash: a training step pins
-/// and unpins every id of its batch, and ids come from the trainer, not from an adversary
-/// (a caller that could choose colliding ids could as well pin the whole budget).
-pub(crate) type Pins = HashMap<u64, u32, KeyHash>;
-pub(crate) type KeyHash = std::hash::BuildHasherDefault<Fmix>;
-
-/// A `Hasher` for `u64` keys: the index's 64-bit finaliser (murmur3's fmix64).
-#[derive(Default)]
-pub(crate) struct Fmix(u64);
-
-impl std::hash::Hasher for Fmix {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = embstore_index::hash::hash(self.0 ^ u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, key: u64) {
-        self.0 = embstore_index::hash::hash(self.0 ^ key);
-    }
-}
 
 /// Takes one pin of each of `ids` (counts that reach 0 leave the map).
 fn unpin_locked(pins: &mut Pins, ids: &[u64]) {

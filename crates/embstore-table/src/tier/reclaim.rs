@@ -15,7 +15,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
-use super::pins::{KeyHash, Pins};
+use super::keys::{KeyHash, Pins};
 use super::{Gate, Host, Tier};
 use crate::budget::Reclaim;
 use crate::meta::PackedMeta;
