@@ -680,7 +680,7 @@ class Store:
         staleness: int = 0,
         features: Any = None,
     ) -> Session:
-        """A training session over ``tables``: the 4-stage pipeline of the hierarchical
+        """A training session over ``tables``: the five-stage pipeline of the hierarchical
         parameter server (read and partition; prepare: rows brought into memory and pinned at
         their owners; train; write-back to the owners).
 

@@ -1,5 +1,7 @@
 //! [`GroupAssoc`]: EV-LFU's group score in a **set-associative** arena, with a small hit
-//! counter, request pinning and lazy aging: 10 bytes of metadata per entry and no index.
+//! counter, request pinning and lazy aging: 10 bytes of metadata per entry and no index for a
+//! fixed rule; the adaptive default adds its shadows of sampled sets (~2 B an entry, see
+//! [`MIN_SAMPLE`]) and, once sets fill, a frequency sketch for admission.
 //!
 //! ## Why set-associative
 //! At D = 16 an int4 row is 12 B, and [`super::GroupLfu`]'s metadata (a 20 B slot with list
