@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions, Transport};
-use embstore_cluster::{control, publish, Etcd, Publish, RollState, TestEtcd};
+use embstore_cluster::testing::TestEtcd;
+use embstore_cluster::{control, publish, Etcd, Publish, RollState};
 use embstore_server::member::{Member, MemberOptions};
 use embstore_server::{ServeOptions, Server};
 use embstore_table::{ErrorKind, Store, TableConfig};

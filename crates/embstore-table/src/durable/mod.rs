@@ -58,8 +58,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use self::stats::FlushStats;
 pub use self::recovery::RecoveryReport;
+pub use self::stats::FlushStats;
 use crate::config::config_text;
 use crate::disk::manifest::{Edit, Manifest, State};
 use crate::disk::vfs::Vfs;

@@ -5,15 +5,14 @@
 
 use std::sync::atomic::Ordering;
 
-use super::reclaim::{Evict, Report, Share};
 use super::keys::Pins;
+use super::reclaim::{Evict, Report, Share};
 use super::Host;
 use crate::{Error, ErrorKind, Result};
 
 /// Pinned rows, of all the tables under a budget together, may take at most this share of it
 /// (the rest is for the cache).
 const MAX_PINNED_FRACTION: f64 = 0.6;
-
 
 /// Takes one pin of each of `ids` (counts that reach 0 leave the map).
 fn unpin_locked(pins: &mut Pins, ids: &[u64]) {
