@@ -81,7 +81,8 @@ def module_graph(src: pathlib.Path) -> dict[str, set[str]]:
         for root, rest in re.findall(r"\b(crate|super|self)((?:::\w+)+)", code):
             segs = rest.strip(":").split("::")
             paths.append(("", segs) if root == "crate" else (at, [root, *segs]))
-        for root, mid, body in re.findall(r"\b(crate|super|self)::(?:([\w:]+)::)?\{([^;]*?)\};", code):
+        groups = re.findall(r"\b(crate|super|self)::(?:([\w:]+)::)?\{([^;]*?)\};", code)
+        for root, mid, body in groups:
             pre = [p for p in (mid or "").split("::") if p]
             for item in re.findall(r"[\w:]+", body):
                 segs = [*pre, *[p for p in item.split("::") if p]]
@@ -145,10 +146,10 @@ def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
             if target and target != name and not name.startswith(target + "."):
                 deps.add(target)
 
-        def walk(nodes: list[ast.stmt] | list[ast.AST]) -> None:
+        def walk(nodes: list[ast.stmt] | list[ast.AST], pkg: str = pkg) -> None:
             for node in nodes:
                 if isinstance(node, ast.If) and _type_checking(node.test):
-                    walk(node.orelse)
+                    walk(node.orelse, pkg)
                     continue
                 if isinstance(node, ast.Import):
                     for a in node.names:
@@ -160,7 +161,7 @@ def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
                         for a in node.names:
                             sub = f"{src}.{a.name}"
                             add(sub if sub in mods else reexports.get(src, {}).get(a.name, src))
-                walk(list(ast.iter_child_nodes(node)))
+                walk(list(ast.iter_child_nodes(node)), pkg)
 
         walk(ast.parse(path.read_text()).body)
     return edges
