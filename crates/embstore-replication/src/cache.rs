@@ -1,8 +1,8 @@
-//! The update cache of one segment, with its dominator version vector (Ekko §4.4.1, Alg 1).
+//! The update cache of one part, with its dominator version vector (Ekko §4.4.1, Alg 1).
 //!
 //! The cache holds `key -> version` of recently written rows, so a pull whose requester is
-//! nearly up to date selects from the cache instead of scanning the segment. Invariants, for
-//! every row p of the segment:
+//! nearly up to date selects from the cache instead of scanning the part. Invariants, for
+//! every row p of the part:
 //!
 //! - (i) p uncached: `p.version.timestamp <= dvv.get(p.version.replica)` (C1);
 //! - (ii) p cached: `p.version.timestamp > t_prune_to >= every timestamp in dvv` (C2).
@@ -16,7 +16,7 @@ use crate::version::{Version, CTR_BITS};
 use crate::vv::Vv;
 use std::collections::BTreeMap;
 
-/// One segment's update cache.
+/// One part's update cache.
 #[derive(Clone, Debug, Default)]
 pub struct UpdateCache {
     entries: BTreeMap<u64, Version>,
@@ -30,7 +30,7 @@ impl UpdateCache {
         Self::default()
     }
 
-    /// A cache with nothing cached whose DVV is `dvv`, for a segment whose existing rows are all
+    /// A cache with nothing cached whose DVV is `dvv`, for a part whose existing rows are all
     /// at or below `dvv` (C1): `t_prune_to` starts at the DVV's largest timestamp (C2), so
     /// only writes after it are cached.
     pub fn covering(dvv: Vv) -> Self {
@@ -159,7 +159,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
-        /// Against a model segment (a map of key -> version): C1 and C2 after every step, C4's
+        /// Against a model part (a map of key -> version): C1 and C2 after every step, C4's
         /// monotone `t_prune_to` and `|cache| <= cap` after a prune to a cap, and C3: on every hit, the cache's selection equals the full
         /// scan's.
         #[test]

@@ -1,23 +1,23 @@
 //! # embstore-replication: Ekko-style dissemination as a pure state machine
 //!
 //! Replicas of a table exchange the *current state* of changed rows, never a log: a requester
-//! sends a segment's version vector, the responder returns every row newer than it together
+//! sends a part's version vector, the responder returns every row newer than it together
 //! with its own VV, and the requester applies them last-writer-wins. The parts:
 //!
 //! - [`version`]: [`Version`] `(timestamp = ms << 16 | ctr, replica)` and the [`Clock`]
 //!   (strictly increasing ticks, `observe`).
-//! - [`vv`]: [`Vv`], a segment's knowledge (get, merge = pointwise max, dominates).
+//! - [`vv`]: [`Vv`], a part's knowledge (get, merge = pointwise max, dominates).
 //! - [`cache`]: [`UpdateCache`], the recently written keys and the dominator VV that let a pull
 //!   skip the scan.
-//! - [`sv`]: [`Sv`], shard versions: a name for a segment's knowledge; `succeq` lets a
+//! - [`sv`]: [`Sv`], shard versions: a name for a part's knowledge; `succeq` lets a
 //!   requester skip a pull that cannot bring anything.
-//! - [`changes`]: [`changes::ChangeIndex`], the segments whose sv changed since a cursor.
-//! - [`replica`]: [`Replica`], rows in segments, `local_write`, `serve_pull`, `apply_reply`.
+//! - [`changes`]: [`changes::ChangeIndex`], the parts whose sv changed since a cursor.
+//! - [`replica`]: [`Replica`], rows in parts, `local_write`, `serve_pull`, `apply_reply`.
 //! - [`sim`]: a deterministic simulated network (drop, duplicate, reorder, delay, partition)
 //!   and the checker of the protocol's invariants against a global history of writes.
 //!
 //! Invariants: versions from one replica strictly increase; LWW leaves the max version; a
-//! segment's VV covers only writes its rows hold (V3); VVs and row versions only grow; after a
+//! part's VV covers only writes its rows hold (V3); VVs and row versions only grow; after a
 //! partition heals and traffic quiesces, all replicas hold identical rows and VVs. Nothing here
 //! does I/O or reads a clock, so every run replays from its seed.
 
@@ -30,7 +30,7 @@ pub mod version;
 pub mod vv;
 
 pub use cache::UpdateCache;
-pub use replica::{seg_of, Replica, Reply, Row, SegSync};
+pub use replica::{part_of, PartSync, Replica, Reply, Row};
 pub use sv::Sv;
-pub use version::{Clock, Version};
+pub use version::{next_timestamp, Clock, Version};
 pub use vv::Vv;

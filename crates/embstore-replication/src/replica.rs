@@ -1,19 +1,19 @@
-//! One replica's sync state machine: rows in segments, each segment's knowledge and cache, and
+//! One replica's sync state machine: rows in parts, each part's knowledge and cache, and
 //! the three steps of pull-based sync (Ekko §4.3).
 //!
-//! - [`Replica::local_write`]: tick and write are one step (W1), so versions enter each segment
+//! - [`Replica::local_write`]: tick and write are one step (W1), so versions enter each part
 //!   in increasing order and `vv[self]` never passes a write not yet made.
 //! - [`Replica::serve_pull`]: the responder reads its VV *before* selecting (R1); a row that
 //!   changes after the read only gets newer, so it still passes the filter.
 //! - [`Replica::apply_reply`]: the requester applies rows last-writer-wins and merges the VV
 //!   only after the whole reply (R2). A reply that is rejected changes nothing.
 //!
-//! Each segment also carries a shard version ([`Sv`]): a new one on every local write, and on
+//! Each part also carries a shard version ([`Sv`]): a new one on every local write, and on
 //! apply either the responder's (when the merged VV equals its VV) or a new one (when the VV
 //! changed otherwise), so that equal svs mean equal VVs (S1, S2). Every sv change is recorded
-//! in the [`ChangeIndex`], which lists the segments changed since a cursor.
+//! in the [`ChangeIndex`], which lists the parts changed since a cursor.
 //!
-//! Invariant (V3): for each segment, origin `o` and write of version `v` from `o` with
+//! Invariant (V3): for each part, origin `o` and write of version `v` from `o` with
 //! `v.timestamp <= vv.get(o)`, the row's version is at least `v`.
 //! The state machine is pure: no I/O, no threads, no wall clock (callers pass `now_ms`).
 
@@ -25,8 +25,8 @@ use crate::vv::Vv;
 use embstore_common::{fmix64, Error, ErrorKind, Result};
 use std::collections::BTreeMap;
 
-/// The most sync segments a replica may have (2^20, as the spec clamps them).
-pub const MAX_SEGMENTS: u32 = 1 << 20;
+/// The most sync parts a replica may have (2^20, as the spec clamps them).
+pub const MAX_PARTS: u32 = 1 << 20;
 
 /// A row: its version and its values, or a removal's tombstone.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,10 +39,10 @@ pub struct Row {
     pub deleted: bool,
 }
 
-/// The sync bookkeeping of one segment.
+/// The sync bookkeeping of one part.
 #[derive(Clone, Debug, Default)]
-pub struct SegSync {
-    /// The segment's knowledge.
+pub struct PartSync {
+    /// The part's knowledge.
     pub vv: Vv,
     /// Recently written keys and the dominator VV.
     pub cache: UpdateCache,
@@ -50,31 +50,31 @@ pub struct SegSync {
     pub sv: Sv,
 }
 
-/// One segment: its rows (in key order, so scans are deterministic) and its sync state.
+/// One part: its rows (in key order, so scans are deterministic) and its sync state.
 #[derive(Clone, Debug, Default)]
-struct Segment {
+struct Part {
     rows: BTreeMap<u64, Row>,
-    sync: SegSync,
-    /// Per origin, the newest tombstone collected here or at a responder this segment took a
-    /// complete reply from: a requester whose VV does not dominate it gets the segment whole.
+    sync: PartSync,
+    /// Per origin, the newest tombstone collected here or at a responder this part took a
+    /// complete reply from: a requester whose VV does not dominate it gets the part whole.
     floor: Vv,
 }
 
 /// A pull's answer: the rows the requester lacks and the responder's VV read before selecting.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reply {
-    /// The segment.
-    pub seg: u32,
+    /// The part.
+    pub part: u32,
     /// `(key, row)` with `row.version.timestamp > vv_r.get(row.version.replica)`.
     pub rows: Vec<(u64, Row)>,
-    /// The responder's knowledge of the segment.
+    /// The responder's knowledge of the part.
     pub vv_s: Vv,
     /// The responder's shard version, read with `vv_s`.
     pub sv_s: Sv,
     /// Whether the update cache answered (no scan).
     pub from_cache: bool,
     /// Set when the requester's VV did not dominate the responder's floor: `rows` is then the
-    /// whole segment, and this is the responder's floor.
+    /// whole part, and this is the responder's floor.
     pub complete: Option<Vv>,
 }
 
@@ -85,7 +85,7 @@ pub(crate) enum Mutant {
     /// The correct protocol.
     #[default]
     None,
-    /// Apply a reply's row even when the segment already knows of its write (a stale reply
+    /// Apply a reply's row even when the part already knows of its write (a stale reply
     /// then brings back a row whose removal's tombstone was collected).
     ReapplyKnown,
     /// Answer every pull incrementally, ignoring the floor (collected tombstones are then
@@ -103,13 +103,13 @@ pub(crate) enum Mutant {
     TickOutsideLock,
 }
 
-/// One replica of a table: `segments` sync segments of rows of `dim` floats.
+/// One replica of a table: `parts` sync parts of rows of `dim` floats.
 #[derive(Clone, Debug)]
 pub struct Replica {
     id: u32,
     dim: usize,
     clock: Clock,
-    segments: Vec<Segment>,
+    parts: Vec<Part>,
     changes: ChangeIndex,
     #[cfg(test)]
     pub(crate) mutant: Mutant,
@@ -118,19 +118,19 @@ pub struct Replica {
     stash: Option<Version>,
 }
 
-/// The segment of `key` among `segments` (the upper hash bits, so that it stays independent of
+/// The part of `key` among `parts` (the upper hash bits, so that it stays independent of
 /// a table shard chosen by the lower ones).
-pub fn seg_of(key: u64, segments: u32) -> u32 {
-    ((fmix64(key) >> 32) % u64::from(segments.max(1))) as u32
+pub fn part_of(key: u64, parts: u32) -> u32 {
+    ((fmix64(key) >> 32) % u64::from(parts.max(1))) as u32
 }
 
 impl Replica {
-    /// A replica named `id` with `segments` segments of rows of `dim` floats.
-    pub fn new(id: u32, segments: u32, dim: usize) -> Result<Self> {
-        if segments == 0 || segments > MAX_SEGMENTS {
+    /// A replica named `id` with `parts` parts of rows of `dim` floats.
+    pub fn new(id: u32, parts: u32, dim: usize) -> Result<Self> {
+        if parts == 0 || parts > MAX_PARTS {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("segments must be in 1..={MAX_SEGMENTS}, got {segments}"),
+                format!("parts must be in 1..={MAX_PARTS}, got {parts}"),
             ));
         }
         if dim == 0 {
@@ -140,14 +140,14 @@ impl Replica {
             id,
             dim,
             clock: Clock::new(),
-            // Each segment starts with its own sv, `(0, id)`: no two replicas share one.
-            segments: (0..segments)
-                .map(|_| Segment {
-                    sync: SegSync { sv: Sv::new(0, id), ..SegSync::default() },
-                    ..Segment::default()
+            // Each part starts with its own sv, `(0, id)`: no two replicas share one.
+            parts: (0..parts)
+                .map(|_| Part {
+                    sync: PartSync { sv: Sv::new(0, id), ..PartSync::default() },
+                    ..Part::default()
                 })
                 .collect(),
-            changes: ChangeIndex::new(segments),
+            changes: ChangeIndex::new(parts),
             #[cfg(test)]
             mutant: Mutant::None,
             #[cfg(test)]
@@ -160,14 +160,14 @@ impl Replica {
         self.id
     }
 
-    /// The number of segments.
-    pub fn segments(&self) -> u32 {
-        self.segments.len() as u32
+    /// The number of parts.
+    pub fn parts(&self) -> u32 {
+        self.parts.len() as u32
     }
 
-    /// The segment of `key`.
-    pub fn seg_of(&self, key: u64) -> u32 {
-        seg_of(key, self.segments())
+    /// The part of `key`.
+    pub fn part_of(&self, key: u64) -> u32 {
+        part_of(key, self.parts())
     }
 
     /// The clock's last timestamp.
@@ -175,30 +175,30 @@ impl Replica {
         self.clock.last()
     }
 
-    fn segment(&self, seg: u32) -> Result<&Segment> {
-        self.segments.get(seg as usize).ok_or_else(|| self.bad_seg(seg))
+    fn part(&self, part: u32) -> Result<&Part> {
+        self.parts.get(part as usize).ok_or_else(|| self.bad_part(part))
     }
 
-    fn bad_seg(&self, seg: u32) -> Error {
+    fn bad_part(&self, part: u32) -> Error {
         Error::new(
             ErrorKind::InvalidArgument,
-            format!("segment {seg} out of range: the replica has {} segments", self.segments.len()),
+            format!("part {part} out of range: the replica has {} parts", self.parts.len()),
         )
     }
 
     /// The row of `key`, if stored.
     pub fn row(&self, key: u64) -> Option<&Row> {
-        self.segments[self.seg_of(key) as usize].rows.get(&key)
+        self.parts[self.part_of(key) as usize].rows.get(&key)
     }
 
-    /// The rows of segment `seg` in key order.
-    pub fn rows(&self, seg: u32) -> Result<impl Iterator<Item = (u64, &Row)>> {
-        Ok(self.segment(seg)?.rows.iter().map(|(k, r)| (*k, r)))
+    /// The rows of part `part` in key order.
+    pub fn rows(&self, part: u32) -> Result<impl Iterator<Item = (u64, &Row)>> {
+        Ok(self.part(part)?.rows.iter().map(|(k, r)| (*k, r)))
     }
 
-    /// Segment `seg`'s sync state.
-    pub fn sync(&self, seg: u32) -> Result<&SegSync> {
-        Ok(&self.segment(seg)?.sync)
+    /// Part `part`'s sync state.
+    pub fn sync(&self, part: u32) -> Result<&PartSync> {
+        Ok(&self.part(part)?.sync)
     }
 
     fn check_dim(&self, values: &[f32]) -> Result<()> {
@@ -227,14 +227,14 @@ impl Replica {
             }
             _ => v,
         };
-        let seg = self.seg_of(key) as usize;
-        let s = &mut self.segments[seg];
+        let part = self.part_of(key) as usize;
+        let s = &mut self.parts[part];
         s.rows.insert(key, Row { version: v, values, deleted: false });
         s.sync.vv.raise(self.id, v.timestamp);
         s.sync.cache.on_write(key, v);
         // The write's own timestamp is a fresh tick of this replica: a new sv without a tick.
         s.sync.sv = Sv::new(v.timestamp, self.id);
-        self.changes.bump(seg as u32);
+        self.changes.bump(part as u32);
         Ok(v)
     }
 
@@ -242,15 +242,15 @@ impl Replica {
     /// version.
     pub fn local_delete(&mut self, key: u64, now_ms: u64) -> Result<Version> {
         let v = self.local_write(key, vec![0.0; self.dim], now_ms)?;
-        let seg = self.seg_of(key) as usize;
-        self.segments[seg].rows.insert(key, Row { version: v, values: Vec::new(), deleted: true });
+        let part = self.part_of(key) as usize;
+        self.parts[part].rows.insert(key, Row { version: v, values: Vec::new(), deleted: true });
         Ok(v)
     }
 
     /// Collects the tombstones written `horizon_ms` or more before `now_ms`, raising their
-    /// segments' floors.
+    /// parts' floors.
     pub fn collect(&mut self, now_ms: u64, horizon_ms: u64) {
-        for s in &mut self.segments {
+        for s in &mut self.parts {
             let floor = &mut s.floor;
             s.rows.retain(|_, r| {
                 let keep = !r.deleted || r.version.ms().saturating_add(horizon_ms) > now_ms;
@@ -262,15 +262,15 @@ impl Replica {
         }
     }
 
-    /// Segment `seg`'s floor (see [`Reply::complete`]).
-    pub fn floor(&self, seg: u32) -> Result<&Vv> {
-        Ok(&self.segment(seg)?.floor)
+    /// Part `part`'s floor (see [`Reply::complete`]).
+    pub fn floor(&self, part: u32) -> Result<&Vv> {
+        Ok(&self.part(part)?.floor)
     }
 
-    /// Answers a pull of segment `seg` from a requester knowing `vv_r`: the whole segment when
+    /// Answers a pull of part `part` from a requester knowing `vv_r`: the whole part when
     /// `vv_r` does not dominate the floor, else from the cache on a hit, else by a full scan.
-    pub fn serve_pull(&self, seg: u32, vv_r: &Vv) -> Result<Reply> {
-        let s = self.segment(seg)?;
+    pub fn serve_pull(&self, part: u32, vv_r: &Vv) -> Result<Reply> {
+        let s = self.part(part)?;
         // R1: the knowledge is read before the selection starts.
         let vv_s = s.sync.vv.clone();
         let sv_s = s.sync.sv;
@@ -281,7 +281,7 @@ impl Replica {
         if !ignore_floor && !vv_r.dominates(&s.floor) {
             let rows = s.rows.iter().map(|(k, r)| (*k, r.clone())).collect();
             let complete = Some(s.floor.clone());
-            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: false, complete });
+            return Ok(Reply { part, rows, vv_s, sv_s, from_cache: false, complete });
         }
         #[cfg(test)]
         let hit = self.mutant == Mutant::SkipDvvCheck || s.sync.cache.hits(vv_r);
@@ -295,18 +295,18 @@ impl Replica {
                 .into_iter()
                 .filter_map(|k| s.rows.get(&k).map(|r| (k, r.clone())))
                 .collect();
-            return Ok(Reply { seg, rows, vv_s, sv_s, from_cache: true, complete: None });
+            return Ok(Reply { part, rows, vv_s, sv_s, from_cache: true, complete: None });
         }
         let rows = Self::scan(s, vv_r);
-        Ok(Reply { seg, rows, vv_s, sv_s, from_cache: false, complete: None })
+        Ok(Reply { part, rows, vv_s, sv_s, from_cache: false, complete: None })
     }
 
-    /// The full-scan selection of segment `seg` (what a miss returns), for comparisons.
-    pub fn scan_pull(&self, seg: u32, vv_r: &Vv) -> Result<Vec<(u64, Row)>> {
-        Ok(Self::scan(self.segment(seg)?, vv_r))
+    /// The full-scan selection of part `part` (what a miss returns), for comparisons.
+    pub fn scan_pull(&self, part: u32, vv_r: &Vv) -> Result<Vec<(u64, Row)>> {
+        Ok(Self::scan(self.part(part)?, vv_r))
     }
 
-    fn scan(s: &Segment, vv_r: &Vv) -> Vec<(u64, Row)> {
+    fn scan(s: &Part, vv_r: &Vv) -> Vec<(u64, Row)> {
         s.rows
             .iter()
             .filter(|(_, r)| r.version.timestamp > vv_r.get(r.version.replica))
@@ -315,19 +315,19 @@ impl Replica {
     }
 
     /// Applies a pull's reply: each row last-writer-wins, then the VV merge (R2). The reply is
-    /// checked whole first (segment, row shapes, rows in their segment), so a bad reply changes
+    /// checked whole first (part, row shapes, rows in their part), so a bad reply changes
     /// nothing. Returns how many rows were written.
     pub fn apply_reply(&mut self, reply: &Reply) -> Result<usize> {
-        let seg = reply.seg;
-        self.segment(seg)?;
+        let part = reply.part;
+        self.part(part)?;
         for (k, r) in &reply.rows {
             if !r.deleted {
                 self.check_dim(&r.values)?;
             }
-            if self.seg_of(*k) != seg {
+            if self.part_of(*k) != part {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
-                    format!("key {k} is not in segment {seg}"),
+                    format!("key {k} is not in part {part}"),
                 ));
             }
         }
@@ -340,10 +340,10 @@ impl Replica {
         };
         #[cfg(not(test))]
         let (rows, adopt_anyway): (&[(u64, Row)], bool) = (&reply.rows, false);
-        let s = &mut self.segments[seg as usize];
+        let s = &mut self.parts[part as usize];
         let mut written = 0;
         for (k, r) in rows {
-            // A write this segment already knows of is never applied again: it holds that
+            // A write this part already knows of is never applied again: it holds that
             // write or a newer one, or a newer removal whose tombstone it has collected (a
             // stale reply must not bring the row back).
             #[cfg(test)]
@@ -362,7 +362,7 @@ impl Replica {
             }
         }
         if let Some(floor) = &reply.complete {
-            // The whole segment: a row held here that the responder saw (its VV covers it)
+            // The whole part: a row held here that the responder saw (its VV covers it)
             // and no longer has was removed there, its tombstone collected.
             let theirs: std::collections::BTreeSet<u64> =
                 reply.rows.iter().map(|(k, _)| *k).collect();
@@ -389,20 +389,20 @@ impl Replica {
             s.sync.sv = Sv::new(c, self.id);
         }
         if s.sync.sv != old_sv {
-            self.changes.bump(seg);
+            self.changes.bump(part);
         }
         Ok(written)
     }
 
-    /// The segments whose sv changed after `cursor` with their svs, and the next cursor.
+    /// The parts whose sv changed after `cursor` with their svs, and the next cursor.
     pub fn changed_since(&self, cursor: u64) -> (Vec<(u32, Sv)>, u64) {
-        let (segs, upto) = self.changes.since(cursor);
-        (segs.into_iter().map(|g| (g, self.segments[g as usize].sync.sv)).collect(), upto)
+        let (changed_parts, upto) = self.changes.since(cursor);
+        (changed_parts.into_iter().map(|g| (g, self.parts[g as usize].sync.sv)).collect(), upto)
     }
 
-    /// Prunes every segment's update cache to `now_ms - d_prop_ms`.
+    /// Prunes every part's update cache to `now_ms - d_prop_ms`.
     pub fn prune(&mut self, now_ms: u64, d_prop_ms: u64) {
-        for s in &mut self.segments {
+        for s in &mut self.parts {
             s.sync.cache.prune(now_ms, d_prop_ms);
         }
     }
@@ -426,20 +426,20 @@ mod tests {
             .serve_pull(9, &Vv::new())
             .unwrap_err()
             .to_string()
-            .contains("segment 9 out of range: the replica has 4 segments"));
+            .contains("part 9 out of range: the replica has 4 parts"));
         let mut src = Replica::new(2, 4, 2).unwrap();
         src.local_write(5, vec![1.0, 2.0], 10).unwrap();
-        let seg = src.seg_of(5);
-        let mut reply = src.serve_pull(seg, &Vv::new()).unwrap();
+        let part = src.part_of(5);
+        let mut reply = src.serve_pull(part, &Vv::new()).unwrap();
         reply
             .rows
             .push((5, Row { version: Version::new(99, 2), values: vec![0.0], deleted: false }));
         assert_eq!(r.apply_reply(&reply).unwrap_err().kind(), ErrorKind::ShapeMismatch);
         reply.rows.pop();
-        reply.seg = (seg + 1) % 4;
-        assert!(r.apply_reply(&reply).unwrap_err().to_string().contains("is not in segment"));
+        reply.part = (part + 1) % 4;
+        assert!(r.apply_reply(&reply).unwrap_err().to_string().contains("is not in part"));
         assert!(r.row(5).is_none());
-        assert_eq!(r.sync(seg).unwrap().vv, Vv::new());
+        assert_eq!(r.sync(part).unwrap().vv, Vv::new());
     }
 
     #[test]
@@ -459,7 +459,7 @@ mod tests {
     }
 
     /// The mutant that merges the VV without all rows leaves knowledge (V3) without the row:
-    /// the VV covers a write the segment does not hold, so no later pull would resend it.
+    /// the VV covers a write the part does not hold, so no later pull would resend it.
     #[test]
     fn the_drop_last_row_mutant_breaks_knowledge() {
         let mut p = Replica::new(0, 1, 1).unwrap();
@@ -530,7 +530,7 @@ mod tests {
                 seq.swap(a, b);
             }
             for i in seq {
-                let reply = Reply { seg: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false, complete: None };
+                let reply = Reply { part: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false, complete: None };
                 r.apply_reply(&reply).unwrap();
             }
             let mut best: BTreeMap<u64, &Row> = BTreeMap::new();

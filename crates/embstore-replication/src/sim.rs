@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 pub struct SimConfig {
     /// Replicas (at least 2); replica 0 starts as the primary.
     pub replicas: usize,
-    /// Sync segments per replica.
-    pub segments: u32,
+    /// Sync parts per replica.
+    pub parts: u32,
     /// Keys drawn from `0..keys`.
     pub keys: u64,
     /// Percent of delivered messages dropped.
@@ -39,7 +39,7 @@ pub struct SimConfig {
     /// Percent of the primary's writes that remove their key (a tombstone).
     pub delete_pct: u64,
     /// Whether replicas now and then collect tombstones older than a random horizon (then
-    /// requesters behind them get whole segments).
+    /// requesters behind them get whole parts).
     pub collect: bool,
 }
 
@@ -47,7 +47,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             replicas: 4,
-            segments: 4,
+            parts: 4,
             keys: 32,
             drop_pct: 15,
             dup_pct: 10,
@@ -63,7 +63,7 @@ impl Default for SimConfig {
 /// A message on the simulated network.
 #[derive(Clone, Debug)]
 enum Msg {
-    Pull { from: usize, to: usize, seg: u32, vv: Vv },
+    Pull { from: usize, to: usize, part: u32, vv: Vv },
     Reply { to: usize, from: usize, reply: Reply },
 }
 
@@ -90,7 +90,7 @@ pub struct Sim {
     history: Vec<(u64, Version)>,
     /// The writes of `history` that removed their key.
     deletes: Vec<(u64, Version)>,
-    /// Per replica and segment, the last local write's version (V6).
+    /// Per replica and part, the last local write's version (V6).
     last_local: Vec<Vec<Version>>,
     /// The state at the last check, for V4: per replica, the VVs and row versions.
     seen: Vec<(Vec<Vv>, BTreeMap<u64, Version>)>,
@@ -98,7 +98,7 @@ pub struct Sim {
     pub hits: u64,
     /// Pulls answered by a scan.
     pub misses: u64,
-    /// Pulls answered with the whole segment (the requester was behind collected tombstones).
+    /// Pulls answered with the whole part (the requester was behind collected tombstones).
     pub completes: u64,
     /// Quiescence pulls skipped because the requester's sv succeeded the responder's.
     pub skipped: u64,
@@ -115,10 +115,10 @@ impl Sim {
             return Err(format!("a simulation needs at least 2 replicas, got {}", cfg.replicas));
         }
         let replicas = (0..cfg.replicas)
-            .map(|i| Replica::new(i as u32, cfg.segments, 1).map_err(|e| e.to_string()))
+            .map(|i| Replica::new(i as u32, cfg.parts, 1).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         let n = cfg.replicas;
-        let segs = cfg.segments as usize;
+        let nparts = cfg.parts as usize;
         Ok(Self {
             rng: SplitMix64::new(seed),
             now_ms: 1_000,
@@ -127,8 +127,8 @@ impl Sim {
             side: vec![0; n],
             history: Vec::new(),
             deletes: Vec::new(),
-            last_local: vec![vec![Version::ZERO; segs]; n],
-            seen: vec![(vec![Vv::new(); segs], BTreeMap::new()); n],
+            last_local: vec![vec![Version::ZERO; nparts]; n],
+            seen: vec![(vec![Vv::new(); nparts], BTreeMap::new()); n],
             hits: 0,
             misses: 0,
             completes: 0,
@@ -172,9 +172,9 @@ impl Sim {
             25..=49 => {
                 let r = self.pick(self.cfg.replicas);
                 let s = (r + 1 + self.pick(self.cfg.replicas - 1)) % self.cfg.replicas;
-                let seg = self.rng.below(u64::from(self.cfg.segments)) as u32;
-                let vv = self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv.clone();
-                self.send(Msg::Pull { from: r, to: s, seg, vv });
+                let part = self.rng.below(u64::from(self.cfg.parts)) as u32;
+                let vv = self.replicas[r].sync(part).map_err(|e| e.to_string())?.vv.clone();
+                self.send(Msg::Pull { from: r, to: s, part, vv });
             }
             50..=84 => {
                 self.deliver_one(true)?;
@@ -218,14 +218,14 @@ impl Sim {
         let r = self.pick(self.cfg.replicas);
         let id = self.next_id;
         self.next_id += 1;
-        self.replicas[r] = Replica::new(id, self.cfg.segments, 1).map_err(|e| e.to_string())?;
+        self.replicas[r] = Replica::new(id, self.cfg.parts, 1).map_err(|e| e.to_string())?;
         self.in_flight.retain(|(_, m)| {
             let (a, b) = m.link();
             a != r && b != r
         });
-        let segs = self.cfg.segments as usize;
-        self.seen[r] = (vec![Vv::new(); segs], BTreeMap::new());
-        self.last_local[r] = vec![Version::ZERO; segs];
+        let nparts = self.cfg.parts as usize;
+        self.seen[r] = (vec![Vv::new(); nparts], BTreeMap::new());
+        self.last_local[r] = vec![Version::ZERO; nparts];
         self.lost += 1;
         Ok(())
     }
@@ -250,15 +250,15 @@ impl Sim {
         if v.timestamp <= floor {
             return Err(format!("V1: replica {p} issued {v:?} not above {floor}"));
         }
-        let seg = r.seg_of(key) as usize;
-        // V6: local writes enter each segment in version order.
-        if v <= self.last_local[p][seg] {
+        let part = r.part_of(key) as usize;
+        // V6: local writes enter each part in version order.
+        if v <= self.last_local[p][part] {
             return Err(format!(
-                "V6: segment {seg} of replica {p} got {v:?} after {:?}",
-                self.last_local[p][seg]
+                "V6: part {part} of replica {p} got {v:?} after {:?}",
+                self.last_local[p][part]
             ));
         }
-        self.last_local[p][seg] = v;
+        self.last_local[p][part] = v;
         self.history.push((key, v));
         Ok(())
     }
@@ -284,17 +284,17 @@ impl Sim {
             return Ok(true);
         }
         match msg {
-            Msg::Pull { from, to, seg, vv } => {
+            Msg::Pull { from, to, part, vv } => {
                 let s = &self.replicas[to];
-                let reply = s.serve_pull(seg, &vv).map_err(|e| e.to_string())?;
+                let reply = s.serve_pull(part, &vv).map_err(|e| e.to_string())?;
                 self.completes += u64::from(reply.complete.is_some());
                 if reply.from_cache {
                     self.hits += 1;
                     // C3: on a hit, the cache selects exactly what a full scan selects.
-                    let scan = s.scan_pull(seg, &vv).map_err(|e| e.to_string())?;
+                    let scan = s.scan_pull(part, &vv).map_err(|e| e.to_string())?;
                     if scan != reply.rows {
                         return Err(format!(
-                            "C3: replica {to} segment {seg}: cache {:?} != scan {:?}",
+                            "C3: replica {to} part {part}: cache {:?} != scan {:?}",
                             reply.rows, scan
                         ));
                     }
@@ -314,37 +314,37 @@ impl Sim {
         Ok(true)
     }
 
-    /// V3, V4, C1, C2 over every replica and segment; S1 and S2 over every pair.
+    /// V3, V4, C1, C2 over every replica and part; S1 and S2 over every pair.
     pub fn check(&mut self) -> Result<(), String> {
         for (ai, a) in self.replicas.iter().enumerate() {
             for (bi, b) in self.replicas.iter().enumerate() {
-                for seg in 0..a.segments() {
+                for part in 0..a.parts() {
                     let (x, y) = (
-                        a.sync(seg).map_err(|e| e.to_string())?,
-                        b.sync(seg).map_err(|e| e.to_string())?,
+                        a.sync(part).map_err(|e| e.to_string())?,
+                        b.sync(part).map_err(|e| e.to_string())?,
                     );
                     if x.sv.succeq(&y.sv) && !x.vv.dominates(&y.vv) {
-                        return Err(format!("S1: segment {seg}: sv of {ai} {:?} succeeds {bi}'s {:?} but its vv does not dominate", x.sv, y.sv));
+                        return Err(format!("S1: part {part}: sv of {ai} {:?} succeeds {bi}'s {:?} but its vv does not dominate", x.sv, y.sv));
                     }
                     if x.sv == y.sv && x.vv != y.vv {
-                        return Err(format!("S2: segment {seg}: replicas {ai} and {bi} share sv {:?} with different vvs", x.sv));
+                        return Err(format!("S2: part {part}: replicas {ai} and {bi} share sv {:?} with different vvs", x.sv));
                     }
                 }
             }
         }
         for (ri, r) in self.replicas.iter().enumerate() {
             for &(key, v) in &self.history {
-                let seg = r.seg_of(key);
-                let vv = &r.sync(seg).map_err(|e| e.to_string())?.vv;
+                let part = r.part_of(key);
+                let vv = &r.sync(part).map_err(|e| e.to_string())?.vv;
                 if v.timestamp <= vv.get(v.replica) {
                     let have = r.row(key).map_or(Version::ZERO, |row| row.version);
-                    let floor = r.floor(seg).map_err(|e| e.to_string())?;
+                    let floor = r.floor(part).map_err(|e| e.to_string())?;
                     // A row that is gone must be gone by a removal at least as new, whose
                     // tombstone was collected (here or at a responder whose floor it took).
                     let collected = r.row(key).is_none() && self.collected(key, v, floor);
                     if have < v && !collected {
                         return Err(format!(
-                            "V3: replica {ri} segment {seg} knows {v:?} of key {key} (vv {:?}) but holds {have:?}",
+                            "V3: replica {ri} part {part} knows {v:?} of key {key} (vv {:?}) but holds {have:?}",
                             vv.entries()
                         ));
                     }
@@ -353,13 +353,13 @@ impl Sim {
             let (old_vvs, old_rows) = &self.seen[ri];
             let mut vvs = Vec::with_capacity(old_vvs.len());
             let mut rows = BTreeMap::new();
-            for seg in 0..r.segments() {
-                let sync = r.sync(seg).map_err(|e| e.to_string())?;
-                if !sync.vv.dominates(&old_vvs[seg as usize]) {
-                    return Err(format!("V4: replica {ri} segment {seg}'s vv went down"));
+            for part in 0..r.parts() {
+                let sync = r.sync(part).map_err(|e| e.to_string())?;
+                if !sync.vv.dominates(&old_vvs[part as usize]) {
+                    return Err(format!("V4: replica {ri} part {part}'s vv went down"));
                 }
                 vvs.push(sync.vv.clone());
-                for (k, row) in r.rows(seg).map_err(|e| e.to_string())? {
+                for (k, row) in r.rows(part).map_err(|e| e.to_string())? {
                     let v = row.version;
                     match sync.cache.get(k) {
                         Some(c) if c != v || v.timestamp <= sync.cache.t_prune_to() => {
@@ -378,8 +378,8 @@ impl Sim {
                 }
             }
             for (k, v) in old_rows {
-                let seg = r.seg_of(*k);
-                let floor = r.floor(seg).map_err(|e| e.to_string())?;
+                let part = r.part_of(*k);
+                let floor = r.floor(part).map_err(|e| e.to_string())?;
                 let gone = !rows.contains_key(k) && self.collected(*k, *v, floor);
                 if !gone && rows.get(k).is_none_or(|now| now < v) {
                     return Err(format!("V4: replica {ri} key {k} went below {v:?}"));
@@ -396,7 +396,7 @@ impl Sim {
         let rep = &self.replicas[r];
         let mut stable = u64::MAX;
         for &(key, v) in &self.history {
-            let vv = &rep.sync(rep.seg_of(key)).map_err(|e| e.to_string())?.vv;
+            let vv = &rep.sync(rep.part_of(key)).map_err(|e| e.to_string())?.vv;
             if v.timestamp > vv.get(v.replica) {
                 stable = stable.min(v.ms());
             }
@@ -410,7 +410,7 @@ impl Sim {
     }
 
     /// Heals the partition, delivers everything in flight without faults, then has every
-    /// replica pull every segment from every other until nothing changes; checks V5.
+    /// replica pull every part from every other until nothing changes; checks V5.
     pub fn heal_and_quiesce(&mut self) -> Result<(), String> {
         self.side.iter_mut().for_each(|s| *s = 0);
         while self.deliver_one(false)? {}
@@ -422,9 +422,9 @@ impl Sim {
                     if r == s {
                         continue;
                     }
-                    for seg in 0..self.cfg.segments {
-                        let sv_s = self.replicas[s].sync(seg).map_err(|e| e.to_string())?.sv;
-                        let mine = self.replicas[r].sync(seg).map_err(|e| e.to_string())?;
+                    for part in 0..self.cfg.parts {
+                        let sv_s = self.replicas[s].sync(part).map_err(|e| e.to_string())?.sv;
+                        let mine = self.replicas[r].sync(part).map_err(|e| e.to_string())?;
                         if self.cfg.skip_by_sv && mine.sv.succeq(&sv_s) {
                             // S1: the requester knows all the responder knows; nothing to pull.
                             self.skipped += 1;
@@ -432,10 +432,10 @@ impl Sim {
                         }
                         let vv = mine.vv.clone();
                         let reply =
-                            self.replicas[s].serve_pull(seg, &vv).map_err(|e| e.to_string())?;
+                            self.replicas[s].serve_pull(part, &vv).map_err(|e| e.to_string())?;
                         changed |=
                             self.replicas[r].apply_reply(&reply).map_err(|e| e.to_string())? > 0;
-                        changed |= self.replicas[r].sync(seg).map_err(|e| e.to_string())?.vv != vv;
+                        changed |= self.replicas[r].sync(part).map_err(|e| e.to_string())?.vv != vv;
                     }
                 }
             }
@@ -446,25 +446,26 @@ impl Sim {
         }
         let first = &self.replicas[0];
         for (ri, r) in self.replicas.iter().enumerate().skip(1) {
-            for seg in 0..first.segments() {
+            for part in 0..first.parts() {
                 let (a, b) = (
-                    first.sync(seg).map_err(|e| e.to_string())?,
-                    r.sync(seg).map_err(|e| e.to_string())?,
+                    first.sync(part).map_err(|e| e.to_string())?,
+                    r.sync(part).map_err(|e| e.to_string())?,
                 );
                 if a.vv != b.vv {
                     return Err(format!(
-                        "V5: segment {seg}: vv of replica 0 {:?} != replica {ri} {:?}",
+                        "V5: part {part}: vv of replica 0 {:?} != replica {ri} {:?}",
                         a.vv.entries(),
                         b.vv.entries()
                     ));
                 }
                 // Rows, not tombstones: each replica collects its own when it does.
                 let live = |(_, row): &(u64, &crate::replica::Row)| !row.deleted;
-                let ra: Vec<_> = first.rows(seg).map_err(|e| e.to_string())?.filter(live).collect();
-                let rb: Vec<_> = r.rows(seg).map_err(|e| e.to_string())?.filter(live).collect();
+                let ra: Vec<_> =
+                    first.rows(part).map_err(|e| e.to_string())?.filter(live).collect();
+                let rb: Vec<_> = r.rows(part).map_err(|e| e.to_string())?.filter(live).collect();
                 if ra != rb {
                     return Err(format!(
-                        "V5: segment {seg}: rows of replica 0 and replica {ri} differ"
+                        "V5: part {part}: rows of replica 0 and replica {ri} differ"
                     ));
                 }
             }
@@ -512,7 +513,7 @@ mod tests {
     fn the_invariants_hold_with_failovers_and_heavy_loss() {
         let cfg = SimConfig {
             replicas: 5,
-            segments: 3,
+            parts: 3,
             keys: 12,
             drop_pct: 40,
             dup_pct: 30,
@@ -525,8 +526,8 @@ mod tests {
     }
 
     #[test]
-    fn one_segment_two_replicas() {
-        let cfg = SimConfig { replicas: 2, segments: 1, keys: 4, ..SimConfig::default() };
+    fn one_part_two_replicas() {
+        let cfg = SimConfig { replicas: 2, parts: 1, keys: 4, ..SimConfig::default() };
         run_seeds(&cfg, 2000..2040, 300);
     }
 
@@ -561,9 +562,9 @@ mod tests {
             skipped += on.skipped;
             assert_eq!(off.skipped, 0);
             for (a, b) in on.replicas().iter().zip(off.replicas()) {
-                for seg in 0..a.segments() {
-                    assert_eq!(a.sync(seg).unwrap().vv, b.sync(seg).unwrap().vv, "seed {seed}");
-                    assert!(a.rows(seg).unwrap().eq(b.rows(seg).unwrap()), "seed {seed}");
+                for part in 0..a.parts() {
+                    assert_eq!(a.sync(part).unwrap().vv, b.sync(part).unwrap().vv, "seed {seed}");
+                    assert!(a.rows(part).unwrap().eq(b.rows(part).unwrap()), "seed {seed}");
                 }
             }
         }
@@ -585,7 +586,7 @@ mod tests {
     }
 
     /// Removals whose tombstones were collected reach every replica: some pulls were answered
-    /// with whole segments, and the invariants and convergence hold.
+    /// with whole parts, and the invariants and convergence hold.
     #[test]
     fn collected_tombstones_reach_replicas_behind_them() {
         let (mut completes, mut deletes) = (0, 0);

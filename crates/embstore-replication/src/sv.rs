@@ -1,7 +1,7 @@
-//! Shard versions (Ekko Def 2, §4.4.2): a cheap name for a segment's knowledge.
+//! Shard versions (Ekko Def 2, §4.4.2): a cheap name for a part's knowledge.
 //!
 //! An [`Sv`] is `(c, id)`: `c` is drawn from replica `id`'s clock, so it is unique and
-//! increasing per replica across all segments. `a ⪰ b` ([`Sv::succeq`]) holds only when both
+//! increasing per replica across all parts. `a ⪰ b` ([`Sv::succeq`]) holds only when both
 //! come from the same replica and `a.c >= b.c`; otherwise the two are incomparable. The
 //! invariant the replica keeps (S1): `sv_a ⪰ sv_b` only if `VV_a` dominates `VV_b`, so a
 //! requester may skip a pull whose responder's sv it already succeeds.

@@ -43,6 +43,19 @@ impl Version {
     }
 }
 
+/// The timestamp a clock issues next, after `last`, at wall-clock `now_ms`: `now_ms << 16` if
+/// that is larger, else `last + 1` (the counter absorbs bursts and a wall clock that steps
+/// back); `None` once the timestamps are exhausted. The one rule of every clock that stamps
+/// versions: this crate's [`Clock`] and the table's concurrent one.
+pub fn next_timestamp(last: u64, now_ms: u64) -> Option<u64> {
+    let wall = now_ms.min(MAX_MS) << CTR_BITS;
+    if wall > last {
+        Some(wall)
+    } else {
+        last.checked_add(1)
+    }
+}
+
 /// One replica's hybrid clock: the last timestamp issued or observed.
 #[derive(Clone, Debug, Default)]
 pub struct Clock {
@@ -69,14 +82,9 @@ impl Clock {
                 format!("now_ms must be at most {MAX_MS}, got {now_ms}"),
             ));
         }
-        let wall = now_ms << CTR_BITS;
-        let next = if wall > self.last {
-            wall
-        } else {
-            self.last.checked_add(1).ok_or_else(|| {
-                Error::new(ErrorKind::Capacity, "the clock's timestamps are exhausted")
-            })?
-        };
+        let next = next_timestamp(self.last, now_ms).ok_or_else(|| {
+            Error::new(ErrorKind::Capacity, "the clock's timestamps are exhausted")
+        })?;
         self.last = next;
         Ok(next)
     }

@@ -1,7 +1,7 @@
-//! Version vectors: a segment's knowledge (Ekko §4.3).
+//! Version vectors: a part's knowledge (Ekko §4.3).
 //!
 //! A [`Vv`] maps each origin replica to a timestamp; an absent origin reads 0. Its meaning for
-//! a segment: the segment's rows equal an empty segment after applying every write from each
+//! a part: the part's rows equal an empty part after applying every write from each
 //! origin `o` whose timestamp is `<= vv.get(o)`. Entries stay sorted by replica with no zero
 //! entries, so two vectors with the same knowledge compare equal with `==`.
 

@@ -933,7 +933,7 @@ fn pull_replies(
             Kind::PullDone => return Ok(()),
             Kind::Part => {
                 let reply = wire::decode_part(&body, t.dim(), t.state_dim())?;
-                let newest = reply.meta.iter().map(|m| m.version.millis()).max();
+                let newest = reply.meta.iter().map(|m| m.version.ms()).max();
                 let written = t.sync_apply(&reply)?;
                 if !reply.partial {
                     book.pending.remove(&reply.part);

@@ -407,7 +407,7 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
         }
         let version = Version { timestamp: ts, replica };
         r.keys.push(key);
-        r.meta.push(RowMeta { version, update_count, last_update_ms: version.millis() });
+        r.meta.push(RowMeta { version, update_count, last_update_ms: version.ms() });
         r.tombstone.push(flags & TOMBSTONE != 0);
         prev = key;
     }

@@ -141,7 +141,7 @@ mod tests {
         );
         let v = Version { timestamp: (1_700_000_000_005 << 16) | 3, replica: MAX_REPLICA };
         m.write(v);
-        assert_eq!(m.unpack(), RowMeta { version: v, update_count: 1, last_update_ms: v.millis() });
+        assert_eq!(m.unpack(), RowMeta { version: v, update_count: 1, last_update_ms: v.ms() });
         let given = RowMeta { version: v, update_count: 1 << 40, last_update_ms: 0 };
         assert_eq!(PackedMeta::pack(&given).unpack().update_count, MAX_WRITES as u64);
         let mut clean = PackedMeta::pack(&given);

@@ -9,21 +9,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A row's version: hybrid timestamp, then replica id.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Version {
-    /// `ms << 16 | counter`.
-    pub timestamp: u64,
-    /// The replica that made the update.
-    pub replica: u32,
-}
-
-impl Version {
-    /// The physical part, in milliseconds since the Unix epoch.
-    pub fn millis(&self) -> u64 {
-        self.timestamp >> 16
-    }
-}
+/// A row's version: hybrid timestamp, then replica id — the replication protocol's own type
+/// (one `Version` for the table, the sync port and the protocol's state machine).
+pub use embstore_replication::Version;
 
 /// How far past the wall clock an observed version may move a [`Clock`]: one second, more
 /// than the skew of NTP-synchronised machines.
@@ -49,12 +37,13 @@ impl Clock {
         self.replica
     }
 
-    /// The next version: the physical time, or one past the last timestamp if that is later.
+    /// The next version: the physical time, or one past the last timestamp if that is later
+    /// (the protocol's rule, [`embstore_replication::next_timestamp`], applied atomically).
     pub(crate) fn tick(&self) -> Version {
-        let physical = now_ms() << 16;
+        let now = now_ms();
         let mut last = self.last.load(Ordering::Relaxed);
         loop {
-            let next = physical.max(last.saturating_add(1));
+            let next = embstore_replication::next_timestamp(last, now).unwrap_or(u64::MAX);
             match self.last.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed)
             {
                 Ok(_) => return Version { timestamp: next, replica: self.replica },
@@ -88,7 +77,7 @@ mod tests {
             assert!(v > prev && v.replica == 3);
             prev = v;
         }
-        assert!(prev.millis() >= before && prev.millis() <= now_ms() + 1);
+        assert!(prev.ms() >= before && prev.ms() <= now_ms() + 1);
         let near = Version { timestamp: (now_ms() + 500) << 16, replica: 0 };
         clock.observe(near);
         assert!(clock.tick() > near);
@@ -99,6 +88,6 @@ mod tests {
         let clock = Clock::new(1);
         clock.observe(Version { timestamp: (now_ms() + 3_600_000) << 16, replica: 0 });
         let v = clock.tick();
-        assert!(v.millis() <= now_ms() + MAX_OBSERVE_AHEAD_MS, "clock at {} ms", v.millis());
+        assert!(v.ms() <= now_ms() + MAX_OBSERVE_AHEAD_MS, "clock at {} ms", v.ms());
     }
 }

@@ -146,7 +146,7 @@ impl Table {
                 "version of id {} is more than a day ahead of this clock ({} ms since the \
                  epoch); nothing was written",
                 ids[i],
-                meta[i].version.millis()
+                meta[i].version.ms()
             )));
         }
         meta.iter().try_for_each(PackedMeta::check)

@@ -13,7 +13,7 @@ use embstore_table::{OnMiss, Optimizer, Store, StoreOptions, TableConfig};
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Trigger {
     SegCreate,
-    SegSync,
+    PartSync,
     FlusherRecordRead(usize),
 }
 
@@ -95,7 +95,7 @@ impl WriteFile for BW {
     }
     fn sync(&mut self) -> io::Result<()> {
         if self.2 {
-            self.1.hit(Trigger::SegSync)?;
+            self.1.hit(Trigger::PartSync)?;
         }
         self.0.sync()
     }
@@ -255,7 +255,7 @@ fn demotion_during_a_flush_points_into_an_uninstalled_slot() {
     t.lookup(&hot, OnMiss::Error, &mut want, None).unwrap();
     t.apply_gradients(&hot, &vec![0.5; hot.len() * D], None).unwrap();
     t.lookup(&hot, OnMiss::Error, &mut want, None).unwrap();
-    fs.0.arm(Trigger::SegSync);
+    fs.0.arm(Trigger::PartSync);
     let errs = std::thread::scope(|s| {
         let h = std::thread::Builder::new()
             .name("flusher".into())

@@ -213,7 +213,7 @@ impl SegmentWriter {
 
     /// Appends the removal of `key` at `version`.
     pub(crate) fn push_tombstone(&mut self, key: u64, version: Version) -> Result<()> {
-        let meta = RowMeta { version, update_count: 0, last_update_ms: version.millis() };
+        let meta = RowMeta { version, update_count: 0, last_update_ms: version.ms() };
         let (d, s) = (self.header.dim as usize, self.header.state_dim as usize);
         self.info.tombstones += 1;
         self.push_record(key, &meta, TOMBSTONE, &vec![0.0; d], &vec![0.0; s])

@@ -1,4 +1,4 @@
-//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`SegSync`] (version vector, update cache, shard version) per
+//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`PartSync`] (version vector, update cache, shard version) per
 //! sync part of the shard, and the tombstones of removed rows. It lives inside the shard, under
 //! the shard's lock, so that a row write and its VV, cache and sv changes are one step.
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use embstore_common::fmix64;
 use embstore_common::shard::SHARD_SALT;
 use embstore_replication::changes::ChangeIndex;
-use embstore_replication::{SegSync, Sv, UpdateCache, Vv};
+use embstore_replication::{PartSync, Sv, UpdateCache, Vv};
 use hashbrown::HashMap;
 use parking_lot::{Condvar, Mutex};
 
@@ -29,7 +29,7 @@ pub(crate) struct ShardSync {
     /// The shard's index among the table's shards.
     pub(crate) shard: u32,
     /// One per sync part of this shard.
-    pub(crate) parts: Vec<SegSync>,
+    pub(crate) parts: Vec<PartSync>,
     /// Removed rows: key → the removal's version. A tombstone is shipped like a row and kept
     /// while the key has no row, until it is older than the tombstone horizon; then it is
     /// collected and its version raises its part's floor.
@@ -47,7 +47,7 @@ impl ShardSync {
         let me = shared.clock.replica();
         let parts = vvs
             .into_iter()
-            .map(|vv| SegSync {
+            .map(|vv| PartSync {
                 cache: UpdateCache::covering(vv.clone()),
                 vv,
                 // A new name for every part at every start: a peer that adopted an older one
@@ -77,7 +77,7 @@ impl ShardSync {
         let sub = self.sub(key);
         let p = &mut self.parts[sub];
         p.vv.raise(v.replica, v.timestamp);
-        p.cache.on_write(key, rv(v));
+        p.cache.on_write(key, v);
         let sv = Sv::new(v.timestamp, self.shared.clock.replica());
         // The rows of one batch in one shard share a version: the part's change is recorded
         // once, not once per row (the change index is shared by every shard).
@@ -151,7 +151,7 @@ impl ShardSync {
         let layout = self.shared.layout;
         let floors = &mut self.floors;
         self.tombs.retain(|&k, v| {
-            let keep = v.millis().saturating_add(horizon) > now;
+            let keep = v.ms().saturating_add(horizon) > now;
             if !keep {
                 floors[layout.sub_of(k)].raise(v.replica, v.timestamp);
             }
@@ -302,10 +302,4 @@ impl SyncShared {
     pub(crate) fn cache_cap(&self, part_rows: usize) -> usize {
         (part_rows as f64 * self.cache_max_frac) as usize
     }
-}
-
-/// A table's version into the protocol's.
-#[inline]
-pub(crate) fn rv(v: Version) -> embstore_replication::Version {
-    embstore_replication::Version::new(v.timestamp, v.replica)
 }

@@ -7,7 +7,6 @@ use embstore_replication::Sv;
 
 use super::{Complete, PartReply};
 use crate::meta::PackedMeta;
-use crate::shard::sync::rv;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::write::{clock_horizon, StateIn};
@@ -104,7 +103,7 @@ impl Table {
                 shard.set_meta(slot, key, PackedMeta::pack(&reply.meta[i]));
                 shard.sync.as_mut().expect("syncing").tombs.remove(&key);
             }
-            shard.sync.as_mut().expect("syncing").parts[sub].cache.on_write(key, rv(v));
+            shard.sync.as_mut().expect("syncing").parts[sub].cache.on_write(key, v);
             written += 1;
         }
         let covered = |v: Version| v.timestamp <= reply.vv.get(v.replica);

@@ -211,8 +211,7 @@ impl Table {
                     cold.push((k, l));
                 } else if let Some(&v) = sy.tombs.get(&k) {
                     if newer(v) {
-                        let meta =
-                            RowMeta { version: v, update_count: 0, last_update_ms: v.millis() };
+                        let meta = RowMeta { version: v, update_count: 0, last_update_ms: v.ms() };
                         push(r, k, meta, None);
                     }
                 }
