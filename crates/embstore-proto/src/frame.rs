@@ -111,7 +111,7 @@ impl Header {
     /// Whether `body` is the body this header announced (its length, and its CRC if given).
     pub fn check(&self, body: &[u8]) -> Result<(), FrameError> {
         if body.len() != self.len as usize {
-            return Err(FrameError::Malformed("the body is shorter than its header says".into()));
+            return Err(FrameError::Malformed("the body is not as long as its header says".into()));
         }
         match self.crc {
             Some(crc) if crc32fast::hash(body) != crc => Err(FrameError::Checksum),

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use embstore_common::{now_ms, ErrorKind};
+use embstore_common::now_ms;
 use embstore_proto::frame::with_kind;
 use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
@@ -192,11 +192,9 @@ impl Server {
     }
 }
 
-/// The gRPC status of a table error: its code (the one mapping, shared with the framed path)
-/// and its kind in the metadata, which the client reads back exactly.
-pub fn to_status(kind: ErrorKind) -> Code {
-    embstore_proto::frame::status_code(kind)
-}
+/// The gRPC code of a table error (the one mapping, shared with the framed path); the kind
+/// itself travels beside it in the status metadata (`frame::with_kind`).
+pub use embstore_proto::frame::status_code as to_status;
 
 /// The `Serving` service over a [`Server`].
 #[derive(Debug, Clone)]
