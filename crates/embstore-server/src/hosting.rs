@@ -675,3 +675,29 @@ mod tests {
         assert_eq!(budget.used(), 0);
     }
 }
+
+/// A follower writes into the newest version of each table loaded with sync on
+/// ([`Server::set_sync_loads`]); a server that loads none refuses to be followed into.
+impl embstore_table::sync::Target for Server {
+    fn replica(&self) -> u32 {
+        self.sync_replica().unwrap_or(0)
+    }
+
+    fn prepare(
+        &self,
+        _source: &str,
+        _infos: &[embstore_table::sync::TableInfo],
+        _: &embstore_table::sync::SyncOptions,
+    ) -> embstore_common::Result<()> {
+        if self.sync_replica().is_none() {
+            return Err(embstore_common::Error::invalid(
+                "a server follows into the versions it loads with sync on: call set_sync_loads",
+            ));
+        }
+        Ok(())
+    }
+
+    fn table(&self, name: &str) -> Option<Arc<Table>> {
+        self.live_table(name)
+    }
+}

@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_replication::Sv;
-use embstore_server::Server;
-use embstore_table::sync::SyncOptions;
-use embstore_table::{Store, Table, TableConfig};
+use embstore_table::sync::{check_parts, SyncOptions, Target};
+use embstore_table::{Store, Table};
 use parking_lot::Mutex;
 
 use crate::discovery::Directory;
@@ -67,90 +66,10 @@ impl Source {
     }
 }
 
-/// Where a follower writes the rows it pulls: a [`Store`]'s tables, or the versions a serving
-/// [`Server`] loaded with sync on (`Server::set_sync_loads`), newest first, so that a roll
-/// onto a new base continues syncing on top of it.
-pub trait Target: Send + Sync {
-    /// The replica id written copies carry (never the source's).
-    fn replica(&self) -> u32;
-    /// Readies the tables the source serves (a store creates those it lacks, with the
-    /// source's config, and turns sync on with the source's part counts).
-    fn prepare(&self, source: &str, infos: &[wire::TableInfo], sync: &SyncOptions) -> Result<()>;
-    /// The table rows of `name` go into now; `None`: none yet (the follower waits).
-    fn table(&self, name: &str) -> Option<Arc<Table>>;
-}
-
-impl Target for Store {
-    fn replica(&self) -> u32 {
-        Store::replica(self)
-    }
-
-    fn prepare(&self, source: &str, infos: &[wire::TableInfo], sync: &SyncOptions) -> Result<()> {
-        let mut tables = Vec::new();
-        for info in infos {
-            let config = TableConfig::from_text(&info.config)?;
-            let t = match Store::table(self, &info.name) {
-                Ok(t) => {
-                    check_same(&t, &config)?;
-                    t
-                }
-                Err(e) if e.kind() == ErrorKind::TableNotFound => self.create_table(config)?,
-                Err(e) => return Err(e),
-            };
-            tables.push((t, info.parts));
-        }
-        let parts = tables.iter().map(|(_, p)| *p).max().unwrap_or(1);
-        let sync = self.sync_options().unwrap_or(SyncOptions {
-            parts,
-            knowledge_from_rows: false,
-            ..sync.clone()
-        });
-        self.enable_sync(&sync)?;
-        for (t, p) in &tables {
-            check_parts(t, *p, source)?;
-        }
-        Ok(())
-    }
-
-    fn table(&self, name: &str) -> Option<Arc<Table>> {
-        Store::table(self, name).ok()
-    }
-}
-
-impl Target for Server {
-    fn replica(&self) -> u32 {
-        self.sync_replica().unwrap_or(0)
-    }
-
-    fn prepare(&self, _source: &str, _infos: &[wire::TableInfo], _: &SyncOptions) -> Result<()> {
-        if self.sync_replica().is_none() {
-            return Err(Error::invalid(
-                "a server follows into the versions it loads with sync on: call set_sync_loads",
-            ));
-        }
-        Ok(())
-    }
-
-    fn table(&self, name: &str) -> Option<Arc<Table>> {
-        self.live_table(name)
-    }
-}
-
 /// A table's id in `--sync-events` records: the CRC-32 of its name's UTF-8 bytes (Python:
 /// `zlib.crc32(name.encode())`).
 pub fn table_id(name: &str) -> u32 {
     crc32fast::hash(name.as_bytes())
-}
-
-fn check_parts(t: &Table, parts: u32, source: &str) -> Result<()> {
-    if t.sync_parts()? != parts {
-        return Err(Error::invalid(format!(
-            "table '{}' has {} sync parts here and {parts} at {source}: peers must agree",
-            t.name(),
-            t.sync_parts()?
-        )));
-    }
-    Ok(())
 }
 
 /// Parts asked for in one pull request.
@@ -399,7 +318,7 @@ impl Follower {
         Self::start_inner(store, source, options, flush, watch)
     }
 
-    /// [`Follower::start_with`] into any [`Target`]: with a [`Server`], into the versions it
+    /// [`Follower::start_with`] into any [`Target`]: with a serving `Server`, into the versions it
     /// loads with sync on, switching to each newly loaded version (a roll onto a new base) and
     /// waiting while it holds none.
     pub fn start_into(
@@ -583,27 +502,6 @@ fn watch_tables(
         }
         f.shared.lists_done.fetch_max(seq, Ordering::AcqRel);
     }
-}
-
-fn check_same(t: &Table, source: &TableConfig) -> Result<()> {
-    let mine = t.config();
-    if mine.embedding_dim != source.embedding_dim
-        || mine.optimizer.name() != source.optimizer.name()
-        || mine.num_shards != source.num_shards
-    {
-        return Err(Error::invalid(format!(
-            "table '{}' here (dim {}, {}, {} shards) differs from the source's (dim {}, {}, {} \
-             shards)",
-            t.name(),
-            mine.embedding_dim,
-            mine.optimizer.name(),
-            mine.num_shards,
-            source.embedding_dim,
-            source.optimizer.name(),
-            source.num_shards
-        )));
-    }
-    Ok(())
 }
 
 /// An io error of a send: a failed TLS handshake (rustls reports it as invalid data) means

@@ -22,5 +22,6 @@ pub mod wire;
 
 pub use discovery::{Directory, Member};
 pub use embstore_proto::tls::{ClientTls, ServerTls};
-pub use follower::{CatchUpMark, FollowOptions, Follower, Source, StatusView, TableSync, Target};
+pub use embstore_table::sync::Target;
+pub use follower::{CatchUpMark, FollowOptions, Follower, Source, StatusView, TableSync};
 pub use server::{ServeOptions, ServerStats, SyncServer};

@@ -1,4 +1,4 @@
-//! TLS for the sync port: the server side takes the serving TLS (`embstore_server::ServerTls`, and
+//! TLS for the sync port: the server side takes the serving TLS (`embstore_proto::tls::ServerTls`, and
 //! with a client CA, mutual TLS); a follower trusts a CA ([`ClientTls`]) and may present a
 //! certificate. [`Stream`] is a connection either way, plain or TLS.
 

@@ -208,15 +208,7 @@ impl Hello {
     }
 }
 
-/// A table the server offers.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TableInfo {
-    pub name: String,
-    /// [`embstore_table::TableConfig::to_text`].
-    pub config: String,
-    pub parts: u32,
-    pub epoch: u64,
-}
+pub use embstore_table::sync::TableInfo;
 
 /// The server's replica id and its tables.
 pub fn encode_welcome(replica: u32, tables: &[TableInfo]) -> Vec<u8> {

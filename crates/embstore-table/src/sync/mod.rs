@@ -30,6 +30,9 @@ use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 mod apply;
 mod pull;
 pub(crate) mod saved;
+mod target;
+
+pub use target::{check_parts, TableInfo, Target};
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
 /// each for a table of a million 64-float rows, the size Ekko's test-bed used.
