@@ -79,7 +79,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 def owner_of(ids: np.ndarray, world: int) -> np.ndarray:
     """The process (``0..world-1``) that owns each id (``uint64[B]``): SplitMix64's finaliser
     spreads structured ids (sequential, strided, all even), then the top 32 bits are scaled onto
-    ``world`` (no modulo bias). Fixed forever: checkpoints depend on it."""
+    ``world`` (no modulo bias). Fixed forever: checkpoints depend on it. Its Rust twin is
+    ``embstore_common::owner_of``; one table of values pins both."""
     if world == 1:
         return np.zeros(len(ids), np.int64)
     with np.errstate(over="ignore"):

@@ -8,8 +8,10 @@
 //!   and every binary wire carries it by one code ([`ErrorKind::code`]).
 //! - [`bytes`]: the little-endian [`Writer`](bytes::Writer) and [`Reader`](bytes::Reader) of
 //!   every binary frame and file record, and the constant-time [`same_secret`].
-//! - [`shard`]: [`shard_of_key`], the sharding contract client and server agree on. Its
-//!   placements are pinned by a test: changing them would misroute a running cluster.
+//! - [`shard`]: [`shard_of_key`], the sharding contract client and server agree on, and
+//!   [`owner_of`], the process of a distributed training store that owns an id (twin of the
+//!   Python package's). Their placements are pinned by tests: changing them would misroute a
+//!   running cluster or strand a distributed checkpoint's rows.
 //! - [`hash`]: MurmurHash3's 64-bit finaliser [`fmix64`] and a `Hasher` over it.
 //! - [`clock`]: [`now_ms`], wall-clock milliseconds.
 //! - [`rand`]: [`SplitMix64`], the seeded generator that traces, benchmarks and tests share, so
@@ -30,4 +32,4 @@ pub use clock::now_ms;
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{fmix64, FmixHasher};
 pub use rand::SplitMix64;
-pub use shard::shard_of_key;
+pub use shard::{owner_of, shard_of_key};

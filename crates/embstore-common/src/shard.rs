@@ -18,9 +18,45 @@ pub fn shard_of_key(key: u64, num_shards: usize) -> usize {
     (fmix64(key ^ SHARD_SALT) & (num_shards as u64).wrapping_sub(1)) as usize
 }
 
+/// The process (`0..world`) of a distributed training store that owns `id`: SplitMix64's
+/// finaliser spreads structured ids (sequential, strided, all even), then the top 32 bits are
+/// scaled onto `world` (no modulo bias). The Python package's `embstore.distributed.owner_of`
+/// is its twin; distributed checkpoints place ids by it, so it never changes (pinned on both
+/// sides by the same table of values). `world` 0 or 1: every id is process 0's.
+#[inline]
+pub fn owner_of(id: u64, world: u32) -> u32 {
+    if world <= 1 {
+        return 0;
+    }
+    // SplitMix64's first output from the seed `id` is its finaliser of `id + GAMMA`.
+    let z = crate::rand::SplitMix64::new(id).next_u64();
+    (((z >> 32) * u64::from(world)) >> 32) as u32
+}
+
 #[cfg(test)]
 mod tests {
-    use super::shard_of_key;
+    use super::{owner_of, shard_of_key};
+
+    /// The placement of a distributed store's ids: the same table pins the Python twin
+    /// (`python/tests/unit/test_session.py`); a change would strand every distributed
+    /// checkpoint's rows on the wrong process.
+    #[test]
+    fn owner_of_known_values() {
+        let ids = [0, 1, 2, 7, 1 << 40, (1 << 63) + 5, u64::MAX, 123_456_789];
+        let known: [(u32, [u32; 8]); 5] = [
+            (2, [1, 1, 1, 0, 0, 0, 1, 0]),
+            (3, [2, 1, 1, 1, 0, 0, 2, 0]),
+            (4, [3, 2, 2, 1, 0, 1, 3, 0]),
+            (7, [6, 3, 4, 2, 0, 2, 6, 0]),
+            (1000, [883, 566, 591, 389, 124, 330, 893, 133]),
+        ];
+        for (world, want) in known {
+            let got: Vec<u32> = ids.iter().map(|&id| owner_of(id, world)).collect();
+            assert_eq!(got, want, "world {world}");
+        }
+        assert_eq!(owner_of(u64::MAX, 1), 0);
+        assert_eq!(owner_of(5, 0), 0);
+    }
 
     /// The sharding contract client and server agree on: these placements must never change
     /// (a change would send every request of a running cluster to the wrong shard).

@@ -368,6 +368,21 @@ def test_owner_of_is_fixed_and_spreads_structured_ids():
     assert edist.owner_of(np.arange(5, dtype=np.uint64), 1).tolist() == [0] * 5
 
 
+def test_owner_of_agrees_with_its_rust_twin():
+    # The same table pins embstore_common::owner_of (crates/embstore-common/src/shard.rs), so a
+    # Rust tool places a distributed checkpoint's ids where the processes put them.
+    ids = np.array([0, 1, 2, 7, 1 << 40, 2**63 + 5, 2**64 - 1, 123_456_789], dtype=np.uint64)
+    known = {
+        2: [1, 1, 1, 0, 0, 0, 1, 0],
+        3: [2, 1, 1, 1, 0, 0, 2, 0],
+        4: [3, 2, 2, 1, 0, 1, 3, 0],
+        7: [6, 3, 4, 2, 0, 2, 6, 0],
+        1000: [883, 566, 591, 389, 124, 330, 893, 133],
+    }
+    for world, want in known.items():
+        assert edist.owner_of(ids, world).tolist() == want, world
+
+
 def test_distributed_without_a_launcher_says_what_is_missing(tmp_path, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
