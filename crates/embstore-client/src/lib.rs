@@ -20,10 +20,13 @@
 //!    one.
 //! 2. **Split the ids by shard** of that version (`shard_of_key`) and send each shard's ids to
 //!    its READY replica with the fewest requests in flight (DRAINING ones only when no READY one
-//!    is left), all shards at once.
+//!    is left), all shards at once: **one request per server**, since the shards a server
+//!    would be asked for go in one request (`more_shards`) when it says it reads several
+//!    (`ServerInfo.spans_shards`), over either transport.
 //! 3. **Every answer updates the view** (each carries the server's `ServerInfo`). A
 //!    "version not held here" answer (`FAILED_PRECONDITION`) or a transport error tries the
-//!    next replica of that shard; when none is left, the whole batch starts again with a fresh
+//!    next replica of that shard (a request for several shards is split into one per shard
+//!    for the others); when none is left, the whole batch starts again with a fresh
 //!    pick, at most `max_restarts` times. Partial results are thrown away: **a batch never mixes
 //!    two versions**.
 //!
@@ -470,7 +473,9 @@ impl Client {
         self.infos.lock().iter().flatten().any(|i| i.held.iter().any(|h| h.table == table))
     }
 
-    /// One attempt at version `place.version`: every shard's ids at once.
+    /// One attempt at version `place.version`: every shard's ids at once, one request per
+    /// server (see [`Client::plan`]). A request for several shards that no replica could
+    /// answer is split, in the same attempt, into one per shard sent to their other replicas.
     async fn read_at(
         &self,
         table: &str,
@@ -478,90 +483,143 @@ impl Client {
         place: &Placement,
     ) -> std::result::Result<Rows, Retry> {
         let d = place.embedding_dim as usize;
-        let by_shard = group_by_shard(ids, place.num_shards as usize);
-        // The shards' calls run concurrently in this task (no task per shard: a batch of a
-        // few ids is all fixed cost, and each hand-off to another worker adds a wake-up).
-        let mut calls = Vec::new();
-        for (s, (keys, _)) in by_shard.iter().enumerate() {
-            if keys.is_empty() {
-                continue;
-            }
-            let order = self.replica_order(table, s, place);
-            let req = LookupRequest {
-                table: table.to_string(),
-                version: if self.options.consistent { place.version } else { 0 },
-                shard: s as u32,
-                num_shards: place.num_shards,
-                ids: keys.clone(),
-                known_gen: 0,
-            };
-            let known: Vec<u64> = {
-                let infos = self.infos.lock();
-                order.iter().map(|&i| infos[i].as_ref().map_or(0, |x| x.gen)).collect()
-            };
-            let endpoints: Vec<Arc<Endpoint>> =
-                order.iter().map(|&i| self.endpoint(i).clone()).collect();
-            let how = How {
-                token: self.options.token.clone(),
-                limit: answer_limit(keys.len(), d),
-                transport: self.options.transport,
-                tls: self.fast_tls.clone(),
-                deadline: self.options.deadline,
-            };
-            calls.push(async move { (s, order, shard_call(endpoints, known, req, how).await) });
-        }
-        // One shard holding the whole batch, answered over the framed path: its rows are the
-        // batch's as they came off the socket (no copy).
-        let whole = by_shard.iter().filter(|(k, _)| !k.is_empty()).count() == 1;
+        let shard_of: Vec<u32> =
+            ids.iter().map(|&id| shard_of_key(id, place.num_shards as usize) as u32).collect();
+        let mut pending = self.plan(table, ids, &shard_of, place);
         let mut values = Vec::new();
         let mut found = vec![false; ids.len()];
         let mut outcome = Ok(());
-        for (s, order, result) in futures_util::future::join_all(calls).await {
-            for (i, info) in &result.infos {
-                self.learn(order[*i], info.clone());
-            }
-            for &i in &result.failed {
-                self.endpoint(order[i]).healthy.store(false, Ordering::Relaxed);
-            }
-            let resp = match result.outcome {
-                Ok(resp) => resp,
-                Err(e) => {
-                    if outcome.is_ok() || matches!(e, Retry::Fail(_)) {
-                        outcome = Err(e);
-                    }
-                    continue;
+        while !pending.is_empty() {
+            // One request holding the whole batch, answered over the framed path: its rows are
+            // the batch's as they came off the socket (no copy).
+            let whole = pending.len() == 1 && pending[0].keys.len() == ids.len();
+            // The calls run concurrently in this task (no task per call: a batch of a few ids
+            // is all fixed cost, and each hand-off to another worker adds a wake-up).
+            let calls = pending.iter().map(|call| {
+                let req = LookupRequest {
+                    table: table.to_string(),
+                    version: if self.options.consistent { place.version } else { 0 },
+                    shard: call.shards[0],
+                    num_shards: place.num_shards,
+                    ids: call.keys.clone(),
+                    known_gen: 0,
+                    more_shards: call.shards[1..].to_vec(),
+                };
+                let known: Vec<u64> = {
+                    let infos = self.infos.lock();
+                    call.order.iter().map(|&i| infos[i].as_ref().map_or(0, |x| x.gen)).collect()
+                };
+                let endpoints: Vec<Arc<Endpoint>> =
+                    call.order.iter().map(|&i| self.endpoint(i).clone()).collect();
+                let how = How {
+                    token: self.options.token.clone(),
+                    limit: answer_limit(call.keys.len(), d),
+                    transport: self.options.transport,
+                    tls: self.fast_tls.clone(),
+                    deadline: self.options.deadline,
+                };
+                shard_call(endpoints, known, req, how)
+            });
+            let results = futures_util::future::join_all(calls).await;
+            let mut split = Vec::new();
+            for (call, result) in pending.iter().zip(results) {
+                for (i, info) in &result.infos {
+                    self.learn(call.order[*i], info.clone());
                 }
-            };
-            let version_ok = resp.version() == place.version || !self.options.consistent;
-            if whole && values.is_empty() {
-                if let Answer::Fast(f) = resp {
-                    if version_ok && f.dim == d && f.values.len() == ids.len() * d {
-                        values = f.values;
-                        for (to, &b) in found.iter_mut().zip(&f.found) {
-                            *to = b != 0;
+                let failed: Vec<usize> = result.failed.iter().map(|&i| call.order[i]).collect();
+                for &e in &failed {
+                    self.endpoint(e).healthy.store(false, Ordering::Relaxed);
+                }
+                let shards = &call.shards;
+                let resp = match result.outcome {
+                    Ok(resp) => resp,
+                    Err(Retry::Restart(_)) if shards.len() > 1 => {
+                        split.extend(call.split(&shard_of, |s| {
+                            let mut order = self.replica_order(table, s as usize, place);
+                            order.retain(|e| !failed.contains(e));
+                            order
+                        }));
+                        continue;
+                    }
+                    Err(e) => {
+                        if outcome.is_ok() || matches!(e, Retry::Fail(_)) {
+                            outcome = Err(e);
                         }
-                    } else {
-                        outcome = Err(Retry::Fail(Error::new(
-                            ErrorKind::Corruption,
-                            format!("a malformed answer for shard {s} of table '{table}'"),
-                        )));
+                        continue;
                     }
-                    continue;
+                };
+                let malformed = || {
+                    Retry::Fail(Error::new(
+                        ErrorKind::Corruption,
+                        format!("a malformed answer for shards {shards:?} of table '{table}'"),
+                    ))
+                };
+                let version_ok = resp.version() == place.version || !self.options.consistent;
+                if whole && values.is_empty() {
+                    if let Answer::Fast(f) = resp {
+                        if version_ok && f.dim == d && f.values.len() == ids.len() * d {
+                            values = f.values;
+                            for (to, &b) in found.iter_mut().zip(&f.found) {
+                                *to = b != 0;
+                            }
+                        } else {
+                            outcome = Err(malformed());
+                        }
+                        continue;
+                    }
+                }
+                if values.is_empty() {
+                    values = vec![0f32; ids.len() * d];
+                }
+                if !place_rows(&resp, &call.positions, d, version_ok, &mut values, &mut found) {
+                    outcome = Err(malformed());
                 }
             }
-            if values.is_empty() {
-                values = vec![0f32; ids.len() * d];
-            }
-            if !place_rows(&resp, &by_shard[s].1, d, version_ok, &mut values, &mut found) {
-                outcome = Err(Retry::Fail(Error::new(
-                    ErrorKind::Corruption,
-                    format!("a malformed answer for shard {s} of table '{table}'"),
-                )));
-            }
+            pending = split;
         }
         outcome?;
         values.resize(ids.len() * d, 0.0);
         Ok(Rows { values, found, embedding_dim: d, version: place.version })
+    }
+
+    /// The requests of one attempt: the shards the batch's ids fall in, grouped by the server
+    /// each would be sent to first, when that server reads several shards in one request
+    /// (`ServerInfo.spans_shards`); a group's replicas are those that hold all its shards.
+    /// Each request's ids keep their batch order.
+    fn plan(&self, table: &str, ids: &[u64], shard_of: &[u32], place: &Placement) -> Vec<Call> {
+        let spans: Vec<bool> =
+            self.infos.lock().iter().map(|i| i.as_ref().is_some_and(|i| i.spans_shards)).collect();
+        let mut present = vec![false; place.num_shards as usize];
+        for &s in shard_of {
+            present[s as usize] = true;
+        }
+        let mut calls: Vec<Call> = Vec::new();
+        let mut call_of = vec![usize::MAX; present.len()];
+        let mut by_server: HashMap<usize, usize> = HashMap::new();
+        for s in (0..present.len()).filter(|&s| present[s]) {
+            let order = self.replica_order(table, s, place);
+            let first = order.first().copied().filter(|&e| spans.get(e) == Some(&true));
+            match first.and_then(|e| by_server.get(&e).copied()) {
+                Some(c) => {
+                    calls[c].shards.push(s as u32);
+                    calls[c].order.retain(|e| order.contains(e));
+                    call_of[s] = c;
+                }
+                None => {
+                    if let Some(e) = first {
+                        by_server.insert(e, calls.len());
+                    }
+                    call_of[s] = calls.len();
+                    calls.push(Call { shards: vec![s as u32], order, ..Call::default() });
+                }
+            }
+        }
+        for (pos, (&id, &s)) in ids.iter().zip(shard_of).enumerate() {
+            let call = &mut calls[call_of[s as usize]];
+            call.keys.push(id);
+            call.positions.push(pos);
+        }
+        calls
     }
 
     /// Whom to ask for shard `s`, in turn: READY replicas by fewest requests in flight, then
@@ -579,15 +637,33 @@ impl Client {
     }
 }
 
-/// The ids of a batch by shard (`shard_of_key`): each shard's ids and their batch positions.
-fn group_by_shard(ids: &[u64], num_shards: usize) -> Vec<(Vec<u64>, Vec<usize>)> {
-    let mut by_shard = vec![(Vec::new(), Vec::new()); num_shards];
-    for (pos, &id) in ids.iter().enumerate() {
-        let s = shard_of_key(id, num_shards);
-        by_shard[s].0.push(id);
-        by_shard[s].1.push(pos);
+/// One request of a batch: the shards it reads (the first is the request's `shard`), the
+/// replicas to try in turn (indices into the client's endpoints), and its ids with their
+/// positions in the batch, in batch order.
+#[derive(Debug, Default)]
+struct Call {
+    shards: Vec<u32>,
+    order: Vec<usize>,
+    keys: Vec<u64>,
+    positions: Vec<usize>,
+}
+
+impl Call {
+    /// One call per shard of this one (`shard_of`: the batch's shard of each position), each
+    /// to the replicas `order` names for it.
+    fn split(&self, shard_of: &[u32], order: impl Fn(u32) -> Vec<usize>) -> Vec<Call> {
+        let mut out: Vec<Call> = self
+            .shards
+            .iter()
+            .map(|&s| Call { shards: vec![s], order: order(s), ..Call::default() })
+            .collect();
+        for (&id, &pos) in self.keys.iter().zip(&self.positions) {
+            let i = self.shards.iter().position(|&s| s == shard_of[pos]).expect("a call's shard");
+            out[i].keys.push(id);
+            out[i].positions.push(pos);
+        }
+        out
     }
-    by_shard
 }
 
 /// Copies a shard's answer into its batch positions of `values`/`found` (rows of `d`). The

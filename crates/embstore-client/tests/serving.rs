@@ -51,6 +51,7 @@ on_both_transports!(
     tls_and_mutual_tls_serve_and_refuse_what_they_should,
     an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_and_counted,
     tls_mistakes_name_their_cause,
+    a_batch_over_several_shards_of_one_server_is_one_request,
 );
 
 /// A running server (gRPC and the framed path): its address and what stops it.
@@ -174,6 +175,59 @@ async fn lookups_fan_out_to_the_shards_and_equal_the_tables_rows() {
     for r in running {
         r.stop().await;
     }
+}
+
+/// `embstore_lookups_total{table="user",outcome="ok"}` of `server`.
+fn ok_lookups(server: &Server) -> u64 {
+    let text = server.metrics_text();
+    let line = r#"embstore_lookups_total{table="user",outcome="ok"} "#;
+    text.lines().find_map(|l| l.strip_prefix(line)).map_or(0, |n| n.parse().unwrap())
+}
+
+/// Two servers each hold all four shards of a version: a batch over every shard is one
+/// request to one server; when that server goes away mid-batch, the request is split over the
+/// other's shards in the same attempt, and the next batches are one request again.
+async fn a_batch_over_several_shards_of_one_server_is_one_request() {
+    let ids: Vec<u64> = (0..2000u64).map(|i| i * 7919 % 100_003).collect();
+    let whole = shard_table(&ids, 0, 1, 1);
+    let mut servers = Vec::new();
+    let mut running = Vec::new();
+    for r in 0..2 {
+        let server = Server::new(format!("r{r}"), 1 << 16);
+        for s in 0..4 {
+            server.host("user", 1, s as u32, 4, shard_table(&ids, s, 4, 1)).unwrap();
+        }
+        running.push(start(server.clone()).await);
+        servers.push(server);
+    }
+    let addrs: Vec<String> = running.iter().map(|r| r.addr.clone()).collect();
+    let client = Client::connect(&addrs, options()).await.unwrap();
+    let mut query: Vec<u64> = ids.iter().step_by(5).copied().collect();
+    query.extend([5, u64::MAX, ids[3]]);
+    let mut want = vec![0f32; query.len() * D];
+    let mut found = vec![false; query.len()];
+    whole.lookup(&query, OnMiss::Zeros, &mut want, Some(&mut found)).unwrap();
+    for _ in 0..5 {
+        let rows = client.lookup("user", &query).await.unwrap();
+        assert_eq!((&rows.values, &rows.found, rows.version), (&want, &found, 1));
+    }
+    let counts: Vec<u64> = servers.iter().map(|s| ok_lookups(s)).collect();
+    assert_eq!(counts.iter().sum::<u64>(), 5, "5 batches over 4 shards: {counts:?}");
+    // The server asked first goes away; its shards are read from the other.
+    let first = counts.iter().position(|&c| c > 0).unwrap();
+    running.remove(first).stop().await;
+    let other = &servers[1 - first];
+    let before = ok_lookups(other);
+    let rows = client.lookup("user", &query).await.unwrap();
+    assert_eq!((&rows.values, &rows.found), (&want, &found));
+    let after_failover = ok_lookups(other);
+    assert!(after_failover > before, "{before} -> {after_failover}");
+    for _ in 0..3 {
+        let rows = client.lookup("user", &query).await.unwrap();
+        assert_eq!(rows.values, want);
+    }
+    assert_eq!(ok_lookups(other), after_failover + 3);
+    running.remove(0).stop().await;
 }
 
 async fn a_batch_never_mixes_versions_while_versions_roll_through_the_replicas() {

@@ -22,6 +22,9 @@
 //! INFO      2  server → client: ServerInfo (protobuf), answering HELLO and DESCRIBE
 //! LOOKUP    3  table length u16 | table | version u64 | known_gen u64 | shard u32
 //!              | num_shards u32 | n u32 | n ids (u64)
+//! LOOKUP_SHARDS 7  a LOOKUP whose ids fall in several shards of the version, all held by
+//!              the server (sent only to one whose ServerInfo sets spans_shards):
+//!              LOOKUP's fields to num_shards | m u32 | m more shards (u32) | n u32 | n ids
 //! ROWS      4  version u64 | dim u32 | n u32 | info length u32 | ServerInfo (protobuf, empty
 //!              when the client's known_gen is current) | found (n bytes, 0 or 1)
 //!              | zero bytes up to a multiple of 4 from the frame's start | n × dim float32
@@ -67,6 +70,7 @@ pub enum Kind {
     Rows = 4,
     Error = 5,
     Describe = 6,
+    LookupShards = 7,
     Welcome = 16,
     List = 17,
     Changed = 18,
@@ -84,6 +88,7 @@ impl Kind {
             4 => Kind::Rows,
             5 => Kind::Error,
             6 => Kind::Describe,
+            7 => Kind::LookupShards,
             16 => Kind::Welcome,
             17 => Kind::List,
             18 => Kind::Changed,
@@ -288,19 +293,27 @@ pub fn decode_hello(body: &[u8]) -> Result<Hello<'_>, FrameError> {
     Ok(Hello { token, service, rest: c.rest() })
 }
 
-/// Bytes of the LOOKUP body of `req`.
+/// Bytes of the LOOKUP (or LOOKUP_SHARDS) body of `req`.
 pub fn lookup_len(req: &LookupRequest) -> usize {
-    2 + req.table.len() + 8 + 8 + 4 + 4 + 4 + req.ids.len() * 8
+    let more = if req.more_shards.is_empty() { 0 } else { 4 + 4 * req.more_shards.len() };
+    2 + req.table.len() + 8 + 8 + 4 + 4 + more + 4 + req.ids.len() * 8
 }
 
-/// The LOOKUP frame of `req` (its table name must be under 64 KiB: longer ones are cut, and
-/// then name no table).
+/// The LOOKUP frame of `req`, or LOOKUP_SHARDS when it names more shards (its table name must
+/// be under 64 KiB: longer ones are cut, and then name no table).
 pub fn encode_lookup(req: &LookupRequest, id: u32) -> Vec<u8> {
     let table = &req.table.as_bytes()[..req.table.len().min(u16::MAX as usize)];
     let len = lookup_len(req) - req.table.len() + table.len();
+    let kind = if req.more_shards.is_empty() { Kind::Lookup } else { Kind::LookupShards };
     let mut w = Writer::with_capacity(HEADER + len);
-    w.raw(&header(Kind::Lookup, len, id)).u16(table.len() as u16).raw(table);
+    w.raw(&header(kind, len, id)).u16(table.len() as u16).raw(table);
     w.u64(req.version).u64(req.known_gen).u32(req.shard).u32(req.num_shards);
+    if kind == Kind::LookupShards {
+        w.u32(req.more_shards.len() as u32);
+        for &s in &req.more_shards {
+            w.u32(s);
+        }
+    }
     w.u32(req.ids.len() as u32);
     for &id in &req.ids {
         w.u64(id);
@@ -308,20 +321,27 @@ pub fn encode_lookup(req: &LookupRequest, id: u32) -> Vec<u8> {
     w.0
 }
 
-/// Parses a LOOKUP body.
-pub fn decode_lookup(body: &[u8]) -> Result<LookupRequest, FrameError> {
+/// Parses the body of a LOOKUP (`many` false) or LOOKUP_SHARDS (`many` true) frame.
+pub fn decode_lookup(body: &[u8], many: bool) -> Result<LookupRequest, FrameError> {
     let mut c = reader(body);
     let table = c.str16()?;
     let version = c.u64()?;
     let known_gen = c.u64()?;
     let shard = c.u32()?;
     let num_shards = c.u32()?;
+    let more_shards = if many {
+        let m = c.count(4)?;
+        (0..m).map(|_| c.u32()).collect::<Result<Vec<u32>, _>>()?
+    } else {
+        Vec::new()
+    };
     let n = c.u32()? as usize;
     if c.left() != n.saturating_mul(8) {
         return Err(FrameError::Malformed("the id count and the body's length differ".into()));
     }
     let ids = c.rest().chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
-    Ok(LookupRequest { table, version, shard, num_shards, ids: ids.collect(), known_gen })
+    let ids = ids.collect();
+    Ok(LookupRequest { table, version, shard, num_shards, ids, known_gen, more_shards })
 }
 
 /// The fixed part of a ROWS body.
@@ -477,10 +497,19 @@ mod tests {
             any::<u32>(),
             any::<u32>(),
             proptest::collection::vec(any::<u64>(), 0..64),
+            proptest::collection::vec(any::<u32>(), 0..4),
         )
-            .prop_map(|(table, version, known_gen, shard, num_shards, ids)| {
-                LookupRequest { table, version, shard, num_shards, ids, known_gen }
-            })
+            .prop_map(
+                |(table, version, known_gen, shard, num_shards, ids, more_shards)| LookupRequest {
+                    table,
+                    version,
+                    shard,
+                    num_shards,
+                    ids,
+                    known_gen,
+                    more_shards,
+                },
+            )
     }
 
     /// Requests and errors go through the codec unchanged; a rows head too.
@@ -491,11 +520,10 @@ mod tests {
         r.run(&strategy, |(req, id, msg, code)| {
             let wire = encode_lookup(&req, id);
             let h = parse_header(wire[..HEADER].try_into().unwrap()).unwrap();
-            prop_assert_eq!(
-                (h.kind, h.id, h.len as usize),
-                (Kind::Lookup, id, wire.len() - HEADER)
-            );
-            prop_assert_eq!(decode_lookup(&wire[HEADER..]).unwrap(), req.clone());
+            let kind = if req.more_shards.is_empty() { Kind::Lookup } else { Kind::LookupShards };
+            prop_assert_eq!((h.kind, h.id, h.len as usize), (kind, id, wire.len() - HEADER));
+            let many = h.kind == Kind::LookupShards;
+            prop_assert_eq!(decode_lookup(&wire[HEADER..], many).unwrap(), req.clone());
             for kind in ErrorKind::ALL.iter().copied().map(Some).chain([None]) {
                 let body = ErrorBody { kind, code, message: msg.clone(), details: vec![1, 2, 3] };
                 let e = encode_error(id, &body);
@@ -544,8 +572,10 @@ mod tests {
             for wire in [bytes.as_slice(), valid.as_slice()] {
                 if wire.len() >= HEADER {
                     let _ = parse_header(wire[..HEADER].try_into().unwrap());
-                    if let Ok(r) = decode_lookup(&wire[HEADER..]) {
-                        prop_assert_eq!(lookup_len(&r), wire.len() - HEADER);
+                    for many in [false, true] {
+                        if let Ok(r) = decode_lookup(&wire[HEADER..], many) {
+                            prop_assert_eq!(lookup_len(&r), wire.len() - HEADER);
+                        }
                     }
                     let _ = decode_error(&wire[HEADER..]);
                     let _ = decode_hello(&wire[HEADER..]);

@@ -126,6 +126,7 @@ mod tests {
             num_shards: 4,
             ids: vec![0, 7, u64::MAX],
             known_gen: 3,
+            more_shards: vec![3],
         };
         let back = LookupRequest::decode(req.encode_to_vec().as_slice()).unwrap();
         assert_eq!(back, req);
@@ -147,6 +148,7 @@ mod tests {
             fast_port: 7001,
             fast_unix: String::new(),
             boot_id: "0123abcd".into(),
+            spans_shards: true,
         };
         let resp = LookupResponse {
             info: Some(info),

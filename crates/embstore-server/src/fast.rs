@@ -524,8 +524,8 @@ async fn connection<S: Io>(
                 return;
             }
             Kind::Describe => frame::frame(Kind::Info, id, &server.info().encode_to_vec()),
-            Kind::Lookup => {
-                let req = match frame::decode_lookup(&body) {
+            Kind::Lookup | Kind::LookupShards => {
+                let req = match frame::decode_lookup(&body, kind == Kind::LookupShards) {
                     Ok(req) => req,
                     Err(e) => {
                         let status = server.status(Code::InvalidArgument, e.to_string());
@@ -603,18 +603,18 @@ impl Server {
     pub(crate) fn answer(
         &self,
         req: &LookupRequest,
-        target: Result<Arc<crate::Hosted>, Status>,
+        target: Result<crate::service::Shards, Status>,
         id: u32,
         buf: &mut Vec<f32>,
     ) -> Result<usize, Status> {
         let start = std::time::Instant::now();
         let result = target.and_then(|hosted| {
-            let (n, dim) = (req.ids.len(), hosted.table.dim());
+            let (n, dim) = (req.ids.len(), hosted.dim());
             let current = self.gen.load(std::sync::atomic::Ordering::Acquire);
             let info =
                 if req.known_gen != current { self.info().encode_to_vec() } else { Vec::new() };
             let head = RowsHead {
-                version: hosted.version,
+                version: hosted.version(),
                 dim: dim as u32,
                 n: n as u32,
                 info_len: info.len() as u32,

@@ -555,6 +555,7 @@ impl Server {
             fast_port,
             fast_unix,
             boot_id: self.boot_id.clone(),
+            spans_shards: true,
         }
     }
 }
@@ -571,6 +572,32 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
         .unwrap_or(0)
+}
+
+/// A follower writes into the newest version of each table loaded with sync on
+/// ([`Server::set_sync_loads`]); a server that loads none refuses to be followed into.
+impl embstore_table::sync::Target for Server {
+    fn replica(&self) -> u32 {
+        self.sync_replica().unwrap_or(0)
+    }
+
+    fn prepare(
+        &self,
+        _source: &str,
+        _infos: &[embstore_table::sync::TableInfo],
+        _: &embstore_table::sync::SyncOptions,
+    ) -> embstore_common::Result<()> {
+        if self.sync_replica().is_none() {
+            return Err(embstore_common::Error::invalid(
+                "a server follows into the versions it loads with sync on: call set_sync_loads",
+            ));
+        }
+        Ok(())
+    }
+
+    fn table(&self, name: &str) -> Option<Arc<Table>> {
+        self.live_table(name)
+    }
 }
 
 #[cfg(test)]
@@ -673,31 +700,5 @@ mod tests {
         assert!(s.unload("user", 4, None));
         assert_eq!(parts(), 0);
         assert_eq!(budget.used(), 0);
-    }
-}
-
-/// A follower writes into the newest version of each table loaded with sync on
-/// ([`Server::set_sync_loads`]); a server that loads none refuses to be followed into.
-impl embstore_table::sync::Target for Server {
-    fn replica(&self) -> u32 {
-        self.sync_replica().unwrap_or(0)
-    }
-
-    fn prepare(
-        &self,
-        _source: &str,
-        _infos: &[embstore_table::sync::TableInfo],
-        _: &embstore_table::sync::SyncOptions,
-    ) -> embstore_common::Result<()> {
-        if self.sync_replica().is_none() {
-            return Err(embstore_common::Error::invalid(
-                "a server follows into the versions it loads with sync on: call set_sync_loads",
-            ));
-        }
-        Ok(())
-    }
-
-    fn table(&self, name: &str) -> Option<Arc<Table>> {
-        self.live_table(name)
     }
 }

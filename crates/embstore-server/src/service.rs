@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use embstore_common::now_ms;
+use embstore_common::{now_ms, shard_of_key};
 use embstore_proto::frame::with_kind;
 use embstore_proto::v1::admin_server::AdminServer;
 use embstore_proto::v1::serving_server::ServingServer;
@@ -43,42 +43,85 @@ pub(crate) const MAX_ANSWER_BYTES: usize = u32::MAX as usize - (64 << 20);
 /// them (about 100 µs of copying at D 256); larger ones and tiered tables' go to the blocking
 /// pool.
 const INLINE_LOOKUP_IDS: usize = 1024;
+/// What a lookup reads: the hosted shards it names, the request's `shard` first, then its
+/// `more_shards` in order (the same version of one table; with version 0, each shard's newest).
+#[derive(Debug, Clone)]
+pub(crate) struct Shards(Vec<Arc<Hosted>>);
+
+impl Shards {
+    /// The version the answer carries (the first shard's).
+    pub(crate) fn version(&self) -> u64 {
+        self.0[0].version
+    }
+
+    pub(crate) fn dim(&self) -> usize {
+        self.0[0].table.dim()
+    }
+
+    fn may_block(&self) -> bool {
+        self.0.iter().any(|h| h.table.may_block())
+    }
+}
+
 impl Server {
-    /// The hosted shard a request names, if this server serves it.
-    pub(crate) fn find(&self, req: &LookupRequest) -> Result<Arc<Hosted>, Status> {
+    /// The hosted shards a request names, if this server serves every one of them.
+    pub(crate) fn find(&self, req: &LookupRequest) -> Result<Shards, Status> {
         let tables = self.tables.read();
         let Some(held) = tables.get(&req.table) else {
             return Err(
                 self.status(Code::NotFound, format!("table '{}' is not served here", req.table))
             );
         };
-        // Version 0: the newest version held for this shard (the protocol switched off, for
-        // the checker and the benchmark: answers of one batch may then mix versions).
-        let hosted = match req.version {
-            0 => held
-                .iter()
-                .rev()
-                .find(|h| h.state != State::Loading && h.shard == req.shard)
-                .cloned(),
-            v => held.iter().find(|h| h.version == v && h.shard == req.shard).cloned(),
-        };
-        match hosted {
-            Some(h)
-                if h.state != State::Loading
-                    && h.shard == req.shard
-                    && h.num_shards == req.num_shards =>
-            {
-                h.last_request_ms.store(now_ms(), Ordering::Relaxed);
-                Ok(h)
-            }
-            _ => Err(self.status(
-                Code::FailedPrecondition,
+        if req.more_shards.len() >= req.num_shards as usize {
+            return Err(self.status(
+                Code::InvalidArgument,
                 format!(
-                    "version {} shard {} of {} of table '{}' is not served here",
-                    req.version, req.shard, req.num_shards, req.table
+                    "a lookup names {} shards of a version of {} shards",
+                    req.more_shards.len() + 1,
+                    req.num_shards
                 ),
-            )),
+            ));
         }
+        let mut out = Vec::with_capacity(1 + req.more_shards.len());
+        for (i, &shard) in std::iter::once(&req.shard).chain(&req.more_shards).enumerate() {
+            if out.iter().take(i).any(|h: &Arc<Hosted>| h.shard == shard) {
+                return Err(self
+                    .status(Code::InvalidArgument, format!("a lookup names shard {shard} twice")));
+            }
+            // Version 0: the newest version held for this shard (the protocol switched off,
+            // for the checker and the benchmark: answers of one batch may then mix versions).
+            let hosted = match req.version {
+                0 => held
+                    .iter()
+                    .rev()
+                    .find(|h| h.state != State::Loading && h.shard == shard)
+                    .cloned(),
+                v => held.iter().find(|h| h.version == v && h.shard == shard).cloned(),
+            };
+            match hosted {
+                Some(h)
+                    if h.state != State::Loading
+                        && h.shard == shard
+                        && h.num_shards == req.num_shards
+                        && out
+                            .first()
+                            .is_none_or(|f: &Arc<Hosted>| f.table.dim() == h.table.dim()) =>
+                {
+                    h.last_request_ms.store(now_ms(), Ordering::Relaxed);
+                    out.push(h);
+                }
+                _ => {
+                    return Err(self.status(
+                        Code::FailedPrecondition,
+                        format!(
+                            "version {} shard {shard} of {} of table '{}' is not served here",
+                            req.version, req.num_shards, req.table
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(Shards(out))
     }
 
     /// A status of `code` carrying this server's `ServerInfo` in its details.
@@ -92,8 +135,8 @@ impl Server {
         self.lookup_in(req, self.target(req))
     }
 
-    /// The hosted shard a lookup reads, after checking its size.
-    pub(crate) fn target(&self, req: &LookupRequest) -> Result<Arc<Hosted>, Status> {
+    /// The hosted shards a lookup reads, after checking its size.
+    pub(crate) fn target(&self, req: &LookupRequest) -> Result<Shards, Status> {
         if req.ids.len() > self.max_batch {
             return Err(self.status(
                 Code::ResourceExhausted,
@@ -101,7 +144,7 @@ impl Server {
             ));
         }
         let hosted = self.find(req)?;
-        let answer = req.ids.len().saturating_mul(hosted.table.dim() * 4 + 1);
+        let answer = req.ids.len().saturating_mul(hosted.dim() * 4 + 1);
         if answer > MAX_ANSWER_BYTES {
             return Err(self.status(
                 Code::ResourceExhausted,
@@ -109,7 +152,7 @@ impl Server {
                     "the answer to {} ids of dim {} would be {answer} bytes, over the limit of \
                      {MAX_ANSWER_BYTES}: split the batch",
                     req.ids.len(),
-                    hosted.table.dim()
+                    hosted.dim()
                 ),
             ));
         }
@@ -120,7 +163,7 @@ impl Server {
     pub(crate) fn lookup_in(
         &self,
         req: &LookupRequest,
-        target: Result<Arc<Hosted>, Status>,
+        target: Result<Shards, Status>,
     ) -> Result<LookupResponse, Status> {
         let start = std::time::Instant::now();
         let result = target.and_then(|hosted| self.read(req, &hosted));
@@ -153,42 +196,83 @@ impl Server {
     pub(crate) fn read(
         &self,
         req: &LookupRequest,
-        hosted: &Hosted,
+        hosted: &Shards,
     ) -> Result<LookupResponse, Status> {
-        let t = &hosted.table;
-        let mut values = vec![0f32; req.ids.len() * t.dim()];
+        let dim = hosted.dim();
+        let mut values = vec![0f32; req.ids.len() * dim];
         let mut found = vec![false; req.ids.len()];
         self.read_into(req, hosted, &mut values, &mut found)?;
         let current = self.gen.load(Ordering::Acquire);
         Ok(LookupResponse {
             info: (req.known_gen != current).then(|| self.info()),
-            version: hosted.version,
-            embedding_dim: t.dim() as u32,
+            version: hosted.version(),
+            embedding_dim: dim as u32,
             values: embstore_proto::encode_rows(&values),
             found: found.into_iter().map(u8::from).collect(),
         })
     }
 
     /// Writes the rows of `req.ids` from `hosted` into `values` (`ids × dim`) and `found`: the
-    /// one read both transports make.
+    /// one read both transports make. A lookup of several shards reads each shard's ids from
+    /// its own rows (an id in a shard the request does not name is refused).
     pub(crate) fn read_into(
         &self,
         req: &LookupRequest,
-        hosted: &Hosted,
+        hosted: &Shards,
         values: &mut [f32],
         found: &mut [bool],
     ) -> Result<(), Status> {
-        hosted
-            .table
-            .lookup(&req.ids, values, found)
-            .map_err(|e| with_kind(self.status(to_status(e.kind()), e.to_string()), e.kind()))
+        let failed = |e: embstore_common::Error| {
+            with_kind(self.status(to_status(e.kind()), e.to_string()), e.kind())
+        };
+        let [one] = hosted.0.as_slice() else {
+            return self.read_shards(req, hosted, values, found, failed);
+        };
+        one.table.lookup(&req.ids, values, found).map_err(failed)
+    }
+
+    fn read_shards(
+        &self,
+        req: &LookupRequest,
+        hosted: &Shards,
+        values: &mut [f32],
+        found: &mut [bool],
+        failed: impl Fn(embstore_common::Error) -> Status,
+    ) -> Result<(), Status> {
+        let (dim, num_shards) = (hosted.dim(), req.num_shards as usize);
+        let mut by_shard = vec![(Vec::new(), Vec::new()); hosted.0.len()];
+        for (pos, &id) in req.ids.iter().enumerate() {
+            let s = shard_of_key(id, num_shards) as u32;
+            let Some(i) = hosted.0.iter().position(|h| h.shard == s) else {
+                return Err(self.status(
+                    Code::InvalidArgument,
+                    format!("id {id} is in shard {s}, which the lookup does not name"),
+                ));
+            };
+            by_shard[i].0.push(id);
+            by_shard[i].1.push(pos);
+        }
+        let mut rows = Vec::new();
+        let mut hits = Vec::new();
+        for (h, (ids, positions)) in hosted.0.iter().zip(&by_shard) {
+            rows.clear();
+            rows.resize(ids.len() * dim, 0f32);
+            hits.clear();
+            hits.resize(ids.len(), false);
+            h.table.lookup(ids, &mut rows, &mut hits).map_err(&failed)?;
+            for (j, &pos) in positions.iter().enumerate() {
+                values[pos * dim..][..dim].copy_from_slice(&rows[j * dim..][..dim]);
+                found[pos] = hits[j];
+            }
+        }
+        Ok(())
     }
 
     /// Whether `req` (for `target`) runs on the I/O thread that received it: a small lookup of
     /// rows in memory takes microseconds (a hand-off to the blocking pool costs more); a large
     /// one, or one that may read from disk, goes off the I/O threads.
-    pub(crate) fn inline(req: &LookupRequest, target: &Result<Arc<Hosted>, Status>) -> bool {
-        target.as_ref().map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.table.may_block())
+    pub(crate) fn inline(req: &LookupRequest, target: &Result<Shards, Status>) -> bool {
+        target.as_ref().map_or(true, |h| req.ids.len() <= INLINE_LOOKUP_IDS && !h.may_block())
     }
 }
 
@@ -355,7 +439,54 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn req(version: u64, ids: Vec<u64>) -> LookupRequest {
-        LookupRequest { table: "user".into(), version, shard: 0, num_shards: 1, ids, known_gen: 0 }
+        LookupRequest {
+            table: "user".into(),
+            version,
+            shard: 0,
+            num_shards: 1,
+            ids,
+            ..Default::default()
+        }
+    }
+
+    /// A lookup may name several shards of one version held here: each id is read from its
+    /// shard's rows, in the request's order; an id of a shard it does not name, a shard named
+    /// twice, or one not held here is refused.
+    #[test]
+    fn a_lookup_reads_several_shards_of_a_version_in_one_answer() {
+        let ids: Vec<u64> = (0..400).collect();
+        let s = Server::new("a", 1 << 12);
+        for shard in 0..3u32 {
+            let mine: Vec<u64> =
+                ids.iter().copied().filter(|&k| shard_of_key(k, 4) == shard as usize).collect();
+            s.host("user", 7, shard, 4, table(&mine)).unwrap();
+        }
+        assert!(s.info().spans_shards);
+        let in_012: Vec<u64> = ids.iter().copied().filter(|&k| shard_of_key(k, 4) < 3).collect();
+        let mut query: Vec<u64> = in_012.iter().rev().step_by(3).copied().collect();
+        query.push(in_012[0]);
+        let many = |shard, more: Vec<u32>, ids: Vec<u64>| LookupRequest {
+            shard,
+            num_shards: 4,
+            more_shards: more,
+            ..req(7, ids)
+        };
+        let r = s.lookup(&many(2, vec![0, 1], query.clone())).unwrap();
+        assert_eq!((r.version, r.embedding_dim, r.found.len()), (7, 2, query.len()));
+        assert!(r.found.iter().all(|&f| f == 1));
+        let want: Vec<f32> = query.iter().flat_map(|&k| [k as f32, 0.5]).collect();
+        assert_eq!(r.values, embstore_proto::encode_rows(&want));
+        let in_3 = ids.iter().copied().find(|&k| shard_of_key(k, 4) == 3).unwrap();
+        let e = s.lookup(&many(0, vec![1], vec![in_3])).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("does not name"), "{e:?}");
+        let e = s.lookup(&many(0, vec![1, 0], vec![])).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        let e = s.lookup(&many(0, vec![3], vec![])).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("shard 3 of 4"), "{e:?}");
+        let e = s.lookup(&many(0, vec![1, 2, 3, 0], vec![])).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     }
 
     /// The request decoder and the lookup path take any bytes: a decode error, a typed status

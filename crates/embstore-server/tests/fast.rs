@@ -82,6 +82,7 @@ fn lookup(ids: &[u64], known_gen: u64) -> LookupRequest {
         num_shards: 1,
         ids: ids.to_vec(),
         known_gen,
+        more_shards: vec![],
     }
 }
 

@@ -61,7 +61,14 @@ impl Serving {
 }
 
 fn lookup(ids: Vec<u64>) -> LookupRequest {
-    LookupRequest { table: "user".into(), version: 7, shard: 0, num_shards: 1, ids, known_gen: 0 }
+    LookupRequest {
+        table: "user".into(),
+        version: 7,
+        shard: 0,
+        num_shards: 1,
+        ids,
+        ..Default::default()
+    }
 }
 
 /// The next frame, or `None` when the connection ends first (closed or reset).
