@@ -4,7 +4,9 @@
 //! 1. **latency** — the paper's Table 4: batches of random ids looked up through the service
 //!    (2 shards × 2 replicas), closed loop with each client count, over each transport: the
 //!    framed path on TCP (`embstore`, the client's default), gRPC (`embstore-grpc`) and the
-//!    framed path on Unix sockets (`embstore-unix`); next to the same servers with their
+//!    framed path on Unix sockets (`embstore-unix`), the framed path to 2 servers that each
+//!    hold both shards (`embstore-together`: one server, like Redis, answers a whole batch in
+//!    one request); next to the same servers with their
 //!    storage swapped for RocksDB (`--features rocksdb`, see [`rocks`]; `rocksdb` framed,
 //!    `rocksdb-grpc`) and to Redis (`redis-server`, a separate process, `MGET` of the same
 //!    rows); average, p50 and p99 latency per batch, QPS, and CPU time per looked-up row
@@ -270,6 +272,24 @@ impl Cluster {
         Ok(c)
     }
 
+    /// `REPLICAS` servers, each hosting every shard of `shards` as version 1 of table "user"
+    /// (a batch's ids fall in several shards of one server: one request per server).
+    async fn hosting_together(
+        prefix: &str,
+        shards: &[Arc<dyn RowSource>],
+    ) -> Result<Self, String> {
+        let names: Vec<String> = (0..REPLICAS).map(|r| format!("{prefix}-r{r}")).collect();
+        let c = Self::start_on(&names, |name| Ok(Server::new(name, 1 << 20)), false).await?;
+        for server in &c.servers {
+            for (s, rows) in shards.iter().enumerate() {
+                server
+                    .host("user", 1, s as u32, SHARDS as u32, rows.clone())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(c)
+    }
+
     pub(crate) async fn stop(self) {
         for tx in self.stops {
             let _ = tx.send(true);
@@ -372,6 +392,8 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
         let grpc = client_with(&cluster.addrs, Transport::Grpc).await?;
         let unix = Cluster::hosting("unix", &shards, true).await?;
         let unix_client = client_with(&unix.addrs, Transport::Fast).await?;
+        let together = Cluster::hosting_together("together", &shards).await?;
+        let together_client = client_with(&together.addrs, Transport::Fast).await?;
         println!(
             "embstore: {} rows × D {d} ({} MB), {SHARDS} shards × {REPLICAS} replicas on loopback, \
              in this process",
@@ -398,6 +420,13 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
             peer: Peer::Served(Arc::new(unix_client)),
             servers: unix_servers,
             cluster: Some(unix),
+            shards: shards.clone(),
+        });
+        systems.push(System {
+            name: "embstore-together",
+            peer: Peer::Served(Arc::new(together_client)),
+            servers: together.servers.clone(),
+            cluster: Some(together),
             shards,
         });
         if let Some((rocks, rocks_grpc)) = rocks_system(&args, &shard_ids, &shard_rows).await? {
