@@ -284,8 +284,9 @@ class Session:
                     f"tables {names}"
                 )
         self._store = store
-        self._comm: Comm = store._comm
-        self._tables = [store._local_table(n) for n in names]
+        self._comm: Comm = store.comm
+        # This process's partition of each table (the whole table outside a distributed job).
+        self._tables = [_partition_of(store.table(n)) for n in names]
         self._dims = [t.embedding_dim for t in self._tables]
         self._index = {n: i for i, n in enumerate(names)}
         self._prefetch = prefetch
@@ -660,12 +661,12 @@ class Session:
         self._add("prepare", time.perf_counter() - start)
 
     def _new_window(self) -> _Window:
-        budget = self._store._inner.memory_budget
+        budget = self._store.memory_budget
         tiered = budget is not None and any(t.tiered for t in self._tables)
         return _Window(self._prefetch, budget[0] if tiered else None, self._pinned_bytes)
 
     def _pinned_bytes(self) -> int:
-        return int(self._store._inner.pinned_bytes)
+        return self._store.pinned_bytes
 
     def _gather(self, plan: _Plan) -> list[Any]:
         with calling(self._label):
@@ -786,7 +787,7 @@ class Session:
         try:
             import torch
 
-            if self._comm.world == 1 and not self._store._distributed:
+            if self._comm.world == 1 and not self._store.distributed:
                 for table in self._tables:
                     check_not_process_local(table, "push_grads()")
             if not any(has_grad):
@@ -1330,6 +1331,11 @@ class DistributedTable(Table):
         """This process's partition of the table."""
         return Table(self._inner)
 
+    @property
+    def store(self) -> Any:
+        """The distributed :class:`~embstore.Store` the table belongs to."""
+        return self._store
+
     def _session(self) -> Session:
         if self._sess is None:
             self._sess = Session(self._store, [self.name], prefetch=0, grad_average=False)
@@ -1337,7 +1343,7 @@ class DistributedTable(Table):
 
     def __len__(self) -> int:
         """Rows in every process's partition together (collective)."""
-        return sum(self._store._comm.all_gather(len(self._inner), f"len({self.name!r})"))
+        return sum(self._store.comm.all_gather(len(self._inner), f"len({self.name!r})"))
 
     def lookup(
         self,
@@ -1357,7 +1363,7 @@ class DistributedTable(Table):
         from embstore._arrays import check_out, on_device
 
         sess = self._session()
-        comm = self._store._comm
+        comm = self._store.comm
         plan = sess._prepare(sess._plan_of(ids), comm.main, pin=False)
         try:
             rows = sess._gather_rows(plan, on_miss, comm.main)[0]
@@ -1382,7 +1388,7 @@ class DistributedTable(Table):
         from embstore._arrays import as_rows
 
         sess = self._session()
-        comm = self._store._comm
+        comm = self._store.comm
         plan = sess._plan_of(ids)
         summed: list[np.ndarray] = []
         error = plan.error
@@ -1409,6 +1415,12 @@ def _flat_ids(ids: Any) -> Any:
 
     t = torch_tensor(ids)
     return t.reshape(-1) if t is not None else ids
+
+
+def _partition_of(table: Table) -> Table:
+    """This process's partition of ``table``: its ``local`` part for a distributed table, the
+    table itself otherwise."""
+    return table.local if isinstance(table, DistributedTable) else table
 
 
 def _local_only(name: str) -> Any:
