@@ -62,7 +62,7 @@ from torch import nn
 
 from embstore import _native
 from embstore._arrays import as_ids, describe
-from embstore.config import Optimizer
+from embstore.config import Optimizer, kind_of
 from embstore.distributed import check_not_process_local
 from embstore.errors import (
     CapacityError,
@@ -93,7 +93,7 @@ def _state_fields(d: int, s: int) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 
 def _optimizer(table: Table) -> Optimizer:
-    """The table's optimizer (``SGD(lr=...)``, ...); ``._kind`` names it (``"adam"``)."""
+    """The table's optimizer (``SGD(lr=...)``, ...); ``kind_of`` names it (``"adam"``)."""
     return table.config.optimizer
 
 
@@ -234,7 +234,7 @@ class _StoreModule(nn.Module):
             "format": _STATE_FORMAT,
             "table": table.name,
             "embedding_dim": d,
-            "optimizer": _optimizer(table)._kind,
+            "optimizer": kind_of(_optimizer(table)),
             "state_dim": s,
             "step": step,
             "rows": self.rows_in_state_dict,
@@ -279,7 +279,7 @@ class _StoreModule(nn.Module):
                 f"embedding_dim mismatch for table '{table.name}': "
                 f"expected {d}, got {state.get('embedding_dim')!r}"
             )
-        optimizer = _optimizer(table)._kind
+        optimizer = kind_of(_optimizer(table))
         if state.get("state_dim") != s:
             raise ShapeError(
                 f"optimizer state width mismatch for table '{table.name}': expected {s} "
