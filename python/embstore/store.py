@@ -752,9 +752,9 @@ class Store:
         """
 
         if tables is None and features is not None:
-            from embstore.torch.jagged import _FeaturePlan
+            from embstore.torch.jagged import FeaturePlan
 
-            tables = [p.name for p in _FeaturePlan.of(features).tables]
+            tables = [p.name for p in FeaturePlan.of(features).tables]
         if tables is None:
             raise InvalidArgumentError("session() needs tables (or features=)")
 

@@ -72,9 +72,9 @@ _INTS = ("versions", "replicas", "update_counts", "last_update_ms")
 
 
 def _store_modules(model: nn.Module) -> list[Any]:
-    from embstore.torch.sparse import _StoreModule
+    from embstore.torch.sparse import StoreModule
 
-    return [m for m in model.modules() if isinstance(m, _StoreModule)]
+    return [m for m in model.modules() if isinstance(m, StoreModule)]
 
 
 def _is_distributed(table: Table) -> bool:
@@ -169,7 +169,7 @@ class StoreState:
                     "of one store"
                 )
             self.tables[t.name] = t
-        comms = {id(t._store._comm): t._store._comm for t in tables if _is_distributed(t)}  # type: ignore[attr-defined]
+        comms = {id(t.store.comm): t.store.comm for t in tables if _is_distributed(t)}  # type: ignore[attr-defined]
         if len(comms) > 1:
             raise InvalidArgumentError("StoreState carries the tables of one distributed store")
         if comms and any(not _is_distributed(t) for t in tables):

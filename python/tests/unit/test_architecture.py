@@ -126,6 +126,11 @@ def test_the_guard_sees_circles_between_files_of_a_folder_and_through_deferred_i
     assert modules.circles(edges) == [["embstore.a", "embstore.b"]], edges
 
 
+def test_no_module_of_the_python_package_reaches_a_private_name_of_another(modules):
+    found = modules.private_reaches()
+    assert found == [], "\n".join(found)
+
+
 def test_the_guard_sees_private_names_reached_from_another_module(modules, tmp_path):
     pkg = tmp_path / "embstore"
     (pkg / "sub").mkdir(parents=True)
