@@ -16,8 +16,17 @@ TYPE_CHECKING:`` are left out (they never run).
     scripts/module_graph.py                  # every crate and the Python package
     scripts/module_graph.py crates/embstore-table
 
-Exits 1 when there is a circle. ``python/tests/unit/test_architecture.py`` runs it on every
-``make test``.
+Private names: no module of the Python package names a private name (``_x``, not a dunder)
+that another of its modules defines: not as ``obj._x`` (unless ``obj`` is ``self``, ``cls`` or
+``super()``), not as ``getattr(obj, "_x")``, not by ``from embstore.m import _x``. A module
+defines the names it binds at its top level and what its classes hold (methods, class
+attributes, ``self._x = ...`` in their methods). The check goes by name: a private name that no
+module of the package defines (``sys._getframe``, ``torch._C``) is a library's business, and
+one that the module itself defines is its own. What one module needs of another is a public
+name of the other, if need be in a private module (``embstore/_arrays.py``'s ``as_ids``).
+
+Exits 1 when there is a circle or a private name reached from another module.
+``python/tests/unit/test_architecture.py`` runs both checks on every ``make test``.
 """
 
 from __future__ import annotations
@@ -108,16 +117,18 @@ def _type_checking(test: ast.expr) -> bool:
     )
 
 
+def _absolute(node: ast.ImportFrom, pkg: str) -> str:
+    """The module a ``from ... import`` names, read from package ``pkg``."""
+    if not node.level:
+        return node.module or ""
+    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> ``embstore`` modules it imports, for the package at ``package``."""
     mods = _python_modules(package)
     top = package.name
-
-    def absolute(node: ast.ImportFrom, pkg: str) -> str:
-        if not node.level:
-            return node.module or ""
-        base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
-        return ".".join(base + ([node.module] if node.module else []))
 
     def own(name: str) -> str:
         while name and name not in mods:
@@ -129,7 +140,7 @@ def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
         if path.name == "__init__.py":
             for node in ast.parse(path.read_text()).body:
                 if isinstance(node, ast.ImportFrom):
-                    src = absolute(node, name)
+                    src = _absolute(node, name)
                     for a in node.names:
                         sub = f"{src}.{a.name}"
                         reexports.setdefault(name, {})[a.asname or a.name] = (
@@ -156,7 +167,7 @@ def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
                         if a.name.split(".")[0] == top:
                             add(a.name)
                 elif isinstance(node, ast.ImportFrom):
-                    src = absolute(node, pkg)
+                    src = _absolute(node, pkg)
                     if src.split(".")[0] == top:
                         for a in node.names:
                             sub = f"{src}.{a.name}"
@@ -165,6 +176,129 @@ def python_graph(package: pathlib.Path = PACKAGE) -> dict[str, set[str]]:
 
         walk(ast.parse(path.read_text()).body)
     return edges
+
+
+def _is_private(name: str) -> bool:
+    """``_x`` is private; a dunder (``__x__``) is not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """The private names a module defines: module-level bindings (def, class, assignment), and
+    what a class defined in it holds (methods, class attributes, ``__slots__``, and what its
+    methods assign to ``self.`` or ``cls.``)."""
+    names: set[str] = set()
+
+    def targets(node: ast.AST) -> list[ast.expr]:
+        if isinstance(node, ast.Assign):
+            return node.targets
+        if isinstance(node, ast.AnnAssign | ast.AugAssign):
+            return [node.target]
+        return []
+
+    def bind(target: ast.expr) -> None:
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, ast.Tuple | ast.List):
+            for t in target.elts:
+                bind(t)
+
+    def body(nodes: list[ast.stmt], in_class: bool) -> None:
+        """Bindings of a module's or a class's body (``if``/``try`` blocks included)."""
+        for node in nodes:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    body(node.body, True)
+                elif in_class:
+                    for sub in ast.walk(node):
+                        for t in targets(sub):
+                            if (
+                                isinstance(t, ast.Attribute)
+                                and isinstance(t.value, ast.Name)
+                                and t.value.id in ("self", "cls")
+                            ):
+                                names.add(t.attr)
+                continue
+            for t in targets(node):
+                bind(t)
+                if in_class and isinstance(t, ast.Name) and t.id == "__slots__":
+                    value = node.value  # type: ignore[attr-defined]
+                    for elt in getattr(value, "elts", []):
+                        if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                            names.add(elt.value)
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                children = getattr(node, field, None)
+                if isinstance(children, list):
+                    body([c for c in children if isinstance(c, ast.stmt)], in_class)
+                    for h in children:
+                        if isinstance(h, ast.ExceptHandler):
+                            body(h.body, in_class)
+
+    body(tree.body, False)
+    return {n for n in names if _is_private(n)}
+
+
+def _reaches(tree: ast.Module, pkg: str, top: str) -> list[tuple[int, str, str, str]]:
+    """(line, private name, how, the module imported from or "") for each place a module names
+    a private name on something other than ``self``, ``cls`` or ``super()``: ``x._name``,
+    ``getattr(x, "_name")`` and its kin, and ``from <package module> import _name``."""
+    found: list[tuple[int, str, str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            v = node.value
+            if isinstance(v, ast.Name) and v.id in ("self", "cls"):
+                continue
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
+                continue
+            found.append((node.lineno, node.attr, f"{ast.unparse(v)}.{node.attr}", ""))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _is_private(node.args[1].value)
+        ):
+            obj = node.args[0]
+            if not (isinstance(obj, ast.Name) and obj.id in ("self", "cls")):
+                found.append((node.lineno, node.args[1].value, ast.unparse(node), ""))
+        elif isinstance(node, ast.ImportFrom):
+            src = _absolute(node, pkg)
+            if src.split(".")[0] == top:
+                for a in node.names:
+                    if _is_private(a.name):
+                        found.append((node.lineno, a.name, f"from {src} import {a.name}", src))
+    return found
+
+
+def private_reaches(package: pathlib.Path = PACKAGE) -> list[str]:
+    """Each place a module of the package names a private name (``_x``) that another module of
+    the package defines and it does not: ``file:line: how names 'name', private to where``.
+
+    Only names defined somewhere in the package count (``sys._getframe`` and ``torch._C`` are
+    their libraries' business); importing a private module (``from . import _ops``) or public
+    names from one (``from embstore._arrays import describe``) is fine."""
+    mods = _python_modules(package)
+    top = package.name
+    trees = {name: ast.parse(path.read_text()) for name, path in mods.items()}
+    own = {name: _own_names(tree) for name, tree in trees.items()}
+    owners: dict[str, list[str]] = {}
+    for name, names in own.items():
+        for n in names:
+            owners.setdefault(n, []).append(name)
+    bad: list[tuple[str, int, str]] = []
+    for name, tree in trees.items():
+        path = mods[name]
+        pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for line, n, how, src in _reaches(tree, pkg, top):
+            if n in own[name] or n not in owners or f"{src}.{n}" in mods:
+                continue  # its own name, a library's, or a module
+            where = ", ".join(sorted(owners[n]))
+            rel = path.relative_to(package.parent).as_posix()
+            bad.append((rel, line, f"{rel}:{line}: {how} names '{n}', private to {where}"))
+    return [msg for *_, msg in sorted(set(bad))]
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -217,6 +351,11 @@ def main(argv: list[str]) -> int:
     bad = sum(_report(crate.name, module_graph(crate / "src")) for crate in crates)
     if not argv:
         bad += _report("python/embstore", python_graph())
+        reaches = private_reaches()
+        print(f"== python/embstore: {len(reaches)} private name(s) reached from another module")
+        for line in reaches:
+            print(f"  {line}")
+        bad += bool(reaches)
     return 1 if bad else 0
 
 

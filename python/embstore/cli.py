@@ -552,9 +552,9 @@ def _tls_args(p: argparse.ArgumentParser) -> None:
 
 
 def _client_tls(args: argparse.Namespace) -> Any:
-    from embstore.serving import _tls
+    from embstore.serving import native_tls
 
-    return _tls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_domain)
+    return native_tls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_domain)
 
 
 def _token(path: str | None) -> str | None:

@@ -176,13 +176,19 @@ _OPTIMIZERS = {c._kind: c for c in (SGD, Adagrad, RowWiseAdagrad, Adam, FTRL)}
 _INITIALIZERS = {c._kind: c for c in (Zeros, Constant, Uniform, Normal)}
 
 
+def kind_of(obj: Optimizer | Initializer) -> str:
+    """The name an optimizer or initializer goes by in checkpoints, table configs and the
+    native core: ``kind_of(Adam()) == "adam"``, ``kind_of(Normal()) == "normal"``."""
+    return obj._kind
+
+
 def to_params(obj: Optimizer | Initializer) -> tuple[str, dict[str, float]]:
     """The native spelling of an optimizer or initializer: its kind and named parameters (the
     names are defined once, in the Rust core; Adam's ``betas`` are ``beta1`` and ``beta2``)."""
     params = asdict(obj)
     if isinstance(obj, Adam):
         params["beta1"], params["beta2"] = params.pop("betas")
-    return obj._kind, {k: float(v) for k, v in params.items()}
+    return kind_of(obj), {k: float(v) for k, v in params.items()}
 
 
 def from_params(params: dict[str, Any]) -> Optimizer | Initializer:

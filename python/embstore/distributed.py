@@ -132,7 +132,7 @@ def check_not_process_local(table: Any, what: str) -> None:
     process would silently train its own copy of the table (DDP averages the dense model, not
     the rows). A distributed store's tables, and a store opened with ``per_process=True``,
     pass."""
-    if getattr(table, "_per_process", False) or getattr(table, "_distributed", False):
+    if getattr(table, "per_process", False) or getattr(table, "distributed", False):
         return
     world = torch_world_size()
     if world <= 1:
@@ -717,9 +717,19 @@ def training_state(checkpoint: str | os.PathLike[str]) -> Any:
         return pickle.load(f)  # a file this job wrote
 
 
-def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, state: Any) -> Any:
-    """Every process writes its partition into ``path/rank-<r>``, process 0 its ``state``,
-    then process 0 writes the manifest (complete only once every partition is)."""
+def checkpoint(
+    comm: Comm,
+    path: pathlib.Path,
+    step: int | None,
+    state: Any,
+    *,
+    write_part: Callable[[pathlib.Path], Checkpoint],
+    specs: Callable[[], dict[str, Any]],
+) -> Any:
+    """Every process writes its partition into ``path/rank-<r>`` (``write_part``: the store's
+    checkpoint of its own rows into that directory), process 0 its ``state``, then process 0
+    writes the manifest (``specs``: the tables' configs; complete only once every partition
+    is)."""
 
     what = f"checkpoint {path}"
 
@@ -727,8 +737,8 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
         if comm.rank == 0:
             prepare_checkpoint_dir(path, comm.world, step)
 
-    def write_part() -> Any:
-        result = store._local_checkpoint(part_dir(path, comm.rank))
+    def write_mine() -> Any:
+        result = write_part(part_dir(path, comm.rank))
         if comm.rank == 0 and state is not None:
             with open(path / STATE_FILE, "wb") as f:
                 pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -737,7 +747,7 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
         return result
 
     comm.agreed(what, make_dir)
-    result = comm.agreed(what, write_part)
+    result = comm.agreed(what, write_mine)
     parts = comm.all_gather(
         {k: v for k, v in vars(result).items() if isinstance(v, int | str | float)}, what
     )
@@ -751,7 +761,7 @@ def checkpoint(store: Any, comm: Comm, path: pathlib.Path, step: int | None, sta
                     "checkpoint": {
                         "step": -1 if step is None else int(step),
                         "has_state": state is not None,
-                        "tables": store._specs_for_manifest(),
+                        "tables": specs(),
                         "parts": parts,
                     },
                 },

@@ -137,14 +137,16 @@ def connect(
         token = token.strip()  # as from a token file: a trailing newline is not the token's
     if transport not in ("auto", "grpc", "fast"):
         raise InvalidArgumentError(f"transport must be 'auto', 'grpc' or 'fast', got {transport!r}")
-    tls = _tls(tls_ca, tls_cert, tls_key, tls_domain)
+    tls = native_tls(tls_ca, tls_cert, tls_key, tls_domain)
     return RemoteClient(
         _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds, transport)
     )
 
 
-def _tls(ca: Any, cert: Any, key: Any, domain: str | None) -> tuple[Any, ...] | None:
-    """The native TLS tuple ``(ca, cert, key, domain)``, or None without a CA."""
+def native_tls(ca: Any, cert: Any, key: Any, domain: str | None) -> tuple[Any, ...] | None:
+    """The TLS settings of a client, checked, as the native module takes them: ``(ca, cert,
+    key, domain)`` with the paths as strings, or None without a CA (plain TCP). ``cert`` and
+    ``key`` (mutual TLS) go together; all three need ``ca``."""
     if ca is None:
         if cert is not None or key is not None or domain is not None:
             raise InvalidArgumentError("tls_cert, tls_key and tls_domain need tls_ca")

@@ -79,7 +79,7 @@ class _Plan:
         self.counts = np.zeros((world, n_tables), np.int64)
         self.error: BaseException | None = None
         self.served: _Served | None = None
-        self.jagged: Any = None  # features=: each table's jagged input (collection._TableInput)
+        self.jagged: Any = None  # features=: each table's jagged input (jagged.TableInput)
         self.size = 0  # the first of a group of batches read together: the group's size
 
 
@@ -274,9 +274,9 @@ class Session:
             raise InvalidArgumentError(f"a table is named twice in {names}")
         self._features = None
         if features is not None:  # ids() may return a KeyedJaggedTensor (embstore.torch)
-            from embstore.torch.jagged import _FeaturePlan
+            from embstore.torch.jagged import FeaturePlan
 
-            self._features = _FeaturePlan.of(features)
+            self._features = FeaturePlan.of(features)
             extra = [p.name for p in self._features.tables if p.name not in names]
             if extra:
                 raise InvalidArgumentError(
@@ -284,8 +284,9 @@ class Session:
                     f"tables {names}"
                 )
         self._store = store
-        self._comm: Comm = store._comm
-        self._tables = [store._local_table(n) for n in names]
+        self._comm: Comm = store.comm
+        # This process's partition of each table (the whole table outside a distributed job).
+        self._tables = [_partition_of(store.table(n)) for n in names]
         self._dims = [t.embedding_dim for t in self._tables]
         self._index = {n: i for i, n in enumerate(names)}
         self._prefetch = prefetch
@@ -660,12 +661,12 @@ class Session:
         self._add("prepare", time.perf_counter() - start)
 
     def _new_window(self) -> _Window:
-        budget = self._store._inner.memory_budget
+        budget = self._store.memory_budget
         tiered = budget is not None and any(t.tiered for t in self._tables)
         return _Window(self._prefetch, budget[0] if tiered else None, self._pinned_bytes)
 
     def _pinned_bytes(self) -> int:
-        return int(self._store._inner.pinned_bytes)
+        return self._store.pinned_bytes
 
     def _gather(self, plan: _Plan) -> list[Any]:
         with calling(self._label):
@@ -786,7 +787,7 @@ class Session:
         try:
             import torch
 
-            if self._comm.world == 1 and not self._store._distributed:
+            if self._comm.world == 1 and not self._store.distributed:
                 for table in self._tables:
                     check_not_process_local(table, "push_grads()")
             if not any(has_grad):
@@ -926,6 +927,67 @@ class Session:
         except Exception as e:  # agreed in _prepare
             plan.error = e
         return plan
+
+    # -- several tables in one exchange, outside the loop ----------------------------------
+
+    def lookup_together(
+        self, ids: list[np.ndarray], on_miss: str, *, what: str = "a lookup"
+    ) -> list[np.ndarray]:
+        """The rows of each table's ``ids`` (one ``uint64[N_t]`` array per table of the
+        session, in its order), as ``float32[N_t, D_t]`` in the ids' order, in one exchange of
+        ids and one of rows however many tables (``on_miss`` as for :meth:`Table.lookup`).
+        Nothing is read ahead and no row stays pinned. In a distributed store it is
+        collective: every process calls it, each with its own ids (any number, also none),
+        and serves the rows it owns; ``what`` names the call in a distributed error."""
+        plan = _Plan(None, self._comm.world, len(ids))
+        try:
+            self._partition(plan, [(a, a.shape) for a in ids])
+        except Exception as e:  # agreed in _prepare_here
+            plan.error = e
+        with calling(what):
+            plan = self._prepare_here(plan, self._comm.main, pin=False)
+            try:
+                rows = self._gather_rows(plan, on_miss, self._comm.main)
+            finally:
+                _release(plan.served)
+        return [r if inv is None else r[inv] for r, inv in zip(rows, plan.inv, strict=True)]
+
+    def apply_gradients_together(
+        self,
+        ids: list[np.ndarray | None],
+        grads_of: Callable[[int, np.ndarray, np.ndarray | None], np.ndarray],
+        lr: float | None,
+        *,
+        what: str = "applying gradients",
+    ) -> int:
+        """Step each table of the session with gradients for its ``ids`` (one ``uint64[N_t]``
+        array per table, in the session's order; None: no gradient here), sent to the rows'
+        owners in one exchange of ids and one of gradients; each owner sums what every
+        process sent for a row and steps it once (with ``lr``, or the table's own). The
+        gradients are asked for once the ids are split: ``grads_of(t, uniq, inv)`` returns
+        table ``t``'s gradient summed per unique id, ``float32[len(uniq), D_t]``, where the
+        ``i``-th id is ``uniq[inv[i]]`` (``inv`` None: ``uniq`` is the ids themselves, the
+        table sums duplicates). A table no process has gradients for is not stepped. In a
+        distributed store it is collective: every process calls it, with gradients or not;
+        ``what`` names the call in a distributed error. Returns the unique ids sent."""
+        plan = _Plan(None, self._comm.world, len(ids))
+        grads: list[np.ndarray] = []
+        has_grad = [i is not None for i in ids]
+        error = None
+        try:
+            self._partition(
+                plan,
+                [(i, i.shape) if i is not None else (np.empty(0, np.uint64), (0,)) for i in ids],
+            )
+            for t, (uniq, inv) in enumerate(zip(plan.uniq, plan.inv, strict=True)):
+                grads.append(grads_of(t, uniq, inv))
+        except Exception as e:  # agreed in _prepare_here / _push_rows
+            error = e
+            plan.error = plan.error or e
+        with calling(what):
+            plan = self._prepare_here(plan, self._comm.main, pin=False)
+            self._push_rows(plan, grads, lr, error, self._comm.main, has_grad)
+        return sum(len(u) for u in plan.uniq)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -1330,6 +1392,11 @@ class DistributedTable(Table):
         """This process's partition of the table."""
         return Table(self._inner)
 
+    @property
+    def store(self) -> Any:
+        """The distributed :class:`~embstore.Store` the table belongs to."""
+        return self._store
+
     def _session(self) -> Session:
         if self._sess is None:
             self._sess = Session(self._store, [self.name], prefetch=0, grad_average=False)
@@ -1337,7 +1404,7 @@ class DistributedTable(Table):
 
     def __len__(self) -> int:
         """Rows in every process's partition together (collective)."""
-        return sum(self._store._comm.all_gather(len(self._inner), f"len({self.name!r})"))
+        return sum(self._store.comm.all_gather(len(self._inner), f"len({self.name!r})"))
 
     def lookup(
         self,
@@ -1357,7 +1424,7 @@ class DistributedTable(Table):
         from embstore._arrays import check_out, on_device
 
         sess = self._session()
-        comm = self._store._comm
+        comm = self._store.comm
         plan = sess._prepare(sess._plan_of(ids), comm.main, pin=False)
         try:
             rows = sess._gather_rows(plan, on_miss, comm.main)[0]
@@ -1382,7 +1449,7 @@ class DistributedTable(Table):
         from embstore._arrays import as_rows
 
         sess = self._session()
-        comm = self._store._comm
+        comm = self._store.comm
         plan = sess._plan_of(ids)
         summed: list[np.ndarray] = []
         error = plan.error
@@ -1409,6 +1476,12 @@ def _flat_ids(ids: Any) -> Any:
 
     t = torch_tensor(ids)
     return t.reshape(-1) if t is not None else ids
+
+
+def _partition_of(table: Table) -> Table:
+    """This process's partition of ``table``: its ``local`` part for a distributed table, the
+    table itself otherwise."""
+    return table.local if isinstance(table, DistributedTable) else table
 
 
 def _local_only(name: str) -> Any:

@@ -375,6 +375,11 @@ class Store:
         return self._inner.memory_budget
 
     @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the rows pinned in memory (:meth:`Table.pin`), all tables together."""
+        return int(self._inner.pinned_bytes)
+
+    @property
     def path(self) -> pathlib.Path | None:
         """The store's directory, or ``None`` for a store held in memory."""
         p = self._inner.path
@@ -455,7 +460,14 @@ class Store:
                     "incremental checkpoints (since=) of a distributed store are not available"
                 )
             with _dist.calling("checkpoint()"):
-                return _dist.checkpoint(self, self._comm, pathlib.Path(path), step, state)
+                return _dist.checkpoint(
+                    self._comm,
+                    pathlib.Path(path),
+                    step,
+                    state,
+                    write_part=self._local_checkpoint,
+                    specs=self._specs_for_manifest,
+                )
         if step is not None or state is not None:
             raise InvalidArgumentError("step= and state= are for distributed stores")
         return self._local_checkpoint(path, since, progress)
@@ -652,13 +664,6 @@ class Store:
             return DistributedTable(self._inner.table(str(name)), self)
         return Table(self._inner.table(str(name)), self._per_process)
 
-    def _local_table(self, name: str | Table) -> Table:
-        """This process's partition of a table (the whole table outside a distributed job)."""
-        return Table(
-            self._inner.table(name.name if isinstance(name, Table) else str(name)),
-            self._per_process,
-        )
-
     @property
     def rank(self) -> int:
         """This process's rank in a distributed store (0 otherwise)."""
@@ -668,6 +673,19 @@ class Store:
     def world_size(self) -> int:
         """Processes sharing a distributed store (1 otherwise)."""
         return self._comm.world
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the store was opened with ``distributed=True`` (its tables shared among the
+        processes of a ``torch.distributed`` job)."""
+        return self._distributed
+
+    @property
+    def comm(self) -> _dist.Comm:
+        """The processes sharing a distributed store (:class:`~embstore.distributed.Comm`:
+        ``rank``, ``world`` and the collectives the store's calls use); a group of one
+        otherwise."""
+        return self._comm
 
     def session(
         self,
@@ -734,9 +752,9 @@ class Store:
         """
 
         if tables is None and features is not None:
-            from embstore.torch.jagged import _FeaturePlan
+            from embstore.torch.jagged import FeaturePlan
 
-            tables = [p.name for p in _FeaturePlan.of(features).tables]
+            tables = [p.name for p in FeaturePlan.of(features).tables]
         if tables is None:
             raise InvalidArgumentError("session() needs tables (or features=)")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from embstore import _native
 from embstore.errors import InvalidArgumentError
-from embstore.serving import _tls as _client_tls
+from embstore.serving import native_tls
 
 
 class SyncPort:
@@ -154,7 +154,7 @@ def start_follower(
         raise InvalidArgumentError(f"tables must be a list of names, got {tables!r}")
     if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or not 0 <= wait_ms <= 5000:
         raise InvalidArgumentError(f"wait_ms must be in 0..5000, got {wait_ms!r}")
-    ca, cert, key, domain = _client_tls(*tls) or (None, None, None, None)
+    ca, cert, key, domain = native_tls(*tls) or (None, None, None, None)
     return _native.Follower(
         store_inner,
         source or "",

@@ -75,6 +75,18 @@ class Table:
         # job on purpose (embstore.distributed.check_not_process_local lets it pass).
         self._per_process = per_process
 
+    @property
+    def distributed(self) -> bool:
+        """Whether the table's rows are shared among the processes of a distributed store
+        (a :class:`~embstore.DistributedTable`)."""
+        return self._distributed
+
+    @property
+    def per_process(self) -> bool:
+        """Whether the table is from a store opened with ``per_process=True``: trained by one
+        process of a multi-process job on purpose."""
+        return self._per_process
+
     def native(self) -> _native.Table:
         """The native table this handle wraps: the seam through which embstore's own modules
         hand a table to other native objects (the inference cache holds the native tables, a

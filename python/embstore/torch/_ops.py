@@ -54,7 +54,7 @@ def _flat_ids(ids: torch.Tensor) -> np.ndarray:
 def pull(
     anchor: torch.Tensor, ids: torch.Tensor, handle: int, dim: int, track: bool
 ) -> torch.Tensor:
-    return _module(handle)._lookup(_flat_ids(ids), track)
+    return _module(handle).pull_rows(_flat_ids(ids), track)
 
 
 @pull.register_fake
@@ -66,7 +66,7 @@ def _pull_fake(
 
 @torch.library.custom_op("embstore::stash", mutates_args=())
 def stash(grad: torch.Tensor, ids: torch.Tensor, handle: int) -> torch.Tensor:
-    _module(handle)._stash(_flat_ids(ids), grad)
+    _module(handle).accumulate_grad(_flat_ids(ids), grad)
     return grad.new_zeros(0)
 
 

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embstore.config import kind_of
 from embstore.distributed import Comm, owner_of
 from embstore.errors import InvalidArgumentError, ShapeError
 from embstore.store import Store
@@ -71,9 +72,9 @@ _INTS = ("versions", "replicas", "update_counts", "last_update_ms")
 
 
 def _store_modules(model: nn.Module) -> list[Any]:
-    from embstore.torch.sparse import _StoreModule
+    from embstore.torch.sparse import StoreModule
 
-    return [m for m in model.modules() if isinstance(m, _StoreModule)]
+    return [m for m in model.modules() if isinstance(m, StoreModule)]
 
 
 def _is_distributed(table: Table) -> bool:
@@ -168,7 +169,7 @@ class StoreState:
                     "of one store"
                 )
             self.tables[t.name] = t
-        comms = {id(t._store._comm): t._store._comm for t in tables if _is_distributed(t)}  # type: ignore[attr-defined]
+        comms = {id(t.store.comm): t.store.comm for t in tables if _is_distributed(t)}  # type: ignore[attr-defined]
         if len(comms) > 1:
             raise InvalidArgumentError("StoreState carries the tables of one distributed store")
         if comms and any(not _is_distributed(t) for t in tables):
@@ -207,7 +208,7 @@ class StoreState:
                     name: {
                         "embedding_dim": t.embedding_dim,
                         "state_dim": t.state_dim,
-                        "optimizer": t.config.optimizer._kind,
+                        "optimizer": kind_of(t.config.optimizer),
                     }
                     for name, t in self.tables.items()
                 },
@@ -308,7 +309,7 @@ class StoreState:
         for name, table in self.tables.items():
             head = saved[name]
             d, s = table.embedding_dim, table.state_dim
-            optimizer = table.config.optimizer._kind
+            optimizer = kind_of(table.config.optimizer)
             if head.get("embedding_dim") != d:
                 raise ShapeError(
                     f"embedding_dim mismatch for table '{name}': expected {d}, got "
@@ -381,7 +382,7 @@ class StoreState:
                     np.ascontiguousarray(floats[:, :d]),
                     np.ascontiguousarray(floats[:, d:]),
                     *(np.ascontiguousarray(meta[:, i]) for i in range(len(_INTS))),
-                    optimizer=table.config.optimizer._kind,
+                    optimizer=kind_of(table.config.optimizer),
                 )
             if stale:
                 local.remove(np.concatenate(stale))

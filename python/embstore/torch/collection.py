@@ -45,30 +45,29 @@ import torch
 from torch import nn
 
 from embstore._arrays import as_ids
-from embstore.distributed import calling
 from embstore.errors import InvalidArgumentError, ShapeError
 from embstore.table import Table
 from embstore.torch.jagged import (
     EmbeddingBagConfig,
     EmbeddingConfig,
+    FeaturePlan,
     JaggedTensor,
     KeyedJaggedTensor,
     KeyedTensor,
     PoolingType,
-    _data_type,
-    _FeaturePlan,
-    _initializer,
-    _pool,
-    _read_jagged,
-    _TableInput,
-    _TablePlan,
+    TableInput,
+    TablePlan,
+    initializer_of,
+    pool,
+    read_jagged,
+    storage_dtype,
 )
-from embstore.torch.sparse import _StoreModule
+from embstore.torch.sparse import StoreModule
 
 # -- configs ------------------------------------------------------------------------------------
 
 
-class _TableBags(_StoreModule):
+class _TableBags(StoreModule):
     """One table of a collection: a lookup of its features' ids, pooled per bag (or not)."""
 
     def __init__(
@@ -82,13 +81,13 @@ class _TableBags(_StoreModule):
         super().__init__(table, on_miss, rows_in_state_dict, nn_args)
         self.mode = mode
 
-    def forward(self, inp: _TableInput) -> torch.Tensor:
+    def forward(self, inp: TableInput) -> torch.Tensor:
         return self._finish(inp, self._pull(inp.ids))
 
-    def _finish(self, inp: _TableInput, rows: torch.Tensor) -> torch.Tensor:
+    def _finish(self, inp: TableInput, rows: torch.Tensor) -> torch.Tensor:
         if self.mode == "none":
             return self._cast(rows)
-        return self._cast(_pool(rows, inp.offsets, self.mode, inp.weights))
+        return self._cast(pool(rows, inp.offsets, self.mode, inp.weights))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, pooling={self.mode!r}"
@@ -105,7 +104,7 @@ class _Gathered(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.module._stash(ctx.ids, grad)
+        ctx.module.accumulate_grad(ctx.ids, grad)
         return None, None, None, None
 
 
@@ -113,7 +112,7 @@ _TABLE_ARGS = ("optimizer", "initializer")
 
 
 # TorchRec's DataType names -> a table's storage dtype (None: float32).
-def _open_table(store: Any, plan: _TablePlan) -> Table:
+def _open_table(store: Any, plan: TablePlan) -> Table:
     """The store's table for a config: created with the config's arguments if missing, else
     checked against them."""
     c = plan.config
@@ -122,10 +121,10 @@ def _open_table(store: Any, plan: _TablePlan) -> Table:
         if key in args:
             raise InvalidArgumentError(f"table_args of table {plan.name!r} cannot set {key}")
     optimizer = getattr(c, "optimizer", None)
-    init = _initializer(c, plan.name)
+    init = initializer_of(c, plan.name)
     if optimizer is not None:
         args["optimizer"] = optimizer
-    dtype = _data_type(c, plan.name)
+    dtype = storage_dtype(c, plan.name)
     if dtype is not None and "dtype" not in args:
         args["dtype"] = dtype
     if plan.name not in store:
@@ -170,7 +169,7 @@ class _Collection(nn.Module):
             raise InvalidArgumentError(
                 f"the first argument must be an embstore.Store, got {type(store).__name__}"
             )
-        self._plan = _FeaturePlan.from_configs(tables, bags, bool(is_weighted) if bags else False)
+        self._plan = FeaturePlan.from_configs(tables, bags, bool(is_weighted) if bags else False)
         if not bags:  # EmbeddingCollection: unpooled, whatever a config's pooling says
             for p in self._plan.tables:
                 p.mode = "none"
@@ -178,7 +177,7 @@ class _Collection(nn.Module):
         self._is_weighted = bool(is_weighted)
         # A distributed store over several processes: the tables' rows are gathered together
         # (_gather), through a session of the collection's own.
-        many = getattr(store, "_distributed", False) and store._comm.world > 1
+        many = getattr(store, "distributed", False) and store.world_size > 1
         self._store = store if many else None
         self._session: Any = None
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -194,42 +193,33 @@ class _Collection(nn.Module):
             )
         setattr(self, self._attr, modules)
 
-    def _lookups(self, features: Any) -> tuple[list[_TableInput], list[torch.Tensor]]:
-        inputs = self._plan.split(_read_jagged(features))  # every check before any lookup
+    def _lookups(self, features: Any) -> tuple[list[TableInput], list[torch.Tensor]]:
+        inputs = self._plan.split(read_jagged(features))  # every check before any lookup
         tables = getattr(self, self._attr)
         modules = [tables[p.name] for p in self._plan.tables]
-        if self._store is not None and len({m._mode() for m in modules}) == 1:
+        if self._store is not None and len({m.lookup_mode() for m in modules}) == 1:
             rows = self._gather(modules, inputs)
             out = [m._finish(i, r) for m, i, r in zip(modules, inputs, rows, strict=True)]
         else:
             out = [m(i) for m, i in zip(modules, inputs, strict=True)]
         return inputs, out
 
-    def _gather(self, modules: list[_TableBags], inputs: list[_TableInput]) -> list[torch.Tensor]:
+    def _gather(self, modules: list[_TableBags], inputs: list[TableInput]) -> list[torch.Tensor]:
         """A distributed store's tables: every table's rows in one exchange of ids and one of
         rows (each table's own lookup would make its own), wired for backward per module."""
-        from embstore.session import Session, _Plan, _release
+        from embstore.session import Session
 
         if self._session is None:
             names = [p.name for p in self._plan.tables]
             self._session = Session(self._store, names, prefetch=0, grad_average=False)
-        sess, comm = self._session, self._store._comm
+        sess = self._session
         arrs = [np.array(as_ids(i.ids.reshape(-1))[0], copy=True) for i in inputs]
         track = torch.is_grad_enabled() and modules[0].training
-        plan = _Plan(None, comm.world, len(arrs))
-        try:
-            sess._partition(plan, [(a, a.shape) for a in arrs])
-        except Exception as e:  # agreed in _prepare
-            plan.error = e
-        with calling(f"a collection's lookup of {sess.tables}"):
-            plan = sess._prepare_here(plan, comm.main, pin=False)
-            try:
-                rows = sess._gather_rows(plan, modules[0]._mode(), comm.main)
-            finally:
-                _release(plan.served)
+        rows = sess.lookup_together(
+            arrs, modules[0].lookup_mode(), what=f"a collection's lookup of {sess.tables}"
+        )
         out = []
-        for m, a, r, inv, inp in zip(modules, arrs, rows, plan.inv, inputs, strict=True):
-            r = r if inv is None else r[inv]
+        for m, a, r, inp in zip(modules, arrs, rows, inputs, strict=True):
             anchor = torch.empty(0, requires_grad=track)
             t = _Gathered.apply(anchor, m, a, r)
             out.append(t if inp.ids.device.type == "cpu" else t.to(inp.ids.device))
@@ -238,6 +228,11 @@ class _Collection(nn.Module):
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def feature_plan(self) -> FeaturePlan:
+        """Which table each feature is looked up in, and how its rows are pooled: what
+        ``store.session(features=module)`` splits a ``KeyedJaggedTensor`` by."""
+        return self._plan
 
 
 class EmbeddingBagCollection(_Collection):
@@ -335,14 +330,7 @@ class EmbeddingCollection(_Collection):
 
     def forward(self, features: Any) -> dict[str, JaggedTensor]:
         inputs, rows = self._lookups(features)
-        out = self._plan.jagged(rows, inputs)
-        if self._need_indices:
-            for p, inp in zip(self._plan.tables, inputs, strict=True):
-                b = inp.stride
-                for i, name in enumerate(p.names):
-                    lo, hi = int(inp.offsets[i * b]), int(inp.offsets[(i + 1) * b])
-                    out[name]._weights = inp.ids[lo:hi]
-        return out
+        return self._plan.jagged(rows, inputs, indices=self._need_indices)
 
     def embedding_configs(self) -> list[Any]:
         return list(self._configs)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from embstore.errors import InvalidArgumentError, NotCopyableError
-from embstore.torch.sparse import _check_input
+from embstore.torch.sparse import check_input
 
 
 class RemoteEmbedding(nn.Module):
@@ -45,7 +45,7 @@ class RemoteEmbedding(nn.Module):
         self.last_version: int | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _check_input(input)
+        check_input(input)
         rows, version = self.client.lookup(self.table, input.reshape(-1), return_version=True)
         self.last_version = version
         out = torch.from_numpy(rows).reshape(*input.shape, rows.shape[1])

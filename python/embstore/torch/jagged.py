@@ -88,7 +88,7 @@ def _pooling(value: Any, table: str, bags: bool) -> str:
     return mode
 
 
-def _initializer(config: Any, name: str) -> Any:
+def initializer_of(config: Any, name: str) -> Any:
     """The initializer a config asks for: ``initializer``, else ``init_fn``,
     ``weight_init_min``/``max`` or ``num_embeddings`` as TorchRec reads them, else None."""
     init = getattr(config, "initializer", None)
@@ -125,7 +125,7 @@ def _initializer(config: Any, name: str) -> Any:
 
 
 @dataclass
-class _TablePlan:
+class TablePlan:
     """One table of a collection: its features, their output names and the pooling."""
 
     name: str
@@ -136,16 +136,16 @@ class _TablePlan:
     config: Any = None
 
 
-class _FeaturePlan:
+class FeaturePlan:
     """Which table each feature is looked up in, shared by the modules and sessions: splits a
     jagged input into one id list per table and pools the rows back per feature."""
 
-    def __init__(self, tables: list[_TablePlan], is_weighted: bool | None) -> None:
+    def __init__(self, tables: list[TablePlan], is_weighted: bool | None) -> None:
         self.tables = tables
         self.is_weighted = is_weighted  # None: use the input's weights when it has them
 
     @classmethod
-    def from_configs(cls, configs: Any, bags: bool, is_weighted: bool | None) -> _FeaturePlan:
+    def from_configs(cls, configs: Any, bags: bool, is_weighted: bool | None) -> FeaturePlan:
         if isinstance(configs, Mapping | str | bytes) or not isinstance(configs, Iterable):
             raise InvalidArgumentError(
                 f"tables must be a list of EmbeddingBagConfig, got {type(configs).__name__}"
@@ -166,7 +166,7 @@ class _FeaturePlan:
                 raise InvalidArgumentError(
                     f"embedding_dim of table {name!r} must be an int >= 1, got {dim!r}"
                 )
-            _data_type(c, name)  # checked here, used when the table is created
+            storage_dtype(c, name)  # checked here, used when the table is created
             feats = list(getattr(c, "feature_names", None) or [name])
             if not getattr(c, "feature_names", None):
                 try:  # as TorchRec does: models read config.feature_names (DLRM's SparseArch)
@@ -180,7 +180,7 @@ class _FeaturePlan:
             for f in feats:
                 seen[f] = seen.get(f, 0) + 1
             mode = _pooling(getattr(c, "pooling", PoolingType.SUM), name, bags)
-            plans.append(_TablePlan(name, dim, feats, [], mode, c))
+            plans.append(TablePlan(name, dim, feats, [], mode, c))
         for p in plans:
             p.names = [f if seen[f] == 1 else f"{f}@{p.name}" for f in p.features]
         if is_weighted:
@@ -193,11 +193,12 @@ class _FeaturePlan:
         return cls(plans, is_weighted)
 
     @classmethod
-    def of(cls, features: Any) -> _FeaturePlan:
+    def of(cls, features: Any) -> FeaturePlan:
         """A session's ``features=``: a collection module, a list of configs, or a mapping of
         feature name to table name (sum pooling; the input's weights used when it has them)."""
-        plan = getattr(features, "_plan", None)  # a collection module
-        if isinstance(plan, _FeaturePlan):
+        plan_of = getattr(features, "feature_plan", None)  # a collection module
+        plan = plan_of() if callable(plan_of) else None
+        if isinstance(plan, FeaturePlan):
             return plan
         if isinstance(features, Mapping):
             by_table: dict[str, list[str]] = {}
@@ -207,13 +208,13 @@ class _FeaturePlan:
                         f"features must map feature names to table names, got {f!r}: {t!r}"
                     )
                 by_table.setdefault(t.name if isinstance(t, Table) else t, []).append(f)
-            plans = [_TablePlan(t, 0, fs, list(fs), "sum") for t, fs in by_table.items()]
+            plans = [TablePlan(t, 0, fs, list(fs), "sum") for t, fs in by_table.items()]
             if not plans:
                 raise InvalidArgumentError("features must name at least one feature")
             return cls(plans, None)
         return cls.from_configs(features, False, None)
 
-    def split(self, jag: _Jagged) -> list[_TableInput]:
+    def split(self, jag: _Jagged) -> list[TableInput]:
         """Each table's input: its features' ids one after the other, the bags' offsets
         (``include_last_offset``) and weights. Checks the features first."""
         missing = [f for p in self.tables for f in p.features if f not in jag.index]
@@ -244,12 +245,12 @@ class _FeaturePlan:
                 lens = np.concatenate([jag.lengths[k * b : (k + 1) * b] for k in ks])
             offsets = np.zeros(len(lens) + 1, np.int64)
             np.cumsum(lens, out=offsets[1:])
-            out.append(_TableInput(ids, torch.from_numpy(offsets), w, lens, b))
+            out.append(TableInput(ids, torch.from_numpy(offsets), w, lens, b))
         return out
 
-    def session_ids(self, kjt: Any) -> tuple[dict[str, torch.Tensor], list[_TableInput]]:
+    def session_ids(self, kjt: Any) -> tuple[dict[str, torch.Tensor], list[TableInput]]:
         """A session's ids per table for a jagged input, and the inputs to pool with."""
-        inputs = self.split(_read_jagged(kjt))
+        inputs = self.split(read_jagged(kjt))
         return {p.name: i.ids for p, i in zip(self.tables, inputs, strict=True)}, inputs
 
     def keyed(self, pooled: list[torch.Tensor], stride: int) -> KeyedTensor:
@@ -264,19 +265,24 @@ class _FeaturePlan:
             lengths += [d] * len(p.features)
         return KeyedTensor(keys, lengths, torch.cat(blocks, dim=1))
 
-    def jagged(self, rows: list[torch.Tensor], inputs: list[_TableInput]) -> dict[str, Any]:
-        """Each feature's rows, unpooled: ``{name: JaggedTensor([N_f, D], lengths)}``."""
+    def jagged(
+        self, rows: list[torch.Tensor], inputs: list[TableInput], indices: bool = False
+    ) -> dict[str, Any]:
+        """Each feature's rows, unpooled: ``{name: JaggedTensor([N_f, D], lengths)}``; with
+        ``indices``, each one's ``weights()`` are the feature's ids (TorchRec's
+        ``need_indices``)."""
         out: dict[str, JaggedTensor] = {}
         for p, r, inp in zip(self.tables, rows, inputs, strict=True):
             b = inp.stride
             for i, name in enumerate(p.names):
                 lo, hi = int(inp.offsets[i * b]), int(inp.offsets[(i + 1) * b])
                 lens = torch.from_numpy(np.ascontiguousarray(inp.lengths[i * b : (i + 1) * b]))
-                out[name] = JaggedTensor(r[lo:hi], lengths=lens)
+                ids = inp.ids[lo:hi] if indices else None
+                out[name] = JaggedTensor(r[lo:hi], weights=ids, lengths=lens)
         return out
 
     def pooled_rows(
-        self, rows: list[torch.Tensor], inputs: list[_TableInput], modes: list[str] | None = None
+        self, rows: list[torch.Tensor], inputs: list[TableInput], modes: list[str] | None = None
     ) -> KeyedTensor:
         """Pool each table's ``rows`` (a row per id of its input) as the module does."""
         modes = modes or [p.mode for p in self.tables]
@@ -286,13 +292,13 @@ class _FeaturePlan:
                 f"table(s) {unpooled} have pooling NONE: read their rows with jagged()"
             )
         pooled = [
-            _pool(r, i.offsets, m, i.weights) for r, i, m in zip(rows, inputs, modes, strict=True)
+            pool(r, i.offsets, m, i.weights) for r, i, m in zip(rows, inputs, modes, strict=True)
         ]
         return self.keyed(pooled, inputs[0].stride)
 
 
 @dataclass
-class _TableInput:
+class TableInput:
     ids: torch.Tensor  # the table's features' ids, feature after feature
     offsets: torch.Tensor  # int64 [F_t * B + 1], CPU
     weights: torch.Tensor | None
@@ -300,7 +306,7 @@ class _TableInput:
     stride: int
 
 
-def _pool(
+def pool(
     rows: torch.Tensor, offsets: torch.Tensor, mode: str, weights: torch.Tensor | None
 ) -> torch.Tensor:
     """``[F_t * B, D]``: the rows (row ``i`` is id ``i``) pooled per bag with torch's own kernel,
@@ -404,7 +410,7 @@ def _check_jagged(
     )
 
 
-def _read_jagged(kjt: Any) -> _Jagged:
+def read_jagged(kjt: Any) -> _Jagged:
     """A ``KeyedJaggedTensor`` (ours, TorchRec's, or anything with ``keys()``, ``values()``,
     ``lengths()`` and optionally ``weights_or_none()``/``stride()``), checked."""
     if isinstance(kjt, KeyedJaggedTensor):
@@ -736,7 +742,7 @@ class KeyedTensor:
 _DATA_TYPES = {"FP32": None, "FLOAT32": None, "FP16": "fp16", "FLOAT16": "fp16", "BF16": "bf16"}
 
 
-def _data_type(c: Any, name: str) -> str | None:
+def storage_dtype(c: Any, name: str) -> str | None:
     """The storage dtype a config's ``data_type`` asks for: None (FP32), ``"fp16"`` or
     ``"bf16"``; other TorchRec types (INT8, INT4, ...) are refused."""
     raw = getattr(c, "data_type", "FP32")

@@ -41,15 +41,15 @@ from torch import nn
 
 from embstore.errors import InvalidArgumentError, NotCopyableError
 from embstore.table import Table
-from embstore.torch.sparse import _optimizer, _StoreModule
+from embstore.torch.sparse import StoreModule
 
 
-def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[_StoreModule]:
+def _store_modules(modules: nn.Module | Iterable[nn.Module]) -> list[StoreModule]:
     if isinstance(modules, nn.Module):
         modules = [modules]
-    found: dict[int, _StoreModule] = {}  # by identity: a module listed twice steps once
+    found: dict[int, StoreModule] = {}  # by identity: a module listed twice steps once
     for m in modules:
-        found.update((id(x), x) for x in m.modules() if isinstance(x, _StoreModule))
+        found.update((id(x), x) for x in m.modules() if isinstance(x, StoreModule))
     return list(found.values())
 
 
@@ -58,18 +58,18 @@ class _PendingParams(Sequence[torch.Tensor]):
     whose ``.grad`` is that gradient (read live from the modules, so what ``GradScaler`` sees
     is what :meth:`EmbeddingOptimizer.step` applies); empty after ``zero_grad()``."""
 
-    def __init__(self, modules: list[_StoreModule], extra: list[torch.Tensor]) -> None:
+    def __init__(self, modules: list[StoreModule], extra: list[torch.Tensor]) -> None:
         self._modules = modules
         self._extra = extra  # another process's overflow, for GradScaler to see (see step)
 
     def _all(self) -> list[torch.Tensor]:
-        return [h for m in self._modules for h in m._holders] + self._extra
+        return [h for m in self._modules for h in m.grad_holders()] + self._extra
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter(self._all())
 
     def __len__(self) -> int:
-        return sum(len(m._holders) for m in self._modules) + len(self._extra)
+        return sum(len(m.grad_holders()) for m in self._modules) + len(self._extra)
 
     def __getitem__(self, i: Any) -> Any:
         return self._all()[i]
@@ -80,7 +80,7 @@ class _PendingParams(Sequence[torch.Tensor]):
 
 def _table_lr(table: Table) -> float:
     """The learning rate the table's optimizer was created with."""
-    return float(_optimizer(table).lr)
+    return float(table.config.optimizer.lr)
 
 
 class EmbeddingOptimizer(torch.optim.Optimizer):
@@ -154,7 +154,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         for i, (group, table) in enumerate(zip(self.param_groups, tables, strict=True)):
             mine = [m for m in found if m.table == table]
             group["params"] = _PendingParams(mine, self._elsewhere if i == 0 else [])
-        self._comms = [t._store._comm for t in tables if t._distributed]
+        self._comms = [t.store.comm for t in tables if t.distributed]
         self._agreed_overflow = False
         if not isinstance(grad_average, bool):
             raise InvalidArgumentError(f"grad_average must be a bool, got {grad_average!r}")
@@ -210,7 +210,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         }
         for m in self.modules:
             ids, grads = pending[m.table]
-            for i, g in m._pending:
+            for i, g in m.pending_grads():
                 ids.append(i)
                 grads.append(g)
         stepped = 0
@@ -220,7 +220,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         for group, table in zip(self.param_groups, self._tables, strict=True):
             ids, grads = pending[table]
             lr = float(group["lr"])
-            many = table._distributed and table._store._comm.world > 1
+            many = table.distributed and table.store.world_size > 1
             if not ids and not many:
                 continue
             all_ids = (ids[0] if len(ids) == 1 else np.concatenate(ids)) if ids else None
@@ -229,7 +229,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
                 # As GradScaler.unscale_: multiplied by the float32 of the fp64 reciprocal.
                 all_grads = all_grads * torch.tensor(inv_scale, dtype=torch.float32)
             if many:
-                together.setdefault((id(table._store), lr), []).append((table, all_ids, all_grads))
+                together.setdefault((id(table.store), lr), []).append((table, all_ids, all_grads))
                 continue
             stepped += table.apply_gradients(all_ids, all_grads.numpy(), lr=lr)
         for (_, lr), items in together.items():
@@ -243,43 +243,31 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         averages the dense gradients and TorchRec divides its sparse ones) — and step each id
         once. A table no process has a gradient for is not stepped. Collective: every process
         steps the same tables (its model's), gradients or not. Returns the unique ids sent."""
-        from embstore.distributed import calling
-        from embstore.session import Session, _Plan
+        from embstore.session import Session
 
-        store = items[0][0]._store
+        store = items[0][0].store
         names = tuple(t.name for t, _, _ in items)
         sess = self._pushers.get((id(store), names))
         if sess is None:
             sess = Session(store, list(names), prefetch=0, grad_average=False)
             self._pushers[(id(store), names)] = sess
-        comm = store._comm
-        scale = np.float32(1.0 / comm.world) if self.grad_average else None
-        plan = _Plan(None, comm.world, len(items))
-        grads: list[np.ndarray] = []
-        has_grad = [ids is not None for _, ids, _ in items]
-        error = None
-        try:
-            sess._partition(
-                plan,
-                [
-                    (ids, ids.shape) if ids is not None else (np.empty(0, np.uint64), (0,))
-                    for _, ids, _ in items
-                ],
-            )
-            for (table, _, g), inv, uniq in zip(items, plan.inv, plan.uniq, strict=True):
-                acc = torch.zeros((len(uniq), table.embedding_dim), dtype=torch.float32)
-                if g is not None:
-                    # Per id, in the ids' order: the sums apply_gradients makes of duplicates.
-                    acc.index_add_(0, torch.from_numpy(inv), g)
-                a = acc.numpy()
-                grads.append(a * scale if scale is not None else a)
-        except Exception as e:  # agreed in _prepare / _push_rows
-            error = e
-            plan.error = plan.error or e
-        with calling(f"EmbeddingOptimizer.step() of {list(names)}"):
-            plan = sess._prepare_here(plan, comm.main, pin=False)
-            sess._push_rows(plan, grads, lr, error, comm.main, has_grad)
-        return sum(len(u) for u in plan.uniq)
+        scale = np.float32(1.0 / store.world_size) if self.grad_average else None
+
+        def grads_of(t: int, uniq: np.ndarray, inv: Any) -> np.ndarray:
+            table, _, g = items[t]
+            acc = torch.zeros((len(uniq), table.embedding_dim), dtype=torch.float32)
+            if g is not None:
+                # Per id, in the ids' order: the sums apply_gradients makes of duplicates.
+                acc.index_add_(0, torch.from_numpy(inv), g)
+            a = acc.numpy()
+            return a * scale if scale is not None else a
+
+        return sess.apply_gradients_together(
+            [ids for _, ids, _ in items],
+            grads_of,
+            lr,
+            what=f"EmbeddingOptimizer.step() of {list(names)}",
+        )
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -314,12 +302,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         (``set_to_none`` is accepted for torch's signature)."""
         self._elsewhere.clear()
         for m in self.modules:
-            m._pending.clear()
-            m._holders.clear()
-            m._warned = False
-            for ids in m._pinned:
-                m.table.unpin(ids)
-            m._pinned.clear()
+            m.drop_grads()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the groups' ``lr`` (and a scheduler's ``initial_lr``) from

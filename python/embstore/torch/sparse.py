@@ -62,7 +62,7 @@ from torch import nn
 
 from embstore import _native
 from embstore._arrays import as_ids, describe
-from embstore.config import Optimizer
+from embstore.config import Optimizer, kind_of
 from embstore.distributed import check_not_process_local
 from embstore.errors import (
     CapacityError,
@@ -93,7 +93,7 @@ def _state_fields(d: int, s: int) -> dict[str, tuple[tuple[int, ...], Any]]:
 
 
 def _optimizer(table: Table) -> Optimizer:
-    """The table's optimizer (``SGD(lr=...)``, ...); ``._kind`` names it (``"adam"``)."""
+    """The table's optimizer (``SGD(lr=...)``, ...); ``kind_of`` names it (``"adam"``)."""
     return table.config.optimizer
 
 
@@ -108,19 +108,22 @@ class _Pull(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, anchor: torch.Tensor, module: _StoreModule, ids: np.ndarray, track: bool
+        ctx: Any, anchor: torch.Tensor, module: StoreModule, ids: np.ndarray, track: bool
     ) -> Any:
         ctx.module, ctx.ids = module, ids
-        return module._lookup(ids, track)
+        return module.pull_rows(ids, track)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        ctx.module._stash(ctx.ids, grad)
+        ctx.module.accumulate_grad(ctx.ids, grad)
         return None, None, None, None
 
 
-class _StoreModule(nn.Module):
-    """Shared parts of :class:`Embedding` and :class:`EmbeddingBag`."""
+class StoreModule(nn.Module):
+    """What :class:`Embedding`, :class:`EmbeddingBag` and a collection's per-table modules
+    share: the table, the lookup of a forward pass and the gradients kept for
+    :class:`~embstore.torch.EmbeddingOptimizer` (``isinstance(m, StoreModule)`` finds the
+    modules it steps)."""
 
     def __init__(
         self,
@@ -165,7 +168,9 @@ class _StoreModule(nn.Module):
         dtype = self._out_like.dtype
         return out if out.dtype == dtype else out.to(dtype)
 
-    def _mode(self) -> str:
+    def lookup_mode(self) -> str:
+        """The ``on_miss`` of a lookup now: the module's ``on_miss`` when given, else
+        ``"init"`` in training mode and ``"zeros"`` in eval mode."""
         if self.on_miss is not None:
             return self.on_miss
         return "init" if self.training else "zeros"
@@ -185,9 +190,12 @@ class _StoreModule(nn.Module):
             rows = _Pull.apply(anchor, self, arr, track)
         return rows if ids.device.type == "cpu" else rows.to(ids.device)
 
-    def _lookup(self, arr: np.ndarray, track: bool) -> torch.Tensor:
-        """The rows of ``arr`` (``uint64[N]``), for ``embstore::pull``; pinned when
-        ``track`` (a training forward pass with autograd) in a tiered table."""
+    def pull_rows(self, arr: np.ndarray, track: bool) -> torch.Tensor:
+        """The rows of ``arr`` (``uint64[N]``) as ``float32[N, D]``, looked up with
+        :meth:`lookup_mode` (what the ``embstore::pull`` operator returns). ``track``: a
+        training forward pass with autograd, whose ids a tiered table keeps pinned until
+        ``EmbeddingOptimizer.zero_grad()``; a table of this process alone in a multi-process
+        job refuses it."""
         if track:
             check_not_process_local(self.table, "a training forward pass")
         if track and self.table.tiered:
@@ -201,9 +209,12 @@ class _StoreModule(nn.Module):
                 self._pinned.append(arr)
             except CapacityError:
                 pass
-        return torch.from_numpy(self.table.lookup(arr, self._mode()))
+        return torch.from_numpy(self.table.lookup(arr, self.lookup_mode()))
 
-    def _stash(self, ids: np.ndarray, grad: torch.Tensor) -> None:
+    def accumulate_grad(self, ids: np.ndarray, grad: torch.Tensor) -> None:
+        """Keep ``grad`` (``[N, D]``, as float32 on the CPU) for the rows of ``ids``
+        (``uint64[N]``) until :class:`~embstore.torch.EmbeddingOptimizer` applies it (what a
+        backward pass does); warns when many are kept and no ``zero_grad()`` drops them."""
         grad = grad.detach().to(device="cpu", dtype=torch.float32).contiguous()
         holder = torch.empty((), dtype=torch.float32).expand(grad.shape)
         holder.grad = grad
@@ -217,6 +228,26 @@ class _StoreModule(nn.Module):
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def pending_grads(self) -> list[tuple[np.ndarray, torch.Tensor]]:
+        """The gradients kept since the last :meth:`drop_grads`: ``(ids, grad)`` per backward
+        pass, ``uint64[N]`` and ``float32[N, D]``."""
+        return list(self._pending)
+
+    def grad_holders(self) -> list[torch.Tensor]:
+        """One storage-less tensor per pending gradient whose ``.grad`` is that gradient:
+        what ``EmbeddingOptimizer.param_groups`` show ``torch.amp.GradScaler``."""
+        return list(self._holders)
+
+    def drop_grads(self) -> None:
+        """Drop the pending gradients and release the rows the forward passes pinned (what
+        ``EmbeddingOptimizer.zero_grad()`` does to each of its modules)."""
+        self._pending.clear()
+        self._holders.clear()
+        self._warned = False
+        for ids in self._pinned:
+            self.table.unpin(ids)
+        self._pinned.clear()
 
     def get_extra_state(self) -> dict[str, Any]:
         """The table's rows, for ``state_dict()``: every row with its optimizer state and
@@ -234,7 +265,7 @@ class _StoreModule(nn.Module):
             "format": _STATE_FORMAT,
             "table": table.name,
             "embedding_dim": d,
-            "optimizer": _optimizer(table)._kind,
+            "optimizer": kind_of(_optimizer(table)),
             "state_dim": s,
             "step": step,
             "rows": self.rows_in_state_dict,
@@ -279,7 +310,7 @@ class _StoreModule(nn.Module):
                 f"embedding_dim mismatch for table '{table.name}': "
                 f"expected {d}, got {state.get('embedding_dim')!r}"
             )
-        optimizer = _optimizer(table)._kind
+        optimizer = kind_of(_optimizer(table))
         if state.get("state_dim") != s:
             raise ShapeError(
                 f"optimizer state width mismatch for table '{table.name}': expected {s} "
@@ -346,7 +377,7 @@ class _StoreModule(nn.Module):
         return f"table={self.table.name!r}, embedding_dim={self.embedding_dim}"
 
 
-class Embedding(_StoreModule):
+class Embedding(StoreModule):
     """``nn.Embedding`` over an embstore table.
 
     Args:
@@ -394,12 +425,12 @@ class Embedding(_StoreModule):
         super().__init__(table, on_miss, rows_in_state_dict, nn_args)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _check_input(input)
+        check_input(input)
         rows = self._pull(input)
         return self._cast(rows.view(*input.shape, self.embedding_dim))
 
 
-class EmbeddingBag(_StoreModule):
+class EmbeddingBag(StoreModule):
     """``nn.EmbeddingBag`` over an embstore table: sums, means or maxes of bags of rows.
 
     Args:
@@ -453,7 +484,7 @@ class EmbeddingBag(_StoreModule):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Every check comes before the lookup: a rejected call stores no row.
-        _check_input(input)
+        check_input(input)
         if input.dim() == 2:
             if offsets is not None:
                 raise ShapeError("offsets must be None when input is 2-D [B, L]")
@@ -579,7 +610,7 @@ def _same(value: Any, harmless: Any) -> bool:
     return number and isinstance(harmless, float) and value == harmless
 
 
-def _check_input(input: Any) -> None:
+def check_input(input: Any) -> None:
     """Refuse an ``input`` that is not an integer tensor (before any row is looked up)."""
     if not isinstance(input, torch.Tensor):
         raise DTypeError(f"input must be an int64 tensor, got {type(input).__name__}")

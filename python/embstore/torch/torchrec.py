@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embstore.config import SGD, Adagrad, Adam, Optimizer, RowWiseAdagrad
+from embstore.config import SGD, Adagrad, Adam, Optimizer, RowWiseAdagrad, kind_of
 from embstore.distributed import owner_of
 from embstore.errors import DTypeError, InvalidArgumentError, ShapeError
 from embstore.table import Table
@@ -107,14 +107,14 @@ def from_torchrec(
                     f"embedding_dim mismatch for table '{es_name}': it has "
                     f"{table.embedding_dim}, TorchRec table '{tr_name}' has {d}"
                 )
-            kind = table.config.optimizer._kind
+            kind = kind_of(table.config.optimizer)
             _check_kind(tr_name, es_name, kind, layout)
             spec = None
         else:
             opt = optimizer.get(tr_name) if isinstance(optimizer, Mapping) else optimizer
             if opt is None:
                 opt = _default_optimizer(layout, lrs.get(tr_name))
-            kind = opt._kind
+            kind = kind_of(opt)
             _check_kind(tr_name, es_name, kind, layout)
             # A TorchRec table of FP16/BF16 weights (its config's data_type) is created at
             # that storage dtype, as EmbeddingBagConfig(data_type=...) creates it.

@@ -131,3 +131,41 @@ def test_the_guard_sees_circles_between_files_of_a_folder_and_through_deferred_i
     edges = modules.python_graph(pkg)
     assert edges["embstore.b"] == {"embstore.a"}, edges  # TYPE_CHECKING imports never run
     assert modules.circles(edges) == [["embstore.a", "embstore.b"]], edges
+
+
+def test_no_module_of_the_python_package_reaches_a_private_name_of_another(modules):
+    found = modules.private_reaches()
+    assert found == [], "\n".join(found)
+
+
+def test_the_guard_sees_private_names_reached_from_another_module(modules, tmp_path):
+    pkg = tmp_path / "embstore"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_c.py").write_text("def describe():\n    pass\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "class A:\n"
+        "    __slots__ = ('_rows',)\n\n"
+        "    def __init__(self):\n        self._rows = 1\n\n"
+        "    def _grow(self):\n        return self._rows\n\n\n"
+        "def use(other):\n    return other._grow(), other._rows\n\n\n"
+        "_helper = 1\n"
+    )
+    (pkg / "sub" / "b.py").write_text(
+        "import sys\n\n"
+        "from embstore import _c\n"
+        "from embstore._c import describe\n"
+        "from ..a import A, _helper\n\n\n"
+        "class B(A):\n"
+        "    def f(self, a):\n"
+        "        sys._getframe(0), a.__class__, super()._grow(), self._grow()\n"
+        "        return a._grow(), getattr(a, '_rows'), _c, describe, _helper\n\n"
+        "    def _own(self, b):\n        return b._own()\n"
+    )
+    assert modules.private_reaches(pkg) == [
+        "embstore/sub/b.py:5: from embstore.a import _helper names '_helper', "
+        "private to embstore.a",
+        "embstore/sub/b.py:11: a._grow names '_grow', private to embstore.a",
+        "embstore/sub/b.py:11: getattr(a, '_rows') names '_rows', private to embstore.a",
+    ]

@@ -25,7 +25,14 @@ def store(tmp_path):
 
 
 def _checkpoint(store, path: pathlib.Path, step: int = 6):
-    return edist.checkpoint(store, edist.Comm.single(), path, step, {"batch": step})
+    return edist.checkpoint(
+        edist.Comm.single(),
+        path,
+        step,
+        {"batch": step},
+        write_part=store._local_checkpoint,
+        specs=store._specs_for_manifest,
+    )
 
 
 def test_the_marker_is_written_first_and_removed_once_the_checkpoint_is_complete(

@@ -518,13 +518,13 @@ def test_a_batch_without_ids_pools_to_zeros(lengths) -> None:
 def test_bags_of_one_id_pool_and_backprop_as_embedding_bag(mode, weighted):
     """One-hot features skip embedding_bag (a bag of one id is its row, times its weight):
     the same output and row gradients, to the bit."""
-    from embstore.torch.collection import _pool
+    from embstore.torch.jagged import pool
 
     torch.manual_seed(0)
     rows = torch.randn(50, 7, requires_grad=True)
     w = torch.rand(50) * 3 if weighted else None
     offsets = torch.arange(51)
-    fast = _pool(rows, offsets, mode, w)
+    fast = pool(rows, offsets, mode, w)
     (g_fast,) = torch.autograd.grad(fast.pow(2).sum(), rows)
     ref = torch.nn.functional.embedding_bag(
         torch.arange(50), rows, offsets, mode=mode, per_sample_weights=w, include_last_offset=True
