@@ -301,7 +301,7 @@ impl Replica {
         let part = self.part_of(key);
         let s = &mut self.parts[part as usize];
         s.rows.insert(key, Row { version: v, values, deleted: false });
-        if steps::note_local(&mut s.sync, key, v) {
+        if steps::note_local(&mut s.sync, key, v, self.id) {
             self.changes.bump(part);
         }
         Ok(v)

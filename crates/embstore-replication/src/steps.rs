@@ -17,7 +17,7 @@
 //!   the responder); then, after the last row (R2), the VV merge and the sv rule (S1, S2, S4).
 //! - Collection ([`expired`]): when a tombstone is old enough to be collected.
 
-use crate::part::{Complete, Held, PartStore, PartView, ReplyRows};
+use crate::part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
 use crate::sv::Sv;
 use crate::version::Version;
 use crate::vv::Vv;
@@ -64,14 +64,14 @@ macro_rules! mutant {
     };
 }
 
-/// A local write of `key` at version `v` (drawn under the part's lock): the part knows it,
-/// caches it and takes a new shard version, `(v.timestamp, v.replica)` (a fresh tick of the
-/// writer's clock). Returns whether the sv changed (the rows of one batch share a version:
-/// the part's change is then recorded once).
-pub fn note_local(s: &mut crate::part::PartSync, key: u64, v: Version) -> bool {
+/// A local write of `key` at version `v` (drawn under the part's lock) by replica `writer`:
+/// the part knows it, caches it and takes a new shard version, `(v.timestamp, writer)` (a
+/// fresh tick of the writer's clock). Returns whether the sv changed (the rows of one batch
+/// share a version: the part's change is then recorded once).
+pub fn note_local(s: &mut PartSync, key: u64, v: Version, writer: u32) -> bool {
     s.vv.raise(v.replica, v.timestamp);
     s.cache.on_write(key, v);
-    let sv = Sv::new(v.timestamp, v.replica);
+    let sv = Sv::new(v.timestamp, writer);
     let changed = s.sv != sv;
     s.sv = sv;
     changed
