@@ -1,5 +1,10 @@
 //! A deterministic simulation of pull-based sync, and the checker of its invariants.
 //!
+//! The replicas ([`Replica`]) run the production steps ([`crate::steps`], the functions the
+//! table's `sync_pull` / `sync_apply` call) and place keys by the table's [`PartMap`], so a
+//! check that fails here fails for the production protocol; the mutants of
+//! `steps::Mutant` break those steps from inside.
+//!
 //! `N` replicas; one primary writes. Pulls and replies travel as messages through a simulated
 //! network that drops, duplicates, reorders and delays them, and that can be partitioned into
 //! two sides and healed. Every choice comes from one seeded [`SplitMix64`], so a seed replays a

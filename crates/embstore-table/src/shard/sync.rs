@@ -1,6 +1,8 @@
-//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`PartSync`] (version vector, update cache, shard version) per
-//! sync part of the shard, and the tombstones of removed rows. It lives inside the shard, under
-//! the shard's lock, so that a row write and its VV, cache and sv changes are one step.
+//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`PartSync`]
+//! (version vector, update cache, shard version) per sync part of the shard, the floors, and
+//! the tombstones of removed rows. It lives inside the shard, under the shard's lock, so that a
+//! row write and its VV, cache and sv changes are one step (`steps::note_local`, the
+//! replication crate's, as every protocol step).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

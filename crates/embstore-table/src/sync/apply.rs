@@ -1,5 +1,6 @@
-//! [`Table::sync_apply`]: a peer's reply, checked whole, applied last-writer-wins, and the
-//! part's knowledge merged after the last row (R2).
+//! [`Table::sync_apply`]: a peer's reply, checked whole here, then applied by the protocol's
+//! step (`embstore_replication::steps::apply`: last-writer-wins, and the part's knowledge
+//! merged after the last row, R2) over the locked shard.
 
 use std::sync::atomic::Ordering;
 

@@ -1,5 +1,9 @@
 //! Dissemination support inside the table: the sync state of Ekko-style pull replication
-//! (`embstore-replication` holds the protocol; `docs/dissemination.md` the whole design).
+//! (`docs/dissemination.md` holds the whole design). The protocol's steps are not here: they
+//! live once in `embstore_replication::steps`, and [`Table::sync_pull`] / [`Table::sync_apply`]
+//! run them over a shard through `part.rs`'s `TablePart` (the part traits of
+//! `embstore_replication::part`), so the replication crate's simulator checks the very steps
+//! the table runs. Keys are placed by `embstore_replication::PartMap`, the simulator's map too.
 //!
 //! A table that syncs splits every shard into *sync parts* (a part lives inside one shard, so
 //! its state sits under the shard's lock). Each part keeps a version vector (what it knows), an

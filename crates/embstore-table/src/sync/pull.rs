@@ -1,4 +1,6 @@
-//! [`Table::sync_pull`]: the rows of a part that a requester lacks.
+//! [`Table::sync_pull`]: the rows of a part that a requester lacks, chosen by the protocol's
+//! steps (`embstore_replication::steps::{plan_pull, pull_keys, ships}`) and read here, in
+//! pieces, from memory and disk.
 
 use std::sync::atomic::Ordering;
 
