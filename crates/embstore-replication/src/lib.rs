@@ -12,9 +12,16 @@
 //! - [`sv`]: [`Sv`], shard versions: a name for a part's knowledge; `succeq` lets a
 //!   requester skip a pull that cannot bring anything.
 //! - [`changes`]: [`changes::ChangeIndex`], the parts whose sv changed since a cursor.
-//! - [`replica`]: [`Replica`], rows in parts, `local_write`, `serve_pull`, `apply_reply`.
+//! - [`map`]: [`PartMap`], the one key → part map (a table's shards split into parts).
+//! - [`part`]: what the steps need of a part, as traits ([`PartView`], [`PartStore`],
+//!   [`ReplyRows`]), and a part's [`PartSync`].
+//! - [`steps`]: the protocol's steps, once: a local write, answering a pull, applying a reply.
+//!   The production table (`embstore-table`) implements the part traits over its shards and
+//!   calls these functions; so does the simulator's replica.
+//! - [`replica`]: [`Replica`], the simulator's replica: rows in parts, running [`steps`].
 //! - [`sim`]: a deterministic simulated network (drop, duplicate, reorder, delay, partition)
-//!   and the checker of the protocol's invariants against a global history of writes.
+//!   and the checker of the protocol's invariants against a global history of writes. Because
+//!   the replicas run the production steps, the simulator tests the production protocol.
 //!
 //! Invariants: versions from one replica strictly increase; LWW leaves the max version; a
 //! part's VV covers only writes its rows hold (V3); VVs and row versions only grow; after a
@@ -23,14 +30,19 @@
 
 pub mod cache;
 pub mod changes;
+pub mod map;
+pub mod part;
 pub mod replica;
 pub mod sim;
+pub mod steps;
 pub mod sv;
 pub mod version;
 pub mod vv;
 
 pub use cache::UpdateCache;
-pub use replica::{part_of, PartSync, Replica, Reply, Row};
+pub use map::{PartMap, MAX_PARTS};
+pub use part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
+pub use replica::{Replica, Reply, Row};
 pub use sv::Sv;
 pub use version::{next_timestamp, Clock, Version};
 pub use vv::Vv;

@@ -1,32 +1,34 @@
-//! One replica's sync state machine: rows in parts, each part's knowledge and cache, and
-//! the three steps of pull-based sync (Ekko §4.3).
+//! One replica of the simulator: rows in parts in `BTreeMap`s, each part's knowledge, cache
+//! and floor, and the replica's clock. It runs the protocol's steps of [`crate::steps`] — the
+//! ones the production table runs — through the part traits of [`crate::part`]:
 //!
 //! - [`Replica::local_write`]: tick and write are one step (W1), so versions enter each part
-//!   in increasing order and `vv[self]` never passes a write not yet made.
-//! - [`Replica::serve_pull`]: the responder reads its VV *before* selecting (R1); a row that
-//!   changes after the read only gets newer, so it still passes the filter.
-//! - [`Replica::apply_reply`]: the requester applies rows last-writer-wins and merges the VV
-//!   only after the whole reply (R2). A reply that is rejected changes nothing.
+//!   in increasing order and `vv[self]` never passes a write not yet made
+//!   ([`steps::note_local`]).
+//! - [`Replica::serve_pull`]: [`steps::plan_pull`] reads the VV *before* selecting (R1) and
+//!   picks the whole part, the update cache or a scan; [`steps::ships`] filters the rows.
+//! - [`Replica::apply_reply`]: the reply is checked whole (a rejected one changes nothing),
+//!   then [`steps::apply`] applies rows last-writer-wins and merges the VV only after the
+//!   whole reply (R2), with the shard-version rule (S1, S2, S4).
 //!
-//! Each part also carries a shard version ([`Sv`]): a new one on every local write, and on
-//! apply either the responder's (when the merged VV equals its VV) or a new one (when the VV
-//! changed otherwise), so that equal svs mean equal VVs (S1, S2). Every sv change is recorded
-//! in the [`ChangeIndex`], which lists the parts changed since a cursor.
+//! Every sv change is recorded in the [`ChangeIndex`], which lists the parts changed since a
+//! cursor. Keys are placed by the table's [`PartMap`].
 //!
 //! Invariant (V3): for each part, origin `o` and write of version `v` from `o` with
 //! `v.timestamp <= vv.get(o)`, the row's version is at least `v`.
 //! The state machine is pure: no I/O, no threads, no wall clock (callers pass `now_ms`).
 
-use crate::cache::UpdateCache;
 use crate::changes::ChangeIndex;
+use crate::map::PartMap;
+use crate::part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
+use crate::steps;
+#[cfg(test)]
+use crate::steps::Mutant;
 use crate::sv::Sv;
 use crate::version::{Clock, Version};
 use crate::vv::Vv;
-use embstore_common::{fmix64, Error, ErrorKind, Result};
+use embstore_common::{Error, ErrorKind, Result};
 use std::collections::BTreeMap;
-
-/// The most sync parts a replica may have (2^20, as the spec clamps them).
-pub const MAX_PARTS: u32 = 1 << 20;
 
 /// A row: its version and its values, or a removal's tombstone.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,24 +41,12 @@ pub struct Row {
     pub deleted: bool,
 }
 
-/// The sync bookkeeping of one part.
-#[derive(Clone, Debug, Default)]
-pub struct PartSync {
-    /// The part's knowledge.
-    pub vv: Vv,
-    /// Recently written keys and the dominator VV.
-    pub cache: UpdateCache,
-    /// The shard version: names `vv` (equal svs, equal VVs).
-    pub sv: Sv,
-}
-
 /// One part: its rows (in key order, so scans are deterministic) and its sync state.
 #[derive(Clone, Debug, Default)]
 struct Part {
     rows: BTreeMap<u64, Row>,
     sync: PartSync,
-    /// Per origin, the newest tombstone collected here or at a responder this part took a
-    /// complete reply from: a requester whose VV does not dominate it gets the part whole.
+    /// See [`PartView::floor`].
     floor: Vv,
 }
 
@@ -74,40 +64,120 @@ pub struct Reply {
     /// Whether the update cache answered (no scan).
     pub from_cache: bool,
     /// Set when the requester's VV did not dominate the responder's floor: `rows` is then the
-    /// whole part, and this is the responder's floor.
-    pub complete: Option<Vv>,
+    /// whole part, and this holds the responder's floor.
+    pub complete: Option<Complete>,
 }
 
-/// A way for [`Replica::apply_reply`] to break R2, so tests can show the checker catches it.
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Mutant {
-    /// The correct protocol.
-    #[default]
-    None,
-    /// Apply a reply's row even when the part already knows of its write (a stale reply
-    /// then brings back a row whose removal's tombstone was collected).
-    ReapplyKnown,
-    /// Answer every pull incrementally, ignoring the floor (collected tombstones are then
-    /// never learnt by a requester that was behind them).
-    IgnoreFloor,
-    /// Merge the VV but drop the reply's last row (a merge before all rows were applied).
-    DropLastRow,
-    /// Adopt the responder's sv even when the merged VV differs from its VV.
-    AlwaysAdoptSv,
-    /// Answer every pull from the update cache, without checking the requester's VV against
-    /// the DVV (the hit rule).
-    SkipDvvCheck,
-    /// Draw versions before the write step (as a call that ticks outside the shard lock): every
-    /// other write takes a version drawn earlier than one already written.
-    TickOutsideLock,
+impl ReplyRows for Reply {
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn key(&self, i: usize) -> u64 {
+        self.rows[i].0
+    }
+
+    fn version(&self, i: usize) -> Version {
+        self.rows[i].1.version
+    }
+
+    fn vv(&self) -> &Vv {
+        &self.vv_s
+    }
+
+    fn sv(&self) -> Sv {
+        self.sv_s
+    }
+
+    fn complete(&self) -> Option<&Complete> {
+        self.complete.as_ref()
+    }
+
+    fn partial(&self) -> bool {
+        false
+    }
 }
 
-/// One replica of a table: `parts` sync parts of rows of `dim` floats.
+/// A part as the steps see it: read (`P = &Part`) or changed (`P = &mut Part`, with the
+/// replica's clock).
+struct At<'a, P> {
+    part: P,
+    clock: Option<&'a mut Clock>,
+    id: u32,
+    #[cfg(test)]
+    mutant: Mutant,
+}
+
+impl<P: std::ops::Deref<Target = Part>> PartView for At<'_, P> {
+    fn sync(&self) -> &PartSync {
+        &self.part.sync
+    }
+
+    fn floor(&self) -> &Vv {
+        &self.part.floor
+    }
+
+    fn keys(&self, out: &mut Vec<u64>) {
+        out.extend(self.part.rows.keys());
+    }
+
+    #[cfg(test)]
+    fn mutant(&self) -> Mutant {
+        self.mutant
+    }
+}
+
+impl<P: std::ops::DerefMut<Target = Part>> PartStore for At<'_, P> {
+    type Reply = Reply;
+    type Slot = ();
+
+    fn sync_mut(&mut self) -> &mut PartSync {
+        &mut self.part.sync
+    }
+
+    fn floor_mut(&mut self) -> &mut Vv {
+        &mut self.part.floor
+    }
+
+    fn held(&self, key: u64) -> Option<Held<()>> {
+        self.part.rows.get(&key).map(|r| {
+            if r.deleted {
+                Held::Tombstone(r.version)
+            } else {
+                Held::Row(r.version, ())
+            }
+        })
+    }
+
+    fn put(&mut self, reply: &Reply, i: usize, key: u64, _at: Option<()>) -> Result<()> {
+        self.part.rows.insert(key, reply.rows[i].1.clone());
+        Ok(())
+    }
+
+    fn drop_key(&mut self, key: u64, _held: Held<()>) {
+        self.part.rows.remove(&key);
+    }
+
+    fn observe(&mut self, v: Version) {
+        if let Some(c) = &mut self.clock {
+            c.observe(v.timestamp);
+        }
+    }
+
+    fn fresh_sv(&mut self) -> Sv {
+        // The clock runs out only after 2^64 ticks; then the last value is reused rather than
+        // failing after rows were written.
+        let c = self.clock.as_mut().map_or(u64::MAX, |c| c.tick(0).unwrap_or(u64::MAX));
+        Sv::new(c, self.id)
+    }
+}
+
+/// One replica of a table: sync parts (placed by a [`PartMap`]) of rows of `dim` floats.
 #[derive(Clone, Debug)]
 pub struct Replica {
     id: u32,
     dim: usize,
+    map: PartMap,
     clock: Clock,
     parts: Vec<Part>,
     changes: ChangeIndex,
@@ -118,27 +188,17 @@ pub struct Replica {
     stash: Option<Version>,
 }
 
-/// The part of `key` among `parts` (the upper hash bits, so that it stays independent of
-/// a table shard chosen by the lower ones).
-pub fn part_of(key: u64, parts: u32) -> u32 {
-    ((fmix64(key) >> 32) % u64::from(parts.max(1))) as u32
-}
-
 impl Replica {
-    /// A replica named `id` with `parts` parts of rows of `dim` floats.
-    pub fn new(id: u32, parts: u32, dim: usize) -> Result<Self> {
-        if parts == 0 || parts > MAX_PARTS {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("parts must be in 1..={MAX_PARTS}, got {parts}"),
-            ));
-        }
+    /// A replica named `id` with the parts of `map`, of rows of `dim` floats.
+    pub fn new(id: u32, map: PartMap, dim: usize) -> Result<Self> {
         if dim == 0 {
             return Err(Error::new(ErrorKind::InvalidArgument, "dim must be positive, got 0"));
         }
+        let parts = map.parts();
         Ok(Self {
             id,
             dim,
+            map,
             clock: Clock::new(),
             // Each part starts with its own sv, `(0, id)`: no two replicas share one.
             parts: (0..parts)
@@ -167,7 +227,7 @@ impl Replica {
 
     /// The part of `key`.
     pub fn part_of(&self, key: u64) -> u32 {
-        part_of(key, self.parts())
+        self.map.part_of(key)
     }
 
     /// The clock's last timestamp.
@@ -184,6 +244,17 @@ impl Replica {
             ErrorKind::InvalidArgument,
             format!("part {part} out of range: the replica has {} parts", self.parts.len()),
         )
+    }
+
+    /// Part `part` read by the steps.
+    fn view(&self, part: u32) -> Result<At<'_, &Part>> {
+        Ok(At {
+            part: self.part(part)?,
+            clock: None,
+            id: self.id,
+            #[cfg(test)]
+            mutant: self.mutant,
+        })
     }
 
     /// The row of `key`, if stored.
@@ -227,14 +298,12 @@ impl Replica {
             }
             _ => v,
         };
-        let part = self.part_of(key) as usize;
-        let s = &mut self.parts[part];
+        let part = self.part_of(key);
+        let s = &mut self.parts[part as usize];
         s.rows.insert(key, Row { version: v, values, deleted: false });
-        s.sync.vv.raise(self.id, v.timestamp);
-        s.sync.cache.on_write(key, v);
-        // The write's own timestamp is a fresh tick of this replica: a new sv without a tick.
-        s.sync.sv = Sv::new(v.timestamp, self.id);
-        self.changes.bump(part as u32);
+        if steps::note_local(&mut s.sync, key, v, self.id) {
+            self.changes.bump(part);
+        }
         Ok(v)
     }
 
@@ -253,11 +322,11 @@ impl Replica {
         for s in &mut self.parts {
             let floor = &mut s.floor;
             s.rows.retain(|_, r| {
-                let keep = !r.deleted || r.version.ms().saturating_add(horizon_ms) > now_ms;
-                if !keep {
+                let gone = r.deleted && steps::expired(r.version, now_ms, horizon_ms);
+                if gone {
                     floor.raise(r.version.replica, r.version.timestamp);
                 }
-                keep
+                !gone
             });
         }
     }
@@ -268,55 +337,43 @@ impl Replica {
     }
 
     /// Answers a pull of part `part` from a requester knowing `vv_r`: the whole part when
-    /// `vv_r` does not dominate the floor, else from the cache on a hit, else by a full scan.
+    /// `vv_r` does not dominate the floor, else from the cache on a hit, else by a full scan
+    /// (the production steps: [`steps::plan_pull`], [`steps::pull_keys`], [`steps::ships`]).
     pub fn serve_pull(&self, part: u32, vv_r: &Vv) -> Result<Reply> {
-        let s = self.part(part)?;
-        // R1: the knowledge is read before the selection starts.
-        let vv_s = s.sync.vv.clone();
-        let sv_s = s.sync.sv;
-        #[cfg(test)]
-        let ignore_floor = self.mutant == Mutant::IgnoreFloor;
-        #[cfg(not(test))]
-        let ignore_floor = false;
-        if !ignore_floor && !vv_r.dominates(&s.floor) {
-            let rows = s.rows.iter().map(|(k, r)| (*k, r.clone())).collect();
-            let complete = Some(s.floor.clone());
-            return Ok(Reply { part, rows, vv_s, sv_s, from_cache: false, complete });
-        }
-        #[cfg(test)]
-        let hit = self.mutant == Mutant::SkipDvvCheck || s.sync.cache.hits(vv_r);
-        #[cfg(not(test))]
-        let hit = s.sync.cache.hits(vv_r);
-        if hit {
-            let rows = s
-                .sync
-                .cache
-                .select(vv_r)
-                .into_iter()
-                .filter_map(|k| s.rows.get(&k).map(|r| (k, r.clone())))
-                .collect();
-            return Ok(Reply { part, rows, vv_s, sv_s, from_cache: true, complete: None });
-        }
-        let rows = Self::scan(s, vv_r);
-        Ok(Reply { part, rows, vv_s, sv_s, from_cache: false, complete: None })
+        let view = self.view(part)?;
+        let pull = steps::plan_pull(&view, vv_r, true);
+        let complete = pull.complete.is_some();
+        let rows = steps::pull_keys(&view, &pull, vv_r)
+            .into_iter()
+            .filter_map(|k| view.part.rows.get(&k).map(|r| (k, r)))
+            .filter(|(_, r)| steps::ships(r.version, vv_r, complete))
+            .map(|(k, r)| (k, r.clone()))
+            .collect();
+        Ok(Reply {
+            part,
+            rows,
+            vv_s: pull.vv,
+            sv_s: pull.sv,
+            from_cache: pull.from_cache,
+            complete: pull.complete,
+        })
     }
 
-    /// The full-scan selection of part `part` (what a miss returns), for comparisons.
+    /// The full-scan selection of part `part` (what a miss returns): the checker's reference
+    /// for the update cache's answers (C3), written apart from the steps.
     pub fn scan_pull(&self, part: u32, vv_r: &Vv) -> Result<Vec<(u64, Row)>> {
-        Ok(Self::scan(self.part(part)?, vv_r))
-    }
-
-    fn scan(s: &Part, vv_r: &Vv) -> Vec<(u64, Row)> {
-        s.rows
+        Ok(self
+            .part(part)?
+            .rows
             .iter()
             .filter(|(_, r)| r.version.timestamp > vv_r.get(r.version.replica))
             .map(|(k, r)| (*k, r.clone()))
-            .collect()
+            .collect())
     }
 
-    /// Applies a pull's reply: each row last-writer-wins, then the VV merge (R2). The reply is
-    /// checked whole first (part, row shapes, rows in their part), so a bad reply changes
-    /// nothing. Returns how many rows were written.
+    /// Applies a pull's reply with [`steps::apply`]: each row last-writer-wins, then the VV
+    /// merge (R2). The reply is checked whole first (part, row shapes, rows in their part), so
+    /// a bad reply changes nothing. Returns how many rows were written.
     pub fn apply_reply(&mut self, reply: &Reply) -> Result<usize> {
         let part = reply.part;
         self.part(part)?;
@@ -331,67 +388,19 @@ impl Replica {
                 ));
             }
         }
-        #[cfg(test)]
-        let (rows, adopt_anyway): (&[(u64, Row)], bool) = match self.mutant {
-            Mutant::None => (&reply.rows, false),
-            Mutant::DropLastRow => (&reply.rows[..reply.rows.len().saturating_sub(1)], false),
-            Mutant::AlwaysAdoptSv => (&reply.rows, true),
-            _ => (&reply.rows, false),
-        };
-        #[cfg(not(test))]
-        let (rows, adopt_anyway): (&[(u64, Row)], bool) = (&reply.rows, false);
-        let s = &mut self.parts[part as usize];
-        let mut written = 0;
-        for (k, r) in rows {
-            // A write this part already knows of is never applied again: it holds that
-            // write or a newer one, or a newer removal whose tombstone it has collected (a
-            // stale reply must not bring the row back).
+        let missing = steps::missing(&self.view(part)?, reply);
+        let mut at = At {
+            part: &mut self.parts[part as usize],
+            clock: Some(&mut self.clock),
+            id: self.id,
             #[cfg(test)]
-            let guard = self.mutant != Mutant::ReapplyKnown;
-            #[cfg(not(test))]
-            let guard = true;
-            if guard && r.version.timestamp <= s.sync.vv.get(r.version.replica) {
-                continue;
-            }
-            // LWW: an equal version is the same write, so only a strictly newer one is applied.
-            if s.rows.get(k).is_none_or(|old| r.version > old.version) {
-                s.rows.insert(*k, r.clone());
-                s.sync.cache.on_write(*k, r.version);
-                self.clock.observe(r.version.timestamp);
-                written += 1;
-            }
-        }
-        if let Some(floor) = &reply.complete {
-            // The whole part: a row held here that the responder saw (its VV covers it)
-            // and no longer has was removed there, its tombstone collected.
-            let theirs: std::collections::BTreeSet<u64> =
-                reply.rows.iter().map(|(k, _)| *k).collect();
-            let vv_s = &reply.vv_s;
-            let before = s.rows.len();
-            s.rows.retain(|k, r| {
-                theirs.contains(k) || r.version.timestamp > vv_s.get(r.version.replica)
-            });
-            written += before - s.rows.len();
-            s.floor.merge(floor);
-        }
-        let before = s.sync.vv.clone();
-        s.sync.vv.merge(&reply.vv_s);
-        let old_sv = s.sync.sv;
-        if adopt_anyway || s.sync.vv == reply.vv_s {
-            // Same knowledge as the responder: take its name. When it was already the same,
-            // keep the numerically larger, so two replicas that pull from each other settle
-            // on one sv instead of swapping forever (S4).
-            s.sync.sv = if before == reply.vv_s { old_sv.max(reply.sv_s) } else { reply.sv_s };
-        } else if s.sync.vv != before {
-            // New knowledge no one has named: a fresh sv. The clock runs out only after 2^64
-            // ticks; then the last value is reused rather than failing after rows were written.
-            let c = self.clock.tick(0).unwrap_or(u64::MAX);
-            s.sync.sv = Sv::new(c, self.id);
-        }
-        if s.sync.sv != old_sv {
+            mutant: self.mutant,
+        };
+        let applied = steps::apply(&mut at, reply, &missing)?;
+        if applied.sv_changed {
             self.changes.bump(part);
         }
-        Ok(written)
+        Ok(applied.written)
     }
 
     /// The parts whose sv changed after `cursor` with their svs, and the next cursor.
@@ -413,12 +422,17 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `parts` parts in one shard.
+    fn map(parts: u32) -> PartMap {
+        PartMap::new(1, parts).unwrap()
+    }
+
     #[test]
     fn bad_input_is_an_error_and_changes_nothing() {
-        assert_eq!(Replica::new(0, 0, 4).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        let e = Replica::new(0, 4, 0).unwrap_err();
+        assert_eq!(PartMap::new(1, 0).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let e = Replica::new(0, map(4), 0).unwrap_err();
         assert!(e.to_string().contains("dim must be positive, got 0"), "{e}");
-        let mut r = Replica::new(1, 4, 2).unwrap();
+        let mut r = Replica::new(1, map(4), 2).unwrap();
         let e = r.local_write(5, vec![1.0], 10).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ShapeMismatch);
         assert!(e.to_string().contains("values must have 2 floats, got 1"), "{e}");
@@ -427,7 +441,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("part 9 out of range: the replica has 4 parts"));
-        let mut src = Replica::new(2, 4, 2).unwrap();
+        let mut src = Replica::new(2, map(4), 2).unwrap();
         src.local_write(5, vec![1.0, 2.0], 10).unwrap();
         let part = src.part_of(5);
         let mut reply = src.serve_pull(part, &Vv::new()).unwrap();
@@ -444,8 +458,8 @@ mod tests {
 
     #[test]
     fn a_pull_ships_only_what_the_requester_lacks() {
-        let mut p = Replica::new(0, 1, 1).unwrap();
-        let mut f = Replica::new(1, 1, 1).unwrap();
+        let mut p = Replica::new(0, map(1), 1).unwrap();
+        let mut f = Replica::new(1, map(1), 1).unwrap();
         p.local_write(1, vec![1.0], 10).unwrap();
         f.apply_reply(&p.serve_pull(0, &f.sync(0).unwrap().vv).unwrap()).unwrap();
         p.local_write(2, vec![2.0], 11).unwrap();
@@ -462,8 +476,8 @@ mod tests {
     /// the VV covers a write the part does not hold, so no later pull would resend it.
     #[test]
     fn the_drop_last_row_mutant_breaks_knowledge() {
-        let mut p = Replica::new(0, 1, 1).unwrap();
-        let mut f = Replica::new(1, 1, 1).unwrap();
+        let mut p = Replica::new(0, map(1), 1).unwrap();
+        let mut f = Replica::new(1, map(1), 1).unwrap();
         f.mutant = Mutant::DropLastRow;
         let v1 = p.local_write(1, vec![1.0], 10).unwrap();
         let v2 = p.local_write(2, vec![2.0], 10).unwrap();
@@ -478,8 +492,8 @@ mod tests {
     /// concurrently end with equal svs after one exchange each.
     #[test]
     fn concurrent_pulls_settle_on_one_sv() {
-        let mut a = Replica::new(0, 1, 1).unwrap();
-        let mut b = Replica::new(1, 1, 1).unwrap();
+        let mut a = Replica::new(0, map(1), 1).unwrap();
+        let mut b = Replica::new(1, map(1), 1).unwrap();
         a.local_write(1, vec![1.0], 10).unwrap();
         b.local_write(2, vec![2.0], 10).unwrap();
         // Both ask at once, then both apply: each learns the other's write, so each VV changes
@@ -520,7 +534,7 @@ mod tests {
             let writes: Vec<(u64, Row)> = writes.into_iter()
                 .map(|((ts, o), (k, x))| (k, Row { version: Version::new(ts + 1, o), values: vec![x as f32], deleted: false }))
                 .collect();
-            let mut r = Replica::new(9, 1, 1).unwrap();
+            let mut r = Replica::new(9, map(1), 1).unwrap();
             // Every write at least once, then the random duplicates, in a shuffled order.
             let mut seq: Vec<usize> = (0..writes.len()).collect();
             seq.extend(order.iter().map(|i| i.index(writes.len())));

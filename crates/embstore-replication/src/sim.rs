@@ -1,5 +1,10 @@
 //! A deterministic simulation of pull-based sync, and the checker of its invariants.
 //!
+//! The replicas ([`Replica`]) run the production steps ([`crate::steps`], the functions the
+//! table's `sync_pull` / `sync_apply` call) and place keys by the table's [`PartMap`], so a
+//! check that fails here fails for the production protocol; the mutants of
+//! `steps::Mutant` break those steps from inside.
+//!
 //! `N` replicas; one primary writes. Pulls and replies travel as messages through a simulated
 //! network that drops, duplicates, reorders and delays them, and that can be partitioned into
 //! two sides and healed. Every choice comes from one seeded [`SplitMix64`], so a seed replays a
@@ -10,6 +15,7 @@
 //! C1/C2 (the update cache's invariants), S1/S2 (shard versions name knowledge); V1 and V6 are checked as each write is made, C3 on
 //! every pull the cache answers. [`Sim::heal_and_quiesce`] then checks V5 (convergence).
 
+use crate::map::PartMap;
 use crate::replica::{Replica, Reply};
 use crate::version::Version;
 use crate::vv::Vv;
@@ -21,8 +27,11 @@ use std::collections::BTreeMap;
 pub struct SimConfig {
     /// Replicas (at least 2); replica 0 starts as the primary.
     pub replicas: usize,
-    /// Sync parts per replica.
+    /// Sync parts per replica (a power of two), over `shards` shards placed as a table
+    /// places them ([`PartMap`]).
     pub parts: u32,
+    /// Shards per replica (a power of two).
+    pub shards: u32,
     /// Keys drawn from `0..keys`.
     pub keys: u64,
     /// Percent of delivered messages dropped.
@@ -48,6 +57,7 @@ impl Default for SimConfig {
         Self {
             replicas: 4,
             parts: 4,
+            shards: 2,
             keys: 32,
             drop_pct: 15,
             dup_pct: 10,
@@ -79,6 +89,8 @@ impl Msg {
 #[derive(Debug)]
 pub struct Sim {
     cfg: SimConfig,
+    /// Where keys are: the table's map.
+    map: PartMap,
     rng: SplitMix64,
     now_ms: u64,
     primary: usize,
@@ -114,11 +126,12 @@ impl Sim {
         if cfg.replicas < 2 {
             return Err(format!("a simulation needs at least 2 replicas, got {}", cfg.replicas));
         }
+        let map = PartMap::new(cfg.shards, cfg.parts).map_err(|e| e.to_string())?;
         let replicas = (0..cfg.replicas)
-            .map(|i| Replica::new(i as u32, cfg.parts, 1).map_err(|e| e.to_string()))
+            .map(|i| Replica::new(i as u32, map, 1).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
         let n = cfg.replicas;
-        let nparts = cfg.parts as usize;
+        let nparts = map.parts() as usize;
         Ok(Self {
             rng: SplitMix64::new(seed),
             now_ms: 1_000,
@@ -136,6 +149,7 @@ impl Sim {
             next_id: n as u32,
             lost: 0,
             replicas,
+            map,
             cfg,
         })
     }
@@ -172,7 +186,7 @@ impl Sim {
             25..=49 => {
                 let r = self.pick(self.cfg.replicas);
                 let s = (r + 1 + self.pick(self.cfg.replicas - 1)) % self.cfg.replicas;
-                let part = self.rng.below(u64::from(self.cfg.parts)) as u32;
+                let part = self.rng.below(u64::from(self.map.parts())) as u32;
                 let vv = self.replicas[r].sync(part).map_err(|e| e.to_string())?.vv.clone();
                 self.send(Msg::Pull { from: r, to: s, part, vv });
             }
@@ -218,12 +232,12 @@ impl Sim {
         let r = self.pick(self.cfg.replicas);
         let id = self.next_id;
         self.next_id += 1;
-        self.replicas[r] = Replica::new(id, self.cfg.parts, 1).map_err(|e| e.to_string())?;
+        self.replicas[r] = Replica::new(id, self.map, 1).map_err(|e| e.to_string())?;
         self.in_flight.retain(|(_, m)| {
             let (a, b) = m.link();
             a != r && b != r
         });
-        let nparts = self.cfg.parts as usize;
+        let nparts = self.map.parts() as usize;
         self.seen[r] = (vec![Vv::new(); nparts], BTreeMap::new());
         self.last_local[r] = vec![Version::ZERO; nparts];
         self.lost += 1;
@@ -422,7 +436,7 @@ impl Sim {
                     if r == s {
                         continue;
                     }
-                    for part in 0..self.cfg.parts {
+                    for part in 0..self.map.parts() {
                         let sv_s = self.replicas[s].sync(part).map_err(|e| e.to_string())?.sv;
                         let mine = self.replicas[r].sync(part).map_err(|e| e.to_string())?;
                         if self.cfg.skip_by_sv && mine.sv.succeq(&sv_s) {
@@ -485,7 +499,7 @@ impl Sim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replica::Mutant;
+    use crate::steps::Mutant;
 
     fn run_seeds(cfg: &SimConfig, seeds: std::ops::Range<u64>, steps: usize) -> (u64, u64) {
         let (mut hits, mut misses) = (0, 0);
@@ -513,7 +527,8 @@ mod tests {
     fn the_invariants_hold_with_failovers_and_heavy_loss() {
         let cfg = SimConfig {
             replicas: 5,
-            parts: 3,
+            parts: 2,
+            shards: 2,
             keys: 12,
             drop_pct: 40,
             dup_pct: 30,
@@ -527,7 +542,7 @@ mod tests {
 
     #[test]
     fn one_part_two_replicas() {
-        let cfg = SimConfig { replicas: 2, parts: 1, keys: 4, ..SimConfig::default() };
+        let cfg = SimConfig { replicas: 2, parts: 1, shards: 1, keys: 4, ..SimConfig::default() };
         run_seeds(&cfg, 2000..2040, 300);
     }
 

@@ -1,14 +1,14 @@
-//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`PartSync`] (version vector, update cache, shard version) per
-//! sync part of the shard, and the tombstones of removed rows. It lives inside the shard, under
-//! the shard's lock, so that a row write and its VV, cache and sv changes are one step.
+//! A shard's sync state (the table's sync calls are in `crate::sync`): one [`PartSync`]
+//! (version vector, update cache, shard version) per sync part of the shard, the floors, and
+//! the tombstones of removed rows. It lives inside the shard, under the shard's lock, so that a
+//! row write and its VV, cache and sv changes are one step (`steps::note_local`, the
+//! replication crate's, as every protocol step).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use embstore_common::fmix64;
-use embstore_common::shard::SHARD_SALT;
 use embstore_replication::changes::ChangeIndex;
-use embstore_replication::{PartSync, Sv, UpdateCache, Vv};
+use embstore_replication::{steps, PartMap, PartSync, Sv, UpdateCache, Vv};
 use hashbrown::HashMap;
 use parking_lot::{Condvar, Mutex};
 
@@ -67,7 +67,7 @@ impl ShardSync {
     /// The table-wide id of sub-part `sub` of this shard.
     #[inline]
     pub(crate) fn part_id(&self, sub: usize) -> u32 {
-        self.shard * self.shared.layout.per_shard + sub as u32
+        self.shared.layout.join(self.shard, sub)
     }
 
     /// A local write of `key` that left its row at version `v` (W1: under the shard lock, with
@@ -75,14 +75,10 @@ impl ShardSync {
     pub(crate) fn on_local(&mut self, key: u64, v: Version, shard_rows: usize) {
         self.tombs.remove(&key);
         let sub = self.sub(key);
-        let p = &mut self.parts[sub];
-        p.vv.raise(v.replica, v.timestamp);
-        p.cache.on_write(key, v);
-        let sv = Sv::new(v.timestamp, self.shared.clock.replica());
-        // The rows of one batch in one shard share a version: the part's change is recorded
-        // once, not once per row (the change index is shared by every shard).
-        if p.sv != sv {
-            p.sv = sv;
+        // The protocol's step; the rows of one batch in one shard share a version: the part's
+        // change is recorded once, not once per row (the change index is shared by every
+        // shard).
+        if steps::note_local(&mut self.parts[sub], key, v, self.shared.clock.replica()) {
             let id = self.part_id(sub);
             self.shared.changed(id);
         }
@@ -151,50 +147,17 @@ impl ShardSync {
         let layout = self.shared.layout;
         let floors = &mut self.floors;
         self.tombs.retain(|&k, v| {
-            let keep = v.ms().saturating_add(horizon) > now;
-            if !keep {
+            let gone = steps::expired(*v, now, horizon);
+            if gone {
                 floors[layout.sub_of(k)].raise(v.replica, v.timestamp);
             }
-            keep
+            !gone
         });
     }
 
     /// Rows cached, over the parts.
     pub(crate) fn cached(&self) -> usize {
         self.parts.iter().map(|p| p.cache.len()).sum()
-    }
-}
-
-/// Where a key's sync part is: its shard's parts are `shard * per_shard ..`, and the part
-/// within the shard comes from hash bits the shard does not use.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    pub(crate) per_shard: u32,
-    pub(crate) shard_mask: u64,
-}
-
-impl Layout {
-    /// Parts in all (over `shard_mask + 1` shards).
-    #[inline]
-    pub(crate) fn parts(&self) -> u32 {
-        self.per_shard * (self.shard_mask as u32 + 1)
-    }
-
-    #[inline]
-    pub(crate) fn sub_of(&self, key: u64) -> usize {
-        ((fmix64(key ^ SHARD_SALT) >> 32) & u64::from(self.per_shard - 1)) as usize
-    }
-
-    #[inline]
-    pub(crate) fn part_of(&self, key: u64) -> u32 {
-        let shard = (fmix64(key ^ SHARD_SALT) & self.shard_mask) as u32;
-        shard * self.per_shard + self.sub_of(key) as u32
-    }
-
-    /// The shard of `part` and its index within the shard.
-    #[inline]
-    pub(crate) fn split(&self, part: u32) -> (usize, usize) {
-        ((part / self.per_shard) as usize, (part % self.per_shard) as usize)
     }
 }
 
@@ -231,7 +194,7 @@ pub(crate) struct Adapt {
 /// Sync state shared by a table's shards: the clock, the change index and its waiters.
 pub(crate) struct SyncShared {
     pub(crate) clock: Arc<Clock>,
-    pub(crate) layout: Layout,
+    pub(crate) layout: PartMap,
     pub(crate) epoch: u64,
     pub(crate) changes: Mutex<ChangeIndex>,
     pub(crate) changed: Condvar,

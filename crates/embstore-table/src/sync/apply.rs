@@ -1,14 +1,14 @@
-//! [`Table::sync_apply`]: a peer's reply, checked whole, applied last-writer-wins, and the
-//! part's knowledge merged after the last row (R2).
+//! [`Table::sync_apply`]: a peer's reply, checked whole here, then applied by the protocol's
+//! step (`embstore_replication::steps::apply`: last-writer-wins, and the part's knowledge
+//! merged after the last row, R2) over the locked shard.
 
 use std::sync::atomic::Ordering;
 
-use embstore_replication::Sv;
+use embstore_replication::steps;
 
-use super::{Complete, PartReply};
-use crate::meta::PackedMeta;
+use super::part::TablePart;
+use super::PartReply;
 use crate::tier::Gate;
-use crate::version::now_ms;
 use crate::write::{clock_horizon, StateIn};
 use crate::{Error, Result, Table, Version, MAX_REPLICA};
 
@@ -35,11 +35,13 @@ impl Table {
             return Err(e);
         }
         let (s, sub) = sync.layout.split(reply.part);
-        let (d, sd) = (self.dim(), self.state_dim);
-        // A complete reply: the rows held here in its range that it lacks (removed at the
-        // responder if it saw them; checked again under the write lock).
+        // A complete reply: the keys held here in its range that it lacks (removed at the
+        // responder if it saw them; the step checks that under the write lock).
         let missing = match &reply.complete {
-            Some(c) => self.missing_from(s, sub, c, reply),
+            Some(_) => {
+                let shard = self.shards[s].read();
+                steps::missing(&TablePart::view(self, &shard, sub), reply)
+            }
             None => Vec::new(),
         };
         // A tiered table brings the rows into memory first (and makes room for new ones), so
@@ -60,72 +62,13 @@ impl Table {
                 self.raise_step(step);
             }
         }
-        let created = PackedMeta::created(now_ms());
         // The shard's lock is released before the tier's guard (`_entered`): the guard's drop
         // reports memory, which reads every shard.
         let mut guard = self.shards[s].write();
-        let shard = &mut *guard;
-        let mut written = 0;
-        for (i, &key) in reply.keys.iter().enumerate() {
-            let v = reply.meta[i].version;
-            let slot = shard.slot(key);
-            let held = match slot {
-                Some(slot) => shard.meta[slot].unpack().version,
-                None => shard
-                    .sync
-                    .as_ref()
-                    .expect("syncing")
-                    .tombs
-                    .get(&key)
-                    .copied()
-                    .unwrap_or_default(),
-            };
-            // Last writer wins: an equal version is the same write. A write the part already
-            // knows of is never applied again: it holds that write or a newer one, or a newer
-            // removal whose tombstone was collected (a stale reply must not bring it back).
-            let known = shard.sync.as_ref().expect("syncing").parts[sub].vv.get(v.replica);
-            if v <= held || v.timestamp <= known {
-                continue;
-            }
-            self.clock.observe(v);
-            if reply.tombstone[i] {
-                shard.remove_row(key);
-                shard.sync.as_mut().expect("syncing").tombs.insert(key, v);
-            } else {
-                let slot = match slot {
-                    Some(slot) => slot,
-                    None => shard.insert(key, created, &self.config.optimizer)?,
-                };
-                shard.values.write(slot, &reply.values[i * d..][..d]);
-                if let Some(st) = &reply.state {
-                    shard.state.row_mut(slot).copy_from_slice(&st[i * sd..][..sd]);
-                }
-                shard.set_meta(slot, key, PackedMeta::pack(&reply.meta[i]));
-                shard.sync.as_mut().expect("syncing").tombs.remove(&key);
-            }
-            shard.sync.as_mut().expect("syncing").parts[sub].cache.on_write(key, v);
-            written += 1;
-        }
-        let covered = |v: Version| v.timestamp <= reply.vv.get(v.replica);
-        if let Some(c) = &reply.complete {
-            // Every piece raises the floor (floors only ever force complete parts, so early is
-            // safe): between pieces, a peer pulling from here is behind what was dropped.
-            shard.sync.as_mut().expect("syncing").floors[sub].merge(&c.floor);
-        }
-        for &key in &missing {
-            let sy = shard.sync.as_mut().expect("syncing");
-            if let Some(&v) = sy.tombs.get(&key).filter(|&&v| covered(v)) {
-                // Dropped as the responder collected it: below this part's floor from now on.
-                sy.tombs.remove(&key);
-                sy.floors[sub].raise(v.replica, v.timestamp);
-            }
-            if shard.slot(key).is_some_and(|slot| covered(shard.meta[slot].unpack().version)) {
-                shard.remove_row(key);
-                written += 1;
-            }
-        }
-        let me = self.clock.replica();
-        let sy = shard.sync.as_mut().expect("syncing");
+        // The protocol's step: rows last-writer-wins, a complete reply's floor and dropped
+        // keys, then (after the last piece) the VV merge and the sv rule.
+        let applied = steps::apply(&mut TablePart::store(self, &mut guard, sub), reply, &missing)?;
+        let written = applied.written;
         if reply.partial {
             // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
             sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
@@ -133,21 +76,10 @@ impl Table {
             drop(_entered);
             return Ok(written);
         }
-        let p = &mut sy.parts[sub];
-        let before = p.vv.clone();
-        p.vv.merge(&reply.vv);
-        let old_sv = p.sv;
-        if p.vv == reply.vv {
-            // Same knowledge as the responder: take its name (the larger of the two when it was
-            // already the same, so two peers pulling from each other settle on one).
-            p.sv = if before == reply.vv { old_sv.max(reply.sv) } else { reply.sv };
-        } else if p.vv != before {
-            p.sv = Sv::new(self.clock.tick().timestamp, me);
+        if applied.sv_changed {
+            sync.changed(reply.part);
         }
-        if p.sv != old_sv {
-            let id = sy.part_id(sub);
-            sy.shared.changed(id);
-        }
+        let shard = &mut *guard;
         let rows = shard.len();
         shard.sync.as_mut().expect("syncing").maybe_prune(false, rows);
         if written > 0 {
@@ -159,22 +91,6 @@ impl Table {
         c.replies_applied.fetch_add(1, Ordering::Relaxed);
         c.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
         Ok(written)
-    }
-
-    /// The keys of part (`s`, `sub`) held here (rows, in memory or on disk, and tombstones)
-    /// in `c`'s key range that `reply` does not carry.
-    fn missing_from(&self, s: usize, sub: usize, c: &Complete, reply: &PartReply) -> Vec<u64> {
-        let theirs: hashbrown::HashSet<u64> = reply.keys.iter().copied().collect();
-        let shard = self.shards[s].read();
-        let sy = shard.sync.as_ref().expect("syncing");
-        let wanted =
-            |k: u64| (c.lo..=c.hi).contains(&k) && sy.sub(k) == sub && !theirs.contains(&k);
-        let mut out: Vec<u64> = shard.index.iter().map(|(k, _)| k).filter(|&k| wanted(k)).collect();
-        out.extend(shard.cold_entries().map(|(k, _)| k).filter(|&k| wanted(k)));
-        out.extend(sy.tombs.keys().copied().filter(|&k| wanted(k)));
-        out.sort_unstable();
-        out.dedup();
-        out
     }
 
     /// The checks of an import (shapes, finite values and state, versions at most a day

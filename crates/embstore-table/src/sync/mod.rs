@@ -1,5 +1,9 @@
 //! Dissemination support inside the table: the sync state of Ekko-style pull replication
-//! (`embstore-replication` holds the protocol; `docs/dissemination.md` the whole design).
+//! (`docs/dissemination.md` holds the whole design). The protocol's steps are not here: they
+//! live once in `embstore_replication::steps`, and [`Table::sync_pull`] / [`Table::sync_apply`]
+//! run them over a shard through `part.rs`'s `TablePart` (the part traits of
+//! `embstore_replication::part`), so the replication crate's simulator checks the very steps
+//! the table runs. Keys are placed by `embstore_replication::PartMap`, the simulator's map too.
 //!
 //! A table that syncs splits every shard into *sync parts* (a part lives inside one shard, so
 //! its state sits under the shard's lock). Each part keeps a version vector (what it knows), an
@@ -20,14 +24,16 @@ use std::time::Duration;
 
 use embstore_common::fmix64;
 use embstore_replication::changes::ChangeIndex;
+use embstore_replication::PartMap;
 use parking_lot::{Condvar, Mutex};
 
-pub use embstore_replication::{Sv, Vv};
+pub use embstore_replication::{Complete, Sv, Vv, MAX_PARTS};
 
-use crate::shard::sync::{Adapt, Layout, ShardSync, SyncCounters, SyncShared, COLLECT_EVERY_MS};
+use crate::shard::sync::{Adapt, ShardSync, SyncCounters, SyncShared, COLLECT_EVERY_MS};
 use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
 mod apply;
+mod part;
 mod pull;
 pub(crate) mod saved;
 mod target;
@@ -37,8 +43,6 @@ pub use target::{check_parts, TableInfo, Target};
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
 /// each for a table of a million 64-float rows, the size Ekko's test-bed used.
 pub const DEFAULT_PARTS: u32 = 1024;
-/// The most sync parts a table may have.
-pub const MAX_PARTS: u32 = 1 << 20;
 
 /// How a table syncs.
 #[derive(Clone, Debug, PartialEq)]
@@ -178,18 +182,6 @@ pub struct PartReply {
     pub step: Option<u64>,
 }
 
-/// A reply (or a piece of one) that holds every row of its part in a key range: the requester
-/// drops its rows in that range that the reply lacks and that `vv` covers (the responder saw
-/// them, and no longer has them: they were removed), then raises its floor to `floor`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Complete {
-    /// The key range, inclusive.
-    pub lo: u64,
-    pub hi: u64,
-    /// The responder's floor of the part (see `SyncOptions::tombstone_horizon_ms`).
-    pub floor: Vv,
-}
-
 impl PartReply {
     /// Rows (and tombstones) in the reply.
     pub fn len(&self) -> usize {
@@ -290,19 +282,16 @@ impl Table {
     ) -> Result<()> {
         self.check_live()?;
         let shards = self.shards.len() as u32;
-        if !options.parts.is_power_of_two() || options.parts > MAX_PARTS {
-            return Err(Error::invalid(format!(
-                "sync parts must be a power of two up to {MAX_PARTS}, got {}",
-                options.parts
-            )));
-        }
+        // The one key -> part map, the simulator's too (it checks "a power of two up to
+        // MAX_PARTS").
+        let layout = PartMap::new(shards, options.parts)?;
         if !(options.cache_max_frac > 0.0 && options.cache_max_frac <= 1.0) {
             return Err(Error::invalid(format!(
                 "cache_max_frac must be in (0, 1], got {}",
                 options.cache_max_frac
             )));
         }
-        let parts = options.parts.max(shards);
+        let parts = layout.parts();
         if let Some(s) = self.sync.get() {
             if s.layout.parts() == parts {
                 return Ok(());
@@ -313,7 +302,6 @@ impl Table {
                 s.layout.parts()
             )));
         }
-        let layout = Layout { per_shard: parts / shards, shard_mask: u64::from(shards - 1) };
         // Each part knows the rows it holds: per origin, the newest version among them.
         let given =
             known.filter(|k| k.vvs.len() == parts as usize && k.floors.len() == k.vvs.len());
@@ -362,7 +350,7 @@ impl Table {
         }
         let (mut vvs, mut floors) = (vvs.into_iter(), floors.into_iter());
         for (s, shard) in self.shards.iter().enumerate() {
-            let per = layout.per_shard as usize;
+            let per = layout.per_shard() as usize;
             let mine: Vec<Vv> = vvs.by_ref().take(per).collect();
             let floor: Vec<Vv> = floors.by_ref().take(per).collect();
             let sy = ShardSync::new(shared.clone(), s as u32, mine, floor);

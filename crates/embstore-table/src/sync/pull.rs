@@ -1,8 +1,13 @@
-//! [`Table::sync_pull`]: the rows of a part that a requester lacks.
+//! [`Table::sync_pull`]: the rows of a part that a requester lacks, chosen by the protocol's
+//! steps (`embstore_replication::steps::{plan_pull, pull_keys, ships}`) and read here, in
+//! pieces, from memory and disk.
 
 use std::sync::atomic::Ordering;
 
-use super::{Complete, PartReply, Vv};
+use embstore_replication::{steps, PartView};
+
+use super::part::TablePart;
+use super::{PartReply, Vv};
 use crate::tier::{Gate, Host};
 use crate::{Result, RowMeta, Table, Version};
 
@@ -89,49 +94,38 @@ impl Table {
             None => piece_rows,
         }
         .max(1);
-        // The part's knowledge, read before any row (R1: a row that changes meanwhile only
-        // gets newer, so it is still selected or shipped next time), and the keys to read.
-        let mut keys: Vec<u64> = {
+        // The protocol's step: the part's knowledge, read before any row (R1: a row that
+        // changes meanwhile only gets newer, so it is still selected or shipped next time),
+        // whether the requester gets the part whole, the cache's answer or a scan's, and the
+        // keys to read.
+        let keys: Vec<u64> = {
             let shard = self.shards[s].read();
-            let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
-            let p = &sy.parts[sub];
-            (head.vv, head.sv) = (p.vv.clone(), p.sv);
-            let floor = &sy.floors[sub];
-            if !vv_r.dominates(floor) {
-                // Behind removals whose tombstones are gone: every row, in key order.
-                head.complete = Some(Complete { lo: 0, hi: u64::MAX, floor: floor.clone() });
-            }
-            let known = vv_r.max_timestamp();
-            let behind =
-                (known > 0).then(|| (head.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
-            let hit = sync.use_cache && head.complete.is_none() && p.cache.hits(vv_r);
-            if !hit && cached_only.is_some() {
+            let part = TablePart::view(self, &shard, sub);
+            let pull = steps::plan_pull(&part, vv_r, sync.use_cache);
+            if !pull.from_cache && cached_only.is_some() {
                 return Ok(false);
             }
-            if hit {
-                head.from_cache = true;
-                let keys = p.cache.select(vv_r);
+            let keys = steps::pull_keys(&part, &pull, vv_r);
+            if pull.from_cache {
                 if cached_only.is_some_and(|max| keys.len() > max) {
                     return Ok(false);
                 }
                 // What the cache had to hold for this requester: back to the oldest write it
                 // lacked (a part written rarely is not "behind" for it).
-                let oldest = keys.iter().filter_map(|&k| p.cache.get(k)).map(|v| v.ms()).min();
+                let cache = &part.sync().cache;
+                let oldest = keys.iter().filter_map(|&k| cache.get(k)).map(|v| v.ms()).min();
                 let now = crate::version::now_ms();
                 sync.note_pull(true, Some(oldest.map_or(0, |ms| now.saturating_sub(ms))));
-                keys
             } else {
+                let known = vv_r.max_timestamp();
+                let behind = (known > 0)
+                    .then(|| (pull.vv.max_timestamp() >> 16).saturating_sub(known >> 16));
                 sync.note_pull(false, behind);
-                let mine = |&(k, _): &(u64, u64)| sy.sub(k) == sub;
-                let mut keys: Vec<u64> = shard.index.iter().filter(mine).map(|(k, _)| k).collect();
-                keys.extend(shard.cold_entries().filter(mine).map(|(k, _)| k));
-                keys.extend(sy.tombs.keys().filter(|&&k| sy.sub(k) == sub));
-                keys
             }
+            (head.vv, head.sv, head.complete, head.from_cache) =
+                (pull.vv, pull.sv, pull.complete, pull.from_cache);
+            keys
         };
-        if head.complete.is_some() {
-            keys.sort_unstable();
-        }
         let c = &sync.counters;
         let which = if head.from_cache { &c.pulls_cached } else { &c.pulls_scanned };
         which.fetch_add(1, Ordering::Relaxed);
@@ -164,12 +158,11 @@ impl Table {
     /// Appends to `r` the rows and tombstones of `keys` (all of shard `s`) that are newer than
     /// `vv_r` (every one for a complete reply); rows on disk are read without promoting them.
     fn read_piece(&self, s: usize, vv_r: &Vv, keys: &[u64], r: &mut PartReply) -> Result<()> {
-        // A row created by a lookup and never written (version 0) is no write: the requester's
-        // lookups compute its initial values alike, so it is never shipped (a complete reply
-        // included: the requester keeps, or drops, its own such row).
+        // The protocol's row filter (a row created by a lookup and never written, version 0,
+        // is no write and never ships, a complete reply included: the requester keeps, or
+        // drops, its own such row).
         let complete = r.complete.is_some();
-        let newer =
-            |v: Version| v != Version::default() && (complete || v.timestamp > vv_r.get(v.replica));
+        let newer = |v: Version| steps::ships(v, vv_r, complete);
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
         // (`None`) takes zeros of both widths.
