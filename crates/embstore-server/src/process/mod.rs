@@ -11,12 +11,16 @@
 //! (from `main`, a thread, or `spawn_blocking`).
 //!
 //! ```no_run
-//! use embstore_server::process::{ServeConfig, ServerProcess};
+//! use embstore_server::process::{FastListen, ServeConfig, ServerProcess};
 //!
-//! let config = ServeConfig::for_store("/data/store", "0.0.0.0:7070");
+//! let config = ServeConfig {
+//!     fast_unix: Some("/run/embstore/ctr.sock".into()), // the framed path on a Unix socket too
+//!     ..ServeConfig::for_store("/data/ctr", "127.0.0.1:7000")
+//! };
+//! assert_eq!(config.fast_listen, FastListen::Auto);     // and on a free TCP port
 //! let process = ServerProcess::start(config)?;
-//! println!("serving {:?} on {}", process.tables(), process.address());
-//! process.run(embstore_server::process::signals())?; // until SIGINT or SIGTERM
+//! println!("{:?} on {}", process.tables(), process.address());
+//! process.run(embstore_server::process::signals())?;    // until SIGINT or SIGTERM
 //! # Ok::<(), embstore_common::Error>(())
 //! ```
 
