@@ -274,10 +274,7 @@ impl Cluster {
 
     /// `REPLICAS` servers, each hosting every shard of `shards` as version 1 of table "user"
     /// (a batch's ids fall in several shards of one server: one request per server).
-    async fn hosting_together(
-        prefix: &str,
-        shards: &[Arc<dyn RowSource>],
-    ) -> Result<Self, String> {
+    async fn hosting_together(prefix: &str, shards: &[Arc<dyn RowSource>]) -> Result<Self, String> {
         let names: Vec<String> = (0..REPLICAS).map(|r| format!("{prefix}-r{r}")).collect();
         let c = Self::start_on(&names, |name| Ok(Server::new(name, 1 << 20)), false).await?;
         for server in &c.servers {

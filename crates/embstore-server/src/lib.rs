@@ -13,6 +13,8 @@
 //!   the same checks, rows and metrics as `Lookup`.
 //! - [`serve_metrics`] — `GET /metrics` in Prometheus' text format.
 //! - [`to_status`] — the one mapping from table errors to gRPC codes.
+//! - [`process`] — a serving process from one [`ServeConfig`](process::ServeConfig): the
+//!   store, these services, membership, the sync port and a follower (`embstore serve`).
 //!
 //! ## Invariants
 //! - A lookup is answered from the named version only; no answer mixes versions, and a server
@@ -36,12 +38,15 @@
 //! - `tls` — [`ServerTls`], the metrics port's TLS listener, and [`Tokens`].
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
 //!   reconciler that loads what the control records assign here.
+//! - [`process`] — [`ServerProcess`](process::ServerProcess) composes all of the above (and
+//!   `embstore-sync`'s sync port and follower) as `embstore serve` runs them.
 
 mod endpoint;
 mod fast;
 mod hosting;
 pub mod member;
 mod metrics;
+pub mod process;
 mod service;
 mod tls;
 
