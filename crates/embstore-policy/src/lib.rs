@@ -17,11 +17,11 @@
 //! evaluator can score the store's own choice.
 //!
 //! ## Parts
-//! - [`store`] — the per-slot side: the [`Eviction`] trait and [`EvictionConfig`]
-//!   (`store/mod.rs`); [`Noop`] (`store/noop.rs`); [`LruLfu`], a CLOCK recency segment in front
-//!   of a sampled-LFU frequency segment (`store/lru_lfu.rs`); [`PolicyEviction`], a cache
-//!   policy as an `Eviction` (`store/adapter.rs`); [`EvictionPolicy`], an `Eviction` as a
-//!   request-level `Policy` (`store/as_policy.rs`).
+//! - [`eviction`] — the store's per-slot side: the [`Eviction`] trait and [`EvictionConfig`]
+//!   (`eviction/mod.rs`); [`Noop`] (`eviction/noop.rs`); [`LruLfu`], a CLOCK recency segment in front
+//!   of a sampled-LFU frequency segment (`eviction/lru_lfu.rs`); [`PolicyEviction`], a cache
+//!   policy as an `Eviction` (`eviction/adapter.rs`); [`EvictionPolicy`], an `Eviction` as a
+//!   request-level `Policy` (`eviction/as_policy.rs`).
 //! - [`request`] — the request-level side: the [`Policy`] trait, [`RequestOutcome`], [`Group`],
 //!   [`PolicyConfig`] (`request/mod.rs`) and the policies [`GroupLfu`] / [`EvLfuPaper`],
 //!   [`GroupAssoc`], [`EvArc`], [`Lru`], [`Lfu`], one file each; [`Evictable`], the slot-level
@@ -32,7 +32,7 @@
 //! - `request/lists.rs` (private) — the slot arena with intrusive doubly linked lists that
 //!   gives the list-based policies O(1) moves and a deterministic eviction order.
 //!
-//! Layers inside the crate: `index` ← `request` ← `store` (the store's side names the
+//! Layers inside the crate: `index` ← `request` ← `eviction` (the store's side names the
 //! request-level side for its adapters and `EvictionConfig::Policy`; never the other way).
 //!
 //! ## One config namespace
@@ -52,16 +52,16 @@
 //!   policies never block; the store side blocks only on `PolicyEviction`'s short stripe locks.
 
 mod error;
+pub mod eviction;
 pub mod index;
 pub mod request;
 #[cfg(test)]
 mod rng;
-pub mod store;
 
 pub use error::{Error, ErrorKind, Result};
+pub use eviction::{Eviction, EvictionConfig, EvictionPolicy, LruLfu, Noop, PolicyEviction};
 pub use request::{
     EvArc, EvArcConfig, EvLfuPaper, Evictable, Flush, Group, GroupAssoc, GroupAssocConfig,
     GroupAssocStats, GroupLfu, GroupLfuConfig, GroupLfuStats, Lfu, LfuConfig, Lru, Policy,
     PolicyConfig, RequestOutcome, Rule, NO_SLOT,
 };
-pub use store::{Eviction, EvictionConfig, EvictionPolicy, LruLfu, Noop, PolicyEviction};

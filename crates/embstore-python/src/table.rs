@@ -180,7 +180,7 @@ impl PyStore {
         background_eviction: bool,
         eviction: &str,
     ) -> PyResult<Self> {
-        let eviction = embstore_table::evict::EvictionConfig::parse(eviction).map_err(to_py_err)?;
+        let eviction = embstore_table::EvictionConfig::parse(eviction).map_err(to_py_err)?;
         let store = match path {
             None => Store::with_replica(replica),
             Some(path) => detached(py, || {

@@ -88,9 +88,9 @@ pub use durable::checkpoint::{
     checkpoint_table_bytes, load_checkpoint_shard, load_checkpoint_shard_as, CheckpointReport,
 };
 pub use durable::{FlushStats, RecoveryReport, COMPACT_MIN_RECORDS};
-/// The memory tier's replacement policies, which live in `embstore-policy` (the store and the
-/// inference cache share them); `embstore_table::evict::…` paths keep working.
-pub use embstore_policy::store as evict;
+/// Which rows the memory tier evicts ([`StoreOptions::eviction`]); the policies live in
+/// `embstore-policy` (the store and the inference cache share them).
+pub use embstore_policy::EvictionConfig;
 pub use error::{Error, ErrorKind, Result};
 pub use export::{Export, RowChunk};
 pub use init::Initializer;

@@ -58,7 +58,7 @@ impl StoreOptions {
     }
 
     /// Options with the replacement policy `eviction`.
-    pub fn with_eviction(mut self, eviction: crate::evict::EvictionConfig) -> Self {
+    pub fn with_eviction(mut self, eviction: embstore_policy::EvictionConfig) -> Self {
         self.eviction = eviction;
         self
     }
@@ -74,7 +74,7 @@ pub struct StoreOptions {
     /// disk and are read back on use. `None`: every row in memory.
     pub memory_budget_bytes: Option<u64>,
     /// The replacement policy of the memory tier.
-    pub eviction: crate::evict::EvictionConfig,
+    pub eviction: embstore_policy::EvictionConfig,
     /// Whether a thread of the store evicts once its tables pass 95 % of the budget, so that
     /// calls do not wait for evictions (calls that bring rows in evict themselves only when
     /// the store is over its budget). `false` (the default): evictions run on the thread of a

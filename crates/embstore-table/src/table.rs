@@ -16,7 +16,6 @@ use parking_lot::RwLock;
 use crate::batch::Groups;
 use crate::budget::Budget;
 use crate::counters::Counters;
-use crate::evict::EvictionConfig;
 use crate::sched::Scheduler;
 use crate::shard::cold::ColdSide;
 use crate::shard::Shard;
@@ -24,6 +23,7 @@ use crate::sketch::CountMin;
 use crate::tier::{Fault, Gate, Host, Pinning, Tier};
 use crate::version::{now_ms, Clock, Version};
 use crate::{Error, ErrorKind, Result, TableConfig};
+use embstore_policy::EvictionConfig;
 
 /// Batches at least this long run their shards in parallel; shorter ones run on the calling
 /// thread, where a hand-off to the pool would cost more than it saves.

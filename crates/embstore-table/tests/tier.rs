@@ -9,7 +9,7 @@ mod common;
 
 use common::Rng;
 use embstore_table::disk::vfs::{FaultFs, RealFs};
-use embstore_table::evict::EvictionConfig;
+use embstore_table::EvictionConfig;
 use embstore_table::{ErrorKind, OnMiss, Optimizer, Store, StoreOptions, Table, TableConfig};
 
 const D: usize = 8;

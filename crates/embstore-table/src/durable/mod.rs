@@ -77,7 +77,7 @@ pub(crate) const SEG_DIR: &str = "seg";
 #[derive(Clone, Debug)]
 pub(crate) struct Tiering {
     pub(crate) budget: Arc<crate::budget::Budget>,
-    pub(crate) eviction: crate::evict::EvictionConfig,
+    pub(crate) eviction: embstore_policy::EvictionConfig,
     /// `Some((shard, n))`: index only the keys of serving shard `shard` of `n`
     /// ([`crate::shard_of_key`]) — a server's part of a checkpoint whose segments it links.
     pub(crate) keep: Option<(usize, usize)>,

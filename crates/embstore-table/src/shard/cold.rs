@@ -1,7 +1,7 @@
 //! A shard's cold side, in a table with a memory budget: the **cold index** (key → where the
 //! row's latest record lives on disk, for rows held only there), and per hot slot its key, the
 //! location of its clean copy on disk ([`NONE`] if it has none) and the replacement policy's
-//! state ([`crate::evict`]); the [`FileTable`] of segments those locations point into; and the
+//! state ([`embstore_policy::eviction`]); the [`FileTable`] of segments those locations point into; and the
 //! moves between the two sides, [`Shard::promote`] and [`Shard::demote`].
 //!
 //! Invariants: the hot index and the cold index hold disjoint keys; a location names a file
@@ -14,9 +14,9 @@ use embstore_index::{NeighborHash, MISSING};
 
 use super::Shard;
 use crate::disk::segment::{Record, SegmentReader};
-use crate::evict::{Eviction, EvictionConfig};
 use crate::meta::PackedMeta;
 use crate::{Error, ErrorKind, Result};
+use embstore_policy::{Eviction, EvictionConfig};
 
 /// No disk copy.
 pub(crate) const NONE: u64 = u64::MAX;
