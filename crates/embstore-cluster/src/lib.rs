@@ -4,12 +4,12 @@
 //! is read on a lookup's path.
 //!
 //! ## Parts
-//! - [`Etcd`] — a thin etcd v3 client (ranges, puts, compare-and-swap, leases).
 //! Files: `etcd.rs` (the client), `lease.rs` (the lease keeper, naming, roll locks),
 //! `control.rs` (control records and placement), `admin.rs`, `roll.rs`, `publish.rs`
 //! (`publish/plan.rs`), `rpc.rs`; `testing.rs` (a test etcd, behind the `test-harness`
 //! feature).
 //!
+//! - [`Etcd`] — a thin etcd v3 client (ranges, puts, compare-and-swap, leases).
 //! - Naming: [`register`] puts `/embstore/naming/{instance}` under a lease that a task keeps
 //!   alive (a server that dies loses it after the TTL); [`members`] lists the live ones;
 //!   [`Registration::deregister`] ends it at shutdown.
