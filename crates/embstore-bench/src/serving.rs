@@ -238,7 +238,8 @@ impl Cluster {
             }));
             let (srv, q) = (server.clone(), quit(rx));
             c.tasks.push(tokio::spawn(async move {
-                let _ = embstore_server::serve_framed(srv, framed, Default::default(), None, q).await;
+                let _ =
+                    embstore_server::serve_framed(srv, framed, Default::default(), None, q).await;
             }));
             let t0 = Instant::now();
             while server.info().framed_port == 0 && server.info().framed_unix.is_empty() {

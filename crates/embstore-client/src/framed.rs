@@ -554,7 +554,8 @@ mod tests {
         p.learn("10.0.0.1:7000", &ServerInfo { framed_port: 7001, ..Default::default() }, false);
         assert!(!p.usable(Transport::Auto));
         // A socket on another host is never dialled; no port: no framed path.
-        let info = ServerInfo { framed_unix: "/".into(), boot_id: "b".into(), ..Default::default() };
+        let info =
+            ServerInfo { framed_unix: "/".into(), boot_id: "b".into(), ..Default::default() };
         p.learn("10.0.0.1:7000", &info, false);
         assert!(!p.usable(Transport::Auto));
         p.learn("127.0.0.1:7000", &info, false);

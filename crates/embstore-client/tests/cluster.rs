@@ -61,9 +61,14 @@ impl Node {
         let s = server.clone();
         let framed = tokio::spawn(async move {
             let forever = std::future::pending::<()>();
-            let _ =
-                embstore_server::serve_framed(s, framed_listener, Default::default(), None, forever)
-                    .await;
+            let _ = embstore_server::serve_framed(
+                s,
+                framed_listener,
+                Default::default(),
+                None,
+                forever,
+            )
+            .await;
         });
         while server.info().framed_port == 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;

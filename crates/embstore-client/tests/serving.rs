@@ -757,8 +757,13 @@ async fn a_framed_endpoint_that_answers_late_is_waited_for_not_left_for_grpc() {
             let stopped = async move {
                 let _ = stop_rx.await;
             };
-            let serve =
-                tokio::spawn(embstore_server::serve_framed(s, l, Default::default(), None, stopped));
+            let serve = tokio::spawn(embstore_server::serve_framed(
+                s,
+                l,
+                Default::default(),
+                None,
+                stopped,
+            ));
             let _ = block_rx.await;
             let _ = blocked_tx.send(());
             // Busy: nothing else on this runtime runs meanwhile.

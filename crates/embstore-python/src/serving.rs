@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_client::{Client, ClientOptions};
-use embstore_server::process::{FramedListen, Follow, ServeConfig, ServerProcess, SyncConfig};
+use embstore_server::process::{Follow, FramedListen, ServeConfig, ServerProcess, SyncConfig};
 use embstore_table::{Error, ErrorKind};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1};
-use pyo3::prelude::*;
 use pyo3::exceptions::{PyDeprecationWarning, PyTypeError};
+use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::detached;

@@ -183,7 +183,9 @@ pub fn serve_framed_with(
     };
     let offered = acceptor.and_then(|a| {
         match &listener {
-            FramedListener::Tcp(l) => server.offer_framed(Some(l.local_addr()?.port() as u32), None),
+            FramedListener::Tcp(l) => {
+                server.offer_framed(Some(l.local_addr()?.port() as u32), None)
+            }
             FramedListener::Unix(_, p) => server.offer_framed(None, Some(p.display().to_string())),
         }
         Ok(a)

@@ -255,7 +255,8 @@ async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
     let (s, q) = (server.clone(), quit(rx.clone()));
     let tcp = embstore_server::serve_framed(s, tcp, Tokens::default(), None, q);
     let unix = FramedListener::unix(&path).unwrap();
-    let unix = embstore_server::serve_framed(server.clone(), unix, Tokens::default(), None, quit(rx));
+    let unix =
+        embstore_server::serve_framed(server.clone(), unix, Tokens::default(), None, quit(rx));
     let info = server.info();
     assert_ne!(info.framed_port, 0, "the port is offered before serving runs");
     assert_eq!(info.framed_unix, path.display().to_string());

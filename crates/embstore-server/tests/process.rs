@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions, Transport};
-use embstore_server::process::{FramedListen, Follow, ServeConfig, ServerProcess};
+use embstore_server::process::{Follow, FramedListen, ServeConfig, ServerProcess};
 use embstore_table::disk::vfs::RealFs;
 use embstore_table::{Store, TableConfig};
 

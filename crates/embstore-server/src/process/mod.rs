@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use config::{FramedListen, Follow, ServeConfig, SyncConfig};
+pub use config::{Follow, FramedListen, ServeConfig, SyncConfig};
 
 use crate::member::{Member, MemberOptions};
 use crate::{FramedListener, ServeOptions, Server, TierOptions};
@@ -143,7 +143,8 @@ impl ServerProcess {
         };
         let grpc = bind(&runtime, &config.listen)?;
         let metrics = config.metrics.as_deref().map(|a| bind(&runtime, a)).transpose()?;
-        let framed = bind_framed(&runtime, &grpc, &config.framed_listen, config.framed_unix.clone())?;
+        let framed =
+            bind_framed(&runtime, &grpc, &config.framed_listen, config.framed_unix.clone())?;
         let framed_address = framed.iter().find_map(|l| match l {
             FramedListener::Tcp(t) => t.local_addr().ok().map(|a| a.to_string()),
             FramedListener::Unix(..) => None,
