@@ -763,10 +763,10 @@ def test_the_framed_path_on_a_unix_socket_serves_clients_on_the_same_host(tmp_pa
         server.stop()
 
 
-def test_the_framed_paths_old_fast_spellings_still_work(tmp_path, transport):
-    """The framed path was called "fast": `serve --fast-unix PATH --fast-listen off`,
-    `connect(transport="fast")` and `_native.Server(fast_listen=...)` still work, each saying
-    that it is deprecated; `serve --help` shows only the new flags."""
+def test_the_framed_paths_old_fast_spellings_still_work(tmp_path, transport, capsys):
+    """The framed path was called "fast": `serve --fast-unix PATH --fast-listen off` (and in a
+    config file), `connect(transport="fast")` and `_native.Server(fast_listen=...)` still work,
+    each saying that it is deprecated; `serve --help` shows only the new flags."""
     expected = _make_store(tmp_path / "s")
     sock = tmp_path / "embstore.sock"
     ids = np.array([0, 3, 99, 57], dtype=np.int64)
@@ -787,6 +787,13 @@ def test_the_framed_paths_old_fast_spellings_still_work(tmp_path, transport):
     shown = _embstore("serve", "--help", timeout=30).stdout
     assert "--framed-listen" in shown and "--framed-unix" in shown, shown
     assert "--fast-" not in shown, shown
+    from embstore import cli
+
+    config = tmp_path / "old.toml"
+    config.write_text('fast-listen = "off"\nfast-unix = "x.sock"\n')
+    serve = cli.build_parser().parse_args(["serve"]).config_parser
+    assert cli._config(str(config), serve) == {"framed_listen": "off", "framed_unix": "x.sock"}
+    assert "'fast-listen' in " in capsys.readouterr().err
     # The native server's old keywords: a DeprecationWarning, the same effect.
     from embstore import _native
 
