@@ -86,6 +86,20 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
         )
 
 
+class _Renamed(argparse.Action):
+    """A flag's old spelling, kept as a deprecated alias: it stores under the new flag's dest,
+    says on stderr that it is deprecated, and is left out of ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        kwargs.update(help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        print(f"embstore: {option} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``embstore`` command line: one subparser per subcommand, each with ``run`` (the
     function that carries it out) as a default, and ``config_parser`` on those that read
@@ -241,7 +255,7 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         help="mutual TLS: clients need a certificate from this CA",
     )
     srv.add_argument(
-        "--fast-listen",
+        "--framed-listen",
         default="auto",
         metavar="HOST:PORT",
         help="the framed lookup path (binary frames, about 2.5x less latency than gRPC at "
@@ -249,12 +263,15 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "'off': none (default: auto)",
     )
     srv.add_argument(
-        "--fast-unix",
+        "--framed-unix",
         default=None,
         metavar="PATH",
         help="also serve the framed lookup path on this Unix socket, for model servers on the "
         "same host (default: off)",
     )
+    # The framed path's flags were --fast-listen and --fast-unix: still taken, not shown.
+    srv.add_argument("--fast-listen", dest="framed_listen", action=_Renamed, new="--framed-listen")
+    srv.add_argument("--fast-unix", dest="framed_unix", action=_Renamed, new="--framed-unix")
     srv.add_argument(
         "--metrics",
         default=None,
@@ -531,9 +548,18 @@ def _config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ValueError(f"cannot read the config file {path}: {e}") from e
     known = {a.dest for a in parser._actions if a.option_strings} - {"help", "config"}
+    renamed = {  # an old flag's name (a _Renamed alias) -> the dest of its new one
+        o.lstrip("-").replace("-", "_"): (a.dest, a.new)
+        for a in parser._actions
+        if isinstance(a, _Renamed)
+        for o in a.option_strings
+    }
     out = {}
     for key, value in raw.items():
         dest = key.replace("-", "_")
+        if dest in renamed:
+            dest, new = renamed[dest]
+            print(f"embstore: '{key}' in {path} is deprecated; use '{new[2:]}'", file=sys.stderr)
         if dest not in known:
             raise ValueError(
                 f"unknown setting '{key}' in {path}; known: {', '.join(sorted(known))}"
@@ -633,8 +659,8 @@ def _serve(args: argparse.Namespace) -> int:
             int(args.sync_tombstone_horizon * 1000),
             args.sync_with_state,
             args.catch_up_timeout,
-            args.fast_listen,
-            args.fast_unix,
+            args.framed_listen,
+            args.framed_unix,
         )
     except StoreLockedError as e:
         hint = ""
@@ -660,10 +686,10 @@ def _serve(args: argparse.Namespace) -> int:
     admin = ", admin calls on" if args.admin or (args.etcd and not args.dc) else ""
     if args.etcd and not args.dc:
         admin += f", member of the cluster in etcd {args.etcd}"
-    if server.fast_address:
-        admin += f", framed lookups on {server.fast_address}"
-    if args.fast_unix:
-        admin += f" and {args.fast_unix}"
+    if server.framed_address:
+        admin += f", framed lookups on {server.framed_address}"
+    if args.framed_unix:
+        admin += f" and {args.framed_unix}"
     if server.metrics_address:
         admin += f", metrics on http://{server.metrics_address}/metrics"
     if server.sync_address:

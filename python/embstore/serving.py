@@ -23,6 +23,7 @@ the shards of that version (docs/serving.md):
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from embstore import _native
@@ -66,8 +67,8 @@ class RemoteClient:
         return out[0] if len(out) == 1 else out
 
     def transport_to(self, address: str) -> str | None:
-        """How lookups reach the server at ``address`` now: ``"fast"`` (the framed lookup
-        path over TCP), ``"fast-unix"`` (over the server's Unix socket, same host) or
+        """How lookups reach the server at ``address`` now: ``"framed"`` (the framed lookup
+        path over TCP), ``"framed-unix"`` (over the server's Unix socket, same host) or
         ``"grpc"``; None for an address this client does not know."""
         return self._inner.transport_to(address)
 
@@ -112,8 +113,9 @@ def connect(
     path wherever a server offers it — binary frames on a TCP port of its own, or its Unix
     socket when the server is on this host and ``tls_ca`` is not given — once the endpoint has
     answered as that server (not another one behind a tunnel or port mapping), and gRPC
-    elsewhere; ``"grpc"`` always takes gRPC; ``"fast"`` only the framed path. Both give the
-    same rows, versions and errors (docs/serving.md, "Choosing a transport").
+    elsewhere; ``"grpc"`` always takes gRPC; ``"framed"`` only the framed path. Both give the
+    same rows, versions and errors (docs/serving.md, "Choosing a transport"). ``"fast"``, the
+    framed path's old name, is a deprecated alias of ``"framed"`` (a DeprecationWarning).
 
     Raises :class:`UnavailableError` if no server answers, :class:`PermissionDeniedError` if
     they refuse the token (or its absence)."""
@@ -135,8 +137,15 @@ def connect(
         if not isinstance(token, str) or not token.strip():
             raise InvalidArgumentError("token must be a non-empty str")
         token = token.strip()  # as from a token file: a trailing newline is not the token's
-    if transport not in ("auto", "grpc", "fast"):
-        raise InvalidArgumentError(f"transport must be 'auto', 'grpc' or 'fast', got {transport!r}")
+    if transport == "fast":
+        warnings.warn(
+            "transport='fast' is deprecated; use transport='framed'", DeprecationWarning, 2
+        )
+        transport = "framed"
+    if transport not in ("auto", "grpc", "framed"):
+        raise InvalidArgumentError(
+            f"transport must be 'auto', 'grpc' or 'framed', got {transport!r}"
+        )
     tls = native_tls(tls_ca, tls_cert, tls_key, tls_domain)
     return RemoteClient(
         _native.Client(addresses, float(deadline_s), max_restarts, token, tls, etcds, transport)

@@ -222,11 +222,11 @@ impl Cluster {
             let listener =
                 tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
             c.addrs.push(listener.local_addr().map_err(|e| e.to_string())?.to_string());
-            let fast = match &c.sockets {
-                Some(dir) => embstore_server::FastListener::unix(dir.path().join(name)),
-                None => embstore_server::FastListener::tcp("127.0.0.1:0").await,
+            let framed = match &c.sockets {
+                Some(dir) => embstore_server::FramedListener::unix(dir.path().join(name)),
+                None => embstore_server::FramedListener::tcp("127.0.0.1:0").await,
             };
-            let fast = fast.map_err(|e| e.to_string())?;
+            let framed = framed.map_err(|e| e.to_string())?;
             let (tx, rx) = tokio::sync::watch::channel(false);
             c.stops.push(tx);
             let quit = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -238,10 +238,11 @@ impl Cluster {
             }));
             let (srv, q) = (server.clone(), quit(rx));
             c.tasks.push(tokio::spawn(async move {
-                let _ = embstore_server::serve_fast(srv, fast, Default::default(), None, q).await;
+                let _ =
+                    embstore_server::serve_framed(srv, framed, Default::default(), None, q).await;
             }));
             let t0 = Instant::now();
-            while server.info().fast_port == 0 && server.info().fast_unix.is_empty() {
+            while server.info().framed_port == 0 && server.info().framed_unix.is_empty() {
                 if t0.elapsed() > Duration::from_secs(10) {
                     return Err("the framed lookup path did not start".into());
                 }
@@ -388,9 +389,9 @@ async fn run_async(args: ServingArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let grpc = client_with(&cluster.addrs, Transport::Grpc).await?;
         let unix = Cluster::hosting("unix", &shards, true).await?;
-        let unix_client = client_with(&unix.addrs, Transport::Fast).await?;
+        let unix_client = client_with(&unix.addrs, Transport::Framed).await?;
         let together = Cluster::hosting_together("together", &shards).await?;
-        let together_client = client_with(&together.addrs, Transport::Fast).await?;
+        let together_client = client_with(&together.addrs, Transport::Framed).await?;
         println!(
             "embstore: {} rows × D {d} ({} MB), {SHARDS} shards × {REPLICAS} replicas on loopback, \
              in this process",

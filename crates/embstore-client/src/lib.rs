@@ -53,10 +53,10 @@ use prost::Message;
 use tonic::transport::Channel;
 use tonic::Code;
 
-mod fast;
+mod framed;
 
 pub use embstore_cluster::rpc::{from_status, ClientTls};
-pub use fast::Transport;
+pub use framed::Transport;
 
 /// How a [`Client`] calls.
 #[derive(Clone, Debug)]
@@ -116,7 +116,7 @@ struct Endpoint {
     rpc: ServingClient<Channel>,
     healthy: AtomicBool,
     outstanding: AtomicUsize,
-    fast: fast::FastPath,
+    framed: framed::FramedPath,
 }
 
 impl Endpoint {
@@ -127,7 +127,7 @@ impl Endpoint {
             rpc: ServingClient::new(channel),
             healthy: AtomicBool::new(true),
             outstanding: AtomicUsize::new(0),
-            fast: fast::FastPath::default(),
+            framed: framed::FramedPath::default(),
         })
     }
 }
@@ -165,7 +165,7 @@ pub struct Client {
     turn: AtomicUsize,
     options: ClientOptions,
     /// The TLS configuration of the framed path (from `options.tls`).
-    fast_tls: Option<fast::Tls>,
+    framed_tls: Option<framed::Tls>,
 }
 
 /// Where a version's shards are: per shard, the endpoints holding it READY and DRAINING.
@@ -190,9 +190,9 @@ impl Client {
         for addr in addrs {
             endpoints.push(Arc::new(Endpoint::new(addr, &options)?));
         }
-        let fast_tls = options.tls.as_ref().map(fast::Tls::new).transpose()?;
+        let framed_tls = options.tls.as_ref().map(framed::Tls::new).transpose()?;
         let client = Self {
-            fast_tls,
+            framed_tls,
             infos: Mutex::new(vec![None; endpoints.len()]),
             endpoints: parking_lot::RwLock::new(endpoints),
             discovery: None,
@@ -329,16 +329,16 @@ impl Client {
         let mut infos = self.infos.lock();
         if infos[endpoint].as_ref().is_none_or(|old| info.gen >= old.gen) {
             let ep = self.endpoint(endpoint);
-            ep.fast.learn(&ep.addr, &info, self.fast_tls.is_some());
+            ep.framed.learn(&ep.addr, &info, self.framed_tls.is_some());
             infos[endpoint] = Some(info);
         }
     }
 
-    /// The transport a lookup from this client takes to the server at `addr` now: `"fast"`
+    /// The transport a lookup from this client takes to the server at `addr` now: `"framed"`
     /// (the framed path, over TCP or a Unix socket) or `"grpc"`.
     pub fn transport_to(&self, addr: &str) -> Option<&'static str> {
         let ep = self.endpoints().into_iter().find(|e| e.addr == addr)?;
-        Some(if ep.fast.usable(self.options.transport) { ep.fast.describe() } else { "grpc" })
+        Some(if ep.framed.usable(self.options.transport) { ep.framed.describe() } else { "grpc" })
     }
 
     /// The version to read `table` at (see the crate docs), with its placement.
@@ -515,7 +515,7 @@ impl Client {
                     token: self.options.token.clone(),
                     limit: answer_limit(call.keys.len(), d),
                     transport: self.options.transport,
-                    tls: self.fast_tls.clone(),
+                    tls: self.framed_tls.clone(),
                     deadline: self.options.deadline,
                 };
                 shard_call(endpoints, known, req, how)
@@ -556,7 +556,7 @@ impl Client {
                 };
                 let version_ok = resp.version() == place.version || !self.options.consistent;
                 if whole && values.is_empty() {
-                    if let Answer::Fast(f) = resp {
+                    if let Answer::Framed(f) = resp {
                         if version_ok && f.dim == d && f.values.len() == ids.len() * d {
                             values = f.values;
                             for (to, &b) in found.iter_mut().zip(&f.found) {
@@ -691,7 +691,7 @@ fn place_rows(
                 found[pos] = resp.found[j] != 0;
             }
         }
-        Answer::Fast(f) => {
+        Answer::Framed(f) => {
             let well_formed = f.values.len() == positions.len() * d
                 && f.dim == d
                 && version_ok
@@ -712,14 +712,14 @@ fn place_rows(
 #[derive(Debug)]
 enum Answer {
     Grpc(LookupResponse),
-    Fast(fast::FastRows),
+    Framed(framed::FramedRows),
 }
 
 impl Answer {
     fn version(&self) -> u64 {
         match self {
             Answer::Grpc(r) => r.version,
-            Answer::Fast(f) => f.version,
+            Answer::Framed(f) => f.version,
         }
     }
 }
@@ -730,7 +730,7 @@ struct How {
     token: Option<String>,
     limit: usize,
     transport: Transport,
-    tls: Option<fast::Tls>,
+    tls: Option<framed::Tls>,
     deadline: Duration,
 }
 
@@ -833,17 +833,17 @@ async fn call(
     how: &How,
 ) -> std::result::Result<(Answer, Option<ServerInfo>), tonic::Status> {
     let token = how.token.as_deref();
-    if ep.fast.usable(how.transport) {
-        match ep.fast.lookup(req, token, how.tls.as_ref(), how.deadline).await {
+    if ep.framed.usable(how.transport) {
+        match ep.framed.lookup(req, token, how.tls.as_ref(), how.deadline).await {
             Ok(mut rows) => {
                 let info = rows.info.take();
-                return Ok((Answer::Fast(rows), info));
+                return Ok((Answer::Framed(rows), info));
             }
-            Err(fast::FastError::Call(status)) => return Err(status),
-            Err(fast::FastError::Connect(status)) if how.transport == Transport::Fast => {
+            Err(framed::FramedError::Call(status)) => return Err(status),
+            Err(framed::FramedError::Connect(status)) if how.transport == Transport::Framed => {
                 return Err(status)
             }
-            Err(fast::FastError::Connect(_)) => {}
+            Err(framed::FramedError::Connect(_)) => {}
         }
     }
     let mut rpc = ep.rpc.clone().max_decoding_message_size(how.limit);

@@ -39,7 +39,7 @@ struct Node {
     addr: String,
     stop: Option<oneshot::Sender<()>>,
     serving: tokio::task::JoinHandle<()>,
-    fast: tokio::task::JoinHandle<()>,
+    framed: tokio::task::JoinHandle<()>,
     member: tokio::task::JoinHandle<()>,
 }
 
@@ -57,15 +57,20 @@ impl Node {
         let (tx, rx) = oneshot::channel::<()>();
         let (done_tx, done_rx) = tokio::sync::watch::channel(false);
         let serve_options = ServeOptions { admin: true, ..Default::default() };
-        let fast_listener = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+        let framed_listener = embstore_server::FramedListener::tcp("127.0.0.1:0").await.unwrap();
         let s = server.clone();
-        let fast = tokio::spawn(async move {
+        let framed = tokio::spawn(async move {
             let forever = std::future::pending::<()>();
-            let _ =
-                embstore_server::serve_fast(s, fast_listener, Default::default(), None, forever)
-                    .await;
+            let _ = embstore_server::serve_framed(
+                s,
+                framed_listener,
+                Default::default(),
+                None,
+                forever,
+            )
+            .await;
         });
-        while server.info().fast_port == 0 {
+        while server.info().framed_port == 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let serving = tokio::spawn(async move {
@@ -79,14 +84,14 @@ impl Node {
             let mut rx = done_rx;
             let _ = rx.wait_for(|d| *d).await;
         }));
-        Node { addr, stop: Some(tx), serving, fast, member }
+        Node { addr, stop: Some(tx), serving, framed, member }
     }
 
     /// A crash: it stops answering and stops renewing its lease, without deregistering.
     fn crash(mut self) {
         self.member.abort();
         self.serving.abort();
-        self.fast.abort();
+        self.framed.abort();
         self.stop.take();
     }
 
@@ -96,7 +101,7 @@ impl Node {
             let _ = tx.send(());
         }
         let _ = self.serving.await;
-        self.fast.abort();
+        self.framed.abort();
         let _ = self.member.await;
     }
 }
@@ -152,8 +157,8 @@ mod a_cluster_in_etcd_publishes_rolls_repairs_and_outlives_etcd {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn fast() {
-        super::scenario(Transport::Fast).await
+    async fn framed() {
+        super::scenario(Transport::Framed).await
     }
 }
 

@@ -51,7 +51,7 @@ fn kinds_with_their_own_code_survive_the_wire() {
 }
 
 /// Every kind, not only those with a gRPC code of their own, survives gRPC: the status
-/// carries it in its metadata (the framed path's ERROR frame: `fast::tests`).
+/// carries it in its metadata (the framed path's ERROR frame: `framed::tests`).
 #[test]
 fn every_kind_survives_grpc_in_the_status_metadata() {
     for kind in ErrorKind::ALL {

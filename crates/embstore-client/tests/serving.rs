@@ -3,7 +3,7 @@
 //! time, and a replica that goes away is routed around.
 //!
 //! Every server also serves the framed lookup path, and every test runs twice: with lookups
-//! over gRPC (`<test>::grpc`) and over the framed path (`<test>::fast`).
+//! over gRPC (`<test>::grpc`) and over the framed path (`<test>::framed`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,7 +25,7 @@ fn transport() -> Transport {
     TRANSPORT.try_with(|t| *t).unwrap_or_default()
 }
 
-/// Runs each named test (an `async fn()`) twice, as `<name>::grpc` and `<name>::fast`.
+/// Runs each named test (an `async fn()`) twice, as `<name>::grpc` and `<name>::framed`.
 macro_rules! on_both_transports {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -34,8 +34,8 @@ macro_rules! on_both_transports {
                 super::TRANSPORT.scope(embstore_client::Transport::Grpc, super::$name()).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn fast() {
-                super::TRANSPORT.scope(embstore_client::Transport::Fast, super::$name()).await
+            async fn framed() {
+                super::TRANSPORT.scope(embstore_client::Transport::Framed, super::$name()).await
             }
         }
     )*};
@@ -76,16 +76,17 @@ async fn start(server: Arc<Server>) -> Running {
 }
 
 async fn start_with(server: Arc<Server>, options: embstore_server::ServeOptions) -> Running {
-    let fast = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
-    start_on(server, options, vec![fast]).await
+    let framed = embstore_server::FramedListener::tcp("127.0.0.1:0").await.unwrap();
+    start_on(server, options, vec![framed]).await
 }
 
-/// A running server: gRPC on a free loopback port, the framed path on `fast`. Clients learn
-/// the framed endpoints from the server's info: they are there once `serve_fast` is called.
+/// A running server: gRPC on a free loopback port, the framed path on the listeners in
+/// `framed`. Clients learn the framed endpoints from the server's info: they are there once
+/// `serve_framed` is called.
 async fn start_on(
     server: Arc<Server>,
     options: embstore_server::ServeOptions,
-    fast: Vec<embstore_server::FastListener>,
+    framed: Vec<embstore_server::FramedListener>,
 ) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -97,9 +98,9 @@ async fn start_on(
     let grpc =
         tokio::spawn(async move { embstore_server::serve(s, listener, o, q).await.unwrap() });
     let mut tasks = vec![grpc];
-    for l in fast {
+    for l in framed {
         let (tokens, tls) = (options.tokens.clone(), options.tls.clone());
-        let serve = embstore_server::serve_fast(server.clone(), l, tokens, tls, quit(rx.clone()));
+        let serve = embstore_server::serve_framed(server.clone(), l, tokens, tls, quit(rx.clone()));
         tasks.push(tokio::spawn(async move { serve.await.unwrap() }));
     }
     Running { addr, stop, tasks }
@@ -602,20 +603,20 @@ async fn a_framed_port_that_refuses_connections_falls_back_to_grpc() {
     let mut running = start(server).await;
     let addrs = vec![running.addr.clone()];
     let auto = Client::connect(&addrs, ClientOptions::default()).await.unwrap();
-    let only_fast =
-        Client::connect(&addrs, ClientOptions { transport: Transport::Fast, ..options() })
+    let only_framed =
+        Client::connect(&addrs, ClientOptions { transport: Transport::Framed, ..options() })
             .await
             .unwrap();
-    assert_eq!(auto.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(auto.transport_to(&addrs[0]), Some("framed"));
     assert_eq!(auto.lookup("user", &ids).await.unwrap().found, vec![true; 20]);
     // The framed path dies without withdrawing its port from the server's info.
-    let fast = running.tasks.pop().unwrap();
-    fast.abort();
-    let _ = fast.await;
+    let framed = running.tasks.pop().unwrap();
+    framed.abort();
+    let _ = framed.await;
     assert_ne!(running_info_port(&auto, &addrs[0]), 0);
     assert_eq!(auto.lookup("user", &ids).await.unwrap().found, vec![true; 20]);
     assert_eq!(auto.transport_to(&addrs[0]), Some("grpc"));
-    let e = only_fast.lookup("user", &ids).await.unwrap_err();
+    let e = only_framed.lookup("user", &ids).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     running.stop().await;
 }
@@ -624,7 +625,7 @@ async fn a_framed_port_that_refuses_connections_falls_back_to_grpc() {
 fn running_info_port(client: &Client, addr: &str) -> u32 {
     let view = client.view();
     let (_, info) = view.iter().find(|(a, _)| a == addr).unwrap();
-    info.as_ref().unwrap().fast_port
+    info.as_ref().unwrap().framed_port
 }
 
 /// `user` ids 0..20 as shard_table makes them, but hosted as version 1 whatever `mark` is:
@@ -654,26 +655,26 @@ async fn marks(client: &Client) -> Vec<f32> {
 /// reads over the framed port with TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
-    use embstore_server::FastListener;
+    use embstore_server::FramedListener;
     let dir = tempfile::tempdir().unwrap();
     let sock = |name: &str| dir.path().join(name);
     let auto = ClientOptions { transport: Transport::Auto, ..options() };
-    let only_fast = ClientOptions { transport: Transport::Fast, ..options() };
+    let only_framed = ClientOptions { transport: Transport::Framed, ..options() };
 
     // The socket path A offers answers for B (B's socket moved there: the path was reused).
     let (a, b) = (marked_server("a", 1), marked_server("b", 2));
-    let a_run = start_on(a, Default::default(), vec![FastListener::unix(sock("a")).unwrap()]);
+    let a_run = start_on(a, Default::default(), vec![FramedListener::unix(sock("a")).unwrap()]);
     let a_run = a_run.await;
-    let b_run = start_on(b, Default::default(), vec![FastListener::unix(sock("b")).unwrap()]);
+    let b_run = start_on(b, Default::default(), vec![FramedListener::unix(sock("b")).unwrap()]);
     let b_run = b_run.await;
     std::fs::rename(sock("b"), sock("a")).unwrap();
     let addrs = vec![a_run.addr.clone()];
     let client = Client::connect(&addrs, auto.clone()).await.unwrap();
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast-unix"));
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed-unix"));
     assert_eq!(marks(&client).await, vec![1.0], "rows of another server were read");
     assert_eq!(client.transport_to(&addrs[0]), Some("grpc"));
     assert_eq!(marks(&client).await, vec![1.0]);
-    let insisting = Client::connect(&addrs, only_fast.clone()).await.unwrap();
+    let insisting = Client::connect(&addrs, only_framed.clone()).await.unwrap();
     let e = insisting.lookup("user", &[1]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.to_string().contains("answers as another server"), "{e}");
@@ -684,16 +685,16 @@ async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
     // withdrawing its port, and B takes that port.
     let (a, b) = (marked_server("a", 1), marked_server("b", 2));
     let mut a_run = start(a.clone()).await;
-    let port = a.info().fast_port;
-    let fast = a_run.tasks.pop().unwrap();
-    fast.abort();
-    let _ = fast.await;
-    let taken = FastListener::tcp(&format!("127.0.0.1:{port}")).await.unwrap();
+    let port = a.info().framed_port;
+    let framed = a_run.tasks.pop().unwrap();
+    framed.abort();
+    let _ = framed.await;
+    let taken = FramedListener::tcp(&format!("127.0.0.1:{port}")).await.unwrap();
     let b_run = start_on(b, Default::default(), vec![taken]).await;
-    assert_eq!(a.info().fast_port, port);
+    assert_eq!(a.info().framed_port, port);
     let addrs = vec![a_run.addr.clone()];
     let client = Client::connect(&addrs, auto.clone()).await.unwrap();
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed"));
     assert_eq!(marks(&client).await, vec![1.0], "rows of another server were read");
     assert_eq!(client.transport_to(&addrs[0]), Some("grpc"));
     a_run.stop().await;
@@ -710,18 +711,18 @@ async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
     };
     let tls_options = embstore_server::ServeOptions { tls: Some(tls), ..Default::default() };
     let listeners = vec![
-        FastListener::tcp("127.0.0.1:0").await.unwrap(),
-        FastListener::unix(sock("a-tls")).unwrap(),
+        FramedListener::tcp("127.0.0.1:0").await.unwrap(),
+        FramedListener::unix(sock("a-tls")).unwrap(),
     ];
     let a_run = start_on(a.clone(), tls_options, listeners).await;
     let b_run = start_on(
         marked_server("b", 2),
         Default::default(),
-        vec![FastListener::unix(sock("b-tls")).unwrap()],
+        vec![FramedListener::unix(sock("b-tls")).unwrap()],
     )
     .await;
     std::fs::rename(sock("b-tls"), sock("a-tls")).unwrap();
-    assert!(!a.info().fast_unix.is_empty() && a.info().fast_port != 0);
+    assert!(!a.info().framed_unix.is_empty() && a.info().framed_port != 0);
     let port = a_run.addr.rsplit(':').next().unwrap();
     let addrs = vec![format!("localhost:{port}")];
     let trusting = embstore_client::ClientTls {
@@ -731,9 +732,9 @@ async fn a_framed_endpoint_of_another_server_is_never_read_and_tls_is_kept() {
     };
     let client = Client::connect(&addrs, ClientOptions { tls: Some(trusting), ..auto }).await;
     let client = client.unwrap();
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed"));
     assert_eq!(marks(&client).await, vec![1.0]);
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast"), "the TLS framed port was used");
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed"), "the TLS framed port was used");
     a_run.stop().await;
     b_run.stop().await;
 }
@@ -752,12 +753,17 @@ async fn a_framed_endpoint_that_answers_late_is_waited_for_not_left_for_grpc() {
     let busy = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let l = embstore_server::FastListener::tcp("127.0.0.1:0").await.unwrap();
+            let l = embstore_server::FramedListener::tcp("127.0.0.1:0").await.unwrap();
             let stopped = async move {
                 let _ = stop_rx.await;
             };
-            let serve =
-                tokio::spawn(embstore_server::serve_fast(s, l, Default::default(), None, stopped));
+            let serve = tokio::spawn(embstore_server::serve_framed(
+                s,
+                l,
+                Default::default(),
+                None,
+                stopped,
+            ));
             let _ = block_rx.await;
             let _ = blocked_tx.send(());
             // Busy: nothing else on this runtime runs meanwhile.
@@ -766,7 +772,7 @@ async fn a_framed_endpoint_that_answers_late_is_waited_for_not_left_for_grpc() {
         });
     });
     let t0 = Instant::now();
-    while server.info().fast_port == 0 {
+    while server.info().framed_port == 0 {
         assert!(t0.elapsed() < Duration::from_secs(30), "the framed path was not offered");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -777,11 +783,11 @@ async fn a_framed_endpoint_that_answers_late_is_waited_for_not_left_for_grpc() {
         ..options()
     };
     let client = Client::connect(&addrs, patient).await.unwrap();
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast"));
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed"));
     block_tx.send(()).unwrap();
     blocked_rx.await.unwrap();
     assert_eq!(marks(&client).await, vec![1.0]);
-    assert_eq!(client.transport_to(&addrs[0]), Some("fast"), "the late framed port was left");
+    assert_eq!(client.transport_to(&addrs[0]), Some("framed"), "the late framed port was left");
     let _ = stop_tx.send(());
     tokio::task::spawn_blocking(move || busy.join().unwrap()).await.unwrap();
     grpc.stop().await;

@@ -145,8 +145,8 @@ mod tests {
                 rows: 10,
                 last_request_ms: 1_700_000_000_000,
             }],
-            fast_port: 7001,
-            fast_unix: String::new(),
+            framed_port: 7001,
+            framed_unix: String::new(),
             boot_id: "0123abcd".into(),
             spans_shards: true,
         };

@@ -3,16 +3,18 @@
 //! `Client` (what `embstore.connect` returns). Each owns a tokio runtime; every blocking call
 //! releases the GIL.
 
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use embstore_client::{Client, ClientOptions};
-use embstore_server::process::{FastListen, Follow, ServeConfig, ServerProcess, SyncConfig};
+use embstore_server::process::{Follow, FramedListen, ServeConfig, ServerProcess, SyncConfig};
 use embstore_table::{Error, ErrorKind};
 use numpy::{IntoPyArray, PyArrayMethods, PyReadonlyArray1};
+use pyo3::exceptions::{PyDeprecationWarning, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::detached;
 use crate::table::{slice, to_py_err};
@@ -24,6 +26,34 @@ fn runtime(threads: usize) -> PyResult<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .map_err(|e| to_py_err(Error::new(ErrorKind::Io, format!("start a tokio runtime: {e}"))))
+}
+
+/// `fast_listen` and `fast_unix`, the old names of `framed_listen` and `framed_unix`: still
+/// taken as keywords, with a `DeprecationWarning`; a value given under an old name is the one
+/// used. Any other extra keyword is a `TypeError`, as without `**renamed`.
+fn old_names(
+    py: Python<'_>,
+    mut listen: Option<String>,
+    mut unix: Option<PathBuf>,
+    renamed: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(Option<String>, Option<PathBuf>)> {
+    for (key, value) in renamed.into_iter().flat_map(|d| d.iter()) {
+        let old: String = key.extract()?;
+        match old.as_str() {
+            "fast_listen" => listen = value.extract()?,
+            "fast_unix" => unix = value.extract()?,
+            _ => {
+                return Err(PyTypeError::new_err(format!(
+                    "Server() got an unexpected keyword argument '{old}'"
+                )))
+            }
+        }
+        let new = old.replacen("fast", "framed", 1);
+        let message = CString::new(format!("{old} is deprecated; use {new}"))
+            .expect("a keyword's name holds no NUL");
+        PyErr::warn(py, py.get_type::<PyDeprecationWarning>().as_any(), &message, 1)?;
+    }
+    Ok((listen, unix))
 }
 
 /// A server: of every table of a store directory (static mode: each table is version 1, shard
@@ -43,7 +73,7 @@ fn duration_or(seconds: f64, otherwise: Duration) -> Duration {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, catch_up_timeout_s=60.0, fast_listen=Some("auto".to_string()), fast_unix=None))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, catch_up_timeout_s=60.0, framed_listen=Some("auto".to_string()), framed_unix=None, **renamed))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -79,9 +109,11 @@ impl PyServer {
         sync_tombstone_horizon_ms: u64,
         sync_with_state: bool,
         catch_up_timeout_s: f64,
-        fast_listen: Option<String>,
-        fast_unix: Option<PathBuf>,
+        framed_listen: Option<String>,
+        framed_unix: Option<PathBuf>,
+        renamed: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let (framed_listen, framed_unix) = old_names(py, framed_listen, framed_unix, renamed)?;
         let config = ServeConfig {
             store_dir,
             listen,
@@ -96,8 +128,8 @@ impl PyServer {
             etcd,
             lease_ttl: duration_or(lease_ttl_s, Duration::ZERO),
             replica,
-            fast_listen: fast_listen.as_deref().map_or(FastListen::Off, FastListen::parse),
-            fast_unix,
+            framed_listen: framed_listen.as_deref().map_or(FramedListen::Off, FramedListen::parse),
+            framed_unix,
             sync: SyncConfig {
                 listen: sync_listen,
                 advertise: sync_advertise,
@@ -120,10 +152,10 @@ impl PyServer {
         Ok(Self { inner })
     }
 
-    /// `host:port` of the framed lookup path's TCP port (`fast_listen`), if it is offered.
+    /// `host:port` of the framed lookup path's TCP port (`framed_listen`), if it is offered.
     #[getter]
-    fn fast_address(&self) -> Option<String> {
-        self.inner.fast_address().map(str::to_string)
+    fn framed_address(&self) -> Option<String> {
+        self.inner.framed_address().map(str::to_string)
     }
 
     /// `host:port` of the sync port (`sync_listen`), if one runs.
@@ -133,7 +165,7 @@ impl PyServer {
     }
 
     /// Where each followed table stands (empty when the server follows nothing).
-    fn sync_status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+    fn sync_status<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.inner.sync_status().iter().map(|s| crate::sync::status_dict(py, s)).collect()
     }
 
@@ -238,8 +270,8 @@ impl PyClient {
         )
     }
 
-    /// The transport lookups take to the server at `address` now: "fast" (the framed path over
-    /// TCP), "fast-unix" (over its Unix socket) or "grpc"; `None` for an unknown address.
+    /// The transport lookups take to the server at `address` now: "framed" (the framed path over
+    /// TCP), "framed-unix" (over its Unix socket) or "grpc"; `None` for an unknown address.
     fn transport_to(&self, address: &str) -> Option<&'static str> {
         self.inner.transport_to(address)
     }

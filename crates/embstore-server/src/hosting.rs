@@ -204,8 +204,8 @@ pub struct Server {
     /// newest ([`Server::live_table`]).
     live: RwLock<HashMap<String, Vec<Syncing>>>,
     /// Where the framed lookup path listens: its TCP port (0: none) and Unix socket ("": none),
-    /// as `ServerInfo` tells clients ([`Server::offer_fast`]).
-    pub(crate) fast: RwLock<(u32, String)>,
+    /// as `ServerInfo` tells clients ([`Server::offer_framed`]).
+    pub(crate) framed: RwLock<(u32, String)>,
 }
 
 /// A version loaded with sync on: (version, its table).
@@ -293,7 +293,7 @@ impl Server {
             followed: RwLock::new(None),
             sync_loads: RwLock::new(None),
             live: RwLock::new(HashMap::new()),
-            fast: RwLock::new((0, String::new())),
+            framed: RwLock::new((0, String::new())),
         })
     }
 
@@ -547,13 +547,13 @@ impl Server {
             last_request_ms: 0,
         }));
         held.sort_by(|a, b| (&a.table, a.version).cmp(&(&b.table, b.version)));
-        let (fast_port, fast_unix) = self.fast.read().clone();
+        let (framed_port, framed_unix) = self.framed.read().clone();
         ServerInfo {
             instance: self.instance.clone(),
             gen: self.gen.load(Ordering::Acquire),
             held,
-            fast_port,
-            fast_unix,
+            framed_port,
+            framed_unix,
             boot_id: self.boot_id.clone(),
             spans_shards: true,
         }

@@ -9,7 +9,7 @@
 //! - [`Admin`] — the tonic service a roll's coordinator calls (`Load` from a checkpoint,
 //!   `Drain`, `Unload`), served only when asked for.
 //! - [`serve`] — runs the services on a listener until a shutdown future resolves.
-//! - [`serve_fast`] — the framed lookup path (binary frames on TCP or a Unix socket), through
+//! - [`serve_framed`] — the framed lookup path (binary frames on TCP or a Unix socket), through
 //!   the same checks, rows and metrics as `Lookup`.
 //! - [`serve_metrics`] — `GET /metrics` in Prometheus' text format.
 //! - [`to_status`] — the one mapping from table errors to gRPC codes.
@@ -32,8 +32,8 @@
 //! - `hosting` — [`Server`], [`Hosted`], [`State`], [`RowSource`], [`TierOptions`]: what is held,
 //!   and loading it from checkpoints.
 //! - `service` — [`Serving`], [`Admin`], the lookup path, [`to_status`], [`serve`].
-//! - `fast` — [`serve_fast`], [`serve_fast_with`], [`FastLimits`], [`FastListener`]: the framed
-//!   lookup path and its limits.
+//! - `framed` — [`serve_framed`], [`serve_framed_with`], [`FramedLimits`], [`FramedListener`]:
+//!   the framed lookup path and its limits.
 //! - `metrics` — the Prometheus metrics and [`serve_metrics`].
 //! - `tls` — [`ServerTls`], the metrics port's TLS listener, and [`Tokens`].
 //! - [`member`] — membership in a cluster in etcd: registration under a lease, and the
@@ -42,7 +42,7 @@
 //!   `embstore-sync`'s sync port and follower) as `embstore serve` runs them.
 
 mod endpoint;
-mod fast;
+mod framed;
 mod hosting;
 pub mod member;
 mod metrics;
@@ -51,7 +51,7 @@ mod service;
 mod tls;
 
 pub use endpoint::{serve_metrics, serve_metrics_with};
-pub use fast::{serve_fast, serve_fast_with, FastLimits, FastListener};
+pub use framed::{serve_framed, serve_framed_with, FramedLimits, FramedListener};
 pub use hosting::{
     Followed, FollowedReport, Hosted, RowSource, Server, State, SyncLoads, TierOptions,
 };

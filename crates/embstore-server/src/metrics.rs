@@ -48,9 +48,9 @@ pub(crate) struct Metrics {
     pub(crate) follow_state: Family<Labels, Gauge>,
     pub(crate) follow_count: Family<Labels, Gauge>,
     /// Connections open on the framed path now (its cap counts them).
-    pub(crate) fast_connections: Gauge,
+    pub(crate) framed_connections: Gauge,
     /// Framed connections the server closed for a limit, by reason.
-    pub(crate) fast_closed: Family<Labels, Counter>,
+    pub(crate) framed_closed: Family<Labels, Counter>,
     pub(crate) registry: Registry,
 }
 
@@ -80,8 +80,8 @@ impl Metrics {
             follow_lag: Family::default(),
             follow_state: Family::default(),
             follow_count: Family::default(),
-            fast_connections: Gauge::default(),
-            fast_closed: Family::default(),
+            framed_connections: Gauge::default(),
+            framed_closed: Family::default(),
             registry: Registry::with_prefix("embstore"),
         };
         let r = &mut m.registry;
@@ -151,15 +151,15 @@ impl Metrics {
             m.follow_count.clone(),
         );
         r.register(
-            "fast_connections",
+            "framed_connections",
             "Connections open on the framed lookup path",
-            m.fast_connections.clone(),
+            m.framed_connections.clone(),
         );
         r.register(
-            "fast_closed",
+            "framed_closed",
             "Framed connections the server closed for a limit, by reason (over_cap, \
              frame_too_large_before_hello, hello_deadline, frame_deadline, write_deadline)",
-            m.fast_closed.clone(),
+            m.framed_closed.clone(),
         );
         m
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_client::{Client, ClientOptions, Transport};
-use embstore_server::process::{FastListen, Follow, ServeConfig, ServerProcess};
+use embstore_server::process::{Follow, FramedListen, ServeConfig, ServerProcess};
 use embstore_table::disk::vfs::RealFs;
 use embstore_table::{Store, TableConfig};
 
@@ -58,11 +58,11 @@ impl Drop for Running {
 }
 
 /// Waits until `process` offers the framed path (its task has started).
-fn wait_fast(process: &ServerProcess) {
+fn wait_framed(process: &ServerProcess) {
     let t0 = Instant::now();
     while {
         let info = process.server().info();
-        info.fast_port == 0 && info.fast_unix.is_empty()
+        info.framed_port == 0 && info.framed_unix.is_empty()
     } {
         assert!(t0.elapsed() < Duration::from_secs(10), "the framed path never started");
         std::thread::sleep(Duration::from_millis(5));
@@ -90,20 +90,20 @@ fn expected(ids: &[u64]) -> Vec<f32> {
 fn a_store_directory_is_served_over_grpc_and_the_framed_path() {
     let dir = tempfile::tempdir().unwrap();
     store_dir(&dir.path().join("store"));
-    let socket = dir.path().join("fast.sock");
+    let socket = dir.path().join("framed.sock");
     let config = ServeConfig {
-        fast_unix: Some(socket.clone()),
+        framed_unix: Some(socket.clone()),
         ..ServeConfig::for_store(dir.path().join("store"), "127.0.0.1:0")
     };
     let mut running = Running::start(config);
     let p = running.process.clone();
     assert_eq!(p.tables(), vec!["user".to_string()]);
     assert!(p.address().starts_with("127.0.0.1:") && !p.address().ends_with(":0"));
-    assert!(p.fast_address().is_some_and(|a| a.starts_with("127.0.0.1:")));
+    assert!(p.framed_address().is_some_and(|a| a.starts_with("127.0.0.1:")));
     assert_eq!((p.metrics_address(), p.sync_address()), (None, None));
-    wait_fast(&p);
+    wait_framed(&p);
     let ids = [3, 1, 9];
-    for (transport, via) in [(Transport::Grpc, "grpc"), (Transport::Fast, "fast-unix")] {
+    for (transport, via) in [(Transport::Grpc, "grpc"), (Transport::Framed, "framed-unix")] {
         let (used, values, version) = lookup(p.address(), transport, &ids);
         assert_eq!((used, version), (via, 1));
         assert_eq!(values, expected(&ids), "{via}");
@@ -120,17 +120,17 @@ fn the_framed_path_on_tcp_and_without_it() {
     let dir = tempfile::tempdir().unwrap();
     store_dir(dir.path());
     let running = Running::start(ServeConfig::for_store(dir.path(), "127.0.0.1:0"));
-    wait_fast(&running.process);
-    let (used, values, _) = lookup(running.process.address(), Transport::Fast, &[2]);
-    assert_eq!((used, values), ("fast", expected(&[2])));
+    wait_framed(&running.process);
+    let (used, values, _) = lookup(running.process.address(), Transport::Framed, &[2]);
+    assert_eq!((used, values), ("framed", expected(&[2])));
     drop(running);
 
     let config = ServeConfig {
-        fast_listen: FastListen::Off,
+        framed_listen: FramedListen::Off,
         ..ServeConfig::for_store(dir.path(), "127.0.0.1:0")
     };
     let running = Running::start(config);
-    assert_eq!(running.process.fast_address(), None);
+    assert_eq!(running.process.framed_address(), None);
     let (used, values, _) = lookup(running.process.address(), Transport::Auto, &[2]);
     assert_eq!((used, values), ("grpc", expected(&[2])));
 }

@@ -93,7 +93,7 @@ def test_serve_follow_creates_its_store_in_a_new_or_empty_directory(tmp_path) ->
         junk.mkdir()
         (junk / "notes.txt").write_text("mine\n")
         out = subprocess.run(
-            [*follow, "--store", str(junk), "--fast-listen", "off"],
+            [*follow, "--store", str(junk), "--framed-listen", "off"],
             capture_output=True,
             text=True,
             timeout=60,

@@ -102,7 +102,7 @@ def test_lookups_equal_the_stores_rows_and_bad_requests_get_typed_errors(served,
     server, expected, _ = served
     client = embstore.connect(server.address)
     # By default the server offers the framed path and the client takes it.
-    assert client.transport_to(server.address) == ("fast" if transport == "auto" else "grpc")
+    assert client.transport_to(server.address) == ("framed" if transport == "auto" else "grpc")
     ids = np.array([0, 3, 1, 99, 57, 3], dtype=np.int64)
     for name in ("user", "item"):
         rows, found, version = client.lookup(name, ids, return_found=True, return_version=True)
@@ -734,16 +734,16 @@ def _free_port() -> int:
 
 
 def test_the_framed_path_on_a_unix_socket_serves_clients_on_the_same_host(tmp_path, transport):
-    """`serve --fast-unix PATH`: a client of a loopback address takes the socket (the rows
-    equal gRPC's); `--fast-listen off` leaves gRPC only; the socket goes when the server
+    """`serve --framed-unix PATH`: a client of a loopback address takes the socket (the rows
+    equal gRPC's); `--framed-listen off` leaves gRPC only; the socket goes when the server
     stops."""
     expected = _make_store(tmp_path / "s")
     sock = tmp_path / "embstore.sock"
     ids = np.array([0, 3, 99, 57], dtype=np.int64)
-    server = _Served("--store", str(tmp_path / "s"), "--fast-unix", str(sock))
+    server = _Served("--store", str(tmp_path / "s"), "--framed-unix", str(sock))
     try:
         client = embstore.connect(server.address)
-        want = "fast-unix" if transport == "auto" else "grpc"
+        want = "framed-unix" if transport == "auto" else "grpc"
         assert client.transport_to(server.address) == want
         np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
         # The lookup kept to the socket (a server slow to answer is waited for, not left).
@@ -754,10 +754,52 @@ def test_the_framed_path_on_a_unix_socket_serves_clients_on_the_same_host(tmp_pa
         server.proc.wait(timeout=30)
         server.stop()
     assert not sock.exists(), "the socket outlived its server"
-    server = _Served("--store", str(tmp_path / "s"), "--fast-listen", "off")
+    server = _Served("--store", str(tmp_path / "s"), "--framed-listen", "off")
     try:
         client = embstore.connect(server.address)
         assert client.transport_to(server.address) == "grpc"
         np.testing.assert_array_equal(client.lookup("item", ids), expected["item"][ids])
     finally:
         server.stop()
+
+
+def test_the_framed_paths_old_fast_spellings_still_work(tmp_path, transport, capsys):
+    """The framed path was called "fast": `serve --fast-unix PATH --fast-listen off` (and in a
+    config file), `connect(transport="fast")` and `_native.Server(fast_listen=...)` still work,
+    each saying that it is deprecated; `serve --help` shows only the new flags."""
+    expected = _make_store(tmp_path / "s")
+    sock = tmp_path / "embstore.sock"
+    ids = np.array([0, 3, 99, 57], dtype=np.int64)
+    server = _Served(
+        "--store", str(tmp_path / "s"), "--fast-unix", str(sock), "--fast-listen", "off"
+    )
+    try:
+        with pytest.warns(DeprecationWarning, match="transport='framed'"):
+            client = embstore.connect(server.address, transport="fast")
+        # Only the socket is offered, and a framed-only client takes it.
+        assert client.transport_to(server.address) == "framed-unix"
+        np.testing.assert_array_equal(client.lookup("user", ids), expected["user"][ids])
+    finally:
+        server.stop()
+    err = server.proc.stderr.read()
+    assert "--fast-unix is deprecated; use --framed-unix" in err, err
+    assert "--fast-listen is deprecated; use --framed-listen" in err, err
+    shown = _embstore("serve", "--help", timeout=30).stdout
+    assert "--framed-listen" in shown and "--framed-unix" in shown, shown
+    assert "--fast-" not in shown, shown
+    from embstore import cli
+
+    config = tmp_path / "old.toml"
+    config.write_text('fast-listen = "off"\nfast-unix = "x.sock"\n')
+    serve = cli.build_parser().parse_args(["serve"]).config_parser
+    assert cli._config(str(config), serve) == {"framed_listen": "off", "framed_unix": "x.sock"}
+    assert "'fast-listen' in " in capsys.readouterr().err
+    # The native server's old keywords: a DeprecationWarning, the same effect.
+    from embstore import _native
+
+    with pytest.warns(DeprecationWarning, match="fast_listen is deprecated; use framed_listen"):
+        native = _native.Server(None, "127.0.0.1:0", fast_listen=None)
+    assert native.framed_address is None
+    native.stop()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fast'"):
+        _native.Server(None, "127.0.0.1:0", fast="auto")

@@ -32,15 +32,17 @@ def test_sync_listen_on_a_store_a_trainer_holds_says_to_call_serve_sync(tmp_path
     trainer.flush()
     try:
         serve = ["serve", "--store", str(tmp_path / "ctr"), "--listen", "127.0.0.1:0"]
-        out = _embstore(*serve, "--sync-listen", "127.0.0.1:0", "--fast-listen", "off")
+        out = _embstore(*serve, "--sync-listen", "127.0.0.1:0", "--framed-listen", "off")
         assert out.returncode == 2, out
         assert "open in another process" in out.stderr, out.stderr
         assert "from the training process" in out.stderr, out.stderr
         assert "store.serve_sync(" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr, out.stderr
-        # Without --sync-listen the refusal is the plain one: nothing about sync.
+        # Without --sync-listen the refusal is the plain one: nothing about sync. (The
+        # framed path's old flag, --fast-listen, is still taken: deprecated.)
         plain = _embstore(*serve, "--fast-listen", "off")
         assert plain.returncode == 2 and "open in another process" in plain.stderr, plain
+        assert "--fast-listen is deprecated; use --framed-listen" in plain.stderr, plain.stderr
         assert "serve_sync" not in plain.stderr, plain.stderr
     finally:
         trainer.close()

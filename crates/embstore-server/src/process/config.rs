@@ -48,9 +48,9 @@ pub struct ServeConfig {
     /// one picks a random id.
     pub replica: Option<u32>,
     /// Where the framed lookup path listens on TCP.
-    pub fast_listen: FastListen,
+    pub framed_listen: FramedListen,
     /// The framed lookup path's Unix socket, if any.
-    pub fast_unix: Option<PathBuf>,
+    pub framed_unix: Option<PathBuf>,
     /// The sync port and the follower (docs/dissemination.md).
     pub sync: SyncConfig,
     /// How long `run` waits for a follower to catch up before it serves (zero: it serves at
@@ -76,8 +76,8 @@ impl Default for ServeConfig {
             etcd: None,
             lease_ttl: Duration::from_secs(10),
             replica: None,
-            fast_listen: FastListen::Auto,
-            fast_unix: None,
+            framed_listen: FramedListen::Auto,
+            framed_unix: None,
             sync: SyncConfig::default(),
             catch_up_timeout: Duration::from_secs(60),
             worker_threads: 2,
@@ -148,7 +148,7 @@ impl ServeConfig {
 
 /// Where the framed lookup path listens on TCP.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum FastListen {
+pub enum FramedListen {
     /// Nowhere (lookups take gRPC, or the Unix socket).
     Off,
     /// The serving address's host, a free port.
@@ -158,13 +158,13 @@ pub enum FastListen {
     At(String),
 }
 
-impl FastListen {
-    /// `"auto"`, `""` or `"off"`, or `host:port` (as `embstore serve --fast-listen` takes it).
+impl FramedListen {
+    /// `"auto"`, `""` or `"off"`, or `host:port` (as `embstore serve --framed-listen` takes it).
     pub fn parse(s: &str) -> Self {
         match s {
-            "" | "off" => FastListen::Off,
-            "auto" => FastListen::Auto,
-            a => FastListen::At(a.to_string()),
+            "" | "off" => FramedListen::Off,
+            "auto" => FramedListen::Auto,
+            a => FramedListen::At(a.to_string()),
         }
     }
 }
@@ -299,10 +299,10 @@ mod tests {
     }
 
     #[test]
-    fn fast_listen_parses_the_cli_words() {
-        assert_eq!(FastListen::parse("auto"), FastListen::Auto);
-        assert_eq!(FastListen::parse(""), FastListen::Off);
-        assert_eq!(FastListen::parse("off"), FastListen::Off);
-        assert_eq!(FastListen::parse("[::1]:7"), FastListen::At("[::1]:7".into()));
+    fn framed_listen_parses_the_cli_words() {
+        assert_eq!(FramedListen::parse("auto"), FramedListen::Auto);
+        assert_eq!(FramedListen::parse(""), FramedListen::Off);
+        assert_eq!(FramedListen::parse("off"), FramedListen::Off);
+        assert_eq!(FramedListen::parse("[::1]:7"), FramedListen::At("[::1]:7".into()));
     }
 }

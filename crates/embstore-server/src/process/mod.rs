@@ -11,13 +11,13 @@
 //! (from `main`, a thread, or `spawn_blocking`).
 //!
 //! ```no_run
-//! use embstore_server::process::{FastListen, ServeConfig, ServerProcess};
+//! use embstore_server::process::{FramedListen, ServeConfig, ServerProcess};
 //!
 //! let config = ServeConfig {
-//!     fast_unix: Some("/run/embstore/ctr.sock".into()), // the framed path on a Unix socket too
+//!     framed_unix: Some("/run/embstore/ctr.sock".into()), // the framed path on a Unix socket too
 //!     ..ServeConfig::for_store("/data/ctr", "127.0.0.1:7000")
 //! };
-//! assert_eq!(config.fast_listen, FastListen::Auto);     // and on a free TCP port
+//! assert_eq!(config.framed_listen, FramedListen::Auto);   // and on a free TCP port
 //! let process = ServerProcess::start(config)?;
 //! println!("{:?} on {}", process.tables(), process.address());
 //! process.run(embstore_server::process::signals())?;    // until SIGINT or SIGTERM
@@ -38,10 +38,10 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use config::{FastListen, Follow, ServeConfig, SyncConfig};
+pub use config::{Follow, FramedListen, ServeConfig, SyncConfig};
 
 use crate::member::{Member, MemberOptions};
-use crate::{FastListener, ServeOptions, Server, TierOptions};
+use crate::{FramedListener, ServeOptions, Server, TierOptions};
 
 /// A started serving process (see the module docs).
 pub struct ServerProcess {
@@ -50,7 +50,7 @@ pub struct ServerProcess {
     /// What `run` serves, taken by it (it runs once).
     listeners: Mutex<Option<Listeners>>,
     address: String,
-    fast_address: Option<String>,
+    framed_address: Option<String>,
     metrics_address: Option<String>,
     stop: watch::Sender<bool>,
     options: ServeOptions,
@@ -72,7 +72,7 @@ pub struct ServerProcess {
 struct Listeners {
     grpc: TcpListener,
     metrics: Option<TcpListener>,
-    fast: Vec<FastListener>,
+    framed: Vec<FramedListener>,
 }
 
 /// A directory removed when dropped.
@@ -88,7 +88,7 @@ impl std::fmt::Debug for ServerProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerProcess")
             .field("address", &self.address)
-            .field("fast_address", &self.fast_address)
+            .field("framed_address", &self.framed_address)
             .field("metrics_address", &self.metrics_address)
             .field("sync_address", &self.sync_address())
             .finish_non_exhaustive()
@@ -143,10 +143,11 @@ impl ServerProcess {
         };
         let grpc = bind(&runtime, &config.listen)?;
         let metrics = config.metrics.as_deref().map(|a| bind(&runtime, a)).transpose()?;
-        let fast = bind_fast(&runtime, &grpc, &config.fast_listen, config.fast_unix.clone())?;
-        let fast_address = fast.iter().find_map(|l| match l {
-            FastListener::Tcp(t) => t.local_addr().ok().map(|a| a.to_string()),
-            FastListener::Unix(..) => None,
+        let framed =
+            bind_framed(&runtime, &grpc, &config.framed_listen, config.framed_unix.clone())?;
+        let framed_address = framed.iter().find_map(|l| match l {
+            FramedListener::Tcp(t) => t.local_addr().ok().map(|a| a.to_string()),
+            FramedListener::Unix(..) => None,
         });
         let synced = sync::start(store.as_ref(), &config.sync, follow, config.tls.clone())?;
         let metrics_address =
@@ -184,9 +185,9 @@ impl ServerProcess {
         Ok(Self {
             runtime,
             server,
-            listeners: Mutex::new(Some(Listeners { grpc, metrics, fast })),
+            listeners: Mutex::new(Some(Listeners { grpc, metrics, framed })),
             address,
-            fast_address,
+            framed_address,
             metrics_address,
             stop,
             options: ServeOptions {
@@ -212,8 +213,8 @@ impl ServerProcess {
     }
 
     /// `host:port` of the framed lookup path's TCP port, if it is offered.
-    pub fn fast_address(&self) -> Option<&str> {
-        self.fast_address.as_deref()
+    pub fn framed_address(&self) -> Option<&str> {
+        self.framed_address.as_deref()
     }
 
     /// `host:port` of `GET /metrics`, if asked for.
@@ -258,7 +259,7 @@ impl ServerProcess {
     /// and returns. Once only. With a follower, it first waits (up to `catch_up_timeout`) for
     /// it to catch up. Blocks (call it outside async code).
     pub fn run(&self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        let Listeners { grpc, metrics, fast } =
+        let Listeners { grpc, metrics, framed } =
             self.listeners.lock().take().ok_or_else(|| {
                 Error::new(ErrorKind::InvalidArgument, "this server has run already")
             })?;
@@ -322,12 +323,12 @@ impl ServerProcess {
                 }
             }
             let member = member.map(|m| tokio::spawn(m.run(quit(quit_rx.clone()))));
-            let fast: Vec<_> = fast
+            let framed: Vec<_> = framed
                 .into_iter()
                 .map(|l| {
                     let (tokens, tls) = (self.options.tokens.clone(), self.options.tls.clone());
                     let q = quit(quit_rx.clone());
-                    tokio::spawn(crate::serve_fast(server.clone(), l, tokens, tls, q))
+                    tokio::spawn(crate::serve_framed(server.clone(), l, tokens, tls, q))
                 })
                 .collect();
             let served = crate::serve(server, grpc, self.options.clone(), quit(quit_rx)).await;
@@ -337,7 +338,7 @@ impl ServerProcess {
             if let Some(m) = metrics {
                 let _ = m.await;
             }
-            for f in fast {
+            for f in framed {
                 let _ = f.await;
             }
             // Deregisters from etcd (the naming key goes at once).
@@ -394,31 +395,31 @@ fn bind(runtime: &tokio::runtime::Runtime, addr: &str) -> Result<TcpListener> {
     })
 }
 
-/// Binds the framed lookup path: on TCP as `fast_listen` says ("auto": the serving address's
-/// host, a free port), and the Unix socket `fast_unix`, if given.
-fn bind_fast(
+/// Binds the framed lookup path: on TCP as `framed_listen` says ("auto": the serving address's
+/// host, a free port), and the Unix socket `framed_unix`, if given.
+fn bind_framed(
     runtime: &tokio::runtime::Runtime,
     serving: &TcpListener,
-    fast_listen: &FastListen,
-    fast_unix: Option<PathBuf>,
-) -> Result<Vec<FastListener>> {
-    let addr = match fast_listen {
-        FastListen::Off => None,
-        FastListen::Auto => {
+    framed_listen: &FramedListen,
+    framed_unix: Option<PathBuf>,
+) -> Result<Vec<FramedListener>> {
+    let addr = match framed_listen {
+        FramedListen::Off => None,
+        FramedListen::Auto => {
             let ip = serving.local_addr().map_err(|e| config::invalid(e.to_string()))?.ip();
             Some(if ip.is_ipv6() { format!("[{ip}]:0") } else { format!("{ip}:0") })
         }
-        FastListen::At(a) => Some(a.clone()),
+        FramedListen::At(a) => Some(a.clone()),
     };
     let mut out = Vec::new();
     if let Some(a) = addr {
-        let l = runtime.block_on(FastListener::tcp(&a)).map_err(|e| {
+        let l = runtime.block_on(FramedListener::tcp(&a)).map_err(|e| {
             Error::new(ErrorKind::InvalidArgument, format!("cannot listen on {a}: {e}"))
         })?;
         out.push(l);
     }
-    if let Some(path) = fast_unix {
-        let l = runtime.block_on(async { FastListener::unix(&path) }).map_err(|e| {
+    if let Some(path) = framed_unix {
+        let l = runtime.block_on(async { FramedListener::unix(&path) }).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
                 format!("cannot listen on the unix socket {}: {e}", path.display()),

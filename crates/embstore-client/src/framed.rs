@@ -33,7 +33,7 @@ pub enum Transport {
     /// gRPC only.
     Grpc,
     /// The framed path only: a server that does not offer it is not read from.
-    Fast,
+    Framed,
 }
 
 impl std::str::FromStr for Transport {
@@ -42,10 +42,11 @@ impl std::str::FromStr for Transport {
         match s {
             "auto" => Ok(Transport::Auto),
             "grpc" => Ok(Transport::Grpc),
-            "fast" => Ok(Transport::Fast),
+            // "fast": the framed path's old name, still taken (Python warns that it is deprecated).
+            "framed" | "fast" => Ok(Transport::Framed),
             _ => Err(embstore_common::Error::new(
                 embstore_common::ErrorKind::InvalidArgument,
-                format!("transport must be 'auto', 'grpc' or 'fast', got '{s}'"),
+                format!("transport must be 'auto', 'grpc' or 'framed', got '{s}'"),
             )),
         }
     }
@@ -96,7 +97,7 @@ const KEEP_IDLE: usize = 64;
 
 /// One server's framed path: where it is, and the idle connections to it.
 #[derive(Default)]
-pub(crate) struct FastPath {
+pub(crate) struct FramedPath {
     offer: Mutex<Option<Offer>>,
     /// An offer whose endpoint answered as another server (or did not say which): `Auto`
     /// takes gRPC until the server offers another endpoint or restarts.
@@ -105,9 +106,9 @@ pub(crate) struct FastPath {
     off_until: Mutex<Option<Instant>>,
 }
 
-impl std::fmt::Debug for FastPath {
+impl std::fmt::Debug for FramedPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FastPath").field("offer", &*self.offer.lock()).finish()
+        f.debug_struct("FramedPath").field("offer", &*self.offer.lock()).finish()
     }
 }
 
@@ -121,7 +122,7 @@ struct Conn {
 
 /// A shard's rows as the framed path answers them.
 #[derive(Debug)]
-pub(crate) struct FastRows {
+pub(crate) struct FramedRows {
     pub version: u64,
     pub dim: usize,
     pub values: Vec<f32>,
@@ -131,7 +132,7 @@ pub(crate) struct FastRows {
 
 /// Why a framed call failed.
 #[derive(Debug)]
-pub(crate) enum FastError {
+pub(crate) enum FramedError {
     /// No connection could be opened: the caller may take gRPC instead.
     Connect(Status),
     /// The server answered with an error, or the connection broke mid-call.
@@ -149,7 +150,7 @@ fn host_of(addr: &str) -> &str {
     a.rsplit_once(':').map_or(a, |(h, _)| h)
 }
 
-impl FastPath {
+impl FramedPath {
     /// Learns where the server at `addr` offers the framed path from its `info`: its Unix
     /// socket when the server is on this host (a loopback address), the socket exists and the
     /// client does not talk TLS (`tls`: the socket is plaintext, and TLS asked for is never
@@ -158,13 +159,13 @@ impl FastPath {
     pub(crate) fn learn(&self, addr: &str, info: &ServerInfo, tls: bool) {
         let host = host_of(addr);
         let unix = (!tls
-            && !info.fast_unix.is_empty()
+            && !info.framed_unix.is_empty()
             && is_loopback(host)
-            && std::path::Path::new(&info.fast_unix).exists())
-        .then(|| Target::Unix(PathBuf::from(&info.fast_unix)));
+            && std::path::Path::new(&info.framed_unix).exists())
+        .then(|| Target::Unix(PathBuf::from(&info.framed_unix)));
         let target = unix.or_else(|| {
-            (info.fast_port != 0).then(|| Target::Tcp {
-                addr: format!("{host}:{}", info.fast_port),
+            (info.framed_port != 0).then(|| Target::Tcp {
+                addr: format!("{host}:{}", info.framed_port),
                 host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
             })
         });
@@ -182,7 +183,7 @@ impl FastPath {
     pub(crate) fn usable(&self, transport: Transport) -> bool {
         match transport {
             Transport::Grpc => false,
-            Transport::Fast => true,
+            Transport::Framed => true,
             Transport::Auto => {
                 let offer = self.offer.lock().clone();
                 offer.is_some()
@@ -205,18 +206,18 @@ impl FastPath {
         token: Option<&str>,
         tls: Option<&Tls>,
         timeout: Duration,
-    ) -> Result<FastRows, FastError> {
+    ) -> Result<FramedRows, FramedError> {
         // A pooled connection the server closed meanwhile (it restarted, or dropped idle
         // connections) fails at once: the lookup then takes a fresh one.
         let pooled = self.idle.lock().pop();
         if let Some(mut conn) = pooled {
             if let Ok(answer) = conn.lookup(req).await {
                 self.keep(conn);
-                return answer.map_err(FastError::Call);
+                return answer.map_err(FramedError::Call);
             }
         }
         let offer = self.offer.lock().clone().ok_or_else(|| {
-            FastError::Connect(Status::unavailable(
+            FramedError::Connect(Status::unavailable(
                 "this server offers no framed lookup path this client can check and use",
             ))
         })?;
@@ -226,11 +227,11 @@ impl FastPath {
             Ok(Ok(io)) => io,
             Ok(Err(s)) => {
                 self.pause();
-                return Err(FastError::Connect(s));
+                return Err(FramedError::Connect(s));
             }
             Err(_) => {
                 self.pause();
-                return Err(FastError::Connect(Status::unavailable(format!(
+                return Err(FramedError::Connect(Status::unavailable(format!(
                     "connecting to {} timed out",
                     offer.target
                 ))));
@@ -243,16 +244,16 @@ impl FastPath {
             Ok(Ok(c)) => c,
             Ok(Err(Opened::Foreign(s))) => {
                 *self.foreign.lock() = Some(offer);
-                return Err(FastError::Connect(s));
+                return Err(FramedError::Connect(s));
             }
             Ok(Err(Opened::Failed(s))) if s.code() == Code::Unavailable => {
                 self.pause();
-                return Err(FastError::Connect(s));
+                return Err(FramedError::Connect(s));
             }
-            Ok(Err(Opened::Failed(s))) => return Err(FastError::Call(s)),
+            Ok(Err(Opened::Failed(s))) => return Err(FramedError::Call(s)),
             Err(_) => {
                 self.pause();
-                return Err(FastError::Connect(Status::unavailable(format!(
+                return Err(FramedError::Connect(Status::unavailable(format!(
                     "{} accepted a connection but did not answer within {within:?}",
                     offer.target
                 ))));
@@ -261,17 +262,17 @@ impl FastPath {
         match conn.lookup(req).await {
             Ok(answer) => {
                 self.keep(conn);
-                answer.map_err(FastError::Call)
+                answer.map_err(FramedError::Call)
             }
-            Err(broken) => Err(FastError::Call(broken)),
+            Err(broken) => Err(FramedError::Call(broken)),
         }
     }
 
     /// How lookups reach this server over the framed path: over TCP or a Unix socket.
     pub(crate) fn describe(&self) -> &'static str {
         match self.offer.lock().as_ref().map(|o| &o.target) {
-            Some(Target::Unix(_)) => "fast-unix",
-            _ => "fast",
+            Some(Target::Unix(_)) => "framed-unix",
+            _ => "framed",
         }
     }
 
@@ -461,7 +462,7 @@ impl Conn {
 
     /// Sends `req` and reads its answer. The outer error: the connection is unusable; the
     /// inner one: the server's answer was an error (the connection stays good).
-    async fn lookup(&mut self, req: &LookupRequest) -> Result<Result<FastRows, Status>, Status> {
+    async fn lookup(&mut self, req: &LookupRequest) -> Result<Result<FramedRows, Status>, Status> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         self.send(&frame::encode_lookup(req, id)).await?;
@@ -511,7 +512,7 @@ impl Conn {
                     .map_err(|e| Status::internal(format!("a malformed server info: {e}")))?,
             )
         };
-        Ok(Ok(FastRows { version: head.version, dim, values, found, info }))
+        Ok(Ok(FramedRows { version: head.version, dim, values, found, info }))
     }
 }
 
@@ -540,9 +541,9 @@ mod tests {
         assert_eq!(host_of("http://a.b:1"), "a.b");
         assert!(is_loopback("[::1]") && is_loopback("localhost") && is_loopback("127.0.0.2"));
         assert!(!is_loopback("10.0.0.1") && !is_loopback("a.b"));
-        let p = FastPath::default();
-        let target = |p: &FastPath| p.offer.lock().clone().map(|o| o.target);
-        let info = ServerInfo { fast_port: 7001, boot_id: "b".into(), ..Default::default() };
+        let p = FramedPath::default();
+        let target = |p: &FramedPath| p.offer.lock().clone().map(|o| o.target);
+        let info = ServerInfo { framed_port: 7001, boot_id: "b".into(), ..Default::default() };
         p.learn("10.0.0.1:7000", &info, false);
         assert!(p.usable(Transport::Auto) && !p.usable(Transport::Grpc));
         assert_eq!(
@@ -550,10 +551,11 @@ mod tests {
             Some(Target::Tcp { addr: "10.0.0.1:7001".into(), host: "10.0.0.1".into() })
         );
         // A server that names no boot id offers nothing a client can check.
-        p.learn("10.0.0.1:7000", &ServerInfo { fast_port: 7001, ..Default::default() }, false);
+        p.learn("10.0.0.1:7000", &ServerInfo { framed_port: 7001, ..Default::default() }, false);
         assert!(!p.usable(Transport::Auto));
         // A socket on another host is never dialled; no port: no framed path.
-        let info = ServerInfo { fast_unix: "/".into(), boot_id: "b".into(), ..Default::default() };
+        let info =
+            ServerInfo { framed_unix: "/".into(), boot_id: "b".into(), ..Default::default() };
         p.learn("10.0.0.1:7000", &info, false);
         assert!(!p.usable(Transport::Auto));
         p.learn("127.0.0.1:7000", &info, false);
@@ -561,7 +563,7 @@ mod tests {
         // A client that talks TLS never takes the (plaintext) socket: the TLS port instead.
         p.learn("127.0.0.1:7000", &info, true);
         assert!(!p.usable(Transport::Auto));
-        let info = ServerInfo { fast_port: 7001, ..info };
+        let info = ServerInfo { framed_port: 7001, ..info };
         p.learn("127.0.0.1:7000", &info, true);
         assert!(matches!(target(&p), Some(Target::Tcp { .. })));
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use embstore_proto::frame::{self, Kind, RowsHead, HEADER, ROWS_FIXED};
 use embstore_proto::v1::{LookupRequest, ServerInfo};
-use embstore_server::{FastListener, Server, Tokens};
+use embstore_server::{FramedListener, Server, Tokens};
 use embstore_table::{Store, TableConfig};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 /// A server of `user` (D 2, ids 1..=3, row `[id, 0.5]`) at version 7, max batch 64.
 fn server() -> Arc<Server> {
-    let s = Server::new("fast", 64);
+    let s = Server::new("framed", 64);
     let store = Store::new();
     let t = store.create_table(TableConfig::new("user", 2)).unwrap();
     t.assign(&[1, 2, 3], &[1.0, 0.5, 2.0, 0.5, 3.0, 0.5]).unwrap();
@@ -36,17 +36,17 @@ impl Serving {
     }
 }
 
-async fn serve(server: Arc<Server>, listener: FastListener, tokens: Tokens) -> Serving {
+async fn serve(server: Arc<Server>, listener: FramedListener, tokens: Tokens) -> Serving {
     let (stop, mut rx) = watch::channel(false);
     let s = server.clone();
     let task = tokio::spawn(async move {
-        embstore_server::serve_fast(s, listener, tokens, None, async move {
+        embstore_server::serve_framed(s, listener, tokens, None, async move {
             let _ = rx.wait_for(|q| *q).await;
         })
         .await
     });
     let t0 = Instant::now();
-    while server.info().fast_port == 0 && server.info().fast_unix.is_empty() {
+    while server.info().framed_port == 0 && server.info().framed_unix.is_empty() {
         assert!(t0.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -108,8 +108,8 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
     let server = server();
     let tokens = Tokens { read: Some("r3ad".into()), admin: None };
     let serving =
-        serve(server.clone(), FastListener::tcp("127.0.0.1:0").await.unwrap(), tokens).await;
-    let addr = format!("127.0.0.1:{}", server.info().fast_port);
+        serve(server.clone(), FramedListener::tcp("127.0.0.1:0").await.unwrap(), tokens).await;
+    let addr = format!("127.0.0.1:{}", server.info().framed_port);
     let connect = || tokio::net::TcpStream::connect(addr.clone());
 
     // No token, a wrong one, or a lookup before HELLO: refused, and the connection closed.
@@ -131,7 +131,7 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
     let (kind, body) = hello(&mut c, "r3ad").await;
     assert_eq!(kind, Kind::Info);
     let info = ServerInfo::decode(body.as_slice()).unwrap();
-    assert_eq!((info.fast_port, info.held[0].version), (server.info().fast_port, 7));
+    assert_eq!((info.framed_port, info.held[0].version), (server.info().framed_port, 7));
 
     // Three lookups written before any answer is read: answered in order, by id; the first
     // carries the info (its known_gen is stale), the others not.
@@ -171,7 +171,7 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
         assert_eq!(got, code, "{message}");
         // The details carry the server's info, as gRPC's do.
         let e = frame::decode_error(&body).unwrap();
-        assert_eq!(ServerInfo::decode(e.details.as_slice()).unwrap().instance, "fast");
+        assert_eq!(ServerInfo::decode(e.details.as_slice()).unwrap().instance, "framed");
     }
     c.write_all(&frame::frame(Kind::Describe, 22, &[])).await.unwrap();
     let (h, _) = read_frame(&mut c).await.unwrap();
@@ -206,7 +206,7 @@ async fn tokens_pipelined_lookups_and_bad_frames() {
         assert!(text.contains(line), "no `{line}` in\n{text}");
     }
     serving.stop().await;
-    assert_eq!(server.info().fast_port, 0, "a stopped path is no longer offered");
+    assert_eq!(server.info().framed_port, 0, "a stopped path is no longer offered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,31 +215,31 @@ async fn the_unix_socket_serves_and_never_replaces_what_is_not_a_dead_socket() {
     let path = dir.path().join("embstore.sock");
     let server = server();
     let serving =
-        serve(server.clone(), FastListener::unix(&path).unwrap(), Tokens::default()).await;
-    assert_eq!(server.info().fast_unix, path.display().to_string());
+        serve(server.clone(), FramedListener::unix(&path).unwrap(), Tokens::default()).await;
+    assert_eq!(server.info().framed_unix, path.display().to_string());
     let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
     assert_eq!(hello(&mut c, "").await.0, Kind::Info);
     c.write_all(&frame::encode_lookup(&lookup(&[3, 1], 0), 5)).await.unwrap();
     assert_eq!(rows(&read_frame(&mut c).await.unwrap().1).2, vec![3.0, 0.5, 1.0, 0.5]);
     // A second server cannot take a socket a live one answers on.
-    let e = FastListener::unix(&path).unwrap_err();
+    let e = FramedListener::unix(&path).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
     drop(c);
     serving.stop().await;
     assert!(!path.exists(), "the socket file is removed when serving stops");
-    assert!(server.info().fast_unix.is_empty());
+    assert!(server.info().framed_unix.is_empty());
     // A file that is not a socket is never replaced.
     std::fs::write(&path, b"precious").unwrap();
-    assert!(FastListener::unix(&path).is_err());
+    assert!(FramedListener::unix(&path).is_err());
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
     // A dead server's socket file is.
     std::fs::remove_file(&path).unwrap();
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
-    drop(FastListener::unix(&path).unwrap());
+    drop(FramedListener::unix(&path).unwrap());
 }
 
-/// The server offers its framed endpoint when `serve_fast` is called, not when its future
+/// The server offers its framed endpoint when `serve_framed` is called, not when its future
 /// first runs: a client that reads the info at once finds it, and a connection made before
 /// the accept loop runs waits in the listener's backlog and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,16 +251,17 @@ async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
     let quit = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|q| *q).await;
     };
-    let tcp = FastListener::tcp("127.0.0.1:0").await.unwrap();
+    let tcp = FramedListener::tcp("127.0.0.1:0").await.unwrap();
     let (s, q) = (server.clone(), quit(rx.clone()));
-    let tcp = embstore_server::serve_fast(s, tcp, Tokens::default(), None, q);
-    let unix = FastListener::unix(&path).unwrap();
-    let unix = embstore_server::serve_fast(server.clone(), unix, Tokens::default(), None, quit(rx));
+    let tcp = embstore_server::serve_framed(s, tcp, Tokens::default(), None, q);
+    let unix = FramedListener::unix(&path).unwrap();
+    let unix =
+        embstore_server::serve_framed(server.clone(), unix, Tokens::default(), None, quit(rx));
     let info = server.info();
-    assert_ne!(info.fast_port, 0, "the port is offered before serving runs");
-    assert_eq!(info.fast_unix, path.display().to_string());
+    assert_ne!(info.framed_port, 0, "the port is offered before serving runs");
+    assert_eq!(info.framed_unix, path.display().to_string());
     let mut c =
-        tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.fast_port)).await.unwrap();
+        tokio::net::TcpStream::connect(format!("127.0.0.1:{}", info.framed_port)).await.unwrap();
     c.write_all(&frame::frame(
         Kind::Hello,
         0,
@@ -276,7 +277,7 @@ async fn the_framed_path_is_offered_as_soon_as_serving_is_called() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    assert_eq!((server.info().fast_port, server.info().fast_unix), (0, String::new()));
+    assert_eq!((server.info().framed_port, server.info().framed_unix), (0, String::new()));
 }
 
 /// DESCRIBE before HELLO says which server this is (its boot id, as its gRPC `ServerInfo`
@@ -291,15 +292,15 @@ async fn describe_before_hello_names_the_server_and_nothing_it_holds() {
     assert_eq!(server.info().boot_id, server.boot_id());
     let tokens = Tokens { read: Some("r3ad".into()), admin: None };
     let serving =
-        serve(server.clone(), FastListener::tcp("127.0.0.1:0").await.unwrap(), tokens).await;
-    let addr = format!("127.0.0.1:{}", server.info().fast_port);
+        serve(server.clone(), FramedListener::tcp("127.0.0.1:0").await.unwrap(), tokens).await;
+    let addr = format!("127.0.0.1:{}", server.info().framed_port);
     let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
     c.write_all(&frame::frame(Kind::Describe, 1, &[])).await.unwrap();
     let (h, body) = read_frame(&mut c).await.unwrap();
     assert_eq!((h.kind, h.id), (Kind::Info, 1));
     let info = ServerInfo::decode(body.as_slice()).unwrap();
-    assert_eq!((info.boot_id.as_str(), info.instance.as_str()), (server.boot_id(), "fast"));
-    assert!(info.held.is_empty() && info.fast_port == 0, "{info:?}");
+    assert_eq!((info.boot_id.as_str(), info.instance.as_str()), (server.boot_id(), "framed"));
+    assert!(info.held.is_empty() && info.framed_port == 0, "{info:?}");
     let (kind, body) = hello(&mut c, "r3ad").await;
     assert_eq!(kind, Kind::Info);
     let info = ServerInfo::decode(body.as_slice()).unwrap();

@@ -1,4 +1,4 @@
-//! What one connection may take of the framed port ([`FastLimits`]), tried as an adversary
+//! What one connection may take of the framed port ([`FramedLimits`]), tried as an adversary
 //! would: a frame announced larger than anything before HELLO, connections that never say
 //! HELLO or stall mid-frame, more connections than the cap, and a client that asks for a large
 //! answer and never reads it. Deadlines are configured short here; every wait is bounded, and
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use embstore_proto::frame::{self, Kind, HEADER};
 use embstore_proto::v1::LookupRequest;
-use embstore_server::{FastLimits, FastListener, Server, Tokens};
+use embstore_server::{FramedLimits, FramedListener, Server, Tokens};
 use embstore_table::{Store, TableConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -35,13 +35,13 @@ struct Serving {
 }
 
 impl Serving {
-    async fn start(server: &Arc<Server>, limits: FastLimits) -> Self {
-        let listener = FastListener::tcp("127.0.0.1:0").await.unwrap();
+    async fn start(server: &Arc<Server>, limits: FramedLimits) -> Self {
+        let listener = FramedListener::tcp("127.0.0.1:0").await.unwrap();
         let (stop, mut rx) = watch::channel(false);
         let quit = async move {
             let _ = rx.wait_for(|q| *q).await;
         };
-        let serve = embstore_server::serve_fast_with(
+        let serve = embstore_server::serve_framed_with(
             server.clone(),
             listener,
             Tokens::default(),
@@ -50,7 +50,7 @@ impl Serving {
             quit,
         );
         let task = tokio::spawn(serve);
-        let addr = format!("127.0.0.1:{}", server.info().fast_port);
+        let addr = format!("127.0.0.1:{}", server.info().framed_port);
         Self { addr, stop, task }
     }
 
@@ -138,7 +138,7 @@ fn rss() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_announced_over_the_limit_before_hello_is_refused_without_allocating() {
     let server = server(2, 1 << 20);
-    let serving = Serving::start(&server, FastLimits::default()).await;
+    let serving = Serving::start(&server, FramedLimits::default()).await;
     let mut c = TcpStream::connect(&serving.addr).await.unwrap();
     c.write_all(&frame::header(Kind::Hello, 10_000_000, 1)).await.unwrap();
     let answer = tokio::time::timeout(PATIENCE, read_frame(&mut c)).await;
@@ -163,9 +163,9 @@ async fn a_frame_announced_over_the_limit_before_hello_is_refused_without_alloca
     let grown = rss().saturating_sub(before);
     eprintln!("100 clients announcing 10 MB each: RSS {} MB -> {} MB", before >> 20, rss() >> 20);
     assert!(grown < 200 << 20, "RSS grew {} MB", grown >> 20);
-    eventually("every refused connection closed", || server.fast_connections() == 0).await;
+    eventually("every refused connection closed", || server.framed_connections() == 0).await;
     let text = server.metrics_text();
-    let line = r#"embstore_fast_closed_total{reason="frame_too_large_before_hello"} 101"#;
+    let line = r#"embstore_framed_closed_total{reason="frame_too_large_before_hello"} 101"#;
     assert!(text.contains(line), "no `{line}` in\n{text}");
 
     // A lookup before HELLO: refused, closed.
@@ -183,10 +183,10 @@ async fn a_frame_announced_over_the_limit_before_hello_is_refused_without_alloca
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_stall_before_hello_or_mid_frame_are_closed() {
     let server = server(2, 64);
-    let limits = FastLimits {
+    let limits = FramedLimits {
         hello_within: Duration::from_millis(300),
         frame_within: Duration::from_millis(300),
-        ..FastLimits::default()
+        ..FramedLimits::default()
     };
     let serving = Serving::start(&server, limits).await;
     let idle = hello(&serving.addr).await;
@@ -206,8 +206,8 @@ async fn connections_that_stall_before_hello_or_mid_frame_are_closed() {
     assert_eq!(until_closed(&mut stalled).await, 0);
     let text = server.metrics_text();
     for line in [
-        r#"embstore_fast_closed_total{reason="hello_deadline"} 2"#,
-        r#"embstore_fast_closed_total{reason="frame_deadline"} 1"#,
+        r#"embstore_framed_closed_total{reason="hello_deadline"} 2"#,
+        r#"embstore_framed_closed_total{reason="frame_deadline"} 1"#,
     ] {
         assert!(text.contains(line), "no `{line}` in\n{text}");
     }
@@ -224,13 +224,13 @@ async fn connections_that_stall_before_hello_or_mid_frame_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_refused() {
     let server = server(2, 64);
-    let limits = FastLimits { max_connections: 3, ..FastLimits::default() };
+    let limits = FramedLimits { max_connections: 3, ..FramedLimits::default() };
     let serving = Serving::start(&server, limits).await;
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(hello(&serving.addr).await);
     }
-    assert_eq!(server.fast_connections(), 3);
+    assert_eq!(server.framed_connections(), 3);
     let mut over = TcpStream::connect(&serving.addr).await.unwrap();
     let (h, body) = tokio::time::timeout(PATIENCE, read_frame(&mut over)).await.unwrap().unwrap();
     let (code, message) = error_code(&body);
@@ -238,13 +238,13 @@ async fn connections_over_the_cap_are_refused() {
     assert!(message.contains("limit of 3 connections"), "{message}");
     assert_eq!(until_closed(&mut over).await, 0);
     drop(held.pop());
-    eventually("a closed connection leaves the count", || server.fast_connections() == 2).await;
+    eventually("a closed connection leaves the count", || server.framed_connections() == 2).await;
     let mut again = hello(&serving.addr).await;
     again.write_all(&frame::encode_lookup(&lookup(vec![3]), 5)).await.unwrap();
     assert_eq!(read_frame(&mut again).await.unwrap().0.kind, Kind::Rows);
     let text = server.metrics_text();
-    assert!(text.contains(r#"embstore_fast_closed_total{reason="over_cap"} 1"#), "{text}");
-    assert!(text.contains("embstore_fast_connections 3"), "{text}");
+    assert!(text.contains(r#"embstore_framed_closed_total{reason="over_cap"} 1"#), "{text}");
+    assert!(text.contains("embstore_framed_connections 3"), "{text}");
     serving.stop().await;
 }
 
@@ -256,10 +256,10 @@ async fn a_client_that_never_reads_its_answer_is_closed_and_the_answer_dropped()
     const DIM: usize = 128;
     const N: usize = 100_000;
     let server = server(DIM, N);
-    let limits = FastLimits {
+    let limits = FramedLimits {
         write_within: Duration::from_millis(300),
         write_per_8_mib: Duration::from_millis(100),
-        ..FastLimits::default()
+        ..FramedLimits::default()
     };
     assert_eq!(limits.write_deadline(N * DIM * 4), Duration::from_millis(300 + 7 * 100));
     let serving = Serving::start(&server, limits).await;
@@ -277,9 +277,9 @@ async fn a_client_that_never_reads_its_answer_is_closed_and_the_answer_dropped()
     let ids: Vec<u64> = (0..N as u64).collect();
     c.write_all(&frame::encode_lookup(&lookup(ids), 6)).await.unwrap();
     // Not reading: the server gives up on the answer and drops the connection.
-    eventually("the unread answer's connection closed", || server.fast_connections() == 0).await;
+    eventually("the unread answer's connection closed", || server.framed_connections() == 0).await;
     let text = server.metrics_text();
-    assert!(text.contains(r#"embstore_fast_closed_total{reason="write_deadline"} 1"#), "{text}");
+    assert!(text.contains(r#"embstore_framed_closed_total{reason="write_deadline"} 1"#), "{text}");
     let answer = HEADER + N * DIM * 4;
     let got = until_closed(&mut c).await;
     assert!(got < answer, "the client read the whole answer ({got} bytes)");

@@ -1,4 +1,4 @@
-//! The framed lookup path ([`serve_fast`]): `Lookup` and `Describe` as binary frames
+//! The framed lookup path ([`serve_framed`]): `Lookup` and `Describe` as binary frames
 //! (`embstore_proto::frame`, documented in docs/serving.md) on a TCP port of their own, with
 //! TLS when the serving port has it, or on a Unix socket for clients on the same host.
 //!
@@ -15,7 +15,7 @@
 //! maximum batch, gets an ERROR and the connection is closed; a malformed body gets an ERROR
 //! and the connection goes on.
 //!
-//! What a connection may take is bounded ([`FastLimits`]): a few KiB and a few seconds before
+//! What a connection may take is bounded ([`FramedLimits`]): a few KiB and a few seconds before
 //! HELLO, a deadline for each frame once it has started and for each answer's write, and a
 //! cap on connections; frame bodies are allocated as their bytes come.
 
@@ -37,7 +37,7 @@ use crate::tls::{ServerTls, Tokens};
 
 /// Where the framed path listens.
 #[derive(Debug)]
-pub enum FastListener {
+pub enum FramedListener {
     /// A TCP port (TLS when the serving port has it).
     Tcp(tokio::net::TcpListener),
     /// A Unix socket at this path (plain: the socket file's permissions guard it), removed
@@ -45,7 +45,7 @@ pub enum FastListener {
     Unix(tokio::net::UnixListener, PathBuf),
 }
 
-impl FastListener {
+impl FramedListener {
     /// Binds `addr` (`host:port`).
     pub async fn tcp(addr: &str) -> std::io::Result<Self> {
         let mut last = None;
@@ -103,10 +103,10 @@ const KEEP_BUFFER: usize = 8 << 20;
 const SEND_BUFFER: u32 = 4 << 20;
 
 /// What the framed port lets one connection take, and how many connections it holds
-/// ([`serve_fast_with`]; docs/serving.md, "Limits of the framed port"). The defaults are
-/// [`serve_fast`]'s.
+/// ([`serve_framed_with`]; docs/serving.md, "Limits of the framed port"). The defaults are
+/// [`serve_framed`]'s.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FastLimits {
+pub struct FramedLimits {
     /// The largest frame body (bytes) a connection may send before its HELLO is accepted: a
     /// token, or an empty DESCRIBE, takes far less. A larger announced frame is answered
     /// `RESOURCE_EXHAUSTED` and the connection closed, before any of it is read.
@@ -120,15 +120,15 @@ pub struct FastLimits {
     /// The most connections open at once, over every framed listener of the server; one more
     /// is answered `UNAVAILABLE` (plain TCP and the Unix socket) and closed at once.
     pub max_connections: usize,
-    /// How long writing one answer may take, plus [`FastLimits::write_per_8_mib`] for each
+    /// How long writing one answer may take, plus [`FramedLimits::write_per_8_mib`] for each
     /// 8 MiB of it; a client that does not read its answer in that time is disconnected and
     /// the answer dropped.
     pub write_within: Duration,
-    /// See [`FastLimits::write_within`].
+    /// See [`FramedLimits::write_within`].
     pub write_per_8_mib: Duration,
 }
 
-impl Default for FastLimits {
+impl Default for FramedLimits {
     fn default() -> Self {
         Self {
             before_hello: 4 << 10,
@@ -141,7 +141,7 @@ impl Default for FastLimits {
     }
 }
 
-impl FastLimits {
+impl FramedLimits {
     /// How long writing an answer of `bytes` bytes may take.
     pub fn write_deadline(&self, bytes: usize) -> Duration {
         let chunks = u32::try_from(bytes.div_ceil(8 << 20)).unwrap_or(u32::MAX);
@@ -151,31 +151,31 @@ impl FastLimits {
 
 /// Serves the framed lookup path of `server` on `listener` until `shutdown` resolves (then
 /// stops accepting, lets each connection finish the request it is answering, and returns),
-/// under the default [`FastLimits`]. `tokens` and `tls` are the serving port's; TLS applies to
+/// under the default [`FramedLimits`]. `tokens` and `tls` are the serving port's; TLS applies to
 /// TCP only. Clients learn the port (or socket) from `ServerInfo`: the server offers it as
 /// soon as this is called (the listener is bound, so connections made before the returned
 /// future first runs wait in its backlog), not when the future first runs.
-pub fn serve_fast(
+pub fn serve_framed(
     server: Arc<Server>,
-    listener: FastListener,
+    listener: FramedListener,
     tokens: Tokens,
     tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
-    serve_fast_with(server, listener, tokens, tls, FastLimits::default(), shutdown)
+    serve_framed_with(server, listener, tokens, tls, FramedLimits::default(), shutdown)
 }
 
-/// [`serve_fast`] under `limits`.
-pub fn serve_fast_with(
+/// [`serve_framed`] under `limits`.
+pub fn serve_framed_with(
     server: Arc<Server>,
-    listener: FastListener,
+    listener: FramedListener,
     tokens: Tokens,
     tls: Option<ServerTls>,
-    limits: FastLimits,
+    limits: FramedLimits,
     shutdown: impl Future<Output = ()>,
 ) -> impl Future<Output = std::io::Result<()>> {
     let acceptor = match (&listener, &tls) {
-        (FastListener::Tcp(_), Some(t)) => t
+        (FramedListener::Tcp(_), Some(t)) => t
             .config()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
             .map(|config| Some(tokio_rustls::TlsAcceptor::from(config))),
@@ -183,8 +183,10 @@ pub fn serve_fast_with(
     };
     let offered = acceptor.and_then(|a| {
         match &listener {
-            FastListener::Tcp(l) => server.offer_fast(Some(l.local_addr()?.port() as u32), None),
-            FastListener::Unix(_, p) => server.offer_fast(None, Some(p.display().to_string())),
+            FramedListener::Tcp(l) => {
+                server.offer_framed(Some(l.local_addr()?.port() as u32), None)
+            }
+            FramedListener::Unix(_, p) => server.offer_framed(None, Some(p.display().to_string())),
         }
         Ok(a)
     });
@@ -197,10 +199,10 @@ pub fn serve_fast_with(
 
 async fn accept_loop(
     server: Arc<Server>,
-    listener: FastListener,
+    listener: FramedListener,
     tokens: Tokens,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
-    limits: Arc<FastLimits>,
+    limits: Arc<FramedLimits>,
     shutdown: impl Future<Output = ()>,
 ) {
     let accepted: Arc<Vec<String>> = Arc::new(tokens.for_lookups().into_iter().cloned().collect());
@@ -219,7 +221,7 @@ async fn accept_loop(
             },
         };
         while conns.try_join_next().is_some() {}
-        let open = &server.metrics.fast_connections;
+        let open = &server.metrics.framed_connections;
         if open.get() >= limits.max_connections as i64 {
             stream.refuse(&server, limits.max_connections, acceptor.is_some());
             continue;
@@ -250,21 +252,21 @@ async fn accept_loop(
     .await;
     conns.abort_all();
     match listener {
-        FastListener::Tcp(_) => server.offer_fast(Some(0), None),
-        FastListener::Unix(l, path) => {
+        FramedListener::Tcp(_) => server.offer_framed(Some(0), None),
+        FramedListener::Unix(l, path) => {
             drop(l);
-            server.offer_fast(None, Some(String::new()));
+            server.offer_framed(None, Some(String::new()));
             let _ = std::fs::remove_file(path);
         }
     }
 }
 
-/// An open framed connection, counted in `embstore_fast_connections` until dropped.
+/// An open framed connection, counted in `embstore_framed_connections` until dropped.
 struct Open(Arc<Server>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.metrics.fast_connections.dec();
+        self.0.metrics.framed_connections.dec();
     }
 }
 
@@ -306,40 +308,40 @@ impl Accepted {
     }
 }
 
-async fn accept(listener: &FastListener) -> std::io::Result<Accepted> {
+async fn accept(listener: &FramedListener) -> std::io::Result<Accepted> {
     Ok(match listener {
-        FastListener::Tcp(l) => {
+        FramedListener::Tcp(l) => {
             let (s, _) = l.accept().await?;
             // No Nagle: a small answer would otherwise wait for the client's delayed ACK.
             let _ = s.set_nodelay(true);
             Accepted::Tcp(s)
         }
-        FastListener::Unix(l, _) => Accepted::Unix(l.accept().await?.0),
+        FramedListener::Unix(l, _) => Accepted::Unix(l.accept().await?.0),
     })
 }
 
 impl Server {
     /// Records where the framed path listens (`Some(0)` / `Some("")`: no longer), so that
     /// `ServerInfo` tells clients; a change raises `gen`.
-    pub(crate) fn offer_fast(&self, port: Option<u32>, unix: Option<String>) {
-        let mut fast = self.fast.write();
+    pub(crate) fn offer_framed(&self, port: Option<u32>, unix: Option<String>) {
+        let mut framed = self.framed.write();
         if let Some(p) = port {
-            fast.0 = p;
+            framed.0 = p;
         }
         if let Some(u) = unix {
-            fast.1 = u;
+            framed.1 = u;
         }
         self.gen.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
-    /// Counts a framed connection closed for a limit (`embstore_fast_closed_total`).
+    /// Counts a framed connection closed for a limit (`embstore_framed_closed_total`).
     fn closed_for(&self, reason: &str) {
-        self.metrics.fast_closed.get_or_create(&vec![("reason".into(), reason.into())]).inc();
+        self.metrics.framed_closed.get_or_create(&vec![("reason".into(), reason.into())]).inc();
     }
 
     /// Framed connections open now.
-    pub fn fast_connections(&self) -> usize {
-        self.metrics.fast_connections.get().max(0) as usize
+    pub fn framed_connections(&self) -> usize {
+        self.metrics.framed_connections.get().max(0) as usize
     }
 
     /// What the framed path's DESCRIBE answers before HELLO: who this server is, and nothing
@@ -368,7 +370,7 @@ fn error_frame(id: u32, status: &Status) -> Vec<u8> {
 async fn send<W: AsyncWrite + Unpin>(
     w: &mut W,
     bytes: &[u8],
-    limits: &FastLimits,
+    limits: &FramedLimits,
     server: &Server,
 ) -> bool {
     let write = async {
@@ -388,14 +390,14 @@ async fn send<W: AsyncWrite + Unpin>(
 const KEEP_BODY: usize = 1 << 20;
 
 /// Serves one connection until the client closes it, it breaks, a limit closes it
-/// ([`FastLimits`]; before HELLO, everything must be done by `hello_by`), or `quit` is set
+/// ([`FramedLimits`]; before HELLO, everything must be done by `hello_by`), or `quit` is set
 /// between requests.
 async fn connection<S: Io>(
     server: Arc<Server>,
     io: S,
     accepted: Arc<Vec<String>>,
     mut quit: watch::Receiver<bool>,
-    limits: Arc<FastLimits>,
+    limits: Arc<FramedLimits>,
     hello_by: tokio::time::Instant,
 ) {
     let (r, mut w) = tokio::io::split(io);
