@@ -83,8 +83,8 @@ impl Server {
             ));
         }
         let mut out = Vec::with_capacity(1 + req.more_shards.len());
-        for (i, &shard) in std::iter::once(&req.shard).chain(&req.more_shards).enumerate() {
-            if out.iter().take(i).any(|h: &Arc<Hosted>| h.shard == shard) {
+        for &shard in std::iter::once(&req.shard).chain(&req.more_shards) {
+            if out.iter().any(|h: &Arc<Hosted>| h.shard == shard) {
                 return Err(self
                     .status(Code::InvalidArgument, format!("a lookup names shard {shard} twice")));
             }

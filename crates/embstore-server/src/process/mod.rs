@@ -28,7 +28,7 @@ mod config;
 mod sync;
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,8 +75,31 @@ struct Listeners {
     framed: Vec<FramedListener>,
 }
 
-/// A directory removed when dropped.
+/// A directory this process created (never one that was there before), removed when dropped.
 struct Scratch(PathBuf);
+
+impl Scratch {
+    /// A new directory under `parent` with a name no one else holds: `create_dir` fails on
+    /// an existing path, so a stale directory or another server's is never taken (and so
+    /// never removed).
+    fn create(parent: &Path) -> Result<Self> {
+        let mut last = None;
+        for _ in 0..16 {
+            let name = format!(
+                "embstore-serve-{}-{:016x}",
+                std::process::id(),
+                embstore_common::rand::unpredictable_u64()
+            );
+            let dir = parent.join(name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(Self(dir)),
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.expect("16 tries");
+        Err(Error::io(format!("create a scratch data dir under {}", parent.display()), e))
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -127,7 +150,7 @@ impl ServerProcess {
             .map_err(|e| Error::new(ErrorKind::Io, format!("start a tokio runtime: {e}")))?;
         // One budget for the store's tables and every shard loaded later.
         let budget = config.memory_budget_bytes.map(embstore_table::Budget::shared).transpose()?;
-        let (tier, scratch) = tier_options(budget.clone(), config.data_dir.clone());
+        let (tier, scratch) = tier_options(budget.clone(), config.data_dir.clone())?;
         let roll_follow = config.roll_follow().map(str::to_string);
         let follow = sync::store_follow(&config);
         let replica =
@@ -360,18 +383,16 @@ impl ServerProcess {
 fn tier_options(
     budget: Option<Arc<embstore_table::Budget>>,
     data_dir: Option<PathBuf>,
-) -> (Option<TierOptions>, Option<Scratch>) {
+) -> Result<(Option<TierOptions>, Option<Scratch>)> {
     let scratch = match (&budget, &data_dir) {
-        (Some(_), None) => Some(Scratch(
-            std::env::temp_dir().join(format!("embstore-serve-{}", std::process::id())),
-        )),
+        (Some(_), None) => Some(Scratch::create(&std::env::temp_dir())?),
         _ => None,
     };
     let tier = budget.map(|budget| TierOptions {
         dir: data_dir.or_else(|| scratch.as_ref().map(|s| s.0.clone())).unwrap_or_default(),
         budget,
     });
-    (tier, scratch)
+    Ok((tier, scratch))
 }
 
 /// Opens the store at `store_dir` (under `budget`, if any).
@@ -447,4 +468,32 @@ fn hosting(
         server.host(&name, 1, 0, 1, table)?;
     }
     Ok(server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+
+    /// Two processes' (or one process's two servers') scratch dirs never share a path, a
+    /// directory already there is never taken, and dropping one removes only its own.
+    #[test]
+    fn a_scratch_dir_is_new_and_only_its_own_is_removed() {
+        let parent = tempfile::tempdir().unwrap();
+        let stale = parent.path().join(format!("embstore-serve-{}", std::process::id()));
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("keep"), b"x").unwrap();
+        let (a, b) =
+            (Scratch::create(parent.path()).unwrap(), Scratch::create(parent.path()).unwrap());
+        assert_ne!(a.0, b.0);
+        assert!(a.0 != stale && b.0 != stale);
+        std::fs::write(b.0.join("rows"), b"y").unwrap();
+        let (a_dir, b_dir) = (a.0.clone(), b.0.clone());
+        drop(a);
+        assert!(!a_dir.exists());
+        assert!(b_dir.join("rows").exists() && stale.join("keep").exists());
+        drop(b);
+        assert!(!b_dir.exists() && stale.join("keep").exists());
+        let e = Scratch::create(&parent.path().join("missing/deeper")).err().unwrap();
+        assert_eq!(e.kind(), embstore_common::ErrorKind::Io, "{e}");
+    }
 }
