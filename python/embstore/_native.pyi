@@ -147,6 +147,19 @@ def inspect_dir(
     path: str, verify: bool = False, progress: Callable[[int, int], None] | None = None
 ) -> dict[str, Any]: ...
 
+class MetricsEndpoint:
+    def __init__(
+        self,
+        listen: str,
+        source: Callable[[], str],
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ) -> None: ...
+    @property
+    def address(self) -> str: ...
+    def stop(self) -> None: ...
+
 class Server:
     def __init__(
         self,

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod cache;
+mod metrics;
 mod serving;
 mod sync;
 mod table;
@@ -190,6 +191,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<table::PyStore>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<table::PyExport>()?;
+    m.add_class::<metrics::PyMetricsEndpoint>()?;
     m.add_class::<serving::PyServer>()?;
     m.add_class::<sync::PySyncServer>()?;
     m.add_class::<sync::PyFollower>()?;

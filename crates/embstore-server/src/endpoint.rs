@@ -1,12 +1,27 @@
 //! The `/metrics` endpoint: [`Server::metrics_text`] sets the gauges of what is held and
 //! renders the server's [`Metrics`](crate::metrics) in Prometheus' text format, and
-//! [`serve_metrics`] answers `GET /metrics` with it (over TLS when asked).
+//! [`serve_metrics`] answers `GET /metrics` with it (over TLS when asked). The endpoint serves
+//! any [`MetricsText`]: a server, or a process's registry of sources (the Python package's
+//! training sessions), so every process has one way to be scraped.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use crate::hosting::Server;
 use crate::tls::{ServerTls, TlsListener};
+
+/// What a metrics endpoint serves: Prometheus' text format, rendered at each scrape (on a
+/// blocking thread: a source may take a lock or call into Python).
+pub trait MetricsText: Send + Sync + 'static {
+    /// The metrics now.
+    fn metrics_text(&self) -> String;
+}
+
+impl MetricsText for Server {
+    fn metrics_text(&self) -> String {
+        Server::metrics_text(self)
+    }
+}
 
 impl Server {
     /// The metrics in Prometheus' text format, with the gauges of what is held set now.
@@ -131,7 +146,7 @@ pub async fn serve_metrics(
 /// client CA, mutual TLS: Prometheus then scrapes with a client certificate). A connection
 /// whose handshake fails or takes over 10 s is dropped; others are not held up by it.
 pub async fn serve_metrics_with(
-    server: Arc<Server>,
+    source: Arc<dyn MetricsText>,
     listener: tokio::net::TcpListener,
     tls: Option<ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -139,12 +154,12 @@ pub async fn serve_metrics_with(
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let server = server.clone();
+            let source = source.clone();
             async move {
-                (
-                    [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                    server.metrics_text(),
-                )
+                let text = tokio::task::spawn_blocking(move || source.metrics_text())
+                    .await
+                    .unwrap_or_else(|e| format!("# embstore: the metrics source failed: {e}\n"));
+                ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], text)
             }
         }),
     );

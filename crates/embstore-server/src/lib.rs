@@ -50,7 +50,7 @@ pub mod process;
 mod service;
 mod tls;
 
-pub use endpoint::{serve_metrics, serve_metrics_with};
+pub use endpoint::{serve_metrics, serve_metrics_with, MetricsText};
 pub use framed::{serve_framed, serve_framed_with, FramedLimits, FramedListener};
 pub use hosting::{
     Followed, FollowedReport, Hosted, RowSource, Server, State, SyncLoads, TierOptions,
