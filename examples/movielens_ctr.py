@@ -382,7 +382,7 @@ def run(
     rows from disk and pins them, while this one trains; ``embeddings()`` / ``bags()`` take the
     place of the embstore modules and ``push_grads()`` of ``EmbeddingOptimizer.step()``. The
     numbers are those of the module path. ``distributed`` (under torchrun; implies ``session``)
-    spreads the tables over the job's processes (``Store(distributed=True)``), each training on
+    spreads the tables over the job's processes (``embstore.DistributedStore``), each training on
     its share of every batch, the MLP in DDP; every process evaluates, process 0 prints.
 
     ``lr`` is the dense layers' Adam learning rate, ``emb_lr`` the tables' Adagrad one;
@@ -419,9 +419,10 @@ def run(
         store_dir = pathlib.Path(store_dir)
         if store_dir.exists() and any(store_dir.iterdir()) and not distributed:
             raise FileExistsError(f"--store-dir {store_dir} is not empty; give a new directory")
-    store = embstore.Store(
-        store_dir, memory_budget_bytes=memory_budget_bytes, distributed=distributed
-    )
+    # Under torchrun the tables are shared by the job's processes: a store that wraps each
+    # process's partition (the same calls below, made by every process).
+    opener = embstore.DistributedStore if distributed else embstore.Store
+    store = opener(store_dir, memory_budget_bytes=memory_budget_bytes)
     rank, world = store.rank, store.world_size
     if rank != 0:
         say = lambda *args: None  # noqa: E731 - process 0 speaks for the job
@@ -599,21 +600,23 @@ def run(
     finally:
         if sync is not None:
             sync.close()
+    # Memory and disk are each process's own: its partition's (`local`: the table itself in
+    # one process).
     result = {
         "test_auc": last["test_auc"],
         "test_logloss": last["test_logloss"],
         "popularity_auc": auc(test.labels, popularity_scores(train, test)),
         "rows": last["rows"],
         "rows_per_table": {field: len(t) for field, t in tables.items()},
-        "memory_bytes": sum(t.stats()["bytes_reserved"] for t in tables.values()),
+        "memory_bytes": sum(t.local.stats()["bytes_reserved"] for t in tables.values()),
         # What the rows themselves take (values, optimizer state, metadata, index bucket) and
         # what every key's index takes (hot and cold indexes, 16 B a bucket).
-        "row_bytes": sum(t.stats()["bytes_used"] for t in tables.values()),
-        "index_bytes": sum(2 * 16 * t.index_stats()["capacity"] for t in tables.values()),
-        "rows_on_disk": sum(t.stats()["rows_on_disk"] for t in tables.values()),
-        "cold_reads": sum(t.stats()["cold_reads"] for t in tables.values()),
+        "row_bytes": sum(t.local.stats()["bytes_used"] for t in tables.values()),
+        "index_bytes": sum(2 * 16 * t.local.index_stats()["capacity"] for t in tables.values()),
+        "rows_on_disk": sum(t.local.stats()["rows_on_disk"] for t in tables.values()),
+        "cold_reads": sum(t.local.stats()["cold_reads"] for t in tables.values()),
         "peak_memory_bytes": peak_memory,
-        "cold_read_ios": sum(t.stats()["cold_read_ios"] for t in tables.values()),
+        "cold_read_ios": sum(t.local.stats()["cold_read_ios"] for t in tables.values()),
         "distinct_train_ids": train.distinct_ids(),
         "train_size": len(train),
         "test_size": len(test),

@@ -26,7 +26,7 @@ Run::
 
 Under torchrun TorchRec shards the tables with ``DistributedModelParallel`` (table- or
 column-wise on CPU) and divides the sparse gradients by the process count; embstore keeps the
-tables in a distributed store (``Store(path, distributed=True)``: each process owns a hash
+tables in a distributed store (``DistributedStore(path)``: each process owns a hash
 partition of every table), the collection's lookups and ``EmbeddingOptimizer.step()`` reach
 every partition, and the gradients are averaged over the processes, as DDP averages the dense
 ones. Both print the test AUC and the median step time (rank 0; ``--json PATH`` writes them).
@@ -283,7 +283,7 @@ def main() -> None:
             where = [str(args.store_dir or tempfile.mkdtemp(prefix="embstore-dlrm-"))]
             dist.broadcast_object_list(where, src=0)
             store_dir = Path(where[0])
-        store = embstore.Store(store_dir, distributed=world > 1)
+        store = embstore.DistributedStore(store_dir) if world > 1 else embstore.Store(store_dir)
         ebc = et.EmbeddingBagCollection(
             store,
             table_configs(

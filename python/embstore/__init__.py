@@ -36,6 +36,8 @@ from embstore.config import (
     Zeros,
 )
 from embstore.distributed import init_distributed, latest_checkpoint, training_state
+from embstore.distributed.store import DistributedStore
+from embstore.distributed.table import DistributedTable
 from embstore.errors import (
     CapacityError,
     CorruptionError,
@@ -60,8 +62,8 @@ from embstore.errors import (
 )
 from embstore.index import NeighborHash
 from embstore.prefetch import prefetch
-from embstore.serving import RemoteClient, connect
-from embstore.session import DistributedTable, Session, SessionBatch
+from embstore.serving import RemoteClient, Server, connect
+from embstore.session import Session, SessionBatch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
 from embstore.sync import SyncPort
 
@@ -77,6 +79,7 @@ __all__ = [
     "CorruptionError",
     "DTypeError",
     "DistributedError",
+    "DistributedStore",
     "DistributedTable",
     "EmbstoreError",
     "ExportChunk",
@@ -92,6 +95,7 @@ __all__ = [
     "PermissionDeniedError",
     "RemoteClient",
     "RowWiseAdagrad",
+    "Server",
     "Session",
     "SessionBatch",
     "ShapeError",

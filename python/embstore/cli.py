@@ -619,48 +619,46 @@ def _horizon(text: str) -> float:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from embstore import _native
+    from embstore.serving import Server
 
     if args.follow == "" and not (args.etcd and args.dc):
         print("embstore serve: --follow needs HOST:PORT, or --etcd and --dc", file=sys.stderr)
         return 2
-    sync_etcd = _etcd(args.etcd) if args.dc else None
     try:
-        server = _native.Server(
+        server = Server(
             args.store,
             args.listen,
-            args.memory_budget,
-            args.max_batch,
-            args.admin,
-            args.metrics,
-            _token(args.read_token_file),
-            _token(args.admin_token_file),
-            args.tls_cert,
-            args.tls_key,
-            args.tls_client_ca,
-            None if args.dc else _etcd(args.etcd),
-            args.advertise,
-            args.lease_ttl,
-            args.data_dir,
-            args.sync_listen,
-            _token(args.sync_token_file),
-            args.follow,
-            args.replica_id,
-            args.sync_events,
-            sync_etcd,
-            args.dc,
-            args.sync_advertise,
-            args.sync_tls_ca,
-            args.sync_tls_cert,
-            args.sync_tls_key,
-            args.sync_tls_domain,
-            not args.sync_no_cache,
-            not args.sync_no_shard_versions,
-            int(args.sync_tombstone_horizon * 1000),
-            args.sync_with_state,
-            args.catch_up_timeout,
-            args.framed_listen,
-            args.framed_unix,
+            memory_budget_bytes=args.memory_budget,
+            data_dir=args.data_dir,
+            max_batch=args.max_batch,
+            framed_listen=args.framed_listen,
+            framed_unix=args.framed_unix,
+            metrics=args.metrics,
+            admin=args.admin,
+            read_token=_token(args.read_token_file),
+            admin_token=_token(args.admin_token_file),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+            etcd=_etcd(args.etcd) or None,
+            advertise=args.advertise,
+            lease_ttl_s=args.lease_ttl,
+            sync_listen=args.sync_listen,
+            sync_token=_token(args.sync_token_file),
+            follow=args.follow,
+            replica_id=args.replica_id,
+            dc=args.dc,
+            sync_advertise=args.sync_advertise,
+            sync_events=args.sync_events,
+            sync_tls_ca=args.sync_tls_ca,
+            sync_tls_cert=args.sync_tls_cert,
+            sync_tls_key=args.sync_tls_key,
+            sync_tls_domain=args.sync_tls_domain,
+            sync_cache=not args.sync_no_cache,
+            sync_shard_versions=not args.sync_no_shard_versions,
+            sync_tombstone_horizon_s=args.sync_tombstone_horizon,
+            sync_with_state=args.sync_with_state,
+            catch_up_timeout_s=args.catch_up_timeout,
         )
     except StoreLockedError as e:
         hint = ""

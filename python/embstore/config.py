@@ -435,3 +435,17 @@ __all__ = [
     "Uniform",
     "Zeros",
 ]
+
+
+def spec_of(name: str | TableSpec, embedding_dim: int | None = None, **fields: Any) -> TableSpec:
+    """The spec ``create_table`` is given: a :class:`TableSpec` as is (then nothing else), or
+    one made of the name, ``embedding_dim`` and the spec's other ``fields`` (those given)."""
+    if isinstance(name, TableSpec):
+        if embedding_dim is not None or fields:
+            raise InvalidArgumentError(
+                "create_table takes a TableSpec or the spec's fields as arguments, not both"
+            )
+        return name
+    if embedding_dim is None:
+        raise TypeError("create_table() missing required argument: 'embedding_dim'")
+    return TableSpec(name, embedding_dim, **fields)

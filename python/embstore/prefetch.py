@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from embstore._arrays import as_ids
-from embstore.errors import CapacityError, InvalidArgumentError
+from embstore.distributed.table import DistributedTable
+from embstore.errors import InvalidArgumentError
+from embstore.pins import Pins
 from embstore.table import Table
 
 B = TypeVar("B")
-# A fetch's pins taken, and the (table, ids) whose pin was refused.
-_Fetched = tuple[list[tuple[Table, Any]], list[tuple[Table, Any]]]
 
 __all__ = ["prefetch"]
 
@@ -73,27 +73,21 @@ def _pipeline(
     it: Iterator[B], ids_of: Callable[[B], Mapping[Table, Any]], depth: int
 ) -> Iterator[B]:
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embstore-prefetch")
-    # Per batch ahead: the batch, and its fetch: (the pins it took, whether a pin was refused).
-    ahead: collections.deque[tuple[B, concurrent.futures.Future[_Fetched]]] = collections.deque()
+    # Per batch ahead: the batch, and its fetch: the pins it took (and those refused).
+    ahead: collections.deque[tuple[B, concurrent.futures.Future[Pins]]] = collections.deque()
     warned = False
-    held: list[tuple[Table, Any]] = []
+    held = Pins()
 
-    def fetch(work: list[tuple[Table, Any]]) -> _Fetched:
-        pinned: list[tuple[Table, Any]] = []
-        refused: list[tuple[Table, Any]] = []
+    def fetch(work: list[tuple[Table, Any]]) -> Pins:
+        pins = Pins()
         try:
             for table, arr in work:
-                try:
-                    table.pin(arr)
-                    pinned.append((table, arr))
-                except CapacityError:
-                    refused.append((table, arr))
-                    continue
-                table.prefetch(arr)
+                if pins.take(table, arr):
+                    table.prefetch(arr)
         except BaseException:
-            _release(pinned)
+            pins.release()
             raise
-        return pinned, refused
+        return pins
 
     def fill() -> None:
         while len(ahead) <= depth:
@@ -103,11 +97,11 @@ def _pipeline(
                 return
             work = []
             for table, raw in ids_of(batch).items():
-                if not isinstance(table, Table):
+                if not isinstance(table, Table | DistributedTable):
                     raise InvalidArgumentError(
                         f"ids() must map embstore.Table to ids, got a key {type(table).__name__}"
                     )
-                if table.tiered:
+                if Pins.needed(table):
                     work.append((table, as_ids(raw)[0]))
             ahead.append((batch, pool.submit(fetch, work)))
 
@@ -115,15 +109,10 @@ def _pipeline(
         fill()
         while ahead:
             batch, done = ahead.popleft()
-            held, refused = done.result()
+            held = done.result()
             # The pins of the batch before are gone: the batch handed out now comes first for
             # the pins it was refused while that one held them (before the next fetch pins).
-            for table, arr in refused:
-                try:
-                    table.pin(arr)
-                    held.append((table, arr))
-                except CapacityError:
-                    pass
+            refused = held.retry()
             fill()
             if refused and not warned:
                 warned = True
@@ -134,21 +123,15 @@ def _pipeline(
                     stacklevel=2,
                 )
             yield batch
-            _release(held)
-            held = []
+            held.release()
     finally:
-        _release(held)
+        held.release()
         for _, done in ahead:
             done.cancel()
         for _, done in ahead:
             if not done.cancelled():
                 try:
-                    _release(done.result()[0])
+                    done.result().release()
                 except BaseException:  # its pins were released by fetch()
                     pass
         pool.shutdown(wait=True)
-
-
-def _release(pinned: list[tuple[Table, Any]]) -> None:
-    for table, arr in pinned:
-        table.unpin(arr)

@@ -1,28 +1,27 @@
-"""The batch-query service's Python client: ``embstore.connect``.
+"""The batch-query service from Python: :class:`Server` (what ``embstore serve`` runs) and
+its client, ``embstore.connect``.
 
-A server runs with ``embstore serve --store DIR --listen HOST:PORT`` (every table of the store,
-served as version 1). A client reads every row of a batch at ONE table version, fanned out to
-the shards of that version (docs/serving.md):
+A server serves every table of a store directory as version 1 (or what a cluster assigns it).
+A client reads every row of a batch at ONE table version, fanned out to the shards of that
+version (docs/serving.md):
 
     >>> import tempfile, numpy as np, embstore
-    >>> from embstore import _native
     >>> path = tempfile.mkdtemp()
     >>> store = embstore.Store(path)
     >>> user = store.create_table("user", embedding_dim=4)
     >>> user.assign([1, 2], np.ones((2, 4), np.float32))
-    >>> _ = store.flush(); del user, store              # the server opens the directory
-    >>> server = _native.Server(path, "127.0.0.1:0")    # what `embstore serve` runs
-    >>> import threading; t = threading.Thread(target=server.run); t.start()
-    >>> client = embstore.connect(server.address)
-    >>> rows, version = client.lookup("user", [1, 3], return_version=True)
+    >>> store.close()                                   # the server opens the directory
+    >>> with embstore.Server(path) as server:           # serves in a thread of its own
+    ...     client = embstore.connect(server.address)
+    ...     rows, version = client.lookup("user", [1, 3], return_version=True)
     >>> rows.tolist(), version                          # a missing id gets zeros
     ([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], 1)
-    >>> server.stop(); t.join()
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -30,7 +29,216 @@ from embstore import _native
 from embstore._arrays import as_ids
 from embstore.errors import InvalidArgumentError
 
-__all__ = ["RemoteClient", "connect"]
+__all__ = ["RemoteClient", "Server", "connect"]
+
+
+class Server:
+    """A batch-query server in this process: what ``embstore serve`` runs, with its options
+    as keywords (``embstore serve --help`` says what each does). It binds its ports when made
+    (``address`` is known at once: port 0 picks one); :meth:`start` serves from a thread of its
+    own and :meth:`run` from the caller's (until :meth:`stop`, SIGINT or SIGTERM);
+    :meth:`close` stops it and lets go of its store directory and ports. ``with Server(...) as
+    server:`` starts it and closes it at the end of the block.
+
+    Args:
+        store: a store directory whose tables are served as version 1 (``None``: none, loaded
+            through admin calls or assigned by a cluster).
+        listen: ``host:port`` of the gRPC port (port 0 picks one).
+        memory_budget_bytes, data_dir: a memory budget for the tables served (rows beyond it
+            on disk, under ``data_dir`` or a new directory under ``$TMPDIR``).
+        framed_listen: the framed lookup path's TCP port: ``"auto"`` (the default: a port
+            next to ``listen``), ``"host:port"``, or ``None`` (off); ``framed_unix`` a Unix
+            socket for clients on this host.
+        metrics: ``host:port`` of ``GET /metrics``; ``admin`` takes admin calls.
+        read_token, admin_token: tokens the calls must carry.
+        tls_cert, tls_key, tls_client_ca: PEM files: TLS on every port, mutual with a CA.
+        etcd, advertise, lease_ttl_s: join the cluster in etcd (``http://host:port`` or a
+            list); with ``dc``, ``etcd`` is where sync members find each other instead.
+        sync_listen, sync_token, follow, replica_id, dc, sync_*: the sync port and the
+            follower (docs/dissemination.md); ``follow=""`` finds its source in etcd.
+        catch_up_timeout_s: a follower serves once caught up, or after this long.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | None = None,
+        listen: str = "127.0.0.1:0",
+        *,
+        memory_budget_bytes: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        max_batch: int | None = None,
+        framed_listen: str | None = "auto",
+        framed_unix: str | os.PathLike[str] | None = None,
+        metrics: str | None = None,
+        admin: bool = False,
+        read_token: str | None = None,
+        admin_token: str | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_client_ca: str | os.PathLike[str] | None = None,
+        etcd: str | list[str] | None = None,
+        advertise: str | None = None,
+        lease_ttl_s: float = 10.0,
+        sync_listen: str | None = None,
+        sync_token: str | None = None,
+        follow: str | None = None,
+        replica_id: int | None = None,
+        dc: str | None = None,
+        sync_advertise: str | None = None,
+        sync_events: str | os.PathLike[str] | None = None,
+        sync_tls_ca: str | os.PathLike[str] | None = None,
+        sync_tls_cert: str | os.PathLike[str] | None = None,
+        sync_tls_key: str | os.PathLike[str] | None = None,
+        sync_tls_domain: str | None = None,
+        sync_cache: bool = True,
+        sync_shard_versions: bool = True,
+        sync_tombstone_horizon_s: float = 3600.0,
+        sync_with_state: bool = False,
+        catch_up_timeout_s: float = 60.0,
+    ) -> None:
+        etcds = None
+        if etcd is not None:
+            etcds = [etcd] if isinstance(etcd, str) else list(etcd)
+            if not etcds or not all(isinstance(e, str) and e for e in etcds):
+                raise InvalidArgumentError(
+                    f"etcd must be 'http://host:port' or a list, got {etcd!r}"
+                )
+        if not isinstance(sync_tombstone_horizon_s, int | float) or not (
+            0 <= sync_tombstone_horizon_s < 2**53 / 1000
+        ):
+            raise InvalidArgumentError(
+                f"sync_tombstone_horizon_s must be seconds >= 0, got {sync_tombstone_horizon_s!r}"
+            )
+        path = lambda p: None if p is None else os.fspath(p)  # noqa: E731
+        kwargs: dict[str, Any] = {}
+        if max_batch is not None:
+            kwargs["max_batch"] = max_batch
+        self._inner = _native.Server(
+            path(store),
+            listen,
+            memory_budget_bytes=memory_budget_bytes,
+            admin=admin,
+            metrics=metrics,
+            read_token=read_token,
+            admin_token=admin_token,
+            tls_cert=path(tls_cert),
+            tls_key=path(tls_key),
+            tls_client_ca=path(tls_client_ca),
+            etcd=None if dc else etcds,
+            advertise=advertise,
+            lease_ttl_s=lease_ttl_s,
+            data_dir=path(data_dir),
+            sync_listen=sync_listen,
+            sync_token=sync_token,
+            follow=follow,
+            replica=replica_id,
+            sync_events=path(sync_events),
+            sync_etcd=etcds if dc else None,
+            dc=dc,
+            sync_advertise=sync_advertise,
+            sync_tls_ca=path(sync_tls_ca),
+            sync_tls_cert=path(sync_tls_cert),
+            sync_tls_key=path(sync_tls_key),
+            sync_tls_domain=sync_tls_domain,
+            sync_cache=sync_cache,
+            sync_shard_versions=sync_shard_versions,
+            sync_tombstone_horizon_ms=int(sync_tombstone_horizon_s * 1000),
+            sync_with_state=sync_with_state,
+            catch_up_timeout_s=catch_up_timeout_s,
+            framed_listen=framed_listen,
+            framed_unix=path(framed_unix),
+            **kwargs,
+        )
+        self._address = str(self._inner.address)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _server(self) -> Any:
+        if self._inner is None:
+            raise InvalidArgumentError(f"the server of {self._address} is closed")
+        return self._inner
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the gRPC port (the one the OS chose for port 0)."""
+        return self._address
+
+    @property
+    def framed_address(self) -> str | None:
+        """``host:port`` of the framed lookup path's TCP port, if offered."""
+        return self._server().framed_address
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of ``GET /metrics``, if asked for."""
+        return self._server().metrics_address
+
+    @property
+    def sync_address(self) -> str | None:
+        """``host:port`` of the sync port, if one runs."""
+        return self._server().sync_address
+
+    @property
+    def tables(self) -> list[str]:
+        """Names of the tables served from ``store`` (each as version 1)."""
+        return list(self._server().tables)
+
+    def sync_status(self) -> list[dict[str, Any]]:
+        """Where each followed table stands (empty when the server follows nothing)."""
+        return list(self._server().sync_status())
+
+    def run(self) -> None:
+        """Serve until :meth:`stop` (from another thread), SIGINT or SIGTERM; then stop
+        accepting, finish the requests in flight and return. Once only."""
+        self._server().run()
+
+    def start(self) -> Server:
+        """Serve from a thread of the server's own; returns the server."""
+        inner = self._server()
+        if self._thread is not None:
+            raise InvalidArgumentError("the server was started already")
+
+        def serve() -> None:
+            try:
+                inner.run()
+            except BaseException as e:  # raised by stop()
+                self._error = e
+
+        self._thread = threading.Thread(target=serve, name="embstore-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (requests in flight finish); after :meth:`start`, wait for its thread
+        and raise what ended it, if anything did."""
+        if self._inner is None:
+            return
+        self._inner.stop()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
+
+    def close(self) -> None:
+        """Stop serving and let go of the store directory and the ports (another server, or
+        a :class:`~embstore.Store`, may open the directory then); a no-op when closed."""
+        try:
+            self.stop()
+        finally:
+            self._inner = None
+
+    def __enter__(self) -> Server:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.__dict__.get("_inner") is None:
+            return f"Server(address={self.__dict__.get('_address')!r}, closed)"
+        return f"Server(address={self.address!r}, tables={self.tables!r})"
 
 
 class RemoteClient:

@@ -29,6 +29,8 @@ staleness 0, one step staler.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import os
 import queue
 import threading
 import time
@@ -38,14 +40,16 @@ from typing import Any
 
 import numpy as np
 
+from embstore import metrics
 from embstore._arrays import as_ids
-from embstore.distributed import Comm, calling, check_not_process_local, owner_of, timeout_s
+from embstore.distributed.comm import Comm, calling, check_not_process_local, timeout_s
+from embstore.distributed.placement import owner_of
 from embstore.errors import (
-    CapacityError,
     DistributedError,
     InvalidArgumentError,
     NonFiniteError,
 )
+from embstore.pins import Pins
 from embstore.table import Table
 
 __all__ = ["Session", "SessionBatch"]
@@ -61,6 +65,10 @@ _END = object()
 _LOOKAHEAD_SHARE = 0.25
 _MAX_AHEAD = 32
 _MAX_GROUP = 8
+
+
+# Sessions made in this process, for their ``session`` label on /metrics.
+_NUMBERS = itertools.count(1)
 
 
 class _Plan:
@@ -88,15 +96,13 @@ class _Served:
     for, source after source (``ids``; ``counts[s, t]`` of them from process ``s``), and the
     pins taken for them."""
 
-    __slots__ = ("counts", "error", "ids", "pin_bytes", "pinned", "reads", "refused")
+    __slots__ = ("counts", "error", "ids", "pins", "reads")
 
     def __init__(self, ids: list[np.ndarray], counts: np.ndarray) -> None:
         self.ids = ids
         self.counts = counts
-        self.pinned: list[tuple[Table, np.ndarray]] = []
-        self.pin_bytes = 0  # what the store's pins grew by when this batch's were taken
+        self.pins = Pins()
         self.reads: list[tuple[Table, np.ndarray]] = []  # pinned, not read in yet
-        self.refused = False
         self.error: BaseException | None = None
 
 
@@ -267,7 +273,7 @@ class Session:
             )
         if isinstance(staleness, bool) or staleness not in (0, 1):
             raise InvalidArgumentError(f"staleness must be 0 or 1, got {staleness!r}")
-        names = [t.name if isinstance(t, Table) else t for t in tables]
+        names = [t if isinstance(t, str) else getattr(t, "name", t) for t in tables]
         if not names:
             raise InvalidArgumentError("a session needs at least one table")
         if len(set(names)) != len(names):
@@ -284,9 +290,12 @@ class Session:
                     f"tables {names}"
                 )
         self._store = store
+        self._number = next(_NUMBERS)  # the session's label on the process's /metrics
+        self._unregister_metrics: Callable[[], None] | None = None
         self._comm: Comm = store.comm
         # This process's partition of each table (the whole table outside a distributed job).
-        self._tables = [_partition_of(store.table(n)) for n in names]
+        # The rows this process holds: a distributed store's own partition (store.local).
+        self._tables = [store.local.table(n) for n in names]
         self._dims = [t.embedding_dim for t in self._tables]
         self._index = {n: i for i, n in enumerate(names)}
         self._prefetch = prefetch
@@ -344,43 +353,32 @@ class Session:
         out["lookahead"] = look
         return out
 
-    def serve_metrics(self, listen: str = "127.0.0.1:0") -> str:
-        """Serve this session's metrics on ``listen`` (``host:port``; port 0 picks one) as
-        ``GET /metrics`` in Prometheus' text format, from a daemon thread, until the process
-        ends; returns the address. Each process of a distributed job serves its own (label
-        ``process``): per-stage busy and blocked seconds, batches, rows, bytes exchanged."""
-        import http.server
-
-        host, _, port = listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise InvalidArgumentError(f"listen must be host:port, got {listen!r}")
-        session = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                body = session.metrics_text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
-        threading.Thread(
-            target=server.serve_forever, name="embstore-session-metrics", daemon=True
-        ).start()
-        return f"{host}:{server.server_address[1]}"
+    def serve_metrics(
+        self,
+        listen: str = "127.0.0.1:0",
+        *,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_client_ca: str | os.PathLike[str] | None = None,
+    ) -> str:
+        """Serve this session's metrics as ``GET /metrics`` in Prometheus' text format on the
+        process's one metrics endpoint (:func:`embstore.metrics.serve`: started on ``listen``,
+        ``host:port``, port 0 picks one, by the first call in the process; the server's own
+        endpoint code, over TLS with ``tls_cert``/``tls_key``), until the process ends or the
+        session is gone; returns the address. Each session is labelled ``process`` (its rank)
+        and ``session`` (its number in the process): per-stage busy and blocked seconds,
+        batches, rows, bytes exchanged, the lookahead."""
+        address = metrics.serve(
+            listen, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
+        )
+        if self._unregister_metrics is None:
+            self._unregister_metrics = metrics.register(self.metrics_text)
+        return address
 
     def metrics_text(self) -> str:
         """:meth:`stats` in Prometheus' text format (what :meth:`serve_metrics` serves)."""
         s = self.stats()
-        p = f'process="{self._comm.rank}"'
+        p = f'process="{self._comm.rank}",session="{self._number}"'
         lines = [
             "# HELP embstore_session_stage_seconds_total Seconds each pipeline stage was busy "
             "or blocked.",
@@ -587,14 +585,11 @@ class Session:
         plan.served = served
         reads = []
         for table, ids in zip(self._tables, served.ids, strict=True):
-            if not pin or not table.tiered or not len(ids):
+            if not pin or not Pins.needed(table) or not len(ids):
                 continue
             ids = self._pin_set(ids)
             try:
-                served.pin_bytes += table.pin(ids)
-                served.pinned.append((table, ids))
-            except CapacityError:
-                served.refused = True
+                served.pins.take(table, ids)  # refused: taken again at the gather
             except Exception as e:  # reported at the gather
                 served.error = e
                 break
@@ -604,7 +599,7 @@ class Session:
         elif served.error is None and reads:
             served.error = self._read_in(reads)
         with self._lock:
-            self._rows["pinned"] += sum(len(ids) for _, ids in served.pinned)
+            self._rows["pinned"] += served.pins.ids()
         self._add("prepare", time.perf_counter() - start)
         return plan
 
@@ -696,7 +691,7 @@ class Session:
         assert served is not None
         rows: list[np.ndarray] = []
         error = served.error
-        if served.refused:
+        if served.pins.refused:
             self._retry_pins(served)
         if error is None:
             try:
@@ -733,15 +728,7 @@ class Session:
 
     def _retry_pins(self, served: _Served) -> None:
         """Pins refused while earlier batches held theirs: taken now, before the next fetch."""
-        pinned = {table.name for table, _ in served.pinned}
-        for table, ids in zip(self._tables, served.ids, strict=True):
-            if table.tiered and len(ids) and table.name not in pinned:
-                ids = self._pin_set(ids)
-                try:
-                    table.pin(ids)
-                    served.pinned.append((table, ids))
-                except CapacityError:
-                    pass
+        served.pins.retry()
         if not self._warned:
             self._warned = True
             warnings.warn(
@@ -918,31 +905,22 @@ class Session:
         rows = [p.reshape(-1, d) for p, d in zip(parts, self._dims, strict=True)]
         return rows, flags[:, 1:]
 
-    # -- one table, called directly (DistributedTable) ----------------------------------------
-
-    def _plan_of(self, ids: Any) -> _Plan:
-        plan = _Plan(None, self._comm.world, 1)
-        try:
-            self._partition(plan, [self._flat(ids)])
-        except Exception as e:  # agreed in _prepare
-            plan.error = e
-        return plan
-
     # -- several tables in one exchange, outside the loop ----------------------------------
 
     def lookup_together(
-        self, ids: list[np.ndarray], on_miss: str, *, what: str = "a lookup"
+        self, ids: list[Any], on_miss: str, *, what: str = "a lookup"
     ) -> list[np.ndarray]:
-        """The rows of each table's ``ids`` (one ``uint64[N_t]`` array per table of the
-        session, in its order), as ``float32[N_t, D_t]`` in the ids' order, in one exchange of
+        """The rows of each table's ``ids`` (ids per table of the session, in its order: a
+        ``uint64[N_t]`` array, or any ids :meth:`Table.lookup` takes, read flat), as
+        ``float32[N_t, D_t]`` in the ids' order, in one exchange of
         ids and one of rows however many tables (``on_miss`` as for :meth:`Table.lookup`).
         Nothing is read ahead and no row stays pinned. In a distributed store it is
         collective: every process calls it, each with its own ids (any number, also none),
         and serves the rows it owns; ``what`` names the call in a distributed error."""
         plan = _Plan(None, self._comm.world, len(ids))
         try:
-            self._partition(plan, [(a, a.shape) for a in ids])
-        except Exception as e:  # agreed in _prepare_here
+            self._partition(plan, [self._flat(a) for a in ids])
+        except Exception as e:  # agreed in _prepare_here (a bad input raises everywhere)
             plan.error = e
         with calling(what):
             plan = self._prepare_here(plan, self._comm.main, pin=False)
@@ -954,14 +932,15 @@ class Session:
 
     def apply_gradients_together(
         self,
-        ids: list[np.ndarray | None],
+        ids: list[Any],
         grads_of: Callable[[int, np.ndarray, np.ndarray | None], np.ndarray],
         lr: float | None,
         *,
         what: str = "applying gradients",
     ) -> int:
-        """Step each table of the session with gradients for its ``ids`` (one ``uint64[N_t]``
-        array per table, in the session's order; None: no gradient here), sent to the rows'
+        """Step each table of the session with gradients for its ``ids`` (ids per table, in
+        the session's order, read flat as for :meth:`lookup_together`; None: no gradient
+        here), sent to the rows'
         owners in one exchange of ids and one of gradients; each owner sums what every
         process sent for a row and steps it once (with ``lr``, or the table's own). The
         gradients are asked for once the ids are split: ``grads_of(t, uniq, inv)`` returns
@@ -977,7 +956,7 @@ class Session:
         try:
             self._partition(
                 plan,
-                [(i, i.shape) if i is not None else (np.empty(0, np.uint64), (0,)) for i in ids],
+                [self._flat(i) if i is not None else (np.empty(0, np.uint64), (0,)) for i in ids],
             )
             for t, (uniq, inv) in enumerate(zip(plan.uniq, plan.inv, strict=True)):
                 grads.append(grads_of(t, uniq, inv))
@@ -1283,7 +1262,7 @@ class _Window:
         with self.cond:
             self.in_flight += 1
             if served is not None and self.limit is not None:
-                self._sizes = [*self._sizes[-15:], served.pin_bytes]
+                self._sizes = [*self._sizes[-15:], served.pins.bytes]
 
     def released(self) -> None:
         with self.cond:
@@ -1358,156 +1337,5 @@ def _by_table(
 
 
 def _release(served: _Served | None) -> None:
-    if served is None:
-        return
-    pinned, served.pinned = served.pinned, []
-    for table, ids in pinned:
-        try:
-            table.unpin(ids)
-        except Exception:  # a closed store holds no pins
-            pass
-
-
-class DistributedTable(Table):
-    """A table of a distributed store (``Store(path, distributed=True)``): each process holds
-    the rows it owns, and :meth:`lookup` and :meth:`apply_gradients` reach every process's
-    partition. Both are collective: every process calls them, in the same order (each with its
-    own ids, any number, also none). ``local`` is this process's partition, a plain
-    :class:`Table`; its other methods (``export``, ``save``, ``assign``, ...) are there.
-
-    For training, :meth:`Store.session` is faster: it exchanges the ids ahead, while the
-    batch before trains.
-    """
-
-    __slots__ = ("_sess", "_store")
-    _distributed = True
-
-    def __init__(self, inner: Any, store: Any) -> None:
-        super().__init__(inner)
-        self._store = store
-        self._sess: Session | None = None
-
-    @property
-    def local(self) -> Table:
-        """This process's partition of the table."""
-        return Table(self._inner)
-
-    @property
-    def store(self) -> Any:
-        """The distributed :class:`~embstore.Store` the table belongs to."""
-        return self._store
-
-    def _session(self) -> Session:
-        if self._sess is None:
-            self._sess = Session(self._store, [self.name], prefetch=0, grad_average=False)
-        return self._sess
-
-    def __len__(self) -> int:
-        """Rows in every process's partition together (collective)."""
-        return sum(self._store.comm.all_gather(len(self._inner), f"len({self.name!r})"))
-
-    def lookup(
-        self,
-        ids: Any,
-        on_miss: str = "init",
-        *,
-        return_found: bool = False,
-        out: np.ndarray | None = None,
-    ) -> Any:
-        """Rows of ``ids`` (``float32[B, D]``), wherever they are held; collective."""
-        if return_found:
-            raise InvalidArgumentError("return_found is not available on a distributed table")
-        with calling(f"lookup({self.name!r})"):
-            return self._lookup(ids, on_miss, out)
-
-    def _lookup(self, ids: Any, on_miss: str, out: np.ndarray | None) -> Any:
-        from embstore._arrays import check_out, on_device
-
-        sess = self._session()
-        comm = self._store.comm
-        plan = sess._prepare(sess._plan_of(ids), comm.main, pin=False)
-        try:
-            rows = sess._gather_rows(plan, on_miss, comm.main)[0]
-        finally:
-            _release(plan.served)
-        arr, device = as_ids(_flat_ids(ids))
-        result = rows if plan.inv[0] is None else rows[plan.inv[0]]
-        if out is not None:
-            check_out(out, arr, self.embedding_dim)
-            out[...] = result
-            result = out
-        return on_device(result, device)
-
-    def apply_gradients(self, ids: Any, grads: Any, *, lr: float | None = None) -> int:
-        """Gradients of ``ids`` (``float32[B, D]``) to the rows' owners, which sum them over
-        every process (duplicates included) and step once per id; collective. Returns the
-        unique ids this process sent."""
-        with calling(f"apply_gradients({self.name!r})"):
-            return self._apply_gradients(ids, grads, lr)
-
-    def _apply_gradients(self, ids: Any, grads: Any, lr: float | None) -> int:
-        from embstore._arrays import as_rows
-
-        sess = self._session()
-        comm = self._store.comm
-        plan = sess._plan_of(ids)
-        summed: list[np.ndarray] = []
-        error = plan.error
-        if error is None:
-            try:
-                inv = plan.inv[0]
-                g = as_rows(grads, len(plan.uniq[0]) if inv is None else len(inv), self, "grads")
-                if inv is None:  # one process: the table sums duplicates itself
-                    summed.append(g)
-                else:
-                    acc = np.zeros((len(plan.uniq[0]), self.embedding_dim), np.float32)
-                    np.add.at(acc, inv, g)
-                    summed.append(acc)
-            except Exception as e:  # agreed below
-                error = e
-                plan.error = e
-        plan = sess._prepare(plan, comm.main, pin=False)
-        sess._push_rows(plan, summed, lr, None, comm.main)
-        return len(np.unique(plan.uniq[0])) if plan.inv[0] is None else len(plan.uniq[0])
-
-
-def _flat_ids(ids: Any) -> Any:
-    from embstore._arrays import torch_tensor
-
-    t = torch_tensor(ids)
-    return t.reshape(-1) if t is not None else ids
-
-
-def _partition_of(table: Table) -> Table:
-    """This process's partition of ``table``: its ``local`` part for a distributed table, the
-    table itself otherwise."""
-    return table.local if isinstance(table, DistributedTable) else table
-
-
-def _local_only(name: str) -> Any:
-    def refuse(self: DistributedTable, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidArgumentError(
-            f"{name}() acts on one process's rows; on a distributed table call "
-            f"table.local.{name}() (this process's partition) on every process"
-        )
-
-    refuse.__name__ = name
-    refuse.__doc__ = f"Not on a distributed table: use ``table.local.{name}()``."
-    return refuse
-
-
-for _name in (
-    "assign",
-    "import_",
-    "export",
-    "remove",
-    "contains",
-    "meta",
-    "clear",
-    "save",
-    "load",
-    "initial_rows",
-    "evict_expired",
-    "evict_older_than",
-):
-    setattr(DistributedTable, _name, _local_only(_name))
+    if served is not None:
+        served.pins.release()

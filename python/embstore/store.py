@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from embstore import _native
-from embstore import distributed as _dist
 from embstore import sync as _sync
 from embstore.checkpoints import Checkpoint
-from embstore.config import Initializer, Optimizer, TableSpec, to_native_spec
+from embstore.config import Initializer, Optimizer, TableSpec, spec_of, to_native_spec
+from embstore.distributed.comm import Comm
+from embstore.distributed.files import read_manifest, repartition
 from embstore.errors import InvalidArgumentError, StoreClosedError
-from embstore.session import DistributedTable, Session
+from embstore.session import Session
 from embstore.sync import SyncPort
 from embstore.table import ExportChunk, Table
 
@@ -60,10 +61,11 @@ class Store:
             ``"group_lfu"`` (each access a one-key request; ~26-31 B per hot row). The store
             replays concurrent hits into these in batches (docs/cache.md).
 
-        distributed: share every table among the processes of a ``torchrun`` job (needs
-            ``path``; :mod:`embstore.distributed`, docs/training.md "Many processes").
+        distributed: not here: a store shared by the processes of a ``torchrun`` job is a
+            :class:`~embstore.DistributedStore`, which wraps one of these per process
+            (docs/training.md "Many processes").
         per_process: this store is one process's own in a multi-process ``torch.distributed``
-            job, on purpose. Without it (and without ``distributed``), training a table of
+            job, on purpose. Without it, training a table of
             the store — a module's training forward pass, a session's ``push_grads()`` —
             raises :class:`DistributedError` when ``torch.distributed`` runs more than one
             process: each process would silently train its own copy of the table.
@@ -111,25 +113,13 @@ class Store:
             raise InvalidArgumentError(f"distributed must be a bool, got {distributed!r}")
         if not isinstance(per_process, bool):
             raise InvalidArgumentError(f"per_process must be a bool, got {per_process!r}")
-        if per_process and distributed:
+        if distributed:
             raise InvalidArgumentError(
-                "per_process=True is for a store of one process; distributed=True shares the "
-                "tables among the processes: choose one"
+                "a store shared by the processes of a job is embstore.DistributedStore(path, "
+                "...): the same arguments, without distributed=True (it wraps this process's "
+                "partition, a Store, as store.local)"
             )
         self._per_process = per_process
-        self._comm = _dist.Comm.single()
-        if distributed:
-            if path is None:
-                raise InvalidArgumentError(
-                    "distributed=True needs a path: each process keeps its partition in "
-                    "<path>/rank-<r> (a directory every process can reach, or the same path "
-                    "on every machine)"
-                )
-            if not isinstance(path, str | os.PathLike):
-                raise InvalidArgumentError(f"path must be a directory, got {path!r}")
-            self._comm = _dist.Comm.from_env()
-            path = _dist.open_part(self._comm, pathlib.Path(path))
-        self._distributed = distributed
         if isinstance(replica_id, bool) or not isinstance(replica_id, int | np.integer):
             raise InvalidArgumentError(f"replica_id must be an int, got {replica_id!r}")
         if not 0 <= replica_id <= _native.MAX_REPLICA:
@@ -177,8 +167,6 @@ class Store:
         store = cls.__new__(cls)
         store._store = inner
         store._follower = None
-        store._comm = _dist.Comm.single()
-        store._distributed = False
         store._per_process = False
         return store
 
@@ -400,11 +388,7 @@ class Store:
         out and deleted — and ``spills_adopted`` — segments evictions wrote under a memory
         budget since the last flush, made durable by this one). A no-op in memory. On a full
         disk it raises :class:`NoSpaceError` and loses nothing: the rows stay in memory and
-        the next flush writes them. In a distributed store, collective: every process
-        flushes its partition."""
-        if self._distributed:
-            with _dist.calling("flush()"):
-                return self._comm.agreed("flush", self._inner.flush)
+        the next flush writes them."""
         return self._inner.flush()
 
     def compact(self, *, progress: bool | Callable[[int, int], None] = False) -> dict[str, int]:
@@ -421,8 +405,6 @@ class Store:
         path: str | os.PathLike[str],
         since: Checkpoint | str | os.PathLike[str] | None = None,
         *,
-        step: int | None = None,
-        state: Any = None,
         progress: bool | Callable[[int, int], None] = False,
     ) -> Checkpoint:
         """Write a self-contained snapshot of every table (rows, optimizer state, metadata,
@@ -444,48 +426,12 @@ class Store:
         never taken for a checkpoint.
 
         ``progress=True`` prints rows done to stderr; a callable gets ``(done, total)``.
-
-        In a distributed store this is collective, at a batch boundary: every process writes
-        its partition into ``path/rank-<r>``, process 0 also ``state`` (anything picklable:
-        the epoch, the dense model's ``state_dict()``; read back with
-        :func:`embstore.training_state`), and the manifest last, which makes the checkpoint
-        complete (:func:`embstore.latest_checkpoint` finds the newest complete one by
-        ``step``). Process 0 first writes a marker (``embstore-checkpoint-begun.json``): a
-        directory holding it and no manifest is a checkpoint a dead process interrupted, and
-        is replaced when the job checkpoints into it again (after a restart); any other
-        directory that is not empty is refused."""
-        if self._distributed:
-            if since is not None:
-                raise InvalidArgumentError(
-                    "incremental checkpoints (since=) of a distributed store are not available"
-                )
-            with _dist.calling("checkpoint()"):
-                return _dist.checkpoint(
-                    self._comm,
-                    pathlib.Path(path),
-                    step,
-                    state,
-                    write_part=self._local_checkpoint,
-                    specs=self._specs_for_manifest,
-                )
-        if step is not None or state is not None:
-            raise InvalidArgumentError("step= and state= are for distributed stores")
-        return self._local_checkpoint(path, since, progress)
-
-    def _local_checkpoint(
-        self,
-        path: str | os.PathLike[str],
-        since: Checkpoint | str | os.PathLike[str] | None = None,
-        progress: bool | Callable[[int, int], None] = False,
-    ) -> Checkpoint:
+        (A distributed store's checkpoint: :meth:`embstore.DistributedStore.checkpoint`.)"""
         since_path = None if since is None else os.fspath(since)
         native = self._inner.checkpoint(
             os.fspath(path), since_path, _progress(progress, "checkpoint", "rows")
         )
         return Checkpoint(**native)
-
-    def _specs_for_manifest(self) -> dict[str, Any]:
-        return {name: self._inner.table(name).config() for name in self._inner.tables()}
 
     @classmethod
     def restore(
@@ -495,20 +441,23 @@ class Store:
         *,
         num_shards: int | None = None,
         progress: bool | Callable[[int, int], None] = False,
-        distributed: bool = False,
         memory_budget_bytes: int | None = None,
+        distributed: bool = False,
     ) -> Store:
         """Create a store in ``path`` (a new or empty directory) from ``checkpoint`` and the
         checkpoints it builds on, each table on ``num_shards`` shards (default: as saved), and
         open it (with ``memory_budget_bytes``, if given). ``progress=True`` prints segments
         read to stderr; a callable gets ``(done, total)``.
 
-        ``distributed=True`` (collective, every process of the job): restore a distributed
-        checkpoint. With the process count that wrote it each process restores its own
-        partition; with another count each process takes the rows it owns from every
-        partition (slower: every process reads every partition). Without it, a distributed
-        checkpoint is restored whole into one store of this process: every partition's rows
-        (nothing collective: how one process of a job evaluates or serves the model alone)."""
+        A distributed checkpoint (:meth:`embstore.DistributedStore.checkpoint`) is restored
+        whole into one store of this process: every partition's rows (nothing collective: how
+        one process of a job evaluates or serves the model alone). To restore one onto the
+        processes of a job, each its partition: :meth:`embstore.DistributedStore.restore`."""
+        if distributed:
+            raise InvalidArgumentError(
+                "a distributed restore is embstore.DistributedStore.restore(checkpoint, path, "
+                "...): the same arguments, without distributed=True"
+            )
         if num_shards is not None and (
             isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer)
         ):
@@ -527,17 +476,7 @@ class Store:
             )
             return cls._wrap(inner)
 
-        if distributed:
-            comm = _dist.Comm.from_env()
-            _dist.restore_part(
-                comm,
-                pathlib.Path(checkpoint),
-                pathlib.Path(path),
-                restore_one,
-                lambda dst: cls(dst),
-            )
-            return cls(path, memory_budget_bytes=memory_budget_bytes, distributed=True)
-        manifest = _dist.read_manifest(pathlib.Path(checkpoint))
+        manifest = read_manifest(pathlib.Path(checkpoint))
         if manifest is not None and "checkpoint" in manifest:
             # A distributed checkpoint restored by one process alone (evaluation, serving):
             # every partition's rows merged into one store. Nothing collective.
@@ -545,8 +484,8 @@ class Store:
             target.mkdir(parents=True, exist_ok=True)
             if any(target.iterdir()):
                 raise InvalidArgumentError(f"restore target {target} is not empty")
-            _dist.repartition(
-                _dist.Comm.single(),
+            repartition(
+                Comm.single(),
                 pathlib.Path(checkpoint),
                 int(manifest["world_size"]),
                 target,
@@ -611,81 +550,60 @@ class Store:
             TableExistsError: the name is taken.
             InvalidArgumentError: a parameter is out of range.
         """
-        if isinstance(name, TableSpec):
-            given = (embedding_dim, optimizer, initializer, num_shards, seed, admission_min_count)
-            given += (admission_sketch_width, ttl, on_non_finite, huge_pages, dtype)
-            if given != _CREATE_TABLE_DEFAULTS:
-                raise InvalidArgumentError(
-                    "create_table takes a TableSpec or the spec's fields as arguments, not both"
-                )
-            spec = name
-        else:
-            if embedding_dim is None:
-                raise TypeError("create_table() missing required argument: 'embedding_dim'")
-            spec = TableSpec(
-                name,
-                embedding_dim,
-                optimizer=optimizer,  # None: SGD(), as in TableSpec
-                initializer=initializer,
-                num_shards=num_shards,
-                seed=seed,
-                admission_min_count=admission_min_count,
-                admission_sketch_width=admission_sketch_width,
-                ttl=ttl,
-                on_non_finite=on_non_finite,
-                huge_pages=huge_pages,
-                dtype=dtype,
-            )
-        native = to_native_spec(spec)
-        if not self._distributed:
-            return Table(self._inner.create_table(native), self._per_process)
-        what = f"create_table({spec.name!r})"
-        specs = self._comm.all_gather(native, what)
-
-        def create() -> None:
-            differ = [r for r, other in enumerate(specs) if other != native]
-            if differ:
-                fields = sorted(k for k in native if specs[differ[0]].get(k) != native.get(k))
-                raise InvalidArgumentError(
-                    f"table {spec.name!r} is configured differently on process {differ[0]} "
-                    f"than on process {self._comm.rank} ({', '.join(fields)}): every process "
-                    "of a distributed store must create its tables alike"
-                )
-            self._inner.create_table(native)
-
-        self._comm.agreed(what, create)
-        return self.table(spec.name)
+        given = {
+            "optimizer": optimizer,
+            "initializer": initializer,
+            "num_shards": num_shards,
+            "seed": seed,
+            "admission_min_count": admission_min_count,
+            "admission_sketch_width": admission_sketch_width,
+            "ttl": ttl,
+            "on_non_finite": on_non_finite,
+            "huge_pages": huge_pages,
+            "dtype": dtype,
+        }
+        spec = spec_of(
+            name,
+            embedding_dim,
+            **{k: v for k, v in given.items() if v is not _CREATE_TABLE_DEFAULTS[k]},
+        )
+        return Table(self._inner.create_table(to_native_spec(spec)), self._per_process)
 
     def table(self, name: str) -> Table:
-        """The table called ``name``; :class:`TableNotFoundError` if there is none. In a
-        distributed store, a :class:`~embstore.DistributedTable` (its lookups and gradients
-        reach every process's partition)."""
-        if self._distributed:
-            return DistributedTable(self._inner.table(str(name)), self)
+        """The table called ``name``; :class:`TableNotFoundError` if there is none."""
         return Table(self._inner.table(str(name)), self._per_process)
+
+    # What a session asks of the store it trains, alike for this store and a
+    # DistributedStore (which wraps one): this process's place among those sharing the tables.
+
+    @property
+    def local(self) -> Store:
+        """The rows this process holds: the store itself (a
+        :class:`~embstore.DistributedStore`'s is the store of its partition)."""
+        return self
 
     @property
     def rank(self) -> int:
-        """This process's rank in a distributed store (0 otherwise)."""
-        return self._comm.rank
+        """0: the store is this process's alone (a :class:`~embstore.DistributedStore` says
+        its process's rank)."""
+        return 0
 
     @property
     def world_size(self) -> int:
-        """Processes sharing a distributed store (1 otherwise)."""
-        return self._comm.world
+        """1: the store is this process's alone."""
+        return 1
 
     @property
     def distributed(self) -> bool:
-        """Whether the store was opened with ``distributed=True`` (its tables shared among the
-        processes of a ``torch.distributed`` job)."""
-        return self._distributed
+        """False: its tables are this process's (True for a
+        :class:`~embstore.DistributedStore`)."""
+        return False
 
     @property
-    def comm(self) -> _dist.Comm:
-        """The processes sharing a distributed store (:class:`~embstore.distributed.Comm`:
-        ``rank``, ``world`` and the collectives the store's calls use); a group of one
-        otherwise."""
-        return self._comm
+    def comm(self) -> Comm:
+        """A group of one process (:class:`~embstore.distributed.Comm`): a session's
+        collectives over it are local calls."""
+        return Comm.single()
 
     def session(
         self,
@@ -730,12 +648,6 @@ class Store:
                 ids are looked up together; ``batch.pooled()`` pools them as the module does,
                 bit for bit. ``tables`` may then be left out: the features' tables.
 
-        In a distributed store this is collective: every process opens its sessions in the
-        same order, with the same ``tables`` (in the same order), ``grad_average``,
-        ``staleness`` and ``on_miss``; a difference raises :class:`InvalidArgumentError` on
-        every process, naming the field and both values. ``prefetch`` and ``device`` may
-        differ.
-
         Example::
 
             >>> import embstore, numpy as np, tempfile, torch
@@ -770,19 +682,7 @@ class Store:
                 features=features,
             )
 
-        if not self._distributed:
-            return open_()
-        try:
-            names: Any = [t.name if isinstance(t, Table) else t for t in tables]
-        except TypeError:
-            names = repr(tables)  # not a list: Session says so, on every process
-        mine = {
-            "tables": names,
-            "grad_average": grad_average,
-            "staleness": staleness,
-            "on_miss": on_miss,
-        }
-        return _dist.agree_session(self._comm, mine, open_)
+        return open_()
 
     def __getitem__(self, name: str) -> Table:
         return self.table(name)
@@ -804,11 +704,11 @@ class Store:
         return Table(self._inner.load_table(os.fspath(path), name), self._per_process)
 
 
-# The defaults of create_table's arguments after `name`, in order: a spec given with any other
-# value is refused (read from the signature, so the two cannot drift apart).
-_CREATE_TABLE_DEFAULTS = tuple(
-    p.default for p in list(_signature(Store.create_table).parameters.values())[2:]
-)
+# The defaults of create_table's keyword arguments: a field left at its default is not given
+# (read from the signature, so the two cannot drift apart).
+_CREATE_TABLE_DEFAULTS = {
+    p.name: p.default for p in list(_signature(Store.create_table).parameters.values())[3:]
+}
 
 
 def _progress(

@@ -66,8 +66,6 @@ class Table:
     """
 
     __slots__ = ("_inner", "_per_process")
-    #: A distributed store's table (:class:`~embstore.DistributedTable`) says True.
-    _distributed = False
 
     def __init__(self, inner: _native.Table, per_process: bool = False):
         self._inner = inner
@@ -77,9 +75,15 @@ class Table:
 
     @property
     def distributed(self) -> bool:
-        """Whether the table's rows are shared among the processes of a distributed store
-        (a :class:`~embstore.DistributedTable`)."""
-        return self._distributed
+        """False: the table's rows are this process's (a
+        :class:`~embstore.DistributedTable`, which wraps one, says True)."""
+        return False
+
+    @property
+    def local(self) -> Table:
+        """The rows this process holds: the table itself (a
+        :class:`~embstore.DistributedTable`'s is the table of its partition)."""
+        return self
 
     @property
     def per_process(self) -> bool:

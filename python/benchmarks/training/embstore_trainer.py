@@ -1,6 +1,6 @@
 """embstore's side of the training benchmark: the model and workload of
 :mod:`torchrec_peer` (:class:`synth_ctr.DenseHead` over 26 tables, the synthetic batches of
-:mod:`synth_ctr`), the tables in a distributed embstore store (``Store(distributed=True)``: each
+:mod:`synth_ctr`), the tables in a distributed embstore store (``DistributedStore``: each
 process owns a hash partition of every table) trained through a session
 (``store.session(..., prefetch=N)``: read + partition and prepare run on a background thread
 ahead of training; gather and write-back in the training loop).
@@ -254,7 +254,7 @@ def main() -> None:
     # What torch, the interpreter and the workload hold before the store (goal: RSS within
     # 1.5x the budget on top of this).
     rss_before_store = vm_rss_mb()
-    store = embstore.Store(store_dir, memory_budget_bytes=budget, distributed=True)
+    store = embstore.DistributedStore(store_dir, memory_budget_bytes=budget)
     for f, name in enumerate(TABLES):
         store.create_table(
             name, args.dim, optimizer=OPTIMIZER, initializer=INITIALIZER, seed=args.seed * 100 + f

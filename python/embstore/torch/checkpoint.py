@@ -1,7 +1,7 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (DCP): :class:`StoreState`.
 
 An embstore table is not a tensor of a fixed shape: its rows are as many as the ids it has
-seen, and in a distributed store (``Store(path, distributed=True)``) each process holds the
+seen, and in a distributed store (:class:`~embstore.DistributedStore`) each process holds the
 rows it owns. DCP plans a load from the shapes of the tensors it is given *before* it reads
 anything, so a state dict that carries a table's rows as tensors (``model.state_dict()``:
 ``<module>._extra_state.ids`` …) saves but does not load ("Size mismatch … for
@@ -56,6 +56,8 @@ from torch import nn
 
 from embstore.config import kind_of
 from embstore.distributed import Comm, owner_of
+from embstore.distributed.store import DistributedStore
+from embstore.distributed.table import DistributedTable
 from embstore.errors import InvalidArgumentError, ShapeError
 from embstore.store import Store
 from embstore.table import Table
@@ -78,9 +80,7 @@ def _store_modules(model: nn.Module) -> list[Any]:
 
 
 def _is_distributed(table: Table) -> bool:
-    from embstore.session import DistributedTable
-
-    return isinstance(table, DistributedTable)
+    return bool(table.distributed)
 
 
 def _local(table: Table) -> Table:
@@ -142,13 +142,13 @@ class StoreState:
         if isinstance(source, nn.Module):
             self.model = source
             tables = [m.table for m in _store_modules(source)]
-        elif isinstance(source, Table):
+        elif isinstance(source, Table | DistributedTable):
             tables = [source]
-        elif isinstance(source, Store):
+        elif isinstance(source, Store | DistributedStore):
             tables = [source.table(name) for name in source.tables()]
         elif isinstance(source, Iterable) and not isinstance(source, str | bytes):
             tables = list(source)
-            bad = [t for t in tables if not isinstance(t, Table)]
+            bad = [t for t in tables if not isinstance(t, Table | DistributedTable)]
             if bad:
                 raise InvalidArgumentError(
                     f"StoreState takes a model, a store, a table or a list of tables; the list "

@@ -18,7 +18,7 @@ behave as for :mod:`embstore.torch.sparse`. Two features on one table are one lo
 features' ids and one gradient for the table: the optimizer steps each id once per
 ``step()``, its gradients summed, as for one ``nn.EmbeddingBag``.
 
-Over a distributed store (``Store(path, distributed=True)`` under torchrun) a collection's
+Over a distributed store (:class:`~embstore.DistributedStore` under torchrun) a collection's
 forward gathers every table's rows from their owners in one exchange of ids and one of rows,
 and :class:`~embstore.torch.EmbeddingOptimizer` sends the gradients back in one exchange,
 averaged over the processes: a collection wrapped in DDP with the dense model trains as

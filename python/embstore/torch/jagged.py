@@ -203,6 +203,8 @@ class FeaturePlan:
         if isinstance(features, Mapping):
             by_table: dict[str, list[str]] = {}
             for f, t in features.items():
+                # A table, or a distributed table (which wraps one): its name.
+                t = t if isinstance(t, str) or not hasattr(t, "local") else t.local
                 if not isinstance(f, str) or not isinstance(t, str | Table):
                     raise InvalidArgumentError(
                         f"features must map feature names to table names, got {f!r}: {t!r}"

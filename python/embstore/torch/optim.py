@@ -106,7 +106,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         lr: when set, every table's learning rate, in place of the one its optimizer was
             created with (``opt.lr = x`` sets every group's lr between steps; ``None``: each
             table's own again).
-        grad_average: with a distributed store's tables (``Store(path, distributed=True)``
+        grad_average: with a distributed store's tables (:class:`~embstore.DistributedStore`
             under torchrun), average the processes' gradients of a row (True, the default: as
             DDP averages the dense gradients and TorchRec divides its sparse ones, so a loss
             that is each process's mean over its share trains like one process over the

@@ -63,14 +63,15 @@ from torch import nn
 from embstore import _native
 from embstore._arrays import as_ids, describe
 from embstore.config import Optimizer, kind_of
-from embstore.distributed import check_not_process_local
+from embstore.distributed.comm import check_not_process_local
+from embstore.distributed.table import DistributedTable
 from embstore.errors import (
-    CapacityError,
     DTypeError,
     InvalidArgumentError,
     NotCopyableError,
     ShapeError,
 )
+from embstore.pins import Pins
 from embstore.table import Table
 from embstore.torch import _ops
 
@@ -133,8 +134,10 @@ class StoreModule(nn.Module):
         nn_args: dict[str, Any],
     ):
         super().__init__()
-        if not isinstance(table, Table):
-            raise InvalidArgumentError(f"table must be an embstore.Table, got {type(table)}")
+        if not isinstance(table, Table | DistributedTable):
+            raise InvalidArgumentError(
+                f"table must be an embstore.Table or DistributedTable, got {type(table)}"
+            )
         if on_miss is not None and on_miss not in _native.ON_MISS:  # defined once, in Rust
             raise InvalidArgumentError(
                 f"on_miss must be None or one of {_native.ON_MISS}, got {on_miss!r}"
@@ -149,7 +152,7 @@ class StoreModule(nn.Module):
         # gradient (the same tensor), so torch.amp.GradScaler finds, checks and unscales the
         # pending gradients through EmbeddingOptimizer.param_groups as it does a model's.
         self._holders: list[torch.Tensor] = []
-        self._pinned: list[np.ndarray] = []
+        self._pins = Pins()  # the rows of the forward passes since the last drop_grads()
         self._warned = False
         # What the operators know this module by, and the tensor that requires grad so a
         # training forward pass records embstore::pull for backward (a plain attribute: not a
@@ -198,17 +201,13 @@ class StoreModule(nn.Module):
         job refuses it."""
         if track:
             check_not_process_local(self.table, "a training forward pass")
-        if track and self.table.tiered:
+        if track:
             # The step's working set stays in memory until EmbeddingOptimizer.zero_grad()
             # (pinned before the lookup brings it in, so no eviction in between drops it).
             # Where the pins of the store's tables would pass 60 % of its memory budget the
             # rows go unpinned: an eviction may then drop some before the step, which reads
             # them back (same values, more disk reads), and the store keeps to its budget.
-            try:
-                self.table.pin(arr)
-                self._pinned.append(arr)
-            except CapacityError:
-                pass
+            self._pins.take(self.table, arr)
         return torch.from_numpy(self.table.lookup(arr, self.lookup_mode()))
 
     def accumulate_grad(self, ids: np.ndarray, grad: torch.Tensor) -> None:
@@ -245,9 +244,7 @@ class StoreModule(nn.Module):
         self._pending.clear()
         self._holders.clear()
         self._warned = False
-        for ids in self._pinned:
-            self.table.unpin(ids)
-        self._pinned.clear()
+        self._pins.release()
 
     def get_extra_state(self) -> dict[str, Any]:
         """The table's rows, for ``state_dict()``: every row with its optimizer state and
@@ -588,9 +585,7 @@ def _check_nn_args(cls: str, table: Table, nn_args: dict[str, Any]) -> tuple[tor
 def _refuse_distributed(table: Table, call: str) -> None:
     """A state dict cannot carry the rows of a distributed table (each process holds part of
     them): say what checkpoints one."""
-    from embstore.session import DistributedTable
-
-    if isinstance(table, DistributedTable):
+    if table.distributed:
         raise InvalidArgumentError(
             f"{call} cannot carry the rows of table '{table.name}': it is a table of a "
             "distributed store, and each process holds part of its rows. Checkpoint with "

@@ -125,7 +125,7 @@ def from_torchrec(
         if spec is not None:
             store.create_table(spec[0], spec[1], optimizer=spec[2], dtype=spec[3])
         table = store.table(es_name)
-        local = table.local if hasattr(table, "local") else table
+        local = table.local  # this process's rows (the table itself in one process)
         ids = np.arange(weight.shape[0], dtype=np.int64)
         values = weight.detach().to("cpu", torch.float32).contiguous().numpy()
         if state is not None:

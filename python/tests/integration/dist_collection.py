@@ -81,7 +81,7 @@ def train(store: embstore.Store, rank: int, world: int) -> np.ndarray:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    store = embstore.Store(out / "store", distributed=True)
+    store = embstore.DistributedStore(out / "store")
     rank, world = store.rank, store.world_size
     evaluated = train(store, rank, world)
     arrays = {"eval": evaluated}

@@ -44,7 +44,7 @@ class Model(nn.Module):
 
 
 def make_store(path: pathlib.Path | None, distributed: bool) -> embstore.Store:
-    store = embstore.Store(path, distributed=True) if distributed else embstore.Store()
+    store = embstore.DistributedStore(path) if distributed else embstore.Store()
     for name, (dim, opt) in TABLES.items():
         store.create_table(name, dim, optimizer=opt, seed=len(name))
     return store
@@ -69,8 +69,7 @@ def step(model: nn.Module, opts: list, rng: np.random.Generator) -> None:
 def dump(store: embstore.Store, model: Model, out: pathlib.Path) -> None:
     arrays = {}
     for name in TABLES:
-        local = store.table(name)
-        local = getattr(local, "local", local)
+        local = store.table(name).local
         chunks = list(local.export(chunk_rows=1 << 20))
         arrays[f"{name}_ids"] = np.concatenate([c.ids for c in chunks])
         arrays[f"{name}_values"] = np.concatenate([c.values for c in chunks])

@@ -23,7 +23,7 @@ import embstore
 
 
 def store_with_table(path: pathlib.Path, dim: int = 4, budget: int | None = None):
-    store = embstore.Store(path, memory_budget_bytes=budget, distributed=True)
+    store = embstore.DistributedStore(path, memory_budget_bytes=budget)
     store.create_table("t", dim, optimizer=embstore.Adagrad(lr=0.1), seed=1)
     return store
 
@@ -61,7 +61,7 @@ def run(mode: str, work: pathlib.Path, ckpt: pathlib.Path) -> None:
     elif mode == "exit":  # train, then leave without tearing anything down
         list(train(store_with_table(work / "s"), batches_for(rank, 3)))
     elif mode == "world":
-        embstore.Store(work / "s", distributed=True)
+        embstore.DistributedStore(work / "s")
     elif mode == "batches":
         store = store_with_table(work / "s")
         list(train(store, batches_for(rank, 6 if rank == 0 else 5)))
@@ -142,7 +142,7 @@ def amp_and_unused_tables(work: pathlib.Path, rank: int) -> None:
     is not. Prints ``AMP rank=<r> <what>=<value>`` lines."""
     import embstore.torch as et
 
-    store = embstore.Store(work / "s", distributed=True)
+    store = embstore.DistributedStore(work / "s")
     for name in ("t", "u"):
         store.create_table(name, 4, optimizer=embstore.Adam(lr=0.1), seed=3)
     t, u = store.table("t"), store.table("u")

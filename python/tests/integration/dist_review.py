@@ -22,7 +22,7 @@ def grad_scaler_unscale_first(work: pathlib.Path, rank: int) -> None:
     process 1 only: both processes skip and both scalers back off alike."""
     import embstore.torch as et
 
-    store = embstore.Store(work / "s", distributed=True)
+    store = embstore.DistributedStore(work / "s")
     t = store.create_table("t", 4, optimizer=embstore.SGD(lr=0.1), seed=3)
     emb = et.Embedding(t)
     opt = et.EmbeddingOptimizer(emb)
@@ -47,7 +47,7 @@ def ebc_ddp_amp(work: pathlib.Path, rank: int) -> None:
     GradScaler stepping both optimizers, and an lr scheduler on the embedding optimizer."""
     import embstore.torch as et
 
-    store = embstore.Store(work / "s", distributed=True)
+    store = embstore.DistributedStore(work / "s")
     cfgs = [
         et.EmbeddingBagConfig(
             name="t_item",
@@ -100,7 +100,7 @@ def ebc_ddp_amp(work: pathlib.Path, rank: int) -> None:
 def checkpoint_vs_session(work: pathlib.Path, rank: int, prefetch: int) -> None:
     """Process 0 checkpoints (a rank-0-only checkpoint) while process 1 goes on to a
     session's next batch: they are out of step; how soon does each say so, and how?"""
-    store = embstore.Store(work / "s", distributed=True)
+    store = embstore.DistributedStore(work / "s")
     store.create_table("t", 4, optimizer=embstore.SGD(lr=0.1), seed=1)
     sess = store.session(["t"], prefetch=prefetch)  # collective: opened on both
     began = time.monotonic()
@@ -117,7 +117,7 @@ def checkpoint_vs_session(work: pathlib.Path, rank: int, prefetch: int) -> None:
 
 def restore_bf16_whole(work: pathlib.Path, rank: int) -> None:
     """A distributed checkpoint of a bf16 table, restored whole on process 0 alone."""
-    store = embstore.Store(work / "s", distributed=True)
+    store = embstore.DistributedStore(work / "s")
     store.create_table("t", 4, optimizer=embstore.Adam(lr=0.1), seed=1, dtype="bf16")
     sess = store.session(["t"], prefetch=1)
     rng = np.random.default_rng(rank)

@@ -64,7 +64,7 @@ class Head(nn.Module):
 
 
 def make_store(path: pathlib.Path, model: str, budget: int | None) -> embstore.Store:
-    store = embstore.Store(path, memory_budget_bytes=budget, distributed=True)
+    store = embstore.DistributedStore(path, memory_budget_bytes=budget)
     for name, dim in TABLES.items():
         if model in ("exact", "sign"):
             opt: embstore.Optimizer = embstore.SGD(lr=1 / 16)
@@ -111,8 +111,8 @@ def train(
         state = embstore.training_state(ckpt)
         start_batch = state["batch"]
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = embstore.Store.restore(
-            ckpt, base / f"store-r{attempt}", distributed=True, memory_budget_bytes=budget
+        store = embstore.DistributedStore.restore(
+            ckpt, base / f"store-r{attempt}", memory_budget_bytes=budget
         )
         if ddp is not None:
             head.load_state_dict(state["head"])
@@ -184,19 +184,20 @@ def train(
     store.close()
 
 
-def die_after_writing_my_partition(store: embstore.Store, rank: int, done: int) -> None:
+def die_after_writing_my_partition(store: embstore.DistributedStore, rank: int, done: int) -> None:
     """Make this process die (SIGKILL) inside the next checkpoint, once it has written its
     partition: the checkpoint directory is left begun, with partitions, and no manifest."""
-    write = store._local_checkpoint
+    local = store.local
+    write = local.checkpoint
 
-    def write_then_die(path, since=None):
-        write(path, since)
+    def write_then_die(path, since=None, *, progress=False):
+        write(path, since, progress=progress)
         print(
             f"rank {rank}: killing myself (SIGKILL) in the checkpoint at batch {done}", flush=True
         )
         os.kill(os.getpid(), signal.SIGKILL)
 
-    store._local_checkpoint = write_then_die
+    local.checkpoint = write_then_die
 
 
 def main() -> int:

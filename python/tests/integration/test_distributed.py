@@ -351,7 +351,7 @@ def test_ddp_over_a_store_of_one_process_is_refused_on_every_process(tmp_path):
     r = faults("ddp_local", tmp_path)
     for rank in (0, 1):
         assert r[rank].startswith("DistributedError: a training forward pass of table 't'"), r
-        assert "one of 2" in r[rank] and "distributed=True" in r[rank]
+        assert "one of 2" in r[rank] and "DistributedStore(path)" in r[rank]
 
 
 def test_a_job_that_leaves_without_tearing_down_has_its_groups_torn_down_at_exit(tmp_path):

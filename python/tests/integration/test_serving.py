@@ -803,3 +803,39 @@ def test_the_framed_paths_old_fast_spellings_still_work(tmp_path, transport, cap
     native.stop()
     with pytest.raises(TypeError, match="unexpected keyword argument 'fast'"):
         _native.Server(None, "127.0.0.1:0", fast="auto")
+
+
+def test_the_public_server_serves_from_its_thread_and_stops(tmp_path: pathlib.Path) -> None:
+    """``embstore.Server``: what ``embstore serve`` runs, in this process: ports bound when
+    made, served from its own thread inside ``with``, stopped at the end of the block."""
+    store = embstore.Store(tmp_path / "s")
+    store.create_table("user", embedding_dim=4).assign([1, 2], np.ones((2, 4), np.float32))
+    store.close()
+    server = embstore.Server(tmp_path / "s", framed_listen=None, metrics="127.0.0.1:0")
+    assert server.tables == ["user"] and server.framed_address is None
+    assert server.sync_address is None and server.sync_status() == []
+    with server:
+        with pytest.raises(embstore.InvalidArgumentError, match="started already"):
+            server.start()
+        client = embstore.connect(server.address, transport="grpc")
+        rows, version = client.lookup("user", [1, 3], return_version=True)
+        np.testing.assert_array_equal(rows, [[1.0] * 4, [0.0] * 4])
+        assert version == 1
+        import urllib.request
+
+        url = f"http://{server.metrics_address}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert re.search(r'embstore_lookups_total\{[^}]*table="user"', text), text
+    with pytest.raises(embstore.UnavailableError):
+        embstore.connect(server.address, deadline_s=0.5, max_restarts=0).lookup("user", [1])
+    # Closed: the directory is free again; bad options are typed errors.
+    with pytest.raises(embstore.InvalidArgumentError, match="closed"):
+        server.start()
+    embstore.Store(tmp_path / "s").close()
+    again = embstore.Server(tmp_path / "s", framed_listen=None)
+    again.close()
+    again.close()
+    with pytest.raises(embstore.InvalidArgumentError, match="etcd"):
+        embstore.Server(tmp_path / "s", etcd=[])
+    with pytest.raises(embstore.InvalidArgumentError, match="horizon"):
+        embstore.Server(tmp_path / "s", sync_tombstone_horizon_s=-1)

@@ -13,6 +13,7 @@ import pytest
 import embstore
 from embstore import InvalidArgumentError
 from embstore import distributed as edist
+from embstore.distributed.files import checkpoint as dist_checkpoint
 
 
 @pytest.fixture
@@ -25,13 +26,13 @@ def store(tmp_path):
 
 
 def _checkpoint(store, path: pathlib.Path, step: int = 6):
-    return edist.checkpoint(
+    return dist_checkpoint(
         edist.Comm.single(),
         path,
         step,
         {"batch": step},
-        write_part=store._local_checkpoint,
-        specs=store._specs_for_manifest,
+        write_part=lambda part: store.checkpoint(part),
+        specs=lambda: {n: store.table(n).native().config() for n in store.tables()},
     )
 
 
@@ -46,7 +47,7 @@ def test_the_marker_is_written_first_and_removed_once_the_checkpoint_is_complete
         (pathlib.Path(path) / "MANIFEST").write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store, "_local_checkpoint", dies)
+    monkeypatch.setattr(store, "checkpoint", dies)
     with pytest.raises(KeyboardInterrupt):
         _checkpoint(store, ckpt)
     monkeypatch.undo()

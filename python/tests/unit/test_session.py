@@ -4,7 +4,9 @@ holds. The multi-process runs are in ``integration/test_distributed.py``."""
 
 from __future__ import annotations
 
+import gc
 import json
+import re
 import socket
 import threading
 import time
@@ -128,7 +130,8 @@ def test_a_lookahead_reads_groups_of_batches_and_says_so(tmp_path):
     assert look["batches_read"] == 40 and look["reads"] <= 1 + 40 // 2, look
     assert look["batch_bytes"] > 0
     text = sess.metrics_text()
-    assert 'embstore_session_lookahead_batches{process="0",bounded_by="budget"}' in text
+    want = r'embstore_session_lookahead_batches\{process="0",session="\d+",bounded_by="budget"\}'
+    assert re.search(want, text), text
     assert "embstore_session_lookahead_reads_total" in text
     # Without a budget: 2 ahead; a fixed prefetch: that many, a batch per read.
     mem = embstore.Store()
@@ -387,9 +390,15 @@ def test_distributed_without_a_launcher_says_what_is_missing(tmp_path, monkeypat
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(embstore.InvalidArgumentError, match="torchrun"):
-        embstore.Store(tmp_path / "d", distributed=True)
+        embstore.DistributedStore(tmp_path / "d")
     with pytest.raises(embstore.InvalidArgumentError, match="needs a path"):
-        embstore.Store(distributed=True)
+        embstore.DistributedStore(None)
+    # The flag of old names the class that replaced it.
+    with pytest.raises(embstore.InvalidArgumentError, match=r"embstore\.DistributedStore\(path"):
+        embstore.Store(tmp_path / "e", distributed=True)
+    with pytest.raises(embstore.InvalidArgumentError, match=r"DistributedStore\.restore"):
+        embstore.Store.restore(tmp_path / "ck", tmp_path / "f", distributed=True)
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
 
 
 @pytest.fixture
@@ -407,7 +416,7 @@ def one_process(monkeypatch):
 
 
 def test_a_distributed_store_of_one_process_checkpoints_and_restores(tmp_path, one_process):
-    store = embstore.Store(tmp_path / "d", memory_budget_bytes=1 << 20, distributed=True)
+    store = embstore.DistributedStore(tmp_path / "d", memory_budget_bytes=1 << 20)
     assert (tmp_path / "d" / edist.MANIFEST).exists() and (tmp_path / "d" / "rank-00000").is_dir()
     assert json.loads((tmp_path / "d" / edist.MANIFEST).read_text())["world_size"] == 1
     t = store.create_table("t", 4, optimizer=embstore.SGD(lr=0.5), initializer=embstore.Zeros())
@@ -416,8 +425,11 @@ def test_a_distributed_store_of_one_process_checkpoints_and_restores(tmp_path, o
     rows = t.lookup(np.array([1, 2]))
     np.testing.assert_array_equal(rows, [[-0.5] * 4, [-1.0] * 4])  # duplicates summed
     assert len(t) == 2
-    with pytest.raises(embstore.InvalidArgumentError, match=r"table\.local\.export"):
+    # Only the collective calls: one process's calls are on its partition, said by name.
+    with pytest.raises(AttributeError, match=r"table\.local\.export\(\)"):
         t.export()
+    assert not hasattr(t, "assign") and isinstance(t.local, embstore.Table)
+    assert store.local.table("t") == t.local and not store.local.distributed
     assert sum(len(c.ids) for c in t.local.export(10)) == 2
     with pytest.raises(embstore.InvalidArgumentError, match="return_found"):
         t.lookup([1], return_found=True)
@@ -436,14 +448,14 @@ def test_a_distributed_store_of_one_process_checkpoints_and_restores(tmp_path, o
         store.checkpoint(tmp_path / "ck" / "a")
     store.close()
 
-    back = embstore.Store.restore(tmp_path / "ck" / "a", tmp_path / "r", distributed=True)
+    back = embstore.DistributedStore.restore(tmp_path / "ck" / "a", tmp_path / "r")
     np.testing.assert_array_equal(back.table("t").lookup(np.array([1, 2])), rows)
     assert back.table("t").local.step == 1
     back.close()
     with pytest.raises(embstore.InvalidArgumentError, match="not empty"):
-        embstore.Store.restore(tmp_path / "ck" / "a", tmp_path / "r", distributed=True)
+        embstore.DistributedStore.restore(tmp_path / "ck" / "a", tmp_path / "r")
     with pytest.raises(embstore.NotFoundError, match="interrupted"):
-        embstore.Store.restore(tmp_path / "ck" / "c", tmp_path / "r2", distributed=True)
+        embstore.DistributedStore.restore(tmp_path / "ck" / "c", tmp_path / "r2")
 
 
 def test_a_distributed_store_opens_only_with_its_process_count(tmp_path, one_process):
@@ -451,11 +463,11 @@ def test_a_distributed_store_opens_only_with_its_process_count(tmp_path, one_pro
     root.mkdir()
     edist.write_manifest(root, {"world_size": 2})
     with pytest.raises(embstore.InvalidArgumentError, match="written by 2 processes"):
-        embstore.Store(root, distributed=True)
+        embstore.DistributedStore(root)
     plain = tmp_path / "plain"
     embstore.Store(plain).close()
     with pytest.raises(embstore.InvalidArgumentError, match="not a distributed one"):
-        embstore.Store(plain, distributed=True)
+        embstore.DistributedStore(plain)
 
 
 def test_session_metrics_are_served_in_prometheus_text_format():
@@ -470,13 +482,29 @@ def test_session_metrics_are_served_in_prometheus_text_format():
         b.push_grads()
     address = sess.serve_metrics("127.0.0.1:0")
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    assert 'embstore_session_batches_total{process="0"} 3' in text
+    label = re.search(r'embstore_session_batches_total\{process="0",session="(\d+)"\} 3', text)
+    assert label, text
+    first = f'process="0",session="{label.group(1)}"'
     assert 'stage="write_back",state="busy"' in text
-    assert 'embstore_session_rows_total{process="0",kind="pulled"} 9' in text
+    assert f'embstore_session_rows_total{{{first},kind="pulled"}} 9' in text
+    # A second session is served by the same endpoint, each family's HELP and TYPE once.
+    other = store.session(["t"], prefetch=0)
+    assert other.serve_metrics("127.0.0.1:0") == address
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    assert text.count("# TYPE embstore_session_batches_total counter") == 1, text
+    assert f"embstore_session_batches_total{{{first}}} 3" in text
+    assert re.search(r'batches_total\{process="0",session="\d+"\} 0', text), text
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"http://{address}/nope", timeout=10)
     with pytest.raises(embstore.InvalidArgumentError, match="host:port"):
         sess.serve_metrics("nope")
+    with pytest.raises(embstore.InvalidArgumentError, match="already"):
+        sess.serve_metrics("127.0.0.1:1")
+    # A session that is gone is scraped no more.
+    del other
+    gc.collect()
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    assert text.count("embstore_session_batches_total{") == 1, text
 
 
 def test_a_session_on_a_device_trains_as_on_the_host(tmp_path):
