@@ -433,6 +433,15 @@ def test_a_distributed_store_of_one_process_checkpoints_and_restores(tmp_path, o
     assert sum(len(c.ids) for c in t.local.export(10)) == 2
     with pytest.raises(embstore.InvalidArgumentError, match="return_found"):
         t.lookup([1], return_found=True)
+    # The store's other collective calls: a table made and dropped on every process, compacted.
+    u = store.create_table(embstore.TableSpec("u", 2))
+    assert "u" in store and store.tables() == ["t", "u"] and store["u"] == u
+    with pytest.raises(embstore.InvalidArgumentError, match="not both"):
+        store.create_table(embstore.TableSpec("v", 2), num_shards=2)
+    store.drop_table("u")
+    assert "u" not in store and "u" not in store.local
+    assert isinstance(store.compact(), dict) and store.path == tmp_path / "d"
+    assert "process 0 of 1" in repr(store) and "process 0 of 1" in repr(t)
 
     first = store.checkpoint(tmp_path / "ck" / "a", step=1, state={"epoch": 1})
     assert first.tables == 1
