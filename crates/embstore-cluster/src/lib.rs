@@ -51,7 +51,9 @@ pub use control::{
     assign, control, controls, least_loaded, loads, put_control, repair, Control, Roll, RollState,
 };
 pub use etcd::{Etcd, Kv};
-pub use lease::{members, register, roll_lock, LeaseKeeper, Registration, RollLock};
+pub use lease::{
+    members, register, register_under, roll_lock, LeaseKeeper, Registration, RollLock,
+};
 pub use publish::{publish, shards_for, Publish};
 pub use roll::{roll, RollPlan};
 

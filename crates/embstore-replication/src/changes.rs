@@ -7,6 +7,19 @@
 
 use std::collections::BTreeMap;
 
+use crate::sv::Sv;
+
+/// The parts changed since a cursor: a responder's answer to a change list.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Changes {
+    /// The responder's epoch: a cursor from another epoch lists every part.
+    pub epoch: u64,
+    /// The cursor to pass next.
+    pub upto: u64,
+    /// `(part, sv)` of every part changed after the cursor.
+    pub parts: Vec<(u32, Sv)>,
+}
+
 /// Per replica: a sequence counter, each part's latest change and the index over them.
 #[derive(Clone, Debug, Default)]
 pub struct ChangeIndex {

@@ -18,10 +18,15 @@
 //! - [`steps`]: the protocol's steps, once: a local write, answering a pull, applying a reply.
 //!   The production table (`embstore-table`) implements the part traits over its shards and
 //!   calls these functions; so does the simulator's replica.
+//! - [`link`]: [`Link`], a requester's side of the wire to one responder (list, pull, the
+//!   replies); TCP (`embstore-sync`) and the simulator's network implement it.
+//! - [`round`]: a follower's pull round, once, over a [`Requester`] (the store that pulls)
+//!   and a [`Link`]: the TCP follower and the simulator both run it.
 //! - [`replica`]: [`Replica`], the simulator's replica: rows in parts, running [`steps`].
 //! - [`sim`]: a deterministic simulated network (drop, duplicate, reorder, delay, partition)
 //!   and the checker of the protocol's invariants against a global history of writes. Because
-//!   the replicas run the production steps, the simulator tests the production protocol.
+//!   the replicas run the production steps and pull in production rounds over a [`Link`], the
+//!   simulator tests the production protocol.
 //!
 //! Invariants: versions from one replica strictly increase; LWW leaves the max version; a
 //! part's VV covers only writes its rows hold (V3); VVs and row versions only grow; after a
@@ -30,9 +35,11 @@
 
 pub mod cache;
 pub mod changes;
+pub mod link;
 pub mod map;
 pub mod part;
 pub mod replica;
+pub mod round;
 pub mod sim;
 pub mod steps;
 pub mod sv;
@@ -40,9 +47,11 @@ pub mod version;
 pub mod vv;
 
 pub use cache::UpdateCache;
+pub use link::{Link, ListAsk};
 pub use map::{PartMap, MAX_PARTS};
 pub use part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
 pub use replica::{Replica, Reply, Row};
+pub use round::{round, Book, Requester, Round, RoundOptions};
 pub use sv::Sv;
 pub use version::{next_timestamp, Clock, Version};
 pub use vv::Vv;

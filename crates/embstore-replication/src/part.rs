@@ -77,6 +77,8 @@ impl<S> Held<S> {
 
 /// The rows of a reply, as the apply step reads them (the payloads stay the store's).
 pub trait ReplyRows {
+    /// The part the reply is for.
+    fn part(&self) -> u32;
     /// Rows (and tombstones) carried.
     fn rows(&self) -> usize;
     /// The key of row `i`.

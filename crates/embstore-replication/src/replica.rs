@@ -21,6 +21,7 @@
 use crate::changes::ChangeIndex;
 use crate::map::PartMap;
 use crate::part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
+use crate::round::Requester;
 use crate::steps;
 #[cfg(test)]
 use crate::steps::Mutant;
@@ -69,6 +70,10 @@ pub struct Reply {
 }
 
 impl ReplyRows for Reply {
+    fn part(&self) -> u32 {
+        self.part
+    }
+
     fn rows(&self) -> usize {
         self.rows.len()
     }
@@ -414,6 +419,29 @@ impl Replica {
         for s in &mut self.parts {
             s.sync.cache.prune(now_ms, d_prop_ms);
         }
+    }
+}
+
+/// The simulator's replica pulls in the production round ([`crate::round`]).
+impl Requester for Replica {
+    type Reply = Reply;
+
+    fn parts(&self) -> Result<u32> {
+        Ok(Replica::parts(self))
+    }
+
+    fn knowledge(&self, part: u32) -> Result<(Vv, Sv)> {
+        let s = self.sync(part)?;
+        Ok((s.vv.clone(), s.sv))
+    }
+
+    fn apply(&mut self, reply: &Reply) -> Result<usize> {
+        self.apply_reply(reply)
+    }
+
+    #[cfg(test)]
+    fn mutant(&self) -> Mutant {
+        self.mutant
     }
 }
 

@@ -5,21 +5,27 @@
 //! check that fails here fails for the production protocol; the mutants of
 //! `steps::Mutant` break those steps from inside.
 //!
-//! `N` replicas; one primary writes. Pulls and replies travel as messages through a simulated
-//! network that drops, duplicates, reorders and delays them, and that can be partitioned into
-//! two sides and healed. Every choice comes from one seeded [`SplitMix64`], so a seed replays a
-//! run exactly; a failure names its seed and step.
+//! `N` replicas; one primary writes. A replica pulls from another in the production follower's
+//! round ([`crate::round::round`]) over a [`SimLink`], the simulator's [`Link`]: its change list
+//! may be lost, and its pulls and their replies travel as messages through a simulated network
+//! that drops, duplicates, reorders and delays them, and that can be partitioned into two
+//! sides and healed. A reply that arrives waits in its requester's inbox for the requester's
+//! next round (late replies are stale ones, in any order). Every choice comes from one seeded
+//! [`SplitMix64`], so a seed replays a run exactly; a failure names its seed and step.
 //!
 //! After every step [`Sim::check`] compares the replicas with the global history of committed
 //! writes: V3 (a VV covers only writes the rows hold), V4 (VVs and row versions only grow),
 //! C1/C2 (the update cache's invariants), S1/S2 (shard versions name knowledge); V1 and V6 are checked as each write is made, C3 on
 //! every pull the cache answers. [`Sim::heal_and_quiesce`] then checks V5 (convergence).
 
+use crate::changes::Changes;
+use crate::link::{Link, ListAsk};
 use crate::map::PartMap;
 use crate::replica::{Replica, Reply};
+use crate::round::{round, Book, RoundOptions};
 use crate::version::Version;
 use crate::vv::Vv;
-use embstore_common::SplitMix64;
+use embstore_common::{Error, ErrorKind, SplitMix64};
 use std::collections::BTreeMap;
 
 /// The knobs of one simulated run.
@@ -40,7 +46,8 @@ pub struct SimConfig {
     pub dup_pct: u64,
     /// Whether the primary moves now and then to another replica (a failover).
     pub failover: bool,
-    /// Whether quiescence skips a pull when the requester's sv succeeds the responder's.
+    /// Whether quiescence skips a pull when the requester's sv succeeds the responder's (the
+    /// rounds before it always do, as the production follower does by default).
     pub skip_by_sv: bool,
     /// Whether a replica now and then loses its state (restarts empty under a new id, its
     /// messages in flight lost with its connections).
@@ -96,6 +103,10 @@ pub struct Sim {
     primary: usize,
     replicas: Vec<Replica>,
     in_flight: Vec<(u64, Msg)>,
+    /// Per replica, the replies that arrived and wait for its next round.
+    inbox: Vec<Vec<Reply>>,
+    /// Per (requester, responder), the requester's book of the responder's parts.
+    books: BTreeMap<(usize, usize), Book>,
     /// The side of each replica; a message between different sides is lost.
     side: Vec<u8>,
     /// Every committed write: `(key, version)`.
@@ -137,6 +148,8 @@ impl Sim {
             now_ms: 1_000,
             primary: 0,
             in_flight: Vec::new(),
+            inbox: vec![Vec::new(); n],
+            books: BTreeMap::new(),
             side: vec![0; n],
             history: Vec::new(),
             deletes: Vec::new(),
@@ -178,6 +191,38 @@ impl Sim {
         self.in_flight.push((self.now_ms + delay, msg));
     }
 
+    /// Replica `r` runs one production round pulling from `s` over a [`SimLink`]: with
+    /// `faults`, through the faulty network (and always skipping by sv), else answered at once
+    /// (skipping by sv as configured). A round the network broke is no failure; a reply the
+    /// replica refused, or a broken check, is. Returns the round, if it ran.
+    fn pull_round(
+        &mut self,
+        r: usize,
+        s: usize,
+        faults: bool,
+    ) -> Result<Option<crate::round::Round>, String> {
+        let (me, them) = pair(&mut self.replicas, r, s);
+        let mut link = SimLink {
+            them,
+            faults,
+            lose_pct: if self.side[r] != self.side[s] { 100 } else { self.cfg.drop_pct },
+            now_ms: self.now_ms,
+            rng: &mut self.rng,
+            in_flight: &mut self.in_flight,
+            inbox: &mut self.inbox[r],
+            from: r,
+            to: s,
+        };
+        let book = self.books.entry((r, s)).or_default();
+        let options =
+            RoundOptions { skip_by_sv: faults || self.cfg.skip_by_sv, ..RoundOptions::default() };
+        match round(me, &mut link, book, &options, &mut |_, _, _| Ok(())) {
+            Ok(done) => Ok(Some(done)),
+            Err(e) if e.kind() == ErrorKind::Unavailable => Ok(None),
+            Err(e) => Err(format!("replica {r} pulling from {s}: {e}")),
+        }
+    }
+
     /// One random step, then the checks.
     pub fn step(&mut self) -> Result<(), String> {
         let roll = self.rng.below(100);
@@ -186,9 +231,7 @@ impl Sim {
             25..=49 => {
                 let r = self.pick(self.cfg.replicas);
                 let s = (r + 1 + self.pick(self.cfg.replicas - 1)) % self.cfg.replicas;
-                let part = self.rng.below(u64::from(self.map.parts())) as u32;
-                let vv = self.replicas[r].sync(part).map_err(|e| e.to_string())?.vv.clone();
-                self.send(Msg::Pull { from: r, to: s, part, vv });
+                self.pull_round(r, s, true)?;
             }
             50..=84 => {
                 self.deliver_one(true)?;
@@ -237,6 +280,9 @@ impl Sim {
             let (a, b) = m.link();
             a != r && b != r
         });
+        // A restarted follower starts with empty books (its peers see a new epoch in it).
+        self.inbox[r].clear();
+        self.books.retain(|&(a, _), _| a != r);
         let nparts = self.map.parts() as usize;
         self.seen[r] = (vec![Vv::new(); nparts], BTreeMap::new());
         self.last_local[r] = vec![Version::ZERO; nparts];
@@ -321,9 +367,8 @@ impl Sim {
                     self.in_flight.push((self.now_ms, Msg::Reply { to: from, from: to, reply }));
                 }
             }
-            Msg::Reply { to, reply, .. } => {
-                self.replicas[to].apply_reply(&reply).map_err(|e| e.to_string())?;
-            }
+            // The requester applies it in its next round.
+            Msg::Reply { to, reply, .. } => self.inbox[to].push(reply),
         }
         Ok(true)
     }
@@ -424,33 +469,26 @@ impl Sim {
     }
 
     /// Heals the partition, delivers everything in flight without faults, then has every
-    /// replica pull every part from every other until nothing changes; checks V5.
+    /// replica run fault-free rounds pulling from every other (with the books the faulty rounds
+    /// left) until nothing changes; checks V5.
     pub fn heal_and_quiesce(&mut self) -> Result<(), String> {
         self.side.iter_mut().for_each(|s| *s = 0);
         while self.deliver_one(false)? {}
         let n = self.replicas.len();
-        for _round in 0..n {
+        for _pass in 0..n {
             let mut changed = false;
             for r in 0..n {
                 for s in 0..n {
                     if r == s {
                         continue;
                     }
-                    for part in 0..self.map.parts() {
-                        let sv_s = self.replicas[s].sync(part).map_err(|e| e.to_string())?.sv;
-                        let mine = self.replicas[r].sync(part).map_err(|e| e.to_string())?;
-                        if self.cfg.skip_by_sv && mine.sv.succeq(&sv_s) {
-                            // S1: the requester knows all the responder knows; nothing to pull.
-                            self.skipped += 1;
-                            continue;
-                        }
-                        let vv = mine.vv.clone();
-                        let reply =
-                            self.replicas[s].serve_pull(part, &vv).map_err(|e| e.to_string())?;
-                        changed |=
-                            self.replicas[r].apply_reply(&reply).map_err(|e| e.to_string())? > 0;
-                        changed |= self.replicas[r].sync(part).map_err(|e| e.to_string())?.vv != vv;
-                    }
+                    let before = self.vvs(r)?;
+                    let done = self
+                        .pull_round(r, s, false)?
+                        .ok_or_else(|| format!("a fault-free round of {r} from {s} failed"))?;
+                    // S1: a part whose sv here succeeds the responder's is not pulled.
+                    self.skipped += done.skipped;
+                    changed |= done.written > 0 || self.vvs(r)? != before;
                 }
             }
             self.check()?;
@@ -487,12 +525,88 @@ impl Sim {
         Ok(())
     }
 
+    /// Replica `r`'s VVs, per part.
+    fn vvs(&self, r: usize) -> Result<Vec<Vv>, String> {
+        let rep = &self.replicas[r];
+        (0..rep.parts()).map(|p| Ok(rep.sync(p).map_err(|e| e.to_string())?.vv.clone())).collect()
+    }
+
     /// `steps` random steps with checks after each, then heal and quiesce (V5).
     pub fn run(&mut self, steps: usize) -> Result<(), String> {
         for i in 0..steps {
             self.step().map_err(|e| format!("step {i}: {e}"))?;
         }
         self.heal_and_quiesce().map_err(|e| format!("after heal: {e}"))
+    }
+}
+
+/// `v[a]` to change and `v[b]` to read (`a != b`).
+fn pair<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &T) {
+    assert_ne!(a, b, "a replica does not pull from itself");
+    if a < b {
+        let (x, y) = v.split_at_mut(b);
+        (&mut x[a], &y[0])
+    } else {
+        let (x, y) = v.split_at_mut(a);
+        (&mut y[0], &x[b])
+    }
+}
+
+/// The simulator's [`Link`]: from replica `from` to replica `to` over the simulated network.
+///
+/// With faults, a change list (or its answer) is lost with the network's drop rate, always
+/// across a partition; each pull travels as a message that the network delays, drops,
+/// duplicates or reorders ([`Sim`]'s delivery steps), is answered by `to` when delivered, and
+/// its reply travels back the same way into `from`'s inbox. [`Link::next`] hands out what the
+/// inbox holds, in a random order: replies of earlier rounds, duplicates, late and stale ones.
+/// Without faults (quiescence), pulls are answered at once.
+#[derive(Debug)]
+pub struct SimLink<'a> {
+    them: &'a Replica,
+    faults: bool,
+    /// Percent of change lists lost.
+    lose_pct: u64,
+    now_ms: u64,
+    rng: &'a mut SplitMix64,
+    in_flight: &'a mut Vec<(u64, Msg)>,
+    inbox: &'a mut Vec<Reply>,
+    from: usize,
+    to: usize,
+}
+
+impl Link for SimLink<'_> {
+    type Reply = Reply;
+
+    fn list(&mut self, ask: &ListAsk) -> embstore_common::Result<Changes> {
+        if self.faults && self.rng.below(100) < self.lose_pct {
+            return Err(Error::new(ErrorKind::Unavailable, "the change list was lost"));
+        }
+        // A replica's id names its incarnation (one that lost its state takes a new one).
+        let epoch = u64::from(self.them.id()) + 1;
+        let since = if ask.epoch == epoch { ask.cursor } else { 0 };
+        let (parts, upto) = self.them.changed_since(since);
+        Ok(Changes { epoch, upto, parts })
+    }
+
+    fn pull(&mut self, parts: &[(u32, Vv)]) -> embstore_common::Result<()> {
+        for (part, vv) in parts {
+            if self.faults {
+                let msg = Msg::Pull { from: self.from, to: self.to, part: *part, vv: vv.clone() };
+                let delay = self.rng.below(40);
+                self.in_flight.push((self.now_ms + delay, msg));
+            } else {
+                self.inbox.push(self.them.serve_pull(*part, vv)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn next(&mut self) -> embstore_common::Result<Option<Reply>> {
+        if self.inbox.is_empty() {
+            return Ok(None);
+        }
+        let i = if self.faults { self.rng.below(self.inbox.len() as u64) as usize } else { 0 };
+        Ok(Some(self.inbox.swap_remove(i)))
     }
 }
 
@@ -646,6 +760,15 @@ mod tests {
     fn the_checker_catches_a_tick_outside_the_lock() {
         let e = first_failure(Mutant::TickOutsideLock);
         assert!(["V1:", "V6:", "V3:"].iter().any(|v| e.contains(v)), "{e}");
+    }
+
+    /// The checker catches a broken round (the production follower's, run over the
+    /// simulator's link): a round that ends a listed part's pull on a late reply of an earlier
+    /// pull never pulls the listed change, and replicas fail to converge (V5) on some seed.
+    #[test]
+    fn the_checker_catches_a_round_that_takes_a_late_reply_for_the_listed_change() {
+        let e = first_failure(Mutant::UnpendOnAnyReply);
+        assert!(e.contains("V5:"), "{e}");
     }
 
     /// The first failure of a run with every replica mutated, over seeds 0..60.

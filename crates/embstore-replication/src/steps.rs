@@ -43,6 +43,10 @@ pub enum Mutant {
     /// Answer every pull from the update cache, without checking the requester's VV against
     /// the DVV (the hit rule).
     SkipDvvCheck,
+    /// End a part's pull in a round on any whole reply for it, even one whose knowledge is
+    /// not the listed one (a late reply of an earlier pull): the listed change is then never
+    /// pulled (the round's rule, [`crate::round`]).
+    UnpendOnAnyReply,
     /// Draw versions before the write step (as a call that ticks outside the shard lock): every
     /// other write takes a version drawn earlier than one already written (the replica's
     /// local write, not a shared step).

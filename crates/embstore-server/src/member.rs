@@ -20,7 +20,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_cluster::{controls, loads, members, put_control, register, repair, Etcd};
+use embstore_cluster::{
+    controls, loads, members, put_control, register, register_under, repair, Etcd, LeaseKeeper,
+};
 use embstore_common::now_ms;
 use parking_lot::Mutex;
 
@@ -42,6 +44,10 @@ pub struct MemberOptions {
     pub quiet: Duration,
     /// A failed load of a slot is tried again after this long.
     pub retry_after: Duration,
+    /// A lease the process already keeps (with its etcd client) to register under, with its
+    /// other keys (its sync membership's): one lease and one renewal loop for all; `None`: a
+    /// lease of its own, of `lease_ttl`.
+    pub lease: Option<(Arc<Etcd>, Arc<LeaseKeeper>)>,
 }
 
 impl MemberOptions {
@@ -56,6 +62,7 @@ impl MemberOptions {
             every: Duration::from_secs(1),
             quiet: Duration::from_secs(10),
             retry_after: Duration::from_secs(30),
+            lease: None,
         }
     }
 }
@@ -77,9 +84,18 @@ impl Member {
         server: Arc<Server>,
         options: MemberOptions,
     ) -> embstore_common::Result<Self> {
-        let etcd = Arc::new(Etcd::connect(&options.etcd, Duration::from_secs(2))?);
-        let registration =
-            register(etcd.clone(), &options.instance, &options.addr, options.lease_ttl).await?;
+        let (etcd, registration) = match &options.lease {
+            Some((etcd, keeper)) => (
+                etcd.clone(),
+                register_under(keeper.clone(), &options.instance, &options.addr).await?,
+            ),
+            None => {
+                let etcd = Arc::new(Etcd::connect(&options.etcd, Duration::from_secs(2))?);
+                let r = register(etcd.clone(), &options.instance, &options.addr, options.lease_ttl)
+                    .await?;
+                (etcd, r)
+            }
+        };
         Ok(Self { server, etcd, options, registration, failed: Mutex::new(HashMap::new()) })
     }
 

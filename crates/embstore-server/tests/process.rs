@@ -179,3 +179,63 @@ fn a_follower_serves_what_another_process_syncs_once_caught_up() {
     drop(follower);
     drop(primary);
 }
+
+/// A process that serves in a cluster and syncs through the same etcd keeps its naming key and
+/// its sync member's key under one lease: both share its id, both come back together under a
+/// new one when it is lost, and stopping the process revokes it, removing both at once.
+#[test]
+fn a_process_that_serves_and_syncs_keeps_both_keys_under_one_lease() {
+    use embstore_cluster::testing::TestEtcd;
+    use embstore_cluster::{Etcd, NAMING};
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let etcd_process = rt.block_on(TestEtcd::start()).unwrap();
+    let endpoint = vec![etcd_process.endpoint.clone()];
+    let etcd = {
+        let _in = rt.enter();
+        Etcd::connect(&endpoint, Duration::from_secs(2)).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    store_dir(dir.path());
+    let mut config = ServeConfig::for_store(dir.path(), "127.0.0.1:0");
+    config.etcd = Some(endpoint.clone());
+    config.sync.listen = Some("127.0.0.1:0".into());
+    config.sync.etcd = Some(endpoint);
+    config.sync.dc = Some("dc1".into());
+    let mut running = Running::start(config);
+    let naming = format!("{NAMING}{}", running.process.address());
+    // The lease of each key (`None`: the key is not there).
+    let leases = || {
+        rt.block_on(async {
+            let named = etcd.get(&naming).await.unwrap().map(|kv| kv.lease);
+            let synced = etcd.range_prefix(embstore_sync::discovery::PREFIX).await.unwrap();
+            assert!(synced.len() <= 1, "{synced:?}");
+            (named, synced.first().map(|kv| kv.lease))
+        })
+    };
+    // Both registered (the naming key once `run` joined the cluster), within 20 s.
+    let until = |want: &dyn Fn(Option<i64>, Option<i64>) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let (a, b) = leases();
+            if want(a, b) {
+                return (a, b);
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "keys' leases: {a:?} {b:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (a, b) = until(&|a, b| a.is_some() && b.is_some());
+    assert_eq!(a, b, "one lease for both keys");
+    let first = a.unwrap();
+    assert_ne!(first, 0);
+    // The lease is lost (revoked behind the process's back): both keys come back, under one
+    // new lease.
+    rt.block_on(etcd.revoke(first)).unwrap();
+    let (a, b) = until(&|a, b| a.is_some_and(|l| l != first) && b.is_some_and(|l| l != first));
+    assert_eq!(a, b, "one new lease for both keys");
+    // Stopping revokes it: both keys are gone at once.
+    running.stop();
+    assert_eq!(leases(), (None, None));
+    drop(etcd_process);
+}

@@ -6,6 +6,12 @@
 //! and `status` (what it reports about its tables, refreshed every second). A member whose
 //! process dies loses its lease after the TTL, and with it its key.
 //!
+//! A [`Directory`] runs one of two ways: on its own ([`Directory::start`]: a thread, a small
+//! runtime, an etcd client and a lease of its own, for a process that only syncs), or inside a
+//! process that also serves in a cluster ([`Directory::start_under`]: a task on the process's
+//! runtime, with its etcd client, its key under the process's one lease, whose keeper renews
+//! both registrations and puts both back when the lease is lost).
+//!
 //! Source choice ([`choose_source`], WAN-aware): in each data centre one replica per table is
 //! the *leader*, chosen by rendezvous hashing over the live replicas of that DC that have a
 //! sync port (so leadership spreads over tables, and needs no election). The leader pulls from
@@ -15,7 +21,7 @@
 //! disagree about the leader only pull twice; correctness holds for any source graph.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -105,15 +111,23 @@ pub fn choose_source(members: &[Member], me: u32, dc: &str, table: &str) -> Opti
         .map(|m| m.addr.clone())
 }
 
-/// A live view of the members, kept by a thread that also registers this replica.
+/// A live view of the members, kept by a loop that also registers this replica.
 pub struct Directory {
     members: RwLock<Vec<Member>>,
     /// This replica's registration (its status is refreshed from `report`).
     me: Mutex<Member>,
     report: Mutex<Option<Box<dyn Fn() -> String + Send>>>,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    runner: Mutex<Option<Runner>>,
     error: Mutex<Option<String>>,
+}
+
+/// Where a directory's loop runs.
+enum Runner {
+    /// Its own thread (with its own runtime and lease).
+    Thread(JoinHandle<()>),
+    /// A task on a process's runtime, under the process's lease: says here when it ended.
+    Task(mpsc::Receiver<()>),
 }
 
 impl std::fmt::Debug for Directory {
@@ -139,21 +153,47 @@ impl Directory {
             ttl,
         ))?;
         let members = rt.block_on(list(&etcd))?;
-        let dir = Arc::new(Self {
+        let dir = Self::new(members, me);
+        let d = dir.clone();
+        let t = std::thread::Builder::new()
+            .name("embstore-sync-etcd".into())
+            .spawn(move || rt.block_on(d.run(&etcd, &lease, true)))
+            .map_err(|e| Error::io("cannot start the etcd thread", e))?;
+        *dir.runner.lock() = Some(Runner::Thread(t));
+        Ok(dir)
+    }
+
+    /// Registers `me` under the lease `lease` that a process keeps (with its other keys: one
+    /// lease, one renewal loop), through its etcd client, and keeps a view of every member
+    /// from a task on the current tokio runtime; fails when etcd cannot be reached. Its
+    /// [`stop`](Self::stop) deletes its key; ending the lease (the process's) removes it too.
+    pub async fn start_under(
+        etcd: Arc<Etcd>,
+        lease: Arc<LeaseKeeper>,
+        me: Member,
+    ) -> Result<Arc<Self>> {
+        lease.add(&me.key(), me.value().as_bytes()).await?;
+        let members = list(&etcd).await?;
+        let dir = Self::new(members, me);
+        let (done, ended) = mpsc::channel();
+        let d = dir.clone();
+        tokio::spawn(async move {
+            d.run(&etcd, &lease, false).await;
+            let _ = done.send(());
+        });
+        *dir.runner.lock() = Some(Runner::Task(ended));
+        Ok(dir)
+    }
+
+    fn new(members: Vec<Member>, me: Member) -> Arc<Self> {
+        Arc::new(Self {
             members: RwLock::new(members),
             me: Mutex::new(me),
             report: Mutex::new(None),
             stop: Arc::new(AtomicBool::new(false)),
-            thread: Mutex::new(None),
+            runner: Mutex::new(None),
             error: Mutex::new(None),
-        });
-        let d = dir.clone();
-        let t = std::thread::Builder::new()
-            .name("embstore-sync-etcd".into())
-            .spawn(move || rt.block_on(d.run(&etcd, lease)))
-            .map_err(|e| Error::io("cannot start the etcd thread", e))?;
-        *dir.thread.lock() = Some(t);
-        Ok(dir)
+        })
     }
 
     /// Sets what this replica reports in its `status` (called every refresh).
@@ -162,8 +202,9 @@ impl Directory {
     }
 
     /// Every [`REFRESH`]: this member's status put under its lease (which the keeper renews,
-    /// and registers again if it was lost), and the members read; at stop, the lease ended.
-    async fn run(&self, etcd: &Etcd, lease: LeaseKeeper) {
+    /// and registers again if it was lost), and the members read; at stop, the lease ended
+    /// (`own`) or this member's key deleted (a lease the process keeps).
+    async fn run(&self, etcd: &Etcd, lease: &LeaseKeeper, own: bool) {
         while !self.stop.load(Ordering::Relaxed) {
             tokio::time::sleep(REFRESH).await;
             if let Some(r) = self.report.lock().as_ref() {
@@ -171,7 +212,7 @@ impl Directory {
             }
             let me = self.me.lock().clone();
             let value = me.value();
-            lease.set_value(value.as_bytes());
+            lease.set_value_of(&me.key(), value.as_bytes());
             let step = async {
                 etcd.put(&me.key(), value.as_bytes(), lease.id()).await?;
                 list(etcd).await
@@ -184,7 +225,12 @@ impl Directory {
                 Err(e) => *self.error.lock() = Some(e.to_string()),
             }
         }
-        lease.end().await;
+        if own {
+            lease.end().await;
+        } else {
+            let key = self.me.lock().key();
+            let _ = lease.remove(&key).await;
+        }
     }
 
     /// The members as last read.
@@ -208,11 +254,19 @@ impl Directory {
         choose_source(&self.members.read(), me.replica, &me.dc, table)
     }
 
-    /// Deregisters (revokes the lease) and stops the thread.
+    /// Deregisters (revokes its own lease, or deletes its key under a process's) and stops
+    /// its loop; call it outside async code. A loop on a process's runtime is waited for at
+    /// most 4 refreshes (it ends within one; a runtime shut down already ends it anyway).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
+        match self.runner.lock().take() {
+            Some(Runner::Thread(t)) => {
+                let _ = t.join();
+            }
+            Some(Runner::Task(ended)) => {
+                let _ = ended.recv_timeout(REFRESH * 4);
+            }
+            None => {}
         }
     }
 }

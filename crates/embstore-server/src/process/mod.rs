@@ -172,7 +172,14 @@ impl ServerProcess {
             FramedListener::Tcp(t) => t.local_addr().ok().map(|a| a.to_string()),
             FramedListener::Unix(..) => None,
         });
-        let synced = sync::start(store.as_ref(), &config.sync, follow, config.tls.clone())?;
+        let lease = sync::shared_lease(&runtime, &config, store.is_some())?;
+        let synced = sync::start(
+            store.as_ref(),
+            &config.sync,
+            follow,
+            config.tls.clone(),
+            (&runtime, lease.as_ref()),
+        )?;
         let metrics_address =
             metrics.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string());
         // A cluster member is known by the address clients dial: `advertise`, or the bound
@@ -186,6 +193,7 @@ impl ServerProcess {
         let member = config.etcd.clone().map(|e| {
             let mut m = MemberOptions::new(e, &address);
             m.lease_ttl = config.lease_ttl;
+            m.lease = lease.map(|l| (l.etcd, l.keeper));
             m
         });
         let server = hosting(&address, config.max_batch, tier, store.as_deref())?;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use embstore_cluster::{Etcd, LeaseKeeper};
 use embstore_common::Result;
 use embstore_sync::{Directory, Follower, Source, SyncServer};
 use embstore_table::sync::SyncOptions;
@@ -37,14 +38,49 @@ fn follow_options(a: &SyncConfig) -> embstore_sync::FollowOptions {
     }
 }
 
-/// Starts the sync port of `store`, its registration in etcd, and a follower into it (which
-/// creates the source's tables before the server hosts them). `follow` is the source of the
-/// store's own follower (not a roll member's). Blocks: call it outside the runtime.
+/// The one lease of a process that serves in a cluster and syncs through the same etcd, with
+/// the etcd client both use: its keeper renews the naming key and the sync member's key
+/// together, puts both back under a new lease when it is lost, and one revoke removes both.
+#[derive(Clone, Debug)]
+pub(crate) struct SharedLease {
+    pub(crate) etcd: Arc<Etcd>,
+    pub(crate) keeper: Arc<LeaseKeeper>,
+}
+
+/// The process's one lease (see [`SharedLease`]), when it both serves in a cluster in etcd and
+/// syncs through the same endpoints with a store; its TTL is the shorter of the two
+/// registrations' (the naming lease's and the sync membership's), so neither outlives a dead
+/// process longer than before. Blocks: call it outside the runtime.
+pub(crate) fn shared_lease(
+    runtime: &tokio::runtime::Runtime,
+    config: &ServeConfig,
+    has_store: bool,
+) -> Result<Option<SharedLease>> {
+    let a = &config.sync;
+    let (Some(naming), Some(sync), Some(_), true) = (&config.etcd, &a.etcd, &a.dc, has_store)
+    else {
+        return Ok(None);
+    };
+    if naming != sync {
+        return Ok(None); // two etcd clusters: a lease of each
+    }
+    let _in = runtime.enter(); // the client's connections live on this runtime
+    let etcd = Arc::new(Etcd::connect(naming, std::time::Duration::from_secs(2))?);
+    let ttl = config.lease_ttl.min(embstore_sync::discovery::DEFAULT_TTL);
+    let keeper = Arc::new(runtime.block_on(LeaseKeeper::shared(etcd.clone(), ttl))?);
+    Ok(Some(SharedLease { etcd, keeper }))
+}
+
+/// Starts the sync port of `store`, its registration in etcd (under `lease` when the process
+/// keeps one for all its registrations, on `runtime`), and a follower into it (which creates
+/// the source's tables before the server hosts them). `follow` is the source of the store's
+/// own follower (not a roll member's). Blocks: call it outside the runtime.
 pub(crate) fn start(
     store: Option<&Arc<Store>>,
     a: &SyncConfig,
     follow: Option<&Follow>,
     server_tls: Option<ServerTls>,
+    (runtime, lease): (&tokio::runtime::Runtime, Option<&SharedLease>),
 ) -> Result<Synced> {
     let Some(store) = store else { return Ok(Synced::default()) };
     let mut out = Synced::default();
@@ -87,7 +123,12 @@ pub(crate) fn start(
             primary: follow.is_none(),
             status: String::new(),
         };
-        let dir = Directory::start(etcd, me, embstore_sync::discovery::DEFAULT_TTL)?;
+        let dir = match lease {
+            Some(l) => {
+                runtime.block_on(Directory::start_under(l.etcd.clone(), l.keeper.clone(), me))?
+            }
+            None => Directory::start(etcd, me, embstore_sync::discovery::DEFAULT_TTL)?,
+        };
         if follow.is_none() {
             let s = store.clone();
             dir.set_report(Box::new(move || format!("primary tables={}", s.tables().join(","))));

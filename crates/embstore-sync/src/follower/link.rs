@@ -1,5 +1,7 @@
-//! One connection to a source's sync port: the HELLO/WELCOME exchange and framed sends and
-//! receives, with TLS failures named as trust errors.
+//! One connection to a source's sync port ([`Conn`]): the HELLO/WELCOME exchange and framed
+//! sends and receives, with TLS failures named as trust errors; and a table's pulls over it
+//! ([`TableLink`]), the TCP implementation of `embstore_replication`'s [`Link`], which the
+//! protocol's round ([`embstore_replication::round`]) runs over, as the simulator's does.
 
 use std::io::{BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -8,6 +10,8 @@ use std::time::Duration;
 use embstore_common::{Error, ErrorKind, Result};
 use embstore_proto::frame::HEADER;
 use embstore_proto::tls::ClientTls;
+use embstore_replication::{Link, ListAsk, Vv};
+use embstore_table::sync::{Changes, PartReply};
 
 use super::FollowOptions;
 use crate::tls::Stream;
@@ -26,13 +30,13 @@ pub(super) fn untrusted(what: &'static str) -> impl Fn(std::io::Error) -> Error 
 }
 
 /// One connection to a source's sync port.
-pub(super) struct Link {
+pub(super) struct Conn {
     pub(super) r: BufReader<Stream>,
     pub(super) bytes_in: u64,
     pub(super) bytes_out: u64,
 }
 
-impl Link {
+impl Conn {
     pub(super) fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
         let mut frame = Vec::with_capacity(HEADER + body.len());
         wire::write_frame(&mut frame, kind, body)?;
@@ -75,7 +79,7 @@ pub(super) fn connect(
     source: &str,
     options: &FollowOptions,
     tables: &[String],
-) -> Result<(Link, u32, Vec<wire::TableInfo>)> {
+) -> Result<(Conn, u32, Vec<wire::TableInfo>)> {
     let timeout = Duration::from_millis(options.timeout_ms.max(1));
     let addr = source
         .to_socket_addrs()
@@ -92,7 +96,7 @@ pub(super) fn connect(
     let config = options.tls.as_ref().map(ClientTls::config).transpose()?;
     let tls = config.as_ref().zip(options.tls.as_ref()).map(|(c, t)| (c, t.name_for(host)));
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
-    let mut link = Link { r, bytes_in: 0, bytes_out: 0 };
+    let mut link = Conn { r, bytes_in: 0, bytes_out: 0 };
     let hello = wire::Hello {
         protocol: wire::PROTOCOL,
         token: options.token.clone(),
@@ -102,4 +106,45 @@ pub(super) fn connect(
     link.send(Kind::Hello, &hello.encode())?;
     let (replica, infos) = wire::decode_welcome(&link.expect(Kind::Welcome)?)?;
     Ok((link, replica, infos))
+}
+
+/// A table's pulls over a connection: a `List` frame answered by `Changed` and the `Part`s
+/// that come with it up to `PullDone`; a `Pull` frame answered by its `Part`s up to
+/// `PullDone`. The responder answers frames in order, so exchanges end in the order they
+/// were opened.
+pub(super) struct TableLink<'a> {
+    pub(super) conn: &'a mut Conn,
+    pub(super) table: &'a str,
+    /// The table's embedding and optimizer-state widths, to decode rows.
+    pub(super) dim: usize,
+    pub(super) state_dim: usize,
+}
+
+impl Link for TableLink<'_> {
+    type Reply = PartReply;
+
+    fn list(&mut self, ask: &ListAsk) -> Result<Changes> {
+        let list = wire::List {
+            table: self.table.to_owned(),
+            epoch: ask.epoch,
+            cursor: ask.cursor,
+            wait_ms: ask.wait_ms,
+        };
+        self.conn.send(Kind::List, &list.encode())?;
+        let (changes, _their_now) = wire::decode_changed(&self.conn.expect(Kind::Changed)?)?;
+        Ok(changes)
+    }
+
+    fn pull(&mut self, parts: &[(u32, Vv)]) -> Result<()> {
+        self.conn.send(Kind::Pull, &wire::encode_pull(self.table, parts))
+    }
+
+    fn next(&mut self) -> Result<Option<PartReply>> {
+        let (kind, body) = self.conn.recv()?;
+        match kind {
+            Kind::PullDone => Ok(None),
+            Kind::Part => Ok(Some(wire::decode_part(&body, self.dim, self.state_dim)?)),
+            k => Err(Error::corrupt(format!("unexpected sync frame {k:?} in a pull"))),
+        }
+    }
 }

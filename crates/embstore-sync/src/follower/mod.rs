@@ -8,8 +8,10 @@
 //! retried without the peer listing it again. The follower keeps serving reads throughout.
 //!
 //! Parts: this file starts and stops a follower and its threads (one per table, the watch for
-//! new tables, the flusher); `rounds` runs a table's pull rounds; `link` is one connection to
-//! a sync port; `status` is where the tables stand and the catch-up wait.
+//! new tables, the flusher); `rounds` runs a table's pull rounds (the protocol's round,
+//! `embstore_replication::round`, the simulator's too); `link` is one connection to a sync
+//! port and the TCP `Link` the round runs over; `status` is where the tables stand and the
+//! catch-up wait.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

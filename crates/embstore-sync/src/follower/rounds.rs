@@ -1,33 +1,26 @@
-//! A table thread's pull rounds (Ekko's four steps): the change list, the parts to pull,
-//! the pulls and the applied replies, with the neighbour book of what the source holds.
+//! A table thread's pull rounds: the connection to the source it follows now, and the
+//! protocol's round (`embstore_replication::round`: the change list, the parts to pull, the
+//! pulls and the applied replies, with the neighbour book of what the source holds) over it,
+//! repeated until stopped, with the table's status and the dissemination events.
 
-use std::collections::{BTreeSet, HashMap};
 use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use embstore_common::{now_ms, Error, Result};
-use embstore_replication::Sv;
-use embstore_table::sync::{check_parts, Target};
+use embstore_common::{now_ms, Result};
+use embstore_replication::{round, Book, RoundOptions};
+use embstore_table::sync::{check_parts, PartReply, Target};
 use embstore_table::Table;
 use parking_lot::Mutex;
 
-use super::link::{connect, Link};
+use super::link::{connect, Conn, TableLink};
 use super::status::Status;
 use super::{table_id, FollowOptions, Source, LAG_SAMPLES, PARTS_PER_PULL};
-use crate::wire::{self, Kind};
+use crate::wire;
 
-/// What a follower knows of its source's parts (the neighbour book).
-#[derive(Default)]
-pub(super) struct Book {
-    pub(super) epoch: u64,
-    pub(super) cursor: u64,
-    pub(super) their_sv: HashMap<u32, Sv>,
-    pub(super) pending: BTreeSet<u32>,
-    /// Where applied replies are recorded ([`FollowOptions::events`]).
-    pub(super) events: Option<BufWriter<std::fs::File>>,
-}
+/// Where applied replies are recorded ([`FollowOptions::events`]).
+type Events = Option<BufWriter<std::fs::File>>;
 
 pub(super) fn follow_table(
     target: &dyn Target,
@@ -47,7 +40,8 @@ pub(super) fn follow_table(
             }
         }
     });
-    let mut book = Book { events, ..Book::default() };
+    let mut events = events;
+    let mut book = Book::default();
     let mut current: Option<Arc<Table>> = None;
     let name = info.name.as_str();
     while !stop.load(Ordering::Relaxed) {
@@ -69,7 +63,7 @@ pub(super) fn follow_table(
         if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &t)) {
             // A new version to write into (a roll loaded it): its knowledge is its own, so
             // start over with the source's complete change list.
-            book = Book { events: book.events.take(), ..Book::default() };
+            book = Book::default();
             current = Some(t.clone());
         }
         status.lock().s.source = addr.clone();
@@ -78,7 +72,8 @@ pub(super) fn follow_table(
             .and_then(|(mut link, _, _)| {
                 status.lock().s.connected = true;
                 let here = (source, addr.as_str(), target);
-                let r = rounds(&t, &mut link, options, stop, status, &mut book, here);
+                let r =
+                    rounds(&t, &mut link, options, stop, status, (&mut book, &mut events), here);
                 let mut s = status.lock();
                 s.s.bytes_in += link.bytes_in;
                 s.s.bytes_out += link.bytes_out;
@@ -102,13 +97,18 @@ pub(super) fn follow_table(
 
 pub(super) fn rounds(
     t: &Arc<Table>,
-    link: &mut Link,
+    conn: &mut Conn,
     options: &FollowOptions,
     stop: &AtomicBool,
     status: &Mutex<Status>,
-    book: &mut Book,
+    (book, events): (&mut Book, &mut Events),
     (source, addr, target): (&Source, &str, &dyn Target),
 ) -> Result<()> {
+    let round_options = RoundOptions {
+        wait_ms: options.wait_ms,
+        skip_by_sv: options.skip_by_sv,
+        parts_per_pull: PARTS_PER_PULL,
+    };
     while !stop.load(Ordering::Relaxed) {
         if source.pick(t.name()).as_deref() != Some(addr) {
             return Ok(()); // the directory names another source now: switch to it
@@ -116,128 +116,169 @@ pub(super) fn rounds(
         if !target.table(t.name()).is_some_and(|now| Arc::ptr_eq(&now, t)) {
             return Ok(()); // another version to write into now (a roll)
         }
-        let round = {
+        let round_no = {
             let mut s = status.lock();
             s.rounds_begun += 1;
             s.rounds_begun
         };
-        let list = wire::List {
-            table: t.name().to_owned(),
-            epoch: book.epoch,
-            cursor: book.cursor,
-            // With parts pending (a failed pull), ask without waiting.
-            wait_ms: if book.pending.is_empty() { options.wait_ms } else { 0 },
-        };
-        link.send(Kind::List, &list.encode())?;
-        let (changes, _their_now) = wire::decode_changed(&link.expect(Kind::Changed)?)?;
-        if changes.epoch != book.epoch {
-            // The source restarted (or this is the first round): its list is complete.
-            book.their_sv.clear();
-            book.pending.clear();
-        }
-        for (p, sv) in &changes.parts {
-            book.their_sv.insert(*p, *sv);
-            book.pending.insert(*p);
-        }
-        let listed: Vec<u32> = changes.parts.iter().map(|(p, _)| *p).collect();
-        // The rows of small changes come with the list: those parts are done.
-        pull_replies(t, link, status, book, true)?;
-        let inlined: BTreeSet<u32> =
-            listed.into_iter().filter(|p| !book.pending.contains(p)).collect();
-        (book.epoch, book.cursor) = (changes.epoch, changes.upto);
-        if !options.skip_by_sv {
-            // Every part, every round: what a replica without shard versions must do (but
-            // those that just came with the list).
-            book.pending.extend((0..t.sync_parts()?).filter(|p| !inlined.contains(p)));
-            book.their_sv.clear();
-        }
-        let mut todo = Vec::new();
-        for &p in &book.pending {
-            let mine = t.sync_knowledge(p)?.1;
-            if !book.their_sv.get(&p).is_some_and(|sv| mine.succeq(sv)) {
-                todo.push(p);
-            }
-        }
-        let skipped = (book.pending.len() - todo.len()) as u64;
-        book.pending = todo.iter().copied().collect();
-        // Every pull request goes out at once (they are small), then the replies are read in
-        // order: a round costs one round trip for the list and one for all the pulls.
-        let batches: Vec<&[u32]> = todo.chunks(PARTS_PER_PULL).collect();
-        for batch in &batches {
-            let parts = batch
-                .iter()
-                .map(|&p| Ok((p, t.sync_knowledge(p)?.0)))
-                .collect::<Result<Vec<_>>>()?;
-            link.send(Kind::Pull, &wire::encode_pull(t.name(), &parts))?;
-        }
-        for _ in &batches {
-            pull_replies(t, link, status, book, false)?;
-        }
-        if let Some(e) = book.events.as_mut() {
+        let mut link =
+            TableLink { conn: &mut *conn, table: t.name(), dim: t.dim(), state_dim: t.state_dim() };
+        let done =
+            round(&mut &**t, &mut link, book, &round_options, &mut |reply, written, inline| {
+                seen(t, status, events, reply, written, inline)
+            })?;
+        if let Some(e) = events.as_mut() {
             let _ = e.flush();
         }
         let mut s = status.lock();
-        s.s.pulls += todo.len().div_ceil(PARTS_PER_PULL) as u64;
-        s.s.parts_skipped += skipped;
-        s.s.parts_pending = book.pending.len();
-        s.s.caught_up = book.pending.is_empty();
+        s.s.pulls += done.pulls;
+        s.s.parts_skipped += done.skipped;
+        s.s.parts_pending = done.pending;
+        s.s.caught_up = done.pending == 0;
         if s.s.caught_up {
-            s.caught_up_round = round;
+            s.caught_up_round = round_no;
         }
         s.s.last_round_ms = now_ms();
         s.s.rounds += 1;
-        s.s.bytes_in += std::mem::take(&mut link.bytes_in);
-        s.s.bytes_out += std::mem::take(&mut link.bytes_out);
+        s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
+        s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
     }
     Ok(())
 }
 
-/// Reads and applies `Part`s up to `PullDone`: a pull's replies, or (`inline`) those that came
-/// with a change list.
-pub(super) fn pull_replies(
+/// Notes an applied reply (`written` rows; `inline`: it came with a change list) in the
+/// table's status and, for a whole part, in the events file.
+fn seen(
     t: &Table,
-    link: &mut Link,
     status: &Mutex<Status>,
-    book: &mut Book,
+    events: &mut Events,
+    reply: &PartReply,
+    written: usize,
     inline: bool,
 ) -> Result<()> {
-    loop {
-        let (kind, body) = link.recv()?;
-        match kind {
-            Kind::PullDone => return Ok(()),
-            Kind::Part => {
-                let reply = wire::decode_part(&body, t.dim(), t.state_dim())?;
-                let newest = reply.meta.iter().map(|m| m.version.ms()).max();
-                let written = t.sync_apply(&reply)?;
-                if !reply.partial {
-                    book.pending.remove(&reply.part);
-                    if let Some(e) = book.events.as_mut() {
-                        let newest = t.sync_knowledge(reply.part)?.0.max_timestamp();
-                        let us = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_micros() as u64);
-                        let mut rec = [0u8; 24];
-                        rec[..8].copy_from_slice(&us.to_le_bytes());
-                        rec[8..12].copy_from_slice(&table_id(t.name()).to_le_bytes());
-                        rec[12..16].copy_from_slice(&reply.part.to_le_bytes());
-                        rec[16..].copy_from_slice(&newest.to_le_bytes());
-                        let _ = e.write_all(&rec);
-                    }
-                }
-                let mut s = status.lock();
-                s.s.parts += u64::from(!reply.partial);
-                s.s.parts_from_cache += u64::from(!reply.partial && reply.from_cache);
-                s.s.parts_inline += u64::from(!reply.partial && inline);
-                s.s.rows_applied += written as u64;
-                if let (Some(newest), true) = (newest, written > 0) {
-                    let lag = now_ms().saturating_sub(newest) as f64;
-                    if s.lags.len() == LAG_SAMPLES {
-                        s.lags.pop_front();
-                    }
-                    s.lags.push_back(lag);
-                }
-            }
-            k => return Err(Error::corrupt(format!("unexpected sync frame {k:?} in a pull"))),
+    if let (Some(e), false) = (events.as_mut(), reply.partial) {
+        let newest = t.sync_knowledge(reply.part)?.0.max_timestamp();
+        let us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let mut rec = [0u8; 24];
+        rec[..8].copy_from_slice(&us.to_le_bytes());
+        rec[8..12].copy_from_slice(&table_id(t.name()).to_le_bytes());
+        rec[12..16].copy_from_slice(&reply.part.to_le_bytes());
+        rec[16..].copy_from_slice(&newest.to_le_bytes());
+        let _ = e.write_all(&rec);
+    }
+    let newest = reply.meta.iter().map(|m| m.version.ms()).max();
+    let mut s = status.lock();
+    s.s.parts += u64::from(!reply.partial);
+    s.s.parts_from_cache += u64::from(!reply.partial && reply.from_cache);
+    s.s.parts_inline += u64::from(!reply.partial && inline);
+    s.s.rows_applied += written as u64;
+    if let (Some(newest), true) = (newest, written > 0) {
+        let lag = now_ms().saturating_sub(newest) as f64;
+        if s.lags.len() == LAG_SAMPLES {
+            s.lags.pop_front();
         }
+        s.lags.push_back(lag);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use embstore_common::Result;
+    use embstore_replication::{round, Book, Link, ListAsk, RoundOptions, Vv};
+    use embstore_table::sync::{Changes, PartReply, SyncOptions};
+    use embstore_table::{Store, Table, TableConfig};
+
+    /// An in-memory link to a source table in this process that loses the first `lose`
+    /// replies of its pulls (a network that dropped them, or a connection broken after the
+    /// request): the production round must pull those parts again.
+    struct Lossy<'a> {
+        src: &'a Table,
+        lose: usize,
+        /// The open exchanges' replies, oldest first.
+        open: VecDeque<VecDeque<PartReply>>,
+    }
+
+    impl Link for Lossy<'_> {
+        type Reply = PartReply;
+
+        fn list(&mut self, ask: &ListAsk) -> Result<Changes> {
+            self.open.push_back(VecDeque::new());
+            self.src.sync_changes(ask.epoch, ask.cursor)
+        }
+
+        fn pull(&mut self, parts: &[(u32, Vv)]) -> Result<()> {
+            let mut replies = VecDeque::new();
+            for (p, vv) in parts {
+                let reply = self.src.sync_pull(*p, vv, false)?;
+                if self.lose > 0 {
+                    self.lose -= 1;
+                    continue;
+                }
+                replies.push_back(reply);
+            }
+            self.open.push_back(replies);
+            Ok(())
+        }
+
+        fn next(&mut self) -> Result<Option<PartReply>> {
+            let Some(exchange) = self.open.front_mut() else {
+                return Ok(None);
+            };
+            let reply = exchange.pop_front();
+            if reply.is_none() {
+                self.open.pop_front();
+            }
+            Ok(reply)
+        }
+    }
+
+    fn syncing(replica: u32) -> (Store, std::sync::Arc<Table>) {
+        let store = Store::with_replica(replica).unwrap();
+        let t = store.create_table(TableConfig::new("t", 4).with_shards(4)).unwrap();
+        t.enable_sync(&SyncOptions { parts: 16, ..SyncOptions::default() }).unwrap();
+        (store, t)
+    }
+
+    fn rows(t: &Table) -> Vec<(u64, Vec<f32>)> {
+        let mut out: Vec<_> = t
+            .export(1 << 20)
+            .flat_map(|c| {
+                let v = c.values;
+                c.ids.into_iter().enumerate().map(move |(i, k)| (k, v[i * 4..][..4].to_vec()))
+            })
+            .collect();
+        out.sort_by_key(|r| r.0);
+        out
+    }
+
+    /// A reply lost on the link leaves its part pending, and the next round pulls it again
+    /// although the source does not list it again: then the follower holds the source's rows.
+    #[test]
+    fn a_lost_reply_is_pulled_again_in_the_next_round() {
+        let (_s, src) = syncing(1);
+        let (_f, dst) = syncing(2);
+        let ids: Vec<u64> = (0..500).collect();
+        src.apply_gradients(&ids, &vec![0.5; ids.len() * 4], None).unwrap();
+        let mut link = Lossy { src: &src, lose: 1, open: VecDeque::new() };
+        let (mut book, options) = (Book::default(), RoundOptions::default());
+        let mut replies = 0;
+        let first = round(&mut &*dst, &mut link, &mut book, &options, &mut |_, _, _| {
+            replies += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((first.pulls, first.pending, replies), (1, 1, 15));
+        assert_ne!(rows(&dst), rows(&src));
+        let second = round(&mut &*dst, &mut link, &mut book, &options, &mut |_, _, _| Ok(()));
+        let second = second.unwrap();
+        assert_eq!((second.pulls, second.pending), (1, 0));
+        assert!(second.written > 0);
+        assert_eq!(rows(&dst), rows(&src));
+        assert!(link.open.is_empty());
     }
 }

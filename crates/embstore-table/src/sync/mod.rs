@@ -27,6 +27,7 @@ use embstore_replication::changes::ChangeIndex;
 use embstore_replication::PartMap;
 use parking_lot::{Condvar, Mutex};
 
+pub use embstore_replication::changes::Changes;
 pub use embstore_replication::{Complete, Sv, Vv, MAX_PARTS};
 
 use crate::shard::sync::{Adapt, ShardSync, SyncCounters, SyncShared, COLLECT_EVERY_MS};
@@ -248,17 +249,6 @@ impl PartReply {
             })
             .collect()
     }
-}
-
-/// The parts changed since a cursor.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Changes {
-    /// The responder's epoch: a cursor from another epoch lists every part.
-    pub epoch: u64,
-    /// The cursor to pass next.
-    pub upto: u64,
-    /// `(part, sv)` of every part changed after the cursor.
-    pub parts: Vec<(u32, Sv)>,
 }
 
 fn not_syncing(t: &Table) -> Error {

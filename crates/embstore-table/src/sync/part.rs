@@ -10,7 +10,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use embstore_replication::{Held, PartStore, PartSync, PartView, ReplyRows};
+use embstore_replication::{Held, PartStore, PartSync, PartView, ReplyRows, Requester};
 
 use super::{Complete, PartReply, Sv, Vv};
 use crate::meta::PackedMeta;
@@ -18,7 +18,30 @@ use crate::shard::sync::ShardSync;
 use crate::shard::Shard;
 use crate::{Result, Table, Version};
 
+/// A table pulls in the protocol's round (`embstore_replication::round`): its parts' knowledge
+/// and [`Table::sync_apply`]. Implemented for `&Table` since the table applies under its
+/// shards' locks, shared with readers and writers.
+impl Requester for &Table {
+    type Reply = PartReply;
+
+    fn parts(&self) -> Result<u32> {
+        self.sync_parts()
+    }
+
+    fn knowledge(&self, part: u32) -> Result<(Vv, Sv)> {
+        self.sync_knowledge(part)
+    }
+
+    fn apply(&mut self, reply: &PartReply) -> Result<usize> {
+        self.sync_apply(reply)
+    }
+}
+
 impl ReplyRows for PartReply {
+    fn part(&self) -> u32 {
+        self.part
+    }
+
     #[inline]
     fn rows(&self) -> usize {
         self.keys.len()
