@@ -52,6 +52,7 @@ on_both_transports!(
     an_answer_over_4_mib_is_read_and_a_batch_over_the_maximum_is_refused_and_counted,
     tls_mistakes_name_their_cause,
     a_batch_over_several_shards_of_one_server_is_one_request,
+    one_request_per_server_holds_over_tls_from_shards_on_disk,
 );
 
 /// A running server (gRPC and the framed path): its address and what stops it.
@@ -229,6 +230,64 @@ async fn a_batch_over_several_shards_of_one_server_is_one_request() {
     }
     assert_eq!(ok_lookups(other), after_failover + 3);
     running.remove(0).stop().await;
+}
+
+/// One request per server where its shards live on disk under a memory budget and its ports
+/// speak TLS: a server loads four shards of a checkpoint into a budget far smaller than them,
+/// and 5 batches over all four shards are 5 requests, read (partly from disk) over TLS with
+/// the rows of the checkpoint.
+async fn one_request_per_server_holds_over_tls_from_shards_on_disk() {
+    use embstore_client::ClientTls;
+    let p = pki();
+    let root = tempfile::tempdir().unwrap();
+    let ids: Vec<u64> = (0..20_000u64).map(|i| i * 7919 % 1_000_003).collect();
+    let whole = {
+        let store = Store::open(root.path().join("store")).unwrap();
+        let t = store.create_table(TableConfig::new("user", D)).unwrap();
+        let values: Vec<f32> =
+            ids.iter().flat_map(|&k| [1.0, k as f32, (k % 7) as f32, 1.0]).collect();
+        t.assign(&ids, &values).unwrap();
+        store.checkpoint(root.path().join("ckpt"), None).unwrap();
+        shard_table(&ids, 0, 1, 1)
+    };
+    // 20,000 rows of 16 B values and their metadata in a 64 KiB budget: most stay on disk.
+    let budget = embstore_table::Budget::shared(64 << 10).unwrap();
+    let tier = embstore_server::TierOptions { dir: root.path().join("data"), budget };
+    let server = Server::with_tier("tiered-tls", 1 << 16, tier).unwrap();
+    for s in 0..4 {
+        server.load("user", 1, s, 4, &root.path().join("ckpt")).unwrap();
+    }
+    let tls = embstore_server::ServerTls {
+        cert_pem: p.server.0.clone().into_bytes(),
+        key_pem: p.server.1.clone().into_bytes(),
+        client_ca_pem: None,
+    };
+    let serve = embstore_server::ServeOptions { tls: Some(tls), ..Default::default() };
+    let running = start_with(server.clone(), serve).await;
+    let port = running.addr.rsplit(':').next().unwrap().to_owned();
+    let trusting = ClientTls { ca_pem: p.ca.clone().into_bytes(), domain: None, identity: None };
+    let addrs = vec![format!("localhost:{port}")];
+    let client =
+        Client::connect(&addrs, ClientOptions { tls: Some(trusting), ..options() }).await.unwrap();
+    let mut query: Vec<u64> = ids.iter().step_by(7).copied().collect();
+    query.extend([5, u64::MAX]);
+    let mut want = vec![0f32; query.len() * D];
+    let mut found = vec![false; query.len()];
+    whole.lookup(&query, OnMiss::Zeros, &mut want, Some(&mut found)).unwrap();
+    let before = ok_lookups(&server);
+    for _ in 0..5 {
+        let rows = client.lookup("user", &query).await.unwrap();
+        assert_eq!((&rows.values, &rows.found, rows.version), (&want, &found, 1));
+    }
+    assert_eq!(ok_lookups(&server) - before, 5, "5 batches over 4 shards of one server");
+    let text = server.metrics_text();
+    let read = text
+        .lines()
+        .filter(|l| l.starts_with("embstore_disk_rows_read"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(read > 0.0, "no row was read from disk: {text}");
+    running.stop().await;
 }
 
 async fn a_batch_never_mixes_versions_while_versions_roll_through_the_replicas() {
