@@ -8,10 +8,10 @@
 //!    succeed the responder's (S1: then this replica knows all the responder knows).
 //! 3. Pull: every pull goes out at once, each with this replica's VV of its parts.
 //! 4. Apply: each reply through the requester (which runs [`crate::steps::apply`]); a part
-//!    stays pending until a whole reply with the shard version the responder listed is
-//!    applied, so a lost reply, a broken connection or a refused reply is pulled again
-//!    without the responder listing it again, and a late reply of an earlier pull (a link
-//!    that reorders) does not stand for the change listed since.
+//!    stays pending until a whole reply with the shard version the responder listed (or a
+//!    newer one) is applied, so a lost reply, a broken connection or a refused reply is
+//!    pulled again without the responder listing it again, and a late reply of an earlier
+//!    pull (a link that reorders) does not stand for the change listed since.
 //!
 //! The production follower (`embstore-sync`, over TCP into a table) and the simulator
 //! ([`crate::sim`], over its faulty network into a [`crate::Replica`]) both call [`round`], so
@@ -174,16 +174,18 @@ where
     let mut written = 0;
     while let Some(reply) = link.next()? {
         let n = local.apply(&reply)?;
-        // A part is answered by a whole reply (R2: its last piece carries the knowledge) with
-        // the knowledge the responder listed: a reply with other knowledge may be older than
-        // the listing (a link that reorders, or a reply of an earlier round), and a newer
-        // change is listed again anyway.
+        // A part is answered by a whole reply (R2: its last piece carries the knowledge) whose
+        // knowledge holds what the responder listed (its shard version succeeds the listed
+        // one): an older reply (a link that reorders, or a reply of an earlier round) does
+        // not stand for the change listed since, and a newer one (the part written again
+        // between the list and the pull) holds it, so a hot part is not pulled twice.
         let p = reply.part();
         #[cfg(test)]
         let any = local.mutant() == crate::steps::Mutant::UnpendOnAnyReply;
         #[cfg(not(test))]
         let any = false;
-        if !reply.partial() && (any || book.their_sv.get(&p).is_none_or(|&sv| reply.sv() == sv)) {
+        if !reply.partial() && (any || book.their_sv.get(&p).is_none_or(|sv| reply.sv().succeq(sv)))
+        {
             book.pending.remove(&p);
         }
         seen(&reply, n, inline)?;
