@@ -112,7 +112,7 @@ wan-deps: ## Install what the emulated WAN and the Redis peer need (apt + python
 		echo "==> installing python/requirements-wan.txt (NetfilterQueue) into $(VENV)"; \
 		$(VPY) -m pip install --quiet --progress-bar off -r python/requirements-wan.txt; }
 
-.PHONY: valgrind memcheck diagram
+.PHONY: valgrind memcheck diagram fuzz
 
 valgrind: ## Install valgrind (Debian) for memcheck, if it is missing
 	@command -v valgrind >/dev/null || { \
@@ -124,6 +124,10 @@ valgrind: ## Install valgrind (Debian) for memcheck, if it is missing
 
 # Miri cannot be installed on our machines: valgrind runs the unsafe code of the index, the
 # arenas and the I/O engine instead (scripts/memcheck.py names the tests; about 3 minutes).
+fuzz: toolchain ## The wire's decoders on random and damaged frames (CASES=1000000; a fresh seed, printed to replay)
+	EMBSTORE_FUZZ_CASES=$(or $(CASES),1000000) EMBSTORE_TEST_SEED=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ') \
+		$(CARGO) test --release -p embstore-proto --lib the_decoders_take_any_bytes -- --nocapture
+
 memcheck: toolchain valgrind ## Unsafe code of the index and the table engine under valgrind memcheck
 	$(PYTHON) scripts/memcheck.py
 
