@@ -33,6 +33,7 @@ _ids = itertools.count(1)
 # id -> a function returning the source (None once a weakly held source is gone).
 _sources: dict[int, Callable[[], Callable[[], str] | None]] = {}
 _endpoint: Any = None
+_asked = ""  # the listen address the endpoint was started with (a host name, say)
 
 
 def register(source: Callable[[], str]) -> Callable[[], None]:
@@ -122,13 +123,13 @@ def serve(
     returns ``host:port``. Called again, it returns the running endpoint's address (a
     different fixed address is refused: a process has one endpoint). TLS from PEM files, as
     for the serving port."""
-    global _endpoint
+    global _endpoint, _asked
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise InvalidArgumentError(f"listen must be host:port, got {listen!r}")
     with _lock:
         if _endpoint is not None:
-            if int(port) != 0 and _endpoint.address != listen:
+            if int(port) != 0 and listen not in (_endpoint.address, _asked):
                 raise InvalidArgumentError(
                     f"this process serves its metrics on {_endpoint.address} already (one "
                     f"endpoint a process); asked for {listen}"
@@ -136,6 +137,7 @@ def serve(
             return str(_endpoint.address)
         paths = [None if p is None else os.fspath(p) for p in (tls_cert, tls_key, tls_client_ca)]
         _endpoint = _native.MetricsEndpoint(listen, text, *paths)
+        _asked = listen
         return str(_endpoint.address)
 
 

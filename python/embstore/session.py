@@ -71,6 +71,18 @@ _MAX_GROUP = 8
 _NUMBERS = itertools.count(1)
 
 
+def table_names(tables: Iterable[Any] | None, features: Any = None) -> list[Any]:
+    """The names of a session's ``tables`` (a table, plain or distributed, stands for its
+    name), or, with ``tables`` None, of the tables ``features`` looks features up in."""
+    if tables is None and features is not None:
+        from embstore.torch.jagged import FeaturePlan
+
+        return [p.name for p in FeaturePlan.of(features).tables]
+    if tables is None:
+        raise InvalidArgumentError("session() needs tables (or features=)")
+    return [t if isinstance(t, str) else getattr(t, "name", t) for t in tables]
+
+
 class _Plan:
     """One batch's ids, as this process asks for them: per table the unique ids sorted by
     owner (``uniq``), each id's place among them (``inv``) and the ids' shape; ``counts[j, t]``
@@ -255,7 +267,7 @@ class Session:
     def __init__(
         self,
         store: Any,
-        tables: Iterable[str | Table],
+        tables: Iterable[Any] | None,
         *,
         prefetch: int | None = None,
         grad_average: bool = True,
@@ -273,7 +285,7 @@ class Session:
             )
         if isinstance(staleness, bool) or staleness not in (0, 1):
             raise InvalidArgumentError(f"staleness must be 0 or 1, got {staleness!r}")
-        names = [t if isinstance(t, str) else getattr(t, "name", t) for t in tables]
+        names = table_names(tables, features)
         if not names:
             raise InvalidArgumentError("a session needs at least one table")
         if len(set(names)) != len(names):
@@ -293,7 +305,6 @@ class Session:
         self._number = next(_NUMBERS)  # the session's label on the process's /metrics
         self._unregister_metrics: Callable[[], None] | None = None
         self._comm: Comm = store.comm
-        # This process's partition of each table (the whole table outside a distributed job).
         # The rows this process holds: a distributed store's own partition (store.local).
         self._tables = [store.local.table(n) for n in names]
         self._dims = [t.embedding_dim for t in self._tables]

@@ -662,27 +662,16 @@ class Store:
             >>> sess.stats()["batches"]
             2
         """
-
-        if tables is None and features is not None:
-            from embstore.torch.jagged import FeaturePlan
-
-            tables = [p.name for p in FeaturePlan.of(features).tables]
-        if tables is None:
-            raise InvalidArgumentError("session() needs tables (or features=)")
-
-        def open_() -> Session:
-            return Session(
-                self,
-                tables,
-                prefetch=prefetch,
-                grad_average=grad_average,
-                on_miss=on_miss,
-                device=device,
-                staleness=staleness,
-                features=features,
-            )
-
-        return open_()
+        return Session(
+            self,
+            tables,
+            prefetch=prefetch,
+            grad_average=grad_average,
+            on_miss=on_miss,
+            device=device,
+            staleness=staleness,
+            features=features,
+        )
 
     def __getitem__(self, name: str) -> Table:
         return self.table(name)

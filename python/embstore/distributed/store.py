@@ -16,7 +16,7 @@ from embstore.distributed.comm import Comm, calling
 from embstore.distributed.files import checkpoint, open_part, restore_part
 from embstore.distributed.table import DistributedTable
 from embstore.errors import InvalidArgumentError
-from embstore.session import Session
+from embstore.session import Session, table_names
 from embstore.store import Store
 from embstore.table import Table
 
@@ -138,9 +138,12 @@ class DistributedStore:
         :meth:`Store.create_table`. Every process must create it alike: a difference raises
         :class:`InvalidArgumentError` on every process, naming the process and the fields."""
         what = f"create_table({getattr(name, 'name', name)!r})"
-        native = self._comm.agreed(
-            what, lambda: to_native_spec(spec_of(name, embedding_dim, **fields))
-        )
+
+        def made() -> tuple[TableSpec, dict[str, Any]]:
+            spec = spec_of(name, embedding_dim, **fields)
+            return spec, to_native_spec(spec)
+
+        spec, native = self._comm.agreed(what, made)
         specs = self._comm.all_gather(native, what)
 
         def create() -> None:
@@ -152,7 +155,7 @@ class DistributedStore:
                     f"{differ[0]} than on process {self.rank} ({', '.join(fields_)}): every "
                     "process of a distributed store must create its tables alike"
                 )
-            self._local.create_table(spec_of(name, embedding_dim, **fields))
+            self._local.create_table(spec)
 
         self._comm.agreed(what, create)
         return self.table(native["name"])
@@ -197,14 +200,8 @@ class DistributedStore:
         ``grad_average``, ``staleness`` and ``on_miss``; a difference raises
         :class:`InvalidArgumentError` on every process, naming the field and both values.
         ``prefetch`` and ``device`` may differ."""
-        if tables is None and features is not None:
-            from embstore.torch.jagged import FeaturePlan
-
-            tables = [p.name for p in FeaturePlan.of(features).tables]
-        if tables is None:
-            raise InvalidArgumentError("session() needs tables (or features=)")
         try:
-            names: Any = [getattr(t, "name", t) for t in tables]
+            names: Any = table_names(tables, features)
         except TypeError:
             names = repr(tables)  # not a list: Session says so, on every process
         mine = {

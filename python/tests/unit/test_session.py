@@ -509,6 +509,7 @@ def test_session_metrics_are_served_in_prometheus_text_format():
         sess.serve_metrics("nope")
     with pytest.raises(embstore.InvalidArgumentError, match="already"):
         sess.serve_metrics("127.0.0.1:1")
+    assert embstore.metrics.serve(address) == address  # the same address again: the same one
     # A session that is gone is scraped no more.
     del other
     gc.collect()
