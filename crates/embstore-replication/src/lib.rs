@@ -16,6 +16,10 @@
 //! - [`part`]: what the steps need of a part, as traits ([`PartView`], [`PartStore`],
 //!   [`ReplyRows`]), and a part's [`PartSync`].
 //! - [`steps`]: the protocol's steps, once: a local write, answering a pull, applying a reply.
+//! - [`priority`]: SLO-aware priority (Ekko §5.2): scoring updates, the `k`-th percentile
+//!   over a window, which writes are significant; when a link is congested.
+//! - [`sig`], [`prioritised`]: significant versions and prioritised sync (Alg 2): the
+//!   significant store, its knowledge (SVV, TSVV) and the steps that keep it.
 //!   The production table (`embstore-table`) implements the part traits over its shards and
 //!   calls these functions; so does the simulator's replica.
 //! - [`link`]: [`Link`], a requester's side of the wire to one responder (list, pull, the
@@ -38,8 +42,11 @@ pub mod changes;
 pub mod link;
 pub mod map;
 pub mod part;
+pub mod prioritised;
+pub mod priority;
 pub mod replica;
 pub mod round;
+pub mod sig;
 pub mod sim;
 pub mod steps;
 pub mod sv;
@@ -50,8 +57,14 @@ pub use cache::UpdateCache;
 pub use link::{Link, ListAsk};
 pub use map::{PartMap, MAX_PARTS};
 pub use part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
-pub use replica::{Replica, Reply, Row};
+pub use prioritised::{PrioritisedRows, SignificantStore};
+pub use priority::{
+    Congestion, CongestionConfig, EkkoPriority, Prioritiser, PriorityConfig, PriorityFn, Scored,
+    Stats, Update,
+};
+pub use replica::{PrioritisedReply, Replica, Reply, Row};
 pub use round::{round, Book, Requester, Round, RoundOptions};
+pub use sig::SigIndex;
 pub use sv::Sv;
 pub use version::{next_timestamp, Clock, Version};
 pub use vv::Vv;

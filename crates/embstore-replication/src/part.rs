@@ -14,6 +14,7 @@
 //! monomorphised: no dynamic dispatch and no allocation per row.
 
 use crate::cache::UpdateCache;
+use crate::sig::SigIndex;
 use crate::sv::Sv;
 use crate::version::Version;
 use crate::vv::Vv;
@@ -28,6 +29,14 @@ pub struct PartSync {
     pub cache: UpdateCache,
     /// The shard version: names `vv` (equal svs, equal VVs).
     pub sv: Sv,
+    /// Significant knowledge (Ekko Alg 2's SVV): per origin, the newest significant write
+    /// the part's rows hold (`svv ⊑ vv`, P1).
+    pub svv: Vv,
+    /// Transient significant knowledge (TSVV): `svv` and the significant writes taken ahead
+    /// of normal sync by prioritised pulls (`svv ⊑ tsvv`, P1).
+    pub tsvv: Vv,
+    /// The keys of significant writes, by their significant version.
+    pub sig: SigIndex,
 }
 
 /// A reply (or a piece of one) that holds every row of its part in a key range: the requester
@@ -95,6 +104,16 @@ pub trait ReplyRows {
     /// Whether more pieces of the reply follow: its rows are applied, its knowledge waits for
     /// the last piece (R2).
     fn partial(&self) -> bool;
+    /// The significant version of row `i` (`Version::ZERO`: none known; a store that does
+    /// not prioritise sends none).
+    fn sigv(&self, _i: usize) -> Version {
+        Version::ZERO
+    }
+    /// The responder's significant knowledge, read with [`ReplyRows::vv`] (none: the
+    /// responder does not prioritise).
+    fn svv(&self) -> Option<&Vv> {
+        None
+    }
 }
 
 /// What answering a pull reads of a part.
@@ -135,10 +154,14 @@ pub trait PartStore: PartView {
         key: u64,
         at: Option<Self::Slot>,
     ) -> Result<()>;
-    /// Drops `key`'s row or tombstone.
+    /// Drops `key`'s row or tombstone, and its significant entry if the store keeps one (an
+    /// entry only ever arrives early: normal sync brings what it held).
     fn drop_key(&mut self, key: u64, held: Held<Self::Slot>);
     /// Makes the clock's later versions exceed `v` (a version applied from a peer).
     fn observe(&mut self, v: Version);
+    /// Drops `key`'s entry of the significant store when its version is at most `v` (the
+    /// store's row now holds `v`: P2). A store that keeps no significant rows does nothing.
+    fn supersede_significant(&mut self, _key: u64, _v: Version) {}
     /// A shard version never issued before (from this replica's clock).
     fn fresh_sv(&mut self) -> Sv;
 }

@@ -21,6 +21,7 @@
 use crate::changes::ChangeIndex;
 use crate::map::PartMap;
 use crate::part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
+use crate::prioritised::{self, PrioritisedRows, SignificantStore};
 use crate::round::Requester;
 use crate::steps;
 #[cfg(test)]
@@ -40,12 +41,23 @@ pub struct Row {
     pub values: Vec<f32>,
     /// Whether this is a tombstone: the row was removed.
     pub deleted: bool,
+    /// The version of the row's newest significant write (`Version::ZERO`: none).
+    pub sigv: Version,
+}
+
+impl Row {
+    /// A row of `values` at `version`, with no significant write.
+    pub fn new(version: Version, values: Vec<f32>) -> Self {
+        Self { version, values, deleted: false, sigv: Version::ZERO }
+    }
 }
 
 /// One part: its rows (in key order, so scans are deterministic) and its sync state.
 #[derive(Clone, Debug, Default)]
 struct Part {
     rows: BTreeMap<u64, Row>,
+    /// The significant store: rows taken ahead of normal sync, newer than `rows`' (P2).
+    significant: BTreeMap<u64, Row>,
     sync: PartSync,
     /// See [`PartView::floor`].
     floor: Vv,
@@ -67,6 +79,46 @@ pub struct Reply {
     /// Set when the requester's VV did not dominate the responder's floor: `rows` is then the
     /// whole part, and this holds the responder's floor.
     pub complete: Option<Complete>,
+    /// The responder's significant knowledge, read with `vv_s`.
+    pub svv_s: Vv,
+}
+
+/// A prioritised pull's answer: the rows with significant writes the requester lacks (each
+/// the newest of the responder's row and significant entry) and the responder's TSVV.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrioritisedReply {
+    /// The part.
+    pub part: u32,
+    /// `(key, row)`, in key order.
+    pub rows: Vec<(u64, Row)>,
+    /// The responder's TSVV, read before selecting.
+    pub tsvv_s: Vv,
+}
+
+impl PrioritisedRows for PrioritisedReply {
+    fn part(&self) -> u32 {
+        self.part
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn key(&self, i: usize) -> u64 {
+        self.rows[i].0
+    }
+
+    fn version(&self, i: usize) -> Version {
+        self.rows[i].1.version
+    }
+
+    fn sigv(&self, i: usize) -> Version {
+        self.rows[i].1.sigv
+    }
+
+    fn tsvv(&self) -> &Vv {
+        &self.tsvv_s
+    }
 }
 
 impl ReplyRows for Reply {
@@ -101,6 +153,14 @@ impl ReplyRows for Reply {
     fn partial(&self) -> bool {
         false
     }
+
+    fn sigv(&self, i: usize) -> Version {
+        self.rows[i].1.sigv
+    }
+
+    fn svv(&self) -> Option<&Vv> {
+        Some(&self.svv_s)
+    }
 }
 
 /// A part as the steps see it: read (`P = &Part`) or changed (`P = &mut Part`, with the
@@ -129,6 +189,19 @@ impl<P: std::ops::Deref<Target = Part>> PartView for At<'_, P> {
     #[cfg(test)]
     fn mutant(&self) -> Mutant {
         self.mutant
+    }
+}
+
+impl<P: std::ops::DerefMut<Target = Part>> SignificantStore for At<'_, P> {
+    type Prioritised = PrioritisedReply;
+
+    fn significant(&self, key: u64) -> Option<Version> {
+        self.part.significant.get(&key).map(|r| r.version)
+    }
+
+    fn put_significant(&mut self, reply: &PrioritisedReply, i: usize, key: u64) -> Result<()> {
+        self.part.significant.insert(key, reply.rows[i].1.clone());
+        Ok(())
     }
 }
 
@@ -161,6 +234,13 @@ impl<P: std::ops::DerefMut<Target = Part>> PartStore for At<'_, P> {
 
     fn drop_key(&mut self, key: u64, _held: Held<()>) {
         self.part.rows.remove(&key);
+        self.part.significant.remove(&key);
+    }
+
+    fn supersede_significant(&mut self, key: u64, v: Version) {
+        if self.part.significant.get(&key).is_some_and(|r| r.version <= v) {
+            self.part.significant.remove(&key);
+        }
     }
 
     fn observe(&mut self, v: Version) {
@@ -186,6 +266,8 @@ pub struct Replica {
     clock: Clock,
     parts: Vec<Part>,
     changes: ChangeIndex,
+    /// Whether prioritised sync runs here (off: no significant entry, `tsvv = svv`, P4).
+    priority: bool,
     #[cfg(test)]
     pub(crate) mutant: Mutant,
     /// [`Mutant::TickOutsideLock`]'s version drawn early.
@@ -213,6 +295,7 @@ impl Replica {
                 })
                 .collect(),
             changes: ChangeIndex::new(parts),
+            priority: true,
             #[cfg(test)]
             mutant: Mutant::None,
             #[cfg(test)]
@@ -290,6 +373,18 @@ impl Replica {
     /// Writes `key` here as origin (W1: the tick and the write are one step). Returns the
     /// write's version.
     pub fn local_write(&mut self, key: u64, values: Vec<f32>, now_ms: u64) -> Result<Version> {
+        self.write_scored(key, values, now_ms, false)
+    }
+
+    /// Writes `key` here as origin, as [`Replica::local_write`]; a `significant` write (its
+    /// priority at or above `p_k`) takes `sigv = v` ([`prioritised::note_significant`]).
+    pub fn write_scored(
+        &mut self,
+        key: u64,
+        values: Vec<f32>,
+        now_ms: u64,
+        significant: bool,
+    ) -> Result<Version> {
         self.check_dim(&values)?;
         let v = Version::new(self.clock.tick(now_ms)?, self.id);
         #[cfg(test)]
@@ -305,7 +400,14 @@ impl Replica {
         };
         let part = self.part_of(key);
         let s = &mut self.parts[part as usize];
-        s.rows.insert(key, Row { version: v, values, deleted: false });
+        let old_sigv = s.rows.get(&key).map_or(Version::ZERO, |r| r.sigv);
+        let sigv = if significant { v } else { old_sigv };
+        s.rows.insert(key, Row { version: v, values, deleted: false, sigv });
+        // The newest write of the key is here: an entry taken ahead is superseded (P2).
+        s.significant.remove(&key);
+        if significant {
+            prioritised::note_significant(&mut s.sync, key, v);
+        }
         if steps::note_local(&mut s.sync, key, v, self.id) {
             self.changes.bump(part);
         }
@@ -317,7 +419,9 @@ impl Replica {
     pub fn local_delete(&mut self, key: u64, now_ms: u64) -> Result<Version> {
         let v = self.local_write(key, vec![0.0; self.dim], now_ms)?;
         let part = self.part_of(key) as usize;
-        self.parts[part].rows.insert(key, Row { version: v, values: Vec::new(), deleted: true });
+        let row = self.parts[part].rows.get_mut(&key).expect("just written");
+        row.values = Vec::new();
+        row.deleted = true;
         Ok(v)
     }
 
@@ -325,11 +429,14 @@ impl Replica {
     /// parts' floors.
     pub fn collect(&mut self, now_ms: u64, horizon_ms: u64) {
         for s in &mut self.parts {
-            let floor = &mut s.floor;
-            s.rows.retain(|_, r| {
+            let (floor, sync, significant) = (&mut s.floor, &mut s.sync, &mut s.significant);
+            s.rows.retain(|k, r| {
                 let gone = r.deleted && steps::expired(r.version, now_ms, horizon_ms);
                 if gone {
                     floor.raise(r.version.replica, r.version.timestamp);
+                    // The key leaves the part, as a complete reply's drop.
+                    significant.remove(k);
+                    sync.sig.forget(*k);
                 }
                 !gone
             });
@@ -361,7 +468,117 @@ impl Replica {
             sv_s: pull.sv,
             from_cache: pull.from_cache,
             complete: pull.complete,
+            svv_s: view.part.sync.svv.clone(),
         })
+    }
+
+    /// Answers a prioritised pull of part `part` from a requester whose TSVV is `tsvv_r`: the
+    /// keys the index selects ([`prioritised::prioritised_keys`]), each as the newest of its
+    /// row and significant entry. An error when priority is off here.
+    pub fn serve_prioritised(&self, part: u32, tsvv_r: &Vv) -> Result<PrioritisedReply> {
+        self.check_priority()?;
+        let view = self.view(part)?;
+        let plan = prioritised::plan_prioritised(&view);
+        let entries = view.part.significant.iter().map(|(k, r)| (*k, r.sigv));
+        let rows = prioritised::prioritised_keys(&view, tsvv_r, entries)
+            .into_iter()
+            .filter_map(|k| self.newest(view.part, k).map(|r| (k, r.clone())))
+            .collect();
+        Ok(PrioritisedReply { part, rows, tsvv_s: plan.tsvv })
+    }
+
+    /// The checker's reference for [`Replica::serve_prioritised`] (P5): a scan of every row
+    /// and significant entry of the part for a sigv newer than `tsvv_r` knows.
+    pub fn scan_prioritised(&self, part: u32, tsvv_r: &Vv) -> Result<Vec<(u64, Row)>> {
+        let p = self.part(part)?;
+        let keys: std::collections::BTreeSet<u64> =
+            p.rows.keys().chain(p.significant.keys()).copied().collect();
+        Ok(keys
+            .into_iter()
+            .filter(|k| {
+                let sigv = [p.rows.get(k), p.significant.get(k)]
+                    .into_iter()
+                    .flatten()
+                    .map(|r| r.sigv)
+                    .max()
+                    .unwrap_or(Version::ZERO);
+                sigv != Version::ZERO && sigv.timestamp > tsvv_r.get(sigv.replica)
+            })
+            .filter_map(|k| self.newest(p, k).map(|r| (k, r.clone())))
+            .collect())
+    }
+
+    /// The newer of `key`'s row and significant entry in part `p` (P3).
+    fn newest<'a>(&self, p: &'a Part, key: u64) -> Option<&'a Row> {
+        match (p.rows.get(&key), p.significant.get(&key)) {
+            (Some(r), Some(s)) => Some(if s.version > r.version { s } else { r }),
+            (r, s) => r.or(s),
+        }
+    }
+
+    /// What an inference read of `key` returns: the newer of its row and its significant
+    /// entry (P3).
+    pub fn read(&self, key: u64) -> Option<&Row> {
+        self.newest(&self.parts[self.part_of(key) as usize], key)
+    }
+
+    /// Part `part`'s significant store, in key order.
+    pub fn significant(&self, part: u32) -> Result<impl Iterator<Item = (u64, &Row)>> {
+        Ok(self.part(part)?.significant.iter().map(|(k, r)| (*k, r)))
+    }
+
+    /// Whether prioritised sync runs here.
+    pub fn priority(&self) -> bool {
+        self.priority
+    }
+
+    fn check_priority(&self) -> Result<()> {
+        if self.priority {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("replica {} has prioritised sync off", self.id),
+        ))
+    }
+
+    /// Turns prioritised sync off (a rollback, or the operator): every significant store
+    /// emptied, `tsvv = svv` ([`prioritised::disable`], P4); or back on.
+    pub fn set_priority(&mut self, on: bool) {
+        self.priority = on;
+        if !on {
+            for s in &mut self.parts {
+                s.significant.clear();
+                prioritised::disable(&mut s.sync);
+            }
+        }
+    }
+
+    /// Applies a prioritised reply ([`prioritised::apply_prioritised`]), checked whole first;
+    /// refused (nothing changed) when priority is off here. Returns the entries written.
+    pub fn apply_prioritised(&mut self, reply: &PrioritisedReply) -> Result<usize> {
+        self.check_priority()?;
+        let part = reply.part;
+        self.part(part)?;
+        for (k, r) in &reply.rows {
+            if !r.deleted {
+                self.check_dim(&r.values)?;
+            }
+            if self.part_of(*k) != part {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("key {k} is not in part {part}"),
+                ));
+            }
+        }
+        let mut at = At {
+            part: &mut self.parts[part as usize],
+            clock: Some(&mut self.clock),
+            id: self.id,
+            #[cfg(test)]
+            mutant: self.mutant,
+        };
+        prioritised::apply_prioritised(&mut at, reply)
     }
 
     /// The full-scan selection of part `part` (what a miss returns): the checker's reference
@@ -473,9 +690,7 @@ mod tests {
         src.local_write(5, vec![1.0, 2.0], 10).unwrap();
         let part = src.part_of(5);
         let mut reply = src.serve_pull(part, &Vv::new()).unwrap();
-        reply
-            .rows
-            .push((5, Row { version: Version::new(99, 2), values: vec![0.0], deleted: false }));
+        reply.rows.push((5, Row::new(Version::new(99, 2), vec![0.0])));
         assert_eq!(r.apply_reply(&reply).unwrap_err().kind(), ErrorKind::ShapeMismatch);
         reply.rows.pop();
         reply.part = (part + 1) % 4;
@@ -560,7 +775,7 @@ mod tests {
         fn lww_leaves_the_max(writes in proptest::collection::btree_map((0u64..1000, 0u32..4), (0u64..6, -5i32..5), 1..40),
                               order in proptest::collection::vec(any::<proptest::sample::Index>(), 1..120)) {
             let writes: Vec<(u64, Row)> = writes.into_iter()
-                .map(|((ts, o), (k, x))| (k, Row { version: Version::new(ts + 1, o), values: vec![x as f32], deleted: false }))
+                .map(|((ts, o), (k, x))| (k, Row::new(Version::new(ts + 1, o), vec![x as f32])))
                 .collect();
             let mut r = Replica::new(9, map(1), 1).unwrap();
             // Every write at least once, then the random duplicates, in a shuffled order.
@@ -572,7 +787,7 @@ mod tests {
                 seq.swap(a, b);
             }
             for i in seq {
-                let reply = Reply { part: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false, complete: None };
+                let reply = Reply { part: 0, rows: vec![writes[i].clone()], vv_s: Vv::new(), sv_s: Sv::default(), from_cache: false, complete: None, svv_s: Vv::new() };
                 r.apply_reply(&reply).unwrap();
             }
             let mut best: BTreeMap<u64, &Row> = BTreeMap::new();

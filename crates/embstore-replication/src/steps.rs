@@ -204,7 +204,11 @@ pub fn apply<P: PartStore + ?Sized>(
             _ => None,
         };
         p.put(reply, i, key, at)?;
-        p.sync_mut().cache.on_write(key, v);
+        p.supersede_significant(key, v);
+        let sigv = reply.sigv(i);
+        let s = p.sync_mut();
+        s.cache.on_write(key, v);
+        s.sig.note(key, sigv);
         written += 1;
     }
     if let Some(c) = reply.complete() {
@@ -225,12 +229,16 @@ pub fn apply<P: PartStore + ?Sized>(
                 Held::Row(..) => written += 1,
             }
             p.drop_key(key, h);
+            p.sync_mut().sig.forget(key);
         }
     }
     if reply.partial() {
         return Ok(Applied { written, sv_changed: false });
     }
     let sv_changed = learn(p, reply.vv(), reply.sv());
+    if let Some(svv_s) = reply.svv() {
+        crate::prioritised::learn_significant(p.sync_mut(), svv_s);
+    }
     Ok(Applied { written, sv_changed })
 }
 

@@ -53,6 +53,7 @@ impl ShardSync {
                 // A new name for every part at every start: a peer that adopted an older one
                 // pulls once and adopts this one (the VVs decide what moves).
                 sv: Sv::new(shared.clock.tick().timestamp, me),
+                ..PartSync::default()
             })
             .collect();
         Self { shared, shard, parts, tombs: HashMap::new(), floors, last_prune_ms: 0 }

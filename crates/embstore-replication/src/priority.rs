@@ -1,0 +1,553 @@
+//! SLO-aware priority of updates (Ekko §5.2): which row writes are *significant*, so that a
+//! congested link carries them ahead of the rest.
+//!
+//! Each row update gets a priority `p` when it is written; the writes at or above `p_k`, the
+//! `k`-th percentile of the priorities over a sliding window, are significant (their row takes
+//! `sigv = v`, [`crate::steps::note_significant`]). The default rule is the paper's
+//! ([`EkkoPriority`]): `p = (p_g + p_u) · p_m`, where
+//!
+//! - `p_g = |g|₁ / ḡ`: the gradient's 1-norm over its running mean (models with different
+//!   gradient scales compare);
+//! - `p_u = f / f̄` with `f = 1 / (1 + age / τ_u)` (1 for a row created by this write): new rows
+//!   first, normalised like `p_g` so the two add;
+//! - `p_m`: the model's share of inference requests (`1 / M` until known).
+//!
+//! Any other rule is a [`PriorityFn`]. The running means decay with a half-life (10 s by
+//! default); `p_k` comes from a ring of DDSketches (`sketches-ddsketch`, relative accuracy α)
+//! over `slots` slots of `window / slots` each, refreshed at most every `refresh_ms` of the
+//! caller's time or every 1,024 updates. Nothing here reads a clock: callers pass `now_ms`.
+//!
+//! [`Congestion`] is the link side: a link whose oldest pending change stays older than the
+//! time-out for three rounds is congested (prioritised pulls run beside the normal ones) until
+//! its lag has stayed under half the time-out for 30 s.
+
+use embstore_common::{Error, ErrorKind, Result};
+use sketches_ddsketch::{Config, DDSketch};
+use std::collections::HashMap;
+use std::fmt;
+
+/// What the priority of one row update is computed from.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Update {
+    /// The row's key.
+    pub key: u64,
+    /// The update's 1-norm: the gradient's (or, for an assignment, the change's).
+    pub grad_l1: f64,
+    /// How long ago the row was created, in ms; `None` when this write creates it.
+    pub age_ms: Option<u64>,
+    /// The model (a group of tables) the row belongs to.
+    pub model: u32,
+}
+
+/// The running statistics a priority rule normalises by, as of the update being scored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    /// Running mean of the updates' 1-norms (`ḡ`, 0 before any update).
+    pub g_mean: f64,
+    /// Running mean of the updates' freshness `f` (`f̄`).
+    pub f_mean: f64,
+    /// The update's model's share of inference requests (`p_m`).
+    pub p_m: f64,
+    /// The freshness `f = 1 / (1 + age / τ_u)` of the update being scored.
+    pub freshness: f64,
+}
+
+/// A priority rule: the larger, the sooner the update should reach the replicas. A user's
+/// rule implements this (and `Debug`, for the store's `describe`); it is called on every row
+/// write, so it must be cheap and must not block.
+pub trait PriorityFn: Send + Sync + fmt::Debug {
+    /// The priority of update `u` (finite and ≥ 0; anything else counts as 0).
+    fn priority(&self, u: &Update, stats: &Stats) -> f64;
+}
+
+/// The paper's rule, `p = (p_g + p_u) · p_m` (Ekko §5.2.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EkkoPriority;
+
+impl PriorityFn for EkkoPriority {
+    fn priority(&self, u: &Update, s: &Stats) -> f64 {
+        let p_g = if s.g_mean > 0.0 { u.grad_l1 / s.g_mean } else { 1.0 };
+        let p_u = if s.f_mean > 0.0 { s.freshness / s.f_mean } else { 1.0 };
+        (p_g + p_u) * s.p_m
+    }
+}
+
+/// How the priorities are thresholded; [`PriorityConfig::default`] is the spec's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PriorityConfig {
+    /// The percentile `k` (0 < k < 100): updates at or above the `k`-th are significant
+    /// (99: the top 1 %).
+    pub k: f64,
+    /// The window `p_k` is taken over, in ms (60 s).
+    pub window_ms: u64,
+    /// Slots in the window's ring (6: 10 s each).
+    pub slots: usize,
+    /// Half-life of the running means `ḡ` and `f̄`, in ms (10 s).
+    pub half_life_ms: u64,
+    /// `τ_u` of the freshness `f = 1 / (1 + age / τ_u)`, in ms (60 s).
+    pub tau_u_ms: u64,
+    /// `p_k` is recomputed at most this often, in ms of the caller's time (1 s), or after
+    /// 1,024 updates, whichever comes first.
+    pub refresh_ms: u64,
+    /// The sketch's relative accuracy α (0.01: `p_k` within ±1 %).
+    pub alpha: f64,
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        Self {
+            k: 99.0,
+            window_ms: 60_000,
+            slots: 6,
+            half_life_ms: 10_000,
+            tau_u_ms: 60_000,
+            refresh_ms: 1_000,
+            alpha: 0.01,
+        }
+    }
+}
+
+impl PriorityConfig {
+    /// The spec's configuration with percentile `k`.
+    pub fn with_k(k: f64) -> Self {
+        Self { k, ..Self::default() }
+    }
+
+    /// Refuses a configuration that cannot work, saying which field and why.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::new(ErrorKind::InvalidArgument, what));
+        if !(self.k > 0.0 && self.k < 100.0) {
+            return bad(format!("priority percentile k must be in (0, 100), got {}", self.k));
+        }
+        if self.slots == 0 || self.window_ms < self.slots as u64 {
+            return bad(format!(
+                "priority window must hold its {} slots (window {} ms)",
+                self.slots, self.window_ms
+            ));
+        }
+        if self.half_life_ms == 0 || self.tau_u_ms == 0 {
+            return bad("priority half-life and τ_u must be positive".into());
+        }
+        if !(self.alpha > 0.0 && self.alpha < 1.0) {
+            return bad(format!("sketch accuracy alpha must be in (0, 1), got {}", self.alpha));
+        }
+        Ok(())
+    }
+}
+
+/// What [`Prioritiser::score`] decided for one update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scored {
+    /// The update's priority.
+    pub p: f64,
+    /// Whether it is at or above `p_k` (significant).
+    pub significant: bool,
+}
+
+/// An exponentially decayed mean: each sample weighs `0.5^(age / half_life)`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Decayed {
+    sum: f64,
+    weight: f64,
+    at_ms: u64,
+}
+
+impl Decayed {
+    fn add(&mut self, x: f64, now_ms: u64, half_life_ms: u64) {
+        if now_ms > self.at_ms {
+            let d = 0.5f64.powf((now_ms - self.at_ms) as f64 / half_life_ms as f64);
+            self.sum *= d;
+            self.weight *= d;
+            self.at_ms = now_ms;
+        }
+        self.sum += x;
+        self.weight += 1.0;
+    }
+
+    fn mean(&self) -> f64 {
+        if self.weight > 0.0 {
+            self.sum / self.weight
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Scores updates and keeps `p_k` over a sliding window: one per server (all models share
+/// the threshold, so `p_m` matters). Pure: time is the caller's `now_ms`.
+pub struct Prioritiser {
+    cfg: PriorityConfig,
+    rule: Box<dyn PriorityFn>,
+    sketch_cfg: Config,
+    /// `ring[i]` holds the priorities of slot `slot_start[i]`.
+    ring: Vec<DDSketch>,
+    slot_start: Vec<u64>,
+    g: Decayed,
+    f: Decayed,
+    shares: HashMap<u32, f64>,
+    p_k: Option<f64>,
+    refreshed_ms: u64,
+    since_refresh: u32,
+    scored: u64,
+    significant: u64,
+}
+
+impl fmt::Debug for Prioritiser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prioritiser")
+            .field("cfg", &self.cfg)
+            .field("rule", &self.rule)
+            .field("p_k", &self.p_k)
+            .field("scored", &self.scored)
+            .field("significant", &self.significant)
+            .finish()
+    }
+}
+
+/// Sketches hold positive values; a priority of 0 is stored as this.
+const MIN_P: f64 = 1e-9;
+/// `p_k` is recomputed after this many updates even within `refresh_ms`.
+const REFRESH_EVERY: u32 = 1024;
+
+impl Prioritiser {
+    /// A prioritiser with `rule` (the paper's: [`EkkoPriority`]) under `cfg` (checked).
+    pub fn new(cfg: PriorityConfig, rule: Box<dyn PriorityFn>) -> Result<Self> {
+        cfg.check()?;
+        let sketch_cfg = Config::new(cfg.alpha, 2048, MIN_P);
+        Ok(Self {
+            ring: (0..cfg.slots).map(|_| DDSketch::new(sketch_cfg)).collect(),
+            slot_start: vec![u64::MAX; cfg.slots],
+            cfg,
+            rule,
+            sketch_cfg,
+            g: Decayed::default(),
+            f: Decayed::default(),
+            shares: HashMap::new(),
+            p_k: None,
+            refreshed_ms: 0,
+            since_refresh: 0,
+            scored: 0,
+            significant: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PriorityConfig {
+        &self.cfg
+    }
+
+    /// Sets each model's share of inference requests (`p_m`; they need not sum to 1: they are
+    /// normalised). A model not listed gets `1 / M` of the listed count + 1.
+    pub fn set_model_shares(&mut self, counts: &HashMap<u32, f64>) {
+        let total: f64 = counts.values().filter(|c| c.is_finite() && **c > 0.0).sum();
+        self.shares = counts
+            .iter()
+            .filter(|(_, c)| c.is_finite() && **c > 0.0)
+            .map(|(m, c)| (*m, c / total))
+            .collect();
+    }
+
+    fn p_m(&self, model: u32) -> f64 {
+        match self.shares.get(&model) {
+            Some(s) => *s,
+            None => 1.0 / (self.shares.len() + 1) as f64,
+        }
+    }
+
+    /// The current threshold `p_k` (None before the first update).
+    pub fn p_k(&self) -> Option<f64> {
+        self.p_k
+    }
+
+    /// Updates scored and how many of them were significant.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.scored, self.significant)
+    }
+
+    fn slot_len(&self) -> u64 {
+        self.cfg.window_ms / self.cfg.slots as u64
+    }
+
+    /// The sketch of `now_ms`'s slot, emptied first when it still holds an older slot.
+    fn slot(&mut self, now_ms: u64) -> &mut DDSketch {
+        let len = self.slot_len();
+        let start = now_ms / len * len;
+        let i = ((now_ms / len) % self.cfg.slots as u64) as usize;
+        if self.slot_start[i] != start {
+            self.ring[i] = DDSketch::new(self.sketch_cfg);
+            self.slot_start[i] = start;
+        }
+        &mut self.ring[i]
+    }
+
+    /// Recomputes `p_k` over the slots inside the window ending at `now_ms`.
+    fn refresh(&mut self, now_ms: u64) {
+        let len = self.slot_len();
+        let oldest = (now_ms / len).saturating_sub(self.cfg.slots as u64 - 1) * len;
+        let mut all = DDSketch::new(self.sketch_cfg);
+        for (s, start) in self.ring.iter().zip(&self.slot_start) {
+            if *start != u64::MAX && *start >= oldest && *start <= now_ms {
+                // Same configuration on both sides: merging cannot fail.
+                let _ = all.merge(s);
+            }
+        }
+        if let Ok(Some(q)) = all.quantile(self.cfg.k / 100.0) {
+            self.p_k = Some(q);
+        }
+        self.refreshed_ms = now_ms;
+        self.since_refresh = 0;
+    }
+
+    /// Scores update `u` written at `now_ms`: its priority, and whether it is significant
+    /// (`p ≥ p_k`; while the window is still empty, the update is compared with the
+    /// priorities of the updates scored so far).
+    pub fn score(&mut self, u: &Update, now_ms: u64) -> Scored {
+        let freshness = match u.age_ms {
+            None => 1.0,
+            Some(age) => 1.0 / (1.0 + age as f64 / self.cfg.tau_u_ms as f64),
+        };
+        let a = if u.grad_l1.is_finite() { u.grad_l1.max(0.0) } else { 0.0 };
+        self.g.add(a, now_ms, self.cfg.half_life_ms);
+        self.f.add(freshness, now_ms, self.cfg.half_life_ms);
+        let stats = Stats {
+            g_mean: self.g.mean(),
+            f_mean: self.f.mean(),
+            p_m: self.p_m(u.model),
+            freshness,
+        };
+        let p = self.rule.priority(u, &stats);
+        let p = if p.is_finite() && p > 0.0 { p } else { 0.0 };
+        self.slot(now_ms).add(p.max(MIN_P));
+        self.since_refresh += 1;
+        if self.p_k.is_none()
+            || now_ms >= self.refreshed_ms.saturating_add(self.cfg.refresh_ms)
+            || self.since_refresh >= REFRESH_EVERY
+        {
+            self.refresh(now_ms);
+        }
+        // At or above p_k within the sketch's accuracy: the sketch names a bucket's value, so
+        // equal priorities (a rule with ties) at the threshold are all significant.
+        let significant = self.p_k.is_some_and(|k| p >= k * (1.0 - self.cfg.alpha) && p > 0.0);
+        self.scored += 1;
+        self.significant += significant as u64;
+        Scored { p, significant }
+    }
+}
+
+/// When a link counts as congested (Ekko's "update time-outs", spec §5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CongestionConfig {
+    /// The time-out `T_to`: a lag above it is late, in ms (5 s).
+    pub timeout_ms: u64,
+    /// Consecutive late rounds that make a link congested (3).
+    pub late_rounds: u32,
+    /// How long the lag must stay under `T_to / 2` before the link is normal again, in ms
+    /// (30 s).
+    pub calm_ms: u64,
+}
+
+impl Default for CongestionConfig {
+    fn default() -> Self {
+        Self { timeout_ms: 5_000, late_rounds: 3, calm_ms: 30_000 }
+    }
+}
+
+/// One link's congestion state, fed the lag of each round (the age of the oldest change still
+/// pending, on the responder's clock plus the time since its reply, so clock skew does not
+/// count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Congestion {
+    cfg: CongestionConfig,
+    late: u32,
+    congested: bool,
+    calm_since: Option<u64>,
+    switches: u64,
+}
+
+impl Congestion {
+    /// A link that is not congested.
+    pub fn new(cfg: CongestionConfig) -> Self {
+        Self { cfg, ..Self::default() }
+    }
+
+    /// Whether prioritised pulls should run on this link.
+    pub fn congested(&self) -> bool {
+        self.congested
+    }
+
+    /// How many times the state changed.
+    pub fn switches(&self) -> u64 {
+        self.switches
+    }
+
+    /// A round ended at `now_ms` with the oldest pending change `lag_ms` old (0: none
+    /// pending). Returns whether the link is congested now.
+    pub fn observe(&mut self, lag_ms: u64, now_ms: u64) -> bool {
+        if !self.congested {
+            self.late = if lag_ms > self.cfg.timeout_ms { self.late + 1 } else { 0 };
+            if self.late >= self.cfg.late_rounds {
+                self.congested = true;
+                self.calm_since = None;
+                self.switches += 1;
+            }
+        } else if lag_ms < self.cfg.timeout_ms / 2 {
+            let since = *self.calm_since.get_or_insert(now_ms);
+            if now_ms.saturating_sub(since) >= self.cfg.calm_ms {
+                self.congested = false;
+                self.late = 0;
+                self.switches += 1;
+            }
+        } else {
+            self.calm_since = None;
+        }
+        self.congested
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic stream: 1-norms lognormal-ish from a xorshift, 0.5 % creations.
+    fn stream(n: usize, seed: u64) -> Vec<Update> {
+        let mut x = seed | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|i| {
+                // Box-Muller from two uniforms: exp(N(0, 1)).
+                let (u1, u2) = (next().max(1e-12), next());
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                let created = next() < 0.005;
+                Update {
+                    key: i as u64,
+                    grad_l1: z.exp(),
+                    age_ms: if created { None } else { Some((next() * 3_600_000.0) as u64) },
+                    model: 0,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_the_field_named() {
+        for (cfg, says) in [
+            (PriorityConfig::with_k(100.0), "percentile k"),
+            (PriorityConfig::with_k(f64::NAN), "percentile k"),
+            (PriorityConfig { slots: 0, ..PriorityConfig::default() }, "slots"),
+            (PriorityConfig { half_life_ms: 0, ..PriorityConfig::default() }, "half-life"),
+            (PriorityConfig { alpha: 0.0, ..PriorityConfig::default() }, "alpha"),
+        ] {
+            let e = Prioritiser::new(cfg, Box::new(EkkoPriority)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    /// P6: once the window is full, the share of significant updates is `1 − k/100` within
+    /// half a point.
+    #[test]
+    fn the_top_percentile_is_significant_once_the_window_is_full() {
+        for (k, seed) in [(99.0, 7u64), (95.0, 11), (90.0, 13)] {
+            let mut pr =
+                Prioritiser::new(PriorityConfig::with_k(k), Box::new(EkkoPriority)).unwrap();
+            let updates = stream(400_000, seed);
+            // 2,000 updates/s: the window (60 s) is full after 120,000.
+            let mut sig = 0usize;
+            let mut counted = 0usize;
+            for (i, u) in updates.iter().enumerate() {
+                let now = i as u64 / 2;
+                let s = pr.score(u, now);
+                if i >= 150_000 {
+                    counted += 1;
+                    sig += s.significant as usize;
+                }
+            }
+            let share = sig as f64 / counted as f64 * 100.0;
+            let want = 100.0 - k;
+            assert!(
+                (share - want).abs() <= 0.5,
+                "k {k} seed {seed}: {share:.3} % significant, want {want}"
+            );
+        }
+    }
+
+    /// Creations score high under the default rule (new rows first): a mostly-old stream's
+    /// creations enter the top 1 % far more often than 1 %.
+    #[test]
+    fn new_rows_come_first() {
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(EkkoPriority)).unwrap();
+        let (mut new_sig, mut new_n) = (0, 0);
+        for (i, u) in stream(200_000, 5).iter().enumerate() {
+            let s = pr.score(u, i as u64 / 2);
+            if i > 50_000 && u.age_ms.is_none() {
+                new_n += 1;
+                new_sig += s.significant as usize;
+            }
+        }
+        assert!(new_n > 100);
+        assert!(new_sig * 10 > new_n, "{new_sig} of {new_n} creations significant");
+    }
+
+    /// `p_m`: a model with no traffic is never significant when another model has it all.
+    #[test]
+    fn the_models_share_of_traffic_weighs_in() {
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(EkkoPriority)).unwrap();
+        pr.set_model_shares(&HashMap::from([(0, 99.0), (1, 1.0)]));
+        let mut sig = [0usize; 2];
+        for (i, mut u) in stream(100_000, 3).into_iter().enumerate() {
+            u.model = (i % 2) as u32;
+            sig[u.model as usize] += pr.score(&u, i as u64 / 2).significant as usize;
+        }
+        assert!(sig[1] == 0 && sig[0] > 500, "{sig:?}");
+    }
+
+    /// A user's rule replaces the default (here 2 % of keys at 10, the rest at 1: the 99th
+    /// percentile is 10, ties included); a rule returning NaN counts as 0 and is never
+    /// significant.
+    #[test]
+    fn a_user_rule_decides() {
+        #[derive(Debug)]
+        struct ByKey;
+        impl PriorityFn for ByKey {
+            fn priority(&self, u: &Update, _: &Stats) -> f64 {
+                if u.key.is_multiple_of(50) {
+                    10.0
+                } else if u.key % 50 == 1 {
+                    f64::NAN
+                } else {
+                    1.0
+                }
+            }
+        }
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(ByKey)).unwrap();
+        for (i, u) in stream(20_000, 1).iter().enumerate() {
+            let s = pr.score(u, i as u64);
+            if i > 2_000 {
+                assert_eq!(s.significant, u.key.is_multiple_of(50), "key {}", u.key);
+            }
+        }
+    }
+
+    #[test]
+    fn a_link_is_congested_after_three_late_rounds_and_calm_after_thirty_seconds() {
+        let mut c = Congestion::new(CongestionConfig::default());
+        assert!(!c.observe(6_000, 0));
+        assert!(!c.observe(6_000, 100));
+        assert!(!c.observe(100, 200), "a round in time resets the count");
+        assert!(!c.observe(6_000, 300));
+        assert!(!c.observe(6_000, 400));
+        assert!(c.observe(6_000, 500));
+        // Calm for 30 s with lag under T_to / 2; a late round in between restarts it.
+        assert!(c.observe(1_000, 1_000));
+        assert!(c.observe(3_000, 20_000), "not under T_to / 2");
+        assert!(c.observe(1_000, 21_000));
+        assert!(c.observe(1_000, 50_999));
+        assert!(!c.observe(1_000, 51_000));
+        assert_eq!(c.switches(), 2);
+    }
+}
