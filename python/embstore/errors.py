@@ -103,6 +103,11 @@ class UnavailableError(EmbstoreError, ConnectionError):
     the call's deadline passed. Retrying later may succeed."""
 
 
+class RollingBackError(UnavailableError):
+    """The model is being rolled back to a healthy state: its training writes are stopped until
+    the rollback ends. Retry after it (``embstore model status`` says when it is healthy)."""
+
+
 class PermissionDeniedError(EmbstoreError, PermissionError):
     """A server refused the call: no token, a wrong one, or a read-only token for an admin
     call."""
@@ -142,4 +147,5 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "UnavailableError",
+    "RollingBackError",
 ]

@@ -57,11 +57,14 @@ pub enum ErrorKind {
     UnknownName,
     /// The backing store behind a cache failed to read rows.
     Backing,
+    /// The model is being rolled back to a healthy state: its training writes are stopped
+    /// until the rollback ends (retry after it, or wait for the model to be healthy).
+    RollingBack,
 }
 
 impl ErrorKind {
     /// Every kind, for the tests of the boundary mappings (each must map every kind).
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::InvalidArgument,
         ErrorKind::ShapeMismatch,
         ErrorKind::TableNotFound,
@@ -80,6 +83,7 @@ impl ErrorKind {
         ErrorKind::PermissionDenied,
         ErrorKind::UnknownName,
         ErrorKind::Backing,
+        ErrorKind::RollingBack,
     ];
 }
 
@@ -107,6 +111,7 @@ impl ErrorKind {
             ErrorKind::NotFound => 15,
             ErrorKind::UnknownName => 16,
             ErrorKind::Backing => 17,
+            ErrorKind::RollingBack => 18,
         }
     }
 
@@ -254,6 +259,7 @@ mod tests {
         // The first twelve are the codes the sync port has always sent: pinned.
         assert_eq!(ErrorKind::PermissionDenied.code(), 11);
         assert_eq!(ErrorKind::Backing.code(), 17);
+        assert_eq!(ErrorKind::RollingBack.code(), 18);
         assert_eq!(ErrorKind::from_code(ErrorKind::ALL.len() as u8), None);
         assert_eq!(ErrorKind::from_code(255), None);
     }

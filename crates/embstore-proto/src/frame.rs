@@ -445,7 +445,7 @@ pub fn status_code(kind: ErrorKind) -> tonic::Code {
         ErrorKind::TableExists => Code::AlreadyExists,
         ErrorKind::Capacity | ErrorKind::NoSpace => Code::ResourceExhausted,
         ErrorKind::Corruption => Code::DataLoss,
-        ErrorKind::Unavailable | ErrorKind::Locked => Code::Unavailable,
+        ErrorKind::Unavailable | ErrorKind::Locked | ErrorKind::RollingBack => Code::Unavailable,
         ErrorKind::Unsupported => Code::Unimplemented,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         _ => Code::Internal,

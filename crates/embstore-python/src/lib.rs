@@ -35,6 +35,7 @@ mod errors {
     pyo3::import_exception!(embstore.errors, NotFoundError);
     pyo3::import_exception!(embstore.errors, UnsupportedFormatError);
     pyo3::import_exception!(embstore.errors, UnavailableError);
+    pyo3::import_exception!(embstore.errors, RollingBackError);
     pyo3::import_exception!(embstore.errors, PermissionDeniedError);
 }
 
@@ -63,6 +64,7 @@ pub(crate) fn to_py_err(err: Error) -> PyErr {
         // An unknown policy, codec or table id is a bad argument to the caller.
         ErrorKind::UnknownName => errors::InvalidArgumentError::new_err(msg),
         ErrorKind::Backing => errors::StorageError::new_err(msg),
+        ErrorKind::RollingBack => errors::RollingBackError::new_err(msg),
         _ => errors::EmbstoreError::new_err(msg),
     }
 }

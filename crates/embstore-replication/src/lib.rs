@@ -20,6 +20,8 @@
 //!   over a window, which writes are significant; when a link is congested.
 //! - [`sig`], [`prioritised`]: significant versions and prioritised sync (Alg 2): the
 //!   significant store, its knowledge (SVV, TSVV) and the steps that keep it.
+//! - [`witness`]: a witness (§5.3.2): a replica whose updates wait in time-bucketed logs,
+//!   flushed into a healthy store at healthy decisions; the diff a rollback writes.
 //!   The production table (`embstore-table`) implements the part traits over its shards and
 //!   calls these functions; so does the simulator's replica.
 //! - [`link`]: [`Link`], a requester's side of the wire to one responder (list, pull, the
@@ -52,6 +54,7 @@ pub mod steps;
 pub mod sv;
 pub mod version;
 pub mod vv;
+pub mod witness;
 
 pub use cache::UpdateCache;
 pub use link::{Link, ListAsk};
@@ -68,3 +71,4 @@ pub use sig::SigIndex;
 pub use sv::Sv;
 pub use version::{next_timestamp, Clock, Version};
 pub use vv::Vv;
+pub use witness::{choose_t_max, Corrupted, Logged, Witness, WitnessLog};

@@ -268,6 +268,8 @@ pub struct Replica {
     changes: ChangeIndex,
     /// Whether prioritised sync runs here (off: no significant entry, `tsvv = svv`, P4).
     priority: bool,
+    /// Whether training writes are stopped (a rollback runs: step ①).
+    stopped: bool,
     #[cfg(test)]
     pub(crate) mutant: Mutant,
     /// [`Mutant::TickOutsideLock`]'s version drawn early.
@@ -296,11 +298,44 @@ impl Replica {
                 .collect(),
             changes: ChangeIndex::new(parts),
             priority: true,
+            stopped: false,
             #[cfg(test)]
             mutant: Mutant::None,
             #[cfg(test)]
             stash: None,
         })
+    }
+
+    /// A replica restarted from saved state (a witness's healthy store): `rows` placed in
+    /// their parts and each part knowing `vvs[part]`; nothing cached, no floor, fresh svs.
+    pub fn restored(
+        id: u32,
+        map: PartMap,
+        dim: usize,
+        rows: impl IntoIterator<Item = (u64, Row)>,
+        vvs: &[Vv],
+    ) -> Result<Self> {
+        let mut r = Self::new(id, map, dim)?;
+        if vvs.len() != r.parts.len() {
+            return Err(Error::new(
+                ErrorKind::ShapeMismatch,
+                format!("{} parts, {} version vectors", r.parts.len(), vvs.len()),
+            ));
+        }
+        for (key, row) in rows {
+            if !row.deleted {
+                r.check_dim(&row.values)?;
+            }
+            r.clock.observe(row.version.timestamp);
+            let part = r.part_of(key) as usize;
+            r.parts[part].sync.sig.note(key, row.sigv);
+            r.parts[part].rows.insert(key, row);
+        }
+        for (p, vv) in r.parts.iter_mut().zip(vvs) {
+            p.sync.cache = crate::cache::UpdateCache::covering(vv.clone());
+            p.sync.vv = vv.clone();
+        }
+        Ok(r)
     }
 
     /// The replica's id (the origin of its writes).
@@ -385,6 +420,46 @@ impl Replica {
         now_ms: u64,
         significant: bool,
     ) -> Result<Version> {
+        if self.stopped {
+            return Err(Error::new(
+                ErrorKind::RollingBack,
+                format!("replica {} is rolling back: its writes are stopped", self.id),
+            ));
+        }
+        self.write_unchecked(key, values, now_ms, significant)
+    }
+
+    /// Stops this replica's own writes (rollback step ①: they fail with
+    /// [`ErrorKind::RollingBack`]) or resumes them; the rollback's writes
+    /// ([`Replica::rollback_write`]) still go through.
+    pub fn set_writes_stopped(&mut self, stopped: bool) {
+        self.stopped = stopped;
+    }
+
+    /// A rollback's write of `key` (step ④): `Some(values)` writes them, `None` removes the
+    /// row, at a fresh version above everything this replica has seen (writes stopped or not).
+    pub fn rollback_write(
+        &mut self,
+        key: u64,
+        values: Option<Vec<f32>>,
+        now_ms: u64,
+    ) -> Result<Version> {
+        let stopped = std::mem::replace(&mut self.stopped, false);
+        let out = match values {
+            Some(v) => self.write_unchecked(key, v, now_ms, false),
+            None => self.local_delete(key, now_ms),
+        };
+        self.stopped = stopped;
+        out
+    }
+
+    fn write_unchecked(
+        &mut self,
+        key: u64,
+        values: Vec<f32>,
+        now_ms: u64,
+        significant: bool,
+    ) -> Result<Version> {
         self.check_dim(&values)?;
         let v = Version::new(self.clock.tick(now_ms)?, self.id);
         #[cfg(test)]
@@ -417,7 +492,7 @@ impl Replica {
     /// Removes `key` here as origin: a tombstone at a fresh version (as a write). Returns its
     /// version.
     pub fn local_delete(&mut self, key: u64, now_ms: u64) -> Result<Version> {
-        let v = self.local_write(key, vec![0.0; self.dim], now_ms)?;
+        let v = self.write_scored(key, vec![0.0; self.dim], now_ms, false)?;
         let part = self.part_of(key) as usize;
         let row = self.parts[part].rows.get_mut(&key).expect("just written");
         row.values = Vec::new();

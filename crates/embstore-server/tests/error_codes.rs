@@ -19,6 +19,7 @@ fn every_error_kind_maps_to_its_grpc_code() {
         (ErrorKind::Corruption, Code::DataLoss),
         (ErrorKind::Unavailable, Code::Unavailable),
         (ErrorKind::Locked, Code::Unavailable),
+        (ErrorKind::RollingBack, Code::Unavailable),
         (ErrorKind::Unsupported, Code::Unimplemented),
         (ErrorKind::PermissionDenied, Code::PermissionDenied),
         // Failures of the server itself, not of the request: the client may retry elsewhere.

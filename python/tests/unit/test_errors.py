@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[type[errors.EmbstoreError], type[BaseException]]] = {
     "Locked": (errors.StoreLockedError, OSError),
     "Unsupported": (errors.UnsupportedFormatError, OSError),
     "Unavailable": (errors.UnavailableError, ConnectionError),
+    "RollingBack": (errors.RollingBackError, ConnectionError),
     "Closed": (errors.StoreClosedError, OSError),
     "NotFound": (errors.NotFoundError, FileNotFoundError),
     "PermissionDenied": (errors.PermissionDeniedError, PermissionError),
