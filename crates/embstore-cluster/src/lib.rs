@@ -6,8 +6,8 @@
 //! ## Parts
 //! Files: `etcd.rs` (the client), `lease.rs` (the lease keeper, naming, roll locks),
 //! `control.rs` (control records and placement), `admin.rs`, `roll.rs`, `publish.rs`
-//! (`publish/plan.rs`), `rpc.rs`; `testing.rs` (a test etcd, behind the `test-harness`
-//! feature).
+//! (`publish/plan.rs`), `rpc.rs`, `health.rs` (the model health detector);
+//! `testing.rs` (a test etcd, behind the `test-harness` feature).
 //!
 //! - [`Etcd`] — a thin etcd v3 client (ranges, puts, compare-and-swap, leases).
 //! - Naming: [`register`] puts `/embstore/naming/{instance}` under a lease that a task keeps
@@ -27,6 +27,10 @@
 //!   [`roll`] carries out a [`RollPlan`] over a fixed cluster (`roll.rs`); [`publish`] rolls
 //!   a table over the cluster in etcd, its plan decided first by a pure function
 //!   (`publish.rs`, `publish/plan.rs`).
+//! - Model health (spec `ekko.md` §6): [`health`] judges a model from per-window rates of
+//!   its live and baseline variants ([`RatioDetector`], behind the [`Detector`] trait) and
+//!   keeps its corrupted intervals; [`choose_t_max`] is where a witness flushes its logs up
+//!   to. Pure: no I/O, times come in as milliseconds.
 //! - [`rpc`] — calling a server, for the roll here and the data-plane client alike: a channel
 //!   (TLS), a request with its token, [`rpc::from_status`], and why a connect failed.
 //!
@@ -44,6 +48,7 @@ pub mod rpc;
 pub mod testing;
 
 mod control;
+pub mod health;
 mod lease;
 
 pub use admin::{admin, AdminCall};
@@ -51,6 +56,10 @@ pub use control::{
     assign, control, controls, least_loaded, loads, put_control, repair, Control, Roll, RollState,
 };
 pub use etcd::{Etcd, Kv};
+pub use health::{
+    choose_t_max, Decision, Detector, DetectorConfig, Health, Interval, RatioDetector, Report,
+    Variant, Verdict,
+};
 pub use lease::{
     members, register, register_under, roll_lock, LeaseKeeper, Registration, RollLock,
 };
