@@ -697,7 +697,11 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// The state changes only after N consecutive bad (or ok) windows with reports, always
         /// does then, and matches a model run over the verdicts.
@@ -724,7 +728,8 @@ mod tests {
                 }
             }
             decisions.extend(fire(&mut d, kinds.len() as u64));
-            prop_assert_eq!(decisions.len(), kinds.iter().filter(|k| !matches!(k, Kind::Gap)).count());
+            let reported = kinds.iter().filter(|k| !matches!(k, Kind::Gap)).count();
+            prop_assert_eq!(decisions.len(), reported);
 
             // The model: runs over the windows in order, a gap being neither.
             let (mut state, mut bad, mut ok, mut next) = (Health::Uncertain, 0u32, 0u32, 0usize);
@@ -770,7 +775,8 @@ mod tests {
                         prop_assert!(run.clone().count() == need as usize);
                         prop_assert!(run.clone().all(|x| x.verdict == want));
                         let first = decisions[next - need as usize].window_start_ms;
-                        prop_assert_eq!(first + u64::from(need) * W, dec.t_ms, "a gap inside the run");
+                        let end = first + u64::from(need) * W;
+                        prop_assert_eq!(end, dec.t_ms, "a gap inside the run");
                     }
                 }
             }
