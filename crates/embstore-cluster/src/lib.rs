@@ -6,8 +6,9 @@
 //! ## Parts
 //! Files: `etcd.rs` (the client), `lease.rs` (the lease keeper, naming, roll locks),
 //! `control.rs` (control records and placement), `admin.rs`, `roll.rs`, `publish.rs`
-//! (`publish/plan.rs`), `rpc.rs`; `testing.rs` (a test etcd, behind the `test-harness`
-//! feature).
+//! (`publish/plan.rs`), `rpc.rs`, `health.rs` (the model health detector),
+//! `model_state.rs` (the model state in etcd); `testing.rs` (a test etcd, behind the
+//! `test-harness` feature).
 //!
 //! - [`Etcd`] — a thin etcd v3 client (ranges, puts, compare-and-swap, leases).
 //! - Naming: [`register`] puts `/embstore/naming/{instance}` under a lease that a task keeps
@@ -27,6 +28,16 @@
 //!   [`roll`] carries out a [`RollPlan`] over a fixed cluster (`roll.rs`); [`publish`] rolls
 //!   a table over the cluster in etcd, its plan decided first by a pure function
 //!   (`publish.rs`, `publish/plan.rs`).
+//! - Model health (spec `ekko.md` §6): [`health`] judges a model from per-window rates of
+//!   its live and baseline variants ([`RatioDetector`], behind the [`Detector`] trait) and
+//!   keeps its corrupted intervals; [`choose_t_max`] is where a witness flushes its logs up
+//!   to. Pure: no I/O, times come in as milliseconds.
+//! - Model state: one [`ModelState`] record per model at `/embstore/model/{model}/state`
+//!   (JSON): the last confident decision and its time, each witness's `t_max`, the corrupted
+//!   intervals, the rollback flag and where traffic goes instead. [`put_state`] writes a
+//!   decision only if its time is later than the stored one; [`record_t_max`] only raises a
+//!   witness's `t_max`; [`begin_rollback`] refuses a second rollback of a model (`Locked`).
+//!   All by compare-and-swap.
 //! - [`rpc`] — calling a server, for the roll here and the data-plane client alike: a channel
 //!   (TLS), a request with its token, [`rpc::from_status`], and why a connect failed.
 //!
@@ -44,15 +55,24 @@ pub mod rpc;
 pub mod testing;
 
 mod control;
+pub mod health;
 mod lease;
+mod model_state;
 
 pub use admin::{admin, AdminCall};
 pub use control::{
     assign, control, controls, least_loaded, loads, put_control, repair, Control, Roll, RollState,
 };
 pub use etcd::{Etcd, Kv};
+pub use health::{
+    choose_t_max, Decision, Detector, DetectorConfig, Health, Interval, RatioDetector, Report,
+    Variant, Verdict,
+};
 pub use lease::{
     members, register, register_under, roll_lock, LeaseKeeper, Registration, RollLock,
+};
+pub use model_state::{
+    begin_rollback, end_rollback, get_state, list_models, put_state, record_t_max, ModelState,
 };
 pub use publish::{publish, shards_for, Publish};
 pub use roll::{roll, RollPlan};
@@ -63,6 +83,8 @@ pub const NAMING: &str = "/embstore/naming/";
 pub const CONTROL: &str = "/embstore/control/";
 /// Per-table roll locks: `ROLL_LOCK + table` → the coordinator's name, under its lease.
 pub const ROLL_LOCK: &str = "/embstore/roll-lock/";
+/// Per-model state: `MODEL + model + "/state"` → [`ModelState`] as JSON.
+pub const MODEL: &str = "/embstore/model/";
 
 #[cfg(test)]
 mod tests {
