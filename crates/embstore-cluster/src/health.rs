@@ -15,7 +15,7 @@
 //!   `n_ok` ok windows in a row. A window without any report breaks a run.
 //! - Each corruption is recorded as an [`Interval`] from the start of its first bad window,
 //!   closed at the start of the ok run that made the model healthy again; a witness picks its
-//!   `t_max` outside them with [`choose_t_max`].
+//!   `t_max` outside them (`embstore_replication::choose_t_max`, through `Corrupted::from`).
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -442,21 +442,12 @@ impl Detector for RatioDetector {
     }
 }
 
-/// The `t_max` a witness flushes its logs up to (spec §6.2): the largest multiple of
-/// `bucket_ms` that is at most `t_healthy_ms` and not inside any of the `corrupted` intervals
-/// (see [`Interval::contains`]). `None` when there is no such bucket end above 0, or when
-/// `bucket_ms` is 0.
-pub fn choose_t_max(t_healthy_ms: u64, bucket_ms: u64, corrupted: &[Interval]) -> Option<u64> {
-    if bucket_ms == 0 {
-        return None;
+impl From<Interval> for embstore_replication::Corrupted {
+    /// The span as a witness reads it to choose its `t_max`
+    /// ([`embstore_replication::choose_t_max`]: no bucket that meets it is flushed).
+    fn from(i: Interval) -> Self {
+        Self { start_ms: i.start_ms, end_ms: i.end_ms }
     }
-    let mut t = t_healthy_ms / bucket_ms * bucket_ms;
-    // Each step moves t to or below the start of an interval holding it, so that interval
-    // never holds it again: at most one step per interval.
-    while let Some(i) = corrupted.iter().find(|i| i.contains(t)) {
-        t = i.start_ms / bucket_ms * bucket_ms;
-    }
-    (t > 0).then_some(t)
 }
 
 #[cfg(test)]
@@ -649,29 +640,12 @@ mod tests {
     }
 
     #[test]
-    fn choose_t_max_avoids_corrupted_intervals_and_aligns_to_buckets() {
-        let none: [Interval; 0] = [];
-        assert_eq!(choose_t_max(12_345, 1_000, &none), Some(12_000));
-        assert_eq!(choose_t_max(12_000, 1_000, &none), Some(12_000));
-        assert_eq!(choose_t_max(999, 1_000, &none), None);
-        assert_eq!(choose_t_max(5_000, 0, &none), None);
-        let open = [Interval { start_ms: 10_500, end_ms: None }];
-        assert_eq!(choose_t_max(12_345, 1_000, &open), Some(10_000));
-        // Its start is outside: logs up to it hold no corrupted update.
-        let at = [Interval { start_ms: 10_000, end_ms: None }];
-        assert_eq!(choose_t_max(12_345, 1_000, &at), Some(10_000));
-        // After a closed interval, at or past its end.
-        let closed = [Interval { start_ms: 4_200, end_ms: Some(9_000) }];
-        assert_eq!(choose_t_max(9_500, 1_000, &closed), Some(9_000));
-        assert_eq!(choose_t_max(8_999, 1_000, &closed), Some(4_000));
-        // Chains of intervals, in any order.
-        let chain = [
-            Interval { start_ms: 7_500, end_ms: Some(9_500) },
-            Interval { start_ms: 2_000, end_ms: Some(8_000) },
-        ];
-        assert_eq!(choose_t_max(9_200, 1_000, &chain), Some(2_000));
-        let from_zero = [Interval { start_ms: 0, end_ms: None }];
-        assert_eq!(choose_t_max(9_200, 1_000, &from_zero), None);
+    fn an_interval_is_a_witness_s_corrupted_span() {
+        let c: embstore_replication::Corrupted = Interval { start_ms: 10_500, end_ms: None }.into();
+        assert_eq!(embstore_replication::choose_t_max(12_345, 1_000, 0, &[c]), Some(10_000));
+        let c: embstore_replication::Corrupted =
+            Interval { start_ms: 4_200, end_ms: Some(9_000) }.into();
+        assert_eq!(embstore_replication::choose_t_max(9_500, 1_000, 0, &[c]), Some(4_000));
     }
 
     /// One window's inputs in the property test.

@@ -30,8 +30,8 @@
 //!   (`publish.rs`, `publish/plan.rs`).
 //! - Model health (spec `ekko.md` §6): [`health`] judges a model from per-window rates of
 //!   its live and baseline variants ([`RatioDetector`], behind the [`Detector`] trait) and
-//!   keeps its corrupted intervals; [`choose_t_max`] is where a witness flushes its logs up
-//!   to. Pure: no I/O, times come in as milliseconds.
+//!   keeps its corrupted intervals, from which a witness chooses the `t_max` it flushes its
+//!   logs up to. Pure: no I/O, times come in as milliseconds.
 //! - Model state: one [`ModelState`] record per model at `/embstore/model/{model}/state`
 //!   (JSON): the last confident decision and its time, each witness's `t_max`, the corrupted
 //!   intervals, the rollback flag and where traffic goes instead. [`put_state`] writes a
@@ -65,8 +65,7 @@ pub use control::{
 };
 pub use etcd::{Etcd, Kv};
 pub use health::{
-    choose_t_max, Decision, Detector, DetectorConfig, Health, Interval, RatioDetector, Report,
-    Variant, Verdict,
+    Decision, Detector, DetectorConfig, Health, Interval, RatioDetector, Report, Variant, Verdict,
 };
 pub use lease::{
     members, register, register_under, roll_lock, LeaseKeeper, Registration, RollLock,
