@@ -17,9 +17,12 @@ const KEYS: u64 = 48;
 const BUCKET: u64 = 100;
 const STEP: u64 = 10;
 
-/// What a witness received and when: per key, its arrivals `(time, version, values)`.
+/// One row as it arrived: `(time, version, values)` (`None`: a removal).
+type Arrival = (u64, embstore_replication::Version, Option<Vec<f32>>);
+
+/// What a witness received and when: per key, its arrivals.
 #[derive(Clone, Default)]
-struct Arrivals(BTreeMap<u64, Vec<(u64, embstore_replication::Version, Option<Vec<f32>>)>>);
+struct Arrivals(BTreeMap<u64, Vec<Arrival>>);
 
 impl Arrivals {
     /// Per key, the newest row received before `t` (a bucket boundary).
@@ -184,9 +187,9 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
                 vec![]
             };
             let t_healthy = world.now.saturating_sub(50);
-            for w in 0..3 {
+            for (w, last) in last_flush.iter_mut().enumerate() {
                 if let Some(t_max) = world.witnesses[w].flush(t_healthy, &corrupted) {
-                    last_flush[w] = t_max;
+                    *last = t_max;
                     // RB1: the healthy store is what arrived before t_max, no more.
                     let healthy: BTreeMap<u64, Option<Vec<f32>>> = world.witnesses[w]
                         .log()
