@@ -9,7 +9,9 @@
 //! - `p_g = |g|₁ / ḡ`: the gradient's 1-norm over its running mean (models with different
 //!   gradient scales compare);
 //! - `p_u = f / f̄` with `f = 1 / (1 + age / τ_u)` (1 for a row created by this write): new rows
-//!   first, normalised like `p_g` so the two add;
+//!   first, normalised like `p_g` so the two add. A store that keeps no creation time per row
+//!   (embstore's tables keep 16 bytes of metadata: version, write count) uses the row's write
+//!   count instead, `f = 1 / (1 + writes / n_u)`: a row's first writes are its freshest;
 //! - `p_m`: the model's share of inference requests (`1 / M` until known).
 //!
 //! Any other rule is a [`PriorityFn`]. The running means decay with a half-life (10 s by
@@ -25,6 +27,7 @@ use embstore_common::{Error, ErrorKind, Result};
 use sketches_ddsketch::{Config, DDSketch};
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 /// What the priority of one row update is computed from.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -33,8 +36,11 @@ pub struct Update {
     pub key: u64,
     /// The update's 1-norm: the gradient's (or, for an assignment, the change's).
     pub grad_l1: f64,
-    /// How long ago the row was created, in ms; `None` when this write creates it.
+    /// How long ago the row was created, in ms, where the store knows it (`None`: it does not,
+    /// or this write creates the row).
     pub age_ms: Option<u64>,
+    /// The row's writes before this one (0: this write creates it).
+    pub writes: u64,
     /// The model (a group of tables) the row belongs to.
     pub model: u32,
 }
@@ -48,7 +54,8 @@ pub struct Stats {
     pub f_mean: f64,
     /// The update's model's share of inference requests (`p_m`).
     pub p_m: f64,
-    /// The freshness `f = 1 / (1 + age / τ_u)` of the update being scored.
+    /// The freshness `f` of the update being scored: 1 for a row's first write, then
+    /// `1 / (1 + age / τ_u)` where the row's age is known, else `1 / (1 + writes / n_u)`.
     pub freshness: f64,
 }
 
@@ -86,6 +93,9 @@ pub struct PriorityConfig {
     pub half_life_ms: u64,
     /// `τ_u` of the freshness `f = 1 / (1 + age / τ_u)`, in ms (60 s).
     pub tau_u_ms: u64,
+    /// `n_u` of the freshness `f = 1 / (1 + writes / n_u)` of a row whose age the store does
+    /// not know (8: a row's first few writes count as fresh).
+    pub fresh_writes: u64,
     /// `p_k` is recomputed at most this often, in ms of the caller's time (1 s), or after
     /// 1,024 updates, whichever comes first.
     pub refresh_ms: u64,
@@ -101,6 +111,7 @@ impl Default for PriorityConfig {
             slots: 6,
             half_life_ms: 10_000,
             tau_u_ms: 60_000,
+            fresh_writes: 8,
             refresh_ms: 1_000,
             alpha: 0.01,
         }
@@ -125,8 +136,8 @@ impl PriorityConfig {
                 self.slots, self.window_ms
             ));
         }
-        if self.half_life_ms == 0 || self.tau_u_ms == 0 {
-            return bad("priority half-life and τ_u must be positive".into());
+        if self.half_life_ms == 0 || self.tau_u_ms == 0 || self.fresh_writes == 0 {
+            return bad("priority half-life, τ_u and n_u must be positive".into());
         }
         if !(self.alpha > 0.0 && self.alpha < 1.0) {
             return bad(format!("sketch accuracy alpha must be in (0, 1), got {}", self.alpha));
@@ -177,7 +188,7 @@ impl Decayed {
 /// the threshold, so `p_m` matters). Pure: time is the caller's `now_ms`.
 pub struct Prioritiser {
     cfg: PriorityConfig,
-    rule: Box<dyn PriorityFn>,
+    rule: Arc<dyn PriorityFn>,
     sketch_cfg: Config,
     /// `ring[i]` holds the priorities of slot `slot_start[i]`.
     ring: Vec<DDSketch>,
@@ -211,7 +222,7 @@ const REFRESH_EVERY: u32 = 1024;
 
 impl Prioritiser {
     /// A prioritiser with `rule` (the paper's: [`EkkoPriority`]) under `cfg` (checked).
-    pub fn new(cfg: PriorityConfig, rule: Box<dyn PriorityFn>) -> Result<Self> {
+    pub fn new(cfg: PriorityConfig, rule: Arc<dyn PriorityFn>) -> Result<Self> {
         cfg.check()?;
         let sketch_cfg = Config::new(cfg.alpha, 2048, MIN_P);
         Ok(Self {
@@ -298,39 +309,109 @@ impl Prioritiser {
         self.since_refresh = 0;
     }
 
-    /// Scores update `u` written at `now_ms`: its priority, and whether it is significant
-    /// (`p ≥ p_k`; while the window is still empty, the update is compared with the
-    /// priorities of the updates scored so far).
-    pub fn score(&mut self, u: &Update, now_ms: u64) -> Scored {
-        let freshness = match u.age_ms {
-            None => 1.0,
-            Some(age) => 1.0 / (1.0 + age as f64 / self.cfg.tau_u_ms as f64),
-        };
-        let a = if u.grad_l1.is_finite() { u.grad_l1.max(0.0) } else { 0.0 };
-        self.g.add(a, now_ms, self.cfg.half_life_ms);
-        self.f.add(freshness, now_ms, self.cfg.half_life_ms);
-        let stats = Stats {
+    /// What scoring needs, as of now, for updates of `model`: a writer takes one per batch
+    /// (under no lock of its own) and scores each row with [`Snapshot::score`]; the samples go
+    /// back through [`Prioritiser::record`] after the batch, off the write path.
+    pub fn snapshot(&self, model: u32) -> Snapshot {
+        Snapshot {
+            p_k: self.p_k,
             g_mean: self.g.mean(),
             f_mean: self.f.mean(),
-            p_m: self.p_m(u.model),
-            freshness,
-        };
-        let p = self.rule.priority(u, &stats);
-        let p = if p.is_finite() && p > 0.0 { p } else { 0.0 };
-        self.slot(now_ms).add(p.max(MIN_P));
-        self.since_refresh += 1;
-        if self.p_k.is_none()
-            || now_ms >= self.refreshed_ms.saturating_add(self.cfg.refresh_ms)
-            || self.since_refresh >= REFRESH_EVERY
+            p_m: self.p_m(model),
+            cfg: self.cfg,
+            rule: Arc::clone(&self.rule),
+        }
+    }
+
+    /// Takes a batch's samples (scored at `now_ms`) into the running means and the window's
+    /// sketch, and recomputes `p_k` when it is due.
+    pub fn record(&mut self, samples: &[Sample], now_ms: u64) {
+        for x in samples {
+            self.g.add(x.l1, now_ms, self.cfg.half_life_ms);
+            self.f.add(x.freshness, now_ms, self.cfg.half_life_ms);
+            self.slot(now_ms).add(x.p.max(MIN_P));
+            self.significant += x.significant as u64;
+        }
+        self.scored += samples.len() as u64;
+        self.since_refresh = self.since_refresh.saturating_add(samples.len() as u32);
+        if !samples.is_empty()
+            && (self.p_k.is_none()
+                || now_ms >= self.refreshed_ms.saturating_add(self.cfg.refresh_ms)
+                || self.since_refresh >= REFRESH_EVERY)
         {
             self.refresh(now_ms);
         }
-        // At or above p_k within the sketch's accuracy: the sketch names a bucket's value, so
-        // equal priorities (a rule with ties) at the threshold are all significant.
+    }
+
+    /// Scores one update written at `now_ms` and records it ([`Prioritiser::snapshot`],
+    /// [`Snapshot::score`], [`Prioritiser::record`] in one).
+    pub fn score(&mut self, u: &Update, now_ms: u64) -> Scored {
+        let (scored, sample) = self.snapshot(u.model).score(u);
+        self.record(&[sample], now_ms);
+        scored
+    }
+}
+
+/// One scored update, for [`Prioritiser::record`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sample {
+    /// Its priority.
+    pub p: f64,
+    /// Its 1-norm (for `ḡ`).
+    pub l1: f64,
+    /// Its freshness (for `f̄`).
+    pub freshness: f64,
+    /// Whether it was significant.
+    pub significant: bool,
+}
+
+/// The threshold and running statistics of a [`Prioritiser`] at one moment, with its rule:
+/// scoring is a few flops and no lock.
+#[derive(Clone)]
+pub struct Snapshot {
+    p_k: Option<f64>,
+    g_mean: f64,
+    f_mean: f64,
+    p_m: f64,
+    cfg: PriorityConfig,
+    rule: Arc<dyn PriorityFn>,
+}
+
+impl fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Snapshot").field("p_k", &self.p_k).field("p_m", &self.p_m).finish()
+    }
+}
+
+impl Snapshot {
+    /// The threshold `p_k` of the moment (None before any update).
+    pub fn p_k(&self) -> Option<f64> {
+        self.p_k
+    }
+
+    /// The freshness of update `u`: 1 for a row's first write, `1 / (1 + age / τ_u)` where its
+    /// age is known, else `1 / (1 + writes / n_u)`.
+    pub fn freshness(&self, u: &Update) -> f64 {
+        if u.writes == 0 {
+            return 1.0;
+        }
+        match u.age_ms {
+            Some(age) => 1.0 / (1.0 + age as f64 / self.cfg.tau_u_ms as f64),
+            None => 1.0 / (1.0 + u.writes as f64 / self.cfg.fresh_writes as f64),
+        }
+    }
+
+    /// Update `u`'s priority and whether it is significant (`p ≥ p_k`, within the sketch's
+    /// accuracy: the sketch names a bucket's value, so equal priorities at the threshold, as a
+    /// rule with ties gives, are all significant), and its sample for the record.
+    pub fn score(&self, u: &Update) -> (Scored, Sample) {
+        let freshness = self.freshness(u);
+        let l1 = if u.grad_l1.is_finite() { u.grad_l1.max(0.0) } else { 0.0 };
+        let stats = Stats { g_mean: self.g_mean, f_mean: self.f_mean, p_m: self.p_m, freshness };
+        let p = self.rule.priority(u, &stats);
+        let p = if p.is_finite() && p > 0.0 { p } else { 0.0 };
         let significant = self.p_k.is_some_and(|k| p >= k * (1.0 - self.cfg.alpha) && p > 0.0);
-        self.scored += 1;
-        self.significant += significant as u64;
-        Scored { p, significant }
+        (Scored { p, significant }, Sample { p, l1, freshness, significant })
     }
 }
 
@@ -427,6 +508,7 @@ mod tests {
                     key: i as u64,
                     grad_l1: z.exp(),
                     age_ms: if created { None } else { Some((next() * 3_600_000.0) as u64) },
+                    writes: if created { 0 } else { 1 + (next() * 100.0) as u64 },
                     model: 0,
                 }
             })
@@ -442,7 +524,7 @@ mod tests {
             (PriorityConfig { half_life_ms: 0, ..PriorityConfig::default() }, "half-life"),
             (PriorityConfig { alpha: 0.0, ..PriorityConfig::default() }, "alpha"),
         ] {
-            let e = Prioritiser::new(cfg, Box::new(EkkoPriority)).unwrap_err();
+            let e = Prioritiser::new(cfg, Arc::new(EkkoPriority)).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument);
             assert!(e.to_string().contains(says), "{e}");
         }
@@ -454,7 +536,7 @@ mod tests {
     fn the_top_percentile_is_significant_once_the_window_is_full() {
         for (k, seed) in [(99.0, 7u64), (95.0, 11), (90.0, 13)] {
             let mut pr =
-                Prioritiser::new(PriorityConfig::with_k(k), Box::new(EkkoPriority)).unwrap();
+                Prioritiser::new(PriorityConfig::with_k(k), Arc::new(EkkoPriority)).unwrap();
             let updates = stream(400_000, seed);
             // 2,000 updates/s: the window (60 s) is full after 120,000.
             let mut sig = 0usize;
@@ -480,11 +562,11 @@ mod tests {
     /// creations enter the top 1 % far more often than 1 %.
     #[test]
     fn new_rows_come_first() {
-        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(EkkoPriority)).unwrap();
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Arc::new(EkkoPriority)).unwrap();
         let (mut new_sig, mut new_n) = (0, 0);
         for (i, u) in stream(200_000, 5).iter().enumerate() {
             let s = pr.score(u, i as u64 / 2);
-            if i > 50_000 && u.age_ms.is_none() {
+            if i > 50_000 && u.writes == 0 {
                 new_n += 1;
                 new_sig += s.significant as usize;
             }
@@ -496,7 +578,7 @@ mod tests {
     /// `p_m`: a model with no traffic is never significant when another model has it all.
     #[test]
     fn the_models_share_of_traffic_weighs_in() {
-        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(EkkoPriority)).unwrap();
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Arc::new(EkkoPriority)).unwrap();
         pr.set_model_shares(&HashMap::from([(0, 99.0), (1, 1.0)]));
         let mut sig = [0usize; 2];
         for (i, mut u) in stream(100_000, 3).into_iter().enumerate() {
@@ -524,7 +606,7 @@ mod tests {
                 }
             }
         }
-        let mut pr = Prioritiser::new(PriorityConfig::default(), Box::new(ByKey)).unwrap();
+        let mut pr = Prioritiser::new(PriorityConfig::default(), Arc::new(ByKey)).unwrap();
         for (i, u) in stream(20_000, 1).iter().enumerate() {
             let s = pr.score(u, i as u64);
             if i > 2_000 {

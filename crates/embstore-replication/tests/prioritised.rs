@@ -80,7 +80,8 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
     let mut r: Vec<Replica> = (0..3).map(|i| Replica::new(i, map, DIM).unwrap()).collect();
     let names = ["primary", "leader", "follower"];
     let source = [None, Some(0usize), Some(1usize)];
-    let mut pr = Prioritiser::new(PriorityConfig::with_k(90.0), Box::new(EkkoPriority)).unwrap();
+    let mut pr =
+        Prioritiser::new(PriorityConfig::with_k(90.0), std::sync::Arc::new(EkkoPriority)).unwrap();
     let mut in_flight: Vec<Msg> = Vec::new();
     let mut created = std::collections::HashMap::new();
     let (mut sig_writes, mut taken_ahead) = (0usize, 0usize);
@@ -94,7 +95,8 @@ fn run(seed: u64) -> Result<(usize, usize), String> {
                 let key = rng.below(KEYS);
                 let age = created.get(&key).map(|t: &u64| now - t);
                 created.entry(key).or_insert(now);
-                let u = Update { key, grad_l1: rng.normal().exp(), age_ms: age, model: 0 };
+                let writes = age.map_or(0, |_| 1);
+                let u = Update { key, grad_l1: rng.normal().exp(), age_ms: age, writes, model: 0 };
                 let s = pr.score(&u, now);
                 sig_writes += s.significant as usize;
                 let v = r[0]
