@@ -62,8 +62,8 @@ pub use map::{PartMap, MAX_PARTS};
 pub use part::{Complete, Held, PartStore, PartSync, PartView, ReplyRows};
 pub use prioritised::{PrioritisedRows, SignificantStore};
 pub use priority::{
-    Congestion, CongestionConfig, EkkoPriority, Prioritiser, PriorityConfig, PriorityFn, Scored,
-    Stats, Update,
+    Congestion, CongestionConfig, EkkoPriority, Prioritiser, PriorityConfig, PriorityFn, Sample,
+    Scored, Snapshot, Stats, Update,
 };
 pub use replica::{PrioritisedReply, Replica, Reply, Row};
 pub use round::{round, Book, Requester, Round, RoundOptions};

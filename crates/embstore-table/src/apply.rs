@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use embstore_index::MISSING;
+use embstore_replication::Update;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
@@ -172,8 +173,13 @@ impl Table {
         let skip_non_finite = self.config.non_finite == NonFinite::Skip;
         let max_grad_bits = max_grad(&self.config.optimizer).to_bits();
         let mut slots = vec![0u64; uniq.len()];
-        let mut shard = self.shards[s].write();
-        let shard = &mut *shard;
+        // Priority (a syncing table that scores its writes): the threshold of the moment, and
+        // the rows' samples recorded after the step, off the shard's lock.
+        let priority = self.prioritiser();
+        let snapshot = priority.as_ref().map(|p| (p.snapshot(), p.model));
+        let mut samples = Vec::new();
+        let mut guard = self.shards[s].write();
+        let shard = &mut *guard;
         // Drawn under the shard's write lock: in every shard, versions follow the order of
         // writes, so a reader that has seen a shard up to version V finds every later write
         // above V (tests/versions.rs).
@@ -209,6 +215,7 @@ impl Table {
                 tally.inserted += 1;
                 slot
             };
+            let writes = shard.meta[slot].unpack().update_count;
             let st = shard.state.row_mut(slot);
             if !shard.values.update(slot, |w| step.apply(w, st, g, &mut scratch)) {
                 tally.skipped += 1;
@@ -216,7 +223,20 @@ impl Table {
                 continue;
             }
             shard.record_write(slot, key, version);
+            if let Some((snap, model)) = &snapshot {
+                let l1 = g.iter().map(|x| x.abs() as f64).sum();
+                let u = Update { key, grad_l1: l1, age_ms: None, writes, model: *model };
+                let (scored, sample) = snap.score(&u);
+                if scored.significant {
+                    shard.note_significant(key);
+                }
+                samples.push(sample);
+            }
             tally.stepped += 1;
+        }
+        drop(guard);
+        if let Some(p) = &priority {
+            p.record(&samples);
         }
         Ok(tally)
     }

@@ -103,7 +103,28 @@ impl Table {
         let shard = self.shards[s].read();
         shard.index.get_batch(keys, &mut slots)?;
         shard.note_accesses(&slots);
+        // Rows taken ahead of normal sync (prioritised sync): read instead of the shard's
+        // older row (P3); none at all in a table that does not prioritise.
+        let significant = shard.sync.as_ref().filter(|sy| sy.significant_len > 0);
         for i in 0..keys.len() {
+            if let Some(e) = significant.and_then(|sy| sy.significant(keys[i])) {
+                // SAFETY: see `ShardOut`; the row is dropped at the end of this block.
+                let row = unsafe { out.row(i) };
+                match &e.values {
+                    Some(v) => {
+                        row.copy_from_slice(v);
+                        out.set_found(i, true);
+                        slots[i] = 0; // counted as a hit below
+                    }
+                    // A removal taken ahead: the id has no row (and none is made for it).
+                    None => {
+                        row.fill(0.0);
+                        out.set_found(i, false);
+                        slots[i] = MISSING;
+                    }
+                }
+                continue;
+            }
             if let Some(&ahead) = slots.get(i + PREFETCH_AHEAD) {
                 if ahead != MISSING {
                     shard.values.prefetch(ahead as usize);

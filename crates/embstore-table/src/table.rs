@@ -59,6 +59,10 @@ pub struct Table {
     pub(crate) clear_epoch: AtomicU64,
     /// In a table that syncs: the state its shards share (`sync`).
     pub(crate) sync: OnceLock<Arc<crate::shard::sync::SyncShared>>,
+    /// Whether (and how) the table scores its writes for prioritised sync.
+    pub(crate) priority: parking_lot::RwLock<Option<Arc<crate::sync::prioritised::TablePriority>>>,
+    /// Prioritised sync switched off (a rollback runs).
+    pub(crate) priority_off: AtomicBool,
 }
 
 impl std::fmt::Debug for Table {
@@ -98,6 +102,8 @@ impl Table {
             disk_id: AtomicU64::new(0),
             clear_epoch: AtomicU64::new(0),
             sync: OnceLock::new(),
+            priority: parking_lot::RwLock::new(None),
+            priority_off: AtomicBool::new(false),
             config,
         })
     }

@@ -168,6 +168,14 @@ impl Shard {
         }
     }
 
+    /// Marks the write just recorded for `key` significant (its row's version is the write's).
+    pub(crate) fn note_significant(&mut self, key: u64) {
+        if let (Some(slot), Some(sync)) = (self.index.get(key), self.sync.as_mut()) {
+            let v = self.meta[slot as usize].unpack().version;
+            sync.on_significant(key, v);
+        }
+    }
+
     /// Replaces the metadata of `key`'s row (at `slot`) with `meta` (an import).
     #[inline]
     pub(crate) fn set_meta(&mut self, slot: usize, key: u64, meta: PackedMeta) {

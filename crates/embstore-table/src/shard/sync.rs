@@ -38,14 +38,28 @@ pub(crate) struct ShardSync {
     /// whose VV does not dominate it may hold rows removed since, which it cannot learn of
     /// row by row: it gets the whole part ([`crate::sync::Complete`]).
     pub(crate) floors: Vec<Vv>,
+    /// Per part: the significant store (rows taken ahead of normal sync by prioritised
+    /// pulls, each newer than the shard's row of its key: P2). Empty unless priority runs.
+    pub(crate) significant: Vec<HashMap<u64, SigRow>>,
+    /// Entries over every part's significant store.
+    pub(crate) significant_len: usize,
     last_prune_ms: u64,
+}
+
+/// A row taken ahead of normal sync: its version, its significant version and its values
+/// (`None`: a removal).
+#[derive(Clone, Debug)]
+pub(crate) struct SigRow {
+    pub(crate) version: Version,
+    pub(crate) sigv: Version,
+    pub(crate) values: Option<Box<[f32]>>,
 }
 
 impl ShardSync {
     /// A shard's sync state whose parts know `vvs` (one per part: the rows it holds).
     pub(crate) fn new(shared: Arc<SyncShared>, shard: u32, vvs: Vec<Vv>, floors: Vec<Vv>) -> Self {
         let me = shared.clock.replica();
-        let parts = vvs
+        let parts: Vec<PartSync> = vvs
             .into_iter()
             .map(|vv| PartSync {
                 cache: UpdateCache::covering(vv.clone()),
@@ -56,7 +70,17 @@ impl ShardSync {
                 ..PartSync::default()
             })
             .collect();
-        Self { shared, shard, parts, tombs: HashMap::new(), floors, last_prune_ms: 0 }
+        let significant = vec![HashMap::new(); parts.len()];
+        Self {
+            shared,
+            shard,
+            parts,
+            tombs: HashMap::new(),
+            floors,
+            significant,
+            significant_len: 0,
+            last_prune_ms: 0,
+        }
     }
 
     /// The part (within this shard) of `key`.
@@ -75,6 +99,7 @@ impl ShardSync {
     /// `v` drawn there): the part knows it, caches it and gets a new sv.
     pub(crate) fn on_local(&mut self, key: u64, v: Version, shard_rows: usize) {
         self.tombs.remove(&key);
+        self.supersede_significant(key, Some(v));
         let sub = self.sub(key);
         // The protocol's step; the rows of one batch in one shard share a version: the part's
         // change is recorded once, not once per row (the change index is shared by every
@@ -84,6 +109,53 @@ impl ShardSync {
             self.shared.changed(id);
         }
         self.maybe_prune(false, shard_rows);
+    }
+
+    /// A local write of `key` at `v` was significant (its priority at or above `p_k`): the
+    /// part's significant knowledge learns it and its key enters the sigv index.
+    pub(crate) fn on_significant(&mut self, key: u64, v: Version) {
+        let sub = self.sub(key);
+        embstore_replication::prioritised::note_significant(&mut self.parts[sub], key, v);
+    }
+
+    /// Drops `key`'s significant entry when its version is at most `v` (the shard's row now
+    /// holds `v`: P2), or whatever its version with `v` None (the key left).
+    pub(crate) fn supersede_significant(&mut self, key: u64, v: Option<Version>) {
+        if self.significant_len == 0 {
+            return;
+        }
+        let sub = self.sub(key);
+        let map = &mut self.significant[sub];
+        if map.get(&key).is_some_and(|e| v.is_none_or(|v| e.version <= v)) {
+            map.remove(&key);
+            self.significant_len -= 1;
+        }
+    }
+
+    /// `key`'s significant entry, if any.
+    #[inline]
+    pub(crate) fn significant(&self, key: u64) -> Option<&SigRow> {
+        if self.significant_len == 0 {
+            return None;
+        }
+        self.significant[self.sub(key)].get(&key)
+    }
+
+    /// Puts `row` as `key`'s significant entry.
+    pub(crate) fn put_significant(&mut self, key: u64, row: SigRow) {
+        let sub = self.sub(key);
+        if self.significant[sub].insert(key, row).is_none() {
+            self.significant_len += 1;
+        }
+    }
+
+    /// Priority off (P4): every significant store emptied, `tsvv = svv`.
+    pub(crate) fn disable_priority(&mut self) {
+        for (p, map) in self.parts.iter_mut().zip(&mut self.significant) {
+            map.clear();
+            embstore_replication::prioritised::disable(p);
+        }
+        self.significant_len = 0;
     }
 
     /// A local removal of `key`: a tombstone at a fresh version.
@@ -100,11 +172,14 @@ impl ShardSync {
     pub(crate) fn on_local_clear(&mut self) {
         let v = self.shared.clock.tick();
         self.tombs = HashMap::new();
+        self.significant.iter_mut().for_each(HashMap::clear);
+        self.significant_len = 0;
         let sv = Sv::new(v.timestamp, self.shared.clock.replica());
         for sub in 0..self.parts.len() {
             let p = &mut self.parts[sub];
             p.vv.raise(v.replica, v.timestamp);
             p.cache = UpdateCache::covering(p.vv.clone());
+            p.sig = embstore_replication::SigIndex::new();
             p.sv = sv;
             self.floors[sub].raise(v.replica, v.timestamp);
             let id = self.part_id(sub);
@@ -115,7 +190,15 @@ impl ShardSync {
     /// Bytes of memory the sync state holds beyond a fixed amount per part: the tombstones
     /// (at their table's capacity) and the update caches' rows (about 32 bytes each).
     pub(crate) fn bytes(&self) -> usize {
-        self.tombs.capacity() * (std::mem::size_of::<(u64, Version)>() + 1) + self.cached() * 32
+        let sig: usize = self
+            .significant
+            .iter()
+            .flat_map(|m| m.values())
+            .map(|e| 64 + e.values.as_ref().map_or(0, |v| 4 * v.len()))
+            .sum();
+        self.tombs.capacity() * (std::mem::size_of::<(u64, Version)>() + 1)
+            + self.cached() * 32
+            + sig
     }
 
     /// Prunes every part's cache to `now - D_prop`, at most every [`PRUNE_EVERY_MS`] unless

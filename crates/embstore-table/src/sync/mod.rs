@@ -35,10 +35,12 @@ use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
 mod apply;
 mod part;
+pub(crate) mod prioritised;
 mod pull;
 pub(crate) mod saved;
 mod target;
 
+pub use prioritised::{Priority, PriorityStats};
 pub use target::{check_parts, TableInfo, Target};
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
@@ -181,6 +183,33 @@ pub struct PartReply {
     /// The responder's step counter (Adam's `t`), with optimizer state: a replica that takes
     /// over training continues the count (`None` without state, or from an older build).
     pub step: Option<u64>,
+    /// `[n]` each row's significant version (`Version::default()`: none), or empty when the
+    /// responder sends none (it does not prioritise, or the requester's protocol predates it).
+    pub sigv: Vec<Version>,
+    /// The responder's significant knowledge of the part (SVV), read with `vv`; `None` when it
+    /// sends none.
+    pub svv: Option<Vv>,
+}
+
+/// A prioritised pull's answer ([`Table::sync_pull_prioritised`]): the rows with significant
+/// writes the requester lacks (each the newest of the responder's row and its significant
+/// entry), with their significant versions, and the responder's TSVV read before selecting.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PrioritisedReply {
+    /// The part.
+    pub part: u32,
+    /// `[n]` keys, in key order.
+    pub keys: Vec<u64>,
+    /// `[n]` metadata.
+    pub meta: Vec<RowMeta>,
+    /// `[n]` significant versions.
+    pub sigv: Vec<Version>,
+    /// `[n]` whether the row was removed (its values are zeros).
+    pub tombstone: Vec<bool>,
+    /// `[n, D]` values.
+    pub values: Vec<f32>,
+    /// The responder's transient significant knowledge of the part.
+    pub tsvv: Vv,
 }
 
 impl PartReply {
@@ -210,6 +239,9 @@ impl PartReply {
         self.keys = order.iter().map(|&i| self.keys[i]).collect();
         self.meta = order.iter().map(|&i| self.meta[i]).collect();
         self.tombstone = order.iter().map(|&i| self.tombstone[i]).collect();
+        if !self.sigv.is_empty() {
+            self.sigv = order.iter().map(|&i| self.sigv[i]).collect();
+        }
     }
 
     /// Splits the reply into pieces of at most `rows` rows each (at least one piece); every
@@ -245,6 +277,8 @@ impl PartReply {
                     partial: i + 1 < pieces,
                     complete,
                     step: self.step,
+                    sigv: if self.sigv.is_empty() { Vec::new() } else { self.sigv[a..b].to_vec() },
+                    svv: self.svv.clone(),
                 }
             })
             .collect()

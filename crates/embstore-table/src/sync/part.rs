@@ -10,11 +10,13 @@
 
 use std::ops::{Deref, DerefMut};
 
-use embstore_replication::{Held, PartStore, PartSync, PartView, ReplyRows, Requester};
+use embstore_replication::{
+    Held, PartStore, PartSync, PartView, PrioritisedRows, ReplyRows, Requester, SignificantStore,
+};
 
-use super::{Complete, PartReply, Sv, Vv};
+use super::{Complete, PartReply, PrioritisedReply, Sv, Vv};
 use crate::meta::PackedMeta;
-use crate::shard::sync::ShardSync;
+use crate::shard::sync::{ShardSync, SigRow};
 use crate::shard::Shard;
 use crate::{Result, Table, Version};
 
@@ -71,6 +73,15 @@ impl ReplyRows for PartReply {
 
     fn partial(&self) -> bool {
         self.partial
+    }
+
+    #[inline]
+    fn sigv(&self, i: usize) -> Version {
+        self.sigv.get(i).copied().unwrap_or_default()
+    }
+
+    fn svv(&self) -> Option<&Vv> {
+        self.svv.as_ref()
     }
 }
 
@@ -179,6 +190,7 @@ impl<S: DerefMut<Target = Shard>> PartStore for TablePart<'_, S> {
     }
 
     fn drop_key(&mut self, key: u64, held: Held<usize>) {
+        self.sy_mut().supersede_significant(key, None);
         match held {
             Held::Tombstone(_) => {
                 self.sy_mut().tombs.remove(&key);
@@ -196,5 +208,52 @@ impl<S: DerefMut<Target = Shard>> PartStore for TablePart<'_, S> {
 
     fn fresh_sv(&mut self) -> Sv {
         Sv::new(self.table.clock.tick().timestamp, self.table.clock.replica())
+    }
+
+    #[inline]
+    fn supersede_significant(&mut self, key: u64, v: Version) {
+        self.sy_mut().supersede_significant(key, Some(v));
+    }
+}
+
+impl<S: DerefMut<Target = Shard>> SignificantStore for TablePart<'_, S> {
+    type Prioritised = PrioritisedReply;
+
+    fn significant(&self, key: u64) -> Option<Version> {
+        self.sy().significant(key).map(|e| e.version)
+    }
+
+    fn put_significant(&mut self, reply: &PrioritisedReply, i: usize, key: u64) -> Result<()> {
+        let d = self.table.dim();
+        let values = (!reply.tombstone[i]).then(|| reply.values[i * d..][..d].into());
+        let row = SigRow { version: reply.meta[i].version, sigv: reply.sigv[i], values };
+        self.sy_mut().put_significant(key, row);
+        Ok(())
+    }
+}
+
+impl PrioritisedRows for PrioritisedReply {
+    fn part(&self) -> u32 {
+        self.part
+    }
+
+    fn rows(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn key(&self, i: usize) -> u64 {
+        self.keys[i]
+    }
+
+    fn version(&self, i: usize) -> Version {
+        self.meta[i].version
+    }
+
+    fn sigv(&self, i: usize) -> Version {
+        self.sigv[i]
+    }
+
+    fn tsvv(&self) -> &Vv {
+        &self.tsvv
     }
 }

@@ -124,6 +124,8 @@ impl Table {
             }
             (head.vv, head.sv, head.complete, head.from_cache) =
                 (pull.vv, pull.sv, pull.complete, pull.from_cache);
+            // Read with the VV (R1): the significant knowledge the rows selected now cover.
+            head.svv = Some(part.sync().svv.clone());
             keys
         };
         let c = &sync.counters;
@@ -166,8 +168,13 @@ impl Table {
         let (d, sd) = (self.dim(), self.state_dim);
         // A row: its values and, when the reply carries state, its state; a tombstone
         // (`None`) takes zeros of both widths.
-        let push = |r: &mut PartReply, key: u64, meta: RowMeta, row: Option<(&[f32], &[f32])>| {
+        let push = |r: &mut PartReply,
+                    key: u64,
+                    meta: RowMeta,
+                    sigv: Version,
+                    row: Option<(&[f32], &[f32])>| {
             r.keys.push(key);
+            r.sigv.push(sigv);
             r.meta.push(meta);
             r.tombstone.push(row.is_none());
             match row {
@@ -189,31 +196,35 @@ impl Table {
         // disk, so no rewrite moves them in between (as an export does).
         let files = self.cold_files();
         let mut cold = Vec::new();
+        let mut cold_sigv = Vec::new();
         {
             let shard = self.shards[s].read();
             let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
+            let sigv = |k: u64| sy.parts[sy.sub(k)].sig.get(k).unwrap_or_default();
             for &k in keys {
                 if let Some(slot) = shard.slot(k) {
                     let meta = shard.meta[slot].unpack();
                     if newer(meta.version) {
                         shard.values.with_row(slot, |values| {
-                            push(r, k, meta, Some((values, shard.state.row(slot))))
+                            push(r, k, meta, sigv(k), Some((values, shard.state.row(slot))))
                         });
                     }
                 } else if let Some(l) = shard.cold_loc(k) {
                     cold.push((k, l));
+                    cold_sigv.push(sigv(k));
                 } else if let Some(&v) = sy.tombs.get(&k) {
                     if newer(v) {
                         let meta = RowMeta { version: v, update_count: 0, last_update_ms: v.ms() };
-                        push(r, k, meta, None);
+                        push(r, k, meta, sigv(k), None);
                     }
                 }
             }
         }
         if let (false, Some(files)) = (cold.is_empty(), &files) {
-            for ((k, _), rec) in cold.iter().zip(self.read_cold(files, &cold)?) {
+            let recs = self.read_cold(files, &cold)?;
+            for (((k, _), rec), sigv) in cold.iter().zip(recs).zip(cold_sigv) {
                 if newer(rec.meta.version) {
-                    push(r, *k, rec.meta, Some((&rec.values, &rec.state)));
+                    push(r, *k, rec.meta, sigv, Some((&rec.values, &rec.state)));
                 }
             }
         }
