@@ -185,6 +185,6 @@ fn scoring_needs_sync_and_local_writes_supersede_entries() {
     let before = significant_entries(&dst);
     let (_, found) = read(&dst, &ids);
     let taken: Vec<u64> = ids.iter().copied().filter(|&i| found[i as usize]).collect();
-    dst.apply_gradients(&taken[..1], &vec![0.5; D], None).unwrap();
+    dst.apply_gradients(&taken[..1], &[0.5; D], None).unwrap();
     assert_eq!(significant_entries(&dst), before - 1);
 }
