@@ -77,6 +77,10 @@ pub enum Kind {
     Pull = 19,
     Part = 20,
     PullDone = 21,
+    /// A prioritised pull (sync protocol 5): parts with the requester's TSVV.
+    PrioritisedPull = 22,
+    /// A prioritised pull's answer for one part.
+    PrioritisedPart = 23,
 }
 
 impl Kind {
@@ -95,6 +99,8 @@ impl Kind {
             19 => Kind::Pull,
             20 => Kind::Part,
             21 => Kind::PullDone,
+            22 => Kind::PrioritisedPull,
+            23 => Kind::PrioritisedPart,
             _ => return None,
         })
     }

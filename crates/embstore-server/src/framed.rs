@@ -583,7 +583,9 @@ async fn connection<S: Io>(
             | Kind::Changed
             | Kind::Pull
             | Kind::Part
-            | Kind::PullDone => {
+            | Kind::PullDone
+            | Kind::PrioritisedPull
+            | Kind::PrioritisedPart => {
                 let status = Status::invalid_argument(format!(
                     "{kind:?} is a sync frame: this is a framed lookup port, not a sync port"
                 ));

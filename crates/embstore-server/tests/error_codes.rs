@@ -7,7 +7,7 @@ use tonic::Code;
 
 #[test]
 fn every_error_kind_maps_to_its_grpc_code() {
-    let table: [(ErrorKind, Code); 18] = [
+    let table: [(ErrorKind, Code); 19] = [
         (ErrorKind::InvalidArgument, Code::InvalidArgument),
         (ErrorKind::ShapeMismatch, Code::InvalidArgument),
         (ErrorKind::NonFinite, Code::InvalidArgument),

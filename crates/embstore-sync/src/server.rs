@@ -79,6 +79,9 @@ pub struct ServerStats {
     pub parts: u64,
     /// Parts answered with a change list, without a pull.
     pub parts_inline: u64,
+    /// Prioritised pulls served, and the rows they carried.
+    pub prioritised_pulls: u64,
+    pub prioritised_rows: u64,
 }
 
 #[derive(Default)]
@@ -90,6 +93,8 @@ struct Counters {
     pulls: AtomicU64,
     parts_inline: AtomicU64,
     parts: AtomicU64,
+    prioritised_pulls: AtomicU64,
+    prioritised_rows: AtomicU64,
 }
 
 /// A running sync port; [`SyncServer::stop`] (or drop) closes it and its connections.
@@ -178,6 +183,8 @@ impl SyncServer {
             pulls: g(&c.pulls),
             parts: g(&c.parts),
             parts_inline: g(&c.parts_inline),
+            prioritised_pulls: g(&c.prioritised_pulls),
+            prioritised_rows: g(&c.prioritised_rows),
         }
     }
 
@@ -393,8 +400,9 @@ fn serve_conn(
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
-            Kind::List => list(store, &mut c, &body, &mut known, hello.with_state),
-            Kind::Pull => pull(store, &mut c, &body, hello.with_state, &mut known),
+            Kind::List => list(store, &mut c, &body, &mut known, &hello),
+            Kind::Pull => pull(store, &mut c, &body, &hello, &mut known),
+            Kind::PrioritisedPull => prioritised_pull(store, &mut c, &body, &hello),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
         match done {
@@ -427,8 +435,9 @@ fn list(
     c: &mut Conn<'_>,
     body: &[u8],
     known: &mut HashMap<(String, u32), Vv>,
-    with_state: bool,
+    hello: &wire::Hello,
 ) -> Result<()> {
+    let with_state = hello.with_state;
     let l = wire::List::decode(body)?;
     let t = table_of(store, &l.table)?;
     let wait = Duration::from_millis(u64::from(l.wait_ms.min(MAX_WAIT_MS)));
@@ -441,7 +450,7 @@ fn list(
         let Some(vv) = known.get(&key) else { continue };
         let Some(reply) = t.sync_pull_cached(part, vv, with_state, budget)? else { continue };
         budget -= reply.len();
-        send_reply(c, &t, reply, with_state, known, key, vv.clone())?;
+        send_reply(c, &t, reply, hello, known, key, vv.clone())?;
         c.counters.parts_inline.fetch_add(1, Ordering::Relaxed);
     }
     c.send(Kind::PullDone, &[])
@@ -451,9 +460,10 @@ fn pull(
     store: &Store,
     c: &mut Conn<'_>,
     body: &[u8],
-    with_state: bool,
+    hello: &wire::Hello,
     known: &mut HashMap<(String, u32), Vv>,
 ) -> Result<()> {
+    let with_state = hello.with_state;
     let (name, mut parts) = wire::decode_pull(body)?;
     let t = table_of(store, &name)?;
     // A part named twice is answered once: each answer is a scan or a cache walk, so a small
@@ -476,10 +486,51 @@ fn pull(
             if !piece.partial {
                 knows.merge(&piece.vv);
             }
-            c.send(Kind::Part, &wire::encode_part(&piece))
+            c.send(Kind::Part, &encode_for(piece, hello))
         })?;
         known.insert((name.clone(), part), knows);
         c.counters.parts.fetch_add(1, Ordering::Relaxed);
+    }
+    c.send(Kind::PullDone, &[])
+}
+
+/// A part's piece for this requester: significant versions and the SVV only to one that
+/// speaks prioritised sync (an older one would refuse the frame).
+fn encode_for(mut piece: embstore_table::sync::PartReply, hello: &wire::Hello) -> Vec<u8> {
+    if hello.protocol < wire::PRIORITY_PROTOCOL {
+        piece.sigv.clear();
+        piece.svv = None;
+    }
+    wire::encode_part(&piece)
+}
+
+/// Answers a prioritised pull: per part, the rows with significant writes the requester's
+/// TSVV lacks (`Table::sync_pull_prioritised`), then `PullDone`.
+fn prioritised_pull(
+    store: &Store,
+    c: &mut Conn<'_>,
+    body: &[u8],
+    hello: &wire::Hello,
+) -> Result<()> {
+    if hello.protocol < wire::PRIORITY_PROTOCOL {
+        return Err(Error::corrupt("a prioritised pull from a follower of protocol 4"));
+    }
+    let (name, mut parts) = wire::decode_pull(body)?;
+    let t = table_of(store, &name)?;
+    let mut seen = std::collections::HashSet::new();
+    parts.retain(|(p, _)| seen.insert(*p));
+    if parts.len() > t.sync_parts()? as usize {
+        return Err(Error::invalid(format!(
+            "a prioritised pull of {} parts of table '{name}', which has {}",
+            parts.len(),
+            t.sync_parts()?
+        )));
+    }
+    c.counters.prioritised_pulls.fetch_add(1, Ordering::Relaxed);
+    for (part, tsvv) in parts {
+        let reply = t.sync_pull_prioritised(part, &tsvv)?;
+        c.counters.prioritised_rows.fetch_add(reply.len() as u64, Ordering::Relaxed);
+        c.send(Kind::PrioritisedPart, &wire::encode_prioritised(&reply))?;
     }
     c.send(Kind::PullDone, &[])
 }
@@ -496,14 +547,14 @@ fn send_reply(
     c: &mut Conn<'_>,
     t: &Table,
     reply: embstore_table::sync::PartReply,
-    with_state: bool,
+    hello: &wire::Hello,
     known: &mut HashMap<(String, u32), Vv>,
     key: (String, u32),
     mut vv: Vv,
 ) -> Result<()> {
     vv.merge(&reply.vv);
-    for piece in reply.split(piece_rows(t, with_state)) {
-        c.send(Kind::Part, &wire::encode_part(&piece))?;
+    for piece in reply.split(piece_rows(t, hello.with_state)) {
+        c.send(Kind::Part, &encode_for(piece, hello))?;
     }
     known.insert(key, vv);
     Ok(())

@@ -33,13 +33,17 @@ use embstore_common::{Error, ErrorKind, Result};
 pub use embstore_proto::frame::Kind;
 use embstore_proto::frame::{self, Service, HEADER};
 use embstore_replication::{Sv, Vv};
-use embstore_table::sync::{Changes, Complete, PartReply};
+use embstore_table::sync::{Changes, Complete, PartReply, PrioritisedReply};
 use embstore_table::{RowMeta, Version};
 
 /// The sync protocol this build speaks (on wire version 2; 1 to 3 were spoken on the older
 /// framing): change lists carry the rows of small changes, and parts with optimizer state
-/// the responder's step counter.
-pub const PROTOCOL: u16 = 4;
+/// the responder's step counter; from 5, parts carry significant versions and the SVV, and
+/// prioritised pulls are answered.
+pub const PROTOCOL: u16 = 5;
+/// The first protocol with prioritised sync: a responder sends significant versions only
+/// to a requester that speaks it.
+pub const PRIORITY_PROTOCOL: u16 = 5;
 /// The oldest sync protocol this build still speaks.
 pub const MIN_PROTOCOL: u16 = 4;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
@@ -297,6 +301,21 @@ pub fn decode_pull(b: &[u8]) -> Result<(String, Vec<(u32, Vv)>)> {
 }
 
 const TOMBSTONE: u8 = 1;
+/// A row flag: its significant version follows (protocol 5).
+const SIGNIFICANT: u8 = 2;
+/// A part flag: the SVV follows the sv, and rows may carry significant versions (protocol 5).
+const WITH_SVV: u8 = 8;
+
+/// The origins of a reply's rows (their versions' and significant versions' replicas),
+/// sorted, and the smallest timestamp, which row timestamps are sent as deltas from.
+fn origins_of(meta: &[RowMeta], sigv: &[Version]) -> (Vec<u32>, u64) {
+    let mut origins: Vec<u32> = meta.iter().map(|m| m.version.replica).collect();
+    origins.extend(sigv.iter().filter(|v| **v != Version::default()).map(|v| v.replica));
+    origins.sort_unstable();
+    origins.dedup();
+    let base = meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
+    (origins, base)
+}
 
 /// One part's reply (rows of `dim` values, and `state_dim` state floats when it carries state).
 ///
@@ -305,19 +324,25 @@ const TOMBSTONE: u8 = 1;
 /// into the reply's list of origins, the update count as a varint, a flags byte; then the
 /// values (and state) as raw columns. A row's last-update time is its version's milliseconds,
 /// so it is not sent. About 10 bytes of header a row instead of 37.
+/// A reply with significant versions or an SVV sends them (protocol 5: see
+/// [`PRIORITY_PROTOCOL`]; a responder strips them for an older requester).
 pub fn encode_part(r: &PartReply) -> Vec<u8> {
     let n = r.len();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| r.keys[i]);
-    let mut origins: Vec<u32> = r.meta.iter().map(|m| m.version.replica).collect();
-    origins.sort_unstable();
-    origins.dedup();
-    let base = r.meta.iter().map(|m| m.version.timestamp).min().unwrap_or(0);
+    let (origins, base) = origins_of(&r.meta, &r.sigv);
     let mut e = Writer(Vec::with_capacity(64 + n * 12 + r.values.len() * 4));
-    let flags = r.from_cache as u8 | (r.partial as u8) << 1 | (r.complete.is_some() as u8) << 2;
+    let with_svv = r.svv.is_some() || r.sigv.iter().any(|v| *v != Version::default());
+    let flags = r.from_cache as u8
+        | (r.partial as u8) << 1
+        | (r.complete.is_some() as u8) << 2
+        | if with_svv { WITH_SVV } else { 0 };
     e.u32(r.part).u8(flags);
     put_vv(&mut e, &r.vv);
     e.u64(r.sv.c).u32(r.sv.id);
+    if with_svv {
+        put_vv(&mut e, r.svv.as_ref().unwrap_or(&Vv::new()));
+    }
     if let Some(c) = &r.complete {
         e.u64(c.lo).u64(c.hi);
         put_vv(&mut e, &c.floor);
@@ -334,7 +359,13 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
         let m = &r.meta[i];
         let origin = origins.binary_search(&m.version.replica).expect("listed") as u64;
         e.varint(r.keys[i] - prev).varint(m.version.timestamp - base).varint(origin);
-        e.varint(m.update_count).u8(if r.tombstone[i] { TOMBSTONE } else { 0 });
+        let sigv = r.sigv.get(i).copied().unwrap_or_default();
+        let sig = with_svv && sigv != Version::default();
+        let flags = if r.tombstone[i] { TOMBSTONE } else { 0 } | if sig { SIGNIFICANT } else { 0 };
+        e.varint(m.update_count).u8(flags);
+        if sig {
+            put_sigv(&mut e, &origins, m.version, sigv);
+        }
         prev = r.keys[i];
     }
     let (d, sd) = (r.values.len() / n.max(1), r.state.as_ref().map_or(0, |s| s.len() / n.max(1)));
@@ -358,11 +389,12 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     let mut d = reader(b);
     let part = d.u32()?;
     let flags = d.u8()?;
-    if flags > 7 {
+    if flags > 15 {
         return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
     }
     let vv = get_vv(&mut d)?;
     let sv = Sv::new(d.u64()?, d.u32()?);
+    let svv = if flags & WITH_SVV != 0 { Some(get_vv(&mut d)?) } else { None };
     let complete = if flags & 4 != 0 {
         Some(Complete { lo: d.u64()?, hi: d.u64()?, floor: get_vv(&mut d)? })
     } else {
@@ -380,6 +412,8 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     let base = d.u64()?;
     let (from_cache, partial) = (flags & 1 != 0, flags & 2 != 0);
     let mut r = PartReply { part, from_cache, partial, vv, sv, complete, ..PartReply::default() };
+    let with_svv = svv.is_some();
+    r.svv = svv;
     let mut prev = 0u64;
     for i in 0..n {
         let delta = d.varint()?;
@@ -394,10 +428,19 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
         let replica = *origin.ok_or_else(|| Error::corrupt("a sync row names no listed origin"))?;
         let update_count = d.varint()?;
         let flags = d.u8()?;
-        if flags & !TOMBSTONE != 0 {
+        let known = if with_svv { TOMBSTONE | SIGNIFICANT } else { TOMBSTONE };
+        if flags & !known != 0 {
             return Err(Error::corrupt(format!("a sync row has unknown flags {flags:#x}")));
         }
         let version = Version { timestamp: ts, replica };
+        if with_svv {
+            let sigv = if flags & SIGNIFICANT != 0 {
+                get_sigv(&mut d, &origins, version)?
+            } else {
+                Version::default()
+            };
+            r.sigv.push(sigv);
+        }
         r.keys.push(key);
         r.meta.push(RowMeta { version, update_count, last_update_ms: version.ms() });
         r.tombstone.push(flags & TOMBSTONE != 0);
@@ -410,6 +453,100 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     if has_step {
         r.step = Some(d.u64()?);
     }
+    d.end()?;
+    Ok(r)
+}
+
+/// A row's significant version: its timestamp as a delta below the row's version (a sigv is
+/// never newer than the row), its replica as an index into the origins.
+fn put_sigv(e: &mut Writer, origins: &[u32], version: Version, sigv: Version) {
+    let origin = origins.binary_search(&sigv.replica).expect("listed") as u64;
+    e.varint(version.timestamp.saturating_sub(sigv.timestamp)).varint(origin);
+}
+
+fn get_sigv(d: &mut Reader<'_>, origins: &[u32], version: Version) -> Result<Version> {
+    let below = d.varint()?;
+    let timestamp = version
+        .timestamp
+        .checked_sub(below)
+        .filter(|t| *t > 0)
+        .ok_or_else(|| Error::corrupt("a significant version is not below its row's"))?;
+    let origin = usize::try_from(d.varint()?).ok().and_then(|o| origins.get(o));
+    let replica = *origin.ok_or_else(|| Error::corrupt("a sigv names no listed origin"))?;
+    Ok(Version { timestamp, replica })
+}
+
+/// A prioritised pull's answer for one part (protocol 5):
+///
+/// ```text
+/// PRIORITISED_PART = part u32 | tsvv | n u32 | origins [replica u32] | base_ts u64
+///   | n × (key_delta var | ts − base_ts var | origin_index var | sigv_below var
+///          | sigv_origin_index var | flags u8 (1: removed)), in key order | n×D f32 values
+/// ```
+pub fn encode_prioritised(r: &PrioritisedReply) -> Vec<u8> {
+    let n = r.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_unstable_by_key(|&i| r.keys[i]);
+    let (origins, base) = origins_of(&r.meta, &r.sigv);
+    let mut e = Writer(Vec::with_capacity(64 + n * 14 + r.values.len() * 4));
+    e.u32(r.part);
+    put_vv(&mut e, &r.tsvv);
+    e.u32(n as u32).u32(origins.len() as u32);
+    origins.iter().for_each(|&o| {
+        e.u32(o);
+    });
+    e.u64(base);
+    let mut prev = 0u64;
+    for &i in &order {
+        let m = &r.meta[i];
+        let origin = origins.binary_search(&m.version.replica).expect("listed") as u64;
+        e.varint(r.keys[i] - prev).varint(m.version.timestamp - base).varint(origin);
+        put_sigv(&mut e, &origins, m.version, r.sigv[i]);
+        e.u8(if r.tombstone[i] { TOMBSTONE } else { 0 });
+        prev = r.keys[i];
+    }
+    let d = r.values.len() / n.max(1);
+    for &i in &order {
+        e.f32s(&r.values[i * d..][..d]);
+    }
+    e.0
+}
+
+/// Reads a prioritised part for a table of `dim` values; keys must strictly increase.
+pub fn decode_prioritised(b: &[u8], dim: usize) -> Result<PrioritisedReply> {
+    let mut d = reader(b);
+    let part = d.u32()?;
+    let tsvv = get_vv(&mut d)?;
+    let n = d.count(5)?;
+    let k = d.count(4)?;
+    let origins = (0..k).map(|_| d.u32()).collect::<Result<Vec<u32>>>()?;
+    let base = d.u64()?;
+    let mut r = PrioritisedReply { part, tsvv, ..PrioritisedReply::default() };
+    let mut prev = 0u64;
+    for i in 0..n {
+        let delta = d.varint()?;
+        if i > 0 && delta == 0 {
+            return Err(Error::corrupt("a prioritised part repeats a key"));
+        }
+        let key = prev.checked_add(delta).ok_or_else(|| Error::corrupt("a sync key overflows"))?;
+        let ts = base
+            .checked_add(d.varint()?)
+            .ok_or_else(|| Error::corrupt("a sync version overflows"))?;
+        let origin = usize::try_from(d.varint()?).ok().and_then(|o| origins.get(o));
+        let replica = *origin.ok_or_else(|| Error::corrupt("a sync row names no listed origin"))?;
+        let version = Version { timestamp: ts, replica };
+        let sigv = get_sigv(&mut d, &origins, version)?;
+        let flags = d.u8()?;
+        if flags & !TOMBSTONE != 0 {
+            return Err(Error::corrupt(format!("a prioritised row has unknown flags {flags:#x}")));
+        }
+        r.keys.push(key);
+        r.meta.push(RowMeta { version, update_count: 0, last_update_ms: version.ms() });
+        r.sigv.push(sigv);
+        r.tombstone.push(flags & TOMBSTONE != 0);
+        prev = key;
+    }
+    r.values = d.f32s(n * dim)?;
     d.end()?;
     Ok(r)
 }
@@ -471,6 +608,42 @@ mod tests {
             }),
             // With state: a step counter (protocol 3).
             step: s.map(|_| 200 + n as u64),
+            // Every other size: significant versions (protocol 5), some rows without one.
+            sigv: if n % 2 == 1 {
+                (0..n as u64)
+                    .map(|i| {
+                        if i % 3 == 1 {
+                            Version { timestamp: (90 + i) << 20, replica: 9 }
+                        } else {
+                            Version::default()
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            svv: (n % 2 == 1).then(|| {
+                let mut v = Vv::new();
+                v.raise(9, 1 << 24);
+                v
+            }),
+        }
+    }
+
+    fn prioritised(n: usize, d: usize) -> PrioritisedReply {
+        let r = reply(n, d, None, false);
+        PrioritisedReply {
+            part: r.part,
+            keys: r.keys,
+            meta: r.meta.iter().map(|m| RowMeta { update_count: 0, ..*m }).collect(),
+            sigv: r
+                .meta
+                .iter()
+                .map(|m| Version { timestamp: m.version.timestamp - 7, replica: 4 })
+                .collect(),
+            tombstone: r.tombstone,
+            values: r.values,
+            tsvv: r.vv,
         }
     }
 
@@ -491,6 +664,7 @@ mod tests {
             rev.keys.reverse();
             rev.meta.reverse();
             rev.tombstone.reverse();
+            rev.sigv.reverse();
             rev.values = r.values.chunks(d).rev().flatten().copied().collect();
             rev.state = r.state.as_ref().zip(s).map(|(st, sd)| st.chunks(sd).rev().flatten().copied().collect());
             prop_assert_eq!(&decode_part(&encode_part(&rev), d, s.unwrap_or(0)).unwrap(), &r);
@@ -502,6 +676,12 @@ mod tests {
             prop_assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
             let parts: Vec<(u32, Vv)> = (0..n as u32).map(|p| (p, r.vv.clone())).collect();
             prop_assert_eq!(decode_pull(&encode_pull("items", &parts)).unwrap(), ("items".to_owned(), parts));
+            let p = prioritised(n, d);
+            let pb = encode_prioritised(&p);
+            prop_assert_eq!(&decode_prioritised(&pb, d).unwrap(), &p);
+            for cut in 0..pb.len() {
+                prop_assert_eq!(decode_prioritised(&pb[..cut], d).unwrap_err().kind(), ErrorKind::Corruption);
+            }
             let mut framed = Vec::new();
             write_frame(&mut framed, Kind::Part, &b).unwrap();
             for cut in 0..framed.len() {

@@ -118,6 +118,8 @@ pub(super) struct TableLink<'a> {
     /// The table's embedding and optimizer-state widths, to decode rows.
     pub(super) dim: usize,
     pub(super) state_dim: usize,
+    /// The source's clock in its last change list, and when that list arrived here.
+    pub(super) their_now: &'a std::cell::Cell<Option<(u64, std::time::Instant)>>,
 }
 
 impl Link for TableLink<'_> {
@@ -131,7 +133,8 @@ impl Link for TableLink<'_> {
             wait_ms: ask.wait_ms,
         };
         self.conn.send(Kind::List, &list.encode())?;
-        let (changes, _their_now) = wire::decode_changed(&self.conn.expect(Kind::Changed)?)?;
+        let (changes, their_now) = wire::decode_changed(&self.conn.expect(Kind::Changed)?)?;
+        self.their_now.set(Some((their_now, std::time::Instant::now())));
         Ok(changes)
     }
 

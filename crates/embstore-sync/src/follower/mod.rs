@@ -24,6 +24,7 @@ use embstore_table::Store;
 use parking_lot::Mutex;
 
 mod link;
+mod prioritised;
 mod rounds;
 mod status;
 
@@ -119,6 +120,10 @@ pub struct FollowOptions {
     /// The sync options a store that does not sync yet starts with (the part count is the
     /// source's, and its knowledge never comes from its rows).
     pub sync: SyncOptions,
+    /// Prioritised sync: when a link counts as congested (its oldest pending change older
+    /// than the time-out for three rounds), a second connection pulls the source's
+    /// significant writes ahead of the rest until it is calm again; `None`: never.
+    pub priority: Option<embstore_replication::CongestionConfig>,
 }
 
 impl Default for FollowOptions {
@@ -135,6 +140,7 @@ impl Default for FollowOptions {
             flush_every: Some(Duration::from_secs(10)),
             skip_by_sv: true,
             sync: SyncOptions::default(),
+            priority: Some(embstore_replication::CongestionConfig::default()),
         }
     }
 }

@@ -3,18 +3,20 @@
 //! pulls and the applied replies, with the neighbour book of what the source holds) over it,
 //! repeated until stopped, with the table's status and the dissemination events.
 
+use std::cell::Cell;
 use std::io::{BufWriter, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Result};
-use embstore_replication::{round, Book, RoundOptions};
+use embstore_replication::{round, Book, Congestion, RoundOptions};
 use embstore_table::sync::{check_parts, PartReply, Target};
 use embstore_table::Table;
 use parking_lot::Mutex;
 
 use super::link::{connect, Conn, TableLink};
+use super::prioritised::Ahead;
 use super::status::Status;
 use super::{table_id, FollowOptions, Source, LAG_SAMPLES, PARTS_PER_PULL};
 use crate::wire;
@@ -28,7 +30,7 @@ pub(super) fn follow_table(
     source: &Source,
     options: &FollowOptions,
     stop: &AtomicBool,
-    status: &Mutex<Status>,
+    status: &Arc<Mutex<Status>>,
 ) {
     let events = options.events.as_ref().and_then(|p| {
         let f = std::fs::OpenOptions::new().create(true).append(true).open(p);
@@ -100,7 +102,7 @@ pub(super) fn rounds(
     conn: &mut Conn,
     options: &FollowOptions,
     stop: &AtomicBool,
-    status: &Mutex<Status>,
+    status: &Arc<Mutex<Status>>,
     (book, events): (&mut Book, &mut Events),
     (source, addr, target): (&Source, &str, &dyn Target),
 ) -> Result<()> {
@@ -109,41 +111,92 @@ pub(super) fn rounds(
         skip_by_sv: options.skip_by_sv,
         parts_per_pull: PARTS_PER_PULL,
     };
-    while !stop.load(Ordering::Relaxed) {
-        if source.pick(t.name()).as_deref() != Some(addr) {
-            return Ok(()); // the directory names another source now: switch to it
-        }
-        if !target.table(t.name()).is_some_and(|now| Arc::ptr_eq(&now, t)) {
-            return Ok(()); // another version to write into now (a roll)
-        }
-        let round_no = {
+    // Congestion, and the prioritised loop it starts (stopped with this connection's rounds).
+    let mut congestion = options.priority.map(Congestion::new);
+    let mut ahead = Ahead::default();
+    let result = (|| {
+        while !stop.load(Ordering::Relaxed) {
+            if source.pick(t.name()).as_deref() != Some(addr) {
+                return Ok(()); // the directory names another source now: switch to it
+            }
+            if !target.table(t.name()).is_some_and(|now| Arc::ptr_eq(&now, t)) {
+                return Ok(()); // another version to write into now (a roll)
+            }
+            let round_no = {
+                let mut s = status.lock();
+                s.rounds_begun += 1;
+                s.rounds_begun
+            };
+            let their_now = Cell::new(None);
+            let mut link = TableLink {
+                conn: &mut *conn,
+                table: t.name(),
+                dim: t.dim(),
+                state_dim: t.state_dim(),
+                their_now: &their_now,
+            };
+            // Each applied reply with rows is one observation of the link: how late its
+            // newest row arrived.
+            let mut judge = |lag: u64| {
+                status.lock().s.reply_lag_ms = lag;
+                if let Some(c) = &mut congestion {
+                    let was = c.congested();
+                    let now = c.observe(lag, now_ms());
+                    if now && !was {
+                        status.lock().s.congestions += 1;
+                        ahead.start(t, addr, options, status);
+                    } else if !now && was {
+                        ahead.stop();
+                    }
+                    status.lock().s.congested = now;
+                }
+            };
+            let mut any = false;
+            let done = round(
+                &mut &**t,
+                &mut link,
+                book,
+                &round_options,
+                &mut |reply, written, inline| {
+                    if let Some(newest) = reply.meta.iter().map(|m| m.version.ms()).max() {
+                        any = true;
+                        judge(reply_lag(newest, their_now.get()));
+                    }
+                    seen(t, status, events, reply, written, inline)
+                },
+            )?;
+            if !any {
+                judge(0); // a round that brought nothing: the link keeps up
+            }
+            if let Some(e) = events.as_mut() {
+                let _ = e.flush();
+            }
             let mut s = status.lock();
-            s.rounds_begun += 1;
-            s.rounds_begun
-        };
-        let mut link =
-            TableLink { conn: &mut *conn, table: t.name(), dim: t.dim(), state_dim: t.state_dim() };
-        let done =
-            round(&mut &**t, &mut link, book, &round_options, &mut |reply, written, inline| {
-                seen(t, status, events, reply, written, inline)
-            })?;
-        if let Some(e) = events.as_mut() {
-            let _ = e.flush();
+            s.s.pulls += done.pulls;
+            s.s.parts_skipped += done.skipped;
+            s.s.parts_pending = done.pending;
+            s.s.caught_up = done.pending == 0;
+            if s.s.caught_up {
+                s.caught_up_round = round_no;
+            }
+            s.s.last_round_ms = now_ms();
+            s.s.rounds += 1;
+            s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
+            s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
         }
-        let mut s = status.lock();
-        s.s.pulls += done.pulls;
-        s.s.parts_skipped += done.skipped;
-        s.s.parts_pending = done.pending;
-        s.s.caught_up = done.pending == 0;
-        if s.s.caught_up {
-            s.caught_up_round = round_no;
-        }
-        s.s.last_round_ms = now_ms();
-        s.s.rounds += 1;
-        s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
-        s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
-    }
-    Ok(())
+        Ok(())
+    })();
+    ahead.stop();
+    status.lock().s.congested = false;
+    result
+}
+
+/// How late a reply's newest row arrived (ms): the source's clock now (its clock at the
+/// round's change list plus the time since) minus the row's write time. A link that cannot
+/// carry the writes makes rounds longer and their rows older: what congestion is judged by.
+fn reply_lag(newest_ms: u64, their_now: Option<(u64, Instant)>) -> u64 {
+    let Some((now, listed)) = their_now else { return 0 };
+    (now + listed.elapsed().as_millis() as u64).saturating_sub(newest_ms)
 }
 
 /// Notes an applied reply (`written` rows; `inline`: it came with a change list) in the

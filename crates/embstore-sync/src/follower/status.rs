@@ -49,6 +49,16 @@ pub struct TableSync {
     /// Errors (connection lost, a refused reply) and the last one.
     pub errors: u64,
     pub last_error: Option<String>,
+    /// How late the last applied reply's newest row arrived (ms, on the source's clock; 0
+    /// after a round that brought nothing), what congestion is judged by.
+    pub reply_lag_ms: u64,
+    /// Whether the link counts as congested now (prioritised pulls run beside the rounds),
+    /// and how many times it became so.
+    pub congested: bool,
+    pub congestions: u64,
+    /// Prioritised pulls made and the rows they took ahead of normal sync.
+    pub prioritised_pulls: u64,
+    pub prioritised_rows: u64,
 }
 
 /// What a follower's threads share: each table's status (a table the source creates later is

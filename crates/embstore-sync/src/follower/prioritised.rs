@@ -1,0 +1,136 @@
+//! The prioritised loop of a congested table link ([`Ahead`]): while the link counts as
+//! congested, a second connection to the same source asks for its change list and pulls, for
+//! the parts changed, the significant writes this replica's TSVV lacks (`PrioritisedPull`),
+//! applying them into the table's significant store (`Table::sync_apply_prioritised`), which
+//! reads consult. Normal rounds go on beside it (eventual consistency does not depend on it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use embstore_common::{Error, Result};
+use embstore_replication::Vv;
+use embstore_table::Table;
+use parking_lot::Mutex;
+
+use super::link::{connect, Conn};
+use super::status::Status;
+use super::{FollowOptions, PARTS_PER_PULL};
+use crate::wire::{self, Kind};
+
+/// How long the prioritised loop's change list waits for a change (ms): short, so that a
+/// calm link stops the loop soon.
+const WAIT_MS: u32 = 500;
+
+/// The prioritised loop of one table link, when it runs.
+#[derive(Default)]
+pub(super) struct Ahead {
+    running: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+}
+
+impl Ahead {
+    /// Starts the loop (if it is not running) against `addr` for table `t`.
+    pub(super) fn start(
+        &mut self,
+        t: &Arc<Table>,
+        addr: &str,
+        options: &FollowOptions,
+        status: &Arc<Mutex<Status>>,
+    ) {
+        if self.running.is_some() {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, addr, options, status, flag) =
+            (t.clone(), addr.to_owned(), options.clone(), status.clone(), stop.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("embstore-ahead-{}", t.name()))
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    let r = connect(&addr, &options, &[t.name().to_owned()])
+                        .and_then(|(mut conn, _, _)| pull_ahead(&t, &mut conn, &flag, &status));
+                    if let Err(e) = r {
+                        let mut s = status.lock();
+                        s.s.errors += 1;
+                        s.s.last_error = Some(format!("prioritised sync: {e}"));
+                    }
+                    for _ in 0..20 {
+                        if flag.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            });
+        if let Ok(h) = spawned {
+            self.running = Some((stop, h));
+        }
+    }
+
+    /// Stops the loop and waits for it (at most one long-poll's wait and a pull).
+    pub(super) fn stop(&mut self) {
+        if let Some((stop, h)) = self.running.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Prioritised rounds over `conn` until `stop`: the change list since this loop's cursor,
+/// then one prioritised pull of the parts listed whose normal knowledge is not the source's.
+fn pull_ahead(t: &Table, conn: &mut Conn, stop: &AtomicBool, status: &Mutex<Status>) -> Result<()> {
+    let (mut epoch, mut cursor) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        let list = wire::List { table: t.name().to_owned(), epoch, cursor, wait_ms: WAIT_MS };
+        conn.send(Kind::List, &list.encode())?;
+        let (changes, _) = wire::decode_changed(&conn.expect(Kind::Changed)?)?;
+        // The rows of small changes come with the list: normal sync's, applied as such.
+        loop {
+            let (kind, body) = conn.recv()?;
+            match kind {
+                Kind::PullDone => break,
+                Kind::Part => {
+                    let reply = wire::decode_part(&body, t.dim(), t.state_dim())?;
+                    t.sync_apply(&reply)?;
+                }
+                k => return Err(Error::corrupt(format!("unexpected sync frame {k:?}"))),
+            }
+        }
+        (epoch, cursor) = (changes.epoch, changes.upto);
+        let mut parts: Vec<(u32, Vv)> = Vec::new();
+        for &(part, sv) in &changes.parts {
+            if t.sync_knowledge(part)?.1 != sv {
+                parts.push((part, t.sync_significant_knowledge(part)?.1));
+            }
+        }
+        for chunk in parts.chunks(PARTS_PER_PULL) {
+            conn.send(Kind::PrioritisedPull, &wire::encode_pull(t.name(), chunk))?;
+            let mut rows = 0usize;
+            loop {
+                let (kind, body) = conn.recv()?;
+                match kind {
+                    Kind::PullDone => break,
+                    Kind::PrioritisedPart => {
+                        let reply = wire::decode_prioritised(&body, t.dim())?;
+                        rows += t.sync_apply_prioritised(&reply)?;
+                    }
+                    k => return Err(Error::corrupt(format!("unexpected sync frame {k:?}"))),
+                }
+            }
+            let mut s = status.lock();
+            s.s.prioritised_pulls += 1;
+            s.s.prioritised_rows += rows as u64;
+        }
+        let mut s = status.lock();
+        s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
+        s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
+    }
+    Ok(())
+}
