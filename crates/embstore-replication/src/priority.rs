@@ -65,6 +65,14 @@ pub struct Stats {
 pub trait PriorityFn: Send + Sync + fmt::Debug {
     /// The priority of update `u` (finite and ≥ 0; anything else counts as 0).
     fn priority(&self, u: &Update, stats: &Stats) -> f64;
+
+    /// The priorities of a batch of updates (`stats[i]` for `updates[i]`), into `out` (cleared
+    /// first): one call per write step, for a rule that pays per call (a Python callable).
+    /// By default, [`PriorityFn::priority`] of each.
+    fn priorities(&self, updates: &[Update], stats: &[Stats], out: &mut Vec<f64>) {
+        out.clear();
+        out.extend(updates.iter().zip(stats).map(|(u, s)| self.priority(u, s)));
+    }
 }
 
 /// The paper's rule, `p = (p_g + p_u) · p_m` (Ekko §5.2.1).
@@ -405,13 +413,34 @@ impl Snapshot {
     /// accuracy: the sketch names a bucket's value, so equal priorities at the threshold, as a
     /// rule with ties gives, are all significant), and its sample for the record.
     pub fn score(&self, u: &Update) -> (Scored, Sample) {
-        let freshness = self.freshness(u);
-        let l1 = if u.grad_l1.is_finite() { u.grad_l1.max(0.0) } else { 0.0 };
-        let stats = Stats { g_mean: self.g_mean, f_mean: self.f_mean, p_m: self.p_m, freshness };
+        let stats = self.stats(u);
         let p = self.rule.priority(u, &stats);
+        self.judge(u, &stats, p)
+    }
+
+    /// [`Snapshot::score`] of a batch, with one call of the rule
+    /// ([`PriorityFn::priorities`]); into `out` (cleared first).
+    pub fn score_batch(&self, updates: &[Update], out: &mut Vec<(Scored, Sample)>) {
+        let stats: Vec<Stats> = updates.iter().map(|u| self.stats(u)).collect();
+        let mut ps = Vec::with_capacity(updates.len());
+        self.rule.priorities(updates, &stats, &mut ps);
+        out.clear();
+        out.extend(updates.iter().zip(&stats).enumerate().map(|(i, (u, s))| {
+            // A rule that returns too few priorities scores the rest 0.
+            self.judge(u, s, ps.get(i).copied().unwrap_or(0.0))
+        }));
+    }
+
+    fn stats(&self, u: &Update) -> Stats {
+        let freshness = self.freshness(u);
+        Stats { g_mean: self.g_mean, f_mean: self.f_mean, p_m: self.p_m, freshness }
+    }
+
+    fn judge(&self, u: &Update, stats: &Stats, p: f64) -> (Scored, Sample) {
+        let l1 = if u.grad_l1.is_finite() { u.grad_l1.max(0.0) } else { 0.0 };
         let p = if p.is_finite() && p > 0.0 { p } else { 0.0 };
         let significant = self.p_k.is_some_and(|k| p >= k * (1.0 - self.cfg.alpha) && p > 0.0);
-        (Scored { p, significant }, Sample { p, l1, freshness, significant })
+        (Scored { p, significant }, Sample { p, l1, freshness: stats.freshness, significant })
     }
 }
 

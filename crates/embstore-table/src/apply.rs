@@ -177,7 +177,7 @@ impl Table {
         // the rows' samples recorded after the step, off the shard's lock.
         let priority = self.prioritiser();
         let snapshot = priority.as_ref().map(|p| (p.snapshot(), p.model));
-        let mut samples = Vec::new();
+        let (mut updates, mut written) = (Vec::new(), Vec::new());
         let mut guard = self.shards[s].write();
         let shard = &mut *guard;
         // Drawn under the shard's write lock: in every shard, versions follow the order of
@@ -223,19 +223,28 @@ impl Table {
                 continue;
             }
             shard.record_write(slot, key, version);
-            if let Some((snap, model)) = &snapshot {
+            if let Some((_, model)) = &snapshot {
                 let l1 = g.iter().map(|x| x.abs() as f64).sum();
-                let u = Update { key, grad_l1: l1, age_ms: None, writes, model: *model };
-                let (scored, sample) = snap.score(&u);
-                if scored.significant {
-                    shard.note_significant(key);
-                }
-                samples.push(sample);
+                updates.push(Update { key, grad_l1: l1, age_ms: None, writes, model: *model });
+                written.push(shard.meta[slot].unpack().version);
             }
             tally.stepped += 1;
         }
         drop(guard);
-        if let Some(p) = &priority {
+        if let (Some(p), Some((snap, _))) = (&priority, &snapshot) {
+            // Scored with no lock held (a user's rule may be a Python callable), then the
+            // significant rows marked if they still hold this step's write.
+            let mut scored = Vec::with_capacity(updates.len());
+            snap.score_batch(&updates, &mut scored);
+            if scored.iter().any(|s| s.0.significant) {
+                let mut shard = self.shards[s].write();
+                for ((u, (sc, _)), v) in updates.iter().zip(&scored).zip(&written) {
+                    if sc.significant {
+                        shard.note_significant(u.key, *v);
+                    }
+                }
+            }
+            let samples: Vec<_> = scored.into_iter().map(|s| s.1).collect();
             p.record(&samples);
         }
         Ok(tally)

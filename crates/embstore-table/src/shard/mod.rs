@@ -168,11 +168,13 @@ impl Shard {
         }
     }
 
-    /// Marks the write just recorded for `key` significant (its row's version is the write's).
-    pub(crate) fn note_significant(&mut self, key: u64) {
+    /// Marks `key`'s write at `version` (the row's version as that write stored it)
+    /// significant, if the row still holds that write.
+    pub(crate) fn note_significant(&mut self, key: u64, version: crate::Version) {
         if let (Some(slot), Some(sync)) = (self.index.get(key), self.sync.as_mut()) {
-            let v = self.meta[slot as usize].unpack().version;
-            sync.on_significant(key, v);
+            if self.meta[slot as usize].unpack().version == version {
+                sync.on_significant(key, version);
+            }
         }
     }
 
