@@ -63,6 +63,7 @@ from embstore.errors import (
 )
 from embstore.index import NeighborHash
 from embstore.prefetch import prefetch
+from embstore.priority import Priority
 from embstore.serving import RemoteClient, Server, connect
 from embstore.session import Session, SessionBatch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
@@ -94,6 +95,7 @@ __all__ = [
     "NotCopyableError",
     "NotFoundError",
     "PermissionDeniedError",
+    "Priority",
     "RemoteClient",
     "RollingBackError",
     "RowWiseAdagrad",

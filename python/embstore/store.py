@@ -24,6 +24,7 @@ from embstore.config import Initializer, Optimizer, TableSpec, spec_of, to_nativ
 from embstore.distributed.comm import Comm
 from embstore.distributed.files import read_manifest, repartition
 from embstore.errors import InvalidArgumentError, StoreClosedError
+from embstore.priority import Priority
 from embstore.session import Session
 from embstore.sync import SyncPort
 from embstore.table import ExportChunk, Table
@@ -515,6 +516,7 @@ class Store:
         on_non_finite: str = "error",
         huge_pages: bool = True,
         dtype: Any = "fp32",
+        priority: Priority | None = None,
     ) -> Table:
         """Create a table from a :class:`TableSpec`, or from the spec's fields given as
         arguments: ``create_table(spec)`` and ``create_table("user", 64, optimizer=...)`` are
@@ -546,10 +548,19 @@ class Store:
                 in float32 and the result rounded to the dtype (to nearest, ties to even);
                 optimizer state stays float32.
 
+            priority: a :class:`~embstore.Priority`: the table scores its writes, and while a
+                follower's link is congested the significant ones travel ahead of the rest
+                (docs/dissemination.md). Not part of the spec: it is set on the running table
+                (:meth:`Table.set_priority`), not saved with it.
+
         Raises:
             TableExistsError: the name is taken.
             InvalidArgumentError: a parameter is out of range.
         """
+        if priority is not None and not isinstance(priority, Priority):
+            raise InvalidArgumentError(
+                f"priority must be an embstore.Priority or None, got {priority!r}"
+            )
         given = {
             "optimizer": optimizer,
             "initializer": initializer,
@@ -567,7 +578,10 @@ class Store:
             embedding_dim,
             **{k: v for k, v in given.items() if v is not _CREATE_TABLE_DEFAULTS[k]},
         )
-        return Table(self._inner.create_table(to_native_spec(spec)), self._per_process)
+        native = self._inner.create_table(to_native_spec(spec))
+        if priority is not None:
+            priority.apply_to(native)
+        return Table(native, self._per_process)
 
     def table(self, name: str) -> Table:
         """The table called ``name``; :class:`TableNotFoundError` if there is none."""

@@ -24,6 +24,7 @@ from embstore import _native
 from embstore._arrays import as_ids, as_rows, check_out, on_device, uint_array
 from embstore.config import TableSpec, from_native_spec
 from embstore.errors import InvalidArgumentError, ShapeError
+from embstore.priority import Priority
 
 
 class ExportChunk(NamedTuple):
@@ -140,6 +141,27 @@ class Table:
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
             raise InvalidArgumentError(f"step must be an int >= 0, got {value!r}")
         self._inner.set_step(int(value))
+
+    def set_priority(self, priority: Priority | None) -> None:
+        """Score this table's writes for prioritised sync (a :class:`~embstore.Priority`), or
+        stop (None). Set it on the trainer's table each time the store opens: it is not saved
+        with the table."""
+        if priority is None:
+            self._inner.set_priority(None)
+            return
+        if not isinstance(priority, Priority):
+            raise InvalidArgumentError(
+                f"priority must be an embstore.Priority or None, got {priority!r}"
+            )
+        priority.apply_to(self._inner)
+
+    def priority_stats(self) -> dict[str, Any] | None:
+        """What the table's priority has seen: ``k`` (None on a table that does not score,
+        a follower), ``p_k`` (the current threshold), ``scored`` and ``significant`` (row
+        writes), ``significant_entries`` (rows taken ahead of normal sync, served until it
+        brings them) and ``enabled`` (prioritised sync on); None for a table that neither
+        scores nor syncs."""
+        return self._inner.priority_stats()
 
     @property
     def config(self) -> TableSpec:

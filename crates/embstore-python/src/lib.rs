@@ -13,6 +13,7 @@ use pyo3::types::PyDict;
 
 mod cache;
 mod metrics;
+mod priority;
 mod serving;
 mod sync;
 mod table;

@@ -108,6 +108,8 @@ impl PySyncServer {
         d.set_item("bytes_out", s.bytes_out)?;
         d.set_item("pulls", s.pulls)?;
         d.set_item("parts", s.parts)?;
+        d.set_item("prioritised_pulls", s.prioritised_pulls)?;
+        d.set_item("prioritised_rows", s.prioritised_rows)?;
         Ok(d)
     }
 
@@ -175,6 +177,11 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
     d.set_item("bytes_out", s.bytes_out)?;
     d.set_item("errors", s.errors)?;
     d.set_item("last_error", &s.last_error)?;
+    d.set_item("reply_lag_ms", s.reply_lag_ms)?;
+    d.set_item("congested", s.congested)?;
+    d.set_item("congestions", s.congestions)?;
+    d.set_item("prioritised_pulls", s.prioritised_pulls)?;
+    d.set_item("prioritised_rows", s.prioritised_rows)?;
     Ok(d)
 }
 

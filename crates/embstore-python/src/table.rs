@@ -473,6 +473,32 @@ impl PyTable {
         self.inner.step()
     }
 
+    /// Scores this table's writes for prioritised sync (`k`: the percentile at or above which
+    /// a write is significant; `rule`: None for the paper's, or a callable scoring a write
+    /// step's rows in one call), or stops (`k` None).
+    #[pyo3(signature = (k=None, rule=None, model=0, window_s=60.0, half_life_s=10.0))]
+    fn set_priority(
+        &self,
+        k: Option<f64>,
+        rule: Option<Py<PyAny>>,
+        model: u32,
+        window_s: f64,
+        half_life_s: f64,
+    ) -> PyResult<()> {
+        crate::priority::set_priority(self, k, rule, model, window_s, half_life_s)
+    }
+
+    /// What the table's prioritiser has seen and its significant stores hold.
+    fn priority_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        crate::priority::priority_stats(self, py)
+    }
+
+    /// Prioritised sync on or off (off: the significant stores emptied, prioritised pulls
+    /// refused: a rollback).
+    fn set_prioritised_sync(&self, on: bool) -> PyResult<()> {
+        self.inner.set_prioritised_sync(on).map_err(to_py_err)
+    }
+
     fn set_step(&self, step: u64) -> PyResult<()> {
         self.inner.check_live().map_err(to_py_err)?;
         self.inner.set_step(step);

@@ -134,9 +134,6 @@ fn a_congested_link_carries_significant_writes_ahead_and_normal_sync_catches_up(
     }
     let s = f.status()[0].clone();
     assert!(!s.congested, "the link never calmed: {s:?}");
-    let probe =
-        Priority { config: PriorityConfig::default(), rule: Arc::new(EkkoPriority), model: 0 };
-    r.set_priority(Some(probe)).unwrap();
     assert_eq!(r.priority_stats().unwrap().significant_entries, 0, "P2 after catching up");
     let ids: Vec<u64> = (0..100).collect();
     let (mut a, mut b) = (vec![0.0; 100 * D], vec![0.0; 100 * D]);

@@ -33,11 +33,11 @@ pub struct Priority {
     pub model: u32,
 }
 
-/// What a table's prioritiser has seen.
+/// What a table's prioritiser has seen, and its significant stores.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PriorityStats {
-    /// The percentile `k`.
-    pub k: f64,
+    /// The percentile `k` (None: the table does not score its writes, a follower).
+    pub k: Option<f64>,
     /// The current threshold `p_k` (None before any write).
     pub p_k: Option<f64>,
     /// Row writes scored, and how many were significant.
@@ -99,24 +99,29 @@ impl Table {
         self.priority.read().clone()
     }
 
-    /// What the table's prioritiser has seen (`None`: the table does not score its writes).
+    /// What the table's prioritiser has seen and what its significant stores hold (`None`:
+    /// the table neither scores its writes nor syncs).
     pub fn priority_stats(&self) -> Option<PriorityStats> {
-        let p = self.priority.read().clone()?;
-        let pr = p.prioritiser.lock();
-        let (scored, significant) = pr.counts();
+        let p = self.priority.read().clone();
+        if p.is_none() && self.sync.get().is_none() {
+            return None;
+        }
         let entries = self
             .shards
             .iter()
             .map(|s| s.read().sync.as_ref().map_or(0, |sy| sy.significant_len))
             .sum();
-        Some(PriorityStats {
-            k: pr.config().k,
-            p_k: pr.p_k(),
-            scored,
-            significant,
+        let mut out = PriorityStats {
             significant_entries: entries,
             enabled: !self.priority_off.load(Ordering::Relaxed),
-        })
+            ..PriorityStats::default()
+        };
+        if let Some(p) = p {
+            let pr = p.prioritiser.lock();
+            (out.scored, out.significant) = pr.counts();
+            (out.k, out.p_k) = (Some(pr.config().k), pr.p_k());
+        }
+        Some(out)
     }
 
     /// Sets each model's share of inference requests (`p_m`), from counts.
