@@ -141,11 +141,11 @@ __all__ = [
     "NotCopyableError",
     "NotFoundError",
     "PermissionDeniedError",
+    "RollingBackError",
     "ShapeError",
     "StorageError",
     "StoreClosedError",
     "TableExistsError",
     "TableNotFoundError",
     "UnavailableError",
-    "RollingBackError",
 ]

@@ -9,8 +9,8 @@ use numpy::{IntoPyArray, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::table::PyTable;
 use crate::to_py_err;
+use embstore_table::Table;
 
 /// A Python callable as a priority rule: `rule(u)` with `u` a dict of numpy arrays (`key`,
 /// `grad_l1`, `writes`, `freshness`) and floats (`g_mean`, `f_mean`, `p_m`), returning one
@@ -95,7 +95,7 @@ impl PriorityFn for PyRule {
 
 /// `Table.set_priority` (see `PyTable::set_priority`).
 pub(crate) fn set_priority(
-    t: &PyTable,
+    t: &Table,
     k: Option<f64>,
     rule: Option<Py<PyAny>>,
     model: u32,
@@ -103,7 +103,7 @@ pub(crate) fn set_priority(
     half_life_s: f64,
 ) -> PyResult<()> {
     let Some(k) = k else {
-        return t.inner.set_priority(None).map_err(to_py_err);
+        return t.set_priority(None).map_err(to_py_err);
     };
     let ms = |s: f64| if s.is_finite() && s > 0.0 { (s * 1000.0) as u64 } else { 0 };
     let config = PriorityConfig {
@@ -116,15 +116,15 @@ pub(crate) fn set_priority(
         None => Arc::new(EkkoPriority),
         Some(r) => Arc::new(PyRule { rule: r, warned: Default::default() }),
     };
-    t.inner.set_priority(Some(Priority { config, rule, model })).map_err(to_py_err)
+    t.set_priority(Some(Priority { config, rule, model })).map_err(to_py_err)
 }
 
 /// `Table.priority_stats` as a dict (None: the table neither scores its writes nor syncs).
 pub(crate) fn priority_stats<'py>(
-    t: &PyTable,
+    t: &Table,
     py: Python<'py>,
 ) -> PyResult<Option<Bound<'py, PyDict>>> {
-    let Some(s) = t.inner.priority_stats() else { return Ok(None) };
+    let Some(s) = t.priority_stats() else { return Ok(None) };
     let d = PyDict::new(py);
     d.set_item("k", s.k)?;
     d.set_item("p_k", s.p_k)?;

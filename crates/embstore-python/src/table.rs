@@ -485,12 +485,12 @@ impl PyTable {
         window_s: f64,
         half_life_s: f64,
     ) -> PyResult<()> {
-        crate::priority::set_priority(self, k, rule, model, window_s, half_life_s)
+        crate::priority::set_priority(&self.inner, k, rule, model, window_s, half_life_s)
     }
 
     /// What the table's prioritiser has seen and its significant stores hold.
     fn priority_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        crate::priority::priority_stats(self, py)
+        crate::priority::priority_stats(&self.inner, py)
     }
 
     /// Prioritised sync on or off (off: the significant stores emptied, prioritised pulls

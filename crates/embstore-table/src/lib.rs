@@ -66,6 +66,7 @@ mod lookup;
 mod meta;
 mod optim;
 mod params;
+mod priority;
 mod sched;
 mod shard;
 mod sketch;

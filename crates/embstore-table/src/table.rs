@@ -60,7 +60,7 @@ pub struct Table {
     /// In a table that syncs: the state its shards share (`sync`).
     pub(crate) sync: OnceLock<Arc<crate::shard::sync::SyncShared>>,
     /// Whether (and how) the table scores its writes for prioritised sync.
-    pub(crate) priority: parking_lot::RwLock<Option<Arc<crate::sync::prioritised::TablePriority>>>,
+    pub(crate) priority: parking_lot::RwLock<Option<Arc<crate::priority::TablePriority>>>,
     /// Prioritised sync switched off (a rollback runs).
     pub(crate) priority_off: AtomicBool,
 }

@@ -33,7 +33,7 @@ def test_a_priority_is_checked_where_it_is_made():
     with pytest.raises(embstore.InvalidArgumentError, match="window_s"):
         embstore.Priority(window_s=0)
     store = embstore.Store()
-    with pytest.raises(embstore.InvalidArgumentError, match="embstore.Priority"):
+    with pytest.raises(embstore.InvalidArgumentError, match=r"embstore\.Priority"):
         store.create_table("t", D, priority=99)
     assert store.create_table("u", D).priority_stats() is None
 

@@ -9,15 +9,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use embstore_replication::{
-    prioritised, PartView, Prioritiser, PriorityConfig, PriorityFn, Sample, Snapshot,
-};
+use embstore_replication::{prioritised, PartView, Prioritiser, PriorityConfig, PriorityFn};
 use parking_lot::Mutex;
 
 use super::part::TablePart;
 use super::{PrioritisedReply, Vv};
+use crate::priority::TablePriority;
 use crate::tier::Gate;
-use crate::version::now_ms;
 use crate::write::clock_horizon;
 use crate::{Error, ErrorKind, Result, RowMeta, Table, Version, MAX_REPLICA};
 
@@ -49,33 +47,6 @@ pub struct PriorityStats {
     pub enabled: bool,
 }
 
-/// A table's prioritiser (shared by its shards' write steps).
-pub(crate) struct TablePriority {
-    prioritiser: Mutex<Prioritiser>,
-    pub(crate) model: u32,
-}
-
-impl std::fmt::Debug for TablePriority {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TablePriority").field("model", &self.model).finish_non_exhaustive()
-    }
-}
-
-impl TablePriority {
-    /// The threshold and statistics of the moment: a write step scores its rows with it,
-    /// under no lock of the prioritiser.
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        self.prioritiser.lock().snapshot(self.model)
-    }
-
-    /// A write step's samples, taken after it (off the shard's lock).
-    pub(crate) fn record(&self, samples: &[Sample]) {
-        if !samples.is_empty() {
-            self.prioritiser.lock().record(samples, now_ms());
-        }
-    }
-}
-
 impl Table {
     /// Scores this table's writes from now on (`Some`), or stops (`None`): rows written by
     /// `apply_gradients` with a priority at or above the `k`-th percentile of the recent ones
@@ -83,10 +54,10 @@ impl Table {
     /// not sync takes it and scores nothing until it syncs.
     pub fn set_priority(&self, priority: Option<Priority>) -> Result<()> {
         let p = match priority {
-            Some(p) => Some(Arc::new(TablePriority {
-                prioritiser: Mutex::new(Prioritiser::new(p.config, p.rule)?),
-                model: p.model,
-            })),
+            Some(p) => Some(Arc::new(TablePriority::new(
+                Mutex::new(Prioritiser::new(p.config, p.rule)?),
+                p.model,
+            ))),
             None => None,
         };
         *self.priority.write() = p;
@@ -117,7 +88,7 @@ impl Table {
             ..PriorityStats::default()
         };
         if let Some(p) = p {
-            let pr = p.prioritiser.lock();
+            let pr = p.prioritiser().lock();
             (out.scored, out.significant) = pr.counts();
             (out.k, out.p_k) = (Some(pr.config().k), pr.p_k());
         }
@@ -127,7 +98,7 @@ impl Table {
     /// Sets each model's share of inference requests (`p_m`), from counts.
     pub fn set_model_shares(&self, counts: &std::collections::HashMap<u32, f64>) {
         if let Some(p) = self.priority.read().clone() {
-            p.prioritiser.lock().set_model_shares(counts);
+            p.prioritiser().lock().set_model_shares(counts);
         }
     }
 
