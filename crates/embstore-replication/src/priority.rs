@@ -16,8 +16,9 @@
 //!
 //! Any other rule is a [`PriorityFn`]. The running means decay with a half-life (10 s by
 //! default); `p_k` comes from a ring of DDSketches (`sketches-ddsketch`, relative accuracy α)
-//! over `slots` slots of `window / slots` each, refreshed at most every `refresh_ms` of the
-//! caller's time or every 1,024 updates. Nothing here reads a clock: callers pass `now_ms`.
+//! over `slots` slots of `window / slots` each, refreshed every `refresh_ms` of the caller's
+//! time (and every 1,024 updates over the first 100,000). Nothing here reads a clock: callers
+//! pass `now_ms`.
 //!
 //! [`Congestion`] is the link side: a link whose oldest pending change stays older than the
 //! time-out for three rounds is congested (prioritised pulls run beside the normal ones) until
@@ -104,8 +105,8 @@ pub struct PriorityConfig {
     /// `n_u` of the freshness `f = 1 / (1 + writes / n_u)` of a row whose age the store does
     /// not know (8: a row's first few writes count as fresh).
     pub fresh_writes: u64,
-    /// `p_k` is recomputed at most this often, in ms of the caller's time (1 s), or after
-    /// 1,024 updates, whichever comes first.
+    /// `p_k` is recomputed this often, in ms of the caller's time (1 s; over the first
+    /// 100,000 updates also after every 1,024).
     pub refresh_ms: u64,
     /// The sketch's relative accuracy α (0.01: `p_k` within ±1 %).
     pub alpha: f64,
@@ -225,8 +226,10 @@ impl fmt::Debug for Prioritiser {
 
 /// Sketches hold positive values; a priority of 0 is stored as this.
 const MIN_P: f64 = 1e-9;
-/// `p_k` is recomputed after this many updates even within `refresh_ms`.
+/// While fewer than [`WARM_UPDATES`] updates were scored, `p_k` is recomputed after this many
+/// even within `refresh_ms`.
 const REFRESH_EVERY: u32 = 1024;
+const WARM_UPDATES: u64 = 100_000;
 
 impl Prioritiser {
     /// A prioritiser with `rule` (the paper's: [`EkkoPriority`]) under `cfg` (checked).
@@ -342,10 +345,13 @@ impl Prioritiser {
         }
         self.scored += samples.len() as u64;
         self.since_refresh = self.since_refresh.saturating_add(samples.len() as u32);
+        // Every `refresh_ms`; while the first updates come in (a threshold from few of them
+        // moves fast), every 1,024 as well.
+        let warming = self.scored < WARM_UPDATES && self.since_refresh >= REFRESH_EVERY;
         if !samples.is_empty()
             && (self.p_k.is_none()
                 || now_ms >= self.refreshed_ms.saturating_add(self.cfg.refresh_ms)
-                || self.since_refresh >= REFRESH_EVERY)
+                || warming)
         {
             self.refresh(now_ms);
         }

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::priority::Scoring;
 use embstore_index::MISSING;
-use embstore_replication::Update;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 
@@ -173,11 +173,9 @@ impl Table {
         let skip_non_finite = self.config.non_finite == NonFinite::Skip;
         let max_grad_bits = max_grad(&self.config.optimizer).to_bits();
         let mut slots = vec![0u64; uniq.len()];
-        // Priority (a syncing table that scores its writes): the threshold of the moment, and
-        // the rows' samples recorded after the step, off the shard's lock.
-        let priority = self.prioritiser();
-        let snapshot = priority.as_ref().map(|p| (p.snapshot(), p.model));
-        let (mut updates, mut written) = (Vec::new(), Vec::new());
+        // Priority (a syncing table that scores its writes): the threshold of the moment, the
+        // rows scored after the step, off the shard's lock.
+        let mut scoring = Scoring::start(self.prioritiser());
         let mut guard = self.shards[s].write();
         let shard = &mut *guard;
         // Drawn under the shard's write lock: in every shard, versions follow the order of
@@ -223,29 +221,15 @@ impl Table {
                 continue;
             }
             shard.record_write(slot, key, version);
-            if let Some((_, model)) = &snapshot {
+            if let Some(sc) = &mut scoring {
                 let l1 = g.iter().map(|x| x.abs() as f64).sum();
-                updates.push(Update { key, grad_l1: l1, age_ms: None, writes, model: *model });
-                written.push(shard.meta[slot].unpack().version);
+                sc.note(key, l1, writes, shard.meta[slot].unpack().version);
             }
             tally.stepped += 1;
         }
         drop(guard);
-        if let (Some(p), Some((snap, _))) = (&priority, &snapshot) {
-            // Scored with no lock held (a user's rule may be a Python callable), then the
-            // significant rows marked if they still hold this step's write.
-            let mut scored = Vec::with_capacity(updates.len());
-            snap.score_batch(&updates, &mut scored);
-            if scored.iter().any(|s| s.0.significant) {
-                let mut shard = self.shards[s].write();
-                for ((u, (sc, _)), v) in updates.iter().zip(&scored).zip(&written) {
-                    if sc.significant {
-                        shard.note_significant(u.key, *v);
-                    }
-                }
-            }
-            let samples: Vec<_> = scored.into_iter().map(|s| s.1).collect();
-            p.record(&samples);
+        if let Some(sc) = scoring {
+            sc.finish(&self.shards[s]);
         }
         Ok(tally)
     }

@@ -45,3 +45,59 @@ impl TablePriority {
         &self.prioritiser
     }
 }
+
+/// A write step's scoring: the threshold taken once before the step, each written row noted
+/// (its key, the 1-norm of its update, its earlier writes and the version the write left),
+/// then [`Scoring::finish`] after the step, with no lock held: the rule scores the rows in one
+/// call, the significant ones are marked if they still hold that write, and the samples go to
+/// the sketch.
+pub(crate) struct Scoring {
+    priority: std::sync::Arc<TablePriority>,
+    snapshot: Snapshot,
+    updates: Vec<embstore_replication::Update>,
+    written: Vec<crate::Version>,
+}
+
+impl Scoring {
+    /// Scoring for a write step of a table with `priority` (None: the table does not score).
+    pub(crate) fn start(priority: Option<std::sync::Arc<TablePriority>>) -> Option<Self> {
+        let priority = priority?;
+        let snapshot = priority.snapshot();
+        Some(Self { priority, snapshot, updates: Vec::new(), written: Vec::new() })
+    }
+
+    /// A row written: `key`, its update's 1-norm, its writes before this one, and the version
+    /// the write left it at.
+    #[inline]
+    pub(crate) fn note(&mut self, key: u64, l1: f64, writes: u64, version: crate::Version) {
+        let model = self.priority.model;
+        self.updates.push(embstore_replication::Update {
+            key,
+            grad_l1: l1,
+            age_ms: None,
+            writes,
+            model,
+        });
+        self.written.push(version);
+    }
+
+    /// Scores the step's rows (no lock held), marks the significant ones in `shard` if they
+    /// still hold this step's write, and records the samples.
+    pub(crate) fn finish(self, shard: &parking_lot::RwLock<crate::shard::Shard>) {
+        if self.updates.is_empty() {
+            return;
+        }
+        let mut scored = Vec::with_capacity(self.updates.len());
+        self.snapshot.score_batch(&self.updates, &mut scored);
+        if scored.iter().any(|s| s.0.significant) {
+            let mut shard = shard.write();
+            for ((u, (sc, _)), v) in self.updates.iter().zip(&scored).zip(&self.written) {
+                if sc.significant {
+                    shard.note_significant(u.key, *v);
+                }
+            }
+        }
+        let samples: Vec<Sample> = scored.into_iter().map(|s| s.1).collect();
+        self.priority.record(&samples);
+    }
+}

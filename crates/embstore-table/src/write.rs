@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::counters::Counters;
 use crate::meta::PackedMeta;
+use crate::priority::Scoring;
 use crate::tier::Gate;
 use crate::version::now_ms;
 use crate::{Error, ErrorKind, Result, RowChunk, RowMeta, Table};
@@ -203,6 +204,11 @@ impl Table {
         }
         let created = PackedMeta::created(now_ms());
         self.run(&groups, |s, keys, pos| {
+            // Priority: an assignment scores by the 1-norm of its change (an import keeps its
+            // rows' own versions, and is not scored).
+            let mut scoring =
+                if meta.is_none() { Scoring::start(self.prioritiser()) } else { None };
+            let mut old = vec![0f32; if scoring.is_some() { d } else { 0 }];
             let mut shard = self.shards[s].write();
             // Drawn under the shard's write lock, so that versions follow the order of writes
             // in every shard (see `apply_gradients`).
@@ -210,14 +216,21 @@ impl Table {
             let mut inserted = 0;
             for (&key, &p) in keys.iter().zip(pos) {
                 let p = p as usize;
-                let slot = match shard.slot(key) {
-                    Some(slot) => slot,
+                let new = &values[p * d..][..d];
+                let (slot, writes) = match shard.slot(key) {
+                    Some(slot) => {
+                        if scoring.is_some() {
+                            shard.values.read(slot, &mut old);
+                        }
+                        (slot, shard.meta[slot].unpack().update_count)
+                    }
                     None => {
                         inserted += 1;
-                        shard.insert(key, created, &self.config.optimizer)?
+                        old.fill(0.0);
+                        (shard.insert(key, created, &self.config.optimizer)?, 0)
                     }
                 };
-                shard.values.write(slot, &values[p * d..][..d]);
+                shard.values.write(slot, new);
                 match state {
                     StateIn::Keep => {}
                     StateIn::Init => self.config.optimizer.init_state(shard.state.row_mut(slot)),
@@ -235,6 +248,14 @@ impl Table {
                     Some(given) => shard.set_meta(slot, key, PackedMeta::pack(&given[p])),
                     None => shard.record_write(slot, key, version),
                 }
+                if let Some(sc) = &mut scoring {
+                    let l1 = new.iter().zip(&old).map(|(a, b)| (a - b).abs() as f64).sum();
+                    sc.note(key, l1, writes, shard.meta[slot].unpack().version);
+                }
+            }
+            drop(shard);
+            if let Some(sc) = scoring {
+                sc.finish(&self.shards[s]);
             }
             Counters::add(&self.counters.updates, keys.len());
             Counters::add(&self.counters.inserts, inserted);

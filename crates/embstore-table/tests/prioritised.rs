@@ -183,3 +183,26 @@ fn scoring_needs_sync_and_local_writes_supersede_entries() {
     dst.apply_gradients(&taken[..1], &[0.5; D], None).unwrap();
     assert_eq!(significant_entries(&dst), before - 1);
 }
+
+/// An assignment scores by the 1-norm of its change: rows changed most are significant; an
+/// import (rows with their own versions) is not scored.
+#[test]
+fn an_assignment_scores_by_its_change_and_an_import_is_not_scored() {
+    let (_s, src) = syncing(1);
+    prioritise(&src, 90.0);
+    let ids: Vec<u64> = (0..1_000).collect();
+    for round in 0..4 {
+        // Row i changes by (i % 100 + 1) × round: the largest changes are the top ids mod 100.
+        let values: Vec<f32> =
+            ids.iter().flat_map(|&i| vec![((i % 100 + 1) * round) as f32; D]).collect();
+        src.assign(&ids, &values).unwrap();
+    }
+    let s = src.priority_stats().unwrap();
+    assert_eq!(s.scored, 4_000);
+    assert!(s.significant > 0, "{s:?}");
+    let before = s.scored;
+    let meta: Vec<_> = src.export(1 << 20).flat_map(|c| c.meta).collect();
+    let keys: Vec<u64> = src.export(1 << 20).flat_map(|c| c.ids).collect();
+    src.import(&keys, &vec![1.0; keys.len() * D], None, Some(&meta)).unwrap();
+    assert_eq!(src.priority_stats().unwrap().scored, before);
+}
