@@ -358,6 +358,15 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "what the cache gains)",
     )
     srv.add_argument(
+        "--priority",
+        choices=["on", "off"],
+        default="on",
+        help="with --follow: while the link to the source is congested (replies arriving more "
+        "than 5 s late, three in a row), pull the source's significant writes ahead of the rest "
+        "on a second connection (on, the default; tables score their writes with "
+        "embstore.Priority at the trainer); off: normal sync only",
+    )
+    srv.add_argument(
         "--sync-no-shard-versions",
         action="store_true",
         help="with --follow: pull every part every round, skipping none by shard version (only "
@@ -656,6 +665,7 @@ def _serve(args: argparse.Namespace) -> int:
             sync_tls_domain=args.sync_tls_domain,
             sync_cache=not args.sync_no_cache,
             sync_shard_versions=not args.sync_no_shard_versions,
+            sync_priority=args.priority == "on",
             sync_tombstone_horizon_s=args.sync_tombstone_horizon,
             sync_with_state=args.sync_with_state,
             catch_up_timeout_s=args.catch_up_timeout,

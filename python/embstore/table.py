@@ -163,6 +163,12 @@ class Table:
         scores nor syncs."""
         return self._inner.priority_stats()
 
+    def significant_versions(self, ids: Any) -> np.ndarray:
+        """Per id, the version timestamp of its newest significant write (0: none), in a
+        table that syncs: a write was significant when the row's version (see
+        :meth:`metadata`) equals it."""
+        return self._inner.significant_versions(as_ids(ids))
+
     @property
     def config(self) -> TableSpec:
         """The table's :class:`~embstore.TableSpec`: ``store.create_table(table.config)`` makes

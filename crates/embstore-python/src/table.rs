@@ -499,6 +499,20 @@ impl PyTable {
         self.inner.set_prioritised_sync(on).map_err(to_py_err)
     }
 
+    /// Per id, the version timestamp of its newest significant write here (0: none).
+    fn significant_versions<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'_, u64>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let ids = ids.as_slice()?.to_vec();
+        let v = detached(py, || self.inner.significant_versions(&ids)).map_err(to_py_err)?;
+        Ok(v.into_iter()
+            .map(|v| v.map_or(0, |v| v.timestamp))
+            .collect::<Vec<u64>>()
+            .into_pyarray(py))
+    }
+
     fn set_step(&self, step: u64) -> PyResult<()> {
         self.inner.check_live().map_err(to_py_err)?;
         self.inner.set_step(step);

@@ -205,6 +205,9 @@ pub struct SyncConfig {
     pub with_state: bool,
     /// How long deletions are remembered for followers, in ms.
     pub tombstone_horizon_ms: u64,
+    /// Whether the follower pulls significant writes ahead while its link is congested
+    /// (prioritised sync; off: to measure what it gains).
+    pub priority: bool,
 }
 
 impl Default for SyncConfig {
@@ -222,6 +225,7 @@ impl Default for SyncConfig {
             shard_versions: true,
             with_state: false,
             tombstone_horizon_ms: 3_600_000,
+            priority: true,
         }
     }
 }

@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use embstore_common::{Error, Result};
 use embstore_replication::Vv;
+use embstore_table::sync::PrioritisedReply;
 use embstore_table::Table;
 use parking_lot::Mutex;
+use std::io::Write;
 
 use super::link::{connect, Conn};
 use super::status::Status;
@@ -48,8 +50,15 @@ impl Ahead {
             .name(format!("embstore-ahead-{}", t.name()))
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
-                    let r = connect(&addr, &options, &[t.name().to_owned()])
-                        .and_then(|(mut conn, _, _)| pull_ahead(&t, &mut conn, &flag, &status));
+                    let events = options.events.as_ref().and_then(|p| {
+                        let mut p = p.clone().into_os_string();
+                        p.push(".ahead");
+                        std::fs::OpenOptions::new().create(true).append(true).open(p).ok()
+                    });
+                    let mut events = events.map(std::io::BufWriter::new);
+                    let r = connect(&addr, &options, &[t.name().to_owned()]).and_then(
+                        |(mut conn, _, _)| pull_ahead(&t, &mut conn, &flag, &status, &mut events),
+                    );
                     if let Err(e) = r {
                         let mut s = status.lock();
                         s.s.errors += 1;
@@ -83,9 +92,35 @@ impl Drop for Ahead {
     }
 }
 
+/// Appends one record per row of a prioritised reply to the events file's `.ahead` sibling
+/// (`FollowOptions::events`): `time_us u64 | table u32 | part u32 | key u64 | ts u64`,
+/// little-endian (the time in µs since the Unix epoch, the table as `table_id`, the row's
+/// version timestamp), for measuring how soon rows taken ahead are served.
+fn record(e: &mut impl Write, table: &str, reply: &PrioritisedReply) {
+    let us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let id = super::table_id(table);
+    for (k, m) in reply.keys.iter().zip(&reply.meta) {
+        let mut rec = [0u8; 32];
+        rec[..8].copy_from_slice(&us.to_le_bytes());
+        rec[8..12].copy_from_slice(&id.to_le_bytes());
+        rec[12..16].copy_from_slice(&reply.part.to_le_bytes());
+        rec[16..24].copy_from_slice(&k.to_le_bytes());
+        rec[24..].copy_from_slice(&m.version.timestamp.to_le_bytes());
+        let _ = e.write_all(&rec);
+    }
+}
+
 /// Prioritised rounds over `conn` until `stop`: the change list since this loop's cursor,
 /// then one prioritised pull of the parts listed whose normal knowledge is not the source's.
-fn pull_ahead(t: &Table, conn: &mut Conn, stop: &AtomicBool, status: &Mutex<Status>) -> Result<()> {
+fn pull_ahead(
+    t: &Table,
+    conn: &mut Conn,
+    stop: &AtomicBool,
+    status: &Mutex<Status>,
+    events: &mut Option<std::io::BufWriter<std::fs::File>>,
+) -> Result<()> {
     let (mut epoch, mut cursor) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         let list = wire::List { table: t.name().to_owned(), epoch, cursor, wait_ms: WAIT_MS };
@@ -120,9 +155,15 @@ fn pull_ahead(t: &Table, conn: &mut Conn, stop: &AtomicBool, status: &Mutex<Stat
                     Kind::PrioritisedPart => {
                         let reply = wire::decode_prioritised(&body, t.dim())?;
                         rows += t.sync_apply_prioritised(&reply)?;
+                        if let Some(e) = events.as_mut() {
+                            record(e, t.name(), &reply);
+                        }
                     }
                     k => return Err(Error::corrupt(format!("unexpected sync frame {k:?}"))),
                 }
+            }
+            if let Some(e) = events.as_mut() {
+                let _ = e.flush();
             }
             let mut s = status.lock();
             s.s.prioritised_pulls += 1;

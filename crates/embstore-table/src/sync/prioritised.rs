@@ -125,6 +125,20 @@ impl Table {
         Ok((p.svv.clone(), p.tsvv.clone()))
     }
 
+    /// Per id of `ids`, the version of its newest significant write here (`None`: none): a
+    /// write was significant when its row's version equals this. For measuring and debugging.
+    pub fn significant_versions(&self, ids: &[u64]) -> Result<Vec<Option<Version>>> {
+        self.sync_shared()?;
+        Ok(ids
+            .iter()
+            .map(|&k| {
+                let shard = self.shards[self.shard_of(k)].read();
+                let sy = shard.sync.as_ref().expect("a syncing table's shards sync");
+                sy.parts[sy.sub(k)].sig.get(k)
+            })
+            .collect())
+    }
+
     fn check_prioritised(&self) -> Result<()> {
         if self.priority_off.load(Ordering::Relaxed) {
             return Err(Error::new(
