@@ -102,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                 for k in ("on", "rule")
             },
         }
+        on, rule = rec["ratio_on_over_off"], rec["ratio_rule_over_off"]
+        lo, hi = rec["ratio_on_range"]
+        share = rec["significant_share"]["on"]
         print(
             f"apply_gradients {rows_s:,.0f} rows/s without priority; with Priority(k=99) "
-            f"{rec['ratio_on_over_off']:.3f}× the time ({rec['ratio_on_range'][0]:.3f}.."
-            f"{rec['ratio_on_range'][1]:.3f}), with a Python rule {rec['ratio_rule_over_off']:.3f}×"
-            f"; significant {rec['significant_share']['on']:.4f} — {rec['cpu']}"
+            f"{on:.3f}x the time ({lo:.3f}..{hi:.3f}), with a Python rule {rule:.3f}x; "
+            f"significant {share:.4f} - {rec['cpu']}"
         )
         if a.json:
             with open(a.json, "w") as f:
