@@ -167,7 +167,7 @@ class Table:
         """Per id, the version timestamp of its newest significant write (0: none), in a
         table that syncs: a write was significant when the row's version (see
         :meth:`metadata`) equals it."""
-        return self._inner.significant_versions(as_ids(ids))
+        return self._inner.significant_versions(as_ids(ids)[0])
 
     @property
     def config(self) -> TableSpec:

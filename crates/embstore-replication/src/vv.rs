@@ -55,6 +55,15 @@ impl Vv {
         &self.entries
     }
 
+    /// Pointwise min with `other` (an origin absent from either reads 0): what both know.
+    pub fn meet(&self, other: &Vv) -> Vv {
+        let mut out = Vv::new();
+        for &(o, t) in &self.entries {
+            out.raise(o, t.min(other.get(o)));
+        }
+        out
+    }
+
     /// The largest timestamp of any origin (0 when empty).
     pub fn max_timestamp(&self) -> u64 {
         self.entries.iter().map(|e| e.1).max().unwrap_or(0)

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_replication::Vv;
-use embstore_table::sync::SyncOptions;
+use embstore_table::sync::{PrioritisedReply, SyncOptions};
 use embstore_table::{Store, Table};
 use parking_lot::Mutex;
+use wire::ALL_PARTS;
 
 use crate::tls::Stream;
 use crate::wire::{self, Kind};
@@ -397,12 +398,14 @@ fn serve_conn(
     }
     // Per (table, part): what the client knows at least.
     let mut known: HashMap<(String, u32), Vv> = HashMap::new();
+    // Per table, per part: the significant writes prioritised pulls sent it (their TSVVs).
+    let mut ahead: HashMap<String, Vec<Vv>> = HashMap::new();
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
             Kind::List => list(store, &mut c, &body, &mut known, &hello),
             Kind::Pull => pull(store, &mut c, &body, &hello, &mut known),
-            Kind::PrioritisedPull => prioritised_pull(store, &mut c, &body, &hello),
+            Kind::PrioritisedPull => prioritised_pull(store, &mut c, &body, &hello, &mut ahead),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
         match done {
@@ -505,12 +508,15 @@ fn encode_for(mut piece: embstore_table::sync::PartReply, hello: &wire::Hello) -
 }
 
 /// Answers a prioritised pull: per part, the rows with significant writes the requester's
-/// TSVV lacks (`Table::sync_pull_prioritised`), then `PullDone`.
+/// TSVV lacks (`Table::sync_pull_prioritised`), then `PullDone`. A pull of the one part
+/// [`ALL_PARTS`] asks for the whole table with one TSVV: the parts that have rows for it,
+/// then a last part [`ALL_PARTS`] with no row that carries the table's TSVV.
 fn prioritised_pull(
     store: &Store,
     c: &mut Conn<'_>,
     body: &[u8],
     hello: &wire::Hello,
+    ahead: &mut HashMap<String, Vec<Vv>>,
 ) -> Result<()> {
     if hello.protocol < wire::PRIORITY_PROTOCOL {
         return Err(Error::corrupt("a prioritised pull from a follower of protocol 4"));
@@ -527,6 +533,17 @@ fn prioritised_pull(
         )));
     }
     c.counters.prioritised_pulls.fetch_add(1, Ordering::Relaxed);
+    if let [(ALL_PARTS, tsvv)] = parts.as_slice() {
+        // The whole table: the parts with rows, then the table's TSVV (every part knows it).
+        let sent = ahead.entry(name.clone()).or_default();
+        let known = t.sync_pull_prioritised_all(tsvv, sent, &mut |reply| {
+            c.counters.prioritised_rows.fetch_add(reply.len() as u64, Ordering::Relaxed);
+            c.send(Kind::PrioritisedPart, &wire::encode_prioritised(&reply))
+        })?;
+        let last = PrioritisedReply { part: ALL_PARTS, tsvv: known, ..Default::default() };
+        c.send(Kind::PrioritisedPart, &wire::encode_prioritised(&last))?;
+        return c.send(Kind::PullDone, &[]);
+    }
     for (part, tsvv) in parts {
         let reply = t.sync_pull_prioritised(part, &tsvv)?;
         c.counters.prioritised_rows.fetch_add(reply.len() as u64, Ordering::Relaxed);

@@ -46,6 +46,9 @@ pub const PROTOCOL: u16 = 5;
 pub const PRIORITY_PROTOCOL: u16 = 5;
 /// The oldest sync protocol this build still speaks.
 pub const MIN_PROTOCOL: u16 = 4;
+/// The part a prioritised pull names to ask for the whole table with one TSVV (and the part
+/// of the last frame of its answer, which carries the table's TSVV and no row).
+pub const ALL_PARTS: u32 = u32::MAX;
 /// The largest frame body accepted (a reply larger than this is split by the responder).
 pub const MAX_FRAME: usize = 64 << 20;
 

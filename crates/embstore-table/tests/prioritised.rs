@@ -206,3 +206,46 @@ fn an_assignment_scores_by_its_change_and_an_import_is_not_scored() {
     src.import(&keys, &vec![1.0; keys.len() * D], None, Some(&meta)).unwrap();
     assert_eq!(src.priority_stats().unwrap().scored, before);
 }
+
+/// A pull of the whole table with one TSVV (the min over the follower's parts) takes the same
+/// rows as part-by-part pulls, and every part learns the source's TSVV: the next pull is empty.
+#[test]
+fn a_whole_table_prioritised_pull_takes_what_part_by_part_pulls_take() {
+    let (_s, src) = syncing(1);
+    let (_a, by_part) = syncing(2);
+    let (_b, whole) = syncing(3);
+    prioritise(&src, 90.0);
+    let ids: Vec<u64> = (0..2_000).collect();
+    for _ in 0..3 {
+        src.apply_gradients(&ids, &grads(&ids, 0.01), None).unwrap();
+    }
+    let taken = prioritised_sync(&src, &by_part);
+    let mut n = 0;
+    let mut sent = Vec::new();
+    let known = src
+        .sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
+            n += whole.sync_apply_prioritised(&r)?;
+            Ok(())
+        })
+        .unwrap();
+    whole.sync_learn_tsvv_all(&known).unwrap();
+    assert_eq!(n, taken);
+    assert_eq!(read(&whole, &ids), read(&by_part, &ids));
+    // Asked again on the same connection (what was sent is remembered), nothing is sent twice.
+    let mut again = 0;
+    src.sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
+        again += r.len();
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(again, 0, "nothing sent twice");
+    // New writes: only they go.
+    src.apply_gradients(&ids[..500], &grads(&ids[..500], 0.05), None).unwrap();
+    let mut fresh = 0;
+    src.sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
+        fresh += whole.sync_apply_prioritised(&r)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(fresh > 0 && fresh <= 500, "{fresh}");
+}

@@ -153,6 +153,8 @@ class Cluster:
                 argv += ["--sync-no-cache"]
         if self.args.no_shard_versions:
             argv += ["--sync-no-shard-versions"]
+        if getattr(self.args, "follower_priority", None):
+            argv += ["--priority", self.args.follower_priority]
         out = open(self.dir / f"{name(s)}.out", "w")
         err = open(self.dir / f"{name(s)}.err", "w")
         self.procs[s] = self.w.spawn(dc, k, argv, stdout=out, stderr=err)
@@ -179,6 +181,8 @@ class Cluster:
         argv += ["--parts", str(self.args.parts), "--cold-tables", str(self.args.cold_tables)]
         if self.args.source_no_cache:
             argv += ["--no-cache"]
+        if getattr(self.args, "priority_k", None):
+            argv += ["--priority", str(self.args.priority_k)]
         err = open(self.dir / "writer.err", "w")
         self.primary = self.w.spawn(
             1, 1, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True

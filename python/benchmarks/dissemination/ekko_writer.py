@@ -45,12 +45,21 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=1024, help="sync parts (default 1024)")
     ap.add_argument("--no-cache", action="store_true", help="answer every pull by a scan")
     ap.add_argument("--cold-tables", type=int, default=0, help="idle-ish extra tables (default 0)")
+    ap.add_argument(
+        "--priority",
+        type=float,
+        help="score the hot table's writes with embstore.Priority(k=K), and record per update "
+        "whether it was significant (``sig`` in the output)",
+    )
     args = ap.parse_args()
     trace = Trace(**json.loads(args.trace))
     keys, values = trace.keys_values()
     batches = list(trace.batches())
     store = embstore.Store(replica_id=1)
-    table = store.create_table("hot", embedding_dim=trace.dim, optimizer=embstore.Adagrad(lr=0.05))
+    prio = embstore.Priority(k=args.priority) if args.priority else None
+    table = store.create_table(
+        "hot", embedding_dim=trace.dim, optimizer=embstore.Adagrad(lr=0.05), priority=prio
+    )
     cold = [
         store.create_table(f"cold{i}", embedding_dim=trace.dim, optimizer=embstore.Adagrad(lr=0.05))
         for i in range(args.cold_tables)
@@ -78,6 +87,7 @@ def main() -> int:
             commit = np.zeros(len(batches), dtype=np.int64)
             rows = np.zeros(len(batches), dtype=np.int64)
             ts = np.zeros(len(keys), dtype=np.uint64)
+            sig = np.zeros(len(keys), dtype=bool)
             late = 0
             t0 = time.monotonic()
             cpu0 = time.process_time()
@@ -91,6 +101,8 @@ def main() -> int:
                 commit[i] = time.time_ns() // 1000
                 rows[i] = b - a
                 ts[a:b] = table.metadata(keys[a:b])["versions"]
+                if prio is not None:
+                    sig[a:b] = table.significant_versions(keys[a:b]) == ts[a:b]
                 if cold:
                     n_cold = b // 99 - cold_done
                     cold_done += n_cold
@@ -101,7 +113,7 @@ def main() -> int:
                         cold[j].assign(ids, vals)
             elapsed = time.monotonic() - t0
             cpu_s = time.process_time() - cpu0  # the whole process: writes and the sync port
-            np.savez(args.out, commit_us=commit, rows=rows, part=parts, ts=ts)
+            np.savez(args.out, commit_us=commit, rows=rows, part=parts, ts=ts, sig=sig)
             done = {"elapsed_s": elapsed, "cpu_s": cpu_s, "batches_late_100ms": late}
             done["cold_updates"] = cold_done
             print("done " + json.dumps(done), flush=True)

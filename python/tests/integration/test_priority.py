@@ -110,3 +110,25 @@ def test_a_follower_of_a_scoring_table_catches_up_with_nothing_left_ahead():
             replica.close()
     finally:
         port.stop()
+
+
+def test_significant_versions_name_the_writes_that_were_significant():
+    store = embstore.Store()
+    port = store.serve_sync()
+    try:
+        t = store.create_table(
+            "t",
+            D,
+            num_shards=1,
+            priority=embstore.Priority(k=95, rule=lambda u: u["key"] % 10 == 0),
+        )
+        ids = np.arange(1_000, dtype=np.uint64)
+        for _ in range(3):
+            t.apply_gradients(ids, np.ones((len(ids), D), np.float32))
+        sigv = t.significant_versions(ids)
+        versions = t.metadata(ids)["versions"]
+        marked = sigv == versions
+        np.testing.assert_array_equal(marked, ids % 10 == 0)
+        assert (sigv[~marked] == 0).all()
+    finally:
+        port.stop()

@@ -1,16 +1,16 @@
 //! The prioritised loop of a congested table link ([`Ahead`]): while the link counts as
-//! congested, a second connection to the same source asks for its change list and pulls, for
-//! the parts changed, the significant writes this replica's TSVV lacks (`PrioritisedPull`),
-//! applying them into the table's significant store (`Table::sync_apply_prioritised`), which
-//! reads consult. Normal rounds go on beside it (eventual consistency does not depend on it).
+//! congested, a second connection to the same source pulls, every 100 ms, the significant
+//! writes this replica lacks in any part (`PrioritisedPull` of the whole table, with the
+//! pointwise min of its parts' TSVVs: a request of a few bytes), applying them into the
+//! table's significant store (`Table::sync_apply_prioritised`), which reads consult. Normal
+//! rounds go on beside it (eventual consistency does not depend on it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use embstore_common::{Error, Result};
-use embstore_replication::Vv;
 use embstore_table::sync::PrioritisedReply;
 use embstore_table::Table;
 use parking_lot::Mutex;
@@ -18,12 +18,12 @@ use std::io::Write;
 
 use super::link::{connect, Conn};
 use super::status::Status;
-use super::{FollowOptions, PARTS_PER_PULL};
+use super::FollowOptions;
 use crate::wire::{self, Kind};
 
-/// How long the prioritised loop's change list waits for a change (ms): short, so that a
-/// calm link stops the loop soon.
-const WAIT_MS: u32 = 500;
+/// How often the prioritised loop pulls (at most: a pull that takes longer is followed at
+/// once by the next).
+const EVERY: Duration = Duration::from_millis(100);
 
 /// The prioritised loop of one table link, when it runs.
 #[derive(Default)]
@@ -112,8 +112,10 @@ fn record(e: &mut impl Write, table: &str, reply: &PrioritisedReply) {
     }
 }
 
-/// Prioritised rounds over `conn` until `stop`: the change list since this loop's cursor,
-/// then one prioritised pull of the parts listed whose normal knowledge is not the source's.
+/// Prioritised rounds over `conn` until `stop`, one every [`EVERY`]: one pull of the whole
+/// table with this replica's TSVV over every part (a few bytes, however many parts changed),
+/// answered by the parts that have significant writes it lacks and the source's TSVV, which
+/// every part then learns.
 fn pull_ahead(
     t: &Table,
     conn: &mut Conn,
@@ -121,57 +123,42 @@ fn pull_ahead(
     status: &Mutex<Status>,
     events: &mut Option<std::io::BufWriter<std::fs::File>>,
 ) -> Result<()> {
-    let (mut epoch, mut cursor) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
-        let list = wire::List { table: t.name().to_owned(), epoch, cursor, wait_ms: WAIT_MS };
-        conn.send(Kind::List, &list.encode())?;
-        let (changes, _) = wire::decode_changed(&conn.expect(Kind::Changed)?)?;
-        // The rows of small changes come with the list: normal sync's, applied as such.
+        let started = Instant::now();
+        let ask = [(wire::ALL_PARTS, t.sync_tsvv_min()?)];
+        conn.send(Kind::PrioritisedPull, &wire::encode_pull(t.name(), &ask))?;
+        let mut rows = 0usize;
         loop {
             let (kind, body) = conn.recv()?;
             match kind {
                 Kind::PullDone => break,
-                Kind::Part => {
-                    let reply = wire::decode_part(&body, t.dim(), t.state_dim())?;
-                    t.sync_apply(&reply)?;
+                Kind::PrioritisedPart => {
+                    let reply = wire::decode_prioritised(&body, t.dim())?;
+                    if reply.part == wire::ALL_PARTS {
+                        t.sync_learn_tsvv_all(&reply.tsvv)?;
+                        continue;
+                    }
+                    rows += t.sync_apply_prioritised(&reply)?;
+                    if let Some(e) = events.as_mut() {
+                        record(e, t.name(), &reply);
+                    }
                 }
                 k => return Err(Error::corrupt(format!("unexpected sync frame {k:?}"))),
             }
         }
-        (epoch, cursor) = (changes.epoch, changes.upto);
-        let mut parts: Vec<(u32, Vv)> = Vec::new();
-        for &(part, sv) in &changes.parts {
-            if t.sync_knowledge(part)?.1 != sv {
-                parts.push((part, t.sync_significant_knowledge(part)?.1));
-            }
+        if let Some(e) = events.as_mut() {
+            let _ = e.flush();
         }
-        for chunk in parts.chunks(PARTS_PER_PULL) {
-            conn.send(Kind::PrioritisedPull, &wire::encode_pull(t.name(), chunk))?;
-            let mut rows = 0usize;
-            loop {
-                let (kind, body) = conn.recv()?;
-                match kind {
-                    Kind::PullDone => break,
-                    Kind::PrioritisedPart => {
-                        let reply = wire::decode_prioritised(&body, t.dim())?;
-                        rows += t.sync_apply_prioritised(&reply)?;
-                        if let Some(e) = events.as_mut() {
-                            record(e, t.name(), &reply);
-                        }
-                    }
-                    k => return Err(Error::corrupt(format!("unexpected sync frame {k:?}"))),
-                }
-            }
-            if let Some(e) = events.as_mut() {
-                let _ = e.flush();
-            }
+        {
             let mut s = status.lock();
             s.s.prioritised_pulls += 1;
             s.s.prioritised_rows += rows as u64;
+            s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
+            s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
         }
-        let mut s = status.lock();
-        s.s.bytes_in += std::mem::take(&mut conn.bytes_in);
-        s.s.bytes_out += std::mem::take(&mut conn.bytes_out);
+        if let Some(rest) = EVERY.checked_sub(started.elapsed()) {
+            std::thread::sleep(rest);
+        }
     }
     Ok(())
 }

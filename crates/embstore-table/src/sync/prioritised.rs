@@ -209,6 +209,66 @@ impl Table {
         Ok(r)
     }
 
+    /// What every part's TSVV knows (their pointwise min): a requester that sends it in one
+    /// prioritised pull of the whole table ([`Table::sync_pull_prioritised_all`]) gets every
+    /// significant write it lacks in any part (and some it has, in parts that know more).
+    pub fn sync_tsvv_min(&self) -> Result<Vv> {
+        let parts = self.sync_shared()?.layout.parts();
+        let mut out: Option<Vv> = None;
+        for part in 0..parts {
+            let tsvv = self.sync_significant_knowledge(part)?.1;
+            out = Some(match out {
+                None => tsvv,
+                Some(o) => o.meet(&tsvv),
+            });
+        }
+        Ok(out.unwrap_or_default())
+    }
+
+    /// A prioritised pull of every part for a requester knowing at least `tsvv_r` in each,
+    /// and `known[part]` where given (what earlier pulls of this requester sent it: a
+    /// responder keeps it per connection, so that a request stays a few bytes and nothing is
+    /// sent twice). Each part's reply that carries rows is handed to `emit`, in part order, and
+    /// `known` is updated as if the requester applied them (it is resized to the parts).
+    /// Returns this table's [`Table::sync_tsvv_min`] read before any row (R1): once the
+    /// replies are applied the requester knows at least that in every part
+    /// ([`Table::sync_learn_tsvv_all`]).
+    pub fn sync_pull_prioritised_all(
+        &self,
+        tsvv_r: &Vv,
+        known: &mut Vec<Vv>,
+        emit: &mut dyn FnMut(PrioritisedReply) -> Result<()>,
+    ) -> Result<Vv> {
+        self.check_prioritised()?;
+        let min = self.sync_tsvv_min()?;
+        let parts = self.sync_shared()?.layout.parts() as usize;
+        known.resize(parts, Vv::new());
+        for (part, knows) in known.iter_mut().enumerate() {
+            knows.merge(tsvv_r);
+            let r = self.sync_pull_prioritised(part as u32, knows)?;
+            knows.merge(&r.tsvv);
+            if !r.is_empty() {
+                emit(r)?;
+            }
+        }
+        Ok(min)
+    }
+
+    /// After every reply of [`Table::sync_pull_prioritised_all`] was applied: each part's TSVV
+    /// learns `tsvv` (the responder's, read before its rows).
+    pub fn sync_learn_tsvv_all(&self, tsvv: &Vv) -> Result<()> {
+        self.check_live()?;
+        self.check_prioritised()?;
+        for shard in self.shards.iter() {
+            if let Some(sy) = shard.write().sync.as_mut() {
+                for p in &mut sy.parts {
+                    p.tsvv.merge(tsvv);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Applies a prioritised reply (from [`Table::sync_pull_prioritised`] at a peer): each
     /// row newer than both this table's row and its significant entry becomes the entry (read
     /// ahead of the row until normal sync supersedes it); then the part's TSVV merges the

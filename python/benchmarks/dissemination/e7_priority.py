@@ -1,0 +1,257 @@
+"""E7 (spec ekko.md §8.4): a WAN cut with prioritised sync on and off.
+
+The training store (its writer scores the hot table's writes with ``embstore.Priority(k)``)
+streams a trace to followers in every other data centre over the emulated WAN
+(``ekko_peer.Cluster``, ``wan2.sh``). At ``--cut-at`` s every training → inference WAN class is
+cut to ``--cut-mbit`` (``tc class change`` on DC 1's router), and restored at ``--restore-at``.
+The same trace runs twice, the followers' prioritised pulls off and on (``embstore serve
+--priority off|on``), in alternating order over ``--repeats``.
+
+Per update: visible at a follower at the first sync event covering its version (normal sync)
+or the first ``.ahead`` record of its key at or above its version (taken ahead); its latency is
+the max over followers of (visible - commit). Classes: ``significant`` (the writer's table
+marked the write: ``Table.significant_versions``), ``new`` (the first write of a key), ``other``;
+phases by commit time: before the cut, during it, after it. Also: the freshness proxy (the
+share of the rows created in the last 60 s visible at every follower, sampled every 5 s of the
+cut) and WAN bytes per DC pair. Needs root, ``make wan-deps``.
+
+    sudo .venv/bin/python python/benchmarks/dissemination/e7_priority.py --json e7.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import select
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from lib.records import log
+
+from dissemination import ekko_peer, latency
+from dissemination.cpu import CpuMeter
+from dissemination.trace import trace_for
+from dissemination.wan import Wan, config_from_args, pair_delta
+
+AHEAD = np.dtype(
+    [("t_us", "<u8"), ("table", "<u4"), ("part", "<u4"), ("key", "<u8"), ("ts", "<u8")]
+)
+
+
+def cut(w: Wan, mbit: float) -> None:
+    """Every WAN class from DC 1 (training) to the other DCs at ``mbit``."""
+    for j in range(2, w.cfg.dcs + 1):
+        subprocess.run(
+            ["ip", "netns", "exec", "ek-r1", "tc", "class", "change", "dev", "wan0", "parent",
+             "1:", "classid", f"1:{j}", "htb", "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit",
+             "burst", "64k", "cburst", "64k", "quantum", "60000"],
+            check=True,
+        )  # fmt: skip
+
+
+def ahead_visible(keys: np.ndarray, ts: np.ndarray, rec: np.ndarray) -> np.ndarray:
+    """Per update (key, version ts), the first ``.ahead`` record time of its key at or above
+    ``ts`` (int64 µs), or -1."""
+    out = np.full(len(keys), -1, dtype=np.int64)
+    if len(rec) == 0:
+        return out
+    order = np.lexsort((rec["t_us"], rec["key"]))
+    rk, rt, rts = rec["key"][order], rec["t_us"][order].astype(np.int64), rec["ts"][order]
+    uk, start = np.unique(rk, return_index=True)
+    end = np.append(start[1:], len(rk))
+    pos = np.searchsorted(uk, keys)
+    hit = (pos < len(uk)) & (uk[np.minimum(pos, len(uk) - 1)] == keys)
+    for i in np.flatnonzero(hit):
+        a, b = start[pos[i]], end[pos[i]]
+        known = np.maximum.accumulate(rts[a:b])
+        j = np.searchsorted(known, ts[i], side="left")
+        if j < b - a:
+            out[i] = rt[a + j]
+    return out
+
+
+def run(w: Wan, args, mode: str) -> dict:
+    trace = trace_for(args, args.rate)
+    args.follower_priority, args.priority_k = mode, args.k
+    cl = ekko_peer.Cluster(w, args, trace)
+    try:
+        cl.start()
+        meter = CpuMeter()
+        meter.watch("primary+writer", cl.primary.pid)
+        for s, p in cl.procs.items():
+            meter.watch(f"embstore-{ekko_peer.name(s)}", p.pid)
+        bytes0 = w.wan_bytes()
+        meter.start()
+        cl.primary.stdin.write("go\n")
+        cl.primary.stdin.flush()
+        t_go = time.monotonic()
+        go_us = time.time_ns() // 1000
+        state, done, drain_deadline, final = "before", None, None, None
+        wan = {}
+        while True:
+            t = time.monotonic() - t_go
+            if state == "before" and t >= args.cut_at:
+                b = w.wan_bytes()
+                wan["before"] = pair_delta(bytes0, b)
+                bytes0 = b
+                cut(w, args.cut_mbit)
+                state = "during"
+                log(f"  {mode}: t={t:.1f} s cut to {args.cut_mbit} Mbit/s")
+            elif state == "during" and t >= args.restore_at:
+                b = w.wan_bytes()
+                wan["during"] = pair_delta(bytes0, b)
+                bytes0 = b
+                cut(w, args.wan)
+                state = "after"
+                log(f"  {mode}: t={t:.1f} s restored to {args.wan} Mbit/s")
+            for e in cl.events.values():
+                e.poll()
+            if done is None and select.select([cl.primary.stdout], [], [], 0)[0]:
+                line = cl._read(1.0)
+                if not line.startswith("done "):
+                    raise RuntimeError(f"writer: {line}")
+                done = json.loads(line[5:])
+                data = np.load(cl.dir / "w.npz")
+                final = np.zeros(cl.parts, dtype=np.uint64)
+                np.maximum.at(final, data["part"].astype(np.int64), data["ts"])
+                drain_deadline = time.monotonic() + args.drain
+            if state == "after" and final is not None:
+                if all((e.known >= final).all() for e in cl.events.values()):
+                    break
+                if time.monotonic() > drain_deadline:
+                    log(f"  {mode}: drain timeout")
+                    break
+            time.sleep(0.05)
+        wan["after"] = pair_delta(bytes0, w.wan_bytes())
+        cpu = meter.stop()
+        events = {ekko_peer.name(s): e.all() for s, e in cl.events.items()}
+        ahead = {}
+        for s, e in cl.events.items():
+            f = pathlib.Path(str(e.path) + ".ahead")
+            raw = f.read_bytes() if f.exists() else b""
+            rec = np.frombuffer(raw[: len(raw) // AHEAD.itemsize * AHEAD.itemsize], dtype=AHEAD)
+            ahead[ekko_peer.name(s)] = rec[rec["table"] == latency.table_id("hot")]
+    finally:
+        cl.stop(None)
+    keys, _ = trace.keys_values()
+    commit_us, rows = data["commit_us"], data["rows"]
+    batch = np.repeat(np.arange(len(rows)), rows)
+    commit = commit_us[batch].astype(np.int64)
+    worst = np.zeros(len(commit), dtype=np.int64)
+    missing = np.zeros(len(commit), dtype=bool)
+    vis_all = np.zeros(len(commit), dtype=np.int64)
+    for n, ev in events.items():
+        vis = latency.row_visible_times(data["part"], data["ts"], ev)
+        va = ahead_visible(keys.astype(np.uint64), data["ts"], ahead[n])
+        both = np.where((va >= 0) & ((vis < 0) | (va < vis)), va, vis)
+        missing |= both < 0
+        worst = np.maximum(worst, both - commit)
+        vis_all = np.maximum(vis_all, both)
+    lat = worst / 1e6
+    lat[missing] = np.nan
+    _, first = np.unique(keys, return_index=True)
+    new = np.zeros(len(keys), dtype=bool)
+    new[first] = True
+    sig = data["sig"]
+    t_rel = (commit - go_us) / 1e6
+    phase = np.where(t_rel < args.cut_at, 0, np.where(t_rel < args.restore_at, 1, 2))
+    out: dict = {"mode": mode, "cpu": cpu, "discarded": cpu["discarded"], "writer": done}
+    for cname, sel in (("significant", sig), ("new", new), ("other", ~sig & ~new), ("all", None)):
+        for pi, pname in enumerate(("before", "during", "after")):
+            m = phase == pi if sel is None else (phase == pi) & sel
+            x = lat[m]
+            x = x[~np.isnan(x)]
+            out[f"{cname}_{pname}"] = {
+                "n": int(m.sum()),
+                "mean_s": round(float(x.mean()), 4) if len(x) else None,
+                "p50_s": round(float(np.percentile(x, 50)), 4) if len(x) else None,
+                "p99_s": round(float(np.percentile(x, 99)), 4) if len(x) else None,
+                "never_visible": int(m.sum() - len(x)),
+            }
+    # Freshness proxy during the cut: at each 5-s sample t, the share of the rows created in
+    # the last 60 s (new keys committed in [t - 60, t]) visible at every follower by t.
+    fresh = []
+    for t in np.arange(args.cut_at + 5, args.restore_at + 0.1, 5.0):
+        t_us = go_us + int(t * 1e6)
+        m = new & (commit <= t_us) & (commit >= t_us - 60_000_000)
+        if m.any():
+            fresh.append(
+                round(float(((vis_all[m] > 0) & (vis_all[m] <= t_us) & ~missing[m]).mean()), 4)
+            )
+    out["freshness_during_cut"] = fresh
+    out["freshness_mean"] = round(float(np.mean(fresh)), 4) if fresh else None
+    out["wan_bytes_by_phase"] = {k: sum(v.values()) for k, v in wan.items()}
+    out["rows_taken_ahead"] = int(sum(len(a) for a in ahead.values()))
+    out["significant_share"] = round(float(sig.mean()), 4)
+    log(
+        f"{mode}: significant before/during/after mean "
+        + " / ".join(str(out[f"significant_{p}"]["mean_s"]) for p in ("before", "during", "after"))
+        + " s; new "
+        + " / ".join(str(out[f"new_{p}"]["mean_s"]) for p in ("before", "during", "after"))
+        + " s; other "
+        + " / ".join(str(out[f"other_{p}"]["mean_s"]) for p in ("before", "during", "after"))
+        + f" s; freshness {out['freshness_mean']}; ahead {out['rows_taken_ahead']} rows; box CPU "
+        + f"{cpu['box_pct']} %"
+        + (" DISCARD" if cpu["discarded"] else "")
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=12_000, help="rows/s (default 12,000)")
+    ap.add_argument("--k", type=float, default=99.0, help="the writer's percentile (default 99)")
+    ap.add_argument("--cut-at", type=float, default=30.0)
+    ap.add_argument("--restore-at", type=float, default=90.0)
+    ap.add_argument("--cut-mbit", type=float, default=3.84)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json")
+    known, rest = ap.parse_known_args(argv)
+    # The cluster's own flags (network, workload, topology): ekko_peer's, with E7's defaults.
+    base = ["--dcs", "5", "--servers", "3", "--duration", str(known.restore_at + 30)]
+    args = ekko_peer.parse_args(base + rest)
+    for k, v in vars(known).items():
+        setattr(args, k, v)
+    records = []
+    with Wan(config_from_args(args), python=args.python, log=log) as w:
+        for r in range(known.repeats):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                log(f"E7 repeat {r + 1}/{known.repeats}, prioritised pulls {mode}")
+                rec = run(w, args, mode)
+                rec["repeat"] = r
+                records.append(rec)
+    doc = {
+        "experiment": "E7",
+        "rate_rows_s": known.rate,
+        "k": known.k,
+        "cut": [known.cut_at, known.restore_at, known.cut_mbit],
+        "network": vars(config_from_args(args))
+        if hasattr(config_from_args(args), "__dict__")
+        else None,
+        "cpu_model": next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")
+            ),
+            "unknown",
+        ),
+        "pid": os.getpid(),
+        "runs": records,
+    }
+    text = json.dumps(doc, indent=1, default=str)
+    if known.json:
+        pathlib.Path(known.json).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
