@@ -62,6 +62,7 @@ from embstore.errors import (
     UnsupportedFormatError,
 )
 from embstore.index import NeighborHash
+from embstore.model import ModelMonitor
 from embstore.prefetch import prefetch
 from embstore.priority import Priority
 from embstore.serving import RemoteClient, Server, connect
@@ -88,6 +89,7 @@ __all__ = [
     "InferenceCache",
     "InvalidArgumentError",
     "KeyNotFoundError",
+    "ModelMonitor",
     "NeighborHash",
     "NoSpaceError",
     "NonFiniteError",

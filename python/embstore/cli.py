@@ -9,6 +9,7 @@ Run it as ``embstore ...`` (installed with the package) or ``python -m embstore 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import json
 import pathlib
 import sys
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(sub)
     serve, status = _add_serve(sub), _add_status(sub)
     _add_admin(sub)
+    _add_model(sub)
     for p in (serve, status, _add_publish(sub)):
         p.add_argument(
             "--config",
@@ -413,6 +415,71 @@ def _add_status(sub: Any) -> argparse.ArgumentParser:
     _tls_args(st)
     st.set_defaults(run=_status)
     return st
+
+
+def _add_model(sub: Any) -> None:
+    m = sub.add_parser(
+        "model",
+        help="a model's health state in etcd (healthy / uncertain / corrupted, t_max per witness)",
+        description="What etcd records of a model's health (embstore.ModelMonitor writes it): "
+        "its state and when it was decided, the time up to which it is healthy, each witness's "
+        "t_max, its corrupted intervals, whether a rollback runs, and the alternative model.",
+    )
+    msub = m.add_subparsers(dest="model_cmd", required=True, metavar="status|list")
+    st = msub.add_parser("status", help="one model's state", description="One model's state.")
+    st.add_argument("model", help="the model's name")
+    st.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
+    st.add_argument("--json", action="store_true", help="print the record as JSON")
+    st.set_defaults(run=_model_status)
+    ls = msub.add_parser("list", help="the models with a state", description="Models in etcd.")
+    ls.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
+    ls.set_defaults(run=_model_list)
+
+
+def _fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).isoformat(timespec="seconds")
+
+
+def _model_status(args: argparse.Namespace) -> int:
+    from embstore.model import model_status
+
+    try:
+        s = model_status(args.model, args.etcd)
+    except EmbstoreError as e:
+        print(f"embstore model status: {e}", file=sys.stderr)
+        return 1
+    if s is None:
+        print(f"embstore model status: no state recorded for model '{args.model}'", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"model {args.model}: {s['state']} since {_fmt_ms(s['t_ms'])}")
+    if s.get("t_healthy_ms") is not None:
+        print(f"  healthy up to {_fmt_ms(s['t_healthy_ms'])}")
+    for w, t in sorted(s.get("t_max_ms", {}).items()):
+        print(f"  witness {w}: t_max {_fmt_ms(t)}")
+    for c in s.get("corrupted", []):
+        print(f"  corrupted {_fmt_ms(c['start_ms'])} .. {_fmt_ms(c.get('end_ms'))}")
+    if s.get("rolling_back"):
+        print("  a rollback is under way")
+    if s.get("alternative"):
+        print(f"  alternative: {s['alternative']}")
+    return 0
+
+
+def _model_list(args: argparse.Namespace) -> int:
+    from embstore.model import models
+
+    try:
+        for name in models(args.etcd):
+            print(name)
+    except EmbstoreError as e:
+        print(f"embstore model list: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _add_admin(sub: Any) -> None:

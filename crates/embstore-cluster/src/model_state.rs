@@ -46,6 +46,10 @@ pub struct ModelState {
     /// The model client traffic goes to instead, while this one is not trusted.
     #[serde(default)]
     pub alternative: Option<String>,
+    /// At a healthy decision: the time up to which the model state propagated is healthy
+    /// (the window's end less the dissemination latency), what witnesses flush their logs up to.
+    #[serde(default)]
+    pub t_healthy_ms: Option<u64>,
 }
 
 impl ModelState {

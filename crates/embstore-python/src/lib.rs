@@ -13,6 +13,7 @@ use pyo3::types::PyDict;
 
 mod cache;
 mod metrics;
+mod model;
 mod priority;
 mod serving;
 mod sync;
@@ -198,6 +199,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serving::PyServer>()?;
     m.add_class::<sync::PySyncServer>()?;
     m.add_class::<sync::PyFollower>()?;
+    m.add_class::<model::PyModelMonitor>()?;
     m.add_class::<serving::PyClient>()?;
     m.add_class::<cache::PyInferenceCache>()?;
     m.add_class::<cache::PySurrogates>()?;
@@ -216,6 +218,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serving::publish, m)?)?;
     m.add_function(wrap_pyfunction!(serving::cluster, m)?)?;
     m.add_function(wrap_pyfunction!(sync::sync_members, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_state_json, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_list, m)?)?;
     m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;
     m.add("OPTIMIZERS", embstore_table::Optimizer::NAMES)?;
     m.add("INITIALIZERS", embstore_table::Initializer::NAMES)?;

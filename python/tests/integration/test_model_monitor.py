@@ -1,0 +1,86 @@
+"""The model monitor (embstore.ModelMonitor) judges a model from its live and baseline
+variants' click rates and records each confident decision in etcd, where `embstore model
+status` reads it: healthy after three good windows (with the time up to which it is healthy),
+corrupted after three significantly worse ones (with the interval), late reports ignored and
+counted, bad input refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+
+import pytest
+
+import embstore
+
+W = 30.0
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "embstore", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_bad_input_is_refused_where_it_is_given():
+    with pytest.raises(embstore.InvalidArgumentError, match="model"):
+        embstore.ModelMonitor("a/b")
+    m = embstore.ModelMonitor("ctr")
+    with pytest.raises(embstore.InvalidArgumentError):
+        m.report(0, 1, 10, variant="shadow")
+    with pytest.raises(embstore.InvalidArgumentError, match="timezone"):
+        m.report(dt.datetime(2026, 1, 1), 1, 10)
+    with pytest.raises(embstore.InvalidArgumentError):
+        m.report(0, 11, 10)
+    with pytest.raises(embstore.InvalidArgumentError):
+        m.report(7, 1, 10)  # not the start of a window
+
+
+@pytest.mark.etcd
+def test_decisions_are_recorded_in_etcd_and_read_by_the_cli(tmp_path):
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    try:
+        m = embstore.ModelMonitor(
+            "ctr", etcd=etcd.url, baseline="ctr-delayed", window_s=W, latency_p99_s=2.0
+        )
+        t0 = 1_800_000_000.0  # a multiple of 30 s
+        # Three good windows: healthy, and healthy up to the third window's end less 2 s.
+        for w in range(3):
+            assert m.report(t0 + w * W, 2_000, 40_000, variant="live")
+            assert m.report(t0 + w * W, 2_000, 40_000, variant="baseline")
+        out = m.advance(watermark=t0 + 3 * W + 30)
+        assert [d["state"] for d in out] == ["uncertain", "uncertain", "healthy"]
+        s = embstore.model.model_status("ctr", etcd.url)
+        assert s["state"] == "healthy" and s["alternative"] == "ctr-delayed", s
+        assert s["t_healthy_ms"] == int((t0 + 3 * W - 2.0) * 1000), s
+        # A 20 % drop in the live click rate, three windows: corrupted (not after two).
+        for w in range(3, 6):
+            m.report(t0 + w * W, 1_600, 40_000, variant="live")
+            m.report(t0 + w * W, 2_000, 40_000, variant="baseline")
+        out = m.advance(watermark=t0 + 5 * W + 30)
+        assert [d["verdict"] for d in out] == ["bad", "bad"] and m.state == "healthy"
+        out = m.advance(watermark=t0 + 6 * W + 30)
+        assert out[-1]["state"] == "corrupted" and out[-1]["changed"]
+        s = embstore.model.model_status("ctr", etcd.url)
+        assert s["state"] == "corrupted", s
+        assert s["corrupted"] == [{"start_ms": int((t0 + 3 * W) * 1000), "end_ms": None}], s
+        # A report for a window judged already is late: ignored and counted.
+        assert not m.report(t0, 1, 10, variant="live")
+        assert m.late_reports == 1
+        # The CLI reads the same record.
+        out = _cli("model", "status", "ctr", "--etcd", etcd.url, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["state"] == "corrupted"
+        out = _cli("model", "status", "ctr", "--etcd", etcd.url)
+        assert (
+            "model ctr: corrupted since" in out.stdout and "alternative: ctr-delayed" in out.stdout
+        )
+        assert _cli("model", "list", "--etcd", etcd.url).stdout.split() == ["ctr"]
+        missing = _cli("model", "status", "nope", "--etcd", etcd.url)
+        assert missing.returncode == 1 and "no state recorded" in missing.stderr
+    finally:
+        etcd.stop()
