@@ -114,7 +114,12 @@ impl Server {
                 }
             }
             let source = label("source", &f.source);
-            for (state, on) in [("connected", f.connected), ("caught_up", f.caught_up)] {
+            let states = [
+                ("connected", f.connected),
+                ("caught_up", f.caught_up),
+                ("congested", f.congested),
+            ];
+            for (state, on) in states {
                 let l = vec![table.clone(), source.clone(), label("state", state)];
                 m.follow_state.get_or_create(&l).set(i64::from(on));
             }
@@ -123,6 +128,8 @@ impl Server {
                 ("rows_applied", f.rows_applied),
                 ("bytes_in", f.bytes_in),
                 ("errors", f.errors),
+                ("congestions", f.congestions),
+                ("prioritised_rows", f.prioritised_rows),
             ];
             for (w, v) in what {
                 let l = vec![table.clone(), label("what", w)];
@@ -248,6 +255,9 @@ mod sync_tests {
                 rows_applied: r.load(std::sync::atomic::Ordering::Relaxed),
                 bytes_in: 4096,
                 errors: 1,
+                congested: true,
+                congestions: 2,
+                prioritised_rows: 40,
             }]
         }));
         let text = s.metrics_text();
@@ -263,6 +273,11 @@ mod sync_tests {
         assert_eq!(value(&text, state), Some(1.0), "{text}");
         let pending = r#"embstore_sync_follow{table="item",what="parts_pending"}"#;
         assert_eq!(value(&text, pending), Some(7.0), "{text}");
+        let ahead = r#"embstore_sync_follow{table="item",what="prioritised_rows"}"#;
+        assert_eq!(value(&text, ahead), Some(40.0), "{text}");
+        let state =
+            r#"embstore_sync_follow_state{table="item",source="10.1.0.5:7100",state="congested"}"#;
+        assert_eq!(value(&text, state), Some(1.0), "{text}");
         // Read again at each scrape.
         rows.store(25, std::sync::atomic::Ordering::Relaxed);
         let applied = r#"embstore_sync_follow{table="item",what="rows_applied"}"#;

@@ -238,6 +238,11 @@ pub struct Followed {
     pub rows_applied: u64,
     pub bytes_in: u64,
     pub errors: u64,
+    /// Whether the link counts as congested (prioritised pulls run), how often it became so,
+    /// and the rows taken ahead of normal sync.
+    pub congested: bool,
+    pub congestions: u64,
+    pub prioritised_rows: u64,
 }
 
 /// Reads where the followed tables stand (called at each `/metrics` scrape).

@@ -141,13 +141,14 @@ impl Metrics {
         );
         r.register(
             "sync_follow_state",
-            "A followed table's state: 1 for connected and for caught_up, by table (and source)",
+            "A followed table's state: 1 for connected, caught_up and congested (prioritised \
+             pulls run), by table (and source)",
             m.follow_state.clone(),
         );
         r.register(
             "sync_follow",
             "A followed table since this process started, by table and what (parts_pending, \
-             rows_applied, bytes_in, errors)",
+             rows_applied, bytes_in, errors, congestions, prioritised_rows)",
             m.follow_count.clone(),
         );
         r.register(

@@ -171,6 +171,9 @@ pub(crate) fn followed(s: &embstore_sync::TableSync) -> Followed {
         rows_applied: s.rows_applied,
         bytes_in: s.bytes_in,
         errors: s.errors,
+        congested: s.congested,
+        congestions: s.congestions,
+        prioritised_rows: s.prioritised_rows,
     }
 }
 
