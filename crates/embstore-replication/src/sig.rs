@@ -74,12 +74,15 @@ impl SigIndex {
     /// Drops the entries written before `before_ms` (their rows still go by normal sync).
     /// Returns how many were dropped.
     pub fn prune(&mut self, before_ms: u64) -> usize {
-        let old: Vec<(u32, u64, u64)> = self
-            .by_sigv
-            .iter()
-            .filter(|(r, t, _)| Version::new(*t, *r).ms() < before_ms)
-            .copied()
-            .collect();
+        let cut = before_ms << crate::version::CTR_BITS;
+        let mut old = Vec::new();
+        let mut next = self.by_sigv.iter().next().map(|e| e.0);
+        while let Some(origin) = next {
+            old.extend(self.by_sigv.range((origin, 0, 0)..(origin, cut, 0)).copied());
+            next = origin
+                .checked_add(1)
+                .and_then(|o| self.by_sigv.range((o, 0, 0)..).next().map(|e| e.0));
+        }
         for e in &old {
             self.by_sigv.remove(e);
             self.by_key.remove(&e.2);

@@ -20,6 +20,9 @@ const PRUNE_EVERY_MS: u64 = 250;
 /// How often a table collects old tombstones, at most (after a removal, an applied reply or
 /// a change list).
 pub(crate) const COLLECT_EVERY_MS: u64 = 5_000;
+/// How long a significant write stays in its part's sigv index (ms): past it, the row goes by
+/// normal sync only (a requester still behind it is far behind already).
+const SIG_HORIZON_MS: u64 = 10 * 60 * 1000;
 /// A part's cache never needs to be pruned below this many rows.
 const CACHE_MIN_ROWS: usize = 64;
 
@@ -196,9 +199,11 @@ impl ShardSync {
             .flat_map(|m| m.values())
             .map(|e| 64 + e.values.as_ref().map_or(0, |v| 4 * v.len()))
             .sum();
+        let index: usize = self.parts.iter().map(|p| p.sig.len() * 96).sum();
         self.tombs.capacity() * (std::mem::size_of::<(u64, Version)>() + 1)
             + self.cached() * 32
             + sig
+            + index
     }
 
     /// Prunes every part's cache to `now - D_prop`, at most every [`PRUNE_EVERY_MS`] unless
@@ -214,8 +219,12 @@ impl ShardSync {
         }
         let d_prop = self.shared.d_prop_ms();
         let n = self.parts.len();
+        let sig_before = now.saturating_sub(SIG_HORIZON_MS);
         for p in &mut self.parts {
             p.cache.prune(now, d_prop);
+            if !p.sig.is_empty() {
+                p.sig.prune(sig_before);
+            }
             let part_rows = shard_rows / n.max(1);
             let cap = self.shared.cache_cap(part_rows).max(CACHE_MIN_ROWS);
             if p.cache.len() > cap {
