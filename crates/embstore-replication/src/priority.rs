@@ -230,6 +230,9 @@ const MIN_P: f64 = 1e-9;
 /// even within `refresh_ms`.
 const REFRESH_EVERY: u32 = 1024;
 const WARM_UPDATES: u64 = 100_000;
+/// Priorities the threshold is taken over at least (from the newest slots back): 100 of
+/// them above the 99th percentile.
+const ENOUGH: usize = 10_000;
 
 impl Prioritiser {
     /// A prioritiser with `rule` (the paper's: [`EkkoPriority`]) under `cfg` (checked).
@@ -306,11 +309,23 @@ impl Prioritiser {
     fn refresh(&mut self, now_ms: u64) {
         let len = self.slot_len();
         let oldest = (now_ms / len).saturating_sub(self.cfg.slots as u64 - 1) * len;
+        // The newest slots first, as many as hold enough priorities for the percentile's tail
+        // (at least `ENOUGH`), up to the whole window: a busy writer's threshold follows its
+        // priorities within seconds (they drift as rows age and gradients shrink), a quiet
+        // one's is taken over the window.
+        let mut order: Vec<usize> = (0..self.ring.len())
+            .filter(|&i| {
+                let start = self.slot_start[i];
+                start != u64::MAX && start >= oldest && start <= now_ms
+            })
+            .collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.slot_start[i]));
         let mut all = DDSketch::new(self.sketch_cfg);
-        for (s, start) in self.ring.iter().zip(&self.slot_start) {
-            if *start != u64::MAX && *start >= oldest && *start <= now_ms {
-                // Same configuration on both sides: merging cannot fail.
-                let _ = all.merge(s);
+        for i in order {
+            // Same configuration on both sides: merging cannot fail.
+            let _ = all.merge(&self.ring[i]);
+            if all.count() >= ENOUGH {
+                break;
             }
         }
         if let Ok(Some(q)) = all.quantile(self.cfg.k / 100.0) {

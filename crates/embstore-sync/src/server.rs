@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use embstore_common::{now_ms, Error, ErrorKind, Result};
 use embstore_replication::Vv;
-use embstore_table::sync::{PrioritisedReply, SyncOptions};
+use embstore_table::sync::{PrioritisedReply, PrioritisedSent, SyncOptions};
 use embstore_table::{Store, Table};
 use parking_lot::Mutex;
 use wire::ALL_PARTS;
@@ -399,7 +399,7 @@ fn serve_conn(
     // Per (table, part): what the client knows at least.
     let mut known: HashMap<(String, u32), Vv> = HashMap::new();
     // Per table, per part: the significant writes prioritised pulls sent it (their TSVVs).
-    let mut ahead: HashMap<String, Vec<Vv>> = HashMap::new();
+    let mut ahead: HashMap<String, PrioritisedSent> = HashMap::new();
     loop {
         let (kind, body) = c.recv()?;
         let done = match kind {
@@ -516,7 +516,7 @@ fn prioritised_pull(
     c: &mut Conn<'_>,
     body: &[u8],
     hello: &wire::Hello,
-    ahead: &mut HashMap<String, Vec<Vv>>,
+    ahead: &mut HashMap<String, PrioritisedSent>,
 ) -> Result<()> {
     if hello.protocol < wire::PRIORITY_PROTOCOL {
         return Err(Error::corrupt("a prioritised pull from a follower of protocol 4"));

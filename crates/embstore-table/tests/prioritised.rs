@@ -221,7 +221,7 @@ fn a_whole_table_prioritised_pull_takes_what_part_by_part_pulls_take() {
     }
     let taken = prioritised_sync(&src, &by_part);
     let mut n = 0;
-    let mut sent = Vec::new();
+    let mut sent = embstore_table::sync::PrioritisedSent::default();
     let known = src
         .sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
             n += whole.sync_apply_prioritised(&r)?;

@@ -117,6 +117,7 @@ impl ShardSync {
     /// A local write of `key` at `v` was significant (its priority at or above `p_k`): the
     /// part's significant knowledge learns it and its key enters the sigv index.
     pub(crate) fn on_significant(&mut self, key: u64, v: Version) {
+        self.shared.sig_seq.fetch_add(1, Ordering::Relaxed);
         let sub = self.sub(key);
         embstore_replication::prioritised::note_significant(&mut self.parts[sub], key, v);
     }
@@ -146,6 +147,7 @@ impl ShardSync {
 
     /// Puts `row` as `key`'s significant entry.
     pub(crate) fn put_significant(&mut self, key: u64, row: SigRow) {
+        self.shared.sig_seq.fetch_add(1, Ordering::Relaxed);
         let sub = self.sub(key);
         if self.significant[sub].insert(key, row).is_none() {
             self.significant_len += 1;
@@ -302,6 +304,9 @@ pub(crate) struct SyncShared {
     /// When the last collection over every shard began (ms).
     pub(crate) last_collect_ms: AtomicU64,
     pub(crate) counters: SyncCounters,
+    /// Moves on with every significant write this table learns (its own, one a normal reply
+    /// carries, one taken ahead): a prioritised pull finds nothing new while it stands still.
+    pub(crate) sig_seq: AtomicU64,
 }
 
 impl SyncShared {

@@ -40,7 +40,7 @@ mod pull;
 pub(crate) mod saved;
 mod target;
 
-pub use prioritised::{Priority, PriorityStats};
+pub use prioritised::{PrioritisedSent, Priority, PriorityStats};
 pub use target::{check_parts, TableInfo, Target};
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
@@ -368,6 +368,7 @@ impl Table {
             tombstone_horizon_ms: options.tombstone_horizon_ms,
             last_collect_ms: AtomicU64::new(crate::version::now_ms()),
             counters: SyncCounters::default(),
+            sig_seq: AtomicU64::new(0),
         });
         if self.sync.set(shared.clone()).is_err() {
             return Err(Error::invalid("sync was enabled concurrently"));

@@ -185,7 +185,11 @@ impl<S: DerefMut<Target = Shard>> PartStore for TablePart<'_, S> {
             shard.state.row_mut(slot).copy_from_slice(&st[i * sd..][..sd]);
         }
         shard.set_meta(slot, key, PackedMeta::pack(&reply.meta[i]));
-        self.sy_mut().tombs.remove(&key);
+        let sy = self.sy_mut();
+        sy.tombs.remove(&key);
+        if reply.sigv.get(i).is_some_and(|v| *v != Version::default()) {
+            sy.shared.sig_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 

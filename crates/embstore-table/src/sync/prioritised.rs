@@ -31,6 +31,16 @@ pub struct Priority {
     pub model: u32,
 }
 
+/// What a responder sent one requester by prioritised pulls of the whole table
+/// ([`Table::sync_pull_prioritised_all`]): per part the TSVV the requester has at least, and
+/// where the table stood then. Kept per connection.
+#[derive(Clone, Debug, Default)]
+pub struct PrioritisedSent {
+    seq: Option<u64>,
+    asked: Vv,
+    parts: Vec<Vv>,
+}
+
 /// What a table's prioritiser has seen, and its significant stores.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PriorityStats {
@@ -236,14 +246,22 @@ impl Table {
     pub fn sync_pull_prioritised_all(
         &self,
         tsvv_r: &Vv,
-        known: &mut Vec<Vv>,
+        known: &mut PrioritisedSent,
         emit: &mut dyn FnMut(PrioritisedReply) -> Result<()>,
     ) -> Result<Vv> {
         self.check_prioritised()?;
+        let shared = self.sync_shared()?;
+        // Read before anything else: a significant write learnt from now on moves it on.
+        let seq = shared.sig_seq.load(Ordering::Acquire);
         let min = self.sync_tsvv_min()?;
-        let parts = self.sync_shared()?.layout.parts() as usize;
-        known.resize(parts, Vv::new());
-        for (part, knows) in known.iter_mut().enumerate() {
+        if known.seq == Some(seq) && tsvv_r.dominates(&known.asked) {
+            return Ok(min); // nothing learnt since the last pull, which sent all there was
+        }
+        let parts = shared.layout.parts() as usize;
+        known.parts.resize(parts, Vv::new());
+        known.seq = Some(seq);
+        known.asked = tsvv_r.clone();
+        for (part, knows) in known.parts.iter_mut().enumerate() {
             knows.merge(tsvv_r);
             let r = self.sync_pull_prioritised(part as u32, knows)?;
             knows.merge(&r.tsvv);
