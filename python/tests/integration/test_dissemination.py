@@ -48,7 +48,8 @@ def test_an_embedded_follower_holds_the_primarys_rows_and_follows_its_writes() -
             assert _same(_rows(replica["item"]), _rows(t))
             (s,) = replica.sync_status()
             assert s["table"] == "item" and s["connected"] and s["caught_up"], s
-            assert s["errors"] == 0 and s["rows_applied"] >= 1000 and s["bytes_in"] > 16_000, s
+            # bytes_in: zstd-compressed (protocol 6), the 1,000 rows of ones to almost nothing
+            assert s["errors"] == 0 and s["rows_applied"] >= 1000 and s["bytes_in"] > 4_000, s
             assert s["cache_hit_rate"] > 0.5 and s["lag_ms_p99"] is not None, s
             stats = t.sync_stats()
             assert stats is not None and stats["tombstones"] == 3 and stats["rows_sent"] > 0
