@@ -490,3 +490,34 @@ def test_a_joining_replica_serves_once_caught_up() -> None:
     finally:
         f.kill()
         port.stop()
+
+
+def test_a_follower_asking_for_f16_values_holds_them_rounded_to_half_precision() -> None:
+    """`embstore serve --follow ... --sync-precision f16` (lossy, protocol 6): the source sends
+    each value at half precision; the follower serves the primary's rows rounded to f16, every
+    value within a relative 2^-11. Without the flag: exact."""
+    p = embstore.Store(replica_id=1)
+    t = p.create_table("item", embedding_dim=16)
+    rng = np.random.default_rng(5)
+    ids = np.arange(2000)
+    t.assign(ids, rng.standard_normal((2000, 16)).astype(np.float32))
+    want = t.lookup(ids, on_miss="zeros")
+    port = p.serve_sync("127.0.0.1:0")
+    serve = [sys.executable, "-m", "embstore", "serve", "--listen", "127.0.0.1:0"]
+    try:
+        for flag, expect in (
+            (["--sync-precision", "f16"], want.astype(np.float16).astype(np.float32)),
+            ([], want),
+        ):
+            f = _Proc([*serve, "--follow", port.address, *flag], r" on (127\.0\.0\.1:\d+):")
+            try:
+                client = embstore.connect(f.match.group(1))
+                deadline = time.monotonic() + 30
+                while not np.array_equal(got := client.lookup("item", ids), expect):
+                    assert time.monotonic() < deadline, np.abs(got - expect).max()
+                    time.sleep(0.1)
+                assert np.all(np.abs(got - want) <= np.abs(want) * 2.0**-11 + 1e-7)
+            finally:
+                f.kill()
+    finally:
+        port.stop()

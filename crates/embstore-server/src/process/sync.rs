@@ -34,6 +34,7 @@ fn follow_options(a: &SyncConfig) -> embstore_sync::FollowOptions {
         tls: a.tls.clone(),
         skip_by_sv: a.shard_versions,
         with_state: a.with_state,
+        precision: a.precision,
         ..embstore_sync::FollowOptions::default()
     }
 }
