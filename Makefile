@@ -168,7 +168,7 @@ bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim, equal
 	$(VPY) python/benchmarks/bench_cache_accuracy.py $(ARGS)
 	$(VPY) python/benchmarks/bench_cache_memory.py $(ARGS)
 
-bench-dissemination: develop wan-deps ## Sync vs Redis replication over an emulated WAN (root; ~20 min; ARGS=OUT_DIR)
+bench-dissemination: develop wan-deps ## Sync vs Redis replication over an emulated WAN (root; ~25 min; ARGS=OUT_DIR)
 	python/benchmarks/dissemination/compare.sh $(ARGS)
 
 bench-io: toolchain ## Cold-record reads: io_uring vs pread pools, O_DIRECT (ARGS="--file-gib 4 --json")

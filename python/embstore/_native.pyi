@@ -206,6 +206,7 @@ class Server:
         sync_tombstone_horizon_ms: int = 3_600_000,
         sync_with_state: bool = False,
         sync_priority: bool = True,
+        sync_precision: str | None = None,
         catch_up_timeout_s: float = 60.0,
         framed_listen: str | None = "auto",
         framed_unix: str | os.PathLike[str] | None = None,

@@ -354,6 +354,13 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "centre that may take over as primary; inference replicas need the values only)",
     )
     srv.add_argument(
+        "--sync-precision",
+        choices=["f32", "f16"],
+        help="with --follow: the precision of the values the source sends (default f32, exact; "
+        "f16 halves the WAN bytes of the values and rounds each to half precision, a relative "
+        "2^-11: a lossy copy for serving, never for taking over training)",
+    )
+    srv.add_argument(
         "--sync-no-cache",
         action="store_true",
         help="answer every pull by a scan, never from the update cache (only for measuring "
@@ -735,6 +742,7 @@ def _serve(args: argparse.Namespace) -> int:
             sync_priority=args.priority == "on",
             sync_tombstone_horizon_s=args.sync_tombstone_horizon,
             sync_with_state=args.sync_with_state,
+            sync_precision=args.sync_precision,
             catch_up_timeout_s=args.catch_up_timeout,
         )
     except StoreLockedError as e:

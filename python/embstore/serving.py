@@ -95,6 +95,7 @@ class Server:
         sync_tombstone_horizon_s: float = 3600.0,
         sync_with_state: bool = False,
         sync_priority: bool = True,
+        sync_precision: str | None = None,
         catch_up_timeout_s: float = 60.0,
     ) -> None:
         etcds = None
@@ -146,6 +147,7 @@ class Server:
             sync_tombstone_horizon_ms=int(sync_tombstone_horizon_s * 1000),
             sync_with_state=sync_with_state,
             sync_priority=sync_priority,
+            sync_precision=sync_precision,
             catch_up_timeout_s=catch_up_timeout_s,
             framed_listen=framed_listen,
             framed_unix=path(framed_unix),

@@ -81,10 +81,13 @@ pub enum Kind {
     PrioritisedPull = 22,
     /// A prioritised pull's answer for one part.
     PrioritisedPart = 23,
+    /// A request's answer packed in one frame, compressed where that pays (sync protocol 6).
+    Packed = 24,
 }
 
 impl Kind {
-    fn from_u8(b: u8) -> Option<Self> {
+    /// The kind of a kind byte, if this version knows it.
+    pub fn from_u8(b: u8) -> Option<Self> {
         Some(match b {
             1 => Kind::Hello,
             2 => Kind::Info,
@@ -101,6 +104,7 @@ impl Kind {
             21 => Kind::PullDone,
             22 => Kind::PrioritisedPull,
             23 => Kind::PrioritisedPart,
+            24 => Kind::Packed,
             _ => return None,
         })
     }

@@ -73,7 +73,7 @@ fn duration_or(seconds: f64, otherwise: Duration) -> Duration {
 #[pymethods]
 impl PyServer {
     #[new]
-    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, sync_priority=true, catch_up_timeout_s=60.0, framed_listen=Some("auto".to_string()), framed_unix=None, **renamed))]
+    #[pyo3(signature = (store_dir, listen, memory_budget_bytes=None, max_batch=embstore_server::DEFAULT_MAX_BATCH, admin=false, metrics=None, read_token=None, admin_token=None, tls_cert=None, tls_key=None, tls_client_ca=None, etcd=None, advertise=None, lease_ttl_s=10.0, data_dir=None, sync_listen=None, sync_token=None, follow=None, replica=None, sync_events=None, sync_etcd=None, dc=None, sync_advertise=None, sync_tls_ca=None, sync_tls_cert=None, sync_tls_key=None, sync_tls_domain=None, sync_cache=true, sync_shard_versions=true, sync_tombstone_horizon_ms=3_600_000, sync_with_state=false, sync_priority=true, sync_precision=None, catch_up_timeout_s=60.0, framed_listen=Some("auto".to_string()), framed_unix=None, **renamed))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -109,12 +109,23 @@ impl PyServer {
         sync_tombstone_horizon_ms: u64,
         sync_with_state: bool,
         sync_priority: bool,
+        sync_precision: Option<String>,
         catch_up_timeout_s: f64,
         framed_listen: Option<String>,
         framed_unix: Option<PathBuf>,
         renamed: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let (framed_listen, framed_unix) = old_names(py, framed_listen, framed_unix, renamed)?;
+        let precision = match sync_precision.as_deref() {
+            None => None,
+            Some("f32") => Some(embstore_sync::wire::Precision::F32),
+            Some("f16") => Some(embstore_sync::wire::Precision::F16),
+            Some(p) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "sync_precision must be 'f32' or 'f16', not {p:?}"
+                )))
+            }
+        };
         let config = ServeConfig {
             store_dir,
             listen,
@@ -145,6 +156,7 @@ impl PyServer {
                 shard_versions: sync_shard_versions,
                 priority: sync_priority,
                 with_state: sync_with_state,
+                precision,
                 tombstone_horizon_ms: sync_tombstone_horizon_ms,
             },
             catch_up_timeout: duration_or(catch_up_timeout_s, Duration::MAX),

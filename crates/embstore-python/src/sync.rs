@@ -110,6 +110,14 @@ impl PySyncServer {
         d.set_item("parts", s.parts)?;
         d.set_item("prioritised_pulls", s.prioritised_pulls)?;
         d.set_item("prioritised_rows", s.prioritised_rows)?;
+        d.set_item("parts_inline", s.parts_inline)?;
+        d.set_item("bytes_out_raw", s.bytes_out_raw)?;
+        d.set_item("frames_out", s.frames_out)?;
+        d.set_item("packed_out", s.packed_out)?;
+        d.set_item("changed_bytes", s.changed_bytes)?;
+        d.set_item("part_bytes", s.part_bytes)?;
+        d.set_item("part_rows", s.part_rows)?;
+        d.set_item("value_bytes", s.value_bytes)?;
         Ok(d)
     }
 

@@ -585,7 +585,8 @@ async fn connection<S: Io>(
             | Kind::Part
             | Kind::PullDone
             | Kind::PrioritisedPull
-            | Kind::PrioritisedPart => {
+            | Kind::PrioritisedPart
+            | Kind::Packed => {
                 let status = Status::invalid_argument(format!(
                     "{kind:?} is a sync frame: this is a framed lookup port, not a sync port"
                 ));

@@ -83,6 +83,18 @@ pub struct ServerStats {
     /// Prioritised pulls served, and the rows they carried.
     pub prioritised_pulls: u64,
     pub prioritised_rows: u64,
+    /// What the frames sent would have taken unpacked (16-byte headers and bodies as they
+    /// are): `bytes_out` over this is what packing and compression saved (protocol 6).
+    pub bytes_out_raw: u64,
+    /// Frames sent (after packing), and PACKED frames among them.
+    pub frames_out: u64,
+    pub packed_out: u64,
+    /// Where the raw bytes went: change lists' bodies, parts' bodies, the rows those parts
+    /// carried, and the value (and state) bytes among those bodies.
+    pub changed_bytes: u64,
+    pub part_bytes: u64,
+    pub part_rows: u64,
+    pub value_bytes: u64,
 }
 
 #[derive(Default)]
@@ -96,6 +108,13 @@ struct Counters {
     parts: AtomicU64,
     prioritised_pulls: AtomicU64,
     prioritised_rows: AtomicU64,
+    bytes_out_raw: AtomicU64,
+    frames_out: AtomicU64,
+    packed_out: AtomicU64,
+    changed_bytes: AtomicU64,
+    part_bytes: AtomicU64,
+    part_rows: AtomicU64,
+    value_bytes: AtomicU64,
 }
 
 /// A running sync port; [`SyncServer::stop`] (or drop) closes it and its connections.
@@ -186,6 +205,13 @@ impl SyncServer {
             parts_inline: g(&c.parts_inline),
             prioritised_pulls: g(&c.prioritised_pulls),
             prioritised_rows: g(&c.prioritised_rows),
+            bytes_out_raw: g(&c.bytes_out_raw),
+            frames_out: g(&c.frames_out),
+            packed_out: g(&c.packed_out),
+            changed_bytes: g(&c.changed_bytes),
+            part_bytes: g(&c.part_bytes),
+            part_rows: g(&c.part_rows),
+            value_bytes: g(&c.value_bytes),
         }
     }
 
@@ -267,6 +293,9 @@ struct Conn<'a> {
     /// A send failed (the client is gone, or stopped reading past the deadline): nothing
     /// more is sent, and the connection ends.
     broken: bool,
+    /// A client of protocol 6: the frames of an answer gather here and go as one PACKED
+    /// frame (compressed where that pays) when the answer is flushed.
+    pack: Option<wire::Packer>,
 }
 
 impl Conn<'_> {
@@ -277,19 +306,61 @@ impl Conn<'_> {
     }
 
     fn send(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
-        wire::write_frame(&mut self.out, kind, body)?;
+        let raw = (HEADER + body.len()) as u64;
+        self.counters.bytes_out_raw.fetch_add(raw, Ordering::Relaxed);
+        if kind == Kind::Changed {
+            self.counters.changed_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        }
+        match &mut self.pack {
+            Some(p) if wire::packs(kind) => {
+                p.push(kind, body);
+                if p.len() >= wire::PACK_MAX {
+                    self.seal()?;
+                }
+            }
+            _ => {
+                self.seal()?;
+                self.put(kind, body)?;
+            }
+        }
         if self.out.len() >= 256 << 10 {
             self.flush()?;
         }
-        self.counters.bytes_out.fetch_add((HEADER + body.len()) as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Writes one frame to the buffer.
+    fn put(&mut self, kind: Kind, body: &[u8]) -> Result<()> {
+        wire::write_frame(&mut self.out, kind, body)?;
+        self.counters.bytes_out.fetch_add((HEADER + body.len()) as u64, Ordering::Relaxed);
+        self.counters.frames_out.fetch_add(1, Ordering::Relaxed);
+        if kind == Kind::Packed {
+            self.counters.packed_out.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Writes what the packer gathered, as one frame.
+    fn seal(&mut self) -> Result<()> {
+        match self.pack.as_mut().and_then(wire::Packer::seal) {
+            Some((kind, body)) => self.put(kind, &body),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a part's body: its rows and value bytes.
+    fn count_part(&self, body: &[u8], rows: usize, value_bytes: usize) {
+        let c = self.counters;
+        c.part_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        c.part_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        c.value_bytes.fetch_add(value_bytes as u64, Ordering::Relaxed);
     }
 
     /// Sends what is buffered within [`WRITE_TIMEOUT`] in all (not per system call: a reader
     /// that takes a byte now and then does not keep the connection), or fails, and the
     /// connection ends with its buffers.
     fn flush(&mut self) -> Result<()> {
-        let r = self.flush_within();
+        let r = self.seal().and_then(|()| self.flush_within());
         self.broken |= r.is_err();
         r
     }
@@ -332,7 +403,7 @@ fn serve_conn(
         return s.write_all(&out).map_err(|e| Error::io("sync send", e));
     }
     let r = BufReader::with_capacity(256 << 10, Stream::server(stream, tls)?);
-    let mut c = Conn { r, out: Vec::new(), counters, broken: false };
+    let mut c = Conn { r, out: Vec::new(), counters, broken: false, pack: None };
     let first = match wire::read_or_legacy(&mut c.r, MAX_HELLO) {
         Ok(Err(wire::Legacy::Hello)) => {
             // A follower of an older build: told in its own framing to upgrade.
@@ -395,6 +466,9 @@ fn serve_conn(
             c.flush()?;
         }
         Err(e) => return c.fail(&e),
+    }
+    if hello.protocol >= wire::PACKED_PROTOCOL {
+        c.pack = Some(wire::Packer::default());
     }
     // Per (table, part): what the client knows at least.
     let mut known: HashMap<(String, u32), Vv> = HashMap::new();
@@ -489,7 +563,7 @@ fn pull(
             if !piece.partial {
                 knows.merge(&piece.vv);
             }
-            c.send(Kind::Part, &encode_for(piece, hello))
+            send_part(c, piece, hello)
         })?;
         known.insert((name.clone(), part), knows);
         c.counters.parts.fetch_add(1, Ordering::Relaxed);
@@ -498,13 +572,34 @@ fn pull(
 }
 
 /// A part's piece for this requester: significant versions and the SVV only to one that
-/// speaks prioritised sync (an older one would refuse the frame).
+/// speaks prioritised sync (an older one would refuse the frame); values at the precision it
+/// asked for (f16 only from protocol 6, see [`wire::Hello::precision`]).
 fn encode_for(mut piece: embstore_table::sync::PartReply, hello: &wire::Hello) -> Vec<u8> {
     if hello.protocol < wire::PRIORITY_PROTOCOL {
         piece.sigv.clear();
         piece.svv = None;
     }
-    wire::encode_part(&piece)
+    let precision = if hello.protocol >= wire::PACKED_PROTOCOL {
+        hello.precision
+    } else {
+        wire::Precision::F32
+    };
+    wire::encode_part_as(&piece, precision)
+}
+
+/// Encodes `piece` for the requester and sends it.
+fn send_part(
+    c: &mut Conn<'_>,
+    piece: embstore_table::sync::PartReply,
+    hello: &wire::Hello,
+) -> Result<()> {
+    let rows = piece.len();
+    let half = hello.protocol >= wire::PACKED_PROTOCOL && hello.precision == wire::Precision::F16;
+    let values = piece.values.len() * if half { 2 } else { 4 }
+        + piece.state.as_ref().map_or(0, |s| s.len() * 4);
+    let body = encode_for(piece, hello);
+    c.count_part(&body, rows, values);
+    c.send(Kind::Part, &body)
 }
 
 /// Answers a prioritised pull: per part, the rows with significant writes the requester's
@@ -571,7 +666,7 @@ fn send_reply(
 ) -> Result<()> {
     vv.merge(&reply.vv);
     for piece in reply.split(piece_rows(t, hello.with_state)) {
-        c.send(Kind::Part, &encode_for(piece, hello))?;
+        send_part(c, piece, hello)?;
     }
     known.insert(key, vv);
     Ok(())

@@ -3,19 +3,24 @@
 //! carries its body's CRC). `docs/dissemination.md` lists them byte by byte.
 //!
 //! ```text
-//! HELLO    = token str | service u8 (2: sync) | protocol u16 (4) | with_state u8 | tables [str]
+//! HELLO    = token str | service u8 (2: sync) | protocol u16 (4..6) | with_state u8 | tables [str]
+//!            | (protocol 6: precision u8, 0 f32 values, 1 f16 values)
 //! WELCOME  = replica u32 | tables [name str | config str | parts u32 | epoch u64]
 //! LIST     = table str | epoch u64 | cursor u64 | wait_ms u32
 //! CHANGED  = epoch u64 | upto u64 | now_ms u64 | parts [part u32 | sv_c u64 | sv_id u32],
 //!            then the PARTs of small changes, then PULL_DONE
 //! PULL     = table str | parts [part u32 | vv]
-//! PART     = part u32 | flags u8 (1 cache, 2 partial, 4 complete) | vv | sv_c u64 | sv_id u32
+//! PART     = part u32 | flags u8 (1 cache, 2 partial, 4 complete, 8 svv, 16 f16 values)
+//!            | vv | sv_c u64 | sv_id u32 | (svv: svv vv)
 //!            | (complete: lo u64 | hi u64 | floor vv) | n u32
 //!            | has_state u8 (1 state, 2 step) | origins [replica u32] | base_ts u64
 //!            | n × (key_delta var | ts − base_ts var | origin_index var | update_count var
-//!                   | flags u8), in key order | n×D f32 values | (n×S f32 state)
+//!                   | flags u8 | (2: sigv_below var | sigv_origin var)), in key order
+//!            | n×D f32 values (16: f16) | (n×S f32 state)
 //!            | (step: step u64, the responder's step counter, with state)
 //! PULL_DONE = (empty)       ERROR = the wire's (kind u8 | code u32 | message str | details)
+//! PACKED   = method u8 (0 stored, 1 zstd) | raw_len u32 | data: the frames of one answer
+//!            (protocol 6): raw = n × (kind u8 | len var | body), zstd-compressed (method 1)
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
 //! ```
@@ -39,11 +44,15 @@ use embstore_table::{RowMeta, Version};
 /// The sync protocol this build speaks (on wire version 2; 1 to 3 were spoken on the older
 /// framing): change lists carry the rows of small changes, and parts with optimizer state
 /// the responder's step counter; from 5, parts carry significant versions and the SVV, and
-/// prioritised pulls are answered.
-pub const PROTOCOL: u16 = 5;
+/// prioritised pulls are answered; from 6, an answer's frames come packed in one frame,
+/// compressed where that pays ([`Packer`]), and a follower may ask for f16 values.
+pub const PROTOCOL: u16 = 6;
 /// The first protocol with prioritised sync: a responder sends significant versions only
 /// to a requester that speaks it.
 pub const PRIORITY_PROTOCOL: u16 = 5;
+/// The first protocol whose requesters take an answer's frames packed in one PACKED frame,
+/// zstd-compressed where that pays, and may ask for values at reduced precision.
+pub const PACKED_PROTOCOL: u16 = 6;
 /// The oldest sync protocol this build still speaks.
 pub const MIN_PROTOCOL: u16 = 4;
 /// The part a prioritised pull names to ask for the whole table with one TSVV (and the part
@@ -176,6 +185,19 @@ pub struct Hello {
     pub with_state: bool,
     /// The tables wanted (empty: all).
     pub tables: Vec<String>,
+    /// The precision of the values the client wants (protocol 6; an older client's is
+    /// [`Precision::F32`]).
+    pub precision: Precision,
+}
+
+/// The precision of the values of the rows a follower is sent: exact (the default), or
+/// rounded to half precision on the wire (lossy, half the value bytes; optimizer state stays
+/// f32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    #[default]
+    F32 = 0,
+    F16 = 1,
 }
 
 impl Hello {
@@ -186,6 +208,9 @@ impl Hello {
         self.tables.iter().for_each(|t| {
             e.str(t);
         });
+        if self.protocol >= PACKED_PROTOCOL {
+            e.u8(self.precision as u8);
+        }
         frame::encode_hello(&self.token, Service::Sync, &e.0)
     }
     pub fn decode(b: &[u8]) -> Result<Self> {
@@ -210,8 +235,17 @@ impl Hello {
         let with_state = d.u8()? != 0;
         let n = d.count(4)?;
         let tables = (0..n).map(|_| d.str()).collect::<Result<_>>()?;
+        let precision = if protocol >= PACKED_PROTOCOL {
+            match d.u8()? {
+                0 => Precision::F32,
+                1 => Precision::F16,
+                p => return Err(Error::corrupt(format!("a sync hello asks for precision {p}"))),
+            }
+        } else {
+            Precision::F32
+        };
         d.end()?;
-        Ok(Self { protocol, token: hello.token, with_state, tables })
+        Ok(Self { protocol, token: hello.token, with_state, tables, precision })
     }
 }
 
@@ -308,6 +342,8 @@ const TOMBSTONE: u8 = 1;
 const SIGNIFICANT: u8 = 2;
 /// A part flag: the SVV follows the sv, and rows may carry significant versions (protocol 5).
 const WITH_SVV: u8 = 8;
+/// A part flag: values are f16 (protocol 6, a follower that asked for [`Precision::F16`]).
+const HALF: u8 = 16;
 
 /// The origins of a reply's rows (their versions' and significant versions' replicas),
 /// sorted, and the smallest timestamp, which row timestamps are sent as deltas from.
@@ -330,6 +366,12 @@ fn origins_of(meta: &[RowMeta], sigv: &[Version]) -> (Vec<u32>, u64) {
 /// A reply with significant versions or an SVV sends them (protocol 5: see
 /// [`PRIORITY_PROTOCOL`]; a responder strips them for an older requester).
 pub fn encode_part(r: &PartReply) -> Vec<u8> {
+    encode_part_as(r, Precision::F32)
+}
+
+/// [`encode_part`] with values at `precision` (f16 only to a requester of protocol 6 that
+/// asked for it).
+pub fn encode_part_as(r: &PartReply, precision: Precision) -> Vec<u8> {
     let n = r.len();
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_unstable_by_key(|&i| r.keys[i]);
@@ -339,7 +381,8 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     let flags = r.from_cache as u8
         | (r.partial as u8) << 1
         | (r.complete.is_some() as u8) << 2
-        | if with_svv { WITH_SVV } else { 0 };
+        | if with_svv { WITH_SVV } else { 0 }
+        | if precision == Precision::F16 { HALF } else { 0 };
     e.u32(r.part).u8(flags);
     put_vv(&mut e, &r.vv);
     e.u64(r.sv.c).u32(r.sv.id);
@@ -373,7 +416,14 @@ pub fn encode_part(r: &PartReply) -> Vec<u8> {
     }
     let (d, sd) = (r.values.len() / n.max(1), r.state.as_ref().map_or(0, |s| s.len() / n.max(1)));
     for &i in &order {
-        e.f32s(&r.values[i * d..][..d]);
+        match precision {
+            Precision::F32 => {
+                e.f32s(&r.values[i * d..][..d]);
+            }
+            Precision::F16 => r.values[i * d..][..d].iter().for_each(|v| {
+                e.raw(&half::f16::from_f32(*v).to_le_bytes());
+            }),
+        }
     }
     if let Some(st) = &r.state {
         for &i in &order {
@@ -392,7 +442,7 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
     let mut d = reader(b);
     let part = d.u32()?;
     let flags = d.u8()?;
-    if flags > 15 {
+    if flags > 31 {
         return Err(Error::corrupt(format!("a sync part has unknown flags {flags:#x}")));
     }
     let vv = get_vv(&mut d)?;
@@ -449,7 +499,13 @@ pub fn decode_part(b: &[u8], dim: usize, state_dim: usize) -> Result<PartReply> 
         r.tombstone.push(flags & TOMBSTONE != 0);
         prev = key;
     }
-    r.values = d.f32s(n * dim)?;
+    r.values = if flags & HALF != 0 {
+        let len = n.checked_mul(dim).and_then(|x| x.checked_mul(2));
+        let raw = d.take(len.ok_or_else(|| Error::corrupt("a sync part's values overflow"))?)?;
+        raw.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+    } else {
+        d.f32s(n * dim)?
+    };
     if has_state {
         r.state = Some(d.f32s(n * state_dim)?);
     }
@@ -552,6 +608,128 @@ pub fn decode_prioritised(b: &[u8], dim: usize) -> Result<PrioritisedReply> {
     r.values = d.f32s(n * dim)?;
     d.end()?;
     Ok(r)
+}
+
+/// A PACKED frame's methods.
+const STORED: u8 = 0;
+const ZSTD: u8 = 1;
+/// Answers with fewer raw bytes than this are packed but not compressed (zstd's frame and
+/// tables cost more than it saves there).
+pub const COMPRESS_MIN: usize = 256;
+/// The zstd level: 1, the fastest of the standard levels. On a round's answer of small parts
+/// it is within 1 % of level 3's size (the values' mantissas are what is left, and no level
+/// shrinks those), at about half its CPU, which the source spends once per follower.
+pub const ZSTD_LEVEL: i32 = 1;
+/// The raw bytes a packer holds before it is sealed into a frame of its own (the size at which
+/// the port flushes what it buffered): an answer larger than this goes as several PACKED
+/// frames, so that the follower applies the first while the rest arrive.
+pub const PACK_MAX: usize = 256 << 10;
+
+/// The frames a kind packs (the answers to LIST, PULL and PRIORITISED_PULL).
+pub fn packs(kind: Kind) -> bool {
+    matches!(kind, Kind::Changed | Kind::Part | Kind::PullDone | Kind::PrioritisedPart)
+}
+
+/// Gathers the frames of one answer for a requester of protocol 6 ([`PACKED_PROTOCOL`]), and
+/// seals them into one frame: PACKED, zstd-compressed when the answer is large enough and
+/// compression makes it smaller, else stored; a lone small frame goes as itself.
+#[derive(Debug, Default)]
+pub struct Packer {
+    raw: Vec<u8>,
+    frames: usize,
+    /// The single frame's kind and where its body starts in `raw`, while there is one.
+    first: Option<(Kind, usize)>,
+}
+
+impl Packer {
+    /// Adds one frame (of a kind that [`packs`]).
+    pub fn push(&mut self, kind: Kind, body: &[u8]) {
+        debug_assert!(packs(kind), "{kind:?} is not packed");
+        let mut e = Writer(std::mem::take(&mut self.raw));
+        e.u8(kind as u8).varint(body.len() as u64);
+        if self.frames == 0 {
+            self.first = Some((kind, e.0.len()));
+        }
+        e.raw(body);
+        self.raw = e.0;
+        self.frames += 1;
+    }
+
+    /// The raw bytes gathered.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// The frame of what was gathered (its kind and body), and empties the packer; `None`
+    /// when nothing was.
+    pub fn seal(&mut self) -> Option<(Kind, Vec<u8>)> {
+        let frames = std::mem::take(&mut self.frames);
+        let raw = std::mem::take(&mut self.raw);
+        let first = self.first.take();
+        if frames == 0 {
+            return None;
+        }
+        if frames == 1 && raw.len() < COMPRESS_MIN {
+            let (kind, at) = first.expect("one frame");
+            return Some((kind, raw[at..].to_vec()));
+        }
+        let packed = |method: u8, data: &[u8]| {
+            let mut e = Writer::with_capacity(5 + data.len());
+            e.u8(method).u32(raw.len() as u32).raw(data);
+            e.0
+        };
+        if raw.len() >= COMPRESS_MIN {
+            if let Ok(z) = zstd::bulk::compress(&raw, ZSTD_LEVEL) {
+                if z.len() < raw.len() {
+                    return Some((Kind::Packed, packed(ZSTD, &z)));
+                }
+            }
+        }
+        Some((Kind::Packed, packed(STORED, &raw)))
+    }
+}
+
+/// The frames of a PACKED frame's body, in order. Anything that does not read back exactly
+/// (a short or long payload, a bad zstd frame, an unknown or unpackable kind, a frame that
+/// runs past the end) is an [`ErrorKind::Corruption`] error.
+pub fn unpack(b: &[u8]) -> Result<Vec<(Kind, Vec<u8>)>> {
+    let mut d = Reader::new(b, "a packed sync frame");
+    let method = d.u8()?;
+    let len = d.u32()? as usize;
+    if len > MAX_FRAME {
+        return Err(Error::corrupt(format!("a packed sync frame announces {len} bytes")));
+    }
+    let data = d.rest();
+    let raw = match method {
+        STORED => data.to_vec(),
+        ZSTD => zstd::bulk::decompress(data, len)
+            .map_err(|e| Error::corrupt(format!("a packed sync frame does not decompress: {e}")))?,
+        m => return Err(Error::corrupt(format!("a packed sync frame has method {m}"))),
+    };
+    if raw.len() != len {
+        return Err(Error::corrupt("a packed sync frame is not as long as it says"));
+    }
+    let mut d = Reader::new(&raw, "a packed sync frame");
+    let mut out = Vec::new();
+    while d.left() > 0 {
+        let k = d.u8()?;
+        let kind = Kind::from_u8(k)
+            .filter(|k| packs(*k))
+            .ok_or_else(|| Error::corrupt(format!("a packed sync frame holds kind {k}")))?;
+        let n = usize::try_from(d.varint()?).unwrap_or(usize::MAX);
+        if n > d.left() {
+            return Err(Error::corrupt("a packed sync frame's frame runs past its end"));
+        }
+        out.push((kind, d.take(n)?.to_vec()));
+    }
+    if out.is_empty() {
+        return Err(Error::corrupt("a packed sync frame holds no frame"));
+    }
+    Ok(out)
 }
 
 /// The body of the ERROR frame of `e`.
@@ -675,8 +853,38 @@ mod tests {
                 let e = decode_part(&b[..cut], d, s.unwrap_or(0)).unwrap_err();
                 prop_assert_eq!(e.kind(), ErrorKind::Corruption);
             }
-            let h = Hello { protocol: PROTOCOL, token: "t".repeat(n), with_state: partial, tables: vec!["a".into(); n % 3] };
-            prop_assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+            let precision = if partial { Precision::F16 } else { Precision::F32 };
+            let h = Hello { protocol: PROTOCOL, token: "t".repeat(n), with_state: partial, tables: vec!["a".into(); n % 3], precision };
+            prop_assert_eq!(Hello::decode(&h.encode()).unwrap(), h.clone());
+            // A protocol-5 hello has no precision: it reads back as f32.
+            let old = Hello { protocol: 5, precision: Precision::F32, ..h.clone() };
+            prop_assert_eq!(Hello::decode(&Hello { protocol: 5, ..h }.encode()).unwrap(), old);
+            // f16 values: every value comes back rounded to half precision, the rest exact.
+            let hb = encode_part_as(&r, Precision::F16);
+            let mut half = r.clone();
+            half.values = r.values.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
+            prop_assert_eq!(&decode_part(&hb, d, s.unwrap_or(0)).unwrap(), &half);
+            prop_assert_eq!(hb.len() + 2 * n * d, b.len());
+            for cut in 0..hb.len() {
+                prop_assert_eq!(decode_part(&hb[..cut], d, s.unwrap_or(0)).unwrap_err().kind(), ErrorKind::Corruption);
+            }
+            // An answer packed (protocol 6): stored when small, zstd when large; it reads back
+            // frame by frame, and every truncation of it is a Corruption error.
+            let changes = Changes { epoch: 3, upto: n as u64, parts: (0..n as u32).map(|p| (p, Sv::new(p as u64, 1))).collect() };
+            let mut frames = vec![(Kind::Changed, encode_changed(&changes, 77))];
+            frames.extend((0..n % 5 + 1).map(|k| (Kind::Part, encode_part(&reply(n + k, d, s, partial)))));
+            frames.push((Kind::PullDone, Vec::new()));
+            let mut packer = Packer::default();
+            frames.iter().for_each(|(k, b)| packer.push(*k, b));
+            let raw = packer.len();
+            let (kind, packed) = packer.seal().unwrap();
+            prop_assert!(packer.is_empty() && packer.seal().is_none());
+            prop_assert_eq!(kind, Kind::Packed);
+            prop_assert_eq!(packed[0], if raw >= COMPRESS_MIN { ZSTD } else { STORED });
+            prop_assert_eq!(&unpack(&packed).unwrap(), &frames);
+            for cut in 0..packed.len() {
+                prop_assert_eq!(unpack(&packed[..cut]).unwrap_err().kind(), ErrorKind::Corruption);
+            }
             let parts: Vec<(u32, Vv)> = (0..n as u32).map(|p| (p, r.vv.clone())).collect();
             prop_assert_eq!(decode_pull(&encode_pull("items", &parts)).unwrap(), ("items".to_owned(), parts));
             let p = prioritised(n, d);
@@ -691,6 +899,95 @@ mod tests {
                 prop_assert!(read_frame(&mut &framed[..cut]).is_err());
             }
         }
+    }
+
+    /// A round's answer as the benchmark's 15,000 rows/s makes it (a change list of 500 parts,
+    /// one or two rows each, values' signs and mantissas random): packing and zstd take out the
+    /// parts' headers, frame headers and most of the change list; the values stay.
+    #[test]
+    fn a_rounds_answer_of_small_parts_compresses_to_about_its_values() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (parts, d) = (500u32, 16);
+        let changes = Changes {
+            epoch: 9,
+            upto: 1 << 40,
+            parts: (0..parts).map(|p| (p * 2, Sv::new((1 << 40) + u64::from(p), 1))).collect(),
+        };
+        let mut packer = Packer::default();
+        packer.push(Kind::Changed, &encode_changed(&changes, 1 << 41));
+        let (mut raw, mut values) = (HEADER + encode_changed(&changes, 1 << 41).len(), 0);
+        for p in 0..parts {
+            let n = 1 + (p % 5 == 0) as usize;
+            let mut r = reply(n, d, None, false);
+            r.part = p * 2;
+            r.keys = (0..n).map(|_| rnd() >> 24).collect();
+            r.keys.sort_unstable();
+            r.keys.dedup();
+            let n = r.keys.len();
+            r.meta.truncate(n);
+            r.tombstone = vec![false; n];
+            r.sigv.clear();
+            r.svv = None;
+            r.complete = None;
+            r.values = (0..n * d)
+                .map(|_| {
+                    f32::from_bits(rnd() as u32 & 0x8000_0000 | 0x3f80_0000 | rnd() as u32 >> 9)
+                })
+                .collect();
+            values += n * d * 4;
+            let b = encode_part(&r);
+            raw += HEADER + b.len();
+            packer.push(Kind::Part, &b);
+        }
+        packer.push(Kind::PullDone, &[]);
+        raw += HEADER;
+        let (_, packed) = packer.seal().unwrap();
+        let sent = HEADER + packed.len();
+        eprintln!("raw {raw} B, values {values} B, packed {sent} B");
+        assert!(sent < raw * 6 / 10, "raw {raw} B, values {values} B, packed {sent} B");
+        assert!(sent < values * 115 / 100, "raw {raw} B, values {values} B, packed {sent} B");
+    }
+
+    /// A lone small frame goes as itself; what a packed frame must not hold is refused.
+    #[test]
+    fn packing_edges() {
+        let mut p = Packer::default();
+        p.push(Kind::PullDone, &[]);
+        assert_eq!(p.seal(), Some((Kind::PullDone, Vec::new())));
+        let big = encode_part(&reply(40, 16, None, false));
+        p.push(Kind::Part, &big);
+        let (kind, body) = p.seal().unwrap();
+        assert_eq!((kind, body[0]), (Kind::Packed, ZSTD));
+        assert_eq!(unpack(&body).unwrap(), vec![(Kind::Part, big)]);
+        let stored = |raw: &[u8]| {
+            let mut e = Writer::default();
+            e.u8(STORED).u32(raw.len() as u32).raw(raw);
+            e.0
+        };
+        for (raw, why) in [
+            (&[Kind::Packed as u8, 0][..], "kind 24"),
+            (&[Kind::Hello as u8, 0][..], "kind 1"),
+            (&[99, 0][..], "kind 99"),
+            (&[Kind::Part as u8, 5, 1][..], "past its end"),
+            (&[][..], "no frame"),
+        ] {
+            let e = unpack(&stored(raw)).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corruption);
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        let mut wrong = stored(&[Kind::PullDone as u8, 0]);
+        wrong[1] = 3; // announces 3 raw bytes, holds 2
+        assert_eq!(unpack(&wrong).unwrap_err().kind(), ErrorKind::Corruption);
+        wrong[0] = 7;
+        assert!(unpack(&wrong).unwrap_err().to_string().contains("method 7"));
+        let e = Hello::decode(&frame::encode_hello("t", Service::Sync, &[6, 0, 0, 0, 0, 0, 0, 2]));
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::Corruption);
     }
 
     #[test]

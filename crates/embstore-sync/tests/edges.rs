@@ -173,6 +173,7 @@ fn refused_connections_leave_no_descriptor_behind() {
         token: "wrong".into(),
         with_state: false,
         tables: vec![],
+        precision: wire::Precision::F32,
     };
     let mut frame = Vec::new();
     wire::write_frame(&mut frame, Kind::Hello, &hello.encode()).unwrap();
@@ -193,15 +194,17 @@ fn refused_connections_leave_no_descriptor_behind() {
     assert_eq!(server.stats().refused, 300);
 }
 
-/// A connection that said Hello (right token) to `server`.
+/// A connection that said Hello (right token) to `server`, in protocol 5: these tests read
+/// an answer's frames one by one (protocol 6 packs them: see `loopback.rs`).
 fn hello(server: &SyncServer) -> TcpStream {
     let mut s = TcpStream::connect(server.addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let hello = wire::Hello {
-        protocol: wire::PROTOCOL,
+        protocol: wire::PACKED_PROTOCOL - 1,
         token: "t0k".into(),
         with_state: false,
         tables: vec![],
+        precision: wire::Precision::F32,
     };
     let mut frame = Vec::new();
     wire::write_frame(&mut frame, Kind::Hello, &hello.encode()).unwrap();

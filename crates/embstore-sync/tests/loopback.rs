@@ -30,6 +30,12 @@ fn primary() -> (Arc<Store>, Arc<Table>, SyncServer) {
     (store, t, server)
 }
 
+/// Protocol 5 (every frame on its own, uncompressed), for the tests that count bytes to tell
+/// what was pulled.
+fn plain() -> FollowOptions {
+    FollowOptions { protocol: Some(wire::PACKED_PROTOCOL - 1), ..follow_options() }
+}
+
 fn follow_options() -> FollowOptions {
     FollowOptions { token: "s3cret".into(), wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
 }
@@ -56,7 +62,9 @@ fn a_follower_joins_empty_then_follows_writes() {
     assert!(s.connected && s.caught_up && s.errors == 0, "{s:?}");
     assert!(s.rows_applied >= 5000 + 21, "{s:?}");
     assert!(s.parts_from_cache > 0, "incremental pulls hit the cache: {s:?}");
-    assert!(s.lag_ms_p50.is_some() && s.bytes_in > 5000 * (D as u64) * 4, "{s:?}");
+    // The rows (all 0.5) came zstd-compressed (protocol 6): far fewer bytes than 4 × D each.
+    assert!(s.lag_ms_p50.is_some() && s.bytes_in > 5000 * 2, "{s:?}");
+    assert!(s.bytes_in < 5000 * (D as u64) * 4, "{s:?}");
     assert!(server.stats().pulls > 0);
     f.stop();
     server.stop();
@@ -99,6 +107,7 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
         token: "s3cret".into(),
         with_state: false,
         tables: vec![],
+        precision: wire::Precision::F32,
     };
     let mut framed = Vec::new();
     wire::write_frame(&mut framed, Kind::Hello, &hello.encode()).unwrap();
@@ -118,6 +127,133 @@ fn garbage_and_truncated_frames_are_refused_and_the_port_keeps_serving() {
     let f = Follower::start(replica.clone(), &server.addr().to_string(), follow_options()).unwrap();
     assert!(f.wait_caught_up(Duration::from_secs(20)));
     assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
+}
+
+/// The frames of one answer on a raw connection, up to PULL_DONE: (kind on the wire, its
+/// body), PACKED frames as they came.
+fn answer(s: &mut TcpStream) -> Vec<(Kind, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let (k, b) = wire::read_frame(s).unwrap();
+        let done = k == Kind::PullDone
+            || k == Kind::Packed && wire::unpack(&b).unwrap().last().unwrap().0 == Kind::PullDone;
+        out.push((k, b));
+        if done {
+            return out;
+        }
+    }
+}
+
+/// A raw connection to `server` that said Hello in `protocol`.
+fn raw_hello(server: &SyncServer, protocol: u16) -> TcpStream {
+    let mut s = TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let hello = wire::Hello {
+        protocol,
+        token: "s3cret".into(),
+        with_state: false,
+        tables: vec![],
+        precision: wire::Precision::F32,
+    };
+    wire::write_frame(&mut s, Kind::Hello, &hello.encode()).unwrap();
+    assert_eq!(wire::read_frame(&mut s).unwrap().0, Kind::Welcome);
+    s
+}
+
+/// A follower of protocol 5 gets every frame on its own, uncompressed, as before; one of
+/// protocol 6 gets the same answer as one zstd-compressed PACKED frame, smaller, that reads
+/// back to the same parts.
+#[test]
+fn an_old_protocol_follower_is_served_uncompressed() {
+    let (_p, t, server) = primary();
+    let ids: Vec<u64> = (0..3000).collect();
+    let values: Vec<f32> = (0..ids.len() * D).map(|i| (i as f32 * 0.37).sin()).collect();
+    t.assign(&ids, &values).unwrap();
+    let parts: Vec<_> = (0..64).map(|p| (p, embstore_replication::Vv::default())).collect();
+    let pull = wire::encode_pull("items", &parts);
+    let mut got = Vec::new();
+    for protocol in [wire::PACKED_PROTOCOL - 1, wire::PROTOCOL] {
+        let mut s = raw_hello(&server, protocol);
+        wire::write_frame(&mut s, Kind::Pull, &pull).unwrap();
+        let frames = answer(&mut s);
+        let wire_bytes: usize = frames.iter().map(|(_, b)| 16 + b.len()).sum();
+        let inner: Vec<(Kind, Vec<u8>)> = if protocol < wire::PACKED_PROTOCOL {
+            assert!(frames.iter().all(|(k, _)| matches!(k, Kind::Part | Kind::PullDone)));
+            frames
+        } else {
+            assert_eq!(frames.len(), 1, "one packed frame");
+            assert_eq!((frames[0].0, frames[0].1[0]), (Kind::Packed, 1), "zstd");
+            wire::unpack(&frames[0].1).unwrap()
+        };
+        let mut replies: Vec<PartReply> = inner
+            .iter()
+            .filter(|(k, _)| *k == Kind::Part)
+            .map(|(_, b)| wire::decode_part(b, D, 0).unwrap())
+            .collect();
+        replies.sort_by_key(|r| r.part);
+        assert_eq!(replies.iter().map(|r| r.len()).sum::<usize>(), 3000);
+        got.push((replies, wire_bytes));
+    }
+    assert_eq!(got[0].0, got[1].0, "the same parts either way");
+    assert!(got[1].1 < got[0].1, "packed {} B, plain {} B", got[1].1, got[0].1);
+    let st = server.stats();
+    assert_eq!(st.packed_out, 1);
+    assert!(st.bytes_out < st.bytes_out_raw, "{st:?}");
+    assert_eq!(st.part_rows, 6000);
+    server.stop();
+}
+
+/// Followers of protocol 6 (compressed answers, exact or f16 values) and of protocol 5 follow
+/// the same source over loopback: the exact ones hold its rows to the bit, the f16 one holds
+/// them rounded to half precision.
+#[test]
+fn followers_with_compression_follow_writes() {
+    let (_p, t, server) = primary();
+    let ids: Vec<u64> = (0..4000).collect();
+    t.apply_gradients(&ids, &vec![0.5; ids.len() * D], None).unwrap();
+    let start = |id: u32, protocol: u16, precision: wire::Precision| {
+        let replica = Arc::new(Store::with_replica(id).unwrap());
+        let options = FollowOptions {
+            protocol: Some(protocol),
+            precision: Some(precision),
+            ..follow_options()
+        };
+        let f = Follower::start(replica.clone(), &server.addr().to_string(), options).unwrap();
+        (replica, f)
+    };
+    let followers = [
+        start(2, wire::PROTOCOL, wire::Precision::F32),
+        start(3, wire::PACKED_PROTOCOL - 1, wire::Precision::F32),
+        start(4, wire::PROTOCOL, wire::Precision::F16),
+    ];
+    for step in 0..30u64 {
+        let ids = [step * 13 % 4000, 7000 + step, step];
+        let g: Vec<f32> = (0..3 * D).map(|i| (i as f32 + step as f32).cos()).collect();
+        t.apply_gradients(&ids, &g, None).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t.remove(&[5]).unwrap();
+    for (_, f) in &followers {
+        assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
+        assert_eq!(f.status()[0].errors, 0, "{:?}", f.status());
+    }
+    let want = rows(&t);
+    assert_eq!(rows(&followers[0].0.table("items").unwrap()), want);
+    assert_eq!(rows(&followers[1].0.table("items").unwrap()), want);
+    let half = rows(&followers[2].0.table("items").unwrap());
+    assert_eq!(half.len(), want.len());
+    for ((k, v, m), (hk, hv, hm)) in want.iter().zip(&half) {
+        assert_eq!((k, m), (hk, hm));
+        for (a, b) in v.iter().zip(hv) {
+            assert_eq!(*b, half::f16::from_f32(*a).to_f32(), "row {k}");
+        }
+    }
+    let st = server.stats();
+    assert!(st.packed_out > 0 && st.bytes_out < st.bytes_out_raw, "{st:?}");
+    for (_, f) in followers {
+        f.stop();
+    }
+    server.stop();
 }
 
 /// A fake source that serves one table whose every reply carries `reply`.
@@ -326,7 +462,7 @@ fn a_follower_in_a_directory_restarts_serving_its_rows_and_pulls_only_what_chang
     let addr = server.addr().to_string();
     {
         let replica = open();
-        let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+        let f = Follower::start(replica.clone(), &addr, plain()).unwrap();
         assert!(f.wait_caught_up(Duration::from_secs(20)));
         f.stop(); // flushes once more as it stops
         replica.close().unwrap();
@@ -336,7 +472,7 @@ fn a_follower_in_a_directory_restarts_serving_its_rows_and_pulls_only_what_chang
     let replica = open();
     let r = replica.table("items").unwrap();
     assert_eq!(r.len(), 3000, "it serves its flushed rows at once");
-    let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+    let f = Follower::start(replica.clone(), &addr, plain()).unwrap();
     assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
     assert_eq!(rows(&r), rows(&t));
     let s = &f.status()[0];
@@ -350,7 +486,7 @@ fn a_follower_in_a_directory_restarts_serving_its_rows_and_pulls_only_what_chang
     // and still ends exact.
     std::fs::write(dir.join("sync").join("items.vv"), b"damaged").unwrap();
     let replica = open();
-    let f = Follower::start(replica.clone(), &addr, follow_options()).unwrap();
+    let f = Follower::start(replica.clone(), &addr, plain()).unwrap();
     assert!(f.wait_caught_up(Duration::from_secs(20)), "{:?}", f.status());
     assert_eq!(rows(&replica.table("items").unwrap()), rows(&t));
     assert!(f.status()[0].bytes_in > 100_000, "{:?}", f.status());

@@ -90,8 +90,9 @@ fn a_congested_link_carries_significant_writes_ahead_and_normal_sync_catches_up(
         Priority { config: PriorityConfig::with_k(95.0), rule: Arc::new(EkkoPriority), model: 0 };
     t.set_priority(Some(p)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    // 300 KB/s: the writes below need five times that.
-    let link = slow_link(server.addr().to_string(), 300_000, stop.clone());
+    // 150 KB/s: the writes below need about five times that (their rows compress to about
+    // half: protocol 6).
+    let link = slow_link(server.addr().to_string(), 150_000, stop.clone());
     let replica = Arc::new(Store::with_replica(2).unwrap());
     let congestion = CongestionConfig { timeout_ms: 400, late_rounds: 2, calm_ms: 1_000 };
     let options = FollowOptions {
@@ -108,8 +109,16 @@ fn a_congested_link_carries_significant_writes_ahead_and_normal_sync_catches_up(
     let mut ahead_seen = false;
     while started.elapsed() < Duration::from_millis(2_500) {
         let ids: Vec<u64> = (0..1_000).map(|i| step * 1_000 + i).collect();
-        let g: Vec<f32> =
-            ids.iter().flat_map(|&i| vec![0.001 * (1 + i % 1_000) as f32; D]).collect();
+        // Each element a little apart (up to 10 %), so that the rows do not compress away
+        // (protocol 6 sends them zstd-compressed).
+        let g: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                (0..D as u64).map(move |j| {
+                    0.001 * (1 + i % 1_000) as f32 * (1.0 + ((i * 31 + j * 17) % 97) as f32 / 970.0)
+                })
+            })
+            .collect();
         t.apply_gradients(&ids, &g, None).unwrap();
         step += 1;
         std::thread::sleep(Duration::from_millis(50));

@@ -24,8 +24,15 @@ fn syncing_server(replica: u32) -> Arc<Server> {
     s
 }
 
+/// Protocol 5 (every frame on its own, uncompressed): these tests count bytes to tell what
+/// was pulled.
 fn options() -> FollowOptions {
-    FollowOptions { wait_ms: 200, retry_ms: 50, ..FollowOptions::default() }
+    FollowOptions {
+        wait_ms: 200,
+        retry_ms: 50,
+        protocol: Some(embstore_sync::wire::PACKED_PROTOCOL - 1),
+        ..FollowOptions::default()
+    }
 }
 
 fn grads(ids: &[u64], g: f32) -> Vec<f32> {

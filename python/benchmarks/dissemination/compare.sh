@@ -1,7 +1,7 @@
 #!/bin/bash
 # embstore's sync vs Redis replication on the same emulated WAN, run after run (each run brings
 # the WAN up and down), then the plot; then E6 on loopback and the plots of E2, E3, E5 and E6.
-# Needs root and `make wan-deps`; about 20 minutes.
+# Needs root and `make wan-deps`; about 25 minutes.
 #   python/benchmarks/dissemination/compare.sh [OUT_DIR]   (default /tmp/dissemination)
 # Writes OUT_DIR/*.json (one record per run), OUT_DIR/*.log (progress), OUT_DIR/raw (events and
 # follower logs), OUT_DIR/e6 (E6's records), docs/img/dissemination_vs_redis.png, and the plots
@@ -19,6 +19,9 @@ run() {  # NAME SCRIPT ARGS...
 }
 run ekko-dcl-3x3 $d/ekko_peer.py --rates 15000 45000 --raw "$out/raw"
 run redis-chain-3x3 $d/redis_peer.py --rates 15000 45000
+# The lossy option (f16 values on the wire), and the wire before packed answers (protocol 5):
+run ekko-dcl-3x3-f16 $d/ekko_peer.py --sync-precision f16 --rates 15000 45000 --raw "$out/raw"
+run ekko-dcl-3x3-p5 $d/ekko_peer.py --sync-protocol 5 --rates 15000 45000 --raw "$out/raw"
 run ekko-dcl-3x3-nodc1 $d/ekko_peer.py --no-dc1-followers --rates 15000 45000 --raw "$out/raw"
 run ekko-direct-3x3 $d/ekko_peer.py --topology direct --rates 5000 15000 --raw "$out/raw"
 run redis-direct-3x3 $d/redis_peer.py --topology direct --rates 5000 15000

@@ -157,7 +157,9 @@ class Cluster:
             argv += ["--priority", self.args.follower_priority]
         out = open(self.dir / f"{name(s)}.out", "w")
         err = open(self.dir / f"{name(s)}.err", "w")
-        self.procs[s] = self.w.spawn(dc, k, argv, stdout=out, stderr=err)
+        self.procs[s] = self.w.spawn(
+            dc, k, argv, stdout=out, stderr=err, env=follower_env(self.args)
+        )
         out.close()
         err.close()
         self.events[s] = Events(ev, self.parts)
@@ -243,6 +245,44 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def follower_env(args) -> dict[str, str]:
+    """The followers' environment: the sync protocol they offer (``--sync-protocol``: 5 is the
+    wire before packed, compressed answers) and the precision of the values they ask for
+    (``--sync-precision f16``: lossy, protocol 6)."""
+    env = dict(os.environ)
+    if args.sync_protocol is not None:
+        env["EMBSTORE_SYNC_PROTOCOL"] = str(args.sync_protocol)
+    if args.sync_precision is not None:
+        env["EMBSTORE_SYNC_PRECISION"] = args.sync_precision
+    return env
+
+
+BYTE_COUNTERS = (
+    "bytes_in",
+    "bytes_out",
+    "bytes_out_raw",
+    "frames_out",
+    "packed_out",
+    "changed_bytes",
+    "part_bytes",
+    "part_rows",
+    "value_bytes",
+)
+
+
+def wire_breakdown(before: dict, after: dict, updates: int) -> dict:
+    """Where the primary's sync bytes went over the run, per update (all its followers:
+    the WAN leaders and, unless ``--no-dc1-followers``, DC 1's): what it received (lists,
+    pulls), what it sent on the wire and would have sent unpacked, change lists' and parts'
+    bodies, the rows and value bytes in them, the frames sent.
+
+    >>> wire_breakdown({"bytes_out": 10, "part_rows": 1}, {"bytes_out": 30, "part_rows": 3}, 10)
+    {'bytes_out': 2.0, 'part_rows': 0.2}
+    """
+    u = max(1, updates)
+    return {c: round((after[c] - before.get(c, 0)) / u, 2) for c in BYTE_COUNTERS if c in after}
+
+
 def table_stats_delta(before: dict | None, after: dict | None) -> dict:
     """The source's ``Table.sync_stats()`` counters over the run (after - before, per table),
     and their sum over the tables as ``all``.
@@ -278,6 +318,10 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         tag += f"-{args.ablation}"
     if args.cold_tables:
         tag += f"-cold{args.cold_tables}"
+    if args.sync_protocol is not None:
+        tag += f"-p{args.sync_protocol}"
+    if args.sync_precision is not None:
+        tag += f"-{args.sync_precision}"
     keep = pathlib.Path(args.raw) / tag if args.raw else None
     exited: dict[str, int] = {}
     try:
@@ -401,6 +445,9 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         primary_sync_bytes_out=sync_out,
         primary_sync_bytes_per_update=round(sync_out / max(1, res["updates"]), 1),
         primary_sync_stats=port1,
+        sync_protocol=args.sync_protocol,
+        sync_precision=args.sync_precision or "f32",
+        primary_wire_per_update=wire_breakdown(port0, port1, res["updates"]),
         source_table_stats_run=table_stats_delta(port0.get("tables"), port1.get("tables")),
         primary_nic_load=round(sync_out / run_s * 8 / (w.cfg.nic_mbit * 1e6), 3),
         wan_copies_expected=copies,
@@ -425,6 +472,7 @@ def run_rate(w: Wan, args, rate: float) -> dict:
         + (f"; followers exited: {exited}" if exited else "")
         + (f"; stderr from {', '.join(errors)}" if errors else "")
     )
+    log(f"rate {rate:g}: primary sync per update {res['primary_wire_per_update']}")
     return res
 
 
@@ -483,6 +531,17 @@ def parse_args(argv=None):
         choices=list(ABLATION),
         help="A0: direct, no cache, no shard versions; A1: + cache; A2: + shard versions; "
         "A3: + dc-leader (sets --topology and the two switches)",
+    )
+    g.add_argument(
+        "--sync-protocol",
+        type=int,
+        help="the sync protocol the followers offer (default: the build's; 5: every frame on "
+        "its own, uncompressed, the wire before protocol 6)",
+    )
+    g.add_argument(
+        "--sync-precision",
+        choices=["f32", "f16"],
+        help="the values' precision the followers ask for (protocol 6; f16 is lossy)",
     )
     g.add_argument(
         "--drain",

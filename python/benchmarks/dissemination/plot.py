@@ -28,6 +28,18 @@ def load(paths: list[str]) -> list[dict]:
     return recs
 
 
+def wire(r: dict) -> str:
+    """What sets a run's wire apart in its label: f16 values (lossy), an older protocol.
+
+    >>> wire({"sync_precision": "f16"}), wire({"sync_protocol": 5}), wire({"system": "redis"})
+    (' f16', ' protocol 5', '')
+    """
+    out = " f16" if r.get("sync_precision") == "f16" else ""
+    if r.get("sync_protocol") is not None and r["sync_protocol"] < 6:
+        out += f" protocol {r['sync_protocol']}"
+    return out
+
+
 def series(
     recs: list[dict], dcs: int, one_way_ms: float, duration: float = 30
 ) -> dict[tuple, list[dict]]:
@@ -40,7 +52,7 @@ def series(
             continue
         if r["duration_s"] != duration:
             continue
-        topo = r["topology"] + ("" if r.get("dc1_followers", True) else " no-DC1")
+        topo = r["topology"] + ("" if r.get("dc1_followers", True) else " no-DC1") + wire(r)
         key = (r["system"], topo, net["dcs"], net["servers"], r["rate_rows_s"])
         if key not in best or best[key].get("discarded") or not r.get("discarded"):
             best[key] = r
@@ -61,6 +73,7 @@ def table(recs: list[dict]) -> str:
     for r in recs:
         net, cpu = r["network"], r["cpu"]
         topo = r["topology"] + ("" if r.get("dc1_followers", True) else " (no DC 1 followers)")
+        topo += wire(r)
         lines.append(
             f"| {r['system']} | {topo} | {net['dcs']} x {net['servers']} | "
             f"{net['one_way_ms']:g} | {r['rate_rows_s']:g} | {r['duration_s']:g} | "

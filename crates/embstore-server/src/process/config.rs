@@ -203,6 +203,9 @@ pub struct SyncConfig {
     pub shard_versions: bool,
     /// Take optimizer state too.
     pub with_state: bool,
+    /// The precision of the values the follower asks for (`None`: f32, exact, unless the
+    /// environment's `EMBSTORE_SYNC_PRECISION` says f16; see `FollowOptions::precision`).
+    pub precision: Option<embstore_sync::wire::Precision>,
     /// How long deletions are remembered for followers, in ms.
     pub tombstone_horizon_ms: u64,
     /// Whether the follower pulls significant writes ahead while its link is congested
@@ -224,6 +227,7 @@ impl Default for SyncConfig {
             use_cache: true,
             shard_versions: true,
             with_state: false,
+            precision: None,
             tombstone_horizon_ms: 3_600_000,
             priority: true,
         }

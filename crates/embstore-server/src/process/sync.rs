@@ -35,6 +35,7 @@ fn follow_options(a: &SyncConfig) -> embstore_sync::FollowOptions {
         skip_by_sv: a.shard_versions,
         with_state: a.with_state,
         priority: a.priority.then(embstore_replication::CongestionConfig::default),
+        precision: a.precision,
         ..embstore_sync::FollowOptions::default()
     }
 }

@@ -34,6 +34,8 @@ pub(super) struct Conn {
     pub(super) r: BufReader<Stream>,
     pub(super) bytes_in: u64,
     pub(super) bytes_out: u64,
+    /// The frames of a PACKED frame not read yet (protocol 6), in order.
+    pending: std::collections::VecDeque<(Kind, Vec<u8>)>,
 }
 
 impl Conn {
@@ -46,8 +48,12 @@ impl Conn {
         Ok(())
     }
 
-    /// The next frame; an `Error` frame becomes the error it carries.
+    /// The next frame (those of a PACKED frame one by one); an `Error` frame becomes the
+    /// error it carries.
     pub(super) fn recv(&mut self) -> Result<(Kind, Vec<u8>)> {
+        if let Some(f) = self.pending.pop_front() {
+            return Ok(f);
+        }
         let (k, b) = wire::read_frame(&mut self.r).map_err(|e| {
             // TLS failures surface as io errors carrying rustls's message.
             if e.kind() == ErrorKind::Io && e.message().contains("certificate") {
@@ -62,6 +68,10 @@ impl Conn {
         self.bytes_in += (HEADER + b.len()) as u64;
         if k == Kind::Error {
             return Err(wire::decode_error(&b)?);
+        }
+        if k == Kind::Packed {
+            self.pending = wire::unpack(&b)?.into();
+            return Ok(self.pending.pop_front().expect("a packed frame holds one"));
         }
         Ok((k, b))
     }
@@ -96,12 +106,13 @@ pub(super) fn connect(
     let config = options.tls.as_ref().map(ClientTls::config).transpose()?;
     let tls = config.as_ref().zip(options.tls.as_ref()).map(|(c, t)| (c, t.name_for(host)));
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
-    let mut link = Conn { r, bytes_in: 0, bytes_out: 0 };
+    let mut link = Conn { r, bytes_in: 0, bytes_out: 0, pending: Default::default() };
     let hello = wire::Hello {
-        protocol: wire::PROTOCOL,
+        protocol: options.protocol(),
         token: options.token.clone(),
         with_state: options.with_state,
         tables: tables.to_vec(),
+        precision: options.precision(),
     };
     link.send(Kind::Hello, &hello.encode())?;
     let (replica, infos) = wire::decode_welcome(&link.expect(Kind::Welcome)?)?;

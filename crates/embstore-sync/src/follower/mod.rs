@@ -124,6 +124,36 @@ pub struct FollowOptions {
     /// than the time-out for three rounds), a second connection pulls the source's
     /// significant writes ahead of the rest until it is calm again; `None`: never.
     pub priority: Option<embstore_replication::CongestionConfig>,
+    /// The highest sync protocol offered to the source (`None`: [`wire::PROTOCOL`], or the
+    /// environment's `EMBSTORE_SYNC_PROTOCOL` where set, for comparing wires); clamped to
+    /// what this build speaks. Below 6 the source sends every frame on its own, uncompressed.
+    pub protocol: Option<u16>,
+    /// The precision of the values the source sends (protocol 6; `None`: the environment's
+    /// `EMBSTORE_SYNC_PRECISION`, `f32` or `f16`, where set, else f32, exact).
+    /// [`crate::wire::Precision::F16`] halves the value bytes and rounds every value to half
+    /// precision: lossy, a relative error up to 2^-11 for normal values, those beyond
+    /// ±65,504 saturate to infinity; optimizer state stays exact.
+    pub precision: Option<crate::wire::Precision>,
+}
+
+impl FollowOptions {
+    /// The protocol offered in HELLO (see [`FollowOptions::protocol`]).
+    pub fn protocol(&self) -> u16 {
+        let env = || std::env::var("EMBSTORE_SYNC_PROTOCOL").ok()?.trim().parse().ok();
+        self.protocol
+            .or_else(env)
+            .unwrap_or(crate::wire::PROTOCOL)
+            .clamp(crate::wire::MIN_PROTOCOL, crate::wire::PROTOCOL)
+    }
+
+    /// The precision asked for in HELLO (see [`FollowOptions::precision`]).
+    pub fn precision(&self) -> crate::wire::Precision {
+        let env = || match std::env::var("EMBSTORE_SYNC_PRECISION").ok()?.trim() {
+            "f16" => Some(crate::wire::Precision::F16),
+            _ => Some(crate::wire::Precision::F32),
+        };
+        self.precision.or_else(env).unwrap_or_default()
+    }
 }
 
 impl Default for FollowOptions {
@@ -141,6 +171,8 @@ impl Default for FollowOptions {
             skip_by_sv: true,
             sync: SyncOptions::default(),
             priority: Some(embstore_replication::CongestionConfig::default()),
+            protocol: None,
+            precision: None,
         }
     }
 }
