@@ -468,8 +468,10 @@ impl Snapshot {
 /// When a link counts as congested (Ekko's "update time-outs", spec §5.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CongestionConfig {
-    /// The time-out `T_to`: a lag above it is late, in ms (1 s: ten times the p99 of an
-    /// uncut link on the emulated WAN, 50 ms RTT; the paper's 5 s was twice its 2.6 s target).
+    /// The time-out `T_to`, in ms (1 s): a lag above it is always late; below it, a lag
+    /// four times the link's usual one is late (at least 200 ms): a link's lag under a cut is
+    /// bounded by coalescing, so a fixed time-out far above it (the paper's 5 s, twice its
+    /// 2.6-s target) would never see the cut.
     pub timeout_ms: u64,
     /// Consecutive late rounds that make a link congested (3).
     pub late_rounds: u32,
@@ -494,7 +496,14 @@ pub struct Congestion {
     congested: bool,
     calm_since: Option<u64>,
     switches: u64,
+    /// The running mean of the lag while the link is not congested (ms; 0 before any).
+    usual_ms: u64,
 }
+
+/// A reply is late when its lag passes this many times the link's usual lag (and at least
+/// [`MIN_LATE_MS`], at most the configured time-out).
+const LATE_FACTOR: u64 = 4;
+const MIN_LATE_MS: u64 = 200;
 
 impl Congestion {
     /// A link that is not congested.
@@ -514,15 +523,34 @@ impl Congestion {
 
     /// A round ended at `now_ms` with the oldest pending change `lag_ms` old (0: none
     /// pending). Returns whether the link is congested now.
+    /// The lag above which a reply is late now: four times the link's usual lag (its running
+    /// mean while not congested), within [200 ms, the time-out].
+    pub fn late_ms(&self) -> u64 {
+        if self.usual_ms == 0 {
+            return self.cfg.timeout_ms; // no usual lag yet
+        }
+        (LATE_FACTOR * self.usual_ms)
+            .clamp(MIN_LATE_MS.min(self.cfg.timeout_ms), self.cfg.timeout_ms)
+    }
+
     pub fn observe(&mut self, lag_ms: u64, now_ms: u64) -> bool {
+        let late_ms = self.late_ms();
         if !self.congested {
-            self.late = if lag_ms > self.cfg.timeout_ms { self.late + 1 } else { 0 };
+            // The usual lag follows the replies that are not late while the link is not
+            // congested.
+            if lag_ms > late_ms {
+                self.late += 1;
+            } else {
+                self.late = 0;
+                self.usual_ms =
+                    if self.usual_ms == 0 { lag_ms } else { (9 * self.usual_ms + lag_ms) / 10 };
+            }
             if self.late >= self.cfg.late_rounds {
                 self.congested = true;
                 self.calm_since = None;
                 self.switches += 1;
             }
-        } else if lag_ms < self.cfg.timeout_ms / 2 {
+        } else if lag_ms < late_ms / 2 {
             let since = *self.calm_since.get_or_insert(now_ms);
             if now_ms.saturating_sub(since) >= self.cfg.calm_ms {
                 self.congested = false;
@@ -666,6 +694,29 @@ mod tests {
         }
     }
 
+    /// Late is relative to the link's usual lag: a link at 80 ms is late at 400 ms (a cut that
+    /// coalescing keeps under a second is still seen), one at 300 ms is not.
+    #[test]
+    fn late_follows_the_links_usual_lag() {
+        let mut fast = Congestion::new(CongestionConfig::default());
+        let mut slow = Congestion::new(CongestionConfig::default());
+        for t in 0..100 {
+            fast.observe(80, t * 100);
+            slow.observe(300, t * 100);
+        }
+        assert_eq!((fast.late_ms(), slow.late_ms()), (320, 1_000));
+        for t in 100..103 {
+            fast.observe(400, t * 100);
+            slow.observe(400, t * 100);
+        }
+        assert!(fast.congested() && !slow.congested());
+        assert_eq!(
+            Congestion::new(CongestionConfig::default()).late_ms(),
+            1_000,
+            "no usual lag yet"
+        );
+    }
+
     #[test]
     fn a_link_is_congested_after_three_late_rounds_and_calm_after_thirty_seconds() {
         let mut c = Congestion::new(CongestionConfig { timeout_ms: 5_000, ..Default::default() });
@@ -675,12 +726,14 @@ mod tests {
         assert!(!c.observe(6_000, 300));
         assert!(!c.observe(6_000, 400));
         assert!(c.observe(6_000, 500));
-        // Calm for 30 s with lag under T_to / 2; a late round in between restarts it.
-        assert!(c.observe(1_000, 1_000));
-        assert!(c.observe(3_000, 20_000), "not under T_to / 2");
-        assert!(c.observe(1_000, 21_000));
-        assert!(c.observe(1_000, 50_999));
-        assert!(!c.observe(1_000, 51_000));
+        // Calm for 30 s with lag under half the late mark (4 × the usual 100 ms); a late round
+        // in between restarts it.
+        assert_eq!(c.late_ms(), 400);
+        assert!(c.observe(100, 1_000));
+        assert!(c.observe(3_000, 20_000), "not under half the late mark");
+        assert!(c.observe(100, 21_000));
+        assert!(c.observe(100, 50_999));
+        assert!(!c.observe(100, 51_000));
         assert_eq!(c.switches(), 2);
     }
 }
