@@ -83,6 +83,10 @@ pub enum Kind {
     PrioritisedPart = 23,
     /// A request's answer packed in one frame, compressed where that pays (sync protocol 6).
     Packed = 24,
+    /// A rollback's request to a source: pause or resume its tables' writes, or write rows.
+    Rollback = 25,
+    /// A rollback request's answer: how many tables or rows it changed.
+    RollbackDone = 26,
 }
 
 impl Kind {
@@ -105,6 +109,8 @@ impl Kind {
             22 => Kind::PrioritisedPull,
             23 => Kind::PrioritisedPart,
             24 => Kind::Packed,
+            25 => Kind::Rollback,
+            26 => Kind::RollbackDone,
             _ => return None,
         })
     }

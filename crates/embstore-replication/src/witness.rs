@@ -179,16 +179,30 @@ impl WitnessLog {
     /// the healthy store, last writer wins, and takes their knowledge as the healthy VV.
     /// Returns the new `t_max`, or `None` when nothing could be flushed (it stays).
     pub fn flush(&mut self, t_healthy_ms: u64, corrupted: &[Corrupted]) -> Option<u64> {
+        self.flush_changed(t_healthy_ms, corrupted).map(|(t, _)| t)
+    }
+
+    /// [`WitnessLog::flush`], answering also the keys whose healthy row it changed (in key
+    /// order), so that a caller that persists the healthy store writes only those.
+    pub fn flush_changed(
+        &mut self,
+        t_healthy_ms: u64,
+        corrupted: &[Corrupted],
+    ) -> Option<(u64, Vec<u64>)> {
         let t_max = choose_t_max(t_healthy_ms, self.bucket_ms, self.t_max, corrupted)?;
         let ends_by = |b: &u64| b + self.bucket_ms <= t_max;
         let flushed: Vec<u64> = self.logs.keys().copied().filter(ends_by).collect();
+        let mut changed = Vec::new();
         for b in flushed {
             for (key, row) in self.logs.remove(&b).unwrap_or_default() {
                 if self.healthy.get(&key).is_none_or(|old| row.supersedes(old)) {
                     self.healthy.insert(key, row);
+                    changed.push(key);
                 }
             }
         }
+        changed.sort_unstable();
+        changed.dedup();
         let known: Vec<u64> = self.knew.keys().copied().filter(ends_by).collect();
         for b in known {
             for (part, vv) in self.knew.remove(&b).unwrap_or_default() {
@@ -198,7 +212,7 @@ impl WitnessLog {
             }
         }
         self.t_max = t_max;
-        Some(t_max)
+        Some((t_max, changed))
     }
 
     /// The last `t_max` flushed to (0: none).

@@ -480,6 +480,7 @@ fn serve_conn(
             Kind::List => list(store, &mut c, &body, &mut known, &hello),
             Kind::Pull => pull(store, &mut c, &body, &hello, &mut known),
             Kind::PrioritisedPull => prioritised_pull(store, &mut c, &body, &hello, &mut ahead),
+            Kind::Rollback => rollback(store, &mut c, &body),
             _ => Err(Error::corrupt(format!("unexpected sync frame {kind:?}"))),
         };
         match done {
@@ -499,6 +500,37 @@ fn starts_tls(s: &TcpStream) -> bool {
     let tls = matches!(s.peek(&mut b), Ok(1) if b[0] == 0x16);
     let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
     tls
+}
+
+/// A rollback's request: pause or resume writes (and prioritised sync) on one table or every
+/// table, or write a witness's rows; answered with how many tables or rows it changed.
+fn rollback(store: &Store, c: &mut Conn, body: &[u8]) -> Result<()> {
+    let req = wire::Rollback::decode(body, |t| Ok(table_of(store, t)?.dim()))?;
+    let tables = match req.table() {
+        "" => store.tables().iter().map(|n| store.table(n)).collect::<Result<Vec<_>>>()?,
+        name => vec![table_of(store, name)?],
+    };
+    let mut done = 0u64;
+    for t in &tables {
+        match &req {
+            wire::Rollback::Pause { reason, .. } => {
+                t.pause_writes(Some(reason));
+                t.set_prioritised_sync(false)?;
+                done += 1;
+            }
+            wire::Rollback::Resume { .. } => {
+                t.pause_writes(None);
+                t.set_prioritised_sync(true)?;
+                done += 1;
+            }
+            wire::Rollback::Write { rows, .. } => {
+                let (keys, values): (Vec<u64>, Vec<Option<Vec<f32>>>) =
+                    rows.iter().cloned().unzip();
+                done += t.rollback_write(&keys, &values)? as u64;
+            }
+        }
+    }
+    c.send(Kind::RollbackDone, &done.to_le_bytes())
 }
 
 fn table_of(store: &Store, name: &str) -> Result<Arc<Table>> {

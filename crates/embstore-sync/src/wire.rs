@@ -21,6 +21,9 @@
 //! PULL_DONE = (empty)       ERROR = the wire's (kind u8 | code u32 | message str | details)
 //! PACKED   = method u8 (0 stored, 1 zstd) | raw_len u32 | data: the frames of one answer
 //!            (protocol 6): raw = n × (kind u8 | len var | body), zstd-compressed (method 1)
+//! ROLLBACK = op u8 (1 pause, 2 resume, 3 write) | table str ("": every table) | reason str
+//!            | (write: n u32 | n × (key u64 | removed u8) | the kept rows' values, D f32 each)
+//! ROLLBACK_DONE = count u64 (tables paused or resumed, rows written)
 //! vv = n u16 | n × (origin u32 | ts u64);  str = len u32 | utf-8;  [x] = n u32 | n × x
 //! var = LEB128 (7 bits a byte, low first)
 //! ```
@@ -294,6 +297,75 @@ impl List {
         let l = Self { table: d.str()?, epoch: d.u64()?, cursor: d.u64()?, wait_ms: d.u32()? };
         d.end()?;
         Ok(l)
+    }
+}
+
+/// A rollback's request to a source (Ekko Fig 5: ① pause, ④ write, ⑤ resume).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rollback {
+    /// Refuse the writes of `table` (every table when empty) with `RollingBack` and `reason`,
+    /// and stop prioritised sync.
+    Pause { table: String, reason: String },
+    /// Take writes again, and prioritised sync.
+    Resume { table: String },
+    /// Write these rows (`None`: remove the key) through the pause, with fresh versions.
+    Write { table: String, rows: Vec<(u64, Option<Vec<f32>>)> },
+}
+
+impl Rollback {
+    /// The table it names ("" for every table).
+    pub fn table(&self) -> &str {
+        match self {
+            Rollback::Pause { table, .. }
+            | Rollback::Resume { table }
+            | Rollback::Write { table, .. } => table,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Writer::default();
+        match self {
+            Rollback::Pause { table, reason } => {
+                e.u8(1).str(table).str(reason);
+            }
+            Rollback::Resume { table } => {
+                e.u8(2).str(table).str("");
+            }
+            Rollback::Write { table, rows } => {
+                e.u8(3).str(table).str("").u32(rows.len() as u32);
+                for (k, v) in rows {
+                    e.u64(*k).u8(u8::from(v.is_none()));
+                }
+                for v in rows.iter().filter_map(|(_, v)| v.as_ref()) {
+                    e.f32s(v);
+                }
+            }
+        }
+        e.0
+    }
+
+    /// `dim` gives the named table's width (for a write's rows).
+    pub fn decode(b: &[u8], dim: impl Fn(&str) -> Result<usize>) -> Result<Self> {
+        let mut d = reader(b);
+        let (op, table, reason) = (d.u8()?, d.str()?, d.str()?);
+        let r = match op {
+            1 => Rollback::Pause { table, reason },
+            2 => Rollback::Resume { table },
+            3 => {
+                let n = d.count(9)?;
+                let keys =
+                    (0..n).map(|_| Ok((d.u64()?, d.u8()? != 0))).collect::<Result<Vec<_>>>()?;
+                let width = dim(&table)?;
+                let mut rows = Vec::with_capacity(n);
+                for (k, removed) in keys {
+                    rows.push((k, if removed { None } else { Some(d.f32s(width)?) }));
+                }
+                Rollback::Write { table, rows }
+            }
+            x => return Err(Error::corrupt(format!("unknown rollback request {x}"))),
+        };
+        d.end()?;
+        Ok(r)
     }
 }
 

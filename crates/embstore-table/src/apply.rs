@@ -63,6 +63,7 @@ impl Table {
     pub fn apply_gradients(&self, ids: &[u64], grads: &[f32], lr: Option<f32>) -> Result<usize> {
         let d = self.dim();
         self.check_rows("grads", ids.len(), grads.len(), d)?;
+        self.check_writable()?;
         let optimizer = self.config.optimizer;
         let lr = lr.unwrap_or(optimizer.lr());
         optimizer.validate_lr(lr)?;

@@ -27,6 +27,9 @@ pub struct Store {
     closed: std::sync::atomic::AtomicBool,
     /// Set by [`Store::enable_sync`]: every table keeps sync state, new ones from creation.
     sync: parking_lot::Mutex<Option<crate::sync::SyncOptions>>,
+    /// Set by [`Store::witness_tables`]: the bucket (ms) and directory of the tables a
+    /// follower readies, which become witnesses.
+    witness: parking_lot::Mutex<Option<(u64, Option<std::path::PathBuf>)>>,
 }
 
 impl StoreOptions {
@@ -114,6 +117,7 @@ impl Store {
         Self {
             tables: RwLock::new(BTreeMap::new()),
             sync: parking_lot::Mutex::new(None),
+            witness: parking_lot::Mutex::new(None),
             clock: Arc::new(Clock::new(0)),
             durable: None,
             tiering: None,
@@ -180,6 +184,7 @@ impl Store {
         Ok(Self {
             tables: RwLock::new(tables),
             sync: parking_lot::Mutex::new(None),
+            witness: parking_lot::Mutex::new(None),
             clock,
             durable: Some(durable),
             tiering,
@@ -318,6 +323,23 @@ impl Store {
         }
         tables.insert(table.name().to_owned(), table.clone());
         Ok(table)
+    }
+
+    /// Makes every table a follower readies from now on a witness
+    /// ([`Table::witness_start`]`(bucket_ms, dir)`): a store that follows only to keep a
+    /// model's healthy state for rollbacks.
+    pub fn witness_tables(&self, bucket_ms: u64, dir: Option<&std::path::Path>) -> Result<()> {
+        self.check_open()?;
+        if bucket_ms == 0 {
+            return Err(Error::invalid("a witness's bucket must be at least 1 ms"));
+        }
+        *self.witness.lock() = Some((bucket_ms, dir.map(std::path::Path::to_path_buf)));
+        Ok(())
+    }
+
+    /// The witness settings of [`Store::witness_tables`], if set.
+    pub fn witness_settings(&self) -> Option<(u64, Option<std::path::PathBuf>)> {
+        self.witness.lock().clone()
     }
 
     /// Makes every table keep sync state (see [`crate::sync`]), and every table created later

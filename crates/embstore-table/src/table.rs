@@ -63,6 +63,10 @@ pub struct Table {
     pub(crate) priority: parking_lot::RwLock<Option<Arc<crate::priority::TablePriority>>>,
     /// Prioritised sync switched off (a rollback runs).
     pub(crate) priority_off: AtomicBool,
+    /// A witness's logs and healthy store (`sync::witness`).
+    pub(crate) witness: OnceLock<Arc<crate::sync::witness::TableWitness>>,
+    /// Why writes are refused (a rollback runs): `sync::rollback`.
+    pub(crate) paused: parking_lot::RwLock<Option<String>>,
 }
 
 impl std::fmt::Debug for Table {
@@ -104,6 +108,8 @@ impl Table {
             sync: OnceLock::new(),
             priority: parking_lot::RwLock::new(None),
             priority_off: AtomicBool::new(false),
+            witness: OnceLock::new(),
+            paused: parking_lot::RwLock::new(None),
             config,
         })
     }
@@ -277,6 +283,7 @@ impl Table {
     /// sketch.
     pub fn clear(&self) -> Result<()> {
         self.check_live()?;
+        self.check_writable()?;
         let _exclusive = self.exclusive();
         self.clear_epoch.fetch_add(1, Ordering::AcqRel);
         if self.durable.load(Ordering::Relaxed) {

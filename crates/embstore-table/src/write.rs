@@ -34,6 +34,12 @@ impl Table {
     /// apply). For a repeated id the last row wins. State of existing rows is kept.
     pub fn assign(&self, ids: &[u64], values: &[f32]) -> Result<()> {
         self.check_live()?;
+        self.check_writable()?;
+        self.assign_rows(ids, values)
+    }
+
+    /// [`Table::assign`] without the pause's check (a rollback's writes).
+    pub(crate) fn assign_rows(&self, ids: &[u64], values: &[f32]) -> Result<()> {
         let _entered = self.enter(ids)?;
         self.write_rows(ids, values, StateIn::Keep, None, true)
     }
@@ -51,6 +57,7 @@ impl Table {
     ) -> Result<()> {
         let state = state.map_or(StateIn::Init, StateIn::Given);
         self.check_live()?;
+        self.check_writable()?;
         let _entered = self.enter(ids)?;
         self.write_rows(ids, values, state, meta, true)
     }
@@ -266,6 +273,12 @@ impl Table {
     /// Removes the rows of `ids`; returns how many were stored. Shards left sparse release
     /// memory.
     pub fn remove(&self, ids: &[u64]) -> Result<usize> {
+        self.check_writable()?;
+        self.remove_rows(ids)
+    }
+
+    /// [`Table::remove`] without the pause's check (a rollback's removals).
+    pub(crate) fn remove_rows(&self, ids: &[u64]) -> Result<usize> {
         let groups = self.group(ids)?;
         let _entered = self.enter(ids)?;
         let removed = AtomicU64::new(0);

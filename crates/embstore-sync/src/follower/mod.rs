@@ -25,10 +25,12 @@ use parking_lot::Mutex;
 
 mod link;
 mod prioritised;
+mod rollback;
 mod rounds;
 mod status;
 
 use link::connect;
+pub use rollback::rollback;
 use rounds::follow_table;
 use status::{report, Shared, Status, ROUND_GRACE_MS};
 pub use status::{CatchUpMark, StatusView, TableSync};

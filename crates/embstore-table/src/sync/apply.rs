@@ -69,6 +69,10 @@ impl Table {
         // keys, then (after the last piece) the VV merge and the sv rule.
         let applied = steps::apply(&mut TablePart::store(self, &mut guard, sub), reply, &missing)?;
         let written = applied.written;
+        if self.witness.get().is_some() {
+            // Under the shard's lock, so that the logs see this part's replies in order.
+            self.witness_record(reply, &missing);
+        }
         if reply.partial {
             // R2: a piece's rows are safe to apply; its knowledge waits for the last piece.
             sync.counters.rows_applied.fetch_add(written as u64, Ordering::Relaxed);
@@ -87,6 +91,7 @@ impl Table {
         }
         drop(guard);
         drop(_entered);
+        self.witness_knew(reply.part);
         let c = &sync.counters;
         c.replies_applied.fetch_add(1, Ordering::Relaxed);
         c.rows_applied.fetch_add(written as u64, Ordering::Relaxed);

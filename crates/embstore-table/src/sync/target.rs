@@ -59,6 +59,13 @@ impl Target for Store {
         for (t, p) in &tables {
             check_parts(t, *p, source)?;
         }
+        if let Some((bucket_ms, dir)) = self.witness_settings() {
+            for (t, _) in &tables {
+                if !t.witnesses() {
+                    t.witness_start(bucket_ms, dir.as_deref())?;
+                }
+            }
+        }
         Ok(())
     }
 
