@@ -69,6 +69,7 @@ from embstore.serving import RemoteClient, Server, connect
 from embstore.session import Session, SessionBatch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
 from embstore.sync import SyncPort
+from embstore.witness import Witness
 
 __all__ = [
     "FTRL",
@@ -117,6 +118,7 @@ __all__ = [
     "UnavailableError",
     "Uniform",
     "UnsupportedFormatError",
+    "Witness",
     "Zeros",
     "__version__",
     "connect",

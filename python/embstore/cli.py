@@ -12,7 +12,9 @@ import argparse
 import datetime as _dt
 import json
 import pathlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -370,10 +372,25 @@ def _add_serve(sub: Any) -> argparse.ArgumentParser:
         "--priority",
         choices=["on", "off"],
         default="on",
-        help="with --follow: while the link to the source is congested (replies arriving more "
-        "than 5 s late, three in a row), pull the source's significant writes ahead of the rest "
-        "on a second connection (on, the default; tables score their writes with "
-        "embstore.Priority at the trainer); off: normal sync only",
+        help="with --follow: while the link to the source is congested (three replies in a row "
+        "later than four times the link's usual lag, within 0.2..1 s), pull the source's "
+        "significant writes ahead of the rest on a second connection (on, the default; only "
+        "tables that score their writes with embstore.Priority at the trainer have any); off: "
+        "normal sync only",
+    )
+    srv.add_argument(
+        "--witness",
+        action="store_true",
+        help="be a witness of the model --model: follow --follow HOST:PORT (the trainer's sync "
+        "port) serving nothing, keep the model's healthy state in --data-dir (flushed at each "
+        "healthy decision the model monitor records in --etcd), and take part in `embstore "
+        "model rollback`",
+    )
+    srv.add_argument("--model", help="with --witness: the model the followed tables belong to")
+    srv.add_argument(
+        "--witness-name",
+        help="with --witness: its name in etcd (default: host name and --data-dir's base name; "
+        "keep it across restarts)",
     )
     srv.add_argument(
         "--sync-no-shard-versions",
@@ -432,12 +449,46 @@ def _add_model(sub: Any) -> None:
         "its state and when it was decided, the time up to which it is healthy, each witness's "
         "t_max, its corrupted intervals, whether a rollback runs, and the alternative model.",
     )
-    msub = m.add_subparsers(dest="model_cmd", required=True, metavar="status|list")
+    msub = m.add_subparsers(dest="model_cmd", required=True, metavar="status|rollback|list")
     st = msub.add_parser("status", help="one model's state", description="One model's state.")
     st.add_argument("model", help="the model's name")
     st.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
     st.add_argument("--json", action="store_true", help="print the record as JSON")
     st.set_defaults(run=_model_status)
+    rb = msub.add_parser(
+        "rollback",
+        help="roll a model back to its healthy state, writing only what changed since",
+        description="Rolls a model back (Ekko's five steps): pauses the trainers' writes "
+        "(they fail with RollingBackError) and prioritised sync, waits until the witnesses hold "
+        "everything, picks per trainer the witness whose t_max agrees with the others, writes "
+        "its diff (the healthy rows of every key changed since) to the trainer with new "
+        "versions, which sync carries to every replica, waits for the witnesses to see it, and "
+        "resumes writes. Prints each step. Cut short, run it again to finish.",
+    )
+    rb.add_argument("model", help="the model's name")
+    rb.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
+    rb.add_argument(
+        "--to",
+        default="healthy",
+        metavar="healthy|TIME",
+        help="healthy (default): the witnesses' agreed t_max; or a UTC time "
+        "(2026-11-26T10:42:00Z) at or after it",
+    )
+    rb.add_argument(
+        "--keep-new-rows",
+        action="store_true",
+        help="keep rows created after that time (default: remove them)",
+    )
+    rb.add_argument("--sync-token-file", metavar="FILE", help="the trainers' replication token")
+    rb.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long each step waits for the witnesses (default: 120)",
+    )
+    rb.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    rb.set_defaults(run=_model_rollback)
     ls = msub.add_parser("list", help="the models with a state", description="Models in etcd.")
     ls.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
     ls.set_defaults(run=_model_list)
@@ -474,6 +525,40 @@ def _model_status(args: argparse.Namespace) -> int:
         print("  a rollback is under way")
     if s.get("alternative"):
         print(f"  alternative: {s['alternative']}")
+    return 0
+
+
+def _model_rollback(args: argparse.Namespace) -> int:
+    from embstore.witness import rollback
+
+    to: str | float = args.to
+    if to != "healthy":
+        try:
+            t = _dt.datetime.fromisoformat(str(to).replace("Z", "+00:00"))
+        except ValueError:
+            print(
+                f"embstore model rollback: --to must be healthy or a time, got {to!r}",
+                file=sys.stderr,
+            )
+            return 2
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.UTC)
+        to = t.timestamp()
+    try:
+        out = rollback(
+            args.model,
+            args.etcd,
+            to=to,
+            keep_new_rows=args.keep_new_rows,
+            token=_token(args.sync_token_file),
+            timeout_s=args.timeout,
+            say=lambda line: print(line, flush=True),
+        )
+    except EmbstoreError as e:
+        print(f"embstore model rollback: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out))
     return 0
 
 
@@ -701,9 +786,73 @@ def _horizon(text: str) -> float:
     return s
 
 
+def _serve_witness(args: argparse.Namespace) -> int:
+    from embstore.witness import Witness
+
+    missing = [
+        flag
+        for flag, v in (
+            ("--follow HOST:PORT", args.follow),
+            ("--model", args.model),
+            ("--etcd", args.etcd),
+            ("--data-dir", args.data_dir),
+        )
+        if not v
+    ]
+    if missing:
+        print(f"embstore serve --witness: needs {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        w = Witness(
+            args.follow,
+            model=args.model,
+            etcd=args.etcd,
+            data_dir=args.data_dir,
+            name=args.witness_name,
+            token=_token(args.sync_token_file),
+            tls_ca=args.sync_tls_ca,
+            tls_cert=args.sync_tls_cert,
+            tls_key=args.sync_tls_key,
+            tls_domain=args.sync_tls_domain,
+        ).start()
+    except EmbstoreError as e:
+        print(f"embstore serve: {e}", file=sys.stderr)
+        return 2
+    st = w.stats()
+    restored = sum(t["restored_rows"] for t in st["tables"].values())
+    print(
+        f"embstore serve: witness {w.name} of model {args.model}, following {args.follow}, "
+        f"healthy store in {args.data_dir} ({restored:,} rows restored); Ctrl-C or SIGTERM stops",
+        flush=True,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        last = None
+        while not stop.wait(1.0):
+            st = w.stats()
+            if st["t_max_ms"] != last:
+                last = st["t_max_ms"]
+                held = sum(t["healthy_rows"] for t in st["tables"].values())
+                logged = sum(t["logged_keys"] for t in st["tables"].values())
+                print(
+                    f"embstore serve: witness {w.name}: healthy up to {_fmt_ms(last or None)}, "
+                    f"{held:,} rows held, {logged:,} keys logged since",
+                    flush=True,
+                )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        w.stop()
+    print("embstore serve: stopped", flush=True)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from embstore.serving import Server
 
+    if args.witness:
+        return _serve_witness(args)
     if args.follow == "" and not (args.etcd and args.dc):
         print("embstore serve: --follow needs HOST:PORT, or --etcd and --dc", file=sys.stderr)
         return 2

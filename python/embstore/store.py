@@ -242,6 +242,9 @@ class Store:
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         tls_domain: str | None = None,
+        priority: bool = True,
+        witness_dir: str | os.PathLike[str] | None = None,
+        witness_bucket_s: float = 1.0,
     ) -> Store:
         """A store that follows the sync port at ``source`` (``host:port``), or, with ``etcd``
         (a URL or a list) and ``dc``, the source etcd names for each table: this data
@@ -258,6 +261,10 @@ class Store:
         chains to this CA (PEM; a source it does not trust is refused with
         :class:`PermissionDeniedError`), with ``tls_cert``/``tls_key`` for mutual TLS and
         ``tls_domain`` the name on the source's certificate (default: its host).
+        ``priority=False``: no prioritised pulls while the link is congested (normal sync
+        only). ``witness_dir``: the followed tables become witnesses keeping their healthy
+        store there, logging in buckets of ``witness_bucket_s`` (use :class:`embstore.Witness`,
+        which drives them).
         :meth:`sync_status` says how fresh it is;
         :meth:`wait_caught_up` waits for it to catch up; :meth:`close` stops following.
 
@@ -279,6 +286,10 @@ class Store:
             memory_budget_bytes=memory_budget_bytes,
         )
         try:
+            if witness_dir is not None:
+                store._inner.witness_tables(
+                    max(1, round(witness_bucket_s * 1000)), os.fspath(witness_dir)
+                )
             store._follower = _sync.start_follower(
                 store._inner,
                 source,
@@ -289,6 +300,7 @@ class Store:
                 with_state=with_state,
                 wait_ms=wait_ms,
                 tls=(tls_ca, tls_cert, tls_key, tls_domain),
+                priority=priority,
             )
         except BaseException:
             store.close()

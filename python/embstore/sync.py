@@ -139,8 +139,10 @@ def start_follower(
     with_state: bool,
     wait_ms: int,
     tls: tuple[Any, Any, Any, str | None] = (None, None, None, None),
+    priority: bool = True,
 ) -> Any:
-    """The native follower (see :meth:`embstore.Store.follow`)."""
+    """The native follower (see :meth:`embstore.Store.follow`); ``priority=False``: no
+    prioritised pulls when congested (a witness)."""
     if (source is None) == (etcd is None):
         raise InvalidArgumentError("follow needs a source ('host:port'), or etcd and dc")
     if source is not None and (not isinstance(source, str) or ":" not in source):
@@ -168,4 +170,5 @@ def start_follower(
         domain,
         endpoints,
         dc if endpoints else None,
+        priority=priority,
     )

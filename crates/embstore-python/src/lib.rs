@@ -220,6 +220,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sync::sync_members, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_state_json, m)?)?;
     m.add_function(wrap_pyfunction!(model::model_list, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_record_t_max, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_begin_rollback, m)?)?;
+    m.add_function(wrap_pyfunction!(model::model_end_rollback, m)?)?;
+    m.add_function(wrap_pyfunction!(model::etcd_get, m)?)?;
+    m.add_function(wrap_pyfunction!(model::etcd_range, m)?)?;
+    m.add_function(wrap_pyfunction!(model::etcd_put_if, m)?)?;
+    m.add_function(wrap_pyfunction!(model::etcd_delete, m)?)?;
+    m.add_function(wrap_pyfunction!(sync::sync_rollback, m)?)?;
     m.add("ON_MISS", embstore_table::OnMiss::NAMES)?;
     m.add("OPTIMIZERS", embstore_table::Optimizer::NAMES)?;
     m.add("INITIALIZERS", embstore_table::Initializer::NAMES)?;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use embstore_cluster::{
-    get_state, list_models, put_state, Detector, DetectorConfig, Etcd, Health, ModelState,
-    RatioDetector, Report, Variant,
+    begin_rollback, end_rollback, get_state, list_models, put_state, record_t_max, Detector,
+    DetectorConfig, Etcd, Health, ModelState, RatioDetector, Report, Variant,
 };
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -200,4 +200,99 @@ pub(crate) fn model_list(py: Python<'_>, etcd: Vec<String>) -> PyResult<Vec<Stri
         })
     })
     .map_err(to_py_err)
+}
+
+/// Runs `f` against the etcd at `etcd` on a runtime of its own, with the GIL released.
+fn with_etcd<T: Send>(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    f: impl AsyncFnOnce(&Etcd) -> embstore_common::Result<T> + Send,
+) -> PyResult<T> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    detached(py, || {
+        rt.block_on(async {
+            let client = Etcd::connect(&etcd, Duration::from_secs(3))?;
+            f(&client).await
+        })
+    })
+    .map_err(to_py_err)
+}
+
+/// Raises witness `witness`'s t_max for `model`; whether it rose.
+#[pyfunction]
+pub(crate) fn model_record_t_max(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    model: String,
+    witness: String,
+    t_max_ms: u64,
+) -> PyResult<bool> {
+    with_etcd(py, etcd, async |c| record_t_max(c, &model, &witness, t_max_ms).await)
+}
+
+/// Marks a rollback of `model` under way (LockedError if one is).
+#[pyfunction]
+pub(crate) fn model_begin_rollback(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    model: String,
+) -> PyResult<()> {
+    with_etcd(py, etcd, async |c| begin_rollback(c, &model).await)
+}
+
+/// Marks `model`'s rollback over; whether one was under way.
+#[pyfunction]
+pub(crate) fn model_end_rollback(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    model: String,
+) -> PyResult<bool> {
+    with_etcd(py, etcd, async |c| end_rollback(c, &model).await)
+}
+
+/// The value and modification revision at `key`, or None.
+#[pyfunction]
+pub(crate) fn etcd_get(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    key: String,
+) -> PyResult<Option<(Vec<u8>, i64)>> {
+    with_etcd(py, etcd, async |c| Ok(c.get(&key).await?.map(|kv| (kv.value, kv.mod_revision))))
+}
+
+/// Every key under `prefix`: (key, value, revision).
+#[pyfunction]
+pub(crate) fn etcd_range(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    prefix: String,
+) -> PyResult<Vec<(String, Vec<u8>, i64)>> {
+    with_etcd(py, etcd, async |c| {
+        Ok(c.range_prefix(&prefix)
+            .await?
+            .into_iter()
+            .map(|kv| (kv.key, kv.value, kv.mod_revision))
+            .collect())
+    })
+}
+
+/// Sets `key` only if its last change was at `revision` (0: only if absent); whether it did.
+#[pyfunction]
+pub(crate) fn etcd_put_if(
+    py: Python<'_>,
+    etcd: Vec<String>,
+    key: String,
+    value: Vec<u8>,
+    revision: i64,
+) -> PyResult<bool> {
+    with_etcd(py, etcd, async |c| c.put_if(&key, &value, revision, 0).await)
+}
+
+/// Removes `key`.
+#[pyfunction]
+pub(crate) fn etcd_delete(py: Python<'_>, etcd: Vec<String>, key: String) -> PyResult<()> {
+    with_etcd(py, etcd, async |c| c.delete(&key).await)
 }

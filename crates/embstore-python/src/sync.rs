@@ -196,7 +196,7 @@ pub(crate) fn status_dict<'py>(py: Python<'py>, s: &TableSync) -> PyResult<Bound
 #[pymethods]
 impl PyFollower {
     #[new]
-    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000, tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None, etcd=None, dc=None))]
+    #[pyo3(signature = (store, source, token=String::new(), tables=Vec::new(), with_state=false, wait_ms=1000, tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None, etcd=None, dc=None, priority=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -212,10 +212,14 @@ impl PyFollower {
         tls_domain: Option<String>,
         etcd: Option<Vec<String>>,
         dc: Option<String>,
+        priority: bool,
     ) -> PyResult<Self> {
         let tls = crate::tls::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
-        let options =
+        let mut options =
             FollowOptions { token, tables, with_state, wait_ms, tls, ..FollowOptions::default() };
+        if !priority {
+            options.priority = None;
+        }
         let inner = store.inner.clone();
         let (f, directory) = detached(py, || match (etcd, dc) {
             // Registered in etcd without a sync port: it pulls from its data centre's leader
@@ -295,4 +299,67 @@ pub(crate) fn sync_members<'py>(
             Ok(d)
         })
         .collect()
+}
+
+/// A rollback's request to the sync port at `source` (Ekko Fig 5): `op` "pause" (with
+/// `reason`), "resume", or "write" (`keys`, `values` `[n, D]` and `removed` `[n]`: a removed
+/// key's values are ignored) on `table` ("" for every table, pause and resume only). Returns
+/// the tables or rows it changed.
+#[pyfunction]
+#[pyo3(signature = (source, op, table="", reason="", keys=None, values=None, removed=None, token=String::new(), tls_ca=None, tls_cert=None, tls_key=None, tls_domain=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sync_rollback(
+    py: Python<'_>,
+    source: &str,
+    op: &str,
+    table: &str,
+    reason: &str,
+    keys: Option<numpy::PyReadonlyArray1<'_, u64>>,
+    values: Option<numpy::PyReadonlyArray2<'_, f32>>,
+    removed: Option<numpy::PyReadonlyArray1<'_, bool>>,
+    token: String,
+    tls_ca: Option<std::path::PathBuf>,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+    tls_domain: Option<String>,
+) -> PyResult<u64> {
+    use embstore_sync::wire::Rollback;
+    let table = table.to_owned();
+    let request = match op {
+        "pause" => Rollback::Pause { table, reason: reason.to_owned() },
+        "resume" => Rollback::Resume { table },
+        "write" => {
+            let (Some(keys), Some(values), Some(removed)) = (keys, values, removed) else {
+                return Err(crate::errors::InvalidArgumentError::new_err(
+                    "a rollback write needs keys, values and removed",
+                ));
+            };
+            let (keys, values, removed) = (keys.as_array(), values.as_array(), removed.as_array());
+            if values.nrows() != keys.len() || removed.len() != keys.len() {
+                return Err(crate::errors::ShapeError::new_err(format!(
+                    "a rollback write of {} keys needs {0} rows of values and {0} removed flags, \
+                     got {} and {}",
+                    keys.len(),
+                    values.nrows(),
+                    removed.len()
+                )));
+            }
+            let rows = keys
+                .iter()
+                .zip(values.rows())
+                .zip(removed.iter())
+                .map(|((&k, v), &gone)| (k, (!gone).then(|| v.to_vec())))
+                .collect();
+            Rollback::Write { table, rows }
+        }
+        other => {
+            return Err(crate::errors::InvalidArgumentError::new_err(format!(
+                "op must be 'pause', 'resume' or 'write', got {other:?}"
+            )))
+        }
+    };
+    let tls = crate::tls::sync_client_tls(tls_ca, tls_cert, tls_key, tls_domain)?;
+    let options = FollowOptions { token, tls, ..FollowOptions::default() };
+    detached(py, || embstore_sync::follower::rollback(source, &options, &request))
+        .map_err(to_py_err)
 }

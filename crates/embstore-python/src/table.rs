@@ -295,6 +295,12 @@ impl PyStore {
     }
 
     /// Creates the table `spec` describes: `embstore.TableSpec`'s native dict, one value.
+    /// Every table a follower readies from now on becomes a witness (`embstore.Witness`).
+    #[pyo3(signature = (bucket_ms, dir=None))]
+    fn witness_tables(&self, bucket_ms: u64, dir: Option<std::path::PathBuf>) -> PyResult<()> {
+        self.inner.witness_tables(bucket_ms, dir.as_deref()).map_err(to_py_err)
+    }
+
     fn create_table(&self, py: Python<'_>, spec: TableSpecArg) -> PyResult<PyTable> {
         let config = spec.into_config(py)?;
         self.inner.create_table(config).map(PyTable::new).map_err(to_py_err)
@@ -491,6 +497,85 @@ impl PyTable {
     /// What the table's prioritiser has seen and its significant stores hold.
     fn priority_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         crate::priority::priority_stats(&self.inner, py)
+    }
+
+    /// Makes this syncing table a witness (see `embstore.Witness`).
+    #[pyo3(signature = (bucket_ms, dir=None))]
+    fn witness_start<'py>(
+        &self,
+        py: Python<'py>,
+        bucket_ms: u64,
+        dir: Option<std::path::PathBuf>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let s = detached(py, || self.inner.witness_start(bucket_ms, dir.as_deref()))
+            .map_err(to_py_err)?;
+        witness_dict(py, &s)
+    }
+
+    /// What the witness holds, or None when the table is not one.
+    fn witness_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if !self.inner.witnesses() {
+            return Ok(None);
+        }
+        let s = self.inner.witness_stats().map_err(to_py_err)?;
+        witness_dict(py, &s).map(Some)
+    }
+
+    /// Flushes the logs up to a healthy decision at `t_healthy_ms` (corrupted intervals as
+    /// `(start_ms, end_ms or None)`); the new t_max or None.
+    fn witness_flush(
+        &self,
+        py: Python<'_>,
+        t_healthy_ms: u64,
+        corrupted: Vec<(u64, Option<u64>)>,
+    ) -> PyResult<Option<u64>> {
+        let corrupted: Vec<_> = corrupted
+            .into_iter()
+            .map(|(start_ms, end_ms)| embstore_replication::witness::Corrupted { start_ms, end_ms })
+            .collect();
+        detached(py, || self.inner.witness_flush(t_healthy_ms, &corrupted)).map_err(to_py_err)
+    }
+
+    /// The rollback's diff: (keys [n], values [n, D], removed [n]).
+    #[allow(clippy::type_complexity)]
+    fn witness_diff<'py>(
+        &self,
+        py: Python<'py>,
+        keep_new_rows: bool,
+    ) -> PyResult<(
+        Bound<'py, PyArray1<u64>>,
+        Bound<'py, numpy::PyArray2<f32>>,
+        Bound<'py, PyArray1<bool>>,
+    )> {
+        let d = self.inner.dim();
+        let diff = detached(py, || self.inner.witness_diff(keep_new_rows)).map_err(to_py_err)?;
+        let keys: Vec<u64> = diff.iter().map(|(k, _)| *k).collect();
+        let removed: Vec<bool> = diff.iter().map(|(_, v)| v.is_none()).collect();
+        let mut values = vec![0f32; diff.len() * d];
+        for (i, (_, v)) in diff.iter().enumerate() {
+            if let Some(v) = v {
+                values[i * d..][..d].copy_from_slice(v);
+            }
+        }
+        let values = numpy::ndarray::Array2::from_shape_vec((diff.len(), d), values)
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+        Ok((keys.into_pyarray(py), values.into_pyarray(py), removed.into_pyarray(py)))
+    }
+
+    /// Drops the witness's unflushed logs.
+    fn witness_clear_logs(&self) -> PyResult<()> {
+        self.inner.witness_clear_logs().map_err(to_py_err)
+    }
+
+    /// Refuses writes with RollingBackError (`reason`), or takes them again (None).
+    #[pyo3(signature = (reason=None))]
+    fn pause_writes(&self, reason: Option<&str>) {
+        self.inner.pause_writes(reason);
+    }
+
+    /// Why writes are refused, or None.
+    fn writes_paused(&self) -> Option<String> {
+        self.inner.writes_paused()
     }
 
     /// Prioritised sync on or off (off: the significant stores emptied, prioritised pulls
@@ -928,4 +1013,18 @@ pub(crate) fn table_sync_stats<'py>(
         d.set_item("d_prop_ms", s.d_prop_ms)?;
         Ok(Some(d))
     }
+}
+
+fn witness_dict<'py>(
+    py: Python<'py>,
+    s: &embstore_table::sync::WitnessStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("t_max_ms", s.t_max_ms)?;
+    d.set_item("buckets", s.buckets)?;
+    d.set_item("logged_keys", s.logged_keys)?;
+    d.set_item("healthy_rows", s.healthy_rows)?;
+    d.set_item("file_bytes", s.file_bytes)?;
+    d.set_item("restored_rows", s.restored_rows)?;
+    Ok(d)
 }

@@ -586,7 +586,9 @@ async fn connection<S: Io>(
             | Kind::PullDone
             | Kind::PrioritisedPull
             | Kind::PrioritisedPart
-            | Kind::Packed => {
+            | Kind::Packed
+            | Kind::Rollback
+            | Kind::RollbackDone => {
                 let status = Status::invalid_argument(format!(
                     "{kind:?} is a sync frame: this is a framed lookup port, not a sync port"
                 ));

@@ -77,6 +77,7 @@ mod table;
 mod tier;
 mod values;
 mod version;
+mod witness;
 mod write;
 
 pub use budget::Budget;

@@ -64,7 +64,7 @@ pub struct Table {
     /// Prioritised sync switched off (a rollback runs).
     pub(crate) priority_off: AtomicBool,
     /// A witness's logs and healthy store (`sync::witness`).
-    pub(crate) witness: OnceLock<Arc<crate::sync::witness::TableWitness>>,
+    pub(crate) witness: OnceLock<Arc<crate::witness::TableWitness>>,
     /// Why writes are refused (a rollback runs): `sync::rollback`.
     pub(crate) paused: parking_lot::RwLock<Option<String>>,
 }

@@ -40,11 +40,11 @@ mod pull;
 mod rollback;
 pub(crate) mod saved;
 mod target;
-pub(crate) mod witness;
+mod witness;
 
+pub use crate::witness::WitnessStats;
 pub use prioritised::{PrioritisedSent, Priority, PriorityStats};
 pub use target::{check_parts, TableInfo, Target};
-pub use witness::WitnessStats;
 
 /// The default number of sync parts of a table (at least one per shard): about 0.4 MB of rows
 /// each for a table of a million 64-float rows, the size Ekko's test-bed used.

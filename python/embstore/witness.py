@@ -1,0 +1,502 @@
+"""Witnesses and rollback (Ekko §5.3): undo a bad model in seconds by writing only what
+changed since it was last known healthy.
+
+A :class:`Witness` follows a training store's sync port like any replica, but serves nothing:
+every row it pulls goes into a log bucketed by arrival time (1 s), and only once the model
+monitor (:class:`embstore.ModelMonitor`) judges the model healthy past a bucket's end is the
+bucket flushed into the witness's *healthy store*, kept on disk. Each witness records in etcd
+how far its healthy store reaches (``t_max``).
+
+:func:`rollback` (``embstore model rollback``) then runs Ekko's five steps: ① pause the
+trainer's writes (they fail with :class:`~embstore.RollingBackError`) and prioritised sync, and
+wait until the witnesses hold everything the trainer wrote; ② pick for each trainer the witness
+whose ``t_max`` agrees with the others; ③ that witness diffs its healthy store against the rows
+changed since; ④ writes only the diff to the trainer, with new versions, which sync carries to
+every replica, and every witness drops its logs; ⑤ the trainer takes writes again. A rollback cut
+short (a witness or the command killed) is finished by running the command again.
+
+etcd keys (JSON): ``/embstore/model/<m>/witness/<name>`` (each witness: source, tables,
+``t_max_ms``, a heartbeat and its answers to the rollback's steps) and
+``/embstore/model/<m>/rollback`` (the rollback in progress: its attempt and step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from embstore import _native
+from embstore import sync as _sync
+from embstore.errors import (
+    EmbstoreError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from embstore.model import model_status
+
+__all__ = ["Witness", "rollback"]
+
+_PREFIX = "/embstore/model/"
+#: A witness whose heartbeat is older than this takes no part in a rollback.
+STALE_S = 10.0
+
+
+def _urls(etcd: str | list[str] | None) -> list[str] | None:
+    if etcd is None:
+        return None
+    return etcd.split(",") if isinstance(etcd, str) else list(etcd)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _key(model: str, *rest: str) -> str:
+    if not model or "/" in model:
+        raise InvalidArgumentError(f"model name must be non-empty and hold no '/', got {model!r}")
+    return _PREFIX + model + "/" + "/".join(rest)
+
+
+def _get(etcd: list[str], key: str) -> tuple[dict[str, Any] | None, int]:
+    got = _native.etcd_get(etcd, key)
+    if got is None:
+        return None, 0
+    return json.loads(bytes(got[0])), got[1]
+
+
+def _update(
+    etcd: list[str], key: str, change: Callable[[dict[str, Any] | None], dict[str, Any]]
+) -> dict[str, Any]:
+    """Compare-and-swap: ``change`` the record at ``key`` until nobody wrote in between."""
+    for _ in range(64):
+        cur, rev = _get(etcd, key)
+        new = change(cur)
+        if _native.etcd_put_if(etcd, key, json.dumps(new).encode(), rev):
+            return new
+    raise UnavailableError(f"etcd key {key} kept changing under 64 tries")
+
+
+class Witness:
+    """A witness of the tables served at ``source`` (a sync port, ``host:port``) for
+    ``model``: follows them, keeps their healthy state in ``data_dir``, records its ``t_max``
+    in ``etcd`` and takes part in rollbacks. Serves no lookups.
+
+    Args:
+        source: the trainer's sync port.
+        model: the model the tables belong to (its state is what the monitor records).
+        etcd: etcd URL(s).
+        data_dir: where the healthy store is kept (a restart takes it from there).
+        name: this witness's name in etcd (default: host name and ``data_dir``'s base name);
+            keep it across restarts.
+        token: the sync port's token. ``tls_*``: as :meth:`embstore.Store.follow`.
+        bucket_s: the logs' bucket length (1 s).
+        poll_s: how often etcd is read for the model's state and the rollback's steps.
+
+    :meth:`start` starts it (or use it as a context manager); :meth:`stats` says what it
+    holds; :meth:`stop` stops it.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        model: str,
+        etcd: str | list[str],
+        data_dir: str | os.PathLike[str],
+        name: str | None = None,
+        token: str | None = None,
+        tables: list[str] | None = None,
+        bucket_s: float = 1.0,
+        poll_s: float = 0.25,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_domain: str | None = None,
+    ) -> None:
+        _key(model)
+        if not isinstance(bucket_s, int | float) or not 0.001 <= bucket_s <= 3600:
+            raise InvalidArgumentError(f"bucket_s must be in 0.001..3600, got {bucket_s!r}")
+        if not isinstance(poll_s, int | float) or not 0.01 <= poll_s <= 60:
+            raise InvalidArgumentError(f"poll_s must be in 0.01..60, got {poll_s!r}")
+        self.source = source
+        self.model = model
+        self.etcd = _urls(etcd) or []
+        self.data_dir = os.fspath(data_dir)
+        base = os.path.basename(os.path.abspath(self.data_dir))
+        self.name = name or f"{socket.gethostname()}-{base}"
+        if "/" in self.name or not self.name:
+            raise InvalidArgumentError(
+                f"witness name must be non-empty and hold no '/', got {self.name!r}"
+            )
+        self._token = token
+        self._tables = tables
+        self._tls = (tls_ca, tls_cert, tls_key, tls_domain)
+        self.bucket_ms = max(1, round(bucket_s * 1000))
+        self.poll_s = float(poll_s)
+        self._store: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._t_healthy = 0
+        self._last_beat = 0.0
+        self._answers: dict[str, Any] = {}
+        self.errors: list[str] = []
+
+    # -- running -------------------------------------------------------------------------
+
+    def start(self) -> Witness:
+        """Starts following and the control loop; returns self."""
+        from embstore.store import Store
+
+        os.makedirs(self.data_dir, exist_ok=True)
+        ca, cert, key, domain = self._tls
+        self._store = Store.follow(
+            self.source,
+            token=self._token,
+            tables=self._tables,
+            tls_ca=ca,
+            tls_cert=cert,
+            tls_key=key,
+            tls_domain=domain,
+            priority=False,
+            witness_dir=self.data_dir,
+            witness_bucket_s=self.bucket_ms / 1000,
+        )
+        self._beat(force=True)
+        self._thread = threading.Thread(target=self._run, name=f"witness-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops the control loop and following (the healthy store stays on disk)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> Witness:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_caught_up(self, timeout: float = 30.0) -> bool:
+        """Waits until the witness holds what the source had when called."""
+        return self._store is not None and self._store.wait_caught_up(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """Per table what the witness holds (``t_max_ms``, unflushed ``buckets`` and
+        ``logged_keys``, ``healthy_rows``, ``file_bytes``, ``restored_rows``), and the
+        witness's ``t_max_ms`` (the least over its tables)."""
+        tables = {}
+        if self._store is not None:
+            for name in self._store.tables():
+                st = self._store[name].native().witness_stats()
+                if st is not None:
+                    tables[name] = dict(st)
+        t_max = min((t["t_max_ms"] for t in tables.values()), default=0)
+        return {"name": self.name, "source": self.source, "t_max_ms": t_max, "tables": tables}
+
+    def _tables_native(self) -> list[Any]:
+        if self._store is None:
+            return []
+        return [
+            self._store[n].native()
+            for n in self._store.tables()
+            if self._store[n].native().witness_stats() is not None
+        ]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except EmbstoreError as e:  # etcd away, a source gone: said, and tried again
+                with self._lock:
+                    self.errors = [*self.errors, str(e)][-20:]
+
+    # -- one round of the control loop -----------------------------------------------------
+
+    def poll(self) -> None:
+        """Reads the model's state and the rollback's step from etcd and acts on them (the
+        control loop calls it every ``poll_s``)."""
+        state = model_status(self.model, self.etcd)
+        if (
+            state is not None
+            and state.get("t_healthy_ms")
+            and state["t_healthy_ms"] > self._t_healthy
+        ):
+            self.flush(state["t_healthy_ms"], state.get("corrupted") or [])
+        rb, _ = _get(self.etcd, _key(self.model, "rollback"))
+        if rb is not None:
+            self._rollback_step(rb, state or {})
+        self._beat()
+
+    def flush(self, t_healthy_ms: int, corrupted: list[dict[str, Any]]) -> int:
+        """Flushes every table's logs up to a healthy decision and records ``t_max``."""
+        intervals = [(c["start_ms"], c.get("end_ms")) for c in corrupted]
+        for t in self._tables_native():
+            t.witness_flush(int(t_healthy_ms), intervals)
+        self._t_healthy = int(t_healthy_ms)
+        t_max = self.stats()["t_max_ms"]
+        if t_max > 0:
+            try:
+                _native.model_record_t_max(self.etcd, self.model, self.name, t_max)
+            except EmbstoreError:
+                pass  # the model has no state yet: recorded at the next flush
+        self._beat(force=True)
+        return t_max
+
+    def _beat(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_beat < 1.0:
+            return
+        st = self.stats()
+        with self._lock:
+            answers = dict(self._answers)
+        record = {
+            "source": self.source,
+            "tables": sorted(st["tables"]),
+            "t_max_ms": st["t_max_ms"],
+            "bucket_ms": self.bucket_ms,
+            "updated_ms": _now_ms(),
+            "answers": answers,
+        }
+        key = _key(self.model, "witness", self.name)
+        _update(self.etcd, key, lambda _cur: record)
+        self._last_beat = time.monotonic()
+
+    def _answer(self, attempt: str, step: str, **extra: Any) -> None:
+        with self._lock:
+            self._answers = {attempt: {"step": step, **extra}}
+        self._beat(force=True)
+
+    def _rollback_step(self, rb: dict[str, Any], state: dict[str, Any]) -> None:
+        attempt, step = rb["attempt"], rb["step"]
+        done = self._answers.get(attempt, {}).get("step")
+        if step == "converge" and done is None:
+            # Writes are paused at the source: everything it holds now is all there is.
+            if self.wait_caught_up(timeout=60):
+                self._answer(attempt, "converge")
+        elif step == "write" and done == "converge":
+            target = int(rb["t_target_ms"])
+            intervals = [(c["start_ms"], c.get("end_ms")) for c in state.get("corrupted") or []]
+            rows = 0
+            writer = rb["writers"].get(self.source) == self.name
+            for t in self._tables_native():
+                # Every witness flushes what lies before the target (healthy), so that all
+                # healthy stores agree; the chosen one writes its diff.
+                t.witness_flush(target, intervals)
+                if writer:
+                    keys, values, removed = t.witness_diff(bool(rb.get("keep_new_rows")))
+                    if len(keys):
+                        rows += _native.sync_rollback(
+                            self.source,
+                            "write",
+                            table=t.name,
+                            keys=keys,
+                            values=values,
+                            removed=removed,
+                            token=self._token or "",
+                            **_tls_kwargs(self._tls),
+                        )
+                t.witness_clear_logs()
+            self._answer(attempt, "write", rows=rows, writer=writer)
+        elif step == "settle" and done == "write":
+            if self.wait_caught_up(timeout=60):
+                self._answer(attempt, "settle")
+
+
+def _tls_kwargs(tls: tuple[Any, Any, Any, str | None]) -> dict[str, Any]:
+    ca, cert, key, domain = _sync.native_tls(*tls) or (None, None, None, None)
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key, "tls_domain": domain}
+
+
+def witnesses(model: str, etcd: str | list[str]) -> list[dict[str, Any]]:
+    """The witnesses etcd records for ``model``, each with ``name`` and ``live`` (its
+    heartbeat is recent)."""
+    urls = _urls(etcd) or []
+    out = []
+    now = _now_ms()
+    for key, value, _rev in _native.etcd_range(urls, _key(model, "witness", "")):
+        rec = json.loads(bytes(value))
+        rec["name"] = key.rsplit("/", 1)[-1]
+        rec["live"] = now - rec.get("updated_ms", 0) <= STALE_S * 1000
+        out.append(rec)
+    return out
+
+
+def rollback(
+    model: str,
+    etcd: str | list[str],
+    *,
+    to: str | float = "healthy",
+    keep_new_rows: bool = False,
+    token: str | None = None,
+    timeout_s: float = 120.0,
+    tls: tuple[Any, Any, Any, str | None] = (None, None, None, None),
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Rolls ``model`` back to its healthy state (``to="healthy"``: the witnesses' agreed
+    ``t_max``) or to a time (seconds since the epoch, at or after the witnesses' ``t_max``),
+    writing only what changed since; prints each step with ``say``. ``keep_new_rows`` keeps
+    rows created after that time (by default they are removed). ``token``/``tls``: the
+    trainers' sync ports'. Returns the steps' timings and rows written. Running it again
+    after it was cut short finishes the rollback."""
+    urls = _urls(etcd) or []
+    state = model_status(model, urls)
+    if state is None:
+        raise InvalidArgumentError(f"no state recorded for model '{model}': nothing to roll back")
+    rb_key = _key(model, "rollback")
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    live = [w for w in witnesses(model, urls) if w["live"]]
+    if not live:
+        raise UnavailableError(
+            f"model '{model}' has no live witness (embstore serve --witness): its healthy state "
+            "is nowhere to be found"
+        )
+    previous, _ = _get(urls, rb_key)
+    if previous is None:
+        _native.model_begin_rollback(urls, model)
+        say(f"rollback of '{model}': begun ({len(live)} witnesses)")
+    else:
+        say(
+            f"rollback of '{model}': continuing the one begun at {previous['begun_ms']} ms "
+            f"(attempt {previous['attempt']})"
+        )
+    attempt = f"{_now_ms()}-{os.getpid()}"
+    sources = sorted({w["source"] for w in live})
+    rb: dict[str, Any] = {
+        "attempt": attempt,
+        "step": "pause",
+        "begun_ms": (previous or {}).get("begun_ms", _now_ms()),
+        "to": to,
+        "keep_new_rows": keep_new_rows,
+        "sources": sources,
+        "writers": {},
+        "t_target_ms": (previous or {}).get("t_target_ms"),
+    }
+    _update(urls, rb_key, lambda _cur: rb)
+    kw = {"token": token or "", **_tls_kwargs(tls)}
+
+    def step(name: str, t: float) -> None:
+        timings[name] = time.monotonic() - t
+        say(f"  {name}: {timings[name]:.3f} s")
+
+    # ① Writes and prioritised sync off at every trainer; witnesses converge.
+    t = time.monotonic()
+    for s in sources:
+        n = _native.sync_rollback(s, "pause", reason=f"model '{model}' is rolling back", **kw)
+        say(f"① paused writes at {s} ({n} tables)")
+    rb["step"] = "converge"
+    _update(urls, rb_key, lambda _cur: rb)
+    _wait(model, urls, attempt, "converge", [w["name"] for w in live], timeout_s)
+    step("① paused and converged", t)
+
+    # ② The witness per trainer whose t_max agrees with the others.
+    t = time.monotonic()
+    by_name = {w["name"]: w for w in witnesses(model, urls) if w["live"]}
+    t_maxes = [w["t_max_ms"] for w in by_name.values() if w["t_max_ms"] > 0]
+    if not t_maxes:
+        _resume(sources, kw)
+        raise UnavailableError(
+            f"no witness of model '{model}' has a healthy state yet (no healthy decision was "
+            "recorded since they started): writes resumed, nothing rolled back"
+        )
+    median = statistics.median(t_maxes)
+    window = 2 * max(w.get("bucket_ms", 1000) for w in by_name.values())
+    agree = {n: w for n, w in by_name.items() if abs(w["t_max_ms"] - median) <= window}
+    writers = {}
+    for s in sources:
+        mine = [w for w in agree.values() if w["source"] == s]
+        if not mine:
+            _resume(sources, kw)
+            raise UnavailableError(
+                f"no witness of {s} agrees on t_max (median {median:.0f} ms): writes resumed"
+            )
+        writers[s] = max(mine, key=lambda w: w["t_max_ms"])["name"]
+    if rb["t_target_ms"] is None:
+        t_target = max(by_name[n]["t_max_ms"] for n in writers.values())
+        if to != "healthy":
+            asked = round(float(to) * 1000)
+            if asked < t_target:
+                _resume(sources, kw)
+                raise InvalidArgumentError(
+                    f"the witnesses hold the state from {t_target} ms on; {asked} ms is older "
+                    "(a rollback goes back at most to the last healthy time they flushed)"
+                )
+            t_target = asked
+        rb["t_target_ms"] = t_target
+    rb["writers"] = writers
+    say(
+        f"② rolling back to t_max {rb['t_target_ms']} ms; writers: "
+        + ", ".join(f"{n} for {s}" for s, n in writers.items())
+    )
+    step("② witnesses chosen", t)
+
+    # ③ ④ Diffs written to the trainers; every witness drops its logs.
+    t = time.monotonic()
+    rb["step"] = "write"
+    _update(urls, rb_key, lambda _cur: rb)
+    answers = _wait(model, urls, attempt, "write", list(by_name), timeout_s)
+    rows = sum(a.get("rows", 0) for a in answers.values())
+    say(f"③④ {rows} rows written back")
+    step("③④ diff written", t)
+
+    # The restored rows reach the witnesses (and, by the same sync, every replica).
+    t = time.monotonic()
+    rb["step"] = "settle"
+    _update(urls, rb_key, lambda _cur: rb)
+    _wait(model, urls, attempt, "settle", list(by_name), timeout_s)
+    step("④ converged", t)
+
+    # ⑤ Writes again.
+    t = time.monotonic()
+    _resume(sources, kw)
+    _native.etcd_delete(urls, rb_key)
+    _native.model_end_rollback(urls, model)
+    step("⑤ writes resumed", t)
+    total = time.monotonic() - t0
+    say(f"rollback of '{model}': done in {total:.3f} s, {rows} rows written")
+    return {
+        "rows": rows,
+        "t_target_ms": rb["t_target_ms"],
+        "seconds": total,
+        "steps": timings,
+        "writers": writers,
+    }
+
+
+def _resume(sources: list[str], kw: dict[str, Any]) -> None:
+    for s in sources:
+        _native.sync_rollback(s, "resume", **kw)
+
+
+def _wait(
+    model: str, urls: list[str], attempt: str, step: str, names: list[str], timeout_s: float
+) -> dict[str, Any]:
+    """Waits until every named witness answered ``step`` of ``attempt``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answers = {}
+        for w in witnesses(model, urls):
+            a = w.get("answers", {}).get(attempt)
+            if w["name"] in names and a and a.get("step") == step:
+                answers[w["name"]] = a
+        if len(answers) == len(names):
+            return answers
+        if time.monotonic() > deadline:
+            missing = sorted(set(names) - set(answers))
+            raise UnavailableError(
+                f"rollback step '{step}': witnesses {', '.join(missing)} did not answer within "
+                f"{timeout_s:g} s; writes stay paused: run the rollback again to finish it"
+            )
+        time.sleep(0.05)

@@ -1,0 +1,209 @@
+"""Witnesses and rollback, as an operator runs them: a trainer serves its sync port, an
+inference replica and a witness follow it; the model monitor records healthy windows in etcd,
+the witness flushes its logs into its healthy store and records t_max; a bad update reaches the
+replica; `embstore model rollback` pauses the trainer's writes (RollingBackError), writes only
+the changed rows back with new versions, and the replica converges to the healthy state. A
+restarted witness keeps its healthy store."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import embstore
+from embstore import _native
+from embstore.witness import Witness, witnesses
+
+D = 4
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "embstore", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _until(cond, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _healthy_now(monitor: embstore.ModelMonitor) -> int:
+    """Three good 1-s windows ending at the last whole second: the model is healthy up to
+    then. Returns that time (s)."""
+    time.sleep(1.05 - math.modf(time.time())[0])  # past the next whole second
+    end = math.floor(time.time())
+    for w in range(end - 3, end):
+        monitor.report(w, 100, 1000, variant="live")
+        monitor.report(w, 100, 1000, variant="baseline")
+    monitor.advance(watermark=end + 0.5)
+    return end
+
+
+def _rows(t: embstore.Table, ids: list[int]) -> np.ndarray:
+    return t.lookup(np.array(ids, dtype=np.uint64))
+
+
+def test_a_paused_source_refuses_writes_and_takes_a_rollbacks_rows():
+    primary = embstore.Store(replica_id=1)
+    t = primary.create_table("item", embedding_dim=D)
+    port = primary.serve_sync(token="s3cret")
+    try:
+        t.assign([1, 2], np.ones((2, D), np.float32))
+        with pytest.raises(embstore.PermissionDeniedError):
+            _native.sync_rollback(port.address, "pause", token="wrong")
+        assert _native.sync_rollback(port.address, "pause", reason="test", token="s3cret") == 1
+        with pytest.raises(embstore.RollingBackError, match="test"):
+            t.assign([1], np.zeros((1, D), np.float32))
+        with pytest.raises(embstore.RollingBackError):
+            t.apply_gradients([1], np.zeros((1, D), np.float32))
+        keys = np.array([1, 2], np.uint64)
+        values = np.full((2, D), 7.0, np.float32)
+        removed = np.array([False, True])
+        n = _native.sync_rollback(
+            port.address,
+            "write",
+            table="item",
+            keys=keys,
+            values=values,
+            removed=removed,
+            token="s3cret",
+        )
+        assert n == 2
+        assert _rows(t, [1]).tolist() == [[7.0] * D]
+        assert not t.contains([2])[0]
+        with pytest.raises(embstore.ShapeError):
+            _native.sync_rollback(
+                port.address,
+                "write",
+                table="item",
+                keys=keys,
+                values=values[:1],
+                removed=removed,
+                token="s3cret",
+            )
+        with pytest.raises(embstore.TableNotFoundError):
+            _native.sync_rollback(port.address, "pause", table="nope", token="s3cret")
+        assert _native.sync_rollback(port.address, "resume", token="s3cret") == 1
+        t.assign([1], np.zeros((1, D), np.float32))
+    finally:
+        port.stop()
+        primary.close()
+
+
+@pytest.mark.etcd
+def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tmp_path):
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    primary = embstore.Store(replica_id=1)
+    t = primary.create_table("item", embedding_dim=D)
+    port = primary.serve_sync()
+    replica = None
+    w = None
+    try:
+        ids = list(range(200))
+        t.assign(ids, np.ones((200, D), np.float32))
+        monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
+        w = Witness(
+            port.address,
+            model="ctr",
+            etcd=etcd.url,
+            data_dir=tmp_path / "w1",
+            name="w1",
+            bucket_s=0.1,
+            poll_s=0.05,
+        ).start()
+        replica = embstore.Store.follow(port.address)
+        assert w.wait_caught_up(30) and replica.wait_caught_up(30)
+        healthy_end = _healthy_now(monitor)
+        st = embstore.model.model_status("ctr", etcd.url)
+        assert st["state"] == "healthy", st
+        _until(lambda: w.stats()["t_max_ms"] > 0, "the witness's flush")
+        assert w.stats()["t_max_ms"] <= healthy_end * 1000
+        _until(
+            lambda: embstore.model.model_status("ctr", etcd.url)["t_max_ms"].get("w1"),
+            "t_max in etcd",
+        )
+        assert w.stats()["tables"]["item"]["healthy_rows"] == 200
+        # A bad model: 20 rows overwritten, 5 created; the replica serves them.
+        bad = list(range(20))
+        t.assign(bad, np.full((20, D), 9.0, np.float32))
+        t.assign(list(range(1000, 1005)), np.full((5, D), 9.0, np.float32))
+        assert w.wait_caught_up(30) and replica.wait_caught_up(30)
+        assert _rows(replica["item"], [0]).tolist() == [[9.0] * D]
+        assert w.stats()["tables"]["item"]["logged_keys"] == 25
+        live = witnesses("ctr", etcd.url)
+        assert [x["name"] for x in live] == ["w1"] and live[0]["live"], live
+
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url, "--json")
+        assert r.returncode == 0, r.stderr
+        for step in ("①", "②", "③④", "⑤"):
+            assert step in r.stdout, r.stdout
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["rows"] == 25, out  # the diff, not the table
+        # The trainer and the replica hold the healthy rows; new rows are gone.
+        assert replica.wait_caught_up(30)
+        for store in (primary, replica):
+            assert np.all(_rows(store["item"], bad) == 1.0)
+            assert not store["item"].contains(list(range(1000, 1005))).any()
+            assert np.all(_rows(store["item"], [150]) == 1.0)
+        st = embstore.model.model_status("ctr", etcd.url)
+        assert not st["rolling_back"], st
+        assert _native.etcd_get([etcd.url], "/embstore/model/ctr/rollback") is None
+        t.assign([5], np.zeros((1, D), np.float32))  # writes again
+
+        # A restarted witness keeps its healthy store and logs nothing it already holds.
+        w.stop()
+        w = Witness(
+            port.address,
+            model="ctr",
+            etcd=etcd.url,
+            data_dir=tmp_path / "w1",
+            name="w1",
+            bucket_s=0.1,
+            poll_s=0.05,
+        ).start()
+        assert w.wait_caught_up(30)
+        tables = w.stats()["tables"]["item"]
+        assert tables["restored_rows"] == 200, tables
+        # Newer than the healthy store: the rollback's 25 rows and the write of row 5.
+        assert tables["logged_keys"] == 25, tables
+    finally:
+        if w is not None:
+            w.stop()
+        if replica is not None:
+            replica.close()
+        port.stop()
+        primary.close()
+        etcd.stop()
+
+
+@pytest.mark.etcd
+def test_rollback_without_a_live_witness_says_so_and_changes_nothing(tmp_path):
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    try:
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url)
+        assert r.returncode == 1 and "no state recorded" in r.stderr, r.stderr
+        m = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
+        _healthy_now(m)
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url)
+        assert r.returncode == 1 and "no live witness" in r.stderr, r.stderr
+        assert not embstore.model.model_status("ctr", etcd.url)["rolling_back"]
+        r = _cli("serve", "--witness", "--model", "ctr")
+        assert r.returncode == 2 and "--follow" in r.stderr and "--data-dir" in r.stderr, r.stderr
+    finally:
+        etcd.stop()
