@@ -96,7 +96,7 @@ class Witness:
             keep it across restarts.
         token: the sync port's token. ``tls_*``: as :meth:`embstore.Store.follow`.
         bucket_s: the logs' bucket length (1 s).
-        poll_s: how often etcd is read for the model's state and the rollback's steps.
+        poll_s: how often etcd is read for the model's state and the rollback's steps (0.1 s).
 
     :meth:`start` starts it (or use it as a context manager); :meth:`stats` says what it
     holds; :meth:`stop` stops it.
@@ -113,7 +113,7 @@ class Witness:
         token: str | None = None,
         tables: list[str] | None = None,
         bucket_s: float = 1.0,
-        poll_s: float = 0.25,
+        poll_s: float = 0.1,
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
@@ -164,6 +164,8 @@ class Witness:
             tls_cert=cert,
             tls_key=key,
             tls_domain=domain,
+            # Short long-polls: a rollback's waits for convergence end within a round or two.
+            wait_ms=200,
             priority=False,
             witness_dir=self.data_dir,
             witness_bucket_s=self.bucket_ms / 1000,

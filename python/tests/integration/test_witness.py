@@ -207,3 +207,59 @@ def test_rollback_without_a_live_witness_says_so_and_changes_nothing(tmp_path):
         assert r.returncode == 2 and "--follow" in r.stderr and "--data-dir" in r.stderr, r.stderr
     finally:
         etcd.stop()
+
+
+@pytest.mark.etcd
+def test_a_rollback_cut_short_leaves_writes_paused_and_a_rerun_finishes_it(tmp_path):
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    primary = embstore.Store(replica_id=1)
+    t = primary.create_table("item", embedding_dim=D)
+    port = primary.serve_sync()
+    ws: list[Witness] = []
+
+    def witness(name: str) -> Witness:
+        return Witness(
+            port.address,
+            model="ctr",
+            etcd=etcd.url,
+            data_dir=tmp_path / name,
+            name=name,
+            bucket_s=0.1,
+            poll_s=0.05,
+        ).start()
+
+    try:
+        t.assign(list(range(100)), np.ones((100, D), np.float32))
+        monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
+        ws = [witness("a"), witness("b")]
+        assert all(w.wait_caught_up(30) for w in ws)
+        _healthy_now(monitor)
+        _until(lambda: all(w.stats()["t_max_ms"] > 0 for w in ws), "both witnesses' flush")
+        t.assign(list(range(10)), np.full((10, D), 9.0, np.float32))
+        assert all(w.wait_caught_up(30) for w in ws)
+        # Witness b stops answering (its heartbeat is still fresh): the rollback waits, gives
+        # up, and leaves the trainer's writes paused.
+        ws[1].stop()
+        with pytest.raises(embstore.UnavailableError, match="run the rollback again"):
+            embstore.witness.rollback("ctr", etcd.url, timeout_s=2.0, say=lambda _line: None)
+        with pytest.raises(embstore.RollingBackError):
+            t.assign([1], np.zeros((1, D), np.float32))
+        assert embstore.model.model_status("ctr", etcd.url)["rolling_back"]
+        assert np.all(_rows(t, list(range(10))) == 9.0), "nothing written yet"
+        # b restarts (its logs are gone; its healthy store is not) and the rerun finishes.
+        ws[1] = witness("b")
+        lines: list[str] = []
+        out = embstore.witness.rollback("ctr", etcd.url, timeout_s=30.0, say=lines.append)
+        assert any("continuing" in line for line in lines), lines
+        assert out["rows"] == 10, out
+        assert np.all(_rows(t, list(range(10))) == 1.0)
+        assert not embstore.model.model_status("ctr", etcd.url)["rolling_back"]
+        t.assign([1], np.zeros((1, D), np.float32))
+    finally:
+        for w in ws:
+            w.stop()
+        port.stop()
+        primary.close()
+        etcd.stop()
