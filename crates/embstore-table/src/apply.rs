@@ -223,8 +223,7 @@ impl Table {
             }
             shard.record_write(slot, key, version);
             if let Some(sc) = &mut scoring {
-                let l1 = g.iter().map(|x| x.abs() as f64).sum();
-                sc.note(key, l1, writes, shard.meta[slot].unpack().version);
+                sc.note(key, l1_norm(g), writes, shard.meta[slot].unpack().version);
             }
             tally.stepped += 1;
         }
@@ -234,6 +233,21 @@ impl Table {
         }
         Ok(tally)
     }
+}
+
+/// `Σ |g_i|`, in eight independent f32 lanes (the compiler vectorises them; one serial f64
+/// chain cost a 64-float row about as much as the rest of its scoring).
+#[inline]
+fn l1_norm(g: &[f32]) -> f64 {
+    let mut acc = [0f32; 8];
+    let chunks = g.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().map(|x| x.abs()).sum();
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x.abs();
+        }
+    }
+    f64::from(acc.iter().sum::<f32>() + rest)
 }
 
 /// Sums the gradients of duplicate ids, keeping first-seen order.

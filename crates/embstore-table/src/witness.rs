@@ -58,6 +58,8 @@ pub(crate) struct HealthyFile {
     pub(crate) path: PathBuf,
     file: File,
     pub(crate) len: u64,
+    /// An append failed: the file holds less than the memory until it is written whole.
+    pub(crate) stale: bool,
 }
 
 /// A table's witness state: its logs and healthy store, and the file that keeps the latter.
@@ -206,14 +208,17 @@ impl HealthyFile {
             OpenOptions::new().append(true).open(path).map_err(|e| io(path, "opening the", e))?;
         // A torn last block is cut off, so that the next append follows the good part.
         file.set_len(len).map_err(|e| io(path, "cutting the torn end of the", e))?;
-        Ok(Self { path: path.to_owned(), file, len })
+        Ok(Self { path: path.to_owned(), file, len, stale: false })
     }
 
     pub(crate) fn append(&mut self, b: &[u8]) -> Result<()> {
-        self.file
-            .write_all(b)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| io(&self.path, "appending to the", e))?;
+        let done = self.file.write_all(b).and_then(|()| self.file.sync_data());
+        if let Err(e) = done {
+            self.stale = true;
+            // What was written of the block goes, so that a later append follows the good part.
+            let _ = self.file.set_len(self.len);
+            return Err(io(&self.path, "appending to the", e));
+        }
         self.len += b.len() as u64;
         Ok(())
     }

@@ -85,21 +85,24 @@ impl Table {
         let w = self.witness_state()?;
         let mut file = w.file.lock();
         let mut log = w.log.lock();
-        let before = log.clone();
-        let Some((t_max, changed)) = log.flush_changed(t_healthy_ms, corrupted) else {
-            return Ok(None);
+        let flushed = log.flush_changed(t_healthy_ms, corrupted);
+        let stale = file.as_ref().is_some_and(|f| f.stale);
+        let (t_max, changed) = match flushed {
+            Some(f) => f,
+            // A file behind the memory (an append failed): written whole below.
+            None if stale => (log.t_max(), Vec::new()),
+            None => return Ok(None),
         };
         if let Some(f) = file.as_mut() {
-            let rows: Vec<(u64, &Logged)> =
-                changed.iter().filter_map(|k| log.healthy().get(k).map(|r| (*k, r))).collect();
-            let b = block(w.dim, t_max, log.vv_healthy(), &rows);
-            if let Err(e) = f.append(&b) {
-                // Not persisted: the flush did not happen (the logs stay for the next one).
-                *log = before;
-                return Err(e);
+            if !f.stale {
+                let rows: Vec<(u64, &Logged)> =
+                    changed.iter().filter_map(|k| log.healthy().get(k).map(|r| (*k, r))).collect();
+                // On failure the file is cut back and marked stale: the next flush writes it
+                // whole (until then a restart finds the healthy store of the last good flush).
+                f.append(&block(w.dim, t_max, log.vv_healthy(), &rows))?;
             }
             let held = log.healthy().len() as u64 * (21 + 4 * w.dim as u64) + HEADER as u64;
-            if f.len > 2 * held + (1 << 20) {
+            if f.stale || f.len > 2 * held + (1 << 20) {
                 let all: Vec<(u64, &Logged)> = log.healthy().iter().map(|(k, r)| (*k, r)).collect();
                 let mut whole = Writer::with_capacity(HEADER);
                 whole.raw(MAGIC).u32(w.dim as u32).u32(log.vv_healthy().len() as u32);
