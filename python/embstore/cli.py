@@ -818,30 +818,37 @@ def _serve_witness(args: argparse.Namespace) -> int:
     except EmbstoreError as e:
         print(f"embstore serve: {e}", file=sys.stderr)
         return 2
-    st = w.stats()
-    restored = sum(t["restored_rows"] for t in st["tables"].values())
     print(
         f"embstore serve: witness {w.name} of model {args.model}, following {args.follow}, "
-        f"healthy store in {args.data_dir} ({restored:,} rows restored); Ctrl-C or SIGTERM stops",
+        f"healthy store in {args.data_dir}; Ctrl-C or SIGTERM stops",
         flush=True,
     )
+
+    def report(st: dict[str, Any]) -> None:
+        tables = st["tables"].values()
+        held = sum(t["healthy_rows"] for t in tables)
+        restored = sum(t["restored_rows"] for t in tables)
+        logged = sum(t["logged_keys"] for t in tables)
+        print(
+            f"embstore serve: witness {w.name}: tables {', '.join(st['tables']) or '-'}, "
+            f"healthy up to {_fmt_ms(st['t_max_ms'] or None)}, {held:,} rows held "
+            f"({restored:,} restored at start), {logged:,} keys logged since",
+            flush=True,
+        )
+
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         last = None
         while not stop.wait(1.0):
             st = w.stats()
-            if st["t_max_ms"] != last:
-                last = st["t_max_ms"]
-                held = sum(t["healthy_rows"] for t in st["tables"].values())
-                logged = sum(t["logged_keys"] for t in st["tables"].values())
-                print(
-                    f"embstore serve: witness {w.name}: healthy up to {_fmt_ms(last or None)}, "
-                    f"{held:,} rows held, {logged:,} keys logged since",
-                    flush=True,
-                )
+            now = (st["t_max_ms"], tuple(st["tables"]))
+            if now != last:
+                last = now
+                report(st)
+        report(w.stats())
     except KeyboardInterrupt:
-        pass
+        report(w.stats())
     finally:
         w.stop()
     print("embstore serve: stopped", flush=True)

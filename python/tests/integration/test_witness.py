@@ -263,3 +263,64 @@ def test_a_rollback_cut_short_leaves_writes_paused_and_a_rerun_finishes_it(tmp_p
         port.stop()
         primary.close()
         etcd.stop()
+
+
+@pytest.mark.etcd
+def test_serve_witness_from_the_command_line_flushes_and_stops_on_sigterm(tmp_path):
+    import signal
+
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    primary = embstore.Store(replica_id=1)
+    t = primary.create_table("item", embedding_dim=D)
+    port = primary.serve_sync()
+    proc = None
+    try:
+        t.assign(list(range(30)), np.ones((30, D), np.float32))
+        monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "embstore",
+                "serve",
+                "--witness",
+                "--follow",
+                port.address,
+                "--model",
+                "ctr",
+                "--etcd",
+                etcd.url,
+                "--data-dir",
+                str(tmp_path / "w"),
+                "--witness-name",
+                "cli",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "witness cli of model ctr" in first, first
+        _until(lambda: [w for w in witnesses("ctr", etcd.url) if w["name"] == "cli"], "its record")
+        _until(lambda: witnesses("ctr", etcd.url)[0]["tables"] == ["item"], "the followed table")
+        _healthy_now(monitor)
+        _until(
+            lambda: embstore.model.model_status("ctr", etcd.url)["t_max_ms"].get("cli"),
+            "the witness's t_max in etcd",
+        )
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "30 rows held (0 restored at start)" in out, out
+        assert out.rstrip().endswith("stopped"), out
+        assert (tmp_path / "w" / "item.witness").stat().st_size > 30 * D * 4
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        port.stop()
+        primary.close()
+        etcd.stop()
