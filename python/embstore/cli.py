@@ -517,12 +517,20 @@ def _model_status(args: argparse.Namespace) -> int:
     print(f"model {args.model}: {s['state']} since {_fmt_ms(s['t_ms'])}")
     if s.get("t_healthy_ms") is not None:
         print(f"  healthy up to {_fmt_ms(s['t_healthy_ms'])}")
-    for w, t in sorted(s.get("t_max_ms", {}).items()):
-        print(f"  witness {w}: t_max {_fmt_ms(t)}")
+    from embstore.witness import rollback_in_progress, witnesses
+
+    seen = {w["name"]: w for w in witnesses(args.model, args.etcd)}
+    for name, t in sorted(s.get("t_max_ms", {}).items()):
+        w = seen.get(name)
+        where = f", following {w['source']}" if w else ""
+        alive = "" if w is None else (", live" if w["live"] else ", not heard from")
+        print(f"  witness {name}: t_max {_fmt_ms(t)}{where}{alive}")
     for c in s.get("corrupted", []):
         print(f"  corrupted {_fmt_ms(c['start_ms'])} .. {_fmt_ms(c.get('end_ms'))}")
     if s.get("rolling_back"):
-        print("  a rollback is under way")
+        rb = rollback_in_progress(args.model, args.etcd)
+        step = f" (step {rb['step']}, attempt {rb['attempt']})" if rb else ""
+        print(f"  a rollback under way{step}: `embstore model rollback` finishes it")
     if s.get("alternative"):
         print(f"  alternative: {s['alternative']}")
     return 0

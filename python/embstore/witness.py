@@ -335,6 +335,11 @@ def witnesses(model: str, etcd: str | list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def rollback_in_progress(model: str, etcd: str | list[str]) -> dict[str, Any] | None:
+    """The record of ``model``'s rollback in progress (its ``step`` and ``attempt``), or None."""
+    return _get(_urls(etcd) or [], _key(model, "rollback"))[0]
+
+
 def rollback(
     model: str,
     etcd: str | list[str],
@@ -358,7 +363,6 @@ def rollback(
         raise InvalidArgumentError(f"no state recorded for model '{model}': nothing to roll back")
     rb_key = _key(model, "rollback")
     t0 = time.monotonic()
-    timings: dict[str, float] = {}
     live = [w for w in witnesses(model, urls) if w["live"]]
     if not live:
         raise UnavailableError(
@@ -374,6 +378,34 @@ def rollback(
             f"rollback of '{model}': continuing the one begun at {previous['begun_ms']} ms "
             f"(attempt {previous['attempt']})"
         )
+    try:
+        return _steps(
+            model, urls, previous, to, keep_new_rows, token, timeout_s, tls, say, t0, live
+        )
+    except EmbstoreError as e:
+        if "run the rollback again" in str(e) or "nothing rolled back" in str(e):
+            raise
+        raise type(e)(
+            f"{e}; the rollback of '{model}' is left in progress (writes may be paused): run "
+            "it again to finish it"
+        ) from e
+
+
+def _steps(
+    model: str,
+    urls: list[str],
+    previous: dict[str, Any] | None,
+    to: str | float,
+    keep_new_rows: bool,
+    token: str | None,
+    timeout_s: float,
+    tls: tuple[Any, Any, Any, str | None],
+    say: Callable[[str], None],
+    t0: float,
+    live: list[dict[str, Any]],
+) -> dict[str, Any]:
+    rb_key = _key(model, "rollback")
+    timings: dict[str, float] = {}
     attempt = f"{_now_ms()}-{os.getpid()}"
     sources = sorted({w["source"] for w in live})
     rb: dict[str, Any] = {
@@ -408,7 +440,7 @@ def rollback(
     by_name = {w["name"]: w for w in witnesses(model, urls) if w["live"]}
     t_maxes = [w["t_max_ms"] for w in by_name.values() if w["t_max_ms"] > 0]
     if not t_maxes:
-        _resume(sources, kw)
+        _abandon(model, urls, sources, kw)
         raise UnavailableError(
             f"no witness of model '{model}' has a healthy state yet (no healthy decision was "
             "recorded since they started): writes resumed, nothing rolled back"
@@ -420,9 +452,10 @@ def rollback(
     for s in sources:
         mine = [w for w in agree.values() if w["source"] == s]
         if not mine:
-            _resume(sources, kw)
+            _abandon(model, urls, sources, kw)
             raise UnavailableError(
-                f"no witness of {s} agrees on t_max (median {median:.0f} ms): writes resumed"
+                f"no witness of {s} agrees on t_max (median {median:.0f} ms): writes resumed, "
+                "nothing rolled back"
             )
         writers[s] = max(mine, key=lambda w: w["t_max_ms"])["name"]
     if rb["t_target_ms"] is None:
@@ -430,10 +463,11 @@ def rollback(
         if to != "healthy":
             asked = round(float(to) * 1000)
             if asked < t_target:
-                _resume(sources, kw)
+                _abandon(model, urls, sources, kw)
                 raise InvalidArgumentError(
                     f"the witnesses hold the state from {t_target} ms on; {asked} ms is older "
-                    "(a rollback goes back at most to the last healthy time they flushed)"
+                    "(a rollback goes back at most to the last healthy time they flushed): "
+                    "writes resumed, nothing rolled back"
                 )
             t_target = asked
         rb["t_target_ms"] = t_target
@@ -475,6 +509,13 @@ def rollback(
         "steps": timings,
         "writers": writers,
     }
+
+
+def _abandon(model: str, urls: list[str], sources: list[str], kw: dict[str, Any]) -> None:
+    """A rollback that cannot go on: writes resumed, the rollback's record and flag cleared."""
+    _resume(sources, kw)
+    _native.etcd_delete(urls, _key(model, "rollback"))
+    _native.model_end_rollback(urls, model)
 
 
 def _resume(sources: list[str], kw: dict[str, Any]) -> None:

@@ -109,7 +109,8 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
     etcd = _Etcd(tmp_path / "etcd")
     primary = embstore.Store(replica_id=1)
     t = primary.create_table("item", embedding_dim=D)
-    port = primary.serve_sync()
+    port = primary.serve_sync(token="s3cret")
+    (tmp_path / "token").write_text("s3cret\n")
     replica = None
     w = None
     try:
@@ -124,8 +125,9 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
             name="w1",
             bucket_s=0.1,
             poll_s=0.05,
+            token="s3cret",
         ).start()
-        replica = embstore.Store.follow(port.address)
+        replica = embstore.Store.follow(port.address, token="s3cret")
         assert w.wait_caught_up(30) and replica.wait_caught_up(30)
         healthy_end = _healthy_now(monitor)
         st = embstore.model.model_status("ctr", etcd.url)
@@ -147,7 +149,15 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
         live = witnesses("ctr", etcd.url)
         assert [x["name"] for x in live] == ["w1"] and live[0]["live"], live
 
-        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url, "--json")
+        # Without the trainer's token the rollback cannot pause it: refused, nothing changed.
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url, "--timeout", "5")
+        assert r.returncode == 1 and "token" in r.stderr, r.stderr
+        r = _cli("model", "status", "ctr", "--etcd", etcd.url)
+        assert "witness w1" in r.stdout and "rollback under way" in r.stdout, r.stdout
+        token = str(tmp_path / "token")
+        r = _cli(
+            "model", "rollback", "ctr", "--etcd", etcd.url, "--json", "--sync-token-file", token
+        )
         assert r.returncode == 0, r.stderr
         for step in ("①", "②", "③④", "⑤"):
             assert step in r.stdout, r.stdout
@@ -174,6 +184,7 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
             name="w1",
             bucket_s=0.1,
             poll_s=0.05,
+            token="s3cret",
         ).start()
         assert w.wait_caught_up(30)
         tables = w.stats()["tables"]["item"]
