@@ -161,6 +161,33 @@ def run(w: Wan, args, mode: str) -> dict:
     sig = data["sig"]
     t_rel = (commit - go_us) / 1e6
     phase = np.where(t_rel < args.cut_at, 0, np.where(t_rel < args.restore_at, 1, 2))
+    # Per follower, the significant writes of the cut: how late normal sync and the rows
+    # taken ahead brought them, and the share that came ahead first (where a row waits).
+    per_follower = {}
+    sel = sig & (phase == 1)
+    for n, ev in events.items():
+        vis = latency.row_visible_times(data["part"][sel], data["ts"][sel], ev)
+        va = ahead_visible(keys.astype(np.uint64)[sel], data["ts"][sel], ahead[n])
+        c = commit[sel]
+        ok_n, ok_a = vis >= 0, va >= 0
+        first_ahead = ok_a & (~ok_n | (va < vis))
+        per_follower[n] = {
+            "normal_mean_s": round(float(((vis - c)[ok_n]).mean() / 1e6), 4)
+            if ok_n.any()
+            else None,
+            "ahead_mean_s": round(float(((va - c)[ok_a]).mean() / 1e6), 4) if ok_a.any() else None,
+            "ahead_share": round(float(ok_a.mean()), 4) if len(c) else None,
+            "ahead_first_share": round(float(first_ahead.mean()), 4) if len(c) else None,
+        }
+    if any(v["ahead_mean_s"] is not None for v in per_follower.values()):
+        log(
+            "  per follower, significant during the cut (normal / ahead mean s, share ahead "
+            "first): "
+            + "; ".join(
+                f"{n} {v['normal_mean_s']} / {v['ahead_mean_s']} {v['ahead_first_share']}"
+                for n, v in sorted(per_follower.items())
+            )
+        )
     out: dict = {"mode": mode, "cpu": cpu, "discarded": cpu["discarded"], "writer": done}
     for cname, sel in (("significant", sig), ("new", new), ("other", ~sig & ~new), ("all", None)):
         for pi, pname in enumerate(("before", "during", "after")):
@@ -188,6 +215,7 @@ def run(w: Wan, args, mode: str) -> dict:
     out["freshness_mean"] = round(float(np.mean(fresh)), 4) if fresh else None
     out["wan_bytes_by_phase"] = {k: sum(v.values()) for k, v in wan.items()}
     out["rows_taken_ahead"] = int(sum(len(a) for a in ahead.values()))
+    out["significant_during_per_follower"] = per_follower
     out["significant_share"] = round(float(sig.mean()), 4)
     log(
         f"{mode}: significant before/during/after mean "
