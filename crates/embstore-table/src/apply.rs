@@ -91,12 +91,15 @@ impl Table {
         let step = optimizer.prepare(lr, self.next_step());
         let stepped = AtomicU64::new(0);
         let refused = Mutex::new(None::<u64>);
-        self.run(&groups, |s, keys, pos| {
+        // Priority (a syncing table that scores its writes): the threshold of the moment, the
+        // rows scored once every shard stepped, off the shards' locks.
+        let scoring = Scoring::start(self.prioritiser());
+        let ran = self.run(&groups, |s, keys, pos| {
             let sums = match &summed {
                 Some(all) => std::mem::take(&mut *all[s].lock()),
                 None => coalesce(keys, pos, grads, d),
             };
-            let tally = self.step_shard(s, &sums, &step)?;
+            let tally = self.step_shard(s, &sums, &step, scoring.as_ref())?;
             let c = &self.counters;
             Counters::add(&c.updates, tally.stepped);
             Counters::add(&c.inserts, tally.inserted);
@@ -107,7 +110,12 @@ impl Table {
                 refused.lock().get_or_insert(id);
             }
             Ok(())
-        })?;
+        });
+        // The shards that stepped are scored even when another failed.
+        if let Some(sc) = scoring {
+            sc.finish(&self.shards);
+        }
+        ran?;
         match refused.into_inner() {
             Some(id) if reject => Err(Error::new(
                 ErrorKind::NonFinite,
@@ -168,15 +176,19 @@ impl Table {
     }
 
     /// Steps one shard's unique ids under its write lock.
-    fn step_shard(&self, s: usize, sums: &Coalesced, step: &Step) -> Result<Tally> {
+    fn step_shard(
+        &self,
+        s: usize,
+        sums: &Coalesced,
+        step: &Step,
+        scoring: Option<&Scoring>,
+    ) -> Result<Tally> {
         let (uniq, sums) = sums;
         let d = self.dim();
         let skip_non_finite = self.config.non_finite == NonFinite::Skip;
         let max_grad_bits = max_grad(&self.config.optimizer).to_bits();
         let mut slots = vec![0u64; uniq.len()];
-        // Priority (a syncing table that scores its writes): the threshold of the moment, the
-        // rows scored after the step, off the shard's lock.
-        let mut scoring = Scoring::start(self.prioritiser());
+        let mut notes = scoring.map(Scoring::notes);
         let mut guard = self.shards[s].write();
         let shard = &mut *guard;
         // Drawn under the shard's write lock: in every shard, versions follow the order of
@@ -222,14 +234,14 @@ impl Table {
                 continue;
             }
             shard.record_write(slot, key, version);
-            if let Some(sc) = &mut scoring {
-                sc.note(key, l1_norm(g), writes, shard.meta[slot].unpack().version);
+            if let Some(n) = &mut notes {
+                n.note(key, l1_norm(g), writes, shard.meta[slot].unpack().version);
             }
             tally.stepped += 1;
         }
         drop(guard);
-        if let Some(sc) = scoring {
-            sc.finish(&self.shards[s]);
+        if let (Some(sc), Some(n)) = (scoring, notes) {
+            sc.done(s, n);
         }
         Ok(tally)
     }

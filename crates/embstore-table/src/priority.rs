@@ -46,54 +46,84 @@ impl TablePriority {
     }
 }
 
-/// A write step's scoring: the threshold taken once before the step, each written row noted
-/// (its key, the 1-norm of its update, its earlier writes and the version the write left),
-/// then [`Scoring::finish`] after the step, with no lock held: the rule scores the rows in one
-/// call, the significant ones are marked if they still hold that write, and the samples go to
-/// the sketch.
+/// A write call's scoring: the threshold taken once at the start, each shard step's written
+/// rows noted ([`Notes`], no lock shared with other shards), then [`Scoring::finish`] once
+/// after every shard stepped, with no lock held: the rule scores all the call's rows in one
+/// call, the significant ones are marked in their shards if they still hold that write, and the
+/// samples go to the sketch in one batch (one pass through the prioritiser's lock a call, not
+/// two a shard).
 pub(crate) struct Scoring {
     priority: std::sync::Arc<TablePriority>,
     snapshot: Snapshot,
-    updates: Vec<embstore_replication::Update>,
-    written: Vec<crate::Version>,
+    shards: parking_lot::Mutex<Vec<(usize, Notes)>>,
 }
 
-impl Scoring {
-    /// Scoring for a write step of a table with `priority` (None: the table does not score).
-    pub(crate) fn start(priority: Option<std::sync::Arc<TablePriority>>) -> Option<Self> {
-        let priority = priority?;
-        let snapshot = priority.snapshot();
-        Some(Self { priority, snapshot, updates: Vec::new(), written: Vec::new() })
-    }
+/// The rows one shard step wrote, for [`Scoring`].
+#[derive(Default)]
+pub(crate) struct Notes {
+    updates: Vec<embstore_replication::Update>,
+    written: Vec<crate::Version>,
+    model: u32,
+}
 
+impl Notes {
     /// A row written: `key`, its update's 1-norm, its writes before this one, and the version
     /// the write left it at.
     #[inline]
     pub(crate) fn note(&mut self, key: u64, l1: f64, writes: u64, version: crate::Version) {
-        let model = self.priority.model;
         self.updates.push(embstore_replication::Update {
             key,
             grad_l1: l1,
             age_ms: None,
             writes,
-            model,
+            model: self.model,
         });
         self.written.push(version);
     }
+}
 
-    /// Scores the step's rows (no lock held), marks the significant ones in `shard` if they
-    /// still hold this step's write, and records the samples.
-    pub(crate) fn finish(self, shard: &parking_lot::RwLock<crate::shard::Shard>) {
-        if self.updates.is_empty() {
+impl Scoring {
+    /// Scoring for a write call of a table with `priority` (None: the table does not score).
+    pub(crate) fn start(priority: Option<std::sync::Arc<TablePriority>>) -> Option<Self> {
+        let priority = priority?;
+        let snapshot = priority.snapshot();
+        Some(Self { priority, snapshot, shards: parking_lot::Mutex::new(Vec::new()) })
+    }
+
+    /// Empty notes for one shard step.
+    pub(crate) fn notes(&self) -> Notes {
+        Notes { model: self.priority.model, ..Notes::default() }
+    }
+
+    /// Shard `s`'s step is done: its notes wait for [`Scoring::finish`].
+    pub(crate) fn done(&self, s: usize, notes: Notes) {
+        if !notes.updates.is_empty() {
+            self.shards.lock().push((s, notes));
+        }
+    }
+
+    /// Scores the call's rows (no lock held), marks the significant ones in their shards if
+    /// they still hold this call's write, and records the samples.
+    pub(crate) fn finish(self, shards: &[parking_lot::RwLock<crate::shard::Shard>]) {
+        let mut per_shard = self.shards.into_inner();
+        if per_shard.is_empty() {
             return;
         }
-        let mut scored = Vec::with_capacity(self.updates.len());
-        self.snapshot.score_batch(&self.updates, &mut scored);
-        if scored.iter().any(|s| s.0.significant) {
-            let mut shard = shard.write();
-            for ((u, (sc, _)), v) in self.updates.iter().zip(&scored).zip(&self.written) {
-                if sc.significant {
-                    shard.note_significant(u.key, *v);
+        per_shard.sort_unstable_by_key(|(s, _)| *s);
+        let updates: Vec<embstore_replication::Update> =
+            per_shard.iter().flat_map(|(_, n)| n.updates.iter().copied()).collect();
+        let mut scored = Vec::with_capacity(updates.len());
+        self.snapshot.score_batch(&updates, &mut scored);
+        let mut at = 0;
+        for (s, n) in &per_shard {
+            let mine = &scored[at..at + n.updates.len()];
+            at += n.updates.len();
+            if mine.iter().any(|x| x.0.significant) {
+                let mut shard = shards[*s].write();
+                for ((u, (sc, _)), v) in n.updates.iter().zip(mine).zip(&n.written) {
+                    if sc.significant {
+                        shard.note_significant(u.key, *v);
+                    }
                 }
             }
         }

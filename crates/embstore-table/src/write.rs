@@ -210,12 +210,12 @@ impl Table {
             meta.iter().for_each(|m| self.clock.observe(m.version));
         }
         let created = PackedMeta::created(now_ms());
-        self.run(&groups, |s, keys, pos| {
-            // Priority: an assignment scores by the 1-norm of its change (an import keeps its
-            // rows' own versions, and is not scored).
-            let mut scoring =
-                if meta.is_none() { Scoring::start(self.prioritiser()) } else { None };
-            let mut old = vec![0f32; if scoring.is_some() { d } else { 0 }];
+        // Priority: an assignment scores by the 1-norm of its change (an import keeps its rows'
+        // own versions, and is not scored), once every shard wrote.
+        let scoring = if meta.is_none() { Scoring::start(self.prioritiser()) } else { None };
+        let written = self.run(&groups, |s, keys, pos| {
+            let mut notes = scoring.as_ref().map(Scoring::notes);
+            let mut old = vec![0f32; if notes.is_some() { d } else { 0 }];
             let mut shard = self.shards[s].write();
             // Drawn under the shard's write lock, so that versions follow the order of writes
             // in every shard (see `apply_gradients`).
@@ -226,7 +226,7 @@ impl Table {
                 let new = &values[p * d..][..d];
                 let (slot, writes) = match shard.slot(key) {
                     Some(slot) => {
-                        if scoring.is_some() {
+                        if notes.is_some() {
                             shard.values.read(slot, &mut old);
                         }
                         (slot, shard.meta[slot].unpack().update_count)
@@ -255,19 +255,24 @@ impl Table {
                     Some(given) => shard.set_meta(slot, key, PackedMeta::pack(&given[p])),
                     None => shard.record_write(slot, key, version),
                 }
-                if let Some(sc) = &mut scoring {
+                if let Some(n) = &mut notes {
                     let l1 = new.iter().zip(&old).map(|(a, b)| (a - b).abs() as f64).sum();
-                    sc.note(key, l1, writes, shard.meta[slot].unpack().version);
+                    n.note(key, l1, writes, shard.meta[slot].unpack().version);
                 }
             }
             drop(shard);
-            if let Some(sc) = scoring {
-                sc.finish(&self.shards[s]);
+            if let (Some(sc), Some(n)) = (&scoring, notes) {
+                sc.done(s, n);
             }
             Counters::add(&self.counters.updates, keys.len());
             Counters::add(&self.counters.inserts, inserted);
             Ok(())
-        })
+        });
+        // The shards that wrote are scored even when another failed.
+        if let Some(sc) = scoring {
+            sc.finish(&self.shards);
+        }
+        written
     }
 
     /// Removes the rows of `ids`; returns how many were stored. Shards left sparse release
