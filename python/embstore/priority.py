@@ -31,11 +31,11 @@ class Priority:
     Args:
         k: the percentile, in (0, 100): 99 marks the top 1 %.
         rule: ``None`` for the rule above, or a callable ``rule(u) -> priorities`` called once
-            per write step with ``u`` a dict of numpy arrays ``key`` (uint64), ``grad_l1``,
+            per write call with ``u`` a dict of numpy arrays ``key`` (uint64), ``grad_l1``,
             ``writes`` (the row's earlier writes), ``freshness`` and floats ``g_mean``,
             ``f_mean``, ``p_m``; it returns one non-negative float per row. It runs on the
             writer's thread with no lock of the store held, and must not call into the
-            store. An error scores the step's rows 0 (warned once).
+            store. An error scores the call's rows 0 (warned once).
         model: the model (a group of tables) the table belongs to, for ``p_m``.
         window_s: the window of the percentile, in seconds.
         half_life_s: the half-life of the running means, in seconds.

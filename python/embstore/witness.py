@@ -267,6 +267,8 @@ class Witness:
             "source": self.source,
             "tables": sorted(st["tables"]),
             "t_max_ms": st["t_max_ms"],
+            "healthy_rows": sum(t["healthy_rows"] for t in st["tables"].values()),
+            "logged_keys": sum(t["logged_keys"] for t in st["tables"].values()),
             "bucket_ms": self.bucket_ms,
             "updated_ms": _now_ms(),
             "answers": answers,

@@ -14,8 +14,9 @@ use embstore_table::Table;
 
 /// A Python callable as a priority rule: `rule(u)` with `u` a dict of numpy arrays (`key`,
 /// `grad_l1`, `writes`, `freshness`) and floats (`g_mean`, `f_mean`, `p_m`), returning one
-/// priority per row. It runs once per write step, with no lock of the store held; an error
-/// (or a wrong shape) scores the step's rows 0 and is reported once as a warning.
+/// priority per row. It runs once per write call (after its shards wrote), with no lock of
+/// the store held; an error (or a wrong shape) scores the call's rows 0 and is reported once
+/// as a warning.
 struct PyRule {
     rule: Py<PyAny>,
     warned: std::sync::atomic::AtomicBool,

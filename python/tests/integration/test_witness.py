@@ -316,8 +316,12 @@ def test_serve_witness_from_the_command_line_flushes_and_stops_on_sigterm(tmp_pa
         first = proc.stdout.readline()
         assert "witness cli of model ctr" in first, first
         _until(lambda: [w for w in witnesses("ctr", etcd.url) if w["name"] == "cli"], "its record")
-        _until(lambda: witnesses("ctr", etcd.url)[0]["tables"] == ["item"], "the followed table")
+        # Its record says what it holds: the 30 rows, logged (they arrived before the
+        # healthy decision below), then flushed.
+        _until(lambda: witnesses("ctr", etcd.url)[0]["logged_keys"] == 30, "the rows logged")
+        assert witnesses("ctr", etcd.url)[0]["tables"] == ["item"]
         _healthy_now(monitor)
+        _until(lambda: witnesses("ctr", etcd.url)[0]["healthy_rows"] == 30, "the rows flushed")
         _until(
             lambda: embstore.model.model_status("ctr", etcd.url)["t_max_ms"].get("cli"),
             "the witness's t_max in etcd",
