@@ -35,7 +35,8 @@ def _ms(t: Any, what: str) -> int:
     return round(t * 1000)
 
 
-def _urls(etcd: str | list[str] | None) -> list[str] | None:
+def etcd_urls(etcd: str | list[str] | None) -> list[str] | None:
+    """etcd endpoints as a list (a comma-separated string, or a list)."""
     if etcd is None:
         return None
     return etcd.split(",") if isinstance(etcd, str) else list(etcd)
@@ -87,7 +88,7 @@ class ModelMonitor:
         self.metric = metric
         self._inner = _native.ModelMonitor(
             model,
-            etcd=_urls(etcd),
+            etcd=etcd_urls(etcd),
             baseline=baseline,
             window_s=float(window_s),
             lateness_s=float(lateness_s),
@@ -133,10 +134,10 @@ class ModelMonitor:
 def model_status(model: str, etcd: str | list[str]) -> dict[str, Any] | None:
     """The state etcd records for ``model`` (``state``, ``t_ms``, ``t_max_ms`` per witness,
     ``corrupted`` intervals, ``rolling_back``, ``alternative``, ``t_healthy_ms``), or None."""
-    raw = _native.model_state_json(_urls(etcd), model)
+    raw = _native.model_state_json(etcd_urls(etcd), model)
     return None if raw is None else json.loads(raw)
 
 
 def models(etcd: str | list[str]) -> list[str]:
     """The models with a state in ``etcd``."""
-    return _native.model_list(_urls(etcd))
+    return _native.model_list(etcd_urls(etcd))

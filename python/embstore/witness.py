@@ -38,19 +38,13 @@ from embstore.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from embstore.model import model_status
+from embstore.model import etcd_urls, model_status
 
 __all__ = ["Witness", "rollback"]
 
 _PREFIX = "/embstore/model/"
 #: A witness whose heartbeat is older than this takes no part in a rollback.
 STALE_S = 10.0
-
-
-def _urls(etcd: str | list[str] | None) -> list[str] | None:
-    if etcd is None:
-        return None
-    return etcd.split(",") if isinstance(etcd, str) else list(etcd)
 
 
 def _now_ms() -> int:
@@ -126,7 +120,7 @@ class Witness:
             raise InvalidArgumentError(f"poll_s must be in 0.01..60, got {poll_s!r}")
         self.source = source
         self.model = model
-        self.etcd = _urls(etcd) or []
+        self.etcd = etcd_urls(etcd) or []
         self.data_dir = os.fspath(data_dir)
         base = os.path.basename(os.path.abspath(self.data_dir))
         self.name = name or f"{socket.gethostname()}-{base}"
@@ -211,11 +205,8 @@ class Witness:
     def _tables_native(self) -> list[Any]:
         if self._store is None:
             return []
-        return [
-            self._store[n].native()
-            for n in self._store.tables()
-            if self._store[n].native().witness_stats() is not None
-        ]
+        # Every table of the store is a witness (`Store.follow(witness_dir=...)`).
+        return [self._store[n].native() for n in self._store.tables()]
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -326,7 +317,7 @@ def _tls_kwargs(tls: tuple[Any, Any, Any, str | None]) -> dict[str, Any]:
 def witnesses(model: str, etcd: str | list[str]) -> list[dict[str, Any]]:
     """The witnesses etcd records for ``model``, each with ``name`` and ``live`` (its
     heartbeat is recent)."""
-    urls = _urls(etcd) or []
+    urls = etcd_urls(etcd) or []
     out = []
     now = _now_ms()
     for key, value, _rev in _native.etcd_range(urls, _key(model, "witness", "")):
@@ -339,7 +330,7 @@ def witnesses(model: str, etcd: str | list[str]) -> list[dict[str, Any]]:
 
 def rollback_in_progress(model: str, etcd: str | list[str]) -> dict[str, Any] | None:
     """The record of ``model``'s rollback in progress (its ``step`` and ``attempt``), or None."""
-    return _get(_urls(etcd) or [], _key(model, "rollback"))[0]
+    return _get(etcd_urls(etcd) or [], _key(model, "rollback"))[0]
 
 
 def rollback(
@@ -359,7 +350,7 @@ def rollback(
     rows created after that time (by default they are removed). ``token``/``tls``: the
     trainers' sync ports'. Returns the steps' timings and rows written. Running it again
     after it was cut short finishes the rollback."""
-    urls = _urls(etcd) or []
+    urls = etcd_urls(etcd) or []
     state = model_status(model, urls)
     if state is None:
         raise InvalidArgumentError(f"no state recorded for model '{model}': nothing to roll back")

@@ -170,36 +170,16 @@ pub(crate) fn model_state_json(
     etcd: Vec<String>,
     model: &str,
 ) -> PyResult<Option<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-    detached(py, || {
-        rt.block_on(async {
-            let client = Etcd::connect(&etcd, Duration::from_secs(3))?;
-            let s = get_state(&client, model).await?;
-            Ok::<_, embstore_common::Error>(
-                s.map(|s| String::from_utf8_lossy(&s.to_json()).into_owned()),
-            )
-        })
+    with_etcd(py, etcd, async |c| {
+        let s = get_state(c, model).await?;
+        Ok(s.map(|s| String::from_utf8_lossy(&s.to_json()).into_owned()))
     })
-    .map_err(to_py_err)
 }
 
 /// The models with a state in the etcd at `etcd`.
 #[pyfunction]
 pub(crate) fn model_list(py: Python<'_>, etcd: Vec<String>) -> PyResult<Vec<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
-    detached(py, || {
-        rt.block_on(async {
-            let client = Etcd::connect(&etcd, Duration::from_secs(3))?;
-            list_models(&client).await
-        })
-    })
-    .map_err(to_py_err)
+    with_etcd(py, etcd, async |c| list_models(c).await)
 }
 
 /// Runs `f` against the etcd at `etcd` on a runtime of its own, with the GIL released.

@@ -17,9 +17,9 @@
 //!         | n × (key u64 | ts u64 | replica u32 | removed u8 | (values D × f32 unless removed))
 //! vv    = n u16 | n × (origin u32 | ts u64)
 //! ```
-//! A last block cut short (a crash while appending, before its flush returned) is dropped and
-//! the file cut back to the block before; damage anywhere else is a `Corruption` error and the
-//! file is left as it is.
+//! A last block cut short or failing its checksum (a crash while appending, before its flush
+//! returned) is moved to `<table>.witness.torn-<offset>` and the file cut back to the block
+//! before; damage anywhere else is a `Corruption` error and the file is left as it is.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -206,8 +206,22 @@ impl HealthyFile {
     pub(crate) fn open(path: &Path, len: u64) -> Result<Self> {
         let file =
             OpenOptions::new().append(true).open(path).map_err(|e| io(path, "opening the", e))?;
-        // A torn last block is cut off, so that the next append follows the good part.
-        file.set_len(len).map_err(|e| io(path, "cutting the torn end of the", e))?;
+        // A torn last block is cut off, so that the next append follows the good part; its
+        // bytes are kept beside the file first (a last block that fails its checksum at full
+        // length may be damage rather than a crash, and is not ours to delete).
+        let size = file.metadata().map_err(|e| io(path, "reading the size of the", e))?.len();
+        if size > len {
+            let mut tail = Vec::new();
+            File::open(path)
+                .and_then(|mut f| {
+                    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(len))?;
+                    f.read_to_end(&mut tail)
+                })
+                .map_err(|e| io(path, "reading the torn end of the", e))?;
+            let torn = path.with_extension(format!("witness.torn-{len}"));
+            write_new(&torn, &tail)?;
+            file.set_len(len).map_err(|e| io(path, "cutting the torn end of the", e))?;
+        }
         Ok(Self { path: path.to_owned(), file, len, stale: false })
     }
 

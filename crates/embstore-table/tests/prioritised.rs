@@ -4,20 +4,19 @@
 //! the follower holds the source's rows. Off (a rollback), prioritised pulls are refused both
 //! ways and the significant stores are empty (P4).
 
+mod common;
+
 use std::sync::Arc;
 
 use embstore_replication::{EkkoPriority, PriorityConfig};
-use embstore_table::sync::{Priority, SyncOptions};
+use embstore_table::sync::Priority;
 use embstore_table::{ErrorKind, OnMiss, Store, Table, TableConfig};
 
 const D: usize = 4;
 const PARTS: u32 = 16;
 
 fn syncing(replica: u32) -> (Store, Arc<Table>) {
-    let store = Store::with_replica(replica).unwrap();
-    let t = store.create_table(TableConfig::new("t", D).with_shards(4)).unwrap();
-    t.enable_sync(&SyncOptions { parts: PARTS, ..SyncOptions::default() }).unwrap();
-    (store, t)
+    common::syncing(replica, D, PARTS)
 }
 
 fn prioritise(t: &Table, k: f64) {
@@ -26,10 +25,7 @@ fn prioritise(t: &Table, k: f64) {
 }
 
 fn normal_sync(src: &Table, dst: &Table) {
-    for p in 0..PARTS {
-        let vv = dst.sync_knowledge(p).unwrap().0;
-        dst.sync_apply(&src.sync_pull(p, &vv, false).unwrap()).unwrap();
-    }
+    common::sync_all(src, dst)
 }
 
 fn prioritised_sync(src: &Table, dst: &Table) -> usize {

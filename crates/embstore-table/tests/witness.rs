@@ -4,6 +4,8 @@
 //! the healthy state with versions above every earlier one. A restarted witness keeps its
 //! healthy store and drops its logs; a torn file end is cut off, damage elsewhere refused.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,17 +18,11 @@ const PARTS: u32 = 8;
 const BUCKET_MS: u64 = 20;
 
 fn syncing(replica: u32) -> (Store, Arc<Table>) {
-    let store = Store::with_replica(replica).unwrap();
-    let t = store.create_table(TableConfig::new("t", D).with_shards(4)).unwrap();
-    t.enable_sync(&SyncOptions { parts: PARTS, ..SyncOptions::default() }).unwrap();
-    (store, t)
+    common::syncing(replica, D, PARTS)
 }
 
 fn sync(src: &Table, dst: &Table) {
-    for p in 0..PARTS {
-        let vv = dst.sync_knowledge(p).unwrap().0;
-        dst.sync_apply(&src.sync_pull(p, &vv, false).unwrap()).unwrap();
-    }
+    common::sync_all(src, dst)
 }
 
 fn rows(ids: &[u64], v: f32) -> Vec<f32> {
@@ -165,6 +161,8 @@ fn a_restarted_witness_keeps_its_healthy_store_and_drops_its_logs() {
     let (_ws, witness) = syncing(4);
     assert_eq!(witness.witness_start(BUCKET_MS, Some(dir.path())).unwrap().healthy_rows, 50);
     assert_eq!(std::fs::metadata(&file).unwrap().len(), len, "cut back to the good part");
+    let torn = dir.path().join(format!("t.witness.torn-{len}"));
+    assert_eq!(std::fs::read(&torn).unwrap(), vec![200, 0, 0, 0, 1, 2, 3], "the torn end is kept");
     drop((_ws, witness));
     // Damage inside: refused, and the file left as it is.
     let mut bytes = std::fs::read(&file).unwrap();

@@ -4,28 +4,23 @@
 //! "full" through the process's file-size limit (RLIMIT_FSIZE), so this test has a binary of
 //! its own: the limit holds for every thread of the process.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use embstore_table::sync::SyncOptions;
-use embstore_table::{ErrorKind, Store, Table, TableConfig};
+use embstore_table::{ErrorKind, Store, Table};
 
 const D: usize = 16;
 const PARTS: u32 = 8;
 const BUCKET_MS: u64 = 20;
 
 fn syncing(replica: u32) -> (Store, Arc<Table>) {
-    let store = Store::with_replica(replica).unwrap();
-    let t = store.create_table(TableConfig::new("t", D).with_shards(4)).unwrap();
-    t.enable_sync(&SyncOptions { parts: PARTS, ..SyncOptions::default() }).unwrap();
-    (store, t)
+    common::syncing(replica, D, PARTS)
 }
 
 fn sync(src: &Table, dst: &Table) {
-    for p in 0..PARTS {
-        let vv = dst.sync_knowledge(p).unwrap().0;
-        dst.sync_apply(&src.sync_pull(p, &vv, false).unwrap()).unwrap();
-    }
+    common::sync_all(src, dst)
 }
 
 fn next_bucket() -> u64 {

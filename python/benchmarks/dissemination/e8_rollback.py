@@ -25,7 +25,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import shutil
 import socket
 import subprocess
@@ -39,17 +38,10 @@ import numpy as np
 import embstore
 from embstore.witness import Witness, rollback
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from lib.records import cpu_model
+
 D = 16
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class Bucket:

@@ -51,6 +51,20 @@ def _healthy_now(monitor: embstore.ModelMonitor) -> int:
     return end
 
 
+def _witness(source: str, etcd: str, tmp_path, name: str, token: str | None = None) -> Witness:
+    """A started witness of model ctr, in ``tmp_path/name``, with short buckets and polls."""
+    return Witness(
+        source,
+        model="ctr",
+        etcd=etcd,
+        data_dir=tmp_path / name,
+        name=name,
+        bucket_s=0.1,
+        poll_s=0.05,
+        token=token,
+    ).start()
+
+
 def _rows(t: embstore.Table, ids: list[int]) -> np.ndarray:
     return t.lookup(np.array(ids, dtype=np.uint64))
 
@@ -117,16 +131,7 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
         ids = list(range(200))
         t.assign(ids, np.ones((200, D), np.float32))
         monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
-        w = Witness(
-            port.address,
-            model="ctr",
-            etcd=etcd.url,
-            data_dir=tmp_path / "w1",
-            name="w1",
-            bucket_s=0.1,
-            poll_s=0.05,
-            token="s3cret",
-        ).start()
+        w = _witness(port.address, etcd.url, tmp_path, "w1", token="s3cret")
         replica = embstore.Store.follow(port.address, token="s3cret")
         assert w.wait_caught_up(30) and replica.wait_caught_up(30)
         healthy_end = _healthy_now(monitor)
@@ -176,16 +181,7 @@ def test_rollback_restores_the_healthy_state_everywhere_writing_only_the_diff(tm
 
         # A restarted witness keeps its healthy store and logs nothing it already holds.
         w.stop()
-        w = Witness(
-            port.address,
-            model="ctr",
-            etcd=etcd.url,
-            data_dir=tmp_path / "w1",
-            name="w1",
-            bucket_s=0.1,
-            poll_s=0.05,
-            token="s3cret",
-        ).start()
+        w = _witness(port.address, etcd.url, tmp_path, "w1", token="s3cret")
         assert w.wait_caught_up(30)
         tables = w.stats()["tables"]["item"]
         assert tables["restored_rows"] == 200, tables
@@ -230,21 +226,13 @@ def test_a_rollback_cut_short_leaves_writes_paused_and_a_rerun_finishes_it(tmp_p
     port = primary.serve_sync()
     ws: list[Witness] = []
 
-    def witness(name: str) -> Witness:
-        return Witness(
-            port.address,
-            model="ctr",
-            etcd=etcd.url,
-            data_dir=tmp_path / name,
-            name=name,
-            bucket_s=0.1,
-            poll_s=0.05,
-        ).start()
-
     try:
         t.assign(list(range(100)), np.ones((100, D), np.float32))
         monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
-        ws = [witness("a"), witness("b")]
+        ws = [
+            _witness(port.address, etcd.url, tmp_path, "a"),
+            _witness(port.address, etcd.url, tmp_path, "b"),
+        ]
         assert all(w.wait_caught_up(30) for w in ws)
         _healthy_now(monitor)
         _until(lambda: all(w.stats()["t_max_ms"] > 0 for w in ws), "both witnesses' flush")
@@ -260,7 +248,7 @@ def test_a_rollback_cut_short_leaves_writes_paused_and_a_rerun_finishes_it(tmp_p
         assert embstore.model.model_status("ctr", etcd.url)["rolling_back"]
         assert np.all(_rows(t, list(range(10))) == 9.0), "nothing written yet"
         # b restarts (its logs are gone; its healthy store is not) and the rerun finishes.
-        ws[1] = witness("b")
+        ws[1] = _witness(port.address, etcd.url, tmp_path, "b")
         lines: list[str] = []
         out = embstore.witness.rollback("ctr", etcd.url, timeout_s=30.0, say=lines.append)
         assert any("continuing" in line for line in lines), lines

@@ -63,3 +63,27 @@ pub fn segment_files(dir: &std::path::Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// A store of replica `replica` with one table "t" of `dim` floats in 4 shards that syncs in
+/// `parts` parts.
+#[allow(dead_code)]
+pub fn syncing(
+    replica: u32,
+    dim: usize,
+    parts: u32,
+) -> (embstore_table::Store, std::sync::Arc<embstore_table::Table>) {
+    use embstore_table::sync::SyncOptions;
+    let store = embstore_table::Store::with_replica(replica).unwrap();
+    let t = store.create_table(embstore_table::TableConfig::new("t", dim).with_shards(4)).unwrap();
+    t.enable_sync(&SyncOptions { parts, ..SyncOptions::default() }).unwrap();
+    (store, t)
+}
+
+/// One normal sync of every part of `dst` from `src`.
+#[allow(dead_code)]
+pub fn sync_all(src: &embstore_table::Table, dst: &embstore_table::Table) {
+    for p in 0..dst.sync_parts().unwrap() {
+        let vv = dst.sync_knowledge(p).unwrap().0;
+        dst.sync_apply(&src.sync_pull(p, &vv, false).unwrap()).unwrap();
+    }
+}
