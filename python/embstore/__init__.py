@@ -62,7 +62,7 @@ from embstore.errors import (
     UnsupportedFormatError,
 )
 from embstore.index import NeighborHash
-from embstore.model import ModelMonitor
+from embstore.model import ModelClient, ModelMonitor
 from embstore.prefetch import prefetch
 from embstore.priority import Priority
 from embstore.serving import RemoteClient, Server, connect
@@ -90,6 +90,7 @@ __all__ = [
     "InferenceCache",
     "InvalidArgumentError",
     "KeyNotFoundError",
+    "ModelClient",
     "ModelMonitor",
     "NeighborHash",
     "NoSpaceError",

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
+import threading
 import time
 from typing import Any
 
 from embstore import _native
 from embstore.errors import InvalidArgumentError
 
-__all__ = ["ModelMonitor", "model_status", "models"]
+__all__ = ["ModelClient", "ModelMonitor", "model_status", "models", "trusted"]
+
+_log = logging.getLogger("embstore.model")
 
 
 def _ms(t: Any, what: str) -> int:
@@ -141,3 +145,175 @@ def model_status(model: str, etcd: str | list[str]) -> dict[str, Any] | None:
 def models(etcd: str | list[str]) -> list[str]:
     """The models with a state in ``etcd``."""
     return _native.model_list(etcd_urls(etcd))
+
+
+def trusted(record: dict[str, Any] | None) -> bool:
+    """Whether clients send a model traffic, given its state record (``None``: no state is
+    recorded yet, so nothing says otherwise): not while it rolls back, not while it is
+    corrupted, and after a corruption only once it is healthy again (an ``uncertain`` model
+    is trusted only if it was never corrupted)."""
+    if record is None:
+        return True
+    if record.get("rolling_back"):
+        return False
+    state = record.get("state")
+    return state == "healthy" or (state == "uncertain" and not record.get("corrupted"))
+
+
+class ModelClient:
+    """Lookups that follow a model's state in etcd (Ekko §5.3): they go to the model's own
+    client while it is trusted, to its alternative's while it is corrupted or rolling back,
+    and back only once the model is healthy again (:func:`trusted`).
+
+    Args:
+        model: the model's name.
+        etcd: where its state is recorded (``http://host:port`` or a list).
+        clients: a client per model name (anything with ``lookup(table, ids, **kw)``: a
+            :class:`~embstore.RemoteClient`, a store's table map...); must hold ``model`` and
+            the alternative.
+        alternative: the model traffic goes to instead (``None``: the one its state names,
+            from :class:`ModelMonitor`'s ``baseline``).
+        poll_s: how often the state is read again (a background thread).
+
+    The state is read once when made (``UnavailableError`` if etcd does not answer); later,
+    while etcd is away, lookups keep the last route and :attr:`stale` says since when. Each
+    change of route is logged (``embstore.model``) and kept in :attr:`switches`.
+
+    Example::
+
+        client = embstore.ModelClient("ctr", etcd="http://127.0.0.1:2379",
+                                      clients={"ctr": embstore.connect("10.0.0.5:7000"),
+                                               "ctr-delayed": embstore.connect("10.0.0.6:7000")})
+        rows = client.lookup("item", ids)      # from ctr while it is trusted
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        etcd: str | list[str],
+        clients: dict[str, Any],
+        alternative: str | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        if not isinstance(model, str) or not model or "/" in model:
+            raise InvalidArgumentError(f"model must be a non-empty name without '/', got {model!r}")
+        if not isinstance(clients, dict) or model not in clients:
+            raise InvalidArgumentError(f"clients must be a dict holding a client for {model!r}")
+        for name, c in clients.items():
+            if not callable(getattr(c, "lookup", None)):
+                raise InvalidArgumentError(f"the client for {name!r} has no lookup method")
+        if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or not poll_s > 0:
+            raise InvalidArgumentError(f"poll_s must be seconds > 0, got {poll_s!r}")
+        self.model = model
+        self._etcd = etcd_urls(etcd)
+        self._clients = dict(clients)
+        self._given_alternative = alternative
+        self._poll_s = float(poll_s)
+        self._lock = threading.Lock()
+        self._record: dict[str, Any] | None = None
+        self._route = model
+        self._stale_since: float | None = None
+        self.switches: list[dict[str, Any]] = []
+        self._apply(model_status(model, self._etcd or []))  # raises if etcd does not answer
+        if self._alternative() is None:
+            raise InvalidArgumentError(
+                f"model {model!r} has no alternative: pass alternative= or record one with "
+                "ModelMonitor(baseline=...)"
+            )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"embstore-model-{model}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _alternative(self) -> str | None:
+        if self._given_alternative is not None:
+            name = self._given_alternative
+        else:
+            name = (self._record or {}).get("alternative")
+        if name is not None and name not in self._clients:
+            raise InvalidArgumentError(
+                f"model {self.model!r}'s alternative is {name!r}, which clients= does not hold"
+            )
+        return name
+
+    def _apply(self, record: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._record = record
+            self._stale_since = None
+            try:
+                alternative = self._alternative()
+            except InvalidArgumentError as e:  # renamed in etcd since: keep the route we have
+                if not self.switches or self.switches[-1].get("error") != str(e):
+                    _log.warning("%s", e)
+                    self.switches.append({"t": time.time(), "error": str(e)})
+                return
+            route = self.model if trusted(record) or alternative is None else alternative
+            if route != self._route:
+                why = "healthy" if route == self.model else _why(record)
+                _log.warning("model %s: traffic goes to %s (%s)", self.model, route, why)
+                self.switches.append(
+                    {"t": time.time(), "from": self._route, "to": route, "why": why}
+                )
+                self._route = route
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                record = model_status(self.model, self._etcd or [])
+            except Exception as e:  # etcd away: keep the route, say since when
+                with self._lock:
+                    if self._stale_since is None:
+                        self._stale_since = time.time()
+                        _log.warning(
+                            "model %s: etcd does not answer (%s); keeping route", self.model, e
+                        )
+                continue
+            self._apply(record)
+
+    def refresh(self) -> str:
+        """Reads the state now (not waiting for the next poll); the route it gives."""
+        self._apply(model_status(self.model, self._etcd or []))
+        return self.route
+
+    @property
+    def route(self) -> str:
+        """The model lookups go to now."""
+        return self._route
+
+    @property
+    def state(self) -> dict[str, Any] | None:
+        """The state record last read (see :func:`model_status`)."""
+        return self._record
+
+    @property
+    def stale(self) -> float | None:
+        """Since when (seconds since the epoch) etcd has not answered; None while it does."""
+        return self._stale_since
+
+    def lookup(self, table: str, ids: Any, **kwargs: Any) -> Any:
+        """The rows of ``ids`` in ``table``, from the model the route names now (the route's
+        client's ``lookup``, with the same keywords)."""
+        return self._clients[self._route].lookup(table, ids, **kwargs)
+
+    def close(self) -> None:
+        """Stops following the state (the clients are the caller's)."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> ModelClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ModelClient({self.model!r}, route={self._route!r})"
+
+
+def _why(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "no state"
+    if record.get("rolling_back"):
+        return "rolling back"
+    return str(record.get("state"))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import time
 import sys
 
+import numpy as np
 import pytest
 
 import embstore
@@ -82,5 +84,89 @@ def test_decisions_are_recorded_in_etcd_and_read_by_the_cli(tmp_path):
         assert _cli("model", "list", "--etcd", etcd.url).stdout.split() == ["ctr"]
         missing = _cli("model", "status", "nope", "--etcd", etcd.url)
         assert missing.returncode == 1 and "no state recorded" in missing.stderr
+    finally:
+        etcd.stop()
+
+
+class _Named:
+    """A stand-in client that answers with its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def lookup(self, table: str, ids, **kw):
+        self.calls += 1
+        return (self.name, table, list(ids))
+
+
+def _route(client: embstore.ModelClient, want: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while client.route != want:
+        assert time.monotonic() < deadline, f"route stayed {client.route!r}, wanted {want!r}"
+        time.sleep(0.02)
+
+
+@pytest.mark.etcd
+def test_clients_follow_the_state_to_the_alternative_and_back_only_once_healthy(tmp_path):
+    from test_cluster import _Etcd
+
+    from embstore import _native
+
+    etcd = _Etcd(tmp_path / "etcd")
+    live, base = _Named("ctr"), _Named("ctr-delayed")
+    clients = {"ctr": live, "ctr-delayed": base}
+    try:
+        # No state yet: the alternative must be given, and traffic goes to the model.
+        with pytest.raises(embstore.InvalidArgumentError, match="alternative"):
+            embstore.ModelClient("ctr", etcd=etcd.url, clients=clients)
+        with pytest.raises(embstore.InvalidArgumentError, match="ctr"):
+            embstore.ModelClient("ctr", etcd=etcd.url, clients={"ctr-delayed": base})
+        c = embstore.ModelClient(
+            "ctr", etcd=etcd.url, clients=clients, alternative="ctr-delayed", poll_s=0.05
+        )
+        assert c.lookup("item", np.array([1, 2])) == ("ctr", "item", [1, 2])
+        c.close()
+
+        m = embstore.ModelMonitor("ctr", etcd=etcd.url, baseline="ctr-delayed", window_s=W)
+        t0 = 1_800_000_000.0
+
+        def windows(first: int, live_clicks: int) -> None:
+            for w in range(first, first + 3):
+                m.report(t0 + w * W, live_clicks, 40_000, variant="live")
+                m.report(t0 + w * W, 2_000, 40_000, variant="baseline")
+            m.advance(watermark=t0 + (first + 3) * W + 30)
+
+        windows(0, 2_000)
+        assert m.state == "healthy"
+        # The alternative named by the state must be one of the clients.
+        with pytest.raises(embstore.InvalidArgumentError, match="ctr-delayed"):
+            embstore.ModelClient("ctr", etcd=etcd.url, clients={"ctr": live})
+        with embstore.ModelClient("ctr", etcd=etcd.url, clients=clients, poll_s=0.05) as c:
+            assert c.route == "ctr" and c.lookup("item", [3])[0] == "ctr"
+            windows(3, 1_600)  # corrupted: traffic goes to the baseline
+            assert m.state == "corrupted"
+            _route(c, "ctr-delayed")
+            assert c.lookup("item", [3])[0] == "ctr-delayed"
+            _native.model_begin_rollback([etcd.url], "ctr")
+            _native.model_end_rollback([etcd.url], "ctr")
+            assert c.refresh() == "ctr-delayed"  # rolled back, but not healthy yet
+            _native.model_begin_rollback([etcd.url], "ctr")
+            windows(6, 2_000)  # healthy, while a rollback still runs: not yet
+            assert m.state == "healthy"
+            assert c.refresh() == "ctr-delayed"
+            _native.model_end_rollback([etcd.url], "ctr")
+            _route(c, "ctr")
+            assert [(s["from"], s["to"]) for s in c.switches] == [
+                ("ctr", "ctr-delayed"),
+                ("ctr-delayed", "ctr"),
+            ]
+            # etcd away: lookups keep their route, and the client says since when.
+            etcd.stop()
+            deadline = time.monotonic() + 30
+            while c.stale is None:
+                assert time.monotonic() < deadline, "the client did not notice etcd is away"
+                time.sleep(0.05)
+            assert c.lookup("item", [4])[0] == "ctr" and c.route == "ctr"
     finally:
         etcd.stop()

@@ -327,3 +327,89 @@ def test_serve_witness_from_the_command_line_flushes_and_stops_on_sigterm(tmp_pa
         port.stop()
         primary.close()
         etcd.stop()
+
+
+@pytest.mark.etcd
+def test_serving_clients_go_to_the_baseline_while_corrupted_and_back_once_healthy(tmp_path):
+    """The whole loop as it runs in production: a live model and its delayed baseline, each a
+    trainer followed by a serving replica; the click rates of what each replica serves are
+    reported to the monitor; a burst of bad writes is detected from them, clients move to the
+    baseline, the rollback restores the replica, and clients move back only once the reports
+    say the model is healthy."""
+    from test_cluster import _Etcd
+
+    etcd = _Etcd(tmp_path / "etcd")
+    n = 1000
+    ids = np.arange(n, dtype=np.int64)
+    trainers, ports, servers, w, client = [], [], [], None, None
+    try:
+        for _ in ("ctr", "ctr-delayed"):
+            s = embstore.Store(replica_id=1)
+            s.create_table("item", embedding_dim=D).assign(
+                list(range(n)), np.ones((n, D), np.float32)
+            )
+            trainers.append(s)
+            ports.append(s.serve_sync())
+            servers.append(embstore.Server(follow=ports[-1].address).start())
+        live, base = (embstore.connect(s.address) for s in servers)
+        w = _witness(ports[0].address, etcd.url, tmp_path, "w1")
+        monitor = embstore.ModelMonitor(
+            "ctr", etcd=etcd.url, baseline="ctr-delayed", window_s=1.0, lateness_s=0.0
+        )
+        next_window = [math.floor(time.time())]
+
+        def clicks(c: embstore.RemoteClient) -> int:
+            """A user clicks every tenth item whose row looks right."""
+            rows = c.lookup("item", ids)
+            return int(((rows[:, 0] < 5.0) & (ids % 10 == 0)).sum())
+
+        def judge() -> str:
+            """Three 1-s windows of reports from what the replicas serve now; the state."""
+            got_live, got_base = clicks(live), clicks(base)
+            first = next_window[0]
+            time.sleep(max(0.0, first + 3.05 - time.time()))
+            for t in range(first, first + 3):
+                monitor.report(t, got_live, n, variant="live")
+                monitor.report(t, got_base, n, variant="baseline")
+            monitor.advance(watermark=first + 3)
+            next_window[0] = first + 3
+            return monitor.state
+
+        assert w.wait_caught_up(30)
+        _until(lambda: clicks(live) == 100, "the live replica")
+        assert judge() == "healthy"
+        _until(lambda: w.stats()["t_max_ms"] > 0, "the witness's flush")
+        client = embstore.ModelClient(
+            "ctr", etcd=etcd.url, clients={"ctr": live, "ctr-delayed": base}, poll_s=0.05
+        )
+        assert client.route == "ctr"
+
+        trainers[0]["item"].assign(list(range(500)), np.full((500, D), 9.0, np.float32))
+        _until(lambda: clicks(live) == 50, "the bad rows at the live replica")
+        assert judge() == "corrupted"
+        _until(lambda: client.route == "ctr-delayed", "clients moving to the baseline")
+        assert np.all(client.lookup("item", ids[:500]) == 1.0)
+
+        out = embstore.witness.rollback("ctr", etcd.url, timeout_s=30.0, say=lambda _line: None)
+        assert out["rows"] == 500, out
+        _until(lambda: clicks(live) == 100, "the live replica rolled back")
+        assert client.refresh() == "ctr-delayed", "back before the reports say healthy"
+        assert judge() == "healthy"
+        _until(lambda: client.route == "ctr", "clients back on the model")
+        assert np.all(client.lookup("item", ids) == 1.0)
+        assert [(s["to"], s["why"]) for s in client.switches] == [
+            ("ctr-delayed", "corrupted"),
+            ("ctr", "healthy"),
+        ]
+    finally:
+        if client is not None:
+            client.close()
+        if w is not None:
+            w.stop()
+        for s in servers:
+            s.close()
+        for p in ports:
+            p.stop()
+        for s in trainers:
+            s.close()
+        etcd.stop()
