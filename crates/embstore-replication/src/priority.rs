@@ -509,7 +509,7 @@ impl Snapshot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CongestionConfig {
     /// The time-out `T_to`, in ms (1 s): a lag above it is always late; below it, a lag
-    /// four times the link's usual one is late (at least 200 ms): a link's lag under a cut is
+    /// three times the link's usual one is late (at least 200 ms): a link's lag under a cut is
     /// bounded by coalescing, so a fixed time-out far above it (the paper's 5 s, twice its
     /// 2.6-s target) would never see the cut.
     pub timeout_ms: u64,
@@ -542,7 +542,7 @@ pub struct Congestion {
 
 /// A reply is late when its lag passes this many times the link's usual lag (and at least
 /// [`MIN_LATE_MS`], at most the configured time-out).
-const LATE_FACTOR: u64 = 4;
+const LATE_FACTOR: u64 = 3;
 const MIN_LATE_MS: u64 = 200;
 
 impl Congestion {
@@ -563,7 +563,7 @@ impl Congestion {
 
     /// A round ended at `now_ms` with the oldest pending change `lag_ms` old (0: none
     /// pending). Returns whether the link is congested now.
-    /// The lag above which a reply is late now: four times the link's usual lag (its running
+    /// The lag above which a reply is late now: three times the link's usual lag (its running
     /// mean while not congested), within [200 ms, the time-out].
     pub fn late_ms(&self) -> u64 {
         if self.usual_ms == 0 {
@@ -582,8 +582,18 @@ impl Congestion {
                 self.late += 1;
             } else {
                 self.late = 0;
-                self.usual_ms =
-                    if self.usual_ms == 0 { lag_ms } else { (9 * self.usual_ms + lag_ms) / 10 };
+                // A lag within twice the usual one moves it at a tenth a reply; a higher one
+                // (a link slowing down: the start of a cut, whose lag climbs over a few rounds)
+                // at a hundredth, so the mark does not climb away with it while a lag that
+                // stays higher (more load) still becomes the usual one over ~100 replies.
+                let weight = if self.usual_ms == 0 {
+                    1
+                } else if lag_ms <= 2 * self.usual_ms {
+                    10
+                } else {
+                    100
+                };
+                self.usual_ms = (self.usual_ms * (weight - 1) + lag_ms) / weight;
             }
             if self.late >= self.cfg.late_rounds {
                 self.congested = true;
@@ -767,7 +777,7 @@ mod tests {
     }
 
     /// Late is relative to the link's usual lag: a link at 80 ms is late at 400 ms (a cut that
-    /// coalescing keeps under a second is still seen), one at 300 ms is not.
+    /// coalescing keeps under a second is still seen), one at 300 ms is not (its mark is 900).
     #[test]
     fn late_follows_the_links_usual_lag() {
         let mut fast = Congestion::new(CongestionConfig::default());
@@ -776,7 +786,7 @@ mod tests {
             fast.observe(80, t * 100);
             slow.observe(300, t * 100);
         }
-        assert_eq!((fast.late_ms(), slow.late_ms()), (320, 1_000));
+        assert_eq!((fast.late_ms(), slow.late_ms()), (240, 900));
         for t in 100..103 {
             fast.observe(400, t * 100);
             slow.observe(400, t * 100);
@@ -789,6 +799,35 @@ mod tests {
         );
     }
 
+    /// A cut whose lag climbs over a few rounds (rounds grow as the link slows) is seen: the
+    /// usual lag does not climb with it. A lag that stays higher becomes the usual one.
+    #[test]
+    fn a_lag_that_climbs_is_late_before_the_usual_lag_follows_it() {
+        let mut c = Congestion::new(CongestionConfig::default());
+        for t in 0..100 {
+            c.observe(100, t * 100);
+        }
+        // 100 ms → 700 ms over 12 replies (50 ms a step), then 700 ms.
+        let mut congested_at = None;
+        for i in 0..40u64 {
+            if c.observe((100 + 50 * (i + 1)).min(700), 10_000 + i * 200) && congested_at.is_none()
+            {
+                congested_at = Some(i);
+            }
+        }
+        assert!(congested_at.is_some_and(|i| i < 12), "{congested_at:?}");
+        // A link whose lag rose for good (250 ms, under the late mark of 300) is the usual one
+        // after a few hundred replies: its late mark follows.
+        let mut d = Congestion::new(CongestionConfig::default());
+        for t in 0..100 {
+            d.observe(100, t * 100);
+        }
+        for t in 100..600 {
+            d.observe(250, t * 100);
+        }
+        assert!(d.late_ms() >= 700 && !d.congested(), "{}", d.late_ms());
+    }
+
     #[test]
     fn a_link_is_congested_after_three_late_rounds_and_calm_after_thirty_seconds() {
         let mut c = Congestion::new(CongestionConfig { timeout_ms: 5_000, ..Default::default() });
@@ -798,9 +837,9 @@ mod tests {
         assert!(!c.observe(6_000, 300));
         assert!(!c.observe(6_000, 400));
         assert!(c.observe(6_000, 500));
-        // Calm for 30 s with lag under half the late mark (4 × the usual 100 ms); a late round
+        // Calm for 30 s with lag under half the late mark (3 × the usual 100 ms); a late round
         // in between restarts it.
-        assert_eq!(c.late_ms(), 400);
+        assert_eq!(c.late_ms(), 300);
         assert!(c.observe(100, 1_000));
         assert!(c.observe(3_000, 20_000), "not under half the late mark");
         assert!(c.observe(100, 21_000));

@@ -638,6 +638,10 @@ fn send_part(
 /// TSVV lacks (`Table::sync_pull_prioritised`), then `PullDone`. A pull of the one part
 /// [`ALL_PARTS`] asks for the whole table with one TSVV: the parts that have rows for it,
 /// then a last part [`ALL_PARTS`] with no row that carries the table's TSVV.
+/// How long a prioritised pull of the whole table waits for a significant write when there
+/// is none it could send (a long-poll: the row leaves as soon as it is written).
+const AHEAD_WAIT: Duration = Duration::from_millis(100);
+
 fn prioritised_pull(
     store: &Store,
     c: &mut Conn<'_>,
@@ -663,7 +667,7 @@ fn prioritised_pull(
     if let [(ALL_PARTS, tsvv)] = parts.as_slice() {
         // The whole table: the parts with rows, then the table's TSVV (every part knows it).
         let sent = ahead.entry(name.clone()).or_default();
-        let known = t.sync_pull_prioritised_all(tsvv, sent, &mut |reply| {
+        let known = t.sync_pull_prioritised_all(tsvv, sent, AHEAD_WAIT, &mut |reply| {
             c.counters.prioritised_rows.fetch_add(reply.len() as u64, Ordering::Relaxed);
             c.send(Kind::PrioritisedPart, &wire::encode_prioritised(&reply))
         })?;

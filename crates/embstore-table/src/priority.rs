@@ -115,6 +115,7 @@ impl Scoring {
         let mut scored = Vec::with_capacity(updates.len());
         self.snapshot.score_batch(&updates, &mut scored);
         let mut at = 0;
+        let mut learnt = None;
         for (s, n) in &per_shard {
             let mine = &scored[at..at + n.updates.len()];
             at += n.updates.len();
@@ -125,7 +126,11 @@ impl Scoring {
                         shard.note_significant(u.key, *v);
                     }
                 }
+                learnt = learnt.or_else(|| shard.sync_shared());
             }
+        }
+        if let Some(shared) = learnt {
+            shared.significant_learnt(); // prioritised pulls waiting for one leave now
         }
         let samples: Vec<Sample> = scored.into_iter().map(|s| s.1).collect();
         self.priority.record(&samples);

@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use embstore_replication::{EkkoPriority, PriorityConfig};
 use embstore_table::sync::Priority;
@@ -219,29 +220,87 @@ fn a_whole_table_prioritised_pull_takes_what_part_by_part_pulls_take() {
     let mut n = 0;
     let mut sent = embstore_table::sync::PrioritisedSent::default();
     let known = src
-        .sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
-            n += whole.sync_apply_prioritised(&r)?;
-            Ok(())
-        })
+        .sync_pull_prioritised_all(
+            &whole.sync_tsvv_min().unwrap(),
+            &mut sent,
+            Duration::ZERO,
+            &mut |r| {
+                n += whole.sync_apply_prioritised(&r)?;
+                Ok(())
+            },
+        )
         .unwrap();
     whole.sync_learn_tsvv_all(&known).unwrap();
     assert_eq!(n, taken);
     assert_eq!(read(&whole, &ids), read(&by_part, &ids));
     // Asked again on the same connection (what was sent is remembered), nothing is sent twice.
     let mut again = 0;
-    src.sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
-        again += r.len();
-        Ok(())
-    })
+    src.sync_pull_prioritised_all(
+        &whole.sync_tsvv_min().unwrap(),
+        &mut sent,
+        Duration::ZERO,
+        &mut |r| {
+            again += r.len();
+            Ok(())
+        },
+    )
     .unwrap();
     assert_eq!(again, 0, "nothing sent twice");
     // New writes: only they go.
     src.apply_gradients(&ids[..500], &grads(&ids[..500], 0.05), None).unwrap();
     let mut fresh = 0;
-    src.sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, &mut |r| {
-        fresh += whole.sync_apply_prioritised(&r)?;
-        Ok(())
-    })
+    src.sync_pull_prioritised_all(
+        &whole.sync_tsvv_min().unwrap(),
+        &mut sent,
+        Duration::ZERO,
+        &mut |r| {
+            fresh += whole.sync_apply_prioritised(&r)?;
+            Ok(())
+        },
+    )
     .unwrap();
     assert!(fresh > 0 && fresh <= 500, "{fresh}");
+}
+
+/// With nothing new since the last pull, a whole-table pull waits for a significant write (a
+/// long-poll) and leaves with it as soon as it is written; with none, it leaves empty after
+/// its wait.
+#[test]
+fn a_whole_table_prioritised_pull_waits_for_a_significant_write() {
+    let (_s, src) = syncing(1);
+    let (_b, whole) = syncing(2);
+    prioritise(&src, 90.0);
+    let ids: Vec<u64> = (0..2_000).collect();
+    for _ in 0..3 {
+        src.apply_gradients(&ids, &grads(&ids, 0.01), None).unwrap();
+    }
+    let mut sent = embstore_table::sync::PrioritisedSent::default();
+    let mut pull = |wait: Duration| {
+        let mut n = 0;
+        let known = src
+            .sync_pull_prioritised_all(&whole.sync_tsvv_min().unwrap(), &mut sent, wait, &mut |r| {
+                n += whole.sync_apply_prioritised(&r)?;
+                Ok(())
+            })
+            .unwrap();
+        whole.sync_learn_tsvv_all(&known).unwrap();
+        n
+    };
+    assert!(pull(Duration::ZERO) > 0);
+    // Nothing new: empty after the wait (normal writes below the threshold do not end it).
+    let t0 = Instant::now();
+    assert_eq!(pull(Duration::from_millis(200)), 0);
+    assert!(t0.elapsed() >= Duration::from_millis(200), "{:?}", t0.elapsed());
+    // A significant write during the wait ends it with the row.
+    std::thread::scope(|s| {
+        let src = &src;
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            src.apply_gradients(&ids[..500], &grads(&ids[..500], 0.05), None).unwrap();
+        });
+        let t0 = Instant::now();
+        let n = pull(Duration::from_secs(30));
+        assert!(n > 0, "the significant write came with the pull");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}: not woken", t0.elapsed());
+    });
 }

@@ -171,14 +171,31 @@ def run(w: Wan, args, mode: str) -> dict:
         c = commit[sel]
         ok_n, ok_a = vis >= 0, va >= 0
         first_ahead = ok_a & (~ok_n | (va < vis))
+        first_s = np.where(first_ahead, va, vis) - c
+        ok_f = ok_n | ok_a
+        bins = ((c - go_us) / 1e6 - args.cut_at) // 10
         per_follower[n] = {
             "normal_mean_s": round(float(((vis - c)[ok_n]).mean() / 1e6), 4)
             if ok_n.any()
             else None,
             "ahead_mean_s": round(float(((va - c)[ok_a]).mean() / 1e6), 4) if ok_a.any() else None,
+            "ahead_p50_p99_s": [
+                round(float(np.percentile((va - c)[ok_a], q) / 1e6), 4) for q in (50, 99)
+            ]
+            if ok_a.any()
+            else None,
+            # The first of the two, per 10 s of the cut: where a slow follower lost its time.
+            "first_mean_s_per_10s": [
+                round(float(first_s[ok_f & (bins == b)].mean() / 1e6), 4)
+                if (ok_f & (bins == b)).any()
+                else None
+                for b in range(int((args.restore_at - args.cut_at) // 10))
+            ],
             "ahead_share": round(float(ok_a.mean()), 4) if len(c) else None,
             "ahead_first_share": round(float(first_ahead.mean()), 4) if len(c) else None,
         }
+    for n, v in sorted(per_follower.items()):
+        log(f"  {n} first arrival per 10 s of the cut: {v['first_mean_s_per_10s']}")
     if any(v["ahead_mean_s"] is not None for v in per_follower.values()):
         log(
             "  per follower, significant during the cut (normal / ahead mean s, share ahead "

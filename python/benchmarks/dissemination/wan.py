@@ -50,12 +50,18 @@ class WanConfig:
     one_way_ms: float = 25
     slow: tuple[int, int, float] | None = None
     qms: int = 100
+    #: Every link's MTU after ``wan2.sh up`` (None: the script's 60000). A jumbo MTU keeps the
+    #: delay daemons' packet rate low, but on a slow link one TCP send unit (at least two
+    #: segments) holds hundreds of ms of the link: small flows wait behind it. 1500: a WAN's.
+    mtu: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.dcs <= 250 or not 1 <= self.servers <= 250:
             raise ValueError(f"dcs and servers must be in 1..250, got {self.dcs}, {self.servers}")
         if not self.nic_mbit > 0 or not self.wan_mbit > 0 or self.one_way_ms < 0:
             raise ValueError("nic_mbit and wan_mbit must be > 0 and one_way_ms >= 0")
+        if self.mtu is not None and not 576 <= self.mtu <= 65535:
+            raise ValueError(f"mtu must be in 576..65535, got {self.mtu}")
         if self.slow is not None:
             src, dst, mbit = self.slow
             if not (1 <= src <= self.dcs and 1 <= dst <= self.dcs and src != dst and mbit > 0):
@@ -204,6 +210,8 @@ class Wan:
                 raise RuntimeError(
                     f"wan2.sh up {' '.join(self.cfg.up_args())} failed:\n{up.stderr.strip()}"
                 )
+            if self.cfg.mtu is not None:
+                self._set_mtu(self.cfg.mtu)
             if self.cfg.one_way_ms > 0:
                 self._wait_delayd()
         except BaseException:
@@ -212,9 +220,27 @@ class Wan:
         self.log(
             f"WAN up: {self.cfg.dcs} DCs x {self.cfg.servers} servers, NIC "
             f"{self.cfg.nic_mbit:g} Mbit, WAN {self.cfg.wan_mbit:g} Mbit, one-way "
-            f"{self.cfg.one_way_ms:g} ms, QMS {self.cfg.qms} ({time.monotonic() - t0:.1f} s)"
+            f"{self.cfg.one_way_ms:g} ms, QMS {self.cfg.qms}"
+            + (f", MTU {self.cfg.mtu}" if self.cfg.mtu else "")
+            + f" ({time.monotonic() - t0:.1f} s)"
         )
         return self
+
+    @staticmethod
+    def _set_mtu(mtu: int) -> None:
+        """Every link but loopback in every ``ek-*`` namespace at ``mtu`` (bridges last, as
+        they follow their ports)."""
+        for ns in ek_namespaces():
+            out = subprocess.run(
+                ["ip", "-n", ns, "-o", "link", "show"], capture_output=True, text=True, check=True
+            ).stdout
+            links = [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines()]
+            links = [x for x in links if x != "lo"]
+            links.sort(key=lambda x: x in ("br0", "brs"))
+            for link in links:
+                subprocess.run(
+                    ["ip", "-n", ns, "link", "set", "dev", link, "mtu", str(mtu)], check=True
+                )
 
     def _wait_delayd(self, timeout: float = 10.0) -> None:
         """Wait until every DC's delay daemon has bound its queue (it prints one line)."""
@@ -305,13 +331,26 @@ def add_network_args(ap) -> None:
         help="one slower DC pair, e.g. 1 2 12.8 (the heterogeneous runs)",
     )
     g.add_argument("--qms", type=int, default=100, help="WAN queue bound in ms (default 100)")
+    g.add_argument(
+        "--mtu",
+        type=int,
+        default=None,
+        help="every link's MTU (default: wan2.sh's 60000; 1500 as on a WAN)",
+    )
 
 
 def config_from_args(args) -> WanConfig:
     """The :class:`WanConfig` of :func:`add_network_args`' flags (ValueError if invalid)."""
     slow = None if args.slow is None else (int(args.slow[0]), int(args.slow[1]), args.slow[2])
     return WanConfig(
-        args.dcs, args.servers, args.nic, args.wan, args.one_way_ms, slow=slow, qms=args.qms
+        args.dcs,
+        args.servers,
+        args.nic,
+        args.wan,
+        args.one_way_ms,
+        slow=slow,
+        qms=args.qms,
+        mtu=getattr(args, "mtu", None),
     )
 
 

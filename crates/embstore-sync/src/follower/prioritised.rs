@@ -1,5 +1,6 @@
 //! The prioritised loop of a congested table link ([`Ahead`]): while the link counts as
-//! congested, a second connection to the same source pulls, every 100 ms, the significant
+//! congested, a second connection to the same source pulls, one pull after another (the
+//! source holds a pull until it has a significant write to send, up to 100 ms), the significant
 //! writes this replica lacks in any part (`PrioritisedPull` of the whole table, with the
 //! pointwise min of its parts' TSVVs: a request of a few bytes), applying them into the
 //! table's significant store (`Table::sync_apply_prioritised`), which reads consult. Normal
@@ -21,9 +22,10 @@ use super::status::Status;
 use super::FollowOptions;
 use crate::wire::{self, Kind};
 
-/// How often the prioritised loop pulls (at most: a pull that takes longer is followed at
-/// once by the next).
-const EVERY: Duration = Duration::from_millis(100);
+/// The least time between two prioritised pulls. The source holds a pull that finds nothing
+/// to send until a significant write arrives (up to 100 ms), so pulls follow each other at
+/// once; this bounds the pace against a source that answers at once.
+const EVERY: Duration = Duration::from_millis(20);
 
 /// The prioritised loop of one table link, when it runs.
 #[derive(Default)]
@@ -112,7 +114,7 @@ fn record(e: &mut impl Write, table: &str, reply: &PrioritisedReply) {
     }
 }
 
-/// Prioritised rounds over `conn` until `stop`, one every [`EVERY`]: one pull of the whole
+/// Prioritised rounds over `conn` until `stop`, at most one every [`EVERY`]: one pull of the whole
 /// table with this replica's TSVV over every part (a few bytes, however many parts changed),
 /// answered by the parts that have significant writes it lacks and the source's TSVV, which
 /// every part then learns.

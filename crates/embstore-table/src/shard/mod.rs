@@ -168,6 +168,11 @@ impl Shard {
         }
     }
 
+    /// The table's sync state shared by its shards, if it syncs.
+    pub(crate) fn sync_shared(&self) -> Option<std::sync::Arc<crate::shard::sync::SyncShared>> {
+        self.sync.as_ref().map(|s| s.shared.clone())
+    }
+
     /// Marks `key`'s write at `version` (the row's version as that write stored it)
     /// significant, if the row still holds that write.
     pub(crate) fn note_significant(&mut self, key: u64, version: crate::Version) {

@@ -316,6 +316,29 @@ impl SyncShared {
         self.changed.notify_all();
     }
 
+    /// Wakes the prioritised pulls waiting for a significant write ([`Self::wait_significant`])
+    /// once `sig_seq` moved on. The change index's lock is taken first, so a waiter that read
+    /// `sig_seq` under it is either woken or reads the new value.
+    pub(crate) fn significant_learnt(&self) {
+        drop(self.changes.lock());
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `timeout` until `sig_seq` is no longer `seq` (a significant write was
+    /// learnt); whether it moved.
+    pub(crate) fn wait_significant(&self, seq: u64, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut changes = self.changes.lock();
+        loop {
+            if self.sig_seq.load(Ordering::Acquire) != seq {
+                return true;
+            }
+            if self.changed.wait_until(&mut changes, deadline).timed_out() {
+                return self.sig_seq.load(Ordering::Acquire) != seq;
+            }
+        }
+    }
+
     /// Notes a pull answered from the cache (`hit`: `behind_ms` is how far back the cache had
     /// to reach, to the oldest write the requester lacked) or by a scan (`behind_ms`: how far
     /// the requester's newest known write is behind the part's; `None`: it knew nothing); every

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use embstore_replication::{prioritised, PartView, Prioritiser, PriorityConfig, PriorityFn};
 use parking_lot::Mutex;
@@ -243,19 +244,29 @@ impl Table {
     /// Returns this table's [`Table::sync_tsvv_min`] read before any row (R1): once the
     /// replies are applied the requester knows at least that in every part
     /// ([`Table::sync_learn_tsvv_all`]).
+    ///
+    /// With nothing learnt since the requester's last pull, it waits up to `wait` for a
+    /// significant write (a long-poll: a row taken ahead leaves as soon as it is written,
+    /// not at the requester's next poll).
     pub fn sync_pull_prioritised_all(
         &self,
         tsvv_r: &Vv,
         known: &mut PrioritisedSent,
+        wait: Duration,
         emit: &mut dyn FnMut(PrioritisedReply) -> Result<()>,
     ) -> Result<Vv> {
         self.check_prioritised()?;
         let shared = self.sync_shared()?;
         // Read before anything else: a significant write learnt from now on moves it on.
-        let seq = shared.sig_seq.load(Ordering::Acquire);
-        let min = self.sync_tsvv_min()?;
+        let mut seq = shared.sig_seq.load(Ordering::Acquire);
+        let mut min = self.sync_tsvv_min()?;
         if known.seq == Some(seq) && tsvv_r.dominates(&known.asked) {
-            return Ok(min); // nothing learnt since the last pull, which sent all there was
+            // Nothing learnt since the last pull, which sent all there was.
+            if wait.is_zero() || !shared.wait_significant(seq, wait) {
+                return Ok(min);
+            }
+            seq = shared.sig_seq.load(Ordering::Acquire);
+            min = self.sync_tsvv_min()?;
         }
         let parts = shared.layout.parts() as usize;
         known.parts.resize(parts, Vv::new());
@@ -304,6 +315,9 @@ impl Table {
             prioritised::apply_prioritised(&mut TablePart::store(self, &mut guard, sub), reply)?;
         drop(guard);
         drop(_entered);
+        if written > 0 {
+            sync.significant_learnt(); // wake the prioritised pulls of this table's followers
+        }
         Ok(written)
     }
 
