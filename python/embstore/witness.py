@@ -349,20 +349,30 @@ def rollback(
     writing only what changed since; prints each step with ``say``. ``keep_new_rows`` keeps
     rows created after that time (by default they are removed). ``token``/``tls``: the
     trainers' sync ports'. Returns the steps' timings and rows written. Running it again
-    after it was cut short finishes the rollback."""
+    after it was cut short finishes the rollback; while another rollback of the model runs
+    (its record was written in the last 5 s), it is refused with ``UnavailableError`` and
+    changes nothing."""
     urls = etcd_urls(etcd) or []
     state = model_status(model, urls)
     if state is None:
         raise InvalidArgumentError(f"no state recorded for model '{model}': nothing to roll back")
     rb_key = _key(model, "rollback")
     t0 = time.monotonic()
+    previous, _ = _get(urls, rb_key)
+    beat = (previous or {}).get("heartbeat_ms")
+    if beat is not None and _now_ms() - beat < _RUNNING_MS:
+        raise UnavailableError(
+            f"a rollback of '{model}' is running (attempt {previous['attempt']}, step "
+            f"{previous['step']!r}, heard from {(_now_ms() - beat) / 1000:.1f} s ago): wait for "
+            f"it; if its process died, run this again {_RUNNING_MS / 1000:g} s after it was last "
+            "heard from, to finish it"
+        )
     live = [w for w in witnesses(model, urls) if w["live"]]
     if not live:
         raise UnavailableError(
             f"model '{model}' has no live witness (embstore serve --witness): its healthy state "
             "is nowhere to be found"
         )
-    previous, _ = _get(urls, rb_key)
     if previous is None:
         _native.model_begin_rollback(urls, model)
         say(f"rollback of '{model}': begun ({len(live)} witnesses)")
@@ -371,9 +381,24 @@ def rollback(
             f"rollback of '{model}': continuing the one begun at {previous['begun_ms']} ms "
             f"(attempt {previous['attempt']})"
         )
+    attempt = f"{_now_ms()}-{os.getpid()}"
+    stop = threading.Event()
+    beating = threading.Thread(target=_heartbeat, args=(urls, rb_key, attempt, stop), daemon=True)
     try:
         return _steps(
-            model, urls, previous, to, keep_new_rows, token, timeout_s, tls, say, t0, live
+            model,
+            urls,
+            previous,
+            to,
+            keep_new_rows,
+            token,
+            timeout_s,
+            tls,
+            say,
+            t0,
+            live,
+            attempt,
+            beating,
         )
     except EmbstoreError as e:
         if "run the rollback again" in str(e) or "nothing rolled back" in str(e):
@@ -382,6 +407,37 @@ def rollback(
             f"{e}; the rollback of '{model}' is left in progress (writes may be paused): run "
             "it again to finish it"
         ) from e
+    finally:
+        stop.set()
+        if beating.is_alive():
+            beating.join()
+        try:  # no longer running: a rerun may continue it at once
+            _set_heartbeat(urls, rb_key, attempt, None)
+        except EmbstoreError:
+            pass  # etcd away: a rerun waits until the last heartbeat is old
+
+
+#: A rollback whose record was written within this long (ms) is running: another is refused.
+_RUNNING_MS = 5_000
+
+
+def _set_heartbeat(urls: list[str], rb_key: str, attempt: str, at_ms: int | None) -> None:
+    """Sets the heartbeat of ``attempt``'s rollback record (if the record is still that
+    attempt's); a write that loses a race is left to the next beat."""
+    cur, rev = _get(urls, rb_key)
+    if cur is None or cur.get("attempt") != attempt:
+        return
+    cur["heartbeat_ms"] = at_ms
+    _native.etcd_put_if(urls, rb_key, json.dumps(cur).encode(), rev)
+
+
+def _heartbeat(urls: list[str], rb_key: str, attempt: str, stop: threading.Event) -> None:
+    """Every second until ``stop``: this rollback is running."""
+    while not stop.wait(1.0):
+        try:
+            _set_heartbeat(urls, rb_key, attempt, _now_ms())
+        except EmbstoreError:
+            pass  # etcd away for a moment: the next beat
 
 
 def _steps(
@@ -396,10 +452,11 @@ def _steps(
     say: Callable[[str], None],
     t0: float,
     live: list[dict[str, Any]],
+    attempt: str,
+    beating: threading.Thread,
 ) -> dict[str, Any]:
     rb_key = _key(model, "rollback")
     timings: dict[str, float] = {}
-    attempt = f"{_now_ms()}-{os.getpid()}"
     sources = sorted({w["source"] for w in live})
     rb: dict[str, Any] = {
         "attempt": attempt,
@@ -411,7 +468,13 @@ def _steps(
         "writers": {},
         "t_target_ms": (previous or {}).get("t_target_ms"),
     }
-    _update(urls, rb_key, lambda _cur: rb)
+
+    def save() -> None:
+        rb["heartbeat_ms"] = _now_ms()
+        _update(urls, rb_key, lambda _cur: rb)
+
+    save()
+    beating.start()
     kw = {"token": token or "", **_tls_kwargs(tls)}
 
     def step(name: str, t: float) -> None:
@@ -424,7 +487,7 @@ def _steps(
         n = _native.sync_rollback(s, "pause", reason=f"model '{model}' is rolling back", **kw)
         say(f"① paused writes at {s} ({n} tables)")
     rb["step"] = "converge"
-    _update(urls, rb_key, lambda _cur: rb)
+    save()
     _wait(model, urls, attempt, "converge", [w["name"] for w in live], timeout_s)
     step("① paused and converged", t)
 
@@ -474,7 +537,7 @@ def _steps(
     # ③ ④ Diffs written to the trainers; every witness drops its logs.
     t = time.monotonic()
     rb["step"] = "write"
-    _update(urls, rb_key, lambda _cur: rb)
+    save()
     answers = _wait(model, urls, attempt, "write", list(by_name), timeout_s)
     rows = sum(a.get("rows", 0) for a in answers.values())
     say(f"③④ {rows} rows written back")
@@ -483,7 +546,7 @@ def _steps(
     # The restored rows reach the witnesses (and, by the same sync, every replica).
     t = time.monotonic()
     rb["step"] = "settle"
-    _update(urls, rb_key, lambda _cur: rb)
+    save()
     _wait(model, urls, attempt, "settle", list(by_name), timeout_s)
     step("④ converged", t)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
-import time
 import sys
+import time
 
 import numpy as np
 import pytest

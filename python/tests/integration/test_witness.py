@@ -210,6 +210,19 @@ def test_rollback_without_a_live_witness_says_so_and_changes_nothing(tmp_path):
         r = _cli("model", "rollback", "ctr", "--etcd", etcd.url)
         assert r.returncode == 1 and "no live witness" in r.stderr, r.stderr
         assert not embstore.model.model_status("ctr", etcd.url)["rolling_back"]
+        # Another rollback running (its record heard from just now): refused, nothing changed.
+        key = "/embstore/model/ctr/rollback"
+        running = {"attempt": "1-2", "step": "write", "heartbeat_ms": int(time.time() * 1000)}
+        assert _native.etcd_put_if([etcd.url], key, json.dumps(running).encode(), 0)
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url)
+        assert r.returncode == 1 and "is running" in r.stderr and "'write'" in r.stderr, r.stderr
+        assert json.loads(_native.etcd_get([etcd.url], key)[0]) == running
+        # Its process died (not heard from for 10 s): a rerun goes on (here: to the next check).
+        _native.etcd_delete([etcd.url], key)
+        running["heartbeat_ms"] -= 10_000
+        assert _native.etcd_put_if([etcd.url], key, json.dumps(running).encode(), 0)
+        r = _cli("model", "rollback", "ctr", "--etcd", etcd.url)
+        assert r.returncode == 1 and "no live witness" in r.stderr, r.stderr
         r = _cli("serve", "--witness", "--model", "ctr")
         assert r.returncode == 2 and "--follow" in r.stderr and "--data-dir" in r.stderr, r.stderr
     finally:
