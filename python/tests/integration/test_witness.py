@@ -426,3 +426,89 @@ def test_serving_clients_go_to_the_baseline_while_corrupted_and_back_once_health
         for s in trainers:
             s.close()
         etcd.stop()
+
+
+@pytest.mark.etcd
+def test_a_durable_budgeted_trainer_over_tls_rolls_back_a_cleared_table_too(tmp_path):
+    """Features as users combine them: the trainer is a store directory with a memory budget
+    (rows on disk), serving its sync port over mutual TLS with a token; the witness follows
+    over TLS; a bad update hits two tables, then the operator clears one of them at the
+    trainer (a syncing store's tables cannot be dropped). The rollback (over TLS) restores the
+    bad rows and the cleared table whole (the state at t_max), and the trainer's directory
+    holds the healthy rows after a restart."""
+    from test_cluster import _Etcd
+    from test_serving import _pki
+
+    _pki(tmp_path)
+    pki = {k: tmp_path / f for k, f in (("ca", "ca.pem"), ("cert", "client.pem"))}
+    pki["key"] = tmp_path / "client.key"
+    etcd = _Etcd(tmp_path / "etcd")
+    n = 3000
+    primary = embstore.Store(tmp_path / "trainer", replica_id=1, memory_budget_bytes=64 << 10)
+    for name in ("item", "user"):
+        primary.create_table(name, embedding_dim=D).assign(
+            list(range(n)), np.ones((n, D), np.float32)
+        )
+    port = primary.serve_sync(
+        "127.0.0.1:0",
+        token="s3cret",
+        tls_cert=tmp_path / "server.pem",
+        tls_key=tmp_path / "server.key",
+        tls_client_ca=pki["ca"],
+    )
+    source = f"localhost:{port.address.rsplit(':', 1)[1]}"
+    w = None
+    try:
+        monitor = embstore.ModelMonitor("ctr", etcd=etcd.url, window_s=1.0, lateness_s=0.0)
+        w = Witness(
+            source,
+            model="ctr",
+            etcd=etcd.url,
+            data_dir=tmp_path / "w1",
+            name="w1",
+            bucket_s=0.1,
+            poll_s=0.05,
+            token="s3cret",
+            tls_ca=pki["ca"],
+            tls_cert=pki["cert"],
+            tls_key=pki["key"],
+        ).start()
+        assert w.wait_caught_up(60)
+        _healthy_now(monitor)
+        _until(lambda: w.stats()["t_max_ms"] > 0, "the witness's flush")
+        for name in ("item", "user"):
+            primary[name].assign(list(range(100)), np.full((100, D), 9.0, np.float32))
+        assert w.wait_caught_up(60)
+        _until(lambda: w.stats()["tables"]["user"]["logged_keys"] == 100, "the bad rows")
+        with pytest.raises(embstore.InvalidArgumentError, match="clear"):
+            primary.drop_table("user")
+        primary["user"].clear()
+        assert w.wait_caught_up(60)
+        lines: list[str] = []
+        out = embstore.witness.rollback(
+            "ctr",
+            etcd.url,
+            token="s3cret",
+            tls=(pki["ca"], pki["cert"], pki["key"], None),
+            timeout_s=60.0,
+            say=lines.append,
+        )
+        assert out["rows"] == 100 + n, (out, lines)
+        assert not embstore.model.model_status("ctr", etcd.url)["rolling_back"]
+        assert np.all(_rows(primary["item"], list(range(100))) == 1.0)
+        assert len(primary["user"]) == n and np.all(_rows(primary["user"], list(range(n))) == 1.0)
+        primary["item"].assign([5], np.zeros((1, D), np.float32))  # writes again
+        primary["item"].assign([6], np.full((1, D), 1.0, np.float32))
+        port.stop()
+        primary.close()
+        primary = embstore.Store(tmp_path / "trainer", replica_id=1)
+        assert sorted(primary.tables()) == ["item", "user"]
+        assert np.all(_rows(primary["item"], [0, 50, 99, 2999]) == 1.0)
+        assert np.all(_rows(primary["user"], [0, 50, 99, 2999]) == 1.0)
+        assert _rows(primary["item"], [5]).tolist() == [[0.0] * D]
+    finally:
+        if w is not None:
+            w.stop()
+        port.stop()
+        primary.close()
+        etcd.stop()
