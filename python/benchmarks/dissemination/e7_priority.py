@@ -93,6 +93,7 @@ def run(w: Wan, args, mode: str) -> dict:
         t_go = time.monotonic()
         go_us = time.time_ns() // 1000
         state, done, drain_deadline, final = "before", None, None, None
+        loss: dict = {}
         wan = {}
         while True:
             t = time.monotonic() - t_go
@@ -100,6 +101,7 @@ def run(w: Wan, args, mode: str) -> dict:
                 b = w.wan_bytes()
                 wan["before"] = pair_delta(bytes0, b)
                 bytes0 = b
+                loss0 = (w.tcp_counters("ek-s1-1"), w.wan_drops(1))
                 cut(w, args.cut_mbit)
                 state = "during"
                 log(f"  {mode}: t={t:.1f} s cut to {args.cut_mbit} Mbit/s")
@@ -107,6 +109,10 @@ def run(w: Wan, args, mode: str) -> dict:
                 b = w.wan_bytes()
                 wan["during"] = pair_delta(bytes0, b)
                 bytes0 = b
+                tcp1, drops1 = w.tcp_counters("ek-s1-1"), w.wan_drops(1)
+                loss = {k: v - loss0[0].get(k, 0) for k, v in tcp1.items()}
+                loss["wan_queue_drops"] = drops1 - loss0[1]
+                log(f"  {mode}: during the cut, the primary's TCP and DC 1's WAN queues: {loss}")
                 cut(w, args.wan)
                 state = "after"
                 log(f"  {mode}: t={t:.1f} s restored to {args.wan} Mbit/s")
@@ -206,6 +212,7 @@ def run(w: Wan, args, mode: str) -> dict:
             )
         )
     out: dict = {"mode": mode, "cpu": cpu, "discarded": cpu["discarded"], "writer": done}
+    out["loss_during_cut"] = loss
     for cname, sel in (("significant", sig), ("new", new), ("other", ~sig & ~new), ("all", None)):
         for pi, pname in enumerate(("before", "during", "after")):
             m = phase == pi if sel is None else (phase == pi) & sel

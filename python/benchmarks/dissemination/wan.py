@@ -293,6 +293,33 @@ class Wan:
         if proc in self.procs:
             self.procs.remove(proc)
 
+    def tcp_counters(self, ns: str) -> dict[str, int]:
+        """TCP loss counters of namespace ``ns`` so far (retransmitted segments, retransmission
+        time-outs, tail-loss probes): where a small flow's latency goes when packets drop."""
+        names = ["TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes"]
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, "nstat", "-asz", *names], capture_output=True, text=True
+        ).stdout
+        got = {}
+        for ln in out.splitlines():
+            parts = ln.split()
+            if len(parts) >= 2 and parts[0] in names:
+                got[parts[0]] = int(parts[1])
+        return got
+
+    def wan_drops(self, src: int) -> int:
+        """Packets DC ``src``'s WAN queues dropped so far (every class's bfifo)."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", f"ek-r{src}", "tc", "-s", "qdisc", "show", "dev", "wan0"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        drops = 0
+        for ln in out.splitlines():
+            if "dropped" in ln:
+                drops += int(ln.split("dropped")[1].split(",")[0].strip())
+        return drops
+
     def wan_bytes(self) -> dict[tuple[int, int], int]:
         """Bytes sent so far on each DC-pair link ``(src_dc, dst_dc)`` (htb class ``1:dst`` on
         ``ek-r<src>``'s uplink); their sum counts every WAN crossing once."""
