@@ -34,8 +34,6 @@ pub(super) struct Conn {
     pub(super) r: BufReader<Stream>,
     pub(super) bytes_in: u64,
     pub(super) bytes_out: u64,
-    /// The TCP socket under the stream (owned by it: valid while this lives).
-    fd: std::os::fd::RawFd,
     /// The frames of a PACKED frame not read yet (protocol 6), in order.
     pending: std::collections::VecDeque<(Kind, Vec<u8>)>,
 }
@@ -78,44 +76,6 @@ impl Conn {
         Ok((k, b))
     }
 
-    /// The kernel's smoothed round-trip time of this connection, in µs (None if it does not
-    /// say).
-    pub(super) fn rtt_us(&self) -> Option<u32> {
-        // SAFETY: `tcp_info` is plain integers, so all zeros is a valid value.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        // SAFETY: `fd` is this connection's open socket (the stream owns it and outlives
-        // the call); `info` and `len` point to a buffer of `len` bytes the kernel fills.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&mut info as *mut libc::tcp_info).cast(),
-                &mut len,
-            )
-        };
-        (rc == 0 && info.tcpi_rtt > 0).then_some(info.tcpi_rtt)
-    }
-
-    /// Bounds the receive window this end advertises, so the source has at most `bytes` in
-    /// flight on this connection (None: the kernel's own bound again). Best effort: a socket
-    /// that refuses keeps its window.
-    pub(super) fn clamp_window(&self, bytes: Option<u32>) {
-        // Without a bound: as large as a window can be (the kernel keeps its own limits).
-        let v: libc::c_int = bytes.map_or(libc::c_int::MAX, |b| b.min(i32::MAX as u32) as i32);
-        // SAFETY: `fd` is this connection's open socket; `v` is a c_int the call reads.
-        unsafe {
-            libc::setsockopt(
-                self.fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_WINDOW_CLAMP,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
-
     pub(super) fn expect(&mut self, want: Kind) -> Result<Vec<u8>> {
         let (k, b) = self.recv()?;
         if k != want {
@@ -145,9 +105,8 @@ pub(super) fn connect(
     let host = source.rsplit_once(':').map_or(source, |(h, _)| h).trim_matches(['[', ']']);
     let config = options.tls.as_ref().map(ClientTls::config).transpose()?;
     let tls = config.as_ref().zip(options.tls.as_ref()).map(|(c, t)| (c, t.name_for(host)));
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
     let r = BufReader::with_capacity(256 << 10, Stream::client(s, tls)?);
-    let mut link = Conn { r, bytes_in: 0, bytes_out: 0, fd, pending: Default::default() };
+    let mut link = Conn { r, bytes_in: 0, bytes_out: 0, pending: Default::default() };
     let hello = wire::Hello {
         protocol: options.protocol(),
         token: options.token.clone(),

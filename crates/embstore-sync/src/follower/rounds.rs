@@ -114,7 +114,6 @@ pub(super) fn rounds(
     // Congestion, and the prioritised loop it starts (stopped with this connection's rounds).
     let mut congestion = options.priority.map(Congestion::new);
     let mut ahead = Ahead::default();
-    let mut window = Window::default();
     let result = (|| {
         while !stop.load(Ordering::Relaxed) {
             if source.pick(t.name()).as_deref() != Some(addr) {
@@ -169,9 +168,6 @@ pub(super) fn rounds(
             if !any {
                 judge(0); // a round that brought nothing: the link keeps up
             }
-            let congested = congestion.as_ref().is_some_and(Congestion::congested);
-            let drained = their_now.get().map(|(_, at)| at.elapsed());
-            window.after_round(conn, congested, conn.bytes_in, drained);
             if let Some(e) = events.as_mut() {
                 let _ = e.flush();
             }
@@ -193,53 +189,6 @@ pub(super) fn rounds(
     ahead.stop();
     status.lock().s.congested = false;
     result
-}
-
-/// The least window a congested link's normal sync keeps (bytes): 64 KiB in flight whatever
-/// the estimates say, so a low estimate costs at most that much of a fast link.
-const MIN_WINDOW: u32 = 64 << 10;
-/// What a congested link's normal sync may queue at its bottleneck, in seconds of its rate.
-const QUEUE_S: f64 = 0.05;
-
-/// Normal sync's bytes in flight on a congested link (Ekko's premise is that prioritised
-/// updates overtake the rest; on a shared bottleneck they can only overtake what is not yet
-/// sent). While the link counts as congested, this end's receive window is bounded to what
-/// the link carries in its round trip plus [`QUEUE_S`]: the source keeps the rest of its
-/// answers, the link's queue stays short, and a prioritised answer crosses in about a round
-/// trip. The rate is the highest a round delivered (decaying a tenth a round), so a bound
-/// that is too low is raised by the next round that fills it; the round trip is the least
-/// the kernel measured on this connection. Calm again: the bound is lifted.
-#[derive(Default)]
-struct Window {
-    min_rtt_us: Option<u32>,
-    rate: f64,
-    clamped: bool,
-}
-
-impl Window {
-    /// After a round that received `bytes`, `drained` after its change list arrived.
-    fn after_round(&mut self, conn: &Conn, congested: bool, bytes: u64, drained: Option<Duration>) {
-        if let Some(rtt) = conn.rtt_us() {
-            self.min_rtt_us = Some(self.min_rtt_us.map_or(rtt, |m| m.min(rtt)));
-        }
-        if !congested {
-            if self.clamped {
-                conn.clamp_window(None);
-                *self = Self { min_rtt_us: self.min_rtt_us, ..Self::default() };
-            }
-            return;
-        }
-        let secs = drained.map_or(0.0, |d| d.as_secs_f64());
-        if secs >= 0.01 && bytes >= u64::from(MIN_WINDOW) / 4 {
-            self.rate = (0.9 * self.rate).max(bytes as f64 / secs);
-        }
-        let Some(rtt) = self.min_rtt_us else { return };
-        if self.rate > 0.0 {
-            let bound = self.rate * (f64::from(rtt) / 1e6 + QUEUE_S);
-            conn.clamp_window(Some((bound.min(f64::from(u32::MAX)) as u32).max(MIN_WINDOW)));
-            self.clamped = true;
-        }
-    }
 }
 
 /// How late a reply's newest row arrived (ms): the source's clock now (its clock at the
