@@ -15,8 +15,10 @@ time up to which the state propagated is healthy, for the witnesses) is written 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
+import random
 import threading
 import time
 from typing import Any
@@ -162,8 +164,9 @@ def trusted(record: dict[str, Any] | None) -> bool:
 
 class ModelClient:
     """Lookups that follow a model's state in etcd (Ekko §5.3): they go to the model's own
-    client while it is trusted, to its alternative's while it is corrupted or rolling back,
-    and back only once the model is healthy again (:func:`trusted`).
+    client while it is trusted, to its alternative's while it is corrupted or rolling back
+    (all but ``probe_share`` of them, which keep the model's metrics coming), and back only
+    once the model is healthy again (:func:`trusted`).
 
     Args:
         model: the model's name.
@@ -174,6 +177,10 @@ class ModelClient:
         alternative: the model traffic goes to instead (``None``: the one its state names,
             from :class:`ModelMonitor`'s ``baseline``).
         poll_s: how often the state is read again (a background thread).
+        probe_share: while the model is not trusted, this share of requests still goes to it
+            (Ekko's step ⑤: a little traffic, so that the metrics reported from it can show
+            it healthy again; 0: none). :meth:`choose` says which model a request goes to.
+        seed: the seed of the draw of probe requests (``None``: from the system).
 
     The state is read once when made (``UnavailableError`` if etcd does not answer); later,
     while etcd is away, lookups keep the last route and :attr:`stale` says since when. Each
@@ -195,6 +202,8 @@ class ModelClient:
         clients: dict[str, Any],
         alternative: str | None = None,
         poll_s: float = 0.2,
+        probe_share: float = 0.01,
+        seed: int | None = None,
     ) -> None:
         if not isinstance(model, str) or not model or "/" in model:
             raise InvalidArgumentError(f"model must be a non-empty name without '/', got {model!r}")
@@ -205,7 +214,13 @@ class ModelClient:
                 raise InvalidArgumentError(f"the client for {name!r} has no lookup method")
         if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or not poll_s > 0:
             raise InvalidArgumentError(f"poll_s must be seconds > 0, got {poll_s!r}")
+        if isinstance(probe_share, bool) or not isinstance(probe_share, int | float):
+            raise InvalidArgumentError(f"probe_share must be in [0, 1], got {probe_share!r}")
+        if not 0.0 <= probe_share <= 1.0:
+            raise InvalidArgumentError(f"probe_share must be in [0, 1], got {probe_share!r}")
         self.model = model
+        self.probe_share = float(probe_share)
+        self._rng = random.Random(seed)
         self._etcd = etcd_urls(etcd)
         self._clients = dict(clients)
         self._given_alternative = alternative
@@ -291,10 +306,27 @@ class ModelClient:
         """Since when (seconds since the epoch) etcd has not answered; None while it does."""
         return self._stale_since
 
-    def lookup(self, table: str, ids: Any, **kwargs: Any) -> Any:
-        """The rows of ``ids`` in ``table``, from the model the route names now (the route's
-        client's ``lookup``, with the same keywords)."""
-        return self._clients[self._route].lookup(table, ids, **kwargs)
+    def choose(self, key: Any = None) -> str:
+        """The model a request goes to: the route; while the model is not trusted, the model
+        itself for ``probe_share`` of the requests (by ``key``'s hash when given, so that one
+        user keeps seeing one model; else drawn at random)."""
+        route = self._route
+        if route == self.model or self.probe_share <= 0.0:
+            return route
+        if key is None:
+            probe = self._rng.random() < self.probe_share
+        else:
+            h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest())
+            probe = h / 2**64 < self.probe_share
+        return self.model if probe else route
+
+    def lookup(self, table: str, ids: Any, *, model: str | None = None, **kwargs: Any) -> Any:
+        """The rows of ``ids`` in ``table`` from ``model``'s client (``None``: the model
+        :meth:`choose` picks for this request), with the client's keywords."""
+        name = self.choose() if model is None else model
+        if name not in self._clients:
+            raise InvalidArgumentError(f"no client for model {name!r}")
+        return self._clients[name].lookup(table, ids, **kwargs)
 
     def close(self) -> None:
         """Stops following the state (the clients are the caller's)."""

@@ -142,12 +142,30 @@ def test_clients_follow_the_state_to_the_alternative_and_back_only_once_healthy(
         # The alternative named by the state must be one of the clients.
         with pytest.raises(embstore.InvalidArgumentError, match="ctr-delayed"):
             embstore.ModelClient("ctr", etcd=etcd.url, clients={"ctr": live})
-        with embstore.ModelClient("ctr", etcd=etcd.url, clients=clients, poll_s=0.05) as c:
+        with embstore.ModelClient(
+            "ctr", etcd=etcd.url, clients=clients, poll_s=0.05, probe_share=0.0
+        ) as c:
             assert c.route == "ctr" and c.lookup("item", [3])[0] == "ctr"
             windows(3, 1_600)  # corrupted: traffic goes to the baseline
             assert m.state == "corrupted"
             _route(c, "ctr-delayed")
             assert c.lookup("item", [3])[0] == "ctr-delayed"
+            # A little traffic still goes to the model (its metrics can show it healthy);
+            # by key, one user keeps one model.
+            with embstore.ModelClient(
+                "ctr", etcd=etcd.url, clients=clients, probe_share=0.25, seed=7
+            ) as p:
+                print("seed 7")
+                probes = sum(p.choose() == "ctr" for _ in range(400))
+                assert 50 <= probes <= 150, probes
+                users = [p.choose(key=f"user-{u}") for u in range(200)]
+                assert users == [p.choose(key=f"user-{u}") for u in range(200)]
+                assert 0 < users.count("ctr") < 200
+                assert p.lookup("item", [3], model="ctr")[0] == "ctr"
+                with pytest.raises(embstore.InvalidArgumentError, match="no client"):
+                    p.lookup("item", [3], model="nope")
+            with pytest.raises(embstore.InvalidArgumentError, match="probe_share"):
+                embstore.ModelClient("ctr", etcd=etcd.url, clients=clients, probe_share=2)
             _native.model_begin_rollback([etcd.url], "ctr")
             _native.model_end_rollback([etcd.url], "ctr")
             assert c.refresh() == "ctr-delayed"  # rolled back, but not healthy yet

@@ -392,8 +392,13 @@ def test_serving_clients_go_to_the_baseline_while_corrupted_and_back_once_health
         _until(lambda: clicks(live) == 100, "the live replica")
         assert judge() == "healthy"
         _until(lambda: w.stats()["t_max_ms"] > 0, "the witness's flush")
+        # No probe traffic here: the live replica's metrics are measured directly below.
         client = embstore.ModelClient(
-            "ctr", etcd=etcd.url, clients={"ctr": live, "ctr-delayed": base}, poll_s=0.05
+            "ctr",
+            etcd=etcd.url,
+            clients={"ctr": live, "ctr-delayed": base},
+            poll_s=0.05,
+            probe_share=0.0,
         )
         assert client.route == "ctr"
 
