@@ -13,7 +13,11 @@ the max over followers of (visible - commit). Classes: ``significant`` (the writ
 marked the write: ``Table.significant_versions``), ``new`` (the first write of a key), ``other``;
 phases by commit time: before the cut, during it, after it. Also: the freshness proxy (the
 share of the rows created in the last 60 s visible at every follower, sampled every 5 s of the
-cut) and WAN bytes per DC pair. Needs root, ``make wan-deps``.
+cut), the quality proxy (every 10 s, per follower, the access-weighted L1 distance between
+its rows and the primary's: mean over followers and the worst follower's mean, per phase),
+WAN bytes per DC pair, and the primary's TCP losses and the WAN queues' drops during the cut.
+The WAN's links have a 1500-byte MTU unless ``--mtu`` says otherwise. Needs root,
+``make wan-deps``.
 
     sudo .venv/bin/python python/benchmarks/dissemination/e7_priority.py --json e7.json
 """
@@ -74,6 +78,38 @@ def ahead_visible(keys: np.ndarray, ts: np.ndarray, rec: np.ndarray) -> np.ndarr
         if j < b - a:
             out[i] = rt[a + j]
     return out
+
+
+def quality(
+    kidx: np.ndarray,
+    values: np.ndarray,
+    commit: np.ndarray,
+    vis: np.ndarray,
+    weight: np.ndarray,
+    t_us: int,
+) -> float:
+    """The quality proxy at ``t_us`` for one follower: the access-weighted mean L1 distance
+    between the primary's rows (each key's last update committed by then) and the follower's
+    (its last update visible there by then; zeros before any), keys weighted by how often the
+    trace touches them. Updates are in commit order, so a key's later update is a newer
+    version."""
+    n_keys = len(weight)
+    idx = np.arange(len(kidx))
+    last_p = np.full(n_keys, -1, dtype=np.int64)
+    m = commit <= t_us
+    np.maximum.at(last_p, kidx[m], idx[m])
+    last_f = np.full(n_keys, -1, dtype=np.int64)
+    m = (vis >= 0) & (vis <= t_us)
+    np.maximum.at(last_f, kidx[m], idx[m])
+    has = np.flatnonzero(last_p >= 0)
+    if len(has) == 0:
+        return 0.0
+    lp, lf = last_p[has], last_f[has]
+    differ = lp != lf
+    d = np.zeros(len(has))
+    theirs = np.where(lf[differ, None] >= 0, values[np.maximum(lf[differ], 0)], 0.0)
+    d[differ] = np.abs(values[lp[differ]] - theirs).sum(axis=1)
+    return float((weight[has] * d).sum() / weight[has].sum())
 
 
 def run(w: Wan, args, mode: str) -> dict:
@@ -145,10 +181,21 @@ def run(w: Wan, args, mode: str) -> dict:
             ahead[ekko_peer.name(s)] = rec[rec["table"] == latency.table_id("hot")]
     finally:
         cl.stop(None)
-    keys, _ = trace.keys_values()
+    keys, values = trace.keys_values()
     commit_us, rows = data["commit_us"], data["rows"]
     batch = np.repeat(np.arange(len(rows)), rows)
     commit = commit_us[batch].astype(np.int64)
+    # The quality proxy every 10 s of each phase, per follower (mean over followers, worst).
+    uniq, kidx = np.unique(keys, return_inverse=True)
+    weight = np.bincount(kidx, minlength=len(uniq)).astype(np.float64)
+    values = np.asarray(values, dtype=np.float32)[: len(commit)]
+    kidx = kidx[: len(commit)]
+    q_times = {
+        "before": np.arange(5.0, args.cut_at, 10.0),
+        "during": np.arange(args.cut_at + 5, args.restore_at, 10.0),
+        "after": np.arange(args.restore_at + 5, args.restore_at + 30, 10.0),
+    }
+    q: dict[str, list[list[float]]] = {k: [] for k in q_times}
     worst = np.zeros(len(commit), dtype=np.int64)
     missing = np.zeros(len(commit), dtype=bool)
     vis_all = np.zeros(len(commit), dtype=np.int64)
@@ -156,6 +203,10 @@ def run(w: Wan, args, mode: str) -> dict:
         vis = latency.row_visible_times(data["part"], data["ts"], ev)
         va = ahead_visible(keys.astype(np.uint64), data["ts"], ahead[n])
         both = np.where((va >= 0) & ((vis < 0) | (va < vis)), va, vis)
+        for phase, times in q_times.items():
+            q[phase].append(
+                [quality(kidx, values, commit, both, weight, go_us + int(t * 1e6)) for t in times]
+            )
         missing |= both < 0
         worst = np.maximum(worst, both - commit)
         vis_all = np.maximum(vis_all, both)
@@ -237,6 +288,16 @@ def run(w: Wan, args, mode: str) -> dict:
             )
     out["freshness_during_cut"] = fresh
     out["freshness_mean"] = round(float(np.mean(fresh)), 4) if fresh else None
+    out["quality_by_phase"] = {
+        phase: {
+            "mean": round(float(np.mean(v)), 6) if len(v) and len(v[0]) else None,
+            "worst_follower": round(float(np.max(np.mean(v, axis=1))), 6)
+            if len(v) and len(v[0])
+            else None,
+        }
+        for phase, v in q.items()
+    }
+    log(f"  {mode}: quality proxy (access-weighted L1 to the primary) {out['quality_by_phase']}")
     out["wan_bytes_by_phase"] = {k: sum(v.values()) for k, v in wan.items()}
     out["rows_taken_ahead"] = int(sum(len(a) for a in ahead.values()))
     out["significant_during_per_follower"] = per_follower
