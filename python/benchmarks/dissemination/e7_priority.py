@@ -40,7 +40,7 @@ from lib.records import log
 
 from dissemination import ekko_peer, latency
 from dissemination.cpu import CpuMeter
-from dissemination.trace import trace_for
+from dissemination.trace import trace_for, warm_mask
 from dissemination.wan import Wan, config_from_args, pair_delta
 
 AHEAD = np.dtype(
@@ -215,6 +215,7 @@ def run(w: Wan, args, mode: str) -> dict:
     _, first = np.unique(keys, return_index=True)
     new = np.zeros(len(keys), dtype=bool)
     new[first] = True
+    new &= ~warm_mask(keys, getattr(args, "warm_share", 0.0))  # created in the run
     sig = data["sig"]
     t_rel = (commit - go_us) / 1e6
     phase = np.where(t_rel < args.cut_at, 0, np.where(t_rel < args.restore_at, 1, 2))

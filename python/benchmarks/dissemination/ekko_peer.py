@@ -183,6 +183,8 @@ class Cluster:
         argv += ["--parts", str(self.args.parts), "--cold-tables", str(self.args.cold_tables)]
         if self.args.source_no_cache:
             argv += ["--no-cache"]
+        if getattr(self.args, "warm_share", 0.0):
+            argv += ["--warm-share", str(self.args.warm_share)]
         if getattr(self.args, "priority_k", None):
             argv += ["--priority", str(self.args.priority_k)]
         err = open(self.dir / "writer.err", "w")
@@ -519,6 +521,12 @@ def parse_args(argv=None):
         "--no-shard-versions",
         action="store_true",
         help="followers pull every part every round (ablation)",
+    )
+    g.add_argument(
+        "--warm-share",
+        type=float,
+        default=0.0,
+        help="the hot table holds this share of the trace's keys before the run (default 0)",
     )
     g.add_argument(
         "--cold-tables",

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import embstore
-from dissemination.trace import Trace
+from dissemination.trace import Trace, warm_mask
 
 
 def main() -> int:
@@ -51,6 +51,13 @@ def main() -> int:
         help="score the hot table's writes with embstore.Priority(k=K), and record per update "
         "whether it was significant (``sig`` in the output)",
     )
+    ap.add_argument(
+        "--warm-share",
+        type=float,
+        default=0.0,
+        help="hold this share of the trace's keys before the run, unscored (default 0: the "
+        "table starts empty and a key's first write in the run creates it)",
+    )
     args = ap.parse_args()
     trace = Trace(**json.loads(args.trace))
     keys, values = trace.keys_values()
@@ -66,6 +73,14 @@ def main() -> int:
     ]
     crng = np.random.default_rng(trace.seed + 1000)
     cold_done = 0
+    if args.warm_share > 0:
+        # Before the sync port: not scored, and followers get them as their first pull.
+        uk = np.unique(keys)
+        warm = uk[warm_mask(uk, args.warm_share)]
+        wrng = np.random.default_rng(trace.seed + 2000)
+        for a in range(0, len(warm), 1 << 16):
+            chunk = warm[a : a + (1 << 16)]
+            table.assign(chunk, wrng.standard_normal((len(chunk), trace.dim), dtype=np.float32))
     port = store.serve_sync(args.listen, parts=args.parts, use_cache=not args.no_cache)
     parts = table.sync_parts_of(keys)  # fixed per key
     print(f"ready {len(batches)} {args.parts} {port.address}", flush=True)

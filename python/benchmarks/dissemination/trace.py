@@ -138,3 +138,13 @@ def trace_for(args, rate: float) -> Trace:
         zipf_a=args.zipf,
         batch_ms=args.batch_ms,
     )
+
+
+def warm_mask(keys: np.ndarray, share: float) -> np.ndarray:
+    """Which of ``keys`` a warm table holds before the run (``--warm-share``): a fixed share of
+    the key space by a hash of the key, so the writer and the analysis agree; the rest are
+    created during the run (new rows, as in a model that has trained before)."""
+    if share <= 0.0:
+        return np.zeros(len(keys), dtype=bool)
+    h = (np.asarray(keys, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return h % np.uint64(10_000) < np.uint64(round(share * 10_000))
