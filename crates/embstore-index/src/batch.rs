@@ -14,11 +14,23 @@
 //! the common path is a straight loop with no per-lookup state machine, and the uncommon one
 //! waits on nothing. At the end of the batch the FIFO is drained.
 //!
+//! How far ahead the pipeline runs and which cache level its prefetches fill are not constants:
+//! the best pair depends on the CPU (on a Zen 4 guest, prefetching into L2 only, `_MM_HINT_T1`,
+//! made the 16M-slot batch 1.6x faster than prefetching into L1; on others L1 wins). A table of
+//! [`TUNE_FROM_SLOTS`] slots or more therefore times its own first batches, each of the
+//! [`BatchTuning::CANDIDATES`] in turn, and keeps the fastest (median over [`TUNE_ROUNDS`] rounds);
+//! see [`NeighborHash::batch_tuning`]. Smaller tables, and batches before the choice, use
+//! [`BatchTuning::DEFAULT`].
+//!
 //! Keys are hashed as they enter the pipeline (one multiply, see [`crate::hash`]), four at a time
 //! with AVX2 where the CPU has it (checked once, at run time; the loop is then compiled for
 //! AVX2): no home array, no separate hashing pass.
 
-use crate::bucket::{prefetch_ptr, Bucket, PAYLOAD_MASK, STOP_MASK};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::bucket::{prefetch_ptr, prefetch_ptr_l2, Bucket, PAYLOAD_MASK, STOP_MASK};
 use crate::hash::KeyHash;
 use crate::neighbor_hash::NeighborHash;
 use crate::Error;
@@ -27,8 +39,8 @@ use crate::Error;
 /// are below 2^52, so it is never a real payload.
 pub const MISSING: u64 = u64::MAX;
 
-/// Lookups in flight in [`NeighborHash::get_batch`]: how many keys ahead the pipeline
-/// prefetches. Chosen by `embstore-bench index --ring-sweep` (see docs/benchmarks.md).
+/// Lookups in flight in [`NeighborHash::get_batch`] before a table has chosen its own
+/// [`BatchTuning`] (and in small tables): how many keys ahead the pipeline prefetches.
 pub const DEFAULT_RING: usize = 64;
 
 /// Deferred lookups that queue behind the FIFO's head before it is taken up again.
@@ -45,11 +57,44 @@ const _: () = assert!(FIFO.is_power_of_two() && LAG + UNROLL <= FIFO && UNROLL =
 impl<H: KeyHash> NeighborHash<H> {
     /// Looks up every key: `out[i]` is the payload of `keys[i]`, or [`MISSING`]. Returns the
     /// number of keys found. Fails, writing nothing, if the lengths differ.
+    ///
+    /// The first batches of a large table also choose how the pipeline prefetches (see the
+    /// module docs and [`batch_tuning`](Self::batch_tuning)); the answers never depend on it.
     pub fn get_batch(&self, keys: &[u64], out: &mut [u64]) -> Result<usize, Error> {
-        self.get_batch_ring::<DEFAULT_RING>(keys, out)
+        check_len(keys.len(), out.len(), "out")?;
+        Ok(self.tuned(keys, out))
     }
 
-    /// [`get_batch`](Self::get_batch) with `D` keys in flight (for benchmarks and tests).
+    /// How [`get_batch`](Self::get_batch) prefetches on this table: `None` while it is still
+    /// timing the candidates (or never will: a table below [`TUNE_FROM_SLOTS`] slots, or one
+    /// that has only seen batches below [`TUNE_MIN_KEYS`] keys, uses
+    /// [`BatchTuning::DEFAULT`]). A table that grows starts over.
+    pub fn batch_tuning(&self) -> Option<BatchTuning> {
+        match self.tuner.chosen.load(Ordering::Relaxed) {
+            0 => None,
+            c => Some(BatchTuning::CANDIDATES[usize::from(c) - 1]),
+        }
+    }
+
+    /// [`get_batch`](Self::get_batch) with the pipeline set as `tuning` says, whatever this
+    /// table chose (for benchmarks and tests). Fails if `tuning` is not one of the
+    /// [`BatchTuning::CANDIDATES`].
+    #[doc(hidden)]
+    pub fn get_batch_with(
+        &self,
+        tuning: BatchTuning,
+        keys: &[u64],
+        out: &mut [u64],
+    ) -> Result<usize, Error> {
+        check_len(keys.len(), out.len(), "out")?;
+        let Some(v) = BatchTuning::CANDIDATES.iter().position(|&c| c == tuning) else {
+            return Err(crate::error::invalid_tuning(tuning));
+        };
+        Ok(self.run_candidate(v, keys, out))
+    }
+
+    /// [`get_batch`](Self::get_batch) with `D` keys in flight, prefetching into every level (for
+    /// benchmarks and tests).
     #[doc(hidden)]
     pub fn get_batch_ring<const D: usize>(
         &self,
@@ -57,7 +102,56 @@ impl<H: KeyHash> NeighborHash<H> {
         out: &mut [u64],
     ) -> Result<usize, Error> {
         check_len(keys.len(), out.len(), "out")?;
-        Ok(self.pipeline::<D>(keys, out))
+        Ok(self.pipeline::<D, false>(keys, out))
+    }
+
+    /// [`get_batch_ring`](Self::get_batch_ring), prefetching into L2 only.
+    #[doc(hidden)]
+    pub fn get_batch_ring_l2<const D: usize>(
+        &self,
+        keys: &[u64],
+        out: &mut [u64],
+    ) -> Result<usize, Error> {
+        check_len(keys.len(), out.len(), "out")?;
+        Ok(self.pipeline::<D, true>(keys, out))
+    }
+
+    /// The pipeline as this table chose it, timing a candidate while it is still choosing.
+    fn tuned(&self, keys: &[u64], out: &mut [u64]) -> usize {
+        let chosen = self.tuner.chosen.load(Ordering::Relaxed);
+        if chosen != 0 {
+            return self.run_candidate(usize::from(chosen) - 1, keys, out);
+        }
+        let default = BatchTuning::DEFAULT_INDEX;
+        if keys.len() < TUNE_MIN_KEYS || self.buckets.len() < TUNE_FROM_SLOTS {
+            return self.run_candidate(default, keys, out);
+        }
+        // One batch at a time is timed; batches on other threads meanwhile run the default.
+        let Ok(mut tuning) = self.tuner.tuning.try_lock() else {
+            return self.run_candidate(default, keys, out);
+        };
+        if self.tuner.chosen.load(Ordering::Relaxed) != 0 {
+            drop(tuning);
+            return self.tuned(keys, out);
+        }
+        let v = tuning.taken % BatchTuning::CANDIDATES.len();
+        let start = Instant::now();
+        let hits = self.run_candidate(v, keys, out);
+        let ns_per_key = start.elapsed().as_nanos() as f64 / keys.len() as f64;
+        if let Some(best) = tuning.record(ns_per_key) {
+            self.tuner.chosen.store(best as u8 + 1, Ordering::Relaxed);
+        }
+        hits
+    }
+
+    /// Runs candidate `v` of [`BatchTuning::CANDIDATES`].
+    fn run_candidate(&self, v: usize, keys: &[u64], out: &mut [u64]) -> usize {
+        match v {
+            0 => self.pipeline::<32, false>(keys, out),
+            1 => self.pipeline::<64, false>(keys, out),
+            2 => self.pipeline::<32, true>(keys, out),
+            _ => self.pipeline::<64, true>(keys, out),
+        }
     }
 
     /// `out[i]` = whether `keys[i]` is stored. Returns the number of keys found. Fails, writing
@@ -69,7 +163,7 @@ impl<H: KeyHash> NeighborHash<H> {
         let mut hits = 0;
         for (k, o) in keys.chunks(CHUNK).zip(out.chunks_mut(CHUNK)) {
             let p = &mut payloads[..k.len()];
-            hits += self.pipeline::<DEFAULT_RING>(k, p);
+            hits += self.tuned(k, p);
             for (f, &x) in o.iter_mut().zip(p.iter()) {
                 *f = x != MISSING;
             }
@@ -80,27 +174,32 @@ impl<H: KeyHash> NeighborHash<H> {
     /// The pipeline (see the module docs); `keys.len() == out.len()`. Returns the hits. With
     /// the default hash and an AVX2 CPU (checked once, at run time), the whole loop is compiled
     /// for AVX2 and hashes four keys per instruction; else it is the same loop, scalar.
-    fn pipeline<const D: usize>(&self, keys: &[u64], out: &mut [u64]) -> usize {
+    fn pipeline<const D: usize, const L2: bool>(&self, keys: &[u64], out: &mut [u64]) -> usize {
         #[cfg(target_arch = "x86_64")]
         if H::MUL_XOR && crate::hash::avx2::available() {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { self.pipeline_avx2::<D>(keys, out) };
+            return unsafe { self.pipeline_avx2::<D, L2>(keys, out) };
         }
-        self.pipeline_in::<D, false>(keys, out)
+        self.pipeline_in::<D, false, L2>(keys, out)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn pipeline_avx2<const D: usize>(&self, keys: &[u64], out: &mut [u64]) -> usize {
-        self.pipeline_in::<D, true>(keys, out)
+    unsafe fn pipeline_avx2<const D: usize, const L2: bool>(
+        &self,
+        keys: &[u64],
+        out: &mut [u64],
+    ) -> usize {
+        self.pipeline_in::<D, true, L2>(keys, out)
     }
 
     /// The pipeline's body; `SIMD`: hash with [`mul_xor_homes4`](crate::hash::mul_xor_homes4)
-    /// (only for [`MulXor`](crate::hash::MulXor), on a CPU with AVX2).
+    /// (only for [`MulXor`](crate::hash::MulXor), on a CPU with AVX2); `L2`: prefetch into L2
+    /// only.
     #[inline(always)]
-    fn pipeline_in<const D: usize, const SIMD: bool>(
+    fn pipeline_in<const D: usize, const SIMD: bool, const L2: bool>(
         &self,
         keys: &[u64],
         out: &mut [u64],
@@ -114,7 +213,7 @@ impl<H: KeyHash> NeighborHash<H> {
         let mut fifo = Fifo { idx: [0; FIFO], head: 0, tail: 0 };
         for i in 0..D.min(n) {
             let home = self.home(keys[i]);
-            prefetch_ptr(base.wrapping_add(home));
+            prefetch::<L2>(base.wrapping_add(home));
             out[i] = home as u64;
         }
         let keys = keys.as_ptr();
@@ -137,14 +236,14 @@ impl<H: KeyHash> NeighborHash<H> {
                     }
                 }
                 for i in ahead..ahead + UNROLL {
-                    prefetch_ptr(base.wrapping_add(*out.add(i) as usize));
+                    prefetch::<L2>(base.wrapping_add(*out.add(i) as usize));
                 }
                 while fifo.tail - fifo.head >= LAG {
                     let j = fifo.pop();
-                    hits += resume(base, keys, out, j, &mut fifo);
+                    hits += resume::<L2>(base, keys, out, j, &mut fifo);
                 }
                 for i in r..r + UNROLL {
-                    hits += resume(base, keys, out, i, &mut fifo);
+                    hits += resume::<L2>(base, keys, out, i, &mut fifo);
                 }
             }
         }
@@ -152,21 +251,102 @@ impl<H: KeyHash> NeighborHash<H> {
             // SAFETY: as above, `i + D < n`.
             unsafe {
                 let home = self.home(*keys.add(i + D));
-                prefetch_ptr(base.wrapping_add(home));
+                prefetch::<L2>(base.wrapping_add(home));
                 *out.add(i + D) = home as u64;
-                hits += step(base, keys, out, i, &mut fifo);
+                hits += step::<L2>(base, keys, out, i, &mut fifo);
             }
         }
         for i in n.saturating_sub(D)..n {
             // SAFETY: as above, `i < n`, and `out[i]` holds its home (set D steps ago).
-            hits += unsafe { step(base, keys, out, i, &mut fifo) };
+            hits += unsafe { step::<L2>(base, keys, out, i, &mut fifo) };
         }
         while fifo.head < fifo.tail {
             let j = fifo.pop();
             // SAFETY: as above.
-            hits += unsafe { resume(base, keys, out, j, &mut fifo) };
+            hits += unsafe { resume::<L2>(base, keys, out, j, &mut fifo) };
         }
         hits
+    }
+}
+
+/// Prefetches the cacheline at `b`: into L2 only if `L2`, else into every level.
+#[inline(always)]
+fn prefetch<const L2: bool>(b: *const Bucket) {
+    if L2 {
+        prefetch_ptr_l2(b);
+    } else {
+        prefetch_ptr(b);
+    }
+}
+
+/// How [`NeighborHash::get_batch`] runs its pipeline: how many lookups it keeps in flight, and
+/// whether its prefetches fill L2 only (`_MM_HINT_T1`) or every level (`_MM_HINT_T0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchTuning {
+    /// Lookups in flight (keys prefetched ahead of the one examined).
+    pub ring: usize,
+    /// Prefetch into L2 only (else into L1 too).
+    pub prefetch_l2: bool,
+}
+
+impl BatchTuning {
+    /// What a table times and chooses from.
+    pub const CANDIDATES: [BatchTuning; 4] = [
+        BatchTuning { ring: 32, prefetch_l2: false },
+        BatchTuning { ring: 64, prefetch_l2: false },
+        BatchTuning { ring: 32, prefetch_l2: true },
+        BatchTuning { ring: 64, prefetch_l2: true },
+    ];
+    /// The pipeline of small tables and of batches before a table has chosen.
+    pub const DEFAULT: BatchTuning = BatchTuning { ring: DEFAULT_RING, prefetch_l2: false };
+    const DEFAULT_INDEX: usize = 1;
+}
+
+const _: () = assert!(
+    BatchTuning::CANDIDATES[BatchTuning::DEFAULT_INDEX].ring == BatchTuning::DEFAULT.ring
+        && !BatchTuning::CANDIDATES[BatchTuning::DEFAULT_INDEX].prefetch_l2
+);
+
+/// Tables of at least this many slots (1 MiB of buckets) choose their [`BatchTuning`]; smaller
+/// ones sit in the caches, where the choice barely matters and the timing would be noise.
+pub const TUNE_FROM_SLOTS: usize = 1 << 16;
+/// Only batches of at least this many keys are timed (a shorter one is mostly fixed cost).
+pub const TUNE_MIN_KEYS: usize = 256;
+/// Timed batches per candidate before a table chooses; the first round is discarded (warm-up),
+/// the median of the rest decides.
+pub const TUNE_ROUNDS: usize = 8;
+
+/// A table's choice of [`BatchTuning`], and the timings that lead to it.
+#[derive(Debug, Default)]
+pub(crate) struct Tuner {
+    /// 0 while choosing, else 1 + the index of the chosen candidate.
+    chosen: AtomicU8,
+    tuning: Mutex<Timings>,
+}
+
+/// Nanoseconds per key of each candidate's timed batches, taken in turn.
+#[derive(Debug, Default)]
+struct Timings {
+    taken: usize,
+    ns: [[f64; TUNE_ROUNDS]; BatchTuning::CANDIDATES.len()],
+}
+
+impl Timings {
+    /// Records the batch just timed (candidate `taken % CANDIDATES`); returns the fastest
+    /// candidate once every one has [`TUNE_ROUNDS`] timings.
+    fn record(&mut self, ns_per_key: f64) -> Option<usize> {
+        let n = BatchTuning::CANDIDATES.len();
+        self.ns[self.taken % n][self.taken / n] = ns_per_key;
+        self.taken += 1;
+        if self.taken < n * TUNE_ROUNDS {
+            return None;
+        }
+        let median = |xs: &[f64; TUNE_ROUNDS]| {
+            let mut v = xs[1..].to_vec(); // round 0 warms up
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        (0..n).min_by(|&a, &b| median(&self.ns[a]).total_cmp(&median(&self.ns[b])))
     }
 }
 
@@ -198,7 +378,7 @@ impl Fifo {
 /// `i` and every index in `fifo` below the length of `keys` and `out`; `out[i]` and `out[j]` for
 /// `j` in `fifo` hold buckets that those keys' walks reach.
 #[inline(always)]
-unsafe fn step(
+unsafe fn step<const L2: bool>(
     base: *const Bucket,
     keys: *const u64,
     out: *mut u64,
@@ -209,10 +389,10 @@ unsafe fn step(
     while fifo.tail - fifo.head >= LAG {
         let j = fifo.pop();
         // SAFETY: forwarded.
-        hits += unsafe { resume(base, keys, out, j, fifo) };
+        hits += unsafe { resume::<L2>(base, keys, out, j, fifo) };
     }
     // SAFETY: forwarded.
-    hits + unsafe { resume(base, keys, out, i, fifo) }
+    hits + unsafe { resume::<L2>(base, keys, out, i, fifo) }
 }
 
 /// Walks key `j` from the bucket parked in `out[j]`: writes the answer, or parks the next
@@ -221,7 +401,7 @@ unsafe fn step(
 /// # Safety
 /// As [`step`], for `j`.
 #[inline(always)]
-unsafe fn resume(
+unsafe fn resume<const L2: bool>(
     base: *const Bucket,
     keys: *const u64,
     out: *mut u64,
@@ -230,7 +410,7 @@ unsafe fn resume(
 ) -> usize {
     // SAFETY: `j` is in bounds and `out[j]` a bucket the walk of `keys[j]` reaches.
     unsafe {
-        match walk(base, *keys.add(j), *out.add(j) as usize) {
+        match walk::<L2>(base, *keys.add(j), *out.add(j) as usize) {
             Walk::Done(p) => {
                 *out.add(j) = p;
                 usize::from(p != MISSING)
@@ -258,7 +438,7 @@ enum Walk {
 /// `pos` must be a bucket of the table at `base` that a lookup of `key` reaches (its home or a
 /// link on the chain from it); the table must not change during the call.
 #[inline(always)]
-unsafe fn walk(base: *const Bucket, key: u64, pos: usize) -> Walk {
+unsafe fn walk<const L2: bool>(base: *const Bucket, key: u64, pos: usize) -> Walk {
     let mut pos = pos;
     loop {
         // SAFETY: `pos` is in bounds: the caller's contract, then the chain invariant (links
@@ -278,7 +458,7 @@ unsafe fn walk(base: *const Bucket, key: u64, pos: usize) -> Walk {
         let next = pos.wrapping_add_signed(b.offset());
         if (next ^ pos) >= crate::bucket::BUCKETS_PER_LINE {
             // Another cacheline (the array starts on a cacheline boundary).
-            prefetch_ptr(base.wrapping_add(next));
+            prefetch::<L2>(base.wrapping_add(next));
             return Walk::Hop(next);
         }
         pos = next;

@@ -202,6 +202,19 @@ pub(crate) fn prefetch_ptr(b: *const Bucket) {
     let _ = b;
 }
 
+/// [`prefetch_ptr`] into L2 only (`_MM_HINT_T1`).
+#[inline(always)]
+pub(crate) fn prefetch_ptr_l2(b: *const Bucket) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        // SAFETY: prefetching an address never faults and has no observable effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(b.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = b;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,4 @@
-//! The index's errors: the shared [`Error`] of `embstore-common`, and the three ways an index
+//! The index's errors: the shared [`Error`] of `embstore-common`, and the ways an index
 //! call fails, each with its kind and exact message. Every fallible call leaves the table
 //! unchanged when it returns an error.
 
@@ -29,5 +29,14 @@ pub(crate) fn capacity_overflow(slots: usize) -> Error {
     Error::new(
         ErrorKind::Capacity,
         format!("cannot allocate an index of {slots} slots: capacity overflow"),
+    )
+}
+
+/// A batch tuning that is not one of [`crate::BatchTuning::CANDIDATES`]
+/// ([`ErrorKind::InvalidArgument`]).
+pub(crate) fn invalid_tuning(tuning: crate::BatchTuning) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!("{tuning:?} is not a batch tuning: choose one of BatchTuning::CANDIDATES"),
     )
 }

@@ -126,6 +126,8 @@ pub struct NeighborHash<H: KeyHash = MulXor> {
     grow_at: usize,
     relocations: u64,
     config: Config,
+    /// How `get_batch` prefetches on this table (chosen by timing its first batches).
+    pub(crate) tuner: crate::batch::Tuner,
     hash: PhantomData<fn() -> H>,
 }
 
@@ -186,6 +188,7 @@ impl<H: KeyHash> NeighborHash<H> {
             grow_at: (slots as f64 * max_load_factor) as usize,
             relocations: 0,
             config,
+            tuner: Default::default(),
             hash: PhantomData,
         })
     }
@@ -775,11 +778,17 @@ mod tests {
         for n in [1, 2, 31, 33, 255, 256, 257, 289, 1000] {
             let q = &queries[..n];
             type Engine = fn(&NeighborHash, &[u64], &mut [u64]) -> Result<usize, Error>;
-            let runs: [Engine; 4] = [
+            let runs: [Engine; 10] = [
                 |t, q, o| t.get_batch_ring::<1>(q, o),
                 |t, q, o| t.get_batch_ring::<7>(q, o),
                 |t, q, o| t.get_batch_ring::<64>(q, o),
+                |t, q, o| t.get_batch_ring_l2::<1>(q, o),
+                |t, q, o| t.get_batch_ring_l2::<64>(q, o),
                 |t, q, o| t.get_batch(q, o),
+                |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[0], q, o),
+                |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[1], q, o),
+                |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[2], q, o),
+                |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[3], q, o),
             ];
             for (r, run) in runs.iter().enumerate() {
                 let mut o = vec![0; n];
@@ -791,6 +800,73 @@ mod tests {
         let mut flags = vec![false; queries.len()];
         t.contains_batch(&queries, &mut flags).unwrap();
         assert!(flags.iter().zip(&expect).all(|(&f, &e)| f == (e != MISSING)));
+    }
+
+    #[test]
+    fn a_large_table_times_its_first_batches_and_keeps_a_candidate() {
+        use crate::{BatchTuning, TUNE_FROM_SLOTS, TUNE_MIN_KEYS, TUNE_ROUNDS};
+        let mut t = NeighborHash::with_slots(TUNE_FROM_SLOTS).unwrap();
+        let keys: Vec<u64> =
+            (1..=40_000u64).map(|i| i.wrapping_mul(0x2545_f491_4f6c_dd1d)).collect();
+        t.insert_batch(&keys, &(0..40_000).collect::<Vec<_>>()).unwrap();
+        assert_eq!(t.capacity(), TUNE_FROM_SLOTS);
+        let queries: Vec<u64> = (0..TUNE_MIN_KEYS as u64 * 2)
+            .map(|i| {
+                if i % 5 == 0 {
+                    i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                } else {
+                    keys[i as usize * 7]
+                }
+            })
+            .collect();
+        let expect: Vec<u64> = queries.iter().map(|&k| t.get(k).unwrap_or(MISSING)).collect();
+        let mut out = vec![0; queries.len()];
+        // Short batches are never timed.
+        for _ in 0..4 * TUNE_ROUNDS {
+            t.get_batch(&queries[..TUNE_MIN_KEYS - 1], &mut out[..TUNE_MIN_KEYS - 1]).unwrap();
+        }
+        assert_eq!(t.batch_tuning(), None);
+        // Timed batches, from two threads at once: right answers all along, then a choice.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut out = vec![0; queries.len()];
+                    for _ in 0..4 * TUNE_ROUNDS {
+                        t.get_batch(&queries, &mut out).unwrap();
+                        assert_eq!(out, expect);
+                    }
+                });
+            }
+        });
+        let mut rounds = 0;
+        while t.batch_tuning().is_none() && rounds < 8 * TUNE_ROUNDS {
+            t.get_batch(&queries, &mut out).unwrap();
+            rounds += 1;
+        }
+        let chosen = t.batch_tuning().expect("a choice after every candidate was timed");
+        assert!(BatchTuning::CANDIDATES.contains(&chosen));
+        t.get_batch(&queries, &mut out).unwrap();
+        assert_eq!(out, expect);
+        // A table that grows starts over; a bad tuning is refused.
+        t.reserve(t.capacity()).unwrap();
+        assert_eq!(t.batch_tuning(), None);
+        let bad = BatchTuning { ring: 3, prefetch_l2: true };
+        let err = t.get_batch_with(bad, &queries, &mut out).unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(err.to_string().contains("CANDIDATES"), "{err}");
+    }
+
+    #[test]
+    fn a_small_table_keeps_the_default_pipeline() {
+        let mut t = NeighborHash::with_slots(crate::TUNE_FROM_SLOTS / 2).unwrap();
+        let keys: Vec<u64> = (0..1000u64).collect();
+        t.insert_batch(&keys, &keys).unwrap();
+        let mut out = vec![0; 1000];
+        for _ in 0..8 * crate::TUNE_ROUNDS {
+            assert_eq!(t.get_batch(&keys, &mut out), Ok(1000));
+        }
+        assert_eq!(out, keys);
+        assert_eq!(t.batch_tuning(), None);
     }
 
     #[test]
