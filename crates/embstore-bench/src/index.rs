@@ -13,7 +13,7 @@
 //! mapped with transparent huge pages):
 //! - `embstore_scalar`: `NeighborHash::get` one key at a time;
 //! - `embstore_batch`: `NeighborHash::get_batch` (AVX2 hashing; the table times its first
-//!   batches and keeps the fastest of its pipeline's candidates: ring 32 or 64, prefetching into
+//!   batches and keeps the fastest of its pipeline's candidates: ring 64 or 128, prefetching into
 //!   L1 or into L2 only; the report says which);
 //! - `embstore_batch_4k`: the same over a table mapped without huge pages (full runs only);
 //! - `hashbrown`: `hashbrown::HashMap<u64, u64>` with the same hash function (`fmix64`);

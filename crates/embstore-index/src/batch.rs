@@ -18,7 +18,7 @@
 //! the best pair depends on the CPU (on a Zen 4 guest, prefetching into L2 only, `_MM_HINT_T1`,
 //! made the 16M-slot batch 1.6x faster than prefetching into L1; on others L1 wins). A table of
 //! [`TUNE_FROM_SLOTS`] slots or more therefore times its own first batches, each of the
-//! [`BatchTuning::CANDIDATES`] in turn, and keeps the fastest (median over [`TUNE_ROUNDS`] rounds);
+//! [`BatchTuning::CANDIDATES`] in turn, and keeps the fastest (over [`TUNE_ROUNDS`] rounds);
 //! see [`NeighborHash::batch_tuning`]. Smaller tables, and batches before the choice, use
 //! [`BatchTuning::DEFAULT`].
 //!
@@ -147,10 +147,10 @@ impl<H: KeyHash> NeighborHash<H> {
     /// Runs candidate `v` of [`BatchTuning::CANDIDATES`].
     fn run_candidate(&self, v: usize, keys: &[u64], out: &mut [u64]) -> usize {
         match v {
-            0 => self.pipeline::<32, false>(keys, out),
-            1 => self.pipeline::<64, false>(keys, out),
-            2 => self.pipeline::<32, true>(keys, out),
-            _ => self.pipeline::<64, true>(keys, out),
+            0 => self.pipeline::<64, false>(keys, out),
+            1 => self.pipeline::<128, false>(keys, out),
+            2 => self.pipeline::<64, true>(keys, out),
+            _ => self.pipeline::<128, true>(keys, out),
         }
     }
 
@@ -292,14 +292,14 @@ pub struct BatchTuning {
 impl BatchTuning {
     /// What a table times and chooses from.
     pub const CANDIDATES: [BatchTuning; 4] = [
-        BatchTuning { ring: 32, prefetch_l2: false },
         BatchTuning { ring: 64, prefetch_l2: false },
-        BatchTuning { ring: 32, prefetch_l2: true },
+        BatchTuning { ring: 128, prefetch_l2: false },
         BatchTuning { ring: 64, prefetch_l2: true },
+        BatchTuning { ring: 128, prefetch_l2: true },
     ];
     /// The pipeline of small tables and of batches before a table has chosen.
     pub const DEFAULT: BatchTuning = BatchTuning { ring: DEFAULT_RING, prefetch_l2: false };
-    const DEFAULT_INDEX: usize = 1;
+    const DEFAULT_INDEX: usize = 0;
 }
 
 const _: () = assert!(
@@ -313,8 +313,9 @@ pub const TUNE_FROM_SLOTS: usize = 1 << 16;
 /// Only batches of at least this many keys are timed (a shorter one is mostly fixed cost).
 pub const TUNE_MIN_KEYS: usize = 256;
 /// Timed batches per candidate before a table chooses; the first round is discarded (warm-up),
-/// the median of the rest decides.
-pub const TUNE_ROUNDS: usize = 8;
+/// the fastest of the rest decides (noise on a shared machine only ever adds time, so the
+/// fastest of several short batches is the steadiest estimate of a candidate's speed).
+pub const TUNE_ROUNDS: usize = 12;
 
 /// A table's choice of [`BatchTuning`], and the timings that lead to it.
 #[derive(Debug, Default)]
@@ -341,12 +342,9 @@ impl Timings {
         if self.taken < n * TUNE_ROUNDS {
             return None;
         }
-        let median = |xs: &[f64; TUNE_ROUNDS]| {
-            let mut v = xs[1..].to_vec(); // round 0 warms up
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        (0..n).min_by(|&a, &b| median(&self.ns[a]).total_cmp(&median(&self.ns[b])))
+        // Round 0 warms up.
+        let fastest = |xs: &[f64; TUNE_ROUNDS]| xs[1..].iter().copied().fold(f64::MAX, f64::min);
+        (0..n).min_by(|&a, &b| fastest(&self.ns[a]).total_cmp(&fastest(&self.ns[b])))
     }
 }
 
