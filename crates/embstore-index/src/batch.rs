@@ -20,7 +20,7 @@
 //! [`TUNE_FROM_SLOTS`] slots or more therefore times its own first batches, each of the
 //! [`BatchTuning::CANDIDATES`] in turn, and keeps the fastest (over [`TUNE_ROUNDS`] rounds);
 //! see [`NeighborHash::batch_tuning`]. Smaller tables, and batches before the choice, use
-//! [`BatchTuning::DEFAULT`].
+//! [`BatchTuning::DEFAULT`]; so does every table with `EMBSTORE_BATCH_TUNING=off`.
 //!
 //! Keys are hashed as they enter the pipeline (one multiply, see [`crate::hash`]), four at a time
 //! with AVX2 where the CPU has it (checked once, at run time; the loop is then compiled for
@@ -123,7 +123,7 @@ impl<H: KeyHash> NeighborHash<H> {
             return self.run_candidate(usize::from(chosen) - 1, keys, out);
         }
         let default = BatchTuning::DEFAULT_INDEX;
-        if keys.len() < TUNE_MIN_KEYS || self.buckets.len() < TUNE_FROM_SLOTS {
+        if keys.len() < TUNE_MIN_KEYS || self.buckets.len() < TUNE_FROM_SLOTS || !tuning_on() {
             return self.run_candidate(default, keys, out);
         }
         // One batch at a time is timed; batches on other threads meanwhile run the default.
@@ -316,6 +316,14 @@ pub const TUNE_MIN_KEYS: usize = 256;
 /// the fastest of the rest decides (noise on a shared machine only ever adds time, so the
 /// fastest of several short batches is the steadiest estimate of a candidate's speed).
 pub const TUNE_ROUNDS: usize = 12;
+
+/// Whether tables choose their [`BatchTuning`]: yes unless `EMBSTORE_BATCH_TUNING=off` (read
+/// once per process), which keeps every table on [`BatchTuning::DEFAULT`] (to measure what the
+/// choice gains, or to rule it out).
+fn tuning_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("EMBSTORE_BATCH_TUNING").is_none_or(|v| v != "off"))
+}
 
 /// A table's choice of [`BatchTuning`], and the timings that lead to it.
 #[derive(Debug, Default)]
