@@ -22,6 +22,14 @@
 //! see [`NeighborHash::batch_tuning`]. Smaller tables, and batches before the choice, use
 //! [`BatchTuning::DEFAULT`]; so does every table with `EMBSTORE_BATCH_TUNING=off`.
 //!
+//! With AVX2, a key's first look at its home cacheline compares the key with all four of the
+//! line's keys at once and branches once, on "found in the line" (about 78 % of lookups at load
+//! 0.8 with 90 % present keys), instead of branching on each bucket's key along the chain (the
+//! home bucket alone holds the key for only ~62 %): fewer mispredicted branches, which are what
+//! a lookup in the caches spends most of its time on (a table of 4,096 slots at load 0.05, where
+//! every branch goes the same way, answers 3.3x faster than at load 0.8). Measured paired on the
+//! Zen 4 guest: 3–11 % more lookups per second in L1-, L3- and memory-sized tables.
+//!
 //! Keys are hashed as they enter the pipeline (one multiply, see [`crate::hash`]), four at a time
 //! with AVX2 where the CPU has it (checked once, at run time; the loop is then compiled for
 //! AVX2): no home array, no separate hashing pass.
@@ -243,7 +251,7 @@ impl<H: KeyHash> NeighborHash<H> {
                     hits += resume::<L2>(base, keys, out, j, &mut fifo);
                 }
                 for i in r..r + UNROLL {
-                    hits += resume::<L2>(base, keys, out, i, &mut fifo);
+                    hits += fresh::<SIMD, L2>(base, keys, out, i, &mut fifo);
                 }
             }
         }
@@ -253,12 +261,12 @@ impl<H: KeyHash> NeighborHash<H> {
                 let home = self.home(*keys.add(i + D));
                 prefetch::<L2>(base.wrapping_add(home));
                 *out.add(i + D) = home as u64;
-                hits += step::<L2>(base, keys, out, i, &mut fifo);
+                hits += step::<SIMD, L2>(base, keys, out, i, &mut fifo);
             }
         }
         for i in n.saturating_sub(D)..n {
             // SAFETY: as above, `i < n`, and `out[i]` holds its home (set D steps ago).
-            hits += unsafe { step::<L2>(base, keys, out, i, &mut fifo) };
+            hits += unsafe { step::<SIMD, L2>(base, keys, out, i, &mut fifo) };
         }
         while fifo.head < fifo.tail {
             let j = fifo.pop();
@@ -384,7 +392,7 @@ impl Fifo {
 /// `i` and every index in `fifo` below the length of `keys` and `out`; `out[i]` and `out[j]` for
 /// `j` in `fifo` hold buckets that those keys' walks reach.
 #[inline(always)]
-unsafe fn step<const L2: bool>(
+unsafe fn step<const SIMD: bool, const L2: bool>(
     base: *const Bucket,
     keys: *const u64,
     out: *mut u64,
@@ -398,7 +406,29 @@ unsafe fn step<const L2: bool>(
         hits += unsafe { resume::<L2>(base, keys, out, j, fifo) };
     }
     // SAFETY: forwarded.
-    hits + unsafe { resume::<L2>(base, keys, out, i, fifo) }
+    hits + unsafe { fresh::<SIMD, L2>(base, keys, out, i, fifo) }
+}
+
+/// Key `i`, whose home is parked in `out[i]`: with `SIMD`, [`in_home_line`] first; else (and
+/// when that does not settle it) the walk.
+///
+/// # Safety
+/// As [`step`], for `i`; with `SIMD`, the CPU must support AVX2.
+#[inline(always)]
+unsafe fn fresh<const SIMD: bool, const L2: bool>(
+    base: *const Bucket,
+    keys: *const u64,
+    out: *mut u64,
+    i: usize,
+    fifo: &mut Fifo,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: forwarded (the caller runs with AVX2 when `SIMD`).
+        return unsafe { in_home_line::<L2>(base, keys, out, i, fifo) };
+    }
+    // SAFETY: forwarded.
+    unsafe { resume::<L2>(base, keys, out, i, fifo) }
 }
 
 /// Walks key `j` from the bucket parked in `out[j]`: writes the answer, or parks the next
@@ -426,6 +456,74 @@ unsafe fn resume<const L2: bool>(
                 fifo.push(j);
                 0
             }
+        }
+    }
+}
+
+/// Key `i` from its home (parked in `out[i]`), the common case without a walk: the key is looked
+/// for in all four buckets of the home cacheline at once (an occupied bucket holding it is its
+/// only one, wherever it lies in the line), one branch, taken by about 78 % of lookups at load 0.8
+/// with 90 % present keys. Where the walk would branch on a key comparison at each bucket (the home
+/// bucket holds the key for only ~62 % of lookups, so that branch mispredicts often), this branch
+/// is right more often. A key not in the line is absent or further down its chain: the links are
+/// followed while they stay in the line (no key comparisons), to the end of the chain (a miss) or
+/// to another cacheline (prefetched; `i` joins the FIFO). Key 0, which empty buckets also carry,
+/// takes the walk.
+///
+/// # Safety
+/// As [`step`], for `i`; the CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn in_home_line<const L2: bool>(
+    base: *const Bucket,
+    keys: *const u64,
+    out: *mut u64,
+    i: usize,
+    fifo: &mut Fifo,
+) -> usize {
+    use crate::bucket::{BUCKETS_PER_LINE, PAYLOAD_BITS};
+    use std::arch::x86_64::*;
+    // SAFETY: `i` is in bounds and `out[i]` holds its home (the caller's contract); the home's
+    // cacheline lies inside the array, which starts on a cacheline boundary, so the two aligned
+    // 32-byte loads read that line; every link followed stays inside the array (the chain
+    // invariant).
+    unsafe {
+        let key = *keys.add(i);
+        let home = *out.add(i) as usize;
+        let line = base.add(home & !(BUCKETS_PER_LINE - 1)).cast::<u64>();
+        // The line as 8 words: key, value word, key, value word, ...
+        let kk = _mm256_set1_epi64x(key as i64);
+        let lo = _mm256_cmpeq_epi64(_mm256_load_si256(line.cast()), kk);
+        let hi = _mm256_cmpeq_epi64(_mm256_load_si256(line.cast::<__m256i>().add(1)), kk);
+        let lo = _mm256_movemask_pd(_mm256_castsi256_pd(lo)) as u32;
+        let hi = _mm256_movemask_pd(_mm256_castsi256_pd(hi)) as u32;
+        let keys_equal = (lo | (hi << 4)) & 0b0101_0101;
+        // The first equal key's value word (lane 8 when none: the `& 7` reads a harmless word).
+        let lane = (keys_equal | 0x100).trailing_zeros() as usize;
+        let word = *line.add((lane + 1) & 7);
+        if (keys_equal != 0) & (word >> PAYLOAD_BITS != 0) {
+            *out.add(i) = word & PAYLOAD_MASK;
+            return 1;
+        }
+        if key == 0 {
+            return resume::<L2>(base, keys, out, i, fifo);
+        }
+        let mut pos = home;
+        loop {
+            let w = *line.add((pos & (BUCKETS_PER_LINE - 1)) * 2 + 1);
+            if w & STOP_MASK == 0 {
+                *out.add(i) = MISSING;
+                return 0;
+            }
+            let next = pos.wrapping_add_signed(Bucket { key: 0, word: w }.offset());
+            if (next ^ pos) >= BUCKETS_PER_LINE {
+                prefetch::<L2>(base.wrapping_add(next));
+                *out.add(i) = next as u64;
+                fifo.push(i);
+                return 0;
+            }
+            pos = next;
         }
     }
 }
