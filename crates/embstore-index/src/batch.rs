@@ -19,7 +19,9 @@
 //! made the 16M-slot batch 1.6x faster than prefetching into L1; on others L1 wins). A table of
 //! [`TUNE_FROM_SLOTS`] slots or more therefore times its own first batches, each of the
 //! [`BatchTuning::CANDIDATES`] in turn, and keeps the fastest (over [`TUNE_ROUNDS`] rounds);
-//! see [`NeighborHash::batch_tuning`]. Smaller tables, and batches before the choice, use
+//! see [`NeighborHash::batch_tuning`]. After the choice, one batch in [`EXPLORE_EVERY`] runs half
+//! with the choice and half with another candidate, and a candidate faster in most of its last
+//! [`EXPLORE_WINDOW`] pairs replaces the choice. Smaller tables, and batches before the choice, use
 //! [`BatchTuning::DEFAULT`]; so does every table with `EMBSTORE_BATCH_TUNING=off`.
 //!
 //! With AVX2, a key's first look at its home cacheline compares the key with all four of the
@@ -76,7 +78,8 @@ impl<H: KeyHash> NeighborHash<H> {
     /// How [`get_batch`](Self::get_batch) prefetches on this table: `None` while it is still
     /// timing the candidates (or never will: a table below [`TUNE_FROM_SLOTS`] slots, or one
     /// that has only seen batches below [`TUNE_MIN_KEYS`] keys, uses
-    /// [`BatchTuning::DEFAULT`]). A table that grows starts over.
+    /// [`BatchTuning::DEFAULT`]). The choice can change later, as the table keeps comparing it
+    /// with the other candidates on a few of its batches. A table that grows starts over.
     pub fn batch_tuning(&self) -> Option<BatchTuning> {
         match self.tuner.chosen.load(Ordering::Relaxed) {
             0 => None,
@@ -127,11 +130,21 @@ impl<H: KeyHash> NeighborHash<H> {
     /// The pipeline as this table chose it, timing a candidate while it is still choosing.
     fn tuned(&self, keys: &[u64], out: &mut [u64]) -> usize {
         let chosen = self.tuner.chosen.load(Ordering::Relaxed);
+        let eligible =
+            keys.len() >= TUNE_MIN_KEYS && self.buckets.len() >= TUNE_FROM_SLOTS && tuning_on();
         if chosen != 0 {
-            return self.run_candidate(usize::from(chosen) - 1, keys, out);
+            let v = usize::from(chosen) - 1;
+            let batch = self.tuner.batches.fetch_add(1, Ordering::Relaxed);
+            if !eligible || batch % EXPLORE_EVERY != EXPLORE_EVERY - 1 {
+                return self.run_candidate(v, keys, out);
+            }
+            let Ok(mut tuning) = self.tuner.tuning.try_lock() else {
+                return self.run_candidate(v, keys, out);
+            };
+            return self.explore(&mut tuning, v, keys, out);
         }
         let default = BatchTuning::DEFAULT_INDEX;
-        if keys.len() < TUNE_MIN_KEYS || self.buckets.len() < TUNE_FROM_SLOTS || !tuning_on() {
+        if !eligible {
             return self.run_candidate(default, keys, out);
         }
         // One batch at a time is timed; batches on other threads meanwhile run the default.
@@ -148,6 +161,32 @@ impl<H: KeyHash> NeighborHash<H> {
         let ns_per_key = start.elapsed().as_nanos() as f64 / keys.len() as f64;
         if let Some(best) = tuning.record(ns_per_key) {
             self.tuner.chosen.store(best as u8 + 1, Ordering::Relaxed);
+        }
+        hits
+    }
+
+    /// Runs one half of the batch with the chosen candidate `v` and the other with the next
+    /// candidate to explore, timing both (which half goes first alternates); switches to the
+    /// explored one once the median of its last [`EXPLORE_WINDOW`] paired ratios says it is
+    /// faster by more than [`SWITCH_BELOW`].
+    fn explore(&self, tuning: &mut Timings, v: usize, keys: &[u64], out: &mut [u64]) -> usize {
+        let n = BatchTuning::CANDIDATES.len();
+        tuning.explored += 1;
+        let c = (v + 1 + tuning.explored % (n - 1)) % n;
+        let half = keys.len() / 2;
+        let (k1, k2) = keys.split_at(half);
+        let (o1, o2) = out.split_at_mut(half);
+        let first_is_c = tuning.explored.is_multiple_of(2);
+        let (a, b) = if first_is_c { (c, v) } else { (v, c) };
+        let t = Instant::now();
+        let mut hits = self.run_candidate(a, k1, o1);
+        let t1 = t.elapsed().as_nanos() as f64 / k1.len() as f64;
+        let t = Instant::now();
+        hits += self.run_candidate(b, k2, o2);
+        let t2 = t.elapsed().as_nanos() as f64 / k2.len() as f64;
+        let ratio = if first_is_c { t1 / t2 } else { t2 / t1 };
+        if tuning.note_ratio(c, ratio) {
+            self.tuner.chosen.store(c as u8 + 1, Ordering::Relaxed);
         }
         hits
     }
@@ -333,19 +372,35 @@ fn tuning_on() -> bool {
     *ON.get_or_init(|| std::env::var_os("EMBSTORE_BATCH_TUNING").is_none_or(|v| v != "off"))
 }
 
+/// Once a table has chosen, one batch in this many (of [`TUNE_MIN_KEYS`] keys or more) runs
+/// half with the choice and half with another candidate, both timed: at most a few tenths of a
+/// per cent of the batches' time, and a choice that follows the machine and the workload (a
+/// choice made during a burst of noise, a table whose queries turn from uniform to skewed).
+pub const EXPLORE_EVERY: u64 = 64;
+/// Paired ratios (other candidate / chosen, time per key) kept per candidate.
+pub const EXPLORE_WINDOW: usize = 9;
+/// A candidate whose median paired ratio falls below this replaces the choice.
+pub const SWITCH_BELOW: f64 = 0.93;
+
 /// A table's choice of [`BatchTuning`], and the timings that lead to it.
 #[derive(Debug, Default)]
 pub(crate) struct Tuner {
     /// 0 while choosing, else 1 + the index of the chosen candidate.
     chosen: AtomicU8,
+    /// Batches since the choice (that could have been timed or not).
+    batches: std::sync::atomic::AtomicU64,
     tuning: Mutex<Timings>,
 }
 
-/// Nanoseconds per key of each candidate's timed batches, taken in turn.
+/// Nanoseconds per key of each candidate's timed batches, taken in turn; after the choice, the
+/// paired ratios of the explored candidates.
 #[derive(Debug, Default)]
 struct Timings {
     taken: usize,
     ns: [[f64; TUNE_ROUNDS]; BatchTuning::CANDIDATES.len()],
+    explored: usize,
+    ratios: [[f64; EXPLORE_WINDOW]; BatchTuning::CANDIDATES.len()],
+    noted: [usize; BatchTuning::CANDIDATES.len()],
 }
 
 impl Timings {
@@ -361,6 +416,23 @@ impl Timings {
         // Round 0 warms up.
         let fastest = |xs: &[f64; TUNE_ROUNDS]| xs[1..].iter().copied().fold(f64::MAX, f64::min);
         (0..n).min_by(|&a, &b| fastest(&self.ns[a]).total_cmp(&fastest(&self.ns[b])))
+    }
+
+    /// Notes a paired ratio of candidate `c` against the choice; true (and every window
+    /// emptied, their ratios being against the old choice) if `c` is to replace it.
+    fn note_ratio(&mut self, c: usize, ratio: f64) -> bool {
+        self.ratios[c][self.noted[c] % EXPLORE_WINDOW] = ratio;
+        self.noted[c] += 1;
+        if self.noted[c] < EXPLORE_WINDOW {
+            return false;
+        }
+        let mut w = self.ratios[c];
+        w.sort_by(f64::total_cmp);
+        if w[EXPLORE_WINDOW / 2] >= SWITCH_BELOW {
+            return false;
+        }
+        self.noted = Default::default();
+        true
     }
 }
 
@@ -575,4 +647,51 @@ fn check_len(keys: usize, got: usize, what: &'static str) -> Result<(), Error> {
         return Err(crate::error::length_mismatch(what, keys, got));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_initial_choice_is_the_fastest_after_the_warm_up_round() {
+        let mut t = Timings::default();
+        let n = BatchTuning::CANDIDATES.len();
+        let mut chosen = None;
+        for i in 0..n * TUNE_ROUNDS {
+            let (v, round) = (i % n, i / n);
+            // Candidate 2 is fastest except in round 0 (discarded), where it is slowest.
+            let ns = match (v, round) {
+                (2, 0) => 100.0,
+                (2, _) => 5.0,
+                _ => 6.0 + v as f64,
+            };
+            chosen = t.record(ns);
+            assert_eq!(chosen.is_some(), i + 1 == n * TUNE_ROUNDS);
+        }
+        assert_eq!(chosen, Some(2));
+    }
+
+    #[test]
+    fn a_candidate_replaces_the_choice_only_on_the_median_of_a_full_window() {
+        let mut t = Timings::default();
+        // A full window, most ratios above the threshold: no switch.
+        for i in 0..EXPLORE_WINDOW {
+            let r = if i < EXPLORE_WINDOW / 2 { 0.5 } else { 0.99 };
+            assert!(!t.note_ratio(1, r));
+        }
+        // Below the threshold in most of the window: a switch, and every window empties.
+        let mut pushed = 0;
+        loop {
+            assert!(!t.note_ratio(3, 1.2));
+            pushed += 1;
+            if t.note_ratio(1, SWITCH_BELOW - 0.05) {
+                break;
+            }
+            assert!(pushed < EXPLORE_WINDOW, "no switch after a window of fast pairs");
+        }
+        // The switch came once the fast pairs were most of the window.
+        assert_eq!(pushed, EXPLORE_WINDOW / 2 + 1);
+        assert_eq!(t.noted, [0; BatchTuning::CANDIDATES.len()]);
+    }
 }

@@ -47,7 +47,10 @@ pub mod hash;
 pub mod mem;
 mod neighbor_hash;
 
-pub use batch::{BatchTuning, DEFAULT_RING, MISSING, TUNE_FROM_SLOTS, TUNE_MIN_KEYS, TUNE_ROUNDS};
+pub use batch::{
+    BatchTuning, DEFAULT_RING, EXPLORE_EVERY, EXPLORE_WINDOW, MISSING, SWITCH_BELOW,
+    TUNE_FROM_SLOTS, TUNE_MIN_KEYS, TUNE_ROUNDS,
+};
 pub use bucket::{BUCKET_BYTES, MAX_OFFSET};
 pub use error::{Error, ErrorKind};
 pub use neighbor_hash::{Config, NeighborHash, Stats};

@@ -851,8 +851,12 @@ mod tests {
         }
         let chosen = t.batch_tuning().expect("a choice after every candidate was timed");
         assert!(BatchTuning::CANDIDATES.contains(&chosen));
-        t.get_batch(&queries, &mut out).unwrap();
-        assert_eq!(out, expect);
+        // Batches after the choice, some of them split between two candidates to compare them.
+        for _ in 0..4 * crate::EXPLORE_EVERY {
+            t.get_batch(&queries, &mut out).unwrap();
+            assert_eq!(out, expect);
+            assert!(t.batch_tuning().is_some_and(|c| BatchTuning::CANDIDATES.contains(&c)));
+        }
         // A table that grows starts over; a bad tuning is refused.
         t.reserve(t.capacity()).unwrap();
         assert_eq!(t.batch_tuning(), None);
