@@ -21,7 +21,17 @@ fn index_json_lines_have_the_required_fields_and_equal_checksums() {
     let mut names = HashSet::new();
     for dist in ["uniform", "zipf0.99"] {
         let rows: Vec<&serde_json::Value> =
-            lines.iter().filter(|l| l["distribution"] == dist).collect();
+            lines.iter().filter(|l| l["bench"] == "index" && l["distribution"] == dist).collect();
+        // Paired ratios ours / theirs, per repetition, beside the rows.
+        let pairs: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l["bench"] == "index_paired_ratio" && l["distribution"] == dist)
+            .collect();
+        assert!(
+            pairs.iter().any(|p| p["reference"] == "random_access_prefetch"
+                && p["ratios"].as_array().is_some_and(|r| r.len() == 2)),
+            "{dist}: {pairs:?}"
+        );
         let tables: Vec<&&serde_json::Value> = rows
             .iter()
             .filter(|r| !r["structure"].as_str().unwrap().starts_with("random"))
