@@ -6,6 +6,8 @@
 // `Result` is here so that `crate::error::Result` reads as in other crates.
 pub use embstore_common::{Error, ErrorKind, Result};
 
+use crate::tune::BatchTuning;
+
 /// A payload did not fit in the 52 payload bits of a bucket ([`ErrorKind::InvalidArgument`]).
 pub(crate) fn payload_out_of_range(payload: u64) -> Error {
     Error::new(
@@ -32,9 +34,9 @@ pub(crate) fn capacity_overflow(slots: usize) -> Error {
     )
 }
 
-/// A batch tuning that is not one of [`crate::BatchTuning::CANDIDATES`]
+/// A batch tuning that is not one of [`BatchTuning::CANDIDATES`]
 /// ([`ErrorKind::InvalidArgument`]).
-pub(crate) fn invalid_tuning(tuning: crate::BatchTuning) -> Error {
+pub(crate) fn invalid_tuning(tuning: BatchTuning) -> Error {
     Error::new(
         ErrorKind::InvalidArgument,
         format!("{tuning:?} is not a batch tuning: choose one of BatchTuning::CANDIDATES"),

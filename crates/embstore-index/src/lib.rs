@@ -20,8 +20,10 @@
 //!   [`Stats`] and an invariant checker. Any slot count works: a key's home is the high bits of
 //!   its hash scaled to the slot count (`(hash * slots) >> 64`).
 //! - [`batch`](crate::batch) — [`NeighborHash::get_batch`] and
-//!   [`NeighborHash::contains_batch`]: a software pipeline that hashes and prefetches 64 keys
-//!   ahead, with the rare lookups that leave their home cacheline deferred in a small FIFO.
+//!   [`NeighborHash::contains_batch`]: a software pipeline that hashes and prefetches 64 or 128
+//!   keys ahead, with the rare lookups that leave their home cacheline deferred in a small FIFO.
+//! - [`tune`](crate::tune) — [`BatchTuning`]: how far ahead the pipeline prefetches and into
+//!   which cache level, chosen by each large table from the timings of its own batches.
 //! - [`hash`] — the home hash [`MulXor`](hash::MulXor) (one multiply, one shift-xor; the
 //!   default), [`Fmix64`](hash::Fmix64), and `fmix64` for blocks of keys, scalar and AVX2
 //!   (runtime-detected).
@@ -46,14 +48,16 @@ mod error;
 pub mod hash;
 pub mod mem;
 mod neighbor_hash;
+mod tune;
 
-pub use batch::{
-    BatchTuning, DEFAULT_RING, EXPLORE_EVERY, EXPLORE_WINDOW, MISSING, SWITCH_BELOW,
-    TUNE_FROM_SLOTS, TUNE_MIN_KEYS, TUNE_ROUNDS,
-};
+pub use batch::MISSING;
 pub use bucket::{BUCKET_BYTES, MAX_OFFSET};
 pub use error::{Error, ErrorKind};
 pub use neighbor_hash::{Config, NeighborHash, Stats};
+pub use tune::{
+    BatchTuning, DEFAULT_RING, EXPLORE_EVERY, EXPLORE_WINDOW, SWITCH_BELOW, TUNE_FROM_SLOTS,
+    TUNE_MIN_KEYS, TUNE_ROUNDS,
+};
 
 /// The largest payload: 2^52 − 1.
 pub const MAX_PAYLOAD: u64 = (1 << 52) - 1;

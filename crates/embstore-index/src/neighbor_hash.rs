@@ -127,7 +127,7 @@ pub struct NeighborHash<H: KeyHash = MulXor> {
     relocations: u64,
     config: Config,
     /// How `get_batch` prefetches on this table (chosen by timing its first batches).
-    pub(crate) tuner: crate::batch::Tuner,
+    pub(crate) tuner: crate::tune::Tuner,
     hash: PhantomData<fn() -> H>,
 }
 
