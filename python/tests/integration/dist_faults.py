@@ -14,6 +14,7 @@ import os
 import pathlib
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -265,9 +266,25 @@ def main() -> int:
         run(args.mode, pathlib.Path(args.work), pathlib.Path(args.ckpt or args.work + "/ckpt"))
     except embstore.EmbstoreError as e:
         print(f"RESULT rank={rank} {type(e).__name__}: {e}", flush=True)
+        wait_for_peers_results(pathlib.Path(args.work), rank)
         return 3
     print(f"RESULT rank={rank} ok", flush=True)
+    wait_for_peers_results(pathlib.Path(args.work), rank)
     return 0
+
+
+def wait_for_peers_results(work: pathlib.Path, rank: int, timeout_s: float = 30.0) -> None:
+    """Marks this process's RESULT as printed and waits (bounded) until every process's is:
+    torchrun stops the others as soon as one exits with an error, and on a loaded machine a
+    peer that detected the same fault a moment later would be stopped before it says so."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / f"result-printed-{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all((work / f"result-printed-{r}").exists() for r in range(world)):
+            return
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
