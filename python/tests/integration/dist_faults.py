@@ -269,14 +269,14 @@ def main() -> int:
         wait_for_peers_results(pathlib.Path(args.work), rank)
         return 3
     print(f"RESULT rank={rank} ok", flush=True)
-    wait_for_peers_results(pathlib.Path(args.work), rank)
     return 0
 
 
 def wait_for_peers_results(work: pathlib.Path, rank: int, timeout_s: float = 30.0) -> None:
-    """Marks this process's RESULT as printed and waits (bounded) until every process's is:
-    torchrun stops the others as soon as one exits with an error, and on a loaded machine a
-    peer that detected the same fault a moment later would be stopped before it says so."""
+    """After an error: marks this process's RESULT as printed and waits (bounded) until every
+    process's is. torchrun stops the others as soon as one exits with an error, and on a loaded
+    machine a peer that detected the same fault a moment later would be stopped before it says
+    so. (A process that ends well exits at once: torchrun waits for those.)"""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     work.mkdir(parents=True, exist_ok=True)
     (work / f"result-printed-{rank}").touch()
