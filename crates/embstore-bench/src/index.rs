@@ -657,13 +657,13 @@ fn sweep(t: &Tables, args: &IndexArgs, nq: usize, reps: usize) -> Result<(), Str
                 (
                     concat!("ring_", stringify!($w), "_l1"),
                     ring(|i, c, o| {
-                        i.get_batch_ring::<$w>(c, o).expect("equal lengths");
+                        i.get_batch_ring::<$w, false>(c, o).expect("equal lengths");
                     }),
                 ),
                 (
                     concat!("ring_", stringify!($w), "_l2"),
                     ring(|i, c, o| {
-                        i.get_batch_ring_l2::<$w>(c, o).expect("equal lengths");
+                        i.get_batch_ring::<$w, true>(c, o).expect("equal lengths");
                     }),
                 ),
             ]

@@ -39,7 +39,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::bucket::{prefetch_ptr, prefetch_ptr_l2, Bucket, PAYLOAD_MASK, STOP_MASK};
+use crate::bucket::{prefetch_ptr, Bucket, PAYLOAD_MASK, STOP_MASK};
 use crate::hash::KeyHash;
 use crate::neighbor_hash::NeighborHash;
 use crate::tune::{tuning_on, BatchTuning, Timings, EXPLORE_EVERY, TUNE_FROM_SLOTS, TUNE_MIN_KEYS};
@@ -100,27 +100,16 @@ impl<H: KeyHash> NeighborHash<H> {
         Ok(self.run_candidate(v, keys, out))
     }
 
-    /// [`get_batch`](Self::get_batch) with `D` keys in flight, prefetching into every level (for
-    /// benchmarks and tests).
+    /// [`get_batch`](Self::get_batch) with `D` keys in flight, prefetching into L2 only if
+    /// `L2`, else into every level (for benchmarks and tests).
     #[doc(hidden)]
-    pub fn get_batch_ring<const D: usize>(
+    pub fn get_batch_ring<const D: usize, const L2: bool>(
         &self,
         keys: &[u64],
         out: &mut [u64],
     ) -> Result<usize, Error> {
         check_len(keys.len(), out.len(), "out")?;
-        Ok(self.pipeline::<D, false>(keys, out))
-    }
-
-    /// [`get_batch_ring`](Self::get_batch_ring), prefetching into L2 only.
-    #[doc(hidden)]
-    pub fn get_batch_ring_l2<const D: usize>(
-        &self,
-        keys: &[u64],
-        out: &mut [u64],
-    ) -> Result<usize, Error> {
-        check_len(keys.len(), out.len(), "out")?;
-        Ok(self.pipeline::<D, true>(keys, out))
+        Ok(self.pipeline::<D, L2>(keys, out))
     }
 
     /// The pipeline as this table chose it, timing a candidate while it is still choosing.
@@ -130,8 +119,10 @@ impl<H: KeyHash> NeighborHash<H> {
             keys.len() >= TUNE_MIN_KEYS && self.buckets.len() >= TUNE_FROM_SLOTS && tuning_on();
         if chosen != 0 {
             let v = usize::from(chosen) - 1;
-            let batch = self.tuner.batches.fetch_add(1, Ordering::Relaxed);
-            if !eligible || batch % EXPLORE_EVERY != EXPLORE_EVERY - 1 {
+            if !eligible
+                || self.tuner.batches.fetch_add(1, Ordering::Relaxed) % EXPLORE_EVERY
+                    != EXPLORE_EVERY - 1
+            {
                 return self.run_candidate(v, keys, out);
             }
             let Ok(mut tuning) = self.tuner.tuning.try_lock() else {
@@ -256,7 +247,7 @@ impl<H: KeyHash> NeighborHash<H> {
         let mut fifo = Fifo { idx: [0; FIFO], head: 0, tail: 0 };
         for i in 0..D.min(n) {
             let home = self.home(keys[i]);
-            prefetch::<L2>(base.wrapping_add(home));
+            prefetch_ptr::<L2>(base.wrapping_add(home));
             out[i] = home as u64;
         }
         let keys = keys.as_ptr();
@@ -279,7 +270,7 @@ impl<H: KeyHash> NeighborHash<H> {
                     }
                 }
                 for i in ahead..ahead + UNROLL {
-                    prefetch::<L2>(base.wrapping_add(*out.add(i) as usize));
+                    prefetch_ptr::<L2>(base.wrapping_add(*out.add(i) as usize));
                 }
                 while fifo.tail - fifo.head >= LAG {
                     let j = fifo.pop();
@@ -294,7 +285,7 @@ impl<H: KeyHash> NeighborHash<H> {
             // SAFETY: as above, `i + D < n`.
             unsafe {
                 let home = self.home(*keys.add(i + D));
-                prefetch::<L2>(base.wrapping_add(home));
+                prefetch_ptr::<L2>(base.wrapping_add(home));
                 *out.add(i + D) = home as u64;
                 hits += step::<SIMD, L2>(base, keys, out, i, &mut fifo);
             }
@@ -309,16 +300,6 @@ impl<H: KeyHash> NeighborHash<H> {
             hits += unsafe { resume::<L2>(base, keys, out, j, &mut fifo) };
         }
         hits
-    }
-}
-
-/// Prefetches the cacheline at `b`: into L2 only if `L2`, else into every level.
-#[inline(always)]
-fn prefetch<const L2: bool>(b: *const Bucket) {
-    if L2 {
-        prefetch_ptr_l2(b);
-    } else {
-        prefetch_ptr(b);
     }
 }
 
@@ -476,7 +457,7 @@ unsafe fn in_home_line<const L2: bool>(
             }
             let next = pos.wrapping_add_signed(Bucket { key: 0, word: w }.offset());
             if (next ^ pos) >= BUCKETS_PER_LINE {
-                prefetch::<L2>(base.wrapping_add(next));
+                prefetch_ptr::<L2>(base.wrapping_add(next));
                 *out.add(i) = next as u64;
                 fifo.push(i);
                 return 0;
@@ -520,7 +501,7 @@ unsafe fn walk<const L2: bool>(base: *const Bucket, key: u64, pos: usize) -> Wal
         let next = pos.wrapping_add_signed(b.offset());
         if (next ^ pos) >= crate::bucket::BUCKETS_PER_LINE {
             // Another cacheline (the array starts on a cacheline boundary).
-            prefetch::<L2>(base.wrapping_add(next));
+            prefetch_ptr::<L2>(base.wrapping_add(next));
             return Walk::Hop(next);
         }
         pos = next;

@@ -185,31 +185,24 @@ impl std::fmt::Debug for Buckets {
 /// faults and changes no state that the program can observe.
 #[inline(always)]
 pub(crate) fn prefetch(b: &Bucket) {
-    prefetch_ptr(b);
+    prefetch_ptr::<false>(b);
 }
 
-/// [`prefetch`] of a raw address: any address, even an invalid one, is allowed (a prefetch never
-/// faults).
+/// [`prefetch`] of a raw address, into L2 only (`_MM_HINT_T1`) if `L2`, else into every level
+/// (`_MM_HINT_T0`): any address, even an invalid one, is allowed (a prefetch never faults).
 #[inline(always)]
-pub(crate) fn prefetch_ptr(b: *const Bucket) {
+pub(crate) fn prefetch_ptr<const L2: bool>(b: *const Bucket) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         // SAFETY: prefetching an address never faults and has no observable effect.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(b.cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = b;
-}
-
-/// [`prefetch_ptr`] into L2 only (`_MM_HINT_T1`).
-#[inline(always)]
-pub(crate) fn prefetch_ptr_l2(b: *const Bucket) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        // SAFETY: prefetching an address never faults and has no observable effect.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(b.cast()) };
+        unsafe {
+            if L2 {
+                _mm_prefetch::<_MM_HINT_T1>(b.cast());
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(b.cast());
+            }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = b;

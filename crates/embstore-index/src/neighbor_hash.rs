@@ -785,11 +785,11 @@ mod tests {
             let q = &queries[..n];
             type Engine = fn(&NeighborHash, &[u64], &mut [u64]) -> Result<usize, Error>;
             let runs: [Engine; 10] = [
-                |t, q, o| t.get_batch_ring::<1>(q, o),
-                |t, q, o| t.get_batch_ring::<7>(q, o),
-                |t, q, o| t.get_batch_ring::<64>(q, o),
-                |t, q, o| t.get_batch_ring_l2::<1>(q, o),
-                |t, q, o| t.get_batch_ring_l2::<64>(q, o),
+                |t, q, o| t.get_batch_ring::<1, false>(q, o),
+                |t, q, o| t.get_batch_ring::<7, false>(q, o),
+                |t, q, o| t.get_batch_ring::<64, false>(q, o),
+                |t, q, o| t.get_batch_ring::<1, true>(q, o),
+                |t, q, o| t.get_batch_ring::<64, true>(q, o),
                 |t, q, o| t.get_batch(q, o),
                 |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[0], q, o),
                 |t, q, o| t.get_batch_with(crate::BatchTuning::CANDIDATES[1], q, o),

@@ -70,7 +70,7 @@ pub const SWITCH_BELOW: f64 = 0.93;
 pub(crate) struct Tuner {
     /// 0 while choosing, else 1 + the index of the chosen candidate.
     pub(crate) chosen: AtomicU8,
-    /// Batches since the choice (that could have been timed or not).
+    /// Batches since the choice that could be timed (of `TUNE_MIN_KEYS` keys or more).
     pub(crate) batches: AtomicU64,
     pub(crate) tuning: Mutex<Timings>,
 }
