@@ -463,7 +463,9 @@ def _add_model(sub: Any) -> None:
         "everything, picks per trainer the witness whose t_max agrees with the others, writes "
         "its diff (the healthy rows of every key changed since) to the trainer with new "
         "versions, which sync carries to every replica, waits for the witnesses to see it, and "
-        "resumes writes. Prints each step. Cut short, run it again to finish.",
+        "resumes writes once the monitor judges the model healthy (at once if it was never "
+        "corrupted; --resume now: at once). Prints each step. Cut short, run it again to "
+        "finish.",
     )
     rb.add_argument("model", help="the model's name")
     rb.add_argument("--etcd", required=True, metavar="URL[,URL...]", help="the cluster's etcd")
@@ -486,6 +488,21 @@ def _add_model(sub: Any) -> None:
         default=120.0,
         metavar="SECONDS",
         help="how long each step waits for the witnesses (default: 120)",
+    )
+    rb.add_argument(
+        "--resume",
+        choices=("healthy", "now"),
+        default="healthy",
+        help="when the trainers take writes again: once the model is judged healthy "
+        "(default), or now",
+    )
+    rb.add_argument(
+        "--healthy-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for a healthy model before writes resume (default: 600); past "
+        "it writes stay paused and the command fails: run it again",
     )
     rb.add_argument("--json", action="store_true", help="print the result as JSON at the end")
     rb.set_defaults(run=_model_rollback)
@@ -560,6 +577,8 @@ def _model_rollback(args: argparse.Namespace) -> int:
             keep_new_rows=args.keep_new_rows,
             token=_token(args.sync_token_file),
             timeout_s=args.timeout,
+            resume=args.resume,
+            healthy_timeout_s=args.healthy_timeout,
             say=lambda line: print(line, flush=True),
         )
     except EmbstoreError as e:

@@ -166,7 +166,9 @@ class ModelClient:
     """Lookups that follow a model's state in etcd (Ekko §5.3): they go to the model's own
     client while it is trusted, to its alternative's while it is corrupted or rolling back
     (all but ``probe_share`` of them, which keep the model's metrics coming), and back only
-    once the model is healthy again (:func:`trusted`).
+    once the model is healthy again (:func:`trusted`), gradually: its share of requests rises
+    from ``probe_share`` to all over ``return_s`` seconds (and falls back to ``probe_share``
+    at once if it is no longer trusted meanwhile).
 
     Args:
         model: the model's name.
@@ -180,6 +182,9 @@ class ModelClient:
         probe_share: while the model is not trusted, this share of requests still goes to it
             (Ekko's step ⑤: a little traffic, so that the metrics reported from it can show
             it healthy again; 0: none). :meth:`choose` says which model a request goes to.
+        return_s: once the model is trusted again, how long its share of requests takes to
+            rise linearly from ``probe_share`` to all of them (0: all at once). A request
+            keyed by a user moves back once and stays (the share only grows).
         seed: the seed of the draw of probe requests (``None``: from the system).
 
     The state is read once when made (``UnavailableError`` if etcd does not answer); later,
@@ -203,6 +208,7 @@ class ModelClient:
         alternative: str | None = None,
         poll_s: float = 0.2,
         probe_share: float = 0.01,
+        return_s: float = 30.0,
         seed: int | None = None,
     ) -> None:
         if not isinstance(model, str) or not model or "/" in model:
@@ -218,8 +224,17 @@ class ModelClient:
             raise InvalidArgumentError(f"probe_share must be in [0, 1], got {probe_share!r}")
         if not 0.0 <= probe_share <= 1.0:
             raise InvalidArgumentError(f"probe_share must be in [0, 1], got {probe_share!r}")
+        if isinstance(return_s, bool) or not isinstance(return_s, int | float):
+            raise InvalidArgumentError(f"return_s must be seconds >= 0, got {return_s!r}")
+        if not 0.0 <= return_s < float("inf"):
+            raise InvalidArgumentError(f"return_s must be seconds >= 0, got {return_s!r}")
         self.model = model
         self.probe_share = float(probe_share)
+        self.return_s = float(return_s)
+        # While the model's share ramps back up: when it began (monotonic) and the model the
+        # rest of the requests still go to.
+        self._back_at: float | None = None
+        self._back_from: str | None = None
         self._rng = random.Random(seed)
         self._etcd = etcd_urls(etcd)
         self._clients = dict(clients)
@@ -266,6 +281,11 @@ class ModelClient:
             route = self.model if trusted(record) or alternative is None else alternative
             if route != self._route:
                 why = "healthy" if route == self.model else _why(record)
+                if route == self.model and self.return_s > 0:
+                    self._back_at, self._back_from = time.monotonic(), self._route
+                    why += f", returning over {self.return_s:g} s"
+                else:
+                    self._back_at = self._back_from = None
                 _log.warning("model %s: traffic goes to %s (%s)", self.model, route, why)
                 self.switches.append(
                     {"t": time.time(), "from": self._route, "to": route, "why": why}
@@ -293,8 +313,29 @@ class ModelClient:
 
     @property
     def route(self) -> str:
-        """The model lookups go to now."""
+        """The model lookups go to now (while its traffic returns, the share :attr:`share`
+        of them; the rest still go where they went)."""
         return self._route
+
+    @property
+    def share(self) -> float:
+        """The share of requests that go to the model now: 1 while it is trusted (once its
+        traffic has returned), ``probe_share`` while it is not, and in between while its
+        traffic returns (``return_s``)."""
+        return self._share()[0]
+
+    def _share(self) -> tuple[float, str]:
+        """The model's share of requests and where the rest go."""
+        with self._lock:
+            if self._route != self.model:
+                return self.probe_share, self._route
+            if self._back_at is None or self._back_from is None:
+                return 1.0, self.model
+            done = (time.monotonic() - self._back_at) / self.return_s
+            if done >= 1.0:
+                self._back_at = self._back_from = None
+                return 1.0, self.model
+            return self.probe_share + (1.0 - self.probe_share) * done, self._back_from
 
     @property
     def state(self) -> dict[str, Any] | None:
@@ -307,18 +348,20 @@ class ModelClient:
         return self._stale_since
 
     def choose(self, key: Any = None) -> str:
-        """The model a request goes to: the route; while the model is not trusted, the model
-        itself for ``probe_share`` of the requests (by ``key``'s hash when given, so that one
-        user keeps seeing one model; else drawn at random)."""
-        route = self._route
-        if route == self.model or self.probe_share <= 0.0:
-            return route
+        """The model a request goes to: the model for its :attr:`share` of the requests, the
+        alternative for the rest (by ``key``'s hash when given, so that one user keeps
+        seeing one model, and one who moved back stays; else drawn at random)."""
+        share, rest = self._share()
+        if share >= 1.0:
+            return self.model
+        if share <= 0.0:
+            return rest
         if key is None:
-            probe = self._rng.random() < self.probe_share
+            probe = self._rng.random() < share
         else:
             h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest())
-            probe = h / 2**64 < self.probe_share
-        return self.model if probe else route
+            probe = h / 2**64 < share
+        return self.model if probe else rest
 
     def lookup(self, table: str, ids: Any, *, model: str | None = None, **kwargs: Any) -> Any:
         """The rows of ``ids`` in ``table`` from ``model``'s client (``None``: the model

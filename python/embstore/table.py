@@ -159,8 +159,9 @@ class Table:
         """What the table's priority has seen: ``k`` (None on a table that does not score,
         a follower), ``p_k`` (the current threshold), ``scored`` and ``significant`` (row
         writes), ``significant_entries`` (rows taken ahead of normal sync, served until it
-        brings them) and ``enabled`` (prioritised sync on); None for a table that neither
-        scores nor syncs."""
+        brings them), ``enabled`` (prioritised sync on) and ``young_rows`` (rows created in
+        the last ten minutes, whose creation time the table keeps for the freshness of their
+        writes' priority); None for a table that neither scores nor syncs."""
         return self._inner.priority_stats()
 
     def significant_versions(self, ids: Any) -> np.ndarray:

@@ -12,8 +12,11 @@ trainer's writes (they fail with :class:`~embstore.RollingBackError`) and priori
 wait until the witnesses hold everything the trainer wrote; ② pick for each trainer the witness
 whose ``t_max`` agrees with the others; ③ that witness diffs its healthy store against the rows
 changed since; ④ writes only the diff to the trainer, with new versions, which sync carries to
-every replica, and every witness drops its logs; ⑤ the trainer takes writes again. A rollback cut
-short (a witness or the command killed) is finished by running the command again.
+every replica, and every witness drops its logs; ⑤ the trainer takes writes again once the
+monitor judges the model healthy (a corrupted model's metrics must first come back normal, from
+the little traffic :class:`embstore.ModelClient` still sends it; ``resume="now"`` resumes at
+once). A rollback cut short (a witness or the command killed, or the wait for a healthy model
+timed out) is finished by running the command again.
 
 etcd keys (JSON): ``/embstore/model/<m>/witness/<name>`` (each witness: source, tables,
 ``t_max_ms``, a heartbeat and its answers to the rollback's steps) and
@@ -341,6 +344,8 @@ def rollback(
     keep_new_rows: bool = False,
     token: str | None = None,
     timeout_s: float = 120.0,
+    resume: str = "healthy",
+    healthy_timeout_s: float = 600.0,
     tls: tuple[Any, Any, Any, str | None] = (None, None, None, None),
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -348,10 +353,25 @@ def rollback(
     ``t_max``) or to a time (seconds since the epoch, at or after the witnesses' ``t_max``),
     writing only what changed since; prints each step with ``say``. ``keep_new_rows`` keeps
     rows created after that time (by default they are removed). ``token``/``tls``: the
-    trainers' sync ports'. Returns the steps' timings and rows written. Running it again
-    after it was cut short finishes the rollback; while another rollback of the model runs
-    (its record was written in the last 5 s), it is refused with ``UnavailableError`` and
-    changes nothing."""
+    trainers' sync ports'.
+
+    ``resume``: when the trainers take writes again. ``"healthy"`` (default; Ekko's step ⑤):
+    once the model's state is trusted again (:func:`embstore.model.trusted`: at once if it
+    was never corrupted; after a corruption, once the monitor judged it healthy), waiting at
+    most ``healthy_timeout_s`` (past it, ``UnavailableError``, and writes stay paused).
+    ``"now"``: at once.
+
+    Returns the steps' timings and rows written. Running it again after it was cut short
+    finishes the rollback (one that was waiting for a healthy model waits again, or with
+    ``resume="now"`` resumes at once); while another rollback of the model runs (its record
+    was written in the last 5 s), it is refused with ``UnavailableError`` and changes
+    nothing."""
+    if resume not in ("healthy", "now"):
+        raise InvalidArgumentError(f"resume must be 'healthy' or 'now', got {resume!r}")
+    if isinstance(healthy_timeout_s, bool) or not isinstance(healthy_timeout_s, int | float):
+        raise InvalidArgumentError(f"healthy_timeout_s must be seconds, got {healthy_timeout_s!r}")
+    if not healthy_timeout_s >= 0:
+        raise InvalidArgumentError(f"healthy_timeout_s must be >= 0, got {healthy_timeout_s!r}")
     urls = etcd_urls(etcd) or []
     state = model_status(model, urls)
     if state is None:
@@ -368,7 +388,8 @@ def rollback(
             "heard from, to finish it"
         )
     live = [w for w in witnesses(model, urls) if w["live"]]
-    if not live:
+    awaiting = (previous or {}).get("step") == "await_healthy"  # only ⑤ is left
+    if not live and not awaiting:
         raise UnavailableError(
             f"model '{model}' has no live witness (embstore serve --witness): its healthy state "
             "is nowhere to be found"
@@ -385,7 +406,14 @@ def rollback(
     stop = threading.Event()
     beating = threading.Thread(target=_heartbeat, args=(urls, rb_key, attempt, stop), daemon=True)
     try:
-        return _steps(
+        if awaiting:
+            assert previous is not None
+            rb = {**previous, "attempt": attempt}
+            kw = {"token": token or "", **_tls_kwargs(tls)}
+            _update(urls, rb_key, lambda _cur: {**rb, "heartbeat_ms": _now_ms()})
+            beating.start()
+            return _resume_when(model, urls, rb, kw, resume, healthy_timeout_s, say, t0, {})
+        out = _steps(
             model,
             urls,
             previous,
@@ -400,6 +428,8 @@ def rollback(
             attempt,
             beating,
         )
+        rb, kw, timings = out
+        return _resume_when(model, urls, rb, kw, resume, healthy_timeout_s, say, t0, timings)
     except EmbstoreError as e:
         if "run the rollback again" in str(e) or "nothing rolled back" in str(e):
             raise
@@ -454,7 +484,7 @@ def _steps(
     live: list[dict[str, Any]],
     attempt: str,
     beating: threading.Thread,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
     rb_key = _key(model, "rollback")
     timings: dict[str, float] = {}
     sources = sorted({w["source"] for w in live})
@@ -550,21 +580,73 @@ def _steps(
     _wait(model, urls, attempt, "settle", list(by_name), timeout_s)
     step("④ converged", t)
 
-    # ⑤ Writes again.
+    rb["rows"] = rows
+    return rb, kw, timings
+
+
+def _resume_when(
+    model: str,
+    urls: list[str],
+    rb: dict[str, Any],
+    kw: dict[str, Any],
+    resume: str,
+    healthy_timeout_s: float,
+    say: Callable[[str], None],
+    t0: float,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """⑤ Writes again: at once, or once the model is trusted again (its record is kept at
+    step ``await_healthy`` meanwhile, so that a rerun waits again)."""
     t = time.monotonic()
-    _resume(sources, kw)
-    _native.etcd_delete(urls, rb_key)
+    if resume == "healthy":
+        rb["step"] = "await_healthy"
+        rb["heartbeat_ms"] = _now_ms()
+        _update(urls, _key(model, "rollback"), lambda _cur: rb)
+        _await_healthy(model, urls, healthy_timeout_s, say)
+    _resume(rb["sources"], kw)
+    _native.etcd_delete(urls, _key(model, "rollback"))
     _native.model_end_rollback(urls, model)
-    step("⑤ writes resumed", t)
+    timings["⑤ writes resumed"] = time.monotonic() - t
+    say(f"  ⑤ writes resumed: {timings['⑤ writes resumed']:.3f} s")
     total = time.monotonic() - t0
+    rows = rb.get("rows", 0)
     say(f"rollback of '{model}': done in {total:.3f} s, {rows} rows written")
     return {
         "rows": rows,
         "t_target_ms": rb["t_target_ms"],
         "seconds": total,
         "steps": timings,
-        "writers": writers,
+        "writers": rb["writers"],
     }
+
+
+def _await_healthy(
+    model: str, urls: list[str], timeout_s: float, say: Callable[[str], None]
+) -> None:
+    """Waits until the model's state is trusted again, ignoring the rollback's own flag."""
+    from embstore.model import trusted
+
+    deadline = time.monotonic() + timeout_s
+    told = -1.0
+    while True:
+        record = model_status(model, urls)
+        if trusted(None if record is None else {**record, "rolling_back": False}):
+            return
+        now = time.monotonic()
+        if now - told >= 10.0:
+            state = (record or {}).get("state")
+            say(
+                f"⑤ writes stay paused until the monitor judges '{model}' healthy (now {state}; "
+                f"waiting up to {max(0.0, deadline - now):.0f} s)"
+            )
+            told = now
+        if now > deadline:
+            raise UnavailableError(
+                f"'{model}' was not judged healthy within {timeout_s:g} s of the rollback: "
+                "its rows are restored but writes stay paused; run the rollback again to wait "
+                "again, or with resume now (`--resume now`) to resume writes"
+            )
+        time.sleep(0.2)
 
 
 def _abandon(model: str, urls: list[str], sources: list[str], kw: dict[str, Any]) -> None:

@@ -132,6 +132,7 @@ pub(crate) fn priority_stats<'py>(
     d.set_item("scored", s.scored)?;
     d.set_item("significant", s.significant)?;
     d.set_item("significant_entries", s.significant_entries)?;
+    d.set_item("young_rows", s.young_rows)?;
     d.set_item("enabled", s.enabled)?;
     Ok(Some(d))
 }

@@ -9,9 +9,11 @@
 //! - `p_g = |g|₁ / ḡ`: the gradient's 1-norm over its running mean (models with different
 //!   gradient scales compare);
 //! - `p_u = f / f̄` with `f = 1 / (1 + age / τ_u)` (1 for a row created by this write): new rows
-//!   first, normalised like `p_g` so the two add. A store that keeps no creation time per row
-//!   (embstore's tables keep 16 bytes of metadata: version, write count) uses the row's write
-//!   count instead, `f = 1 / (1 + writes / n_u)`: a row's first writes are its freshest;
+//!   first, normalised like `p_g` so the two add. embstore's tables keep the creation time of
+//!   the rows they created in the last ten minutes and give any other row's age as ten minutes
+//!   (`f` ≤ 1/11: the row metadata's 16 bytes hold no creation time); a store that tells no
+//!   age at all (`age_ms: None`) gets the row's write count instead, `f = 1 / (1 + writes /
+//!   n_u)`: a row's first writes are its freshest;
 //! - `p_m`: the model's share of inference requests (`1 / M` until known).
 //!
 //! Any other rule is a [`PriorityFn`]. The running means decay with a half-life (10 s by

@@ -235,7 +235,9 @@ impl Table {
             }
             shard.record_write(slot, key, version);
             if let Some(n) = &mut notes {
-                n.note(key, l1_norm(g), writes, shard.meta[slot].unpack().version);
+                let v = shard.meta[slot].unpack().version;
+                let young = shard.sync.as_deref_mut().map(|sy| &mut sy.young);
+                n.note(key, l1_norm(g), writes, v, young);
             }
             tally.stepped += 1;
         }

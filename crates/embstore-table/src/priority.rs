@@ -64,17 +64,27 @@ pub(crate) struct Notes {
     updates: Vec<embstore_replication::Update>,
     written: Vec<crate::Version>,
     model: u32,
+    now_ms: u64,
 }
 
 impl Notes {
-    /// A row written: `key`, its update's 1-norm, its writes before this one, and the version
-    /// the write left it at.
+    /// A row written: `key`, its update's 1-norm, its writes before this one, the version the
+    /// write left it at, and the shard's young rows (which learn of a creation here and tell
+    /// the row's age; `None`: the shard does not sync, so its age is not known).
     #[inline]
-    pub(crate) fn note(&mut self, key: u64, l1: f64, writes: u64, version: crate::Version) {
+    pub(crate) fn note(
+        &mut self,
+        key: u64,
+        l1: f64,
+        writes: u64,
+        version: crate::Version,
+        young: Option<&mut crate::shard::young::YoungRows>,
+    ) {
+        let age_ms = young.map(|y| y.age(key, writes, self.now_ms));
         self.updates.push(embstore_replication::Update {
             key,
             grad_l1: l1,
-            age_ms: None,
+            age_ms,
             writes,
             model: self.model,
         });
@@ -92,7 +102,7 @@ impl Scoring {
 
     /// Empty notes for one shard step.
     pub(crate) fn notes(&self) -> Notes {
-        Notes { model: self.priority.model, ..Notes::default() }
+        Notes { model: self.priority.model, now_ms: now_ms(), ..Notes::default() }
     }
 
     /// Shard `s`'s step is done: its notes wait for [`Scoring::finish`].

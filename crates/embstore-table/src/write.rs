@@ -257,7 +257,9 @@ impl Table {
                 }
                 if let Some(n) = &mut notes {
                     let l1 = new.iter().zip(&old).map(|(a, b)| (a - b).abs() as f64).sum();
-                    n.note(key, l1, writes, shard.meta[slot].unpack().version);
+                    let v = shard.meta[slot].unpack().version;
+                    let young = shard.sync.as_deref_mut().map(|sy| &mut sy.young);
+                    n.note(key, l1, writes, v, young);
                 }
             }
             drop(shard);

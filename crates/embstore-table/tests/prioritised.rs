@@ -304,3 +304,48 @@ fn a_whole_table_prioritised_pull_waits_for_a_significant_write() {
         assert!(t0.elapsed() < Duration::from_secs(20), "{:?}: not woken", t0.elapsed());
     });
 }
+
+/// Which of `ids` hold a significant write as their newest (their version is their sigv).
+fn significant_now(t: &Table, ids: &[u64]) -> Vec<bool> {
+    let sig = t.significant_versions(ids).unwrap();
+    let meta = t.meta(ids).unwrap();
+    sig.iter().zip(&meta).map(|(s, m)| m.is_some_and(|m| *s == Some(m.version))).collect()
+}
+
+/// New rows go ahead (the freshness term `p_u`): the table knows when it created a row, so a
+/// row created a moment ago has a freshness near 1 where rows from before (here imported, with
+/// their write counts) have at most 1/11, and its first writes beat the old rows' largest
+/// gradients. Under the write-count rule a creation barely differs from a row written a few
+/// times, and most new rows would not be significant.
+#[test]
+fn rows_created_a_moment_ago_go_ahead_of_old_rows_with_larger_gradients() {
+    let (_s, src) = syncing(1);
+    prioritise(&src, 95.0);
+    let old: Vec<u64> = (0..4_000).collect();
+    let meta =
+        vec![
+            embstore_table::RowMeta { update_count: 5, ..embstore_table::RowMeta::default() };
+            old.len()
+        ];
+    src.import(&old, &vec![0.5; old.len() * D], None, Some(&meta)).unwrap();
+    for _ in 0..5 {
+        for chunk in old.chunks(500) {
+            src.apply_gradients(chunk, &grads(chunk, 0.01), None).unwrap();
+        }
+    }
+    assert_eq!(src.priority_stats().unwrap().young_rows, 0, "imported rows are not young");
+    // New rows with a quarter of the old rows' mean gradient, written among old rows.
+    let new: Vec<u64> = (1_000_000..1_000_100).collect();
+    let g_mid = vec![0.01 * 1.5; new.len() * D];
+    for round in 0..2 {
+        src.apply_gradients(&new, &g_mid, None).unwrap();
+        let sig = significant_now(&src, &new);
+        let n = sig.iter().filter(|&&s| s).count();
+        assert_eq!(n, new.len(), "round {round}: {n} of {} new rows significant", new.len());
+        src.apply_gradients(&old[..500], &grads(&old[..500], 0.01), None).unwrap();
+    }
+    let stats = src.priority_stats().unwrap();
+    assert_eq!(stats.young_rows, new.len(), "{stats:?}");
+    let old_sig = significant_now(&src, &old[..500]).iter().filter(|&&s| s).count();
+    assert!(old_sig < 150, "{old_sig} of 500 old rows' last writes significant");
+}

@@ -7,6 +7,7 @@ counted, bad input refused."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def test_clients_follow_the_state_to_the_alternative_and_back_only_once_healthy(
         with pytest.raises(embstore.InvalidArgumentError, match="ctr-delayed"):
             embstore.ModelClient("ctr", etcd=etcd.url, clients={"ctr": live})
         with embstore.ModelClient(
-            "ctr", etcd=etcd.url, clients=clients, poll_s=0.05, probe_share=0.0
+            "ctr", etcd=etcd.url, clients=clients, poll_s=0.05, probe_share=0.0, return_s=1.0
         ) as c:
             assert c.route == "ctr" and c.lookup("item", [3])[0] == "ctr"
             windows(3, 1_600)  # corrupted: traffic goes to the baseline
@@ -166,6 +167,11 @@ def test_clients_follow_the_state_to_the_alternative_and_back_only_once_healthy(
                     p.lookup("item", [3], model="nope")
             with pytest.raises(embstore.InvalidArgumentError, match="probe_share"):
                 embstore.ModelClient("ctr", etcd=etcd.url, clients=clients, probe_share=2)
+            for bad in (-1.0, float("inf"), "30"):
+                with pytest.raises(embstore.InvalidArgumentError, match="return_s"):
+                    embstore.ModelClient("ctr", etcd=etcd.url, clients=clients, return_s=bad)
+            with pytest.raises(embstore.InvalidArgumentError, match="resume"):
+                embstore.witness.rollback("ctr", etcd.url, resume="later")
             _native.model_begin_rollback([etcd.url], "ctr")
             _native.model_end_rollback([etcd.url], "ctr")
             assert c.refresh() == "ctr-delayed"  # rolled back, but not healthy yet
@@ -179,6 +185,17 @@ def test_clients_follow_the_state_to_the_alternative_and_back_only_once_healthy(
                 ("ctr", "ctr-delayed"),
                 ("ctr-delayed", "ctr"),
             ]
+            assert "returning over 1 s" in c.switches[-1]["why"]
+            # Traffic returns gradually: the share grows, and users who moved back stay.
+            shares, moved = [], []
+            while (share := c.share) < 1.0:
+                shares.append(share)
+                moved.append({u for u in range(400) if c.choose(key=f"user-{u}") == "ctr"})
+                time.sleep(0.05)
+            assert 5 <= len(shares) <= 100, shares  # about 1 s in 0.05-s steps
+            assert shares == sorted(shares) and shares[0] < 0.5, shares
+            assert all(a <= b for a, b in itertools.pairwise(moved))
+            assert 0 < len(moved[len(moved) // 2]) < 400
             # etcd away: lookups keep their route, and the client says since when.
             etcd.stop()
             deadline = time.monotonic() + 30

@@ -11,7 +11,9 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -399,6 +401,7 @@ def test_serving_clients_go_to_the_baseline_while_corrupted_and_back_once_health
             clients={"ctr": live, "ctr-delayed": base},
             poll_s=0.05,
             probe_share=0.0,
+            return_s=0.5,
         )
         assert client.route == "ctr"
 
@@ -408,16 +411,45 @@ def test_serving_clients_go_to_the_baseline_while_corrupted_and_back_once_health
         _until(lambda: client.route == "ctr-delayed", "clients moving to the baseline")
         assert np.all(client.lookup("item", ids[:500]) == 1.0)
 
-        out = embstore.witness.rollback("ctr", etcd.url, timeout_s=30.0, say=lambda _line: None)
-        assert out["rows"] == 500, out
+        # The rows are restored, but writes resume only once the model is healthy again: a
+        # wait that times out leaves them paused and says how to go on.
+        lines: list[str] = []
+        with pytest.raises(embstore.UnavailableError, match="writes stay paused"):
+            embstore.witness.rollback(
+                "ctr", etcd.url, timeout_s=30.0, healthy_timeout_s=0.5, say=lines.append
+            )
+        assert any("until the monitor judges 'ctr' healthy (now corrupted" in x for x in lines)
         _until(lambda: clicks(live) == 100, "the live replica rolled back")
+        with pytest.raises(embstore.RollingBackError):
+            trainers[0]["item"].assign([n + 1], np.ones((1, D), np.float32))
         assert client.refresh() == "ctr-delayed", "back before the reports say healthy"
+        # Run again, it waits for the monitor; the reports (from what the replicas serve) say
+        # healthy; writes resume and clients return.
+        done: dict[str, Any] = {}
+
+        def rerun() -> None:
+            try:
+                done["out"] = embstore.witness.rollback(
+                    "ctr", etcd.url, timeout_s=30.0, say=lines.append
+                )
+            except Exception as e:  # reported below
+                done["error"] = e
+
+        th = threading.Thread(target=rerun)
+        th.start()
+        _until(lambda: sum("writes stay paused" in x for x in lines) >= 2, "the rerun's wait")
+        with pytest.raises(embstore.RollingBackError):
+            trainers[0]["item"].assign([n + 1], np.ones((1, D), np.float32))
         assert judge() == "healthy"
+        th.join(timeout=30)
+        assert not th.is_alive() and "error" not in done, done
+        assert done["out"]["rows"] == 500, done
+        trainers[0]["item"].assign([n + 1], np.ones((1, D), np.float32))  # writes again
         _until(lambda: client.route == "ctr", "clients back on the model")
         assert np.all(client.lookup("item", ids) == 1.0)
         assert [(s["to"], s["why"]) for s in client.switches] == [
             ("ctr-delayed", "corrupted"),
-            ("ctr", "healthy"),
+            ("ctr", "healthy, returning over 0.5 s"),
         ]
     finally:
         if client is not None:

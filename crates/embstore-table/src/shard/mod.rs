@@ -18,6 +18,7 @@ use crate::{Dtype, Error, ErrorKind, Optimizer, Result};
 
 pub(crate) mod cold;
 pub(crate) mod sync;
+pub(crate) mod young;
 
 /// A shard is compacted when its live rows fall below `slots / SHRINK_BELOW`: then its memory
 /// is at most about twice what its rows need, and each compaction (O(live rows)) is paid for by

@@ -12,6 +12,7 @@ use embstore_replication::{steps, PartMap, PartSync, Sv, UpdateCache, Vv};
 use hashbrown::HashMap;
 use parking_lot::{Condvar, Mutex};
 
+use super::young::YoungRows;
 use crate::version::{now_ms, Clock};
 use crate::Version;
 
@@ -46,6 +47,9 @@ pub(crate) struct ShardSync {
     pub(crate) significant: Vec<HashMap<u64, SigRow>>,
     /// Entries over every part's significant store.
     pub(crate) significant_len: usize,
+    /// When the rows this shard created lately were created (kept while the table scores
+    /// its writes: the freshness term of their priority).
+    pub(crate) young: YoungRows,
     last_prune_ms: u64,
 }
 
@@ -60,7 +64,14 @@ pub(crate) struct SigRow {
 
 impl ShardSync {
     /// A shard's sync state whose parts know `vvs` (one per part: the rows it holds).
-    pub(crate) fn new(shared: Arc<SyncShared>, shard: u32, vvs: Vec<Vv>, floors: Vec<Vv>) -> Self {
+    /// At most `young_cap` young rows are remembered ([`YoungRows`]).
+    pub(crate) fn new(
+        shared: Arc<SyncShared>,
+        shard: u32,
+        vvs: Vec<Vv>,
+        floors: Vec<Vv>,
+        young_cap: usize,
+    ) -> Self {
         let me = shared.clock.replica();
         let parts: Vec<PartSync> = vvs
             .into_iter()
@@ -82,6 +93,7 @@ impl ShardSync {
             floors,
             significant,
             significant_len: 0,
+            young: YoungRows::new(young_cap),
             last_prune_ms: 0,
         }
     }
@@ -177,6 +189,7 @@ impl ShardSync {
     pub(crate) fn on_local_clear(&mut self) {
         let v = self.shared.clock.tick();
         self.tombs = HashMap::new();
+        self.young.clear();
         self.significant.iter_mut().for_each(HashMap::clear);
         self.significant_len = 0;
         let sv = Sv::new(v.timestamp, self.shared.clock.replica());
@@ -206,6 +219,7 @@ impl ShardSync {
             + self.cached() * 32
             + sig
             + index
+            + self.young.bytes()
     }
 
     /// Prunes every part's cache to `now - D_prop`, at most every [`PRUNE_EVERY_MS`] unless
@@ -222,6 +236,7 @@ impl ShardSync {
         let d_prop = self.shared.d_prop_ms();
         let n = self.parts.len();
         let sig_before = now.saturating_sub(SIG_HORIZON_MS);
+        self.young.expire(now);
         for p in &mut self.parts {
             p.cache.prune(now, d_prop);
             if !p.sig.is_empty() {

@@ -33,6 +33,11 @@ pub use embstore_replication::{Complete, Sv, Vv, MAX_PARTS};
 use crate::shard::sync::{Adapt, ShardSync, SyncCounters, SyncShared, COLLECT_EVERY_MS};
 use crate::{Error, ErrorKind, Result, RowMeta, Table, Version};
 
+/// At most this many rows of a table are remembered as young (their creation times, for the
+/// freshness of their writes' priority; about 40 MB at the cap): a table creating more rows
+/// than this in ten minutes takes its oldest young rows as old.
+const YOUNG_ROWS_PER_TABLE: usize = 1 << 20;
+
 mod apply;
 mod part;
 pub(crate) mod prioritised;
@@ -377,11 +382,13 @@ impl Table {
             return Err(Error::invalid("sync was enabled concurrently"));
         }
         let (mut vvs, mut floors) = (vvs.into_iter(), floors.into_iter());
+        // The young rows a table remembers (for its writes' freshness), over its shards.
+        let young_cap = (YOUNG_ROWS_PER_TABLE / self.shards.len().max(1)).max(1024);
         for (s, shard) in self.shards.iter().enumerate() {
             let per = layout.per_shard() as usize;
             let mine: Vec<Vv> = vvs.by_ref().take(per).collect();
             let floor: Vec<Vv> = floors.by_ref().take(per).collect();
-            let sy = ShardSync::new(shared.clone(), s as u32, mine, floor);
+            let sy = ShardSync::new(shared.clone(), s as u32, mine, floor, young_cap);
             shard.write().sync = Some(Box::new(sy));
         }
         let mut changes = shared.changes.lock();

@@ -56,6 +56,9 @@ pub struct PriorityStats {
     pub significant_entries: usize,
     /// Whether prioritised sync runs (off during a rollback).
     pub enabled: bool,
+    /// Rows created in the last ten minutes whose creation time the table keeps (the
+    /// freshness term of their writes' priority).
+    pub young_rows: usize,
 }
 
 impl Table {
@@ -88,13 +91,16 @@ impl Table {
         if p.is_none() && self.sync.get().is_none() {
             return None;
         }
-        let entries = self
-            .shards
-            .iter()
-            .map(|s| s.read().sync.as_ref().map_or(0, |sy| sy.significant_len))
-            .sum();
+        let (mut entries, mut young) = (0, 0);
+        for s in self.shards.iter() {
+            if let Some(sy) = s.read().sync.as_ref() {
+                entries += sy.significant_len;
+                young += sy.young.len();
+            }
+        }
         let mut out = PriorityStats {
             significant_entries: entries,
+            young_rows: young,
             enabled: !self.priority_off.load(Ordering::Relaxed),
             ..PriorityStats::default()
         };
