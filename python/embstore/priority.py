@@ -23,9 +23,10 @@ class Priority:
     """How a table scores its writes.
 
     The default rule is Ekko's: ``p = (p_g + p_u) · p_m``, where ``p_g`` is the gradient's
-    1-norm over its running mean, ``p_u`` a row's freshness over its running mean (a row's
-    first writes are its freshest: ``1 / (1 + writes / 8)``) and ``p_m`` the model's share of
-    inference requests. A write is significant when ``p`` is at or above the ``k``-th
+    1-norm over its running mean, ``p_u`` a row's freshness over its running mean (1 for the
+    write that creates a row, then ``1 / (1 + age / 60 s)``; the table remembers the creation
+    of the rows it created in the last ten minutes, and any other row counts as ten minutes
+    old) and ``p_m`` the model's share of inference requests. A write is significant when ``p`` is at or above the ``k``-th
     percentile of the priorities of the last ``window_s`` seconds (a DDSketch, ±1 %).
 
     Args:

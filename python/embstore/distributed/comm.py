@@ -6,6 +6,7 @@ refusal to train a table of one process inside a multi-process job."""
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import datetime as _dt
 import json
@@ -109,7 +110,14 @@ class _Exit:
     tensors and the process aborts after its work is done ("terminate called without an
     active exception", SIGABRT: exit status -6 under torchrun). Nothing is torn down when a
     collective is still running or one failed: the process is leaving because of an error,
-    and a teardown could wait for a peer that will never answer."""
+    and a teardown could wait for a peer that will never answer.
+
+    The tensors of the last collectives are kept here (:meth:`keep`): a gloo worker thread
+    drops its reference to a finished collective's tensors right after running it, and if
+    that is the last one (the caller's temporaries already gone), the drop needs the GIL —
+    which a thread asking for it while the interpreter finalises never gets: it is ended, and
+    the process aborts the same way (seen when a collective finished just before exit). Kept
+    here, the last reference is this class's, dropped at teardown on the main thread."""
 
     lock = threading.Lock()
     in_flight = 0
@@ -117,6 +125,10 @@ class _Exit:
     own_default = False
     groups: ClassVar[list[Any]] = []
     registered = False
+    kept: ClassVar[collections.deque[Any]] = collections.deque(maxlen=16)
+    #: How long teardown lets the workers finish with the last collectives before it drops
+    #: their tensors (a worker needs only to be scheduled, not the GIL).
+    settle_s = 0.05
 
     @classmethod
     def track(cls, groups: Sequence[Any] = (), own_default: bool = False) -> None:
@@ -126,6 +138,12 @@ class _Exit:
             if not cls.registered:
                 atexit.register(cls.teardown)
                 cls.registered = True
+
+    @classmethod
+    def keep(cls, tensors: Any) -> None:
+        """Holds ``tensors`` (a collective's) until a later collective or the teardown."""
+        with cls.lock:
+            cls.kept.append(tensors)
 
     @classmethod
     @contextlib.contextmanager
@@ -150,6 +168,9 @@ class _Exit:
                 return
             groups, cls.groups = cls.groups, []
             own_default = cls.own_default
+        time.sleep(cls.settle_s)
+        with cls.lock:
+            cls.kept.clear()
         try:
             if own_default:
                 dist.destroy_process_group()
@@ -247,7 +268,10 @@ class Comm:
 
         flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
         self._collective(
-            what, lambda: dist.all_reduce(flag, group=group or self.main, async_op=True), group
+            what,
+            lambda: dist.all_reduce(flag, group=group or self.main, async_op=True),
+            group,
+            keep=flag,
         )
         if flag.item():
             self.fail(what, error, group)
@@ -275,11 +299,15 @@ class Comm:
         also = f" (and {others} other process{'es' if others > 1 else ''})" if others else ""
         raise DistributedError(f"{what} failed on process {first}{also}: {notes[first]}")
 
-    def _collective(self, what: str, call: Callable[[], Any], group: Any = None) -> None:
+    def _collective(
+        self, what: str, call: Callable[[], Any], group: Any = None, keep: Any = None
+    ) -> None:
         """Run ``call()``, which starts a collective on ``group`` (None: main) with
-        ``async_op=True``, and wait for it (see :meth:`_wait`)."""
+        ``async_op=True`` over the tensors ``keep``, and wait for it (see :meth:`_wait`).
+        The tensors are held past the call (:meth:`_Exit.keep`)."""
         key = "prep" if group is not None and group is self.prep else "main"
         self._seq[key] += 1
+        _Exit.keep(keep)
         try:
             with _Exit.collective():
                 self._wait(call(), what, key, self._seq[key])
@@ -400,13 +428,17 @@ class Comm:
         size = torch.tensor([len(data)], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         g = group or self.main
-        self._collective(what, lambda: dist.all_gather(sizes, size, group=g, async_op=True), g)
+        self._collective(
+            what, lambda: dist.all_gather(sizes, size, group=g, async_op=True), g, (sizes, size)
+        )
         longest = int(max(int(x.item()) for x in sizes))
         buf = torch.zeros(max(longest, 1), dtype=torch.uint8)
         if data:
             buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         bufs = [torch.empty_like(buf) for _ in range(self.world)]
-        self._collective(what, lambda: dist.all_gather(bufs, buf, group=g, async_op=True), g)
+        self._collective(
+            what, lambda: dist.all_gather(bufs, buf, group=g, async_op=True), g, (bufs, buf)
+        )
         return [
             pickle.loads(b[: int(n.item())].numpy().tobytes())
             for b, n in zip(bufs, sizes, strict=True)
@@ -428,12 +460,12 @@ class Comm:
         send[:, :k] = counts
         send[:, k] = 0 if error is None else 1
         recv = np.empty_like(send)
+        tensors = (torch.from_numpy(recv), torch.from_numpy(send))
         self._collective(
             what,
-            lambda: dist.all_to_all_single(
-                torch.from_numpy(recv), torch.from_numpy(send), group=group, async_op=True
-            ),
+            lambda: dist.all_to_all_single(*tensors, group=group, async_op=True),
             group,
+            tensors,
         )
         if recv[:, k].any():
             self.fail(what, error, group)
@@ -453,17 +485,18 @@ class Comm:
         import torch.distributed as dist
 
         recv = np.empty(int(sum(recv_splits)), send.dtype)
+        tensors = (torch.from_numpy(recv), torch.from_numpy(send))
         self._collective(
             what,
             lambda: dist.all_to_all_single(
-                torch.from_numpy(recv),
-                torch.from_numpy(send),
+                *tensors,
                 [int(x) for x in recv_splits],
                 [int(x) for x in send_splits],
                 group=group,
                 async_op=True,
             ),
             group,
+            tensors,
         )
         self.bytes_sent += send.nbytes - int(send_splits[self.rank]) * send.itemsize
         self.bytes_received += recv.nbytes - int(recv_splits[self.rank]) * recv.itemsize
