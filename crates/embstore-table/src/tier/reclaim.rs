@@ -1,11 +1,14 @@
 //! Reclaim: a tiered table gives memory back to its store's [`Budget`](crate::Budget).
 //!
 //! **Eviction** of `n` bytes: the policy picks victims per shard, never pinned ones; victims
-//! that are dirty are first written to a new segment (as a flush writes them: copied under the
-//! shard lock, their dirty bit cleared, their disk location set) and made durable in the
-//! manifest; then, under the gate for writing (no call in flight), every victim still clean and
-//! unpinned moves to the cold index — no I/O for a clean row. A dirty row is never dropped
-//! before its copy is durable; a pinned row is never evicted.
+//! that are dirty are first written to a new segment, a *spill* (as a flush writes them: copied
+//! under the shard lock, their dirty bit cleared, their disk location set), sealed but not
+//! fsynced and named by no manifest record: the next flush adopts it and makes it durable
+//! (`durable::spill`), so an eviction keeps the store's durability contract (what was flushed
+//! survives a crash) without an fsync in the training loop; then, under the gate for writing (no
+//! call in flight), every victim still clean and unpinned moves to the cold index — no I/O for a
+//! clean row. A dirty row is dropped from memory only once its copy is in a sealed segment that
+//! reads find; a pinned row is never evicted.
 //!
 //! After a call (gate released) the table reports its memory to the budget and evicts its
 //! share of the excess, or hands it to the store's evictor ([`Reclaim`], one dynamic call per
@@ -230,7 +233,7 @@ pub(crate) trait Evict: Host {
         let read_gate = tier.gate.read();
         // 1. Victims, and the dirty ones among them.
         let (victims, dirty) = self.choose_victims(n, &pins);
-        // 2. Dirty victims to a durable segment first.
+        // 2. Dirty victims to a spill first (durable at the next flush).
         if !dirty.is_empty() {
             let spill = tier.durable.get().ok_or_else(super::store_closed)?;
             spill(&dirty)?;
