@@ -26,8 +26,9 @@ class Priority:
     1-norm over its running mean, ``p_u`` a row's freshness over its running mean (1 for the
     write that creates a row, then ``1 / (1 + age / 60 s)``; the table remembers the creation
     of the rows it created in the last ten minutes, and any other row counts as ten minutes
-    old) and ``p_m`` the model's share of inference requests. A write is significant when ``p`` is at or above the ``k``-th
-    percentile of the priorities of the last ``window_s`` seconds (a DDSketch, ±1 %).
+    old) and ``p_m`` the model's share of inference requests. A write is significant when
+    ``p`` is at or above the ``k``-th percentile of the priorities of the last ``window_s``
+    seconds (a DDSketch, ±1 %).
 
     Args:
         k: the percentile, in (0, 100): 99 marks the top 1 %.
