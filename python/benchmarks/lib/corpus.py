@@ -264,7 +264,10 @@ SOURCES: dict[str, Source] = {
         categorical=("id",),
         crosses=(("id", "situ"), ("item", "Anger"), ("id", "btype"), ("item", "Gender")),
     ),
-    "vega_airports": _vega("airports"),
+    "vega_airports": _vega(
+        "airports",
+        crosses=(("state", "latitude"), ("state", "longitude"), ("country", "longitude")),
+    ),
     # a short table, read in two passes
     "vega_seattle_weather": _vega(
         "seattle-weather",
