@@ -102,12 +102,16 @@ fn a_congested_link_carries_significant_writes_ahead_and_normal_sync_catches_up(
         ..FollowOptions::default()
     };
     let f = Follower::start(replica.clone(), &link, options).unwrap();
-    // 2.5 s of writes: 1,000 rows of 64 B every 50 ms (~1.5 MB/s with their headers),
-    // gradients growing with the id so the significant ones are the large ids.
+    // 2.5 s of writes (longer, up to 10 s, until a row went ahead: on a loaded machine the
+    // first prioritised answer may take longer to cross the link): 1,000 rows of 64 B every
+    // 50 ms (~1.5 MB/s with their headers), gradients growing with the id so the significant
+    // ones are the large ids.
     let started = Instant::now();
     let mut step = 0u64;
     let mut ahead_seen = false;
-    while started.elapsed() < Duration::from_millis(2_500) {
+    while started.elapsed() < Duration::from_millis(2_500)
+        || (!ahead_seen && started.elapsed() < Duration::from_secs(10))
+    {
         let ids: Vec<u64> = (0..1_000).map(|i| step * 1_000 + i).collect();
         // Each element a little apart (up to 10 %), so that the rows do not compress away
         // (protocol 6 sends them zstd-compressed).
