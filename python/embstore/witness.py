@@ -41,7 +41,7 @@ from embstore.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from embstore.model import etcd_urls, model_status
+from embstore.model import etcd_urls, model_status, trusted
 
 __all__ = ["Witness", "rollback"]
 
@@ -410,8 +410,7 @@ def rollback(
             assert previous is not None
             rb = {**previous, "attempt": attempt}
             kw = {"token": token or "", **_tls_kwargs(tls)}
-            _update(urls, rb_key, lambda _cur: {**rb, "heartbeat_ms": _now_ms()})
-            beating.start()
+            beating.start()  # beats once _resume_when writes the record under this attempt
             return _resume_when(model, urls, rb, kw, resume, healthy_timeout_s, say, t0, {})
         out = _steps(
             model,
@@ -624,8 +623,6 @@ def _await_healthy(
     model: str, urls: list[str], timeout_s: float, say: Callable[[str], None]
 ) -> None:
     """Waits until the model's state is trusted again, ignoring the rollback's own flag."""
-    from embstore.model import trusted
-
     deadline = time.monotonic() + timeout_s
     told = -1.0
     while True:

@@ -117,7 +117,10 @@ class _Exit:
     that is the last one (the caller's temporaries already gone), the drop needs the GIL —
     which a thread asking for it while the interpreter finalises never gets: it is ended, and
     the process aborts the same way (seen when a collective finished just before exit). Kept
-    here, the last reference is this class's, dropped at teardown on the main thread."""
+    here, the last reference is this class's, dropped on the main thread: at teardown, or when
+    newer collectives push it out. Only the last 4 are kept (at most two run at once, on the
+    main and the prepare groups; an older one's worker let go of it long before), since they
+    hold a batch's exchange buffers alive."""
 
     lock = threading.Lock()
     in_flight = 0
@@ -125,7 +128,7 @@ class _Exit:
     own_default = False
     groups: ClassVar[list[Any]] = []
     registered = False
-    kept: ClassVar[collections.deque[Any]] = collections.deque(maxlen=16)
+    kept: ClassVar[collections.deque[Any]] = collections.deque(maxlen=4)
     #: How long teardown lets the workers finish with the last collectives before it drops
     #: their tensors (a worker needs only to be scheduled, not the GIL).
     settle_s = 0.05

@@ -383,7 +383,7 @@ impl Table {
         }
         let (mut vvs, mut floors) = (vvs.into_iter(), floors.into_iter());
         // The young rows a table remembers (for its writes' freshness), over its shards.
-        let young_cap = (YOUNG_ROWS_PER_TABLE / self.shards.len().max(1)).max(1024);
+        let young_cap = (YOUNG_ROWS_PER_TABLE / self.shards.len().max(1)).max(1);
         for (s, shard) in self.shards.iter().enumerate() {
             let per = layout.per_shard() as usize;
             let mine: Vec<Vv> = vvs.by_ref().take(per).collect();
