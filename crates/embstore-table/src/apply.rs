@@ -24,7 +24,7 @@ const MAX_GRAD: f32 = 1.844_674_3e19;
 /// The largest gradient `optimizer` can take: [`MAX_GRAD`], or any finite one for SGD.
 fn max_grad(optimizer: &crate::Optimizer) -> f32 {
     match optimizer {
-        crate::Optimizer::Sgd { .. } => f32::MAX,
+        crate::Optimizer::Sgd { .. } | crate::Optimizer::Delta => f32::MAX,
         _ => MAX_GRAD,
     }
 }

@@ -12,6 +12,8 @@
 //! | row-wise Adagrad | 1 (mean of g²) | `s += mean(g²); w -= lr·g/(√s + eps)` |
 //! | Adam | `2D` (m, v) | torch `Adam`; `t` is the table's step counter |
 //! | FTRL-proximal | `2D` (z, n) | McMahan et al. 2013, per coordinate |
+//! | Delta | none | `w += g`: the pushed values are added as they are (a parameter server's
+//! associative updates: deltas from many workers commute) |
 
 use crate::params::{self, Kinds};
 
@@ -67,6 +69,10 @@ pub enum Optimizer {
         /// Initial value of `n`, the sum of `g²`.
         initial_accumulator_value: f32,
     },
+    /// Additive updates: `w += g`, no learning rate and no state. The "gradient" a caller
+    /// pushes is the change to make; pushes from many workers commute (up to float rounding),
+    /// as a parameter server's associative updates must (`Ps`).
+    Delta,
 }
 
 impl Default for Optimizer {
@@ -94,6 +100,7 @@ const PARAMS: &Kinds = &[
             ("initial_accumulator_value", 0.0),
         ],
     ),
+    ("delta", &[]),
 ];
 
 /// The smallest learning rate FTRL accepts: it divides by `lr`, and `1 / lr` must be a normal
@@ -102,8 +109,8 @@ const FTRL_MIN_LR: f32 = 1.0 / (f32::MAX / 2.0);
 
 impl Optimizer {
     /// Every optimizer name, as the Python API spells it.
-    pub const NAMES: [&'static str; 5] =
-        [PARAMS[0].0, PARAMS[1].0, PARAMS[2].0, PARAMS[3].0, PARAMS[4].0];
+    pub const NAMES: [&'static str; 6] =
+        [PARAMS[0].0, PARAMS[1].0, PARAMS[2].0, PARAMS[3].0, PARAMS[4].0, PARAMS[5].0];
 
     /// The optimizer's name as the Python API spells it.
     pub fn name(&self) -> &'static str {
@@ -113,6 +120,7 @@ impl Optimizer {
             Self::RowWiseAdagrad { .. } => "rowwise_adagrad",
             Self::Adam { .. } => "adam",
             Self::Ftrl { .. } => "ftrl",
+            Self::Delta => "delta",
         }
     }
 
@@ -126,6 +134,7 @@ impl Optimizer {
             Self::Ftrl { lr, beta, l1, l2, initial_accumulator_value: a } => {
                 vec![lr, beta, l1, l2, a]
             }
+            Self::Delta => vec![],
         };
         params::named(PARAMS, self.name(), values)
     }
@@ -147,6 +156,7 @@ impl Optimizer {
                 Self::RowWiseAdagrad { lr: v[0], eps: v[1], initial_accumulator_value: v[2] }
             }
             "adam" => Self::Adam { lr: v[0], beta1: v[1], beta2: v[2], eps: v[3] },
+            "delta" => Self::Delta,
             _ => Self::Ftrl {
                 lr: v[0],
                 beta: v[1],
@@ -157,9 +167,11 @@ impl Optimizer {
         })
     }
 
-    /// The configured learning rate.
+    /// The configured learning rate (1 for [`Optimizer::Delta`], which has none: it adds what
+    /// it is given).
     pub fn lr(&self) -> f32 {
         match *self {
+            Self::Delta => 1.0,
             Self::Sgd { lr }
             | Self::Adagrad { lr, .. }
             | Self::RowWiseAdagrad { lr, .. }
@@ -171,7 +183,7 @@ impl Optimizer {
     /// Floats of optimizer state per row for rows of `dim` values.
     pub fn state_dim(&self, dim: usize) -> usize {
         match self {
-            Self::Sgd { .. } => 0,
+            Self::Sgd { .. } | Self::Delta => 0,
             Self::Adagrad { .. } => dim,
             Self::RowWiseAdagrad { .. } => 1,
             Self::Adam { .. } | Self::Ftrl { .. } => 2 * dim,
@@ -183,6 +195,7 @@ impl Optimizer {
     pub fn validate_lr(&self, lr: f32) -> crate::Result<()> {
         let ok = match self {
             Self::Ftrl { .. } => lr.is_finite() && lr >= FTRL_MIN_LR,
+            Self::Delta => lr == 1.0,
             _ => lr.is_finite() && lr >= 0.0,
         };
         if ok {
@@ -190,6 +203,7 @@ impl Optimizer {
         }
         let need = match self {
             Self::Ftrl { .. } => "finite and > 0 (ftrl divides by it)",
+            Self::Delta => "1 (delta adds the values it is given; it has no learning rate)",
             _ => "finite and >= 0",
         };
         Err(crate::Error::invalid(format!("{}: lr must be {need}, got {lr}", self.name())))
@@ -225,7 +239,7 @@ impl Optimizer {
     /// Writes the state of a new row.
     pub fn init_state(&self, state: &mut [f32]) {
         match *self {
-            Self::Sgd { .. } | Self::Adam { .. } => state.fill(0.0),
+            Self::Sgd { .. } | Self::Adam { .. } | Self::Delta => state.fill(0.0),
             Self::Adagrad { initial_accumulator_value: a, .. }
             | Self::RowWiseAdagrad { initial_accumulator_value: a, .. } => state.fill(a),
             Self::Ftrl { initial_accumulator_value: a, .. } => {
@@ -308,6 +322,11 @@ impl Step {
                     *w += -lr * g;
                 }
             }
+            Optimizer::Delta => {
+                for (w, &g) in w.iter_mut().zip(g) {
+                    *w += g;
+                }
+            }
             Optimizer::Adagrad { eps, .. } => {
                 for ((w, s), &g) in w.iter_mut().zip(s.iter_mut()).zip(g) {
                     *s += g * g;
@@ -361,6 +380,19 @@ impl std::fmt::Display for Optimizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delta_adds_what_it_is_given_and_has_no_learning_rate() {
+        let opt = Optimizer::Delta;
+        let (mut w, mut s) = ([1.0f32, -1.0], [0.0f32; 0]);
+        assert!(opt.step(&mut w, &mut s, &[0.25, 3.0], 1.0, 1));
+        assert_eq!(w, [1.25, 2.0]);
+        assert_eq!(opt.state_dim(8), 0);
+        assert!(opt.validate_lr(0.5).is_err());
+        assert_eq!(Optimizer::from_params("delta", &[], |_| None).unwrap(), Optimizer::Delta);
+        assert!(Optimizer::from_params("delta", &["lr"], |_| Some(1.0)).is_err());
+        assert_eq!(opt.to_string(), "delta()");
+    }
 
     #[test]
     fn adagrad_by_hand() {

@@ -1,0 +1,74 @@
+//! Where the rows live: the masters a parameter server reads from and adds deltas to.
+
+use std::sync::Arc;
+
+use embstore_common::{Error, Result};
+use embstore_table::{OnMiss, Optimizer, Table};
+
+/// The master copies of a parameter server's tables. Reads return rows in the order asked
+/// (a row never written reads as its initial value); `add` adds deltas to rows.
+pub trait Masters: Send + Sync {
+    /// Values per row of table `table`.
+    fn dim(&self, table: usize) -> usize;
+    /// The tables' names, in order.
+    fn names(&self) -> Vec<String>;
+    /// Reads the rows of `keys` into `out` (`[keys, dim]`, row-major), in order.
+    fn read(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<()>;
+    /// Adds `deltas` (`[keys, dim]`) to the rows of `keys` (distinct keys).
+    fn add(&self, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()>;
+}
+
+/// Masters over a store's tables, each of which must add its updates (`Optimizer::Delta`).
+pub struct TableMasters {
+    tables: Vec<Arc<Table>>,
+}
+
+impl std::fmt::Debug for TableMasters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableMasters").field("tables", &self.names()).finish()
+    }
+}
+
+impl TableMasters {
+    /// Masters over `tables`; fails on a table whose optimizer is not `delta`, or on none.
+    pub fn new(tables: Vec<Arc<Table>>) -> Result<Self> {
+        if tables.is_empty() {
+            return Err(Error::invalid("a parameter server needs at least one table"));
+        }
+        for t in &tables {
+            let opt = t.config().optimizer;
+            if opt != Optimizer::Delta {
+                return Err(Error::invalid(format!(
+                    "table {:?} uses {}; a parameter server's updates are deltas that must \
+                     commute: create the table with optimizer=delta (embstore.Delta())",
+                    t.name(),
+                    opt.name()
+                )));
+            }
+        }
+        let mut names: Vec<&str> = tables.iter().map(|t| t.name()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(format!("table {:?} is named twice", w[0])));
+        }
+        Ok(Self { tables })
+    }
+}
+
+impl Masters for TableMasters {
+    fn dim(&self, table: usize) -> usize {
+        self.tables[table].dim()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.tables.iter().map(|t| t.name().to_string()).collect()
+    }
+
+    fn read(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<()> {
+        self.tables[table].lookup(keys, OnMiss::Init, out, None)
+    }
+
+    fn add(&self, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()> {
+        self.tables[table].apply_gradients(keys, deltas, None).map(|_| ())
+    }
+}
