@@ -7,6 +7,8 @@
 //! Workloads:
 //! - `index` — NeighborHash batch and scalar lookups vs hashbrown and a random-access bound.
 //! - `cold-reads` — batches of cold records read with O_DIRECT by each I/O engine vs the disk bound
+//! - `iter` — iterative apps (MF, PageRank) on the parameter server, every specialisation
+//!   against none (IterStore)
 //! - `serving` — batch lookups through the batch-query service vs the same servers on RocksDB
 //!   (`--features rocksdb`) and Redis `MGET`, where the time goes, throughput at a p99 SLO, and
 //!   rolling updates under load, on loopback
@@ -18,6 +20,7 @@ mod cold;
 mod density;
 mod huge;
 mod index;
+mod iter;
 mod nhref;
 mod serving;
 
@@ -40,6 +43,9 @@ enum Workload {
     Index(index::IndexArgs),
     /// Cold-record batch reads (O_DIRECT): pread threads vs io_uring depths vs the disk bound.
     ColdReads(cold::ColdReadsArgs),
+    /// Iterative apps (MF, PageRank) on the parameter server, every variant: time per
+    /// iteration, preprocessing, bytes, objective.
+    Iter(iter::IterArgs),
     /// The batch-query service (2 shards × 2 replicas) vs a RocksDB-backed server and Redis:
     /// latency, time breakdown, throughput at an SLO, rolling updates.
     Serving(serving::ServingArgs),
@@ -70,6 +76,7 @@ fn main() {
         Workload::Index(args) => index::run(args),
         Workload::ColdReads(args) => cold::run(args),
         Workload::Serving(args) => serving::run(args),
+        Workload::Iter(args) => iter::run(args),
     };
     if let Err(e) = result {
         eprintln!("embstore-bench: error: {e}");

@@ -34,7 +34,10 @@ pub(crate) struct TableCache {
     /// Slots `[0, early)`: the early prefetch; `[0, read)`: every prefetched row.
     pub(crate) early: usize,
     pub(crate) read: usize,
-    /// The arena: `keys.len() × dim` values.
+    /// The arena with prefetch: `keys.len() × dim` values, replaced whole by each refresh, so
+    /// that a worker reads its own snapshot without locking.
+    pub(crate) arena: RwLock<Arc<Vec<f32>>>,
+    /// The arena without prefetch: rows filled one at a time as they are read.
     pub(crate) values: RwLock<Vec<f32>>,
     /// Static store without prefetch: the age of each slot's copy.
     pub(crate) slot_age: Vec<AtomicI64>,
@@ -95,7 +98,8 @@ impl ProcessCache {
             tables.push(TableCache {
                 dim,
                 index,
-                values: RwLock::new(vec![0.0; keys.len() * dim]),
+                arena: RwLock::new(Arc::new(Vec::new())),
+                values: RwLock::new(if opts.prefetch { Vec::new() } else { vec![0.0; keys.len() * dim] }),
                 keys,
                 early,
                 read,

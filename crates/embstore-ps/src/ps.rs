@@ -16,9 +16,10 @@ use crate::plan::{Log, Op, Plan, PlanStats, NONE};
 /// Counters of a parameter server's work since it started.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
-    /// Clocks every worker has finished.
+    /// Clocks every worker has finished. (The counts of rows read, updated and fetched are
+    /// as of each worker's last clock.)
     pub clocks: u64,
-    /// Rows read and rows updated by the workers.
+    /// Rows read by the workers.
     pub reads: u64,
     /// Rows updated by the workers.
     pub updates: u64,
@@ -99,6 +100,19 @@ struct WorkerState {
     spare: Vec<DeltaBuf>,
     log: Option<Log>,
     virtual_clocks: u32,
+    /// Per table: this worker's snapshot of the arena and its age.
+    snapshots: Vec<(i64, Arc<Vec<f32>>)>,
+    /// Counted here, added to the shared counters at each clock.
+    local: Local,
+}
+
+/// A worker's counts since its last clock.
+#[derive(Default)]
+struct Local {
+    reads: u64,
+    updates: u64,
+    overflow: u64,
+    fetches: u64,
 }
 
 pub(crate) struct Inner {
@@ -111,6 +125,8 @@ pub(crate) struct Inner {
     cv: Condvar,
     /// Every update of clocks `<= pushed` is in the masters.
     pushed: AtomicI64,
+    /// A push failed (`ClockState::error` says why): every call fails from then on.
+    failed: std::sync::atomic::AtomicBool,
     /// Pushes hold it exclusively; reads from the masters share it, so that a copy's age is
     /// exact.
     push_lock: RwLock<()>,
@@ -173,6 +189,8 @@ impl Ps {
                     spare: Vec::new(),
                     log: None,
                     virtual_clocks: 0,
+                    snapshots: Vec::new(),
+                    local: Local::default(),
                 })
             })
             .collect();
@@ -192,6 +210,7 @@ impl Ps {
             }),
             cv: Condvar::new(),
             pushed: AtomicI64::new(0),
+            failed: std::sync::atomic::AtomicBool::new(false),
             push_lock: RwLock::new(()),
             cache: RwLock::new(cache),
             generation: AtomicU64::new(0),
@@ -323,6 +342,9 @@ impl Ps {
 
 impl Inner {
     fn check(&self) -> Result<()> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &self.sync.lock().error {
             Some(e) => Err(e.clone()),
             None => Ok(()),
@@ -392,13 +414,14 @@ impl Inner {
         for (t, tc) in cache.tables.iter().enumerate() {
             let d = tc.dim;
             if cache.static_store {
-                let mut values = tc.values.write();
+                let mut values = vec![0.0f32; tc.keys.len() * d];
                 for (lo, hi) in [(0, tc.early), (tc.early, tc.read)] {
                     if hi > lo {
                         self.masters.read(t, &tc.keys[lo..hi], &mut values[lo * d..hi * d])?;
                         bump(&self.counters.prefetch_requests, 1);
                     }
                 }
+                *tc.arena.write() = Arc::new(values);
             } else {
                 let tp = &plan.tables[t];
                 let keys = &tp.keys[..tp.read];
@@ -509,6 +532,7 @@ impl Worker {
         st.current = DeltaBuf::new(&cache, self.w, st.clock);
         st.history.clear();
         st.spare.clear();
+        st.snapshots.clear();
         st.cache = cache;
     }
 
@@ -537,16 +561,27 @@ impl Worker {
         self.adopt(st);
         let inner = &*self.inner;
         let need = i64::from(st.clock) - 1 - i64::from(inner.opts.consistency.slack());
-        let cache = st.cache.clone();
+        let WorkerState { cache, current, history, snapshots, local, .. } = st;
         let prefetch = inner.opts.prefetch && cache.plan.is_some();
         if prefetch {
-            inner.ensure_fresh(&cache, need)?;
+            inner.ensure_fresh(cache, need)?;
         }
         let tc = &cache.tables[table];
+        let arena_age = cache.arena_age();
+        let values: Option<&[f32]> = if prefetch && cache.static_store {
+            if snapshots.len() != cache.tables.len() {
+                *snapshots = vec![(NEVER, Arc::new(Vec::new())); cache.tables.len()];
+            }
+            let snap = &mut snapshots[table];
+            if snap.0 != arena_age {
+                *snap = (arena_age, tc.arena.read().clone());
+            }
+            Some(&snap.1)
+        } else {
+            None
+        };
         let windex = cache.workers.get(self.w).map(|v| &v[table]);
         let mut overflow = 0u64;
-        let arena_age = cache.arena_age();
-        let values = if prefetch && cache.static_store { Some(tc.values.read()) } else { None };
         for (i, &key) in keys.iter().enumerate() {
             let row = &mut out[i * d..(i + 1) * d];
             let (mut slot, mut own) = (NONE, NONE);
@@ -560,7 +595,7 @@ impl Worker {
             }
             let age = if slot != NONE {
                 let s = slot as usize;
-                if let Some(values) = &values {
+                if let Some(values) = values {
                     row.copy_from_slice(&values[s * d..(s + 1) * d]);
                     arena_age
                 } else {
@@ -570,7 +605,7 @@ impl Worker {
                         a
                     } else {
                         let a = inner.fetch(table, &[key], row)?;
-                        bump(&inner.counters.fetches, 1);
+                        local.fetches += 1;
                         tc.values.write()[s * d..(s + 1) * d].copy_from_slice(row);
                         tc.slot_age[s].fetch_max(a, Ordering::AcqRel);
                         a
@@ -590,7 +625,7 @@ impl Worker {
                     _ => {
                         drop(shard);
                         let a = inner.fetch(table, &[key], row)?;
-                        bump(&inner.counters.fetches, 1);
+                        local.fetches += 1;
                         let mut shard = tc.shard(key).lock();
                         let r = shard
                             .entry(key)
@@ -603,24 +638,22 @@ impl Worker {
                     }
                 }
             };
-            for buf in st.history.iter().filter(|b| i64::from(b.clock) > age) {
+            for buf in history.iter().filter(|b| i64::from(b.clock) > age) {
                 let own_here = if buf.plan.is_some() { own } else { NONE };
                 buf.add_into(table, key, own_here, row);
             }
-            let own_here = if st.current.plan.is_some() { own } else { NONE };
-            st.current.add_into(table, key, own_here, row);
+            let own_here = if current.plan.is_some() { own } else { NONE };
+            current.add_into(table, key, own_here, row);
         }
-        drop(values);
-        bump(&inner.counters.reads, keys.len() as u64);
-        bump(&inner.counters.clock_accesses, keys.len() as u64);
-        bump(&inner.counters.overflow, overflow);
-        bump(&inner.counters.clock_overflow, overflow);
+        local.reads += keys.len() as u64;
+        local.overflow += overflow;
         Ok(())
     }
 
     fn gather_mode(&self) -> GatherMode {
         self.inner.gather.lock().0
     }
+
 
     /// Adds `deltas` (`[keys, dim]`) to the rows of `keys` of `table`; this worker's reads see
     /// them at once, every worker's once the clock they were made in is pushed.
@@ -634,7 +667,10 @@ impl Worker {
                 keys.len() * d
             )));
         }
-        if let Some(i) = deltas.iter().position(|x| !x.is_finite()) {
+        // An integer max vectorises where a per-value `is_finite` test does not.
+        let max_bits = deltas.iter().map(|x| x.to_bits() & 0x7fff_ffff).max().unwrap_or(0);
+        if max_bits >= f32::INFINITY.to_bits() {
+            let i = deltas.iter().position(|x| !x.is_finite()).unwrap_or(0);
             return Err(Error::new(
                 ErrorKind::NonFinite,
                 format!("update: delta of key {} is not finite ({})", keys[i / d], deltas[i]),
@@ -650,8 +686,8 @@ impl Worker {
         }
         self.inner.check()?;
         self.adopt(st);
-        let cache = st.cache.clone();
-        let windex = if st.current.plan.is_some() { cache.workers.get(self.w) } else { None };
+        let WorkerState { cache, current, local, .. } = st;
+        let windex = if current.plan.is_some() { cache.workers.get(self.w) } else { None };
         let mut overflow = 0u64;
         for (i, &key) in keys.iter().enumerate() {
             let mut own = NONE;
@@ -666,13 +702,10 @@ impl Worker {
             {
                 overflow += 1;
             }
-            st.current.add(table, key, own, &deltas[i * d..(i + 1) * d]);
+            current.add(table, key, own, &deltas[i * d..(i + 1) * d]);
         }
-        let c = &self.inner.counters;
-        bump(&c.updates, keys.len() as u64);
-        bump(&c.clock_accesses, keys.len() as u64);
-        bump(&c.overflow, overflow);
-        bump(&c.clock_overflow, overflow);
+        local.updates += keys.len() as u64;
+        local.overflow += overflow;
         Ok(())
     }
 
@@ -688,6 +721,14 @@ impl Worker {
         }
         inner.check()?;
         self.adopt(st);
+        let local = std::mem::take(&mut st.local);
+        let ctr = &inner.counters;
+        bump(&ctr.reads, local.reads);
+        bump(&ctr.updates, local.updates);
+        bump(&ctr.overflow, local.overflow);
+        bump(&ctr.fetches, local.fetches);
+        bump(&ctr.clock_accesses, local.reads + local.updates);
+        bump(&ctr.clock_overflow, local.overflow);
         let c = st.clock;
         let fresh = match st.spare.pop() {
             Some(mut b) => {
@@ -711,6 +752,7 @@ impl Worker {
             if new_min > old_min {
                 if let Err(e) = inner.advance(&mut s, old_min) {
                     s.error = Some(e);
+                    inner.failed.store(true, Ordering::Release);
                 }
                 inner.cv.notify_all();
                 if let Some(g) = inner.gather.try_lock().as_deref_mut() {

@@ -1,0 +1,453 @@
+//! `embstore-bench iter {mf,pagerank}`: iterative applications on the parameter server
+//! (`embstore-ps`, after IterStore), each variant in the same run: time per iteration (median
+//! of iterations 2..N, median over runs), preprocessing, bytes to and from the masters, and
+//! the objective, which every variant must compute alike (docs/benchmarks.md, "IterStore").
+//!
+//! - `mf`: SGD matrix factorisation on MovieLens-100k (RecBole's `ml-100k.inter`), rank 256 by
+//!   default, lr 0.01, λ 0.05; ratings split over workers by user; one clock per epoch; every
+//!   rating reads its user and item rows and updates both.
+//! - `pagerank`: edge-wise power iteration (damping 0.85, dangling mass spread uniformly) on
+//!   an edge list (`python/benchmarks/lib/iterdata.py`: the Debian dependency graph); worker
+//!   `w` owns the nodes `v % W == w` and reads the ranks of their in-neighbours; one clock per
+//!   iteration.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use embstore_ps::{Options, Ps, TableMasters, Worker};
+use embstore_table::{Initializer, OnMiss, Optimizer, Table, TableConfig};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub(crate) struct IterArgs {
+    #[command(subcommand)]
+    app: App,
+}
+
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Iterations (clocks) per run; the first is excluded from the time per iteration.
+    #[arg(long, default_value_t = 6)]
+    iters: u32,
+    /// Runs per variant (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Variants, comma-separated: no-opt, all, all(first-iter), a specialisation (static,
+    /// prefetch, thread-caches, placement) alone, or all-but-<one>; "every" runs them all.
+    #[arg(long, default_value = "no-opt,all,all(first-iter)")]
+    variants: String,
+    /// Print one JSON object per variant instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum App {
+    /// SGD matrix factorisation on MovieLens-100k.
+    Mf {
+        /// RecBole's `ml-100k.inter`.
+        #[arg(long, default_value = ".data/ml-100k/ml-100k.inter")]
+        data: String,
+        /// Factors per row.
+        #[arg(long, default_value_t = 256)]
+        rank: usize,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// PageRank by edge-wise power iteration.
+    Pagerank {
+        /// Edge list, `src<TAB>dst` per line, `#` comments.
+        #[arg(long, default_value = ".data/iter/debian-graph.tsv")]
+        edges: String,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+pub(crate) fn run(args: IterArgs) -> Result<(), String> {
+    match args.app {
+        App::Mf { data, rank, common } => {
+            let ratings = load_ratings(&data)?;
+            let app = Mf::new(ratings, rank, common.workers);
+            bench(&app, &common)
+        }
+        App::Pagerank { edges, common } => {
+            let g = load_graph(&edges)?;
+            let app = PageRank::new(g, common.workers);
+            bench(&app, &common)
+        }
+    }
+}
+
+/// An iterative application on the parameter server.
+trait IterApp: Sync {
+    fn name(&self) -> String;
+    /// The tables, fresh.
+    fn tables(&self) -> Vec<Arc<Table>>;
+    /// One iteration of worker `w` (without the clock).
+    fn iteration(&self, w: &Worker) -> Result<(), String>;
+    /// The objective after the run, from the masters.
+    fn objective(&self, tables: &[Arc<Table>]) -> f64;
+}
+
+fn e(err: embstore_common::Error) -> String {
+    err.to_string()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+struct RunResult {
+    per_iter: f64,
+    gather_s: f64,
+    plan: Option<embstore_ps::PlanStats>,
+    stats: embstore_ps::Stats,
+    objective: f64,
+}
+
+fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, String> {
+    let (name, first_iter) = match variant.strip_suffix("(first-iter)") {
+        Some(v) => (v, true),
+        None => (variant, false),
+    };
+    let opts = Options::variant(name).map_err(e)?;
+    let tables = app.tables();
+    let ps = Ps::new(Arc::new(TableMasters::new(tables.clone()).map_err(e)?), c.workers, opts)
+        .map_err(e)?;
+    let gather = name != "no-opt";
+    let t = Instant::now();
+    let mut from = 1;
+    if gather && !first_iter {
+        ps.start_gather(true).map_err(e)?;
+        for w in 0..c.workers {
+            let worker = ps.worker(w).map_err(e)?;
+            app.iteration(&worker)?;
+            worker.clock().map_err(e)?;
+        }
+    } else if gather {
+        ps.start_gather(false).map_err(e)?;
+        run_clocks(app, &ps, 1)?;
+        from = 2;
+    }
+    let plan = if gather { Some(ps.finish_gather().map_err(e)?) } else { None };
+    let gather_s = t.elapsed().as_secs_f64();
+    let mut stamps = vec![Instant::now()];
+    for _ in from..=c.iters {
+        run_clocks(app, &ps, 1)?;
+        stamps.push(Instant::now());
+    }
+    // Iterations 2..N: the first real iteration pays first touches.
+    let mut per: Vec<f64> =
+        stamps.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).skip(usize::from(from == 1)).collect();
+    Ok(RunResult {
+        per_iter: median(&mut per),
+        gather_s,
+        plan,
+        stats: ps.stats(),
+        objective: app.objective(&tables),
+    })
+}
+
+/// Runs `n` clocks on every worker, each in its own thread.
+fn run_clocks(app: &dyn IterApp, ps: &Ps, n: u32) -> Result<(), String> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ps.workers())
+            .map(|w| {
+                let worker = ps.worker(w).map_err(e);
+                s.spawn(move || -> Result<(), String> {
+                    let worker = worker?;
+                    for _ in 0..n {
+                        app.iteration(&worker)?;
+                        worker.clock().map_err(e)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| h.join().map_err(|_| "a worker panicked".to_string())?)
+    })
+}
+
+fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
+    let variants: Vec<String> = if c.variants == "every" {
+        let mut v = Options::variant_names();
+        v.insert(2, "all(first-iter)".into());
+        v
+    } else {
+        c.variants.split(',').map(|s| s.trim().to_string()).collect()
+    };
+    if !c.json {
+        println!("{}", crate::machine_line());
+        println!("{}: {} workers, {} iterations, {} runs", app.name(), c.workers, c.iters, c.runs);
+        println!(
+            "{:<26} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>14}",
+            "variant", "s/iter", "vs no-opt", "prep s", "MB read/it", "MB push/it", "fetches", "objective"
+        );
+    }
+    let mut base = None;
+    let mut objective0 = None;
+    for v in &variants {
+        let mut runs = Vec::new();
+        for _ in 0..c.runs {
+            runs.push(run_once(app, v, c)?);
+        }
+        let mut per: Vec<f64> = runs.iter().map(|r| r.per_iter).collect();
+        let per_iter = median(&mut per);
+        let mut prep: Vec<f64> = runs.iter().map(|r| r.gather_s).collect();
+        let prep = median(&mut prep);
+        let r = &runs[0];
+        let iters = f64::from(c.iters);
+        let read_mb = r.stats.bytes_read as f64 / iters / 1e6;
+        let push_mb = r.stats.bytes_pushed as f64 / iters / 1e6;
+        if v == "no-opt" {
+            base = Some(per_iter);
+        }
+        let speedup = base.map_or(f64::NAN, |b| b / per_iter);
+        let same = objective0.get_or_insert(r.objective);
+        let agrees = (r.objective - *same).abs() <= 1e-6 * same.abs().max(1e-30);
+        if c.json {
+            let plan = r.plan.as_ref().map(|p| {
+                json!({"rows": p.rows, "bytes": p.bytes, "early_rows": p.early_rows,
+                       "prefetch_frames": p.prefetch_frames, "thread_cache_rows": p.thread_cache_rows,
+                       "contention_rows": p.contention_rows, "accesses": p.accesses,
+                       "merge_s": p.merge_s, "thread_cache_s": p.thread_cache_s, "static_s": p.static_s})
+            });
+            println!(
+                "{}",
+                json!({
+                    "app": app.name(), "variant": v, "workers": c.workers, "iters": c.iters,
+                    "runs": c.runs, "s_per_iter": per_iter, "s_per_iter_runs": per,
+                    "speedup_vs_no_opt": speedup, "preprocess_s": prep, "plan": plan,
+                    "mb_read_per_iter": read_mb, "mb_pushed_per_iter": push_mb,
+                    "fetches": r.stats.fetches, "overflow": r.stats.overflow,
+                    "wait_s": r.stats.wait_s, "objective": r.objective,
+                    "objective_agrees": agrees, "machine": crate::machine_line(),
+                })
+            );
+        } else {
+            println!(
+                "{:<26} {:>10.4} {:>8.2}x {:>9.3} {:>10.2} {:>10.2} {:>9} {:>14.8}{}",
+                v,
+                per_iter,
+                speedup,
+                prep,
+                read_mb,
+                push_mb,
+                r.stats.fetches,
+                r.objective,
+                if agrees { "" } else { "  (DIFFERS)" }
+            );
+        }
+        if !agrees {
+            return Err(format!("{v}: objective {} differs from {}", r.objective, same));
+        }
+    }
+    Ok(())
+}
+
+// --- MF --------------------------------------------------------------------------------------
+
+fn load_ratings(path: &str) -> Result<Vec<(u64, u64, f32)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| format!("{path}: {err} (run `make data` to fetch MovieLens-100k)"))?;
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let p = |s: &str| s.trim().parse::<f64>().map_err(|err| format!("{path}: {line:?}: {err}"));
+        out.push((p(f[0])? as u64, p(f[1])? as u64, p(f[2])? as f32));
+    }
+    Ok(out)
+}
+
+struct Mf {
+    /// Per worker: its ratings (by user).
+    parts: Vec<Vec<(u64, u64, f32)>>,
+    rank: usize,
+    lr: f32,
+    lambda: f32,
+}
+
+impl Mf {
+    fn new(ratings: Vec<(u64, u64, f32)>, rank: usize, workers: usize) -> Self {
+        let mut parts = vec![Vec::new(); workers];
+        for r in ratings {
+            parts[r.0 as usize % workers].push(r);
+        }
+        Self { parts, rank, lr: 0.01, lambda: 0.05 }
+    }
+}
+
+impl IterApp for Mf {
+    fn name(&self) -> String {
+        format!("mf (MovieLens-100k, rank {})", self.rank)
+    }
+
+    fn tables(&self) -> Vec<Arc<Table>> {
+        ["L", "R"]
+            .iter()
+            .map(|n| {
+                let cfg = TableConfig::new(*n, self.rank)
+                    .with_optimizer(Optimizer::Delta)
+                    .with_initializer(Initializer::Normal { mean: 0.0, std: 0.1 })
+                    .with_seed(1);
+                Arc::new(Table::new(cfg).expect("table"))
+            })
+            .collect()
+    }
+
+    fn iteration(&self, w: &Worker) -> Result<(), String> {
+        let d = self.rank;
+        let (mut l, mut r) = (vec![0.0f32; d], vec![0.0f32; d]);
+        let (mut dl, mut dr) = (vec![0.0f32; d], vec![0.0f32; d]);
+        for &(u, i, rating) in &self.parts[w.id()] {
+            w.read(0, &[u], &mut l).map_err(e)?;
+            w.read(1, &[i], &mut r).map_err(e)?;
+            let pred: f32 = l.iter().zip(&r).map(|(a, b)| a * b).sum();
+            let err = rating - pred;
+            for k in 0..d {
+                dl[k] = self.lr * (err * r[k] - self.lambda * l[k]);
+                dr[k] = self.lr * (err * l[k] - self.lambda * r[k]);
+            }
+            w.update(0, &[u], &dl).map_err(e)?;
+            w.update(1, &[i], &dr).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn objective(&self, tables: &[Arc<Table>]) -> f64 {
+        // Training RMSE over every rating.
+        let d = self.rank;
+        let (mut l, mut r) = (vec![0.0f32; d], vec![0.0f32; d]);
+        let (mut se, mut n) = (0.0f64, 0usize);
+        for part in &self.parts {
+            for &(u, i, rating) in part {
+                tables[0].lookup(&[u], OnMiss::Init, &mut l, None).expect("lookup");
+                tables[1].lookup(&[i], OnMiss::Init, &mut r, None).expect("lookup");
+                let pred: f32 = l.iter().zip(&r).map(|(a, b)| a * b).sum();
+                se += f64::from(rating - pred).powi(2);
+                n += 1;
+            }
+        }
+        (se / n.max(1) as f64).sqrt()
+    }
+}
+
+// --- PageRank --------------------------------------------------------------------------------
+
+struct Graph {
+    nodes: usize,
+    /// In-neighbours of each node.
+    incoming: Vec<Vec<u64>>,
+    out_degree: Vec<u32>,
+}
+
+fn load_graph(path: &str) -> Result<Graph, String> {
+    let text = std::fs::read_to_string(path).map_err(|err| {
+        format!("{path}: {err} (run `make iter-data` to build the Debian dependency graph)")
+    })?;
+    let mut edges = Vec::new();
+    let mut nodes = 0usize;
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let mut f = line.split('\t');
+        let mut next = || -> Result<u64, String> {
+            f.next()
+                .ok_or_else(|| format!("{path}: {line:?}: need src<TAB>dst"))?
+                .trim()
+                .parse::<u64>()
+                .map_err(|err| format!("{path}: {line:?}: {err}"))
+        };
+        let (s, t) = (next()?, next()?);
+        nodes = nodes.max(s.max(t) as usize + 1);
+        edges.push((s, t));
+    }
+    let mut incoming = vec![Vec::new(); nodes];
+    let mut out_degree = vec![0u32; nodes];
+    for (s, t) in edges {
+        incoming[t as usize].push(s);
+        out_degree[s as usize] += 1;
+    }
+    Ok(Graph { nodes, incoming, out_degree })
+}
+
+struct PageRank {
+    g: Graph,
+    workers: usize,
+    damping: f32,
+}
+
+impl PageRank {
+    fn new(g: Graph, workers: usize) -> Self {
+        Self { g, workers, damping: 0.85 }
+    }
+}
+
+impl IterApp for PageRank {
+    fn name(&self) -> String {
+        format!("pagerank ({} nodes)", self.g.nodes)
+    }
+
+    fn tables(&self) -> Vec<Arc<Table>> {
+        let n = self.g.nodes as f32;
+        let dangling = self.g.out_degree.iter().filter(|&&d| d == 0).count() as f32;
+        [("rank", 1.0 / n), ("dangling", dangling / n)]
+            .iter()
+            .map(|(name, v)| {
+                let cfg = TableConfig::new(*name, 1)
+                    .with_optimizer(Optimizer::Delta)
+                    .with_initializer(Initializer::Constant { value: *v });
+                Arc::new(Table::new(cfg).expect("table"))
+            })
+            .collect()
+    }
+
+    fn iteration(&self, w: &Worker) -> Result<(), String> {
+        let n = self.g.nodes as f32;
+        let mut dangling = [0.0f32];
+        w.read(1, &[0], &mut dangling).map_err(e)?;
+        let base = (1.0 - self.damping) / n + self.damping * dangling[0] / n;
+        let mine: Vec<u64> = (w.id() as u64..self.g.nodes as u64).step_by(self.workers).collect();
+        let mut old = vec![0.0f32; mine.len()];
+        w.read(0, &mine, &mut old).map_err(e)?;
+        let mut deltas = Vec::with_capacity(mine.len());
+        let mut dangling_delta = 0.0f32;
+        let mut r = Vec::new();
+        for (j, &v) in mine.iter().enumerate() {
+            let ins = &self.g.incoming[v as usize];
+            r.resize(ins.len(), 0.0);
+            w.read(0, ins, &mut r).map_err(e)?;
+            let sum: f32 = ins.iter().zip(&r).map(|(&u, &x)| x / self.g.out_degree[u as usize] as f32).sum();
+            let new = base + self.damping * sum;
+            deltas.push(new - old[j]);
+            if self.g.out_degree[v as usize] == 0 {
+                dangling_delta += new - old[j];
+            }
+        }
+        // Updates after every read: a Jacobi step, as power iteration is.
+        w.update(0, &mine, &deltas).map_err(e)?;
+        w.update(1, &[0], &[dangling_delta]).map_err(e)?;
+        Ok(())
+    }
+
+    fn objective(&self, tables: &[Arc<Table>]) -> f64 {
+        // The sum of the ranks (1 for an exact power iteration) and the top rank, as one
+        // number every variant must reproduce: Σ r + top.
+        let keys: Vec<u64> = (0..self.g.nodes as u64).collect();
+        let mut r = vec![0.0f32; keys.len()];
+        tables[0].lookup(&keys, OnMiss::Init, &mut r, None).expect("lookup");
+        let sum: f64 = r.iter().map(|&x| f64::from(x)).sum();
+        let top = r.iter().copied().fold(0.0f32, f32::max);
+        sum + f64::from(top)
+    }
+}
