@@ -29,6 +29,7 @@ from embstore.config import (
     Adagrad,
     Adam,
     Constant,
+    Delta,
     Normal,
     RowWiseAdagrad,
     TableSpec,
@@ -65,6 +66,7 @@ from embstore.index import NeighborHash
 from embstore.model import ModelClient, ModelMonitor
 from embstore.prefetch import prefetch
 from embstore.priority import Priority
+from embstore.ps import BSP, SSP, OverflowWarning, ParameterServer
 from embstore.serving import RemoteClient, Server, connect
 from embstore.session import Session, SessionBatch
 from embstore.store import Checkpoint, ExportChunk, Store, Table, inspect, verify
@@ -72,9 +74,11 @@ from embstore.sync import SyncPort
 from embstore.witness import Witness
 
 __all__ = [
+    "BSP",
     "FTRL",
     "MAX_PAYLOAD",
     "SGD",
+    "SSP",
     "Adagrad",
     "Adam",
     "CapacityError",
@@ -82,6 +86,7 @@ __all__ = [
     "Constant",
     "CorruptionError",
     "DTypeError",
+    "Delta",
     "DistributedError",
     "DistributedStore",
     "DistributedTable",
@@ -98,6 +103,8 @@ __all__ = [
     "Normal",
     "NotCopyableError",
     "NotFoundError",
+    "OverflowWarning",
+    "ParameterServer",
     "PermissionDeniedError",
     "Priority",
     "RemoteClient",

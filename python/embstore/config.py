@@ -124,7 +124,19 @@ class FTRL:
         _check_floats(self)
 
 
-Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL
+@dataclass(frozen=True)
+class Delta:
+    """``w += g``: the values pushed are added as they are, with no learning rate and no state.
+
+    The tables of a parameter server (:meth:`Store.ps`) use it: updates from many workers are
+    deltas that commute (up to float rounding), so they can be summed anywhere on their way to
+    the row. A ``lr`` passed to ``apply_gradients`` is refused.
+    """
+
+    _kind = "delta"
+
+
+Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL | Delta
 
 
 @dataclass(frozen=True)
@@ -172,7 +184,7 @@ class Normal:
 Initializer = Zeros | Constant | Uniform | Normal
 
 
-_OPTIMIZERS = {c._kind: c for c in (SGD, Adagrad, RowWiseAdagrad, Adam, FTRL)}
+_OPTIMIZERS = {c._kind: c for c in (SGD, Adagrad, RowWiseAdagrad, Adam, FTRL, Delta)}
 _INITIALIZERS = {c._kind: c for c in (Zeros, Constant, Uniform, Normal)}
 
 
@@ -231,7 +243,8 @@ class TableSpec:
         name: unique in the store.
         embedding_dim: ``D``, 1..4096.
         optimizer: :class:`SGD` (default, lr 0.01), :class:`Adagrad`, :class:`RowWiseAdagrad`,
-            :class:`Adam` or :class:`FTRL`.
+            :class:`Adam`, :class:`FTRL` or :class:`Delta` (``w += g``, for a parameter
+            server's tables).
         initializer: :class:`Normal` (default, std 0.01), :class:`Uniform`, :class:`Constant`
             or :class:`Zeros`.
         num_shards: a power of two; each shard has its own index and lock, and large batches

@@ -631,6 +631,27 @@ class Store:
         collectives over it are local calls."""
         return Comm.single()
 
+    def ps(
+        self,
+        tables: list[str] | tuple[str, ...],
+        workers: int,
+        consistency: Any = None,
+        **options: Any,
+    ) -> Any:
+        """A parameter server over ``tables`` for ``workers`` workers (threads of this
+        process) that learns its workload: :class:`embstore.ps.ParameterServer`.
+
+        The tables must add their updates (``optimizer=embstore.Delta()``). ``consistency``:
+        :class:`embstore.BSP` (the default) or :class:`embstore.SSP`. Options:
+        ``specialise`` (``"all"``, the default; ``"no-opt"``; one of ``"static"``,
+        ``"prefetch"``, ``"thread-caches"``, ``"placement"`` alone, or ``"all-but-<one>"``),
+        ``early_ratio`` (0.1), ``cpb`` (0.05), ``thread_cache_rows`` (every row a worker
+        updates), ``replan`` (``"warn"``, ``"auto"`` or ``"off"``).
+        """
+        from embstore.ps import ParameterServer
+
+        return ParameterServer(self, list(tables), workers, consistency, **options)
+
     def session(
         self,
         tables: list[str | Table] | tuple[str | Table, ...] | None = None,

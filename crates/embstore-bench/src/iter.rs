@@ -146,8 +146,11 @@ fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, S
         stamps.push(Instant::now());
     }
     // Iterations 2..N: the first real iteration pays first touches.
-    let mut per: Vec<f64> =
-        stamps.windows(2).map(|w| (w[1] - w[0]).as_secs_f64()).skip(usize::from(from == 1)).collect();
+    let mut per: Vec<f64> = stamps
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .skip(usize::from(from == 1))
+        .collect();
     Ok(RunResult {
         per_iter: median(&mut per),
         gather_s,
@@ -173,7 +176,9 @@ fn run_clocks(app: &dyn IterApp, ps: &Ps, n: u32) -> Result<(), String> {
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().map_err(|_| "a worker panicked".to_string())?)
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().map_err(|_| "a worker panicked".to_string())?)
     })
 }
 
@@ -190,7 +195,14 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
         println!("{}: {} workers, {} iterations, {} runs", app.name(), c.workers, c.iters, c.runs);
         println!(
             "{:<26} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>14}",
-            "variant", "s/iter", "vs no-opt", "prep s", "MB read/it", "MB push/it", "fetches", "objective"
+            "variant",
+            "s/iter",
+            "vs no-opt",
+            "prep s",
+            "MB read/it",
+            "MB push/it",
+            "fetches",
+            "objective"
         );
     }
     let mut base = None;
@@ -427,7 +439,8 @@ impl IterApp for PageRank {
             let ins = &self.g.incoming[v as usize];
             r.resize(ins.len(), 0.0);
             w.read(0, ins, &mut r).map_err(e)?;
-            let sum: f32 = ins.iter().zip(&r).map(|(&u, &x)| x / self.g.out_degree[u as usize] as f32).sum();
+            let sum: f32 =
+                ins.iter().zip(&r).map(|(&u, &x)| x / self.g.out_degree[u as usize] as f32).sum();
             let new = base + self.damping * sum;
             deltas.push(new - old[j]);
             if self.g.out_degree[v as usize] == 0 {

@@ -99,7 +99,11 @@ impl ProcessCache {
                 dim,
                 index,
                 arena: RwLock::new(Arc::new(Vec::new())),
-                values: RwLock::new(if opts.prefetch { Vec::new() } else { vec![0.0; keys.len() * dim] }),
+                values: RwLock::new(if opts.prefetch {
+                    Vec::new()
+                } else {
+                    vec![0.0; keys.len() * dim]
+                }),
                 keys,
                 early,
                 read,

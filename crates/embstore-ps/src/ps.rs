@@ -307,6 +307,18 @@ impl Ps {
         Ok(stats)
     }
 
+    /// Stops the parameter server: every worker waiting at a clock, and every later call,
+    /// fails with `reason` (a worker that failed ends the run for the others this way).
+    pub fn abort(&self, reason: &str) {
+        let mut s = self.inner.sync.lock();
+        if s.error.is_none() {
+            s.error =
+                Some(Error::new(ErrorKind::Closed, format!("parameter server stopped: {reason}")));
+        }
+        self.inner.failed.store(true, Ordering::Release);
+        self.inner.cv.notify_all();
+    }
+
     /// Worker `w`'s accesses in the last gather, in order: `(table, key, op)`.
     pub fn gathered(&self, w: usize) -> Log {
         self.inner.logs.lock().get(w).cloned().unwrap_or_default()
@@ -653,7 +665,6 @@ impl Worker {
     fn gather_mode(&self) -> GatherMode {
         self.inner.gather.lock().0
     }
-
 
     /// Adds `deltas` (`[keys, dim]`) to the rows of `keys` of `table`; this worker's reads see
     /// them at once, every worker's once the clock they were made in is pushed.

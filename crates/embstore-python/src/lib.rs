@@ -15,6 +15,7 @@ mod cache;
 mod metrics;
 mod model;
 mod priority;
+mod ps;
 mod serving;
 mod sync;
 mod table;
@@ -193,6 +194,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_PAYLOAD", embstore_index::MAX_PAYLOAD)?;
     m.add_class::<PyNeighborHash>()?;
     m.add_class::<table::PyStore>()?;
+    m.add_class::<ps::PyPs>()?;
+    m.add_class::<ps::PyPsWorker>()?;
     m.add_class::<table::PyTable>()?;
     m.add_class::<table::PyExport>()?;
     m.add_class::<metrics::PyMetricsEndpoint>()?;
