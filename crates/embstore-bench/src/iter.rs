@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use embstore_ps::{Options, Ps, TableMasters, Worker};
+use embstore_ps::{Cluster, Masters, Options, Ps, TableMasters, Worker};
 use embstore_table::{Initializer, OnMiss, Optimizer, Table, TableConfig};
 use serde_json::json;
 
@@ -43,6 +43,16 @@ struct Common {
     /// Print one JSON object per variant instead of a table.
     #[arg(long)]
     json: bool,
+    /// Processes on loopback (each with `--workers` threads; rows hashed over them). 1: one
+    /// process, no wire.
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
+    /// (internal) This process's number in a multi-process run.
+    #[arg(long, hide = true)]
+    process_rank: Option<usize>,
+    /// (internal) Every process's address, comma-separated.
+    #[arg(long, hide = true)]
+    addrs: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -72,26 +82,29 @@ pub(crate) fn run(args: IterArgs) -> Result<(), String> {
     match args.app {
         App::Mf { data, rank, common } => {
             let ratings = load_ratings(&data)?;
-            let app = Mf::new(ratings, rank, common.workers);
+            let app = Mf::new(ratings, rank, common.workers * common.processes);
             bench(&app, &common)
         }
         App::Pagerank { edges, common } => {
             let g = load_graph(&edges)?;
-            let app = PageRank::new(g, common.workers);
+            let app = PageRank::new(g, common.workers * common.processes);
             bench(&app, &common)
         }
     }
 }
+
+/// Reads rows of a table: `(table, keys, out)`.
+type Read<'a> = &'a dyn Fn(usize, &[u64], &mut [f32]);
 
 /// An iterative application on the parameter server.
 trait IterApp: Sync {
     fn name(&self) -> String;
     /// The tables, fresh.
     fn tables(&self) -> Vec<Arc<Table>>;
-    /// One iteration of worker `w` (without the clock).
-    fn iteration(&self, w: &Worker) -> Result<(), String>;
-    /// The objective after the run, from the masters.
-    fn objective(&self, tables: &[Arc<Table>]) -> f64;
+    /// One iteration of worker `w`, worker `g` of all processes' (without the clock).
+    fn iteration(&self, w: &Worker, g: usize) -> Result<(), String>;
+    /// The objective after the run, from the rows `read(table, keys, out)` gives.
+    fn objective(&self, read: Read<'_>) -> f64;
 }
 
 fn e(err: embstore_common::Error) -> String {
@@ -112,6 +125,8 @@ struct RunResult {
     plan: Option<embstore_ps::PlanStats>,
     stats: embstore_ps::Stats,
     objective: f64,
+    /// Bytes this process sent to the others (multi-process runs).
+    wire_bytes: u64,
 }
 
 fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, String> {
@@ -121,8 +136,23 @@ fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, S
     };
     let opts = Options::variant(name).map_err(e)?;
     let tables = app.tables();
-    let ps = Ps::new(Arc::new(TableMasters::new(tables.clone()).map_err(e)?), c.workers, opts)
-        .map_err(e)?;
+    let local = Arc::new(TableMasters::new(tables.clone()).map_err(e)?);
+    let rank = c.process_rank.unwrap_or(0);
+    let cluster = match &c.addrs {
+        Some(addrs) => {
+            let addrs: Vec<std::net::SocketAddr> = addrs
+                .split(',')
+                .map(|a| a.parse().map_err(|err| format!("--addrs: {a:?}: {err}")))
+                .collect::<Result<_, String>>()?;
+            Some(Cluster::start(rank, addrs, local.clone()).map_err(e)?)
+        }
+        None => None,
+    };
+    let masters: Arc<dyn Masters> = match &cluster {
+        Some(cl) => Arc::new(cl.masters().map_err(e)?),
+        None => local,
+    };
+    let ps = Ps::new(masters, c.workers, opts).map_err(e)?;
     let gather = name != "no-opt";
     let t = Instant::now();
     let mut from = 1;
@@ -130,19 +160,19 @@ fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, S
         ps.start_gather(true).map_err(e)?;
         for w in 0..c.workers {
             let worker = ps.worker(w).map_err(e)?;
-            app.iteration(&worker)?;
+            app.iteration(&worker, rank * c.workers + w)?;
             worker.clock().map_err(e)?;
         }
     } else if gather {
         ps.start_gather(false).map_err(e)?;
-        run_clocks(app, &ps, 1)?;
+        run_clocks(app, &ps, rank, 1)?;
         from = 2;
     }
     let plan = if gather { Some(ps.finish_gather().map_err(e)?) } else { None };
     let gather_s = t.elapsed().as_secs_f64();
     let mut stamps = vec![Instant::now()];
     for _ in from..=c.iters {
-        run_clocks(app, &ps, 1)?;
+        run_clocks(app, &ps, rank, 1)?;
         stamps.push(Instant::now());
     }
     // Iterations 2..N: the first real iteration pays first touches.
@@ -151,25 +181,41 @@ fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, S
         .map(|w| (w[1] - w[0]).as_secs_f64())
         .skip(usize::from(from == 1))
         .collect();
-    Ok(RunResult {
-        per_iter: median(&mut per),
-        gather_s,
-        plan,
-        stats: ps.stats(),
-        objective: app.objective(&tables),
-    })
+    let stats = ps.stats();
+    let (objective, wire_bytes) = match &cluster {
+        Some(cl) => {
+            let sent = cl.bytes().0;
+            let objective = if rank == 0 {
+                app.objective(&|t, k, out| cl.read_any(t, k, out).expect("read"))
+            } else {
+                f64::NAN
+            };
+            // Every process serves its rows until process 0 has read them.
+            cl.sync(u32::MAX).map_err(e)?;
+            cl.stop();
+            (objective, sent)
+        }
+        None => (
+            app.objective(&|t, k, out| {
+                tables[t].lookup(k, OnMiss::Init, out, None).expect("lookup");
+            }),
+            0,
+        ),
+    };
+    Ok(RunResult { per_iter: median(&mut per), gather_s, plan, stats, objective, wire_bytes })
 }
 
-/// Runs `n` clocks on every worker, each in its own thread.
-fn run_clocks(app: &dyn IterApp, ps: &Ps, n: u32) -> Result<(), String> {
+/// Runs `n` clocks on every worker of this process, each in its own thread.
+fn run_clocks(app: &dyn IterApp, ps: &Ps, rank: usize, n: u32) -> Result<(), String> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..ps.workers())
             .map(|w| {
                 let worker = ps.worker(w).map_err(e);
+                let g = rank * ps.workers() + w;
                 s.spawn(move || -> Result<(), String> {
                     let worker = worker?;
                     for _ in 0..n {
-                        app.iteration(&worker)?;
+                        app.iteration(&worker, g)?;
                         worker.clock().map_err(e)?;
                     }
                     Ok(())
@@ -179,6 +225,93 @@ fn run_clocks(app: &dyn IterApp, ps: &Ps, n: u32) -> Result<(), String> {
         handles
             .into_iter()
             .try_for_each(|h| h.join().map_err(|_| "a worker panicked".to_string())?)
+    })
+}
+
+/// A multi-process run: `processes` copies of this binary on loopback; process 0's figures
+/// (and every process's bytes sent).
+fn run_processes(variant: &str, c: &Common) -> Result<RunResult, String> {
+    let listeners: Vec<std::net::TcpListener> = (0..c.processes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(|err| err.to_string()))
+        .collect::<Result<_, _>>()?;
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.to_string()).unwrap_or_default())
+        .collect();
+    drop(listeners);
+    let exe = std::env::current_exe().map_err(|err| err.to_string())?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // Drop the options this parent sets itself.
+    let mut clean = Vec::new();
+    let mut skip = false;
+    for a in args.drain(..) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if ["--variants", "--runs", "--process-rank", "--addrs"].contains(&a.as_str()) {
+            skip = true;
+            continue;
+        }
+        if a == "--json" || a.starts_with("--variants=") || a.starts_with("--runs=") {
+            continue;
+        }
+        clean.push(a);
+    }
+    if std::env::var_os("EMBSTORE_BENCH_CHILD").is_some() {
+        return Err("a child process of a multi-process run would start more processes".into());
+    }
+    let children: Vec<std::process::Child> = (0..c.processes)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args(&clean)
+                .args([
+                    "--variants",
+                    variant,
+                    "--runs",
+                    "1",
+                    "--json",
+                    "--process-rank",
+                    &r.to_string(),
+                ])
+                .args(["--addrs", &addrs.join(",")])
+                .env("EMBSTORE_BENCH_CHILD", "1")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|err| format!("spawn: {err}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut outs = Vec::new();
+    for (r, ch) in children.into_iter().enumerate() {
+        let out = ch.wait_with_output().map_err(|err| err.to_string())?;
+        if !out.status.success() {
+            return Err(format!("process {r} of {variant} failed: {}", out.status));
+        }
+        let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).map_err(|err| format!("process {r}: {err}: {line:?}"))?;
+        outs.push(v);
+    }
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let r0 = &outs[0];
+    let stats = embstore_ps::Stats {
+        fetches: outs.iter().map(|v| f(v, "fetches") as u64).sum(),
+        overflow: outs.iter().map(|v| f(v, "overflow") as u64).sum(),
+        bytes_read: (f(r0, "mb_read_per_iter") * 1e6 * f64::from(c.iters)) as u64,
+        bytes_pushed: (f(r0, "mb_pushed_per_iter") * 1e6 * f64::from(c.iters)) as u64,
+        wait_s: f(r0, "wait_s"),
+        ..Default::default()
+    };
+    Ok(RunResult {
+        per_iter: f(r0, "s_per_iter"),
+        gather_s: f(r0, "preprocess_s"),
+        plan: None,
+        stats,
+        objective: f(r0, "objective"),
+        wire_bytes: outs
+            .iter()
+            .map(|v| f(v, "wire_mb_per_iter") * 1e6 * f64::from(c.iters))
+            .sum::<f64>() as u64,
     })
 }
 
@@ -192,15 +325,23 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
     };
     if !c.json {
         println!("{}", crate::machine_line());
-        println!("{}: {} workers, {} iterations, {} runs", app.name(), c.workers, c.iters, c.runs);
         println!(
-            "{:<26} {:>10} {:>8} {:>9} {:>10} {:>10} {:>9} {:>14}",
+            "{}: {} processes x {} workers, {} iterations, {} runs",
+            app.name(),
+            c.processes,
+            c.workers,
+            c.iters,
+            c.runs
+        );
+        println!(
+            "{:<26} {:>10} {:>8} {:>9} {:>10} {:>10} {:>10} {:>9} {:>14}",
             "variant",
             "s/iter",
             "vs no-opt",
             "prep s",
             "MB read/it",
             "MB push/it",
+            "MB wire/it",
             "fetches",
             "objective"
         );
@@ -210,7 +351,11 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
     for v in &variants {
         let mut runs = Vec::new();
         for _ in 0..c.runs {
-            runs.push(run_once(app, v, c)?);
+            runs.push(if c.processes > 1 && c.process_rank.is_none() {
+                run_processes(v, c)?
+            } else {
+                run_once(app, v, c)?
+            });
         }
         let mut per: Vec<f64> = runs.iter().map(|r| r.per_iter).collect();
         let per_iter = median(&mut per);
@@ -220,12 +365,14 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
         let iters = f64::from(c.iters);
         let read_mb = r.stats.bytes_read as f64 / iters / 1e6;
         let push_mb = r.stats.bytes_pushed as f64 / iters / 1e6;
+        let wire_mb = r.wire_bytes as f64 / iters / 1e6;
         if v == "no-opt" {
             base = Some(per_iter);
         }
         let speedup = base.map_or(f64::NAN, |b| b / per_iter);
         let same = objective0.get_or_insert(r.objective);
-        let agrees = (r.objective - *same).abs() <= 1e-6 * same.abs().max(1e-30);
+        let agrees = r.objective.is_nan() && same.is_nan()
+            || (r.objective - *same).abs() <= 1e-6 * same.abs().max(1e-30);
         if c.json {
             let plan = r.plan.as_ref().map(|p| {
                 json!({"rows": p.rows, "bytes": p.bytes, "early_rows": p.early_rows,
@@ -237,6 +384,7 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
                 "{}",
                 json!({
                     "app": app.name(), "variant": v, "workers": c.workers, "iters": c.iters,
+                    "processes": c.processes, "rank": c.process_rank, "wire_mb_per_iter": wire_mb,
                     "runs": c.runs, "s_per_iter": per_iter, "s_per_iter_runs": per,
                     "speedup_vs_no_opt": speedup, "preprocess_s": prep, "plan": plan,
                     "mb_read_per_iter": read_mb, "mb_pushed_per_iter": push_mb,
@@ -247,13 +395,14 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
             );
         } else {
             println!(
-                "{:<26} {:>10.4} {:>8.2}x {:>9.3} {:>10.2} {:>10.2} {:>9} {:>14.8}{}",
+                "{:<26} {:>10.4} {:>8.2}x {:>9.3} {:>10.2} {:>10.2} {:>10.2} {:>9} {:>14.8}{}",
                 v,
                 per_iter,
                 speedup,
                 prep,
                 read_mb,
                 push_mb,
+                wire_mb,
                 r.stats.fetches,
                 r.objective,
                 if agrees { "" } else { "  (DIFFERS)" }
@@ -264,6 +413,19 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A dot product in 8 lanes (vectorises; a plain `sum()` of products does not).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 // --- MF --------------------------------------------------------------------------------------
@@ -319,18 +481,19 @@ impl IterApp for Mf {
             .collect()
     }
 
-    fn iteration(&self, w: &Worker) -> Result<(), String> {
+    fn iteration(&self, w: &Worker, g: usize) -> Result<(), String> {
         let d = self.rank;
         let (mut l, mut r) = (vec![0.0f32; d], vec![0.0f32; d]);
         let (mut dl, mut dr) = (vec![0.0f32; d], vec![0.0f32; d]);
-        for &(u, i, rating) in &self.parts[w.id()] {
+        for &(u, i, rating) in &self.parts[g] {
             w.read(0, &[u], &mut l).map_err(e)?;
             w.read(1, &[i], &mut r).map_err(e)?;
-            let pred: f32 = l.iter().zip(&r).map(|(a, b)| a * b).sum();
+            let pred = dot(&l, &r);
             let err = rating - pred;
-            for k in 0..d {
-                dl[k] = self.lr * (err * r[k] - self.lambda * l[k]);
-                dr[k] = self.lr * (err * l[k] - self.lambda * r[k]);
+            let (a, b) = (self.lr * err, self.lr * self.lambda);
+            for (((dl, dr), &l), &r) in dl.iter_mut().zip(dr.iter_mut()).zip(&l).zip(&r) {
+                *dl = a * r - b * l;
+                *dr = a * l - b * r;
             }
             w.update(0, &[u], &dl).map_err(e)?;
             w.update(1, &[i], &dr).map_err(e)?;
@@ -338,16 +501,16 @@ impl IterApp for Mf {
         Ok(())
     }
 
-    fn objective(&self, tables: &[Arc<Table>]) -> f64 {
+    fn objective(&self, read: Read<'_>) -> f64 {
         // Training RMSE over every rating.
         let d = self.rank;
         let (mut l, mut r) = (vec![0.0f32; d], vec![0.0f32; d]);
         let (mut se, mut n) = (0.0f64, 0usize);
         for part in &self.parts {
             for &(u, i, rating) in part {
-                tables[0].lookup(&[u], OnMiss::Init, &mut l, None).expect("lookup");
-                tables[1].lookup(&[i], OnMiss::Init, &mut r, None).expect("lookup");
-                let pred: f32 = l.iter().zip(&r).map(|(a, b)| a * b).sum();
+                read(0, &[u], &mut l);
+                read(1, &[i], &mut r);
+                let pred = dot(&l, &r);
                 se += f64::from(rating - pred).powi(2);
                 n += 1;
             }
@@ -424,12 +587,12 @@ impl IterApp for PageRank {
             .collect()
     }
 
-    fn iteration(&self, w: &Worker) -> Result<(), String> {
+    fn iteration(&self, w: &Worker, g: usize) -> Result<(), String> {
         let n = self.g.nodes as f32;
         let mut dangling = [0.0f32];
         w.read(1, &[0], &mut dangling).map_err(e)?;
         let base = (1.0 - self.damping) / n + self.damping * dangling[0] / n;
-        let mine: Vec<u64> = (w.id() as u64..self.g.nodes as u64).step_by(self.workers).collect();
+        let mine: Vec<u64> = (g as u64..self.g.nodes as u64).step_by(self.workers).collect();
         let mut old = vec![0.0f32; mine.len()];
         w.read(0, &mine, &mut old).map_err(e)?;
         let mut deltas = Vec::with_capacity(mine.len());
@@ -453,12 +616,12 @@ impl IterApp for PageRank {
         Ok(())
     }
 
-    fn objective(&self, tables: &[Arc<Table>]) -> f64 {
+    fn objective(&self, read: Read<'_>) -> f64 {
         // The sum of the ranks (1 for an exact power iteration) and the top rank, as one
         // number every variant must reproduce: Σ r + top.
         let keys: Vec<u64> = (0..self.g.nodes as u64).collect();
         let mut r = vec![0.0f32; keys.len()];
-        tables[0].lookup(&keys, OnMiss::Init, &mut r, None).expect("lookup");
+        read(0, &keys, &mut r);
         let sum: f64 = r.iter().map(|&x| f64::from(x)).sum();
         let top = r.iter().copied().fold(0.0f32, f32::max);
         sum + f64::from(top)

@@ -31,6 +31,8 @@
 //! DESCRIBE  6  empty
 //! Sync (every sync frame carries its CRC; the bodies are in embstore-sync's `wire`)
 //! WELCOME  16, LIST 17, CHANGED 18, PULL 19, PART 20, PULL_DONE 21
+//! Parameter server (between the processes of one `embstore-ps` run; bodies in its `cluster`)
+//! PS_READ 32, PS_ROWS 33, PS_ADD 34, PS_ACK 35, PS_DONE 36, PS_APPLY 37
 //! ```
 //!
 //! A server answers every lookup-set request with one frame of the same `id`, in the order
@@ -87,6 +89,19 @@ pub enum Kind {
     Rollback = 25,
     /// A rollback request's answer: how many tables or rows it changed.
     RollbackDone = 26,
+    /// Parameter server: read rows from their owner.
+    PsRead = 32,
+    /// Parameter server: the rows read, in request order, and the clock they reflect.
+    PsRows = 33,
+    /// Parameter server: a clock's deltas for rows of the receiver, staged until applied.
+    PsAdd = 34,
+    /// Parameter server: a request done (the answer to ADD, APPLY and DONE).
+    PsAck = 35,
+    /// Parameter server: a process has pushed a clock (to the coordinator; answered once
+    /// every process has and every owner applied it).
+    PsDone = 36,
+    /// Parameter server: apply the deltas staged for a clock (from the coordinator).
+    PsApply = 37,
 }
 
 impl Kind {
@@ -111,6 +126,12 @@ impl Kind {
             24 => Kind::Packed,
             25 => Kind::Rollback,
             26 => Kind::RollbackDone,
+            32 => Kind::PsRead,
+            33 => Kind::PsRows,
+            34 => Kind::PsAdd,
+            35 => Kind::PsAck,
+            36 => Kind::PsDone,
+            37 => Kind::PsApply,
             _ => return None,
         })
     }
@@ -280,6 +301,8 @@ pub fn read_blocking(
 pub enum Service {
     Lookups = 1,
     Sync = 2,
+    /// The processes of a parameter server.
+    Ps = 3,
 }
 
 /// A HELLO's body: the token, the service, and the service's own fields (`rest`).
@@ -304,6 +327,7 @@ pub fn decode_hello(body: &[u8]) -> Result<Hello<'_>, FrameError> {
     let service = match c.u8()? {
         1 => Service::Lookups,
         2 => Service::Sync,
+        3 => Service::Ps,
         s => return Err(FrameError::Malformed(format!("a HELLO names unknown service {s}"))),
     };
     Ok(Hello { token, service, rest: c.rest() })

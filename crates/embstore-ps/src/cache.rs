@@ -10,7 +10,8 @@ use hashbrown::HashMap;
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Options;
-use crate::plan::{Plan, NONE};
+use crate::masters::{Masters, Prepared};
+use crate::plan::{Block, Plan, NONE};
 
 /// Shards of the dynamic row map.
 const SHARDS: usize = 64;
@@ -31,12 +32,13 @@ pub(crate) struct TableCache {
     pub(crate) index: NeighborHash,
     /// Arena slot → key, in arena order.
     pub(crate) keys: Vec<u64>,
-    /// Slots `[0, early)`: the early prefetch; `[0, read)`: every prefetched row.
-    pub(crate) early: usize,
-    pub(crate) read: usize,
-    /// The arena with prefetch: `keys.len() × dim` values, replaced whole by each refresh, so
-    /// that a worker reads its own snapshot without locking.
-    pub(crate) arena: RwLock<Arc<Vec<f32>>>,
+    /// The arena's blocks, one per owner.
+    pub(crate) blocks: Vec<Block>,
+    /// Per block: its early and normal prefetch, encoded once.
+    pub(crate) prepared: Vec<[Prepared; 2]>,
+    /// The arena with prefetch: replaced whole by each refresh, so that a worker reads its
+    /// own snapshot without locking.
+    pub(crate) arena: RwLock<Arc<Arena>>,
     /// The arena without prefetch: rows filled one at a time as they are read.
     pub(crate) values: RwLock<Vec<f32>>,
     /// Static store without prefetch: the age of each slot's copy.
@@ -45,7 +47,23 @@ pub(crate) struct TableCache {
     pub(crate) dynamic: Vec<Mutex<HashMap<u64, DynRow>>>,
 }
 
+/// A refreshed arena: `keys.len() × dim` values and the clock each block reflects.
+#[derive(Default)]
+pub(crate) struct Arena {
+    pub(crate) values: Vec<f32>,
+    pub(crate) ages: Vec<i64>,
+}
+
 impl TableCache {
+    /// The block of arena slot `slot`.
+    #[inline]
+    pub(crate) fn block_of(&self, slot: usize) -> usize {
+        if self.blocks.len() == 1 {
+            return 0;
+        }
+        self.blocks.partition_point(|b| b.end <= slot)
+    }
+
     pub(crate) fn shard(&self, key: u64) -> &Mutex<HashMap<u64, DynRow>> {
         // The high bits of a multiplicative hash: keys that differ only in high bits spread too.
         let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -79,14 +97,24 @@ impl ProcessCache {
         plan: Option<Arc<Plan>>,
         dims: &[usize],
         opts: &Options,
+        masters: &dyn Masters,
     ) -> Result<Self> {
         let static_store = opts.static_store && plan.is_some();
         let mut tables = Vec::new();
         for (t, &dim) in dims.iter().enumerate() {
-            let (keys, early, read) = match (&plan, static_store) {
-                (Some(p), true) => (p.tables[t].keys.clone(), p.tables[t].early, p.tables[t].read),
-                _ => (Vec::new(), 0, 0),
+            let (keys, blocks) = match (&plan, static_store) {
+                (Some(p), true) => (p.tables[t].keys.clone(), p.tables[t].blocks.clone()),
+                _ => (Vec::new(), Vec::new()),
             };
+            let prepared = blocks
+                .iter()
+                .map(|b| {
+                    [
+                        masters.prepare(t, b.owner, &keys[b.start..b.early]),
+                        masters.prepare(t, b.owner, &keys[b.early..b.read]),
+                    ]
+                })
+                .collect();
             let mut index = NeighborHash::with_capacity(keys.len().max(1))?;
             let slots: Vec<u64> = (0..keys.len() as u64).collect();
             index.insert_batch(&keys, &slots)?;
@@ -98,15 +126,15 @@ impl ProcessCache {
             tables.push(TableCache {
                 dim,
                 index,
-                arena: RwLock::new(Arc::new(Vec::new())),
+                arena: RwLock::new(Arc::new(Arena::default())),
                 values: RwLock::new(if opts.prefetch {
                     Vec::new()
                 } else {
                     vec![0.0; keys.len() * dim]
                 }),
                 keys,
-                early,
-                read,
+                blocks,
+                prepared,
                 slot_age,
                 dynamic: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             });

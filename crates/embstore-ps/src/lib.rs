@@ -48,12 +48,14 @@
 //! ```
 
 mod cache;
+mod cluster;
 mod config;
 mod masters;
 mod plan;
 mod ps;
 
+pub use cluster::{Cluster, ClusterMasters};
 pub use config::{Consistency, Options, Replan};
-pub use masters::{Masters, TableMasters};
+pub use masters::{Masters, Prepared, TableMasters};
 pub use plan::{Log, Op, PlanStats};
 pub use ps::{Ps, Stats, Worker};

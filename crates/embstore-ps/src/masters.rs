@@ -16,6 +16,57 @@ pub trait Masters: Send + Sync {
     fn read(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<()>;
     /// Adds `deltas` (`[keys, dim]`) to the rows of `keys` (distinct keys).
     fn add(&self, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()>;
+
+    /// Processes the rows are spread over (1: every row is here).
+    fn processes(&self) -> usize {
+        1
+    }
+
+    /// The process holding the master of `key` of `table`.
+    fn owner(&self, _table: usize, _key: u64) -> usize {
+        0
+    }
+
+    /// Reads as [`Masters::read`] does and says which clock the rows reflect, when the masters
+    /// know it (rows spread over processes: every clock up to the one returned is applied);
+    /// `None`: the caller's count of pushed clocks holds.
+    fn read_at(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<Option<i64>> {
+        self.read(table, keys, out).map(|()| None)
+    }
+
+    /// A read of `keys` (all held by `owner`) encoded once, to be sent again every clock.
+    fn prepare(&self, table: usize, owner: usize, keys: &[u64]) -> Prepared {
+        Prepared { table, owner, keys: keys.to_vec(), frame: Vec::new() }
+    }
+
+    /// Runs a prepared read: the rows, in its keys' order, straight into `out`.
+    fn read_prepared(&self, p: &Prepared, out: &mut [f32]) -> Result<Option<i64>> {
+        self.read_at(p.table, &p.keys, out)
+    }
+
+    /// Adds clock `clock`'s deltas. Rows spread over processes: staged at their owners until
+    /// [`Masters::barrier`] applies the clock everywhere.
+    fn add_at(&self, _clock: u32, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()> {
+        self.add(table, keys, deltas)
+    }
+
+    /// Returns once every process has pushed `clock` and every owner applied it.
+    fn barrier(&self, _clock: u32) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A read encoded once (see [`Masters::prepare`]).
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    /// The table.
+    pub table: usize,
+    /// The process asked.
+    pub owner: usize,
+    /// The keys, in the order the rows come back.
+    pub keys: Vec<u64>,
+    /// The request as sent on the wire (empty for a local read).
+    pub frame: Vec<u8>,
 }
 
 /// Masters over a store's tables, each of which must add its updates (`Optimizer::Delta`).

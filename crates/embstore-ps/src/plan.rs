@@ -22,16 +22,30 @@ pub type Log = Vec<(u32, u64, Op)>;
 /// "No slot": a key outside the static thread cache.
 pub const NONE: u32 = u32::MAX;
 
+/// The rows of one owner in a table's arena: `[start, early)` the early prefetch,
+/// `[early, read)` the normal one, `[read, end)` rows only updated (never fetched).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Block {
+    /// The process that holds the rows' masters.
+    pub owner: usize,
+    /// First slot.
+    pub start: usize,
+    /// End of the early rows.
+    pub early: usize,
+    /// End of the rows read.
+    pub read: usize,
+    /// End of the block.
+    pub end: usize,
+}
+
 /// A table's part of the plan: the process's rows in arena order.
 #[derive(Debug, Default)]
 pub struct TablePlan {
-    /// The rows, in arena order: read rows by first-read rank (the early ones first), then the
-    /// rows only updated.
+    /// The rows, in arena order: by owner; within an owner the read rows by first-read rank
+    /// (the early ones first), then the rows only updated.
     pub keys: Vec<u64>,
-    /// Rows `[0, early)` are the early prefetch.
-    pub early: usize,
-    /// Rows `[0, read)` are read by some worker (and prefetched); the rest are only updated.
-    pub read: usize,
+    /// One block per owner with rows here, in arena order.
+    pub blocks: Vec<Block>,
 }
 
 /// A worker's part of a table's plan.
@@ -108,8 +122,16 @@ struct Seen {
 }
 
 impl Plan {
-    /// Builds a plan from each worker's log over `tables` tables.
-    pub fn build(logs: &[Log], tables: usize, dims: &[usize], opts: &Options, clocks: u64) -> Plan {
+    /// Builds a plan from each worker's log over `tables` tables; `owner(table, key)` names
+    /// the process holding a row's master.
+    pub fn build(
+        logs: &[Log],
+        tables: usize,
+        dims: &[usize],
+        opts: &Options,
+        clocks: u64,
+        owner: &dyn Fn(usize, u64) -> usize,
+    ) -> Plan {
         let t0 = Instant::now();
         // Per worker, per table: what it did to each row, in first-access order.
         let mut per_worker: Vec<Vec<Rows>> = Vec::new();
@@ -159,21 +181,32 @@ impl Plan {
                     }
                 }
             }
-            let mut keys: Vec<(f64, u64)> = rank.into_iter().map(|(k, r)| (r, k)).collect();
-            keys.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            let read = keys.iter().take_while(|(r, _)| r.is_finite()).count();
-            let early = keys.iter().take_while(|(r, _)| *r < opts.early_ratio).count();
+            // Arena order: by owner, then read rows by rank (early first), then update-only.
+            let mut keys: Vec<(usize, f64, u64)> =
+                rank.into_iter().map(|(k, r)| (owner(table, k), r, k)).collect();
+            keys.sort_unstable_by(|a, b| {
+                a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2))
+            });
+            let mut tp = TablePlan::default();
+            let mut i = 0;
+            while i < keys.len() {
+                let o = keys[i].0;
+                let start = i;
+                let end = start + keys[start..].iter().take_while(|k| k.0 == o).count();
+                let read = start + keys[start..end].iter().take_while(|k| k.1.is_finite()).count();
+                let early =
+                    start + keys[start..read].iter().take_while(|k| k.1 < opts.early_ratio).count();
+                plan.stats.early_rows += (early - start) as u64;
+                plan.stats.prefetch_rows += (read - start) as u64;
+                plan.stats.prefetch_frames += u64::from(early > start) + u64::from(read > early);
+                tp.blocks.push(Block { owner: o, start, early, read, end });
+                i = end;
+            }
             let rows = keys.len() as u64;
             plan.stats.rows += rows;
             plan.stats.bytes += rows * dims[table] as u64 * 4;
-            plan.stats.early_rows += early as u64;
-            plan.stats.prefetch_rows += read as u64;
-            plan.stats.prefetch_frames += u64::from(early > 0) + u64::from(read > early);
-            plan.tables.push(TablePlan {
-                keys: keys.into_iter().map(|(_, k)| k).collect(),
-                early,
-                read,
-            });
+            tp.keys = keys.into_iter().map(|(_, _, k)| k).collect();
+            plan.tables.push(tp);
         }
         plan.stats.merge_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();

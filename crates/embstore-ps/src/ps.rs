@@ -8,7 +8,7 @@ use std::time::Instant;
 use embstore_common::{Error, ErrorKind, Result};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::cache::{DeltaBuf, DynRow, ProcessCache, NEVER};
+use crate::cache::{Arena, DeltaBuf, DynRow, ProcessCache, NEVER};
 use crate::config::{Consistency, Options, Replan};
 use crate::masters::Masters;
 use crate::plan::{Log, Op, Plan, PlanStats, NONE};
@@ -101,7 +101,7 @@ struct WorkerState {
     log: Option<Log>,
     virtual_clocks: u32,
     /// Per table: this worker's snapshot of the arena and its age.
-    snapshots: Vec<(i64, Arc<Vec<f32>>)>,
+    snapshots: Vec<(i64, Arc<Arena>)>,
     /// Counted here, added to the shared counters at each clock.
     local: Local,
 }
@@ -178,7 +178,7 @@ impl Ps {
         }
         let names = masters.names();
         let dims: Vec<usize> = (0..names.len()).map(|t| masters.dim(t)).collect();
-        let cache = Arc::new(ProcessCache::build(0, None, &dims, &opts)?);
+        let cache = Arc::new(ProcessCache::build(0, None, &dims, &opts, &*masters)?);
         let states = (0..workers)
             .map(|w| {
                 Mutex::new(WorkerState {
@@ -387,12 +387,21 @@ impl Inner {
 
     /// Builds the plan of `logs` and installs its cache.
     fn install(&self, logs: &[Log], clocks: u64) -> Result<PlanStats> {
-        let mut plan = Plan::build(logs, self.dims.len(), &self.dims, &self.opts, clocks);
+        let masters = &*self.masters;
+        let mut plan =
+            Plan::build(logs, self.dims.len(), &self.dims, &self.opts, clocks, &|t, k| {
+                masters.owner(t, k)
+            });
         let t = Instant::now();
         let generation = self.generation.load(Ordering::Acquire) + 1;
         let plan_arc = Arc::new(std::mem::take(&mut plan));
-        let cache =
-            ProcessCache::build(generation, Some(plan_arc.clone()), &self.dims, &self.opts)?;
+        let cache = ProcessCache::build(
+            generation,
+            Some(plan_arc.clone()),
+            &self.dims,
+            &self.opts,
+            masters,
+        )?;
         let mut stats = plan_arc.stats.clone();
         stats.static_s = t.elapsed().as_secs_f64();
         *self.cache.write() = Arc::new(cache);
@@ -405,9 +414,9 @@ impl Inner {
     fn fetch(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<i64> {
         let _shared = self.push_lock.read();
         let age = self.pushed.load(Ordering::Acquire);
-        self.masters.read(table, keys, out)?;
+        let at = self.masters.read_at(table, keys, out)?;
         bump(&self.counters.bytes_read, (out.len() * 4) as u64);
-        Ok(age)
+        Ok(at.unwrap_or(age))
     }
 
     /// Makes the arena (or, without a static store, the planned rows of the map) reflect at
@@ -422,45 +431,60 @@ impl Inner {
         }
         let Some(plan) = &cache.plan else { return Ok(()) };
         let _shared = self.push_lock.read();
-        let age = self.pushed.load(Ordering::Acquire);
+        let pushed = self.pushed.load(Ordering::Acquire);
+        let mut oldest = pushed;
         for (t, tc) in cache.tables.iter().enumerate() {
             let d = tc.dim;
             if cache.static_store {
-                let mut values = vec![0.0f32; tc.keys.len() * d];
-                for (lo, hi) in [(0, tc.early), (tc.early, tc.read)] {
-                    if hi > lo {
-                        self.masters.read(t, &tc.keys[lo..hi], &mut values[lo * d..hi * d])?;
-                        bump(&self.counters.prefetch_requests, 1);
+                let mut arena = Arena { values: vec![0.0f32; tc.keys.len() * d], ages: Vec::new() };
+                for (b, prepared) in tc.blocks.iter().zip(&tc.prepared) {
+                    let mut age = i64::MAX;
+                    for (p, (lo, hi)) in
+                        prepared.iter().zip([(b.start, b.early), (b.early, b.read)])
+                    {
+                        if hi > lo {
+                            let at =
+                                self.masters.read_prepared(p, &mut arena.values[lo * d..hi * d])?;
+                            age = age.min(at.unwrap_or(pushed));
+                            bump(&self.counters.prefetch_requests, 1);
+                        }
                     }
+                    let age = if age == i64::MAX { pushed } else { age };
+                    oldest = oldest.min(age);
+                    arena.ages.push(age);
+                    bump(&self.counters.prefetch_rows, (b.read - b.start) as u64);
+                    bump(&self.counters.bytes_read, ((b.read - b.start) * d * 4) as u64);
                 }
-                *tc.arena.write() = Arc::new(values);
+                *tc.arena.write() = Arc::new(arena);
             } else {
                 let tp = &plan.tables[t];
-                let keys = &tp.keys[..tp.read];
-                if keys.is_empty() {
-                    continue;
-                }
-                let mut buf = vec![0.0f32; keys.len() * d];
-                self.masters.read(t, keys, &mut buf)?;
-                bump(&self.counters.prefetch_requests, 1);
-                for (k, row) in keys.iter().zip(buf.chunks_exact(d)) {
-                    let mut shard = tc.shard(*k).lock();
-                    match shard.get_mut(k) {
-                        Some(r) => {
-                            r.values.copy_from_slice(row);
-                            r.age = age;
-                        }
-                        None => {
-                            shard.insert(*k, DynRow { age, values: row.into() });
+                for b in &tp.blocks {
+                    let keys = &tp.keys[b.start..b.read];
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    let mut buf = vec![0.0f32; keys.len() * d];
+                    let age = self.masters.read_at(t, keys, &mut buf)?.unwrap_or(pushed);
+                    oldest = oldest.min(age);
+                    bump(&self.counters.prefetch_requests, 1);
+                    bump(&self.counters.prefetch_rows, keys.len() as u64);
+                    bump(&self.counters.bytes_read, (keys.len() * d * 4) as u64);
+                    for (k, row) in keys.iter().zip(buf.chunks_exact(d)) {
+                        let mut shard = tc.shard(*k).lock();
+                        match shard.get_mut(k) {
+                            Some(r) => {
+                                r.values.copy_from_slice(row);
+                                r.age = age;
+                            }
+                            None => {
+                                shard.insert(*k, DynRow { age, values: row.into() });
+                            }
                         }
                     }
                 }
             }
-            let rows = if cache.static_store { tc.read } else { plan.tables[t].read };
-            bump(&self.counters.prefetch_rows, rows as u64);
-            bump(&self.counters.bytes_read, (rows * d * 4) as u64);
         }
-        cache.arena_age.store(age, Ordering::Release);
+        cache.arena_age.store(oldest, Ordering::Release);
         Ok(())
     }
 
@@ -474,12 +498,13 @@ impl Inner {
                 if keys.is_empty() {
                     continue;
                 }
-                self.masters.add(t, &keys, &deltas)?;
+                self.masters.add_at(k, t, &keys, &deltas)?;
                 bump(&self.counters.pushed_rows, keys.len() as u64);
                 bump(&self.counters.push_requests, 1);
                 bump(&self.counters.bytes_pushed, (deltas.len() * 4) as u64);
             }
         }
+        self.masters.barrier(k)?;
         self.pushed.store(i64::from(k), Ordering::Release);
         // Overflow: more than 10 % of the clock's accesses outside the plan, two clocks running.
         let accesses = self.counters.clock_accesses.swap(0, Ordering::Relaxed);
@@ -580,9 +605,9 @@ impl Worker {
         }
         let tc = &cache.tables[table];
         let arena_age = cache.arena_age();
-        let values: Option<&[f32]> = if prefetch && cache.static_store {
+        let arena: Option<&Arena> = if prefetch && cache.static_store {
             if snapshots.len() != cache.tables.len() {
-                *snapshots = vec![(NEVER, Arc::new(Vec::new())); cache.tables.len()];
+                *snapshots = vec![(NEVER, Arc::new(Arena::default())); cache.tables.len()];
             }
             let snap = &mut snapshots[table];
             if snap.0 != arena_age {
@@ -607,9 +632,9 @@ impl Worker {
             }
             let age = if slot != NONE {
                 let s = slot as usize;
-                if let Some(values) = values {
-                    row.copy_from_slice(&values[s * d..(s + 1) * d]);
-                    arena_age
+                if let Some(arena) = arena {
+                    row.copy_from_slice(&arena.values[s * d..(s + 1) * d]);
+                    arena.ages[tc.block_of(s)]
                 } else {
                     let a = tc.slot_age[s].load(Ordering::Acquire);
                     if a >= need {

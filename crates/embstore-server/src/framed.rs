@@ -595,6 +595,18 @@ async fn connection<S: Io>(
                 send(&mut w, &error_frame(id, &status), &limits, &server).await;
                 return;
             }
+            Kind::PsRead
+            | Kind::PsRows
+            | Kind::PsAdd
+            | Kind::PsAck
+            | Kind::PsDone
+            | Kind::PsApply => {
+                let status = Status::invalid_argument(format!(
+                    "{kind:?} is a parameter-server frame: this is a framed lookup port"
+                ));
+                send(&mut w, &error_frame(id, &status), &limits, &server).await;
+                return;
+            }
         };
         if !send(&mut w, &answer, &limits, &server).await {
             return;
