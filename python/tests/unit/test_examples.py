@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def run_example(repo_root, name: str) -> str:
     """Runs ``examples/<name>`` in a fresh interpreter and returns its stdout."""
@@ -35,3 +37,18 @@ def test_durable_store_runs(repo_root):
     assert "ok: every record and checksum verified" in out
     rows = re.search(r"^rows ([\d,]+),", out, re.M).group(1).replace(",", "")
     assert f"reopened {rows} rows" in out
+
+
+def test_iterstore_pagerank_matches_scipy(repo_root):
+    out = run_example(repo_root, "iterstore_pagerank.py")
+    diff = float(re.search(r"max \|rank - scipy\| = (\S+)", out).group(1))
+    assert diff <= 1e-6, out
+    assert "rows fetched one at a time: 0," in out
+
+
+@pytest.mark.data
+def test_iterstore_mf_trains_without_a_demand_miss(repo_root):
+    out = run_example(repo_root, "iterstore_mf.py")
+    rmse = [float(x) for x in re.findall(r"rmse (\d+\.\d+)", out)]
+    assert len(rmse) == 5 and rmse[-1] < 0.95 and rmse[-1] < rmse[0], out
+    assert "rows fetched one at a time after the plan: 0," in out
