@@ -67,7 +67,7 @@ def main() -> int:
     for f in (graph, inter):
         if not f.exists():
             sys.exit(f"{f} is missing: make data iter-data")
-    runs = 1 if args.quick else 3
+    runs = 1 if args.quick else 5
     variants = MAIN if args.quick else EVERY
     pr, mf = ["pagerank", "--edges", str(graph)], ["mf", "--data", str(inter)]
     records = []
@@ -79,7 +79,7 @@ def main() -> int:
     if not args.quick:
         records += run_bench([*mf, "--rank", "1000"], 2, 1, MAIN, runs, 5)
         if x16.exists():
-            records += run_bench(["pagerank", "--edges", str(x16)], 2, 1, MAIN, runs, 3)
+            records += run_bench(["pagerank", "--edges", str(x16)], 2, 1, MAIN, 3, 3)
     # What a user would run on one machine instead.
     refs = []
     for path in [graph] + ([x16] if x16.exists() and not args.quick else []):

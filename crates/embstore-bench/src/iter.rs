@@ -502,18 +502,28 @@ impl IterApp for Mf {
     }
 
     fn objective(&self, read: Read<'_>) -> f64 {
-        // Training RMSE over every rating.
+        // Training RMSE over every rating; every row read once (one request per owner).
         let d = self.rank;
-        let (mut l, mut r) = (vec![0.0f32; d], vec![0.0f32; d]);
+        let rows = |table: usize, ids: Vec<u64>| {
+            let mut ids = ids;
+            ids.sort_unstable();
+            ids.dedup();
+            let mut v = vec![0.0f32; ids.len() * d];
+            read(table, &ids, &mut v);
+            (ids, v)
+        };
+        let all = || self.parts.iter().flatten();
+        let (us, uv) = rows(0, all().map(|r| r.0).collect());
+        let (is, iv) = rows(1, all().map(|r| r.1).collect());
+        let row = |ids: &[u64], v: &'_ [f32], k: u64| -> Vec<f32> {
+            let i = ids.binary_search(&k).expect("read");
+            v[i * d..(i + 1) * d].to_vec()
+        };
         let (mut se, mut n) = (0.0f64, 0usize);
-        for part in &self.parts {
-            for &(u, i, rating) in part {
-                read(0, &[u], &mut l);
-                read(1, &[i], &mut r);
-                let pred = dot(&l, &r);
-                se += f64::from(rating - pred).powi(2);
-                n += 1;
-            }
+        for &(u, i, rating) in all() {
+            let pred = dot(&row(&us, &uv, u), &row(&is, &iv, i));
+            se += f64::from(rating - pred).powi(2);
+            n += 1;
         }
         (se / n.max(1) as f64).sqrt()
     }

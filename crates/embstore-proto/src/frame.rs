@@ -32,7 +32,8 @@
 //! Sync (every sync frame carries its CRC; the bodies are in embstore-sync's `wire`)
 //! WELCOME  16, LIST 17, CHANGED 18, PULL 19, PART 20, PULL_DONE 21
 //! Parameter server (between the processes of one `embstore-ps` run; bodies in its `cluster`)
-//! PS_READ 32, PS_ROWS 33, PS_ADD 34, PS_ACK 35, PS_DONE 36, PS_APPLY 37
+//! PS_READ 32, PS_ROWS 33, PS_ADD 34, PS_ACK 35, PS_DONE 36, PS_APPLY 37, PS_GATHER 38,
+//! PS_GATHERED 39, PS_MOVE 40
 //! ```
 //!
 //! A server answers every lookup-set request with one frame of the same `id`, in the order
@@ -102,6 +103,12 @@ pub enum Kind {
     PsDone = 36,
     /// Parameter server: apply the deltas staged for a clock (from the coordinator).
     PsApply = 37,
+    /// Parameter server: a process's part of an all-gather (to the coordinator).
+    PsGather = 38,
+    /// Parameter server: every process's part of an all-gather, once all have sent theirs.
+    PsGathered = 39,
+    /// Parameter server: rows that placement moved to the receiver.
+    PsMove = 40,
 }
 
 impl Kind {
@@ -132,6 +139,9 @@ impl Kind {
             35 => Kind::PsAck,
             36 => Kind::PsDone,
             37 => Kind::PsApply,
+            38 => Kind::PsGather,
+            39 => Kind::PsGathered,
+            40 => Kind::PsMove,
             _ => return None,
         })
     }

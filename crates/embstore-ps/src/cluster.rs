@@ -1,5 +1,5 @@
 //! A parameter server over several processes: each process holds the masters of the rows
-//! hashed to it and serves them to the others on embstore's one wire (the PS message set of
+//! hashed to it (as a distributed training store places them) or placed on it and serves them to the others on embstore's one wire (the PS message set of
 //! `embstore_proto::frame`); process 0 coordinates the clocks.
 //!
 //! A clock's deltas are staged at their owners and applied only once every process has pushed
@@ -13,8 +13,18 @@
 //! PS_ADD    clock u32 | from u32 | table u32 | n u32 | dim u32 | n keys | n × dim float32
 //! PS_DONE   clock u32 | from u32        (to process 0; answered by PS_ACK once applied)
 //! PS_APPLY  clock u32                   (from process 0; answered by PS_ACK)
+//! PS_GATHER tag u64 | from u32 | payload  (to process 0; answered, once every process has
+//!           sent its part, by PS_GATHERED: P × (len u32 | payload), in process order)
+//! PS_MOVE   table u32 | n u32 | dim u32 | n keys | n × dim float32   (rows placement hands
+//!           to the receiver; answered by PS_ACK)
 //! PS_ACK    empty
 //! ```
+//!
+//! Placement: every process sends the rows its workers access to all the others (an all-gather
+//! through process 0) and each computes the same map: a row goes to the accessing process with
+//! the fewest rows so far (rows in key order, ties to the lower process); rows no process
+//! accesses stay hashed. A row's old owner hands it to its new one (PS_MOVE) before the next
+//! all-gather releases everyone.
 
 #[cfg(target_endian = "big")]
 compile_error!("the parameter server's wire copies float32 rows as little-endian bytes");
@@ -48,8 +58,16 @@ struct Staged {
     deltas: Vec<f32>,
 }
 
+/// An all-gather in progress at the coordinator.
+#[derive(Default)]
+struct Gathering {
+    parts: Vec<Option<Vec<u8>>>,
+    answered: usize,
+}
+
 #[derive(Default)]
 struct Coord {
+    gathers: BTreeMap<u64, Gathering>,
     arrived: BTreeMap<u32, usize>,
     released: i64,
     error: Option<Error>,
@@ -80,6 +98,9 @@ pub struct Cluster {
     stop: AtomicBool,
     claimed: AtomicBool,
     me: Mutex<std::sync::Weak<Cluster>>,
+    /// Per table: rows placement put on another process than their hash's.
+    placed: RwLock<Vec<hashbrown::HashMap<u64, u32>>>,
+    gather_tag: AtomicU64,
     bytes_sent: AtomicU64,
     bytes_received: AtomicU64,
 }
@@ -147,6 +168,8 @@ impl Cluster {
             stop: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
             me: Mutex::new(std::sync::Weak::new()),
+            placed: RwLock::new(Vec::new()),
+            gather_tag: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
         });
@@ -191,14 +214,17 @@ impl Cluster {
     /// Reads rows from their owners (one request per owner); the oldest clock they reflect.
     fn read_rows(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<i64> {
         let d = self.local.dim(table);
-        let first = keys.first().map_or(self.rank, |k| self.owner_of(*k));
-        if keys.iter().all(|k| self.owner_of(*k) == first) {
+        let placed = self.placed.read();
+        let first = keys.first().map_or(self.rank, |k| self.owner_in(&placed, table, *k));
+        if keys.iter().all(|k| self.owner_in(&placed, table, *k) == first) {
+            drop(placed);
             return self.read_owned(first, table, keys, out);
         }
         let mut by_owner: Vec<Vec<usize>> = vec![Vec::new(); self.processes()];
         for (i, k) in keys.iter().enumerate() {
-            by_owner[self.owner_of(*k)].push(i);
+            by_owner[self.owner_in(&placed, table, *k)].push(i);
         }
+        drop(placed);
         let mut age = i64::MAX;
         for (q, idx) in by_owner.iter().enumerate().filter(|(_, v)| !v.is_empty()) {
             let ks: Vec<u64> = idx.iter().map(|&i| keys[i]).collect();
@@ -233,6 +259,11 @@ impl Cluster {
         self.me.lock().upgrade().expect("a cluster lives in an Arc")
     }
 
+    /// The process holding the row of `key` of `table` (after placement, if any).
+    pub fn owner(&self, table: usize, key: u64) -> usize {
+        self.owner_of(table, key)
+    }
+
     /// This process's number.
     pub fn rank(&self) -> usize {
         self.rank
@@ -254,8 +285,209 @@ impl Cluster {
         let _ = TcpStream::connect_timeout(&self.addrs[self.rank], Duration::from_millis(200));
     }
 
-    fn owner_of(&self, key: u64) -> usize {
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % self.addrs.len()
+    /// The process a row lives on before placement: the distributed training store's owner
+    /// (`embstore_common::owner_of`), so that a process's tables hold the same rows either way.
+    fn hash_owner(&self, key: u64) -> usize {
+        embstore_common::owner_of(key, self.addrs.len() as u32) as usize
+    }
+
+    /// Where the row of `key` of `table` lives: where placement put it, else its hash's process.
+    fn owner_in(&self, placed: &[hashbrown::HashMap<u64, u32>], table: usize, key: u64) -> usize {
+        match placed.get(table).and_then(|m| m.get(&key)) {
+            Some(&o) => o as usize,
+            None => self.hash_owner(key),
+        }
+    }
+
+    fn owner_of(&self, table: usize, key: u64) -> usize {
+        let placed = self.placed.read();
+        self.owner_in(&placed, table, key)
+    }
+
+    /// An all-gather through process 0: every process's `payload`, in process order.
+    fn all_gather(&self, payload: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let tag = self.gather_tag.fetch_add(1, Ordering::AcqRel);
+        if self.rank == 0 {
+            return self.gather_at_coordinator(tag, 0, payload);
+        }
+        let mut w = Writer::with_capacity(12 + payload.len());
+        w.u64(tag).u32(self.rank as u32).raw(&payload);
+        let mut slot = self.control[0].lock();
+        if slot.is_none() {
+            *slot = Some(self.connect(0)?);
+        }
+        let conn = slot.as_mut().expect("connected");
+        let mut msg = Vec::with_capacity(HEADER + w.0.len());
+        msg.extend_from_slice(&frame::header(Kind::PsGather, w.0.len(), 1));
+        msg.extend_from_slice(&w.0);
+        let body = (|| {
+            conn.stream.write_all(&msg).map_err(|e| io("send", e))?;
+            let (h, body) = frame::read_blocking(&mut conn.stream, MAX_FRAME, None)?;
+            match h.kind {
+                Kind::PsGathered => Ok(body),
+                Kind::Error => {
+                    let e = frame::decode_error(&body)?;
+                    Err(Error::new(e.kind.unwrap_or(ErrorKind::Io), e.message))
+                }
+                k => Err(Error::corrupt(format!("expected PsGathered, got {k:?}"))),
+            }
+        })();
+        if body.is_err() {
+            *slot = None;
+        }
+        Self::split_parts(&body?, self.addrs.len())
+    }
+
+    fn split_parts(body: &[u8], p: usize) -> Result<Vec<Vec<u8>>> {
+        let mut parts = Vec::with_capacity(p);
+        let mut at = 0;
+        for _ in 0..p {
+            let n = u32_at(body, at)? as usize;
+            let part = body
+                .get(at + 4..at + 4 + n)
+                .ok_or_else(|| Error::corrupt("PS_GATHERED cut short"))?;
+            parts.push(part.to_vec());
+            at += 4 + n;
+        }
+        Ok(parts)
+    }
+
+    /// The coordinator's side: records `from`'s part of gather `tag`, waits for all of them.
+    fn gather_at_coordinator(
+        &self,
+        tag: u64,
+        from: usize,
+        payload: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let p = self.addrs.len();
+        let mut c = self.coord.lock();
+        let g =
+            c.gathers.entry(tag).or_insert_with(|| Gathering { parts: vec![None; p], answered: 0 });
+        if from >= p || g.parts[from].is_some() {
+            return Err(Error::invalid(format!(
+                "all-gather {tag}: a second or unknown part from {from}"
+            )));
+        }
+        g.parts[from] = Some(payload);
+        self.coord_cv.notify_all();
+        loop {
+            if let Some(e) = &c.error {
+                return Err(e.clone());
+            }
+            let g = c.gathers.get_mut(&tag).expect("the gather is kept until all answered");
+            if g.parts.iter().all(Option::is_some) {
+                let parts: Vec<Vec<u8>> =
+                    g.parts.iter().map(|x| x.clone().unwrap_or_default()).collect();
+                g.answered += 1;
+                if g.answered == p {
+                    c.gathers.remove(&tag);
+                }
+                return Ok(parts);
+            }
+            self.coord_cv.wait(&mut c);
+        }
+    }
+
+    fn on_move(&self, body: &[u8]) -> Result<()> {
+        let (table, n, d) =
+            (u32_at(body, 0)? as usize, u32_at(body, 4)? as usize, u32_at(body, 8)? as usize);
+        if table >= self.local.names().len() || d != self.local.dim(table) {
+            return Err(Error::shape(format!(
+                "PS_MOVE: table {table} with dim {d} is not one of this process's"
+            )));
+        }
+        let keys = keys_at(body, 12, n)?;
+        let at = 12 + n * 8;
+        let raw = body
+            .get(at..at + n * d * 4)
+            .ok_or_else(|| Error::corrupt("PS_MOVE: rows cut short"))?;
+        let mut values = vec![0.0f32; n * d];
+        as_bytes_mut(&mut values).copy_from_slice(raw);
+        let _exclusive = self.apply_lock.write();
+        self.local.assign(table, &keys, &values)
+    }
+
+    /// Placement (see the module docs); returns the rows this process handed over.
+    fn place(&self, rows: &[Vec<u64>]) -> Result<u64> {
+        let p = self.addrs.len();
+        if p > 64 {
+            return Err(Error::invalid("placement takes at most 64 processes"));
+        }
+        let mut w = Writer::with_capacity(4 + rows.iter().map(|r| 4 + r.len() * 8).sum::<usize>());
+        w.u32(rows.len() as u32);
+        for r in rows {
+            let mut r = r.clone();
+            r.sort_unstable();
+            r.dedup();
+            w.u32(r.len() as u32);
+            for k in r {
+                w.u64(k);
+            }
+        }
+        let parts = self.all_gather(w.0)?;
+        // Which processes access each row, per table.
+        let tables = rows.len();
+        let mut who: Vec<BTreeMap<u64, u64>> = vec![BTreeMap::new(); tables];
+        for (q, part) in parts.iter().enumerate() {
+            let nt = u32_at(part, 0)? as usize;
+            if nt != tables {
+                return Err(Error::invalid(format!(
+                    "placement: process {q} runs {nt} tables, this one {tables}: every process must run the same parameter server"
+                )));
+            }
+            let mut at = 4;
+            for who_t in who.iter_mut() {
+                let n = u32_at(part, at)? as usize;
+                for k in keys_at(part, at + 4, n)? {
+                    *who_t.entry(k).or_insert(0) |= 1u64 << q;
+                }
+                at += 4 + n * 8;
+            }
+        }
+        let mut placed = vec![hashbrown::HashMap::new(); tables];
+        for (t, who_t) in who.iter().enumerate() {
+            let mut load = vec![0u64; p];
+            for (&k, &mask) in who_t {
+                let q = (0..p)
+                    .filter(|q| mask & (1 << q) != 0)
+                    .min_by_key(|&q| (load[q], q))
+                    .expect("a reader");
+                load[q] += 1;
+                if q != self.hash_owner(k) {
+                    placed[t].insert(k, q as u32);
+                }
+            }
+        }
+        // Hand over the rows this process holds by hash that now live elsewhere.
+        let mut moved = 0u64;
+        for (t, m) in placed.iter().enumerate() {
+            let mut by_owner: Vec<Vec<u64>> = vec![Vec::new(); p];
+            for (&k, &q) in m {
+                if self.hash_owner(k) == self.rank && q as usize != self.rank {
+                    by_owner[q as usize].push(k);
+                }
+            }
+            for (q, mut keys) in by_owner.into_iter().enumerate().filter(|(_, k)| !k.is_empty()) {
+                keys.sort_unstable();
+                let (ks, vs) = self.local.take(t, &keys)?;
+                if ks.is_empty() {
+                    continue;
+                }
+                moved += ks.len() as u64;
+                let d = self.local.dim(t);
+                let mut w = Writer::with_capacity(12 + ks.len() * (8 + d * 4));
+                w.u32(t as u32).u32(ks.len() as u32).u32(d as u32);
+                for k in &ks {
+                    w.u64(*k);
+                }
+                w.raw(as_bytes(&vs));
+                self.request(&self.data, q, Kind::PsMove, &w.0, Kind::PsAck, None)?;
+            }
+        }
+        *self.placed.write() = placed;
+        // Everyone has handed its rows over before anyone reads again.
+        self.all_gather(Vec::new())?;
+        Ok(moved)
     }
 
     // --- serving -----------------------------------------------------------------------
@@ -292,6 +524,26 @@ impl Cluster {
                 Kind::PsApply => u32_at(&body, 0)
                     .and_then(|k| self.apply(k))
                     .map(|()| out.extend(frame::frame(Kind::PsAck, h.id, &[]))),
+                Kind::PsMove => {
+                    self.on_move(&body).map(|()| out.extend(frame::frame(Kind::PsAck, h.id, &[])))
+                }
+                Kind::PsGather => (|| {
+                    let tag = u64::from_le_bytes(
+                        body.get(0..8)
+                            .ok_or_else(|| Error::corrupt("PS_GATHER cut short"))?
+                            .try_into()
+                            .expect("8"),
+                    );
+                    let from = u32_at(&body, 8)? as usize;
+                    let parts = self.gather_at_coordinator(tag, from, body[12..].to_vec())?;
+                    let mut reply = Vec::new();
+                    for part in &parts {
+                        reply.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                        reply.extend_from_slice(part);
+                    }
+                    out.extend(frame::frame(Kind::PsGathered, h.id, &reply));
+                    Ok(())
+                })(),
                 Kind::PsDone => (|| {
                     let k = u32_at(&body, 0)?;
                     self.arrive(k)?;
@@ -612,8 +864,12 @@ impl Masters for ClusterMasters {
         self.0.processes()
     }
 
-    fn owner(&self, _table: usize, key: u64) -> usize {
-        self.0.owner_of(key)
+    fn owner(&self, table: usize, key: u64) -> usize {
+        self.0.owner_of(table, key)
+    }
+
+    fn place(&self, rows: &[Vec<u64>]) -> Result<u64> {
+        self.0.place(rows)
     }
 
     fn read_at(&self, table: usize, keys: &[u64], out: &mut [f32]) -> Result<Option<i64>> {
@@ -657,11 +913,13 @@ impl Masters for ClusterMasters {
         let c = &self.0;
         let d = self.dim(table);
         let mut by_owner: Vec<(Vec<u64>, Vec<f32>)> = vec![Default::default(); c.processes()];
+        let placed = c.placed.read();
         for (i, k) in keys.iter().enumerate() {
-            let o = &mut by_owner[c.owner_of(*k)];
+            let o = &mut by_owner[c.owner_in(&placed, table, *k)];
             o.0.push(*k);
             o.1.extend_from_slice(&deltas[i * d..(i + 1) * d]);
         }
+        drop(placed);
         for (q, (ks, ds)) in by_owner.into_iter().enumerate().filter(|(_, v)| !v.0.is_empty()) {
             if q == c.rank {
                 c.stage(clock, c.rank as u32, table, ks, ds);

@@ -54,6 +54,31 @@ pub trait Masters: Send + Sync {
     fn barrier(&self, _clock: u32) -> Result<()> {
         Ok(())
     }
+
+    /// Places each row of `rows` (per table, the rows this process's workers access) on a
+    /// process that accesses it, moving the rows that exist; every process calls it together.
+    /// Returns the rows this process moved away. One process: nothing to place.
+    fn place(&self, _rows: &[Vec<u64>]) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Removes the rows of `keys` that exist and returns them (keys, `[rows, dim]` values).
+    fn take(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
+        let _ = (table, keys);
+        Err(embstore_common::Error::new(
+            embstore_common::ErrorKind::Unsupported,
+            "these masters cannot hand rows over",
+        ))
+    }
+
+    /// Sets the rows of `keys` to `values`.
+    fn assign(&self, table: usize, keys: &[u64], values: &[f32]) -> Result<()> {
+        let _ = (table, keys, values);
+        Err(embstore_common::Error::new(
+            embstore_common::ErrorKind::Unsupported,
+            "these masters cannot take rows over",
+        ))
+    }
 }
 
 /// A read encoded once (see [`Masters::prepare`]).
@@ -121,5 +146,24 @@ impl Masters for TableMasters {
 
     fn add(&self, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()> {
         self.tables[table].apply_gradients(keys, deltas, None).map(|_| ())
+    }
+
+    fn take(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
+        let t = &self.tables[table];
+        let d = t.dim();
+        let mut values = vec![0.0f32; keys.len() * d];
+        let mut found = vec![false; keys.len()];
+        t.lookup(keys, OnMiss::Zeros, &mut values, Some(&mut found))?;
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for (i, k) in keys.iter().enumerate().filter(|(i, _)| found[*i]) {
+            ks.push(*k);
+            vs.extend_from_slice(&values[i * d..(i + 1) * d]);
+        }
+        t.remove(&ks)?;
+        Ok((ks, vs))
+    }
+
+    fn assign(&self, table: usize, keys: &[u64], values: &[f32]) -> Result<()> {
+        self.tables[table].assign(keys, values)
     }
 }

@@ -89,8 +89,10 @@ pub struct PlanStats {
     pub thread_cache_rows: u64,
     /// Of those, the rows the contention rule chose.
     pub contention_rows: u64,
-    /// Rows moved by placement (one process: 0).
+    /// Rows this process handed to another by placement (one process: 0).
     pub placement_moves: u64,
+    /// Seconds placing rows (across processes: the all-gathers and the moves).
+    pub placement_s: f64,
     /// Seconds merging the logs into row sets and ranks.
     pub merge_s: f64,
     /// Seconds deciding the thread caches.

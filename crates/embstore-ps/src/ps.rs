@@ -388,6 +388,19 @@ impl Inner {
     /// Builds the plan of `logs` and installs its cache.
     fn install(&self, logs: &[Log], clocks: u64) -> Result<PlanStats> {
         let masters = &*self.masters;
+        let t_place = Instant::now();
+        let mut moves = 0;
+        if self.opts.placement && masters.processes() > 1 {
+            // Every row on a process that accesses it (all processes place together).
+            let mut rows: Vec<Vec<u64>> = vec![Vec::new(); self.dims.len()];
+            for log in logs {
+                for &(t, k, _) in log {
+                    rows[t as usize].push(k);
+                }
+            }
+            moves = masters.place(&rows)?;
+        }
+        let place_s = t_place.elapsed().as_secs_f64();
         let mut plan =
             Plan::build(logs, self.dims.len(), &self.dims, &self.opts, clocks, &|t, k| {
                 masters.owner(t, k)
@@ -404,6 +417,8 @@ impl Inner {
         )?;
         let mut stats = plan_arc.stats.clone();
         stats.static_s = t.elapsed().as_secs_f64();
+        stats.placement_moves = moves;
+        stats.placement_s = place_s;
         *self.cache.write() = Arc::new(cache);
         self.generation.store(generation, Ordering::Release);
         *self.plan_stats.lock() = Some(stats.clone());

@@ -212,6 +212,89 @@ fn bsp_counts_are_exact_and_ssp_bounded_across_processes() {
 }
 
 #[test]
+fn placement_puts_every_row_on_a_process_that_reads_it_and_moves_existing_rows() {
+    let (p, w) = (2, 2);
+    let reference = {
+        let t = tables();
+        let ps = Ps::new(
+            Arc::new(TableMasters::new(t.clone()).unwrap()),
+            p * w,
+            Options::variant("no-opt").unwrap(),
+        )
+        .unwrap();
+        run_process(&ps, 0, false);
+        values(&|i, k, out| t[i].lookup(k, Default::default(), out, None).unwrap())
+    };
+    let addrs = free_addrs(p);
+    let clusters: Vec<Arc<Cluster>> = (0..p)
+        .map(|r| {
+            Cluster::start(r, addrs.clone(), Arc::new(TableMasters::new(tables()).unwrap()))
+                .unwrap()
+        })
+        .collect();
+    // The first clock runs unplanned and writes rows where their hash puts them; placement
+    // then hands them to a process that reads them.
+    let plans: Vec<(embstore_ps::PlanStats, Vec<embstore_ps::Log>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = clusters
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let m = c.masters().unwrap();
+                s.spawn(move || {
+                    let ps = Ps::new(Arc::new(m), w, Options::default()).unwrap();
+                    ps.start_gather(false).unwrap();
+                    std::thread::scope(|s2| {
+                        for i in 0..w {
+                            let worker = ps.worker(i).unwrap();
+                            s2.spawn(move || {
+                                workload(&worker, (r * w + i) as u64, 1);
+                                worker.clock().unwrap();
+                            });
+                        }
+                    });
+                    let plan = ps.finish_gather().unwrap();
+                    std::thread::scope(|s2| {
+                        for i in 0..w {
+                            let worker = ps.worker(i).unwrap();
+                            s2.spawn(move || {
+                                for c in 2..=CLOCKS {
+                                    workload(&worker, (r * w + i) as u64, c);
+                                    worker.clock().unwrap();
+                                }
+                            });
+                        }
+                    });
+                    (plan, (0..w).map(|i| ps.gathered(i)).collect())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(plans.iter().map(|(p, _)| p.placement_moves).sum::<u64>() > 0, "no row moved");
+    let mut per_process = vec![0usize; p];
+    let mut all: std::collections::BTreeMap<(u32, u64), u64> = Default::default();
+    for (r, (_, logs)) in plans.iter().enumerate() {
+        for &(t, k, _) in logs.iter().flatten() {
+            *all.entry((t, k)).or_insert(0) |= 1 << r;
+        }
+    }
+    for (&(t, k), &mask) in &all {
+        let o = clusters[0].owner(t as usize, k);
+        assert_eq!(o, clusters[1].owner(t as usize, k), "the processes disagree on {k}");
+        assert!(mask & (1 << o) != 0, "row {k} of table {t} placed on {o}, which does not read it");
+        per_process[o] += 1;
+    }
+    let mean = all.len() as f64 / p as f64;
+    let max = *per_process.iter().max().unwrap() as f64;
+    assert!(max / mean <= 1.1, "rows per process {per_process:?}");
+    let got = values(&|t, k, out| clusters[1].read_any(t, k, out).unwrap());
+    assert_eq!(got, reference, "placement changed the values");
+    for c in &clusters {
+        c.stop();
+    }
+}
+
+#[test]
 fn a_cluster_serves_one_parameter_server() {
     let addrs = free_addrs(1);
     let c = Cluster::start(0, addrs, Arc::new(TableMasters::new(tables()).unwrap())).unwrap();

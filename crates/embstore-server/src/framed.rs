@@ -600,7 +600,10 @@ async fn connection<S: Io>(
             | Kind::PsAdd
             | Kind::PsAck
             | Kind::PsDone
-            | Kind::PsApply => {
+            | Kind::PsApply
+            | Kind::PsGather
+            | Kind::PsGathered
+            | Kind::PsMove => {
                 let status = Status::invalid_argument(format!(
                     "{kind:?} is a parameter-server frame: this is a framed lookup port"
                 ));
