@@ -94,6 +94,12 @@ class Worker:
         """The clock the worker is in (the first is 1)."""
         return int(self._inner.clock_now)
 
+    @property
+    def global_id(self) -> int:
+        """The worker's number among every process's workers: ``rank * workers + id`` (the
+        same as ``id`` in one process)."""
+        return self._ps.rank * self._ps.workers + self.id
+
     def read(self, table: str | int, keys: Any) -> np.ndarray:
         """The rows of ``keys`` (``[len(keys), D]`` float32), as the consistency model allows,
         plus this worker's own updates since. In a virtual gather: zeros, and nothing read."""
@@ -196,6 +202,7 @@ class ParameterServer:
         cpb: float = 0.05,
         thread_cache_rows: int | None = None,
         replan: str = "warn",
+        _cluster: tuple[int, list[str]] | None = None,
     ):
         if isinstance(tables, str):
             tables = [tables]
@@ -217,7 +224,12 @@ class ParameterServer:
             cpb=float(cpb),
             thread_cache_rows=thread_cache_rows,
             replan=replan,
+            rank=None if _cluster is None else _cluster[0],
+            addrs=None if _cluster is None else list(_cluster[1]),
         )
+        self.rank = 0 if _cluster is None else int(_cluster[0])
+        self.processes = 1 if _cluster is None else len(_cluster[1])
+        self._closed = False
         self._names = names
         self._dims = list(self._inner.dims())
         self._workers = [Worker(self, self._inner.worker(w)) for w in range(workers)]
@@ -314,6 +326,20 @@ class ParameterServer:
         if errors:
             raise errors[0]
 
+    def close(self) -> None:
+        """Across processes (every process together): rows that placement moved go back to
+        the process the distributed store keeps them on, and this process stops serving its
+        rows. In one process: nothing to do. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._inner.close()
+
+    def __enter__(self) -> ParameterServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def _check_overflow(self) -> None:
         n = int(self._inner.stats()["overflow_warnings"])
         with self._warn_lock:
@@ -328,7 +354,8 @@ class ParameterServer:
         )
 
     def __repr__(self) -> str:
+        where = f", processes={self.processes}, rank={self.rank}" if self.processes > 1 else ""
         return (
             f"ParameterServer(tables={self._names}, workers={self.workers}, "
-            f"consistency={self.consistency})"
+            f"consistency={self.consistency}{where})"
         )

@@ -228,8 +228,8 @@ fn run_clocks(app: &dyn IterApp, ps: &Ps, rank: usize, n: u32) -> Result<(), Str
     })
 }
 
-/// A multi-process run: `processes` copies of this binary on loopback; process 0's figures
-/// (and every process's bytes sent).
+/// A run in fresh processes: `processes` copies of this binary (on loopback when more than
+/// one); process 0's figures (and every process's bytes sent).
 fn run_processes(variant: &str, c: &Common) -> Result<RunResult, String> {
     let listeners: Vec<std::net::TcpListener> = (0..c.processes)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(|err| err.to_string()))
@@ -274,7 +274,11 @@ fn run_processes(variant: &str, c: &Common) -> Result<RunResult, String> {
                     "--process-rank",
                     &r.to_string(),
                 ])
-                .args(["--addrs", &addrs.join(",")])
+                .args(if c.processes > 1 {
+                    vec!["--addrs".to_string(), addrs.join(",")]
+                } else {
+                    vec![]
+                })
                 .env("EMBSTORE_BENCH_CHILD", "1")
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -348,15 +352,29 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
     }
     let mut base = None;
     let mut objective0 = None;
-    for v in &variants {
-        let mut runs = Vec::new();
-        for _ in 0..c.runs {
-            runs.push(if c.processes > 1 && c.process_rank.is_none() {
-                run_processes(v, c)?
-            } else {
-                run_once(app, v, c)?
-            });
+    // Every run in a fresh process (runs in one process would inherit each other's memory),
+    // the variants in turn within each round (the guest's speed drifts: a variant's runs are
+    // spread over the whole measurement), after one run that is thrown away (the first
+    // seconds of load run slower here).
+    let one = |v: &str| -> Result<RunResult, String> {
+        if c.process_rank.is_none() {
+            run_processes(v, c)
+        } else {
+            run_once(app, v, c)
         }
+    };
+    if c.process_rank.is_none() {
+        if let Some(v) = variants.first() {
+            one(v)?;
+        }
+    }
+    let mut all_runs: Vec<Vec<RunResult>> = variants.iter().map(|_| Vec::new()).collect();
+    for _ in 0..c.runs {
+        for (v, runs) in variants.iter().zip(all_runs.iter_mut()) {
+            runs.push(one(v)?);
+        }
+    }
+    for (v, runs) in variants.iter().zip(all_runs) {
         let mut per: Vec<f64> = runs.iter().map(|r| r.per_iter).collect();
         let per_iter = median(&mut per);
         let mut prep: Vec<f64> = runs.iter().map(|r| r.gather_s).collect();

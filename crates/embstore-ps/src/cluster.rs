@@ -407,6 +407,47 @@ impl Cluster {
         self.local.assign(table, &keys, &values)
     }
 
+    /// Undoes placement: every row goes back to the process its hash names (where a
+    /// distributed training store looks for it); every process calls it together. Returns the
+    /// rows this process handed back.
+    pub fn unplace(&self) -> Result<u64> {
+        let placed = std::mem::take(&mut *self.placed.write());
+        let mut moved = 0u64;
+        for (t, m) in placed.iter().enumerate() {
+            let mut by_owner: Vec<Vec<u64>> = vec![Vec::new(); self.addrs.len()];
+            for (&k, &q) in m {
+                if q as usize == self.rank && self.hash_owner(k) != self.rank {
+                    by_owner[self.hash_owner(k)].push(k);
+                }
+            }
+            moved += self.hand_over(t, by_owner)?;
+        }
+        self.all_gather(Vec::new())?;
+        Ok(moved)
+    }
+
+    /// Takes the rows of `by_owner[q]` that exist here and sends them to process `q`.
+    fn hand_over(&self, t: usize, by_owner: Vec<Vec<u64>>) -> Result<u64> {
+        let mut moved = 0u64;
+        for (q, mut keys) in by_owner.into_iter().enumerate().filter(|(_, k)| !k.is_empty()) {
+            keys.sort_unstable();
+            let (ks, vs) = self.local.take(t, &keys)?;
+            if ks.is_empty() {
+                continue;
+            }
+            moved += ks.len() as u64;
+            let d = self.local.dim(t);
+            let mut w = Writer::with_capacity(12 + ks.len() * (8 + d * 4));
+            w.u32(t as u32).u32(ks.len() as u32).u32(d as u32);
+            for k in &ks {
+                w.u64(*k);
+            }
+            w.raw(as_bytes(&vs));
+            self.request(&self.data, q, Kind::PsMove, &w.0, Kind::PsAck, None)?;
+        }
+        Ok(moved)
+    }
+
     /// Placement (see the module docs); returns the rows this process handed over.
     fn place(&self, rows: &[Vec<u64>]) -> Result<u64> {
         let p = self.addrs.len();
@@ -467,22 +508,7 @@ impl Cluster {
                     by_owner[q as usize].push(k);
                 }
             }
-            for (q, mut keys) in by_owner.into_iter().enumerate().filter(|(_, k)| !k.is_empty()) {
-                keys.sort_unstable();
-                let (ks, vs) = self.local.take(t, &keys)?;
-                if ks.is_empty() {
-                    continue;
-                }
-                moved += ks.len() as u64;
-                let d = self.local.dim(t);
-                let mut w = Writer::with_capacity(12 + ks.len() * (8 + d * 4));
-                w.u32(t as u32).u32(ks.len() as u32).u32(d as u32);
-                for k in &ks {
-                    w.u64(*k);
-                }
-                w.raw(as_bytes(&vs));
-                self.request(&self.data, q, Kind::PsMove, &w.0, Kind::PsAck, None)?;
-            }
+            moved += self.hand_over(t, by_owner)?;
         }
         *self.placed.write() = placed;
         // Everyone has handed its rows over before anyone reads again.

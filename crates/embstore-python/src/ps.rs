@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use embstore_ps::{Consistency, Options, Ps, Replan, TableMasters, Worker};
+use embstore_ps::{Cluster, Consistency, Masters, Options, Ps, Replan, TableMasters, Worker};
 use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -14,6 +14,8 @@ use crate::{detached, errors, to_py_err};
 #[pyclass(module = "embstore._native", name = "Ps", frozen)]
 pub(crate) struct PyPs {
     inner: Ps,
+    /// Across processes: this process's part.
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// One worker's handle.
@@ -38,9 +40,10 @@ fn stats_dict<'py>(py: Python<'py>, pairs: &[(&str, f64)]) -> PyResult<Bound<'py
 impl PyPs {
     #[new]
     #[pyo3(signature = (tables, workers, slack=None, variant="all", early_ratio=0.1, cpb=0.05,
-        thread_cache_rows=None, replan="warn"))]
+        thread_cache_rows=None, replan="warn", rank=None, addrs=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         tables: Vec<PyRef<'_, PyTable>>,
         workers: usize,
         slack: Option<u32>,
@@ -49,6 +52,8 @@ impl PyPs {
         cpb: f64,
         thread_cache_rows: Option<usize>,
         replan: &str,
+        rank: Option<usize>,
+        addrs: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut opts = Options::variant(variant).map_err(to_py_err)?;
         opts.consistency = match slack {
@@ -60,9 +65,40 @@ impl PyPs {
         opts.thread_cache_rows = thread_cache_rows;
         opts.replan = Replan::parse(replan).map_err(to_py_err)?;
         let tables = tables.iter().map(|t| t.inner.clone()).collect();
-        let masters = TableMasters::new(tables).map_err(to_py_err)?;
-        let inner = Ps::new(Arc::new(masters), workers, opts).map_err(to_py_err)?;
-        Ok(Self { inner })
+        let local = Arc::new(TableMasters::new(tables).map_err(to_py_err)?);
+        let (masters, cluster): (Arc<dyn Masters>, _) = match (rank, addrs) {
+            (Some(rank), Some(addrs)) => {
+                let addrs = addrs
+                    .iter()
+                    .map(|a| {
+                        a.parse().map_err(|e| {
+                            errors::InvalidArgumentError::new_err(format!("address {a:?}: {e}"))
+                        })
+                    })
+                    .collect::<PyResult<Vec<std::net::SocketAddr>>>()?;
+                let cluster =
+                    detached(py, || Cluster::start(rank, addrs, local)).map_err(to_py_err)?;
+                (Arc::new(cluster.masters().map_err(to_py_err)?), Some(cluster))
+            }
+            (None, None) => (local, None),
+            _ => {
+                return Err(errors::InvalidArgumentError::new_err(
+                    "rank and addrs go together (a parameter server across processes)",
+                ))
+            }
+        };
+        let inner = Ps::new(masters, workers, opts).map_err(to_py_err)?;
+        Ok(Self { inner, cluster })
+    }
+
+    /// Across processes: moves placed rows back where the distributed store looks for them
+    /// (every process together) and stops serving. Returns the rows this process handed back.
+    fn close(&self, py: Python<'_>) -> PyResult<u64> {
+        let Some(c) = &self.cluster else { return Ok(0) };
+        let moved = detached(py, || c.unplace()).map_err(to_py_err)?;
+        detached(py, || c.sync(u32::MAX)).map_err(to_py_err)?;
+        c.stop();
+        Ok(moved)
     }
 
     fn worker(&self, w: usize) -> PyResult<PyPsWorker> {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -226,6 +227,46 @@ class DistributedStore:
         return agree_session(self._comm, mine, open_)
 
     # -- durability -----------------------------------------------------------------------
+
+    def ps(
+        self,
+        tables: list[str] | tuple[str, ...],
+        workers: int,
+        consistency: Any = None,
+        **options: Any,
+    ) -> Any:
+        """A parameter server over ``tables`` across this job's processes (every process calls
+        it together): ``workers`` threads per process, each process serving the rows this store
+        keeps on it (and, after ``finish_gather``, the rows placed on it) to the others over TCP;
+        see :meth:`embstore.Store.ps` and ``docs/iterstore.md``. Each process listens on
+        ``$EMBSTORE_PS_HOST`` (default: 127.0.0.1 when ``MASTER_ADDR`` is a loopback address,
+        else this host's address) at a free port. Call ``close()`` (every process) before
+        using the tables through the store again: it moves placed rows back.
+        """
+        from embstore.ps import ParameterServer
+
+        if not self.distributed:
+            return ParameterServer(self._local, list(tables), workers, consistency, **options)
+        host = os.environ.get("EMBSTORE_PS_HOST")
+        if not host:
+            master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            host = (
+                "127.0.0.1"
+                if master in ("127.0.0.1", "localhost", "::1")
+                else (socket.gethostbyname(socket.gethostname()))
+            )
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        addrs = self._comm.all_gather(f"{host}:{port}", "ps addresses")
+        return ParameterServer(
+            self._local,
+            list(tables),
+            workers,
+            consistency,
+            _cluster=(self.rank, [str(a) for a in addrs]),
+            **options,
+        )
 
     def flush(self) -> dict[str, int]:
         """Every process flushes its partition (collective); returns this process's

@@ -459,3 +459,60 @@ def test_the_distributed_demo_trains_like_one_process(data_dir):
     one = float(re.search(r"test AUC (0\.\d+) vs", out1)[1])
     assert abs(one - two) < 2e-4, (one, two)
     assert one > 0.76
+
+
+def _ps_reference(total_workers: int, clocks: int) -> dict[str, np.ndarray]:
+    """The parameter-server job's tables when one process runs every worker."""
+    sys.path.insert(0, str(HERE))
+    import dist_ps
+
+    store = embstore.Store()
+    for name in dist_ps.KEYS:
+        store.create_table(
+            name,
+            embedding_dim=4,
+            optimizer=embstore.Delta(),
+            initializer=embstore.Uniform(-1.0, 1.0),
+            seed=3,
+        )
+    ps = store.ps(["L", "R"], workers=total_workers, specialise="no-opt")
+    ps.run(dist_ps.iteration(total_workers), clocks=clocks)
+    return {n: store[n].lookup(np.arange(k)) for n, k in dist_ps.KEYS.items()}
+
+
+@pytest.mark.parametrize(
+    ("specialise", "gather"), [("all", "virtual"), ("all", "first"), ("no-opt", "virtual")]
+)
+def test_a_parameter_server_across_processes_computes_what_one_process_does(
+    tmp_path, specialise, gather
+):
+    out = tmp_path / "out"
+    out.mkdir()
+    code, log, _ = torchrun(
+        2,
+        "dist_ps.py",
+        str(tmp_path / "store"),
+        str(out),
+        "--workers",
+        "2",
+        "--specialise",
+        specialise,
+        "--gather",
+        gather,
+    )
+    assert code == 0, log[-4000:]
+    want = _ps_reference(4, 5)
+    got = {n: {} for n in want}
+    for r in range(2):
+        part = json.loads((out / f"rank-{r}.json").read_text())
+        assert part["stray"] == 0, f"rank {r} kept rows placement had moved to it: {part}"
+        assert "processes=2" in part["repr"]
+        for n, rows in part["rows"].items():
+            got[n].update({int(k): v for k, v in rows.items()})
+        if specialise == "all" and gather == "virtual":
+            assert part["stats"]["fetches"] == 0, part["stats"]
+        assert part["plan"]["rows"] > 0
+    for n, rows in want.items():
+        assert sorted(got[n]) == list(range(len(rows)))
+        mine = np.array([got[n][k] for k in range(len(rows))], np.float32)
+        np.testing.assert_array_equal(mine, rows)
