@@ -306,10 +306,28 @@ fn run_processes(variant: &str, c: &Common) -> Result<RunResult, String> {
         wait_s: f(r0, "wait_s"),
         ..Default::default()
     };
+    let plan = r0["plan"].as_object().map(|p| {
+        let g = |k: &str| p.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        embstore_ps::PlanStats {
+            rows: g("rows") as u64,
+            bytes: g("bytes") as u64,
+            early_rows: g("early_rows") as u64,
+            prefetch_frames: g("prefetch_frames") as u64,
+            thread_cache_rows: g("thread_cache_rows") as u64,
+            contention_rows: g("contention_rows") as u64,
+            accesses: g("accesses") as u64,
+            placement_moves: g("placement_moves") as u64,
+            merge_s: g("merge_s"),
+            thread_cache_s: g("thread_cache_s"),
+            static_s: g("static_s"),
+            placement_s: g("placement_s"),
+            ..Default::default()
+        }
+    });
     Ok(RunResult {
         per_iter: f(r0, "s_per_iter"),
         gather_s: f(r0, "preprocess_s"),
-        plan: None,
+        plan,
         stats,
         objective: f(r0, "objective"),
         wire_bytes: outs
@@ -396,7 +414,8 @@ fn bench(app: &dyn IterApp, c: &Common) -> Result<(), String> {
                 json!({"rows": p.rows, "bytes": p.bytes, "early_rows": p.early_rows,
                        "prefetch_frames": p.prefetch_frames, "thread_cache_rows": p.thread_cache_rows,
                        "contention_rows": p.contention_rows, "accesses": p.accesses,
-                       "merge_s": p.merge_s, "thread_cache_s": p.thread_cache_s, "static_s": p.static_s})
+                       "merge_s": p.merge_s, "thread_cache_s": p.thread_cache_s, "static_s": p.static_s,
+                       "placement_moves": p.placement_moves, "placement_s": p.placement_s})
             });
             println!(
                 "{}",
