@@ -173,7 +173,7 @@ $(DATA)/iter/manifest.json: python/benchmarks/lib/iterdata.py | $(VENV)/.ready
 
 iter-data: $(DATA)/iter/manifest.json ## Build the parameter server's benchmark data (Debian dependency graph, man pages; ~40 s) into .data/iter
 
-bench-iterstore: develop data iter-data ## The parameter server: every specialisation vs none on MF and PageRank, 1-4 processes, beside scipy/numpy (~15 min; ARGS="--quick")
+bench-iterstore: develop data iter-data ## The parameter server: every specialisation vs none on MF, PageRank and LDA, 1-4 processes, beside scipy/numpy (~20 min; ARGS="--quick")
 	$(CARGO) build --release -p embstore-bench
 	$(VPY) python/benchmarks/bench_iterstore.py --json docs/data/iterstore.json --plot docs/img/iterstore.png $(ARGS)
 

@@ -1,5 +1,6 @@
 """The parameter server (IterStore) benchmark: every specialisation against none, on MF
-(MovieLens-100k) and PageRank (Debian's dependency graph and its x16 union), in one process
+(MovieLens-100k), PageRank (Debian's dependency graph and its x16 union) and LDA (Debian's man
+pages), in one process
 (threads) and across 2 and 4 processes on loopback, beside what a user would run on one
 machine instead (scipy.sparse PageRank, a numpy mini-batch SGD).
 
@@ -76,6 +77,16 @@ def main() -> int:
     for processes, workers in [(1, 2), (2, 1), (4, 1)]:
         records += run_bench(pr, processes, workers, variants, runs, 6)
         records += run_bench([*mf, "--rank", "256"], processes, workers, variants, runs, 5)
+    lda = ["lda", "--docs", str(data / "iter" / "manpages-tokens.txt")]
+    if (data / "iter" / "manpages-tokens.txt").exists():
+        for processes, workers in [(1, 2), (2, 1)]:
+            records += run_bench(lda, processes, workers, MAIN, min(runs, 3), 4)
+        if not args.quick:
+            # The thread caches' capacity (rows beyond it: a hash map per worker).
+            for cap in (0, 1, 100, 1000):
+                for r in run_bench([*lda, "--thread-cache-rows", str(cap)], 1, 2, "all", 3, 4):
+                    r["variant"] = f"all, thread_cache_rows {cap}"
+                    records.append(r)
     if not args.quick:
         records += run_bench([*mf, "--rank", "1000"], 2, 1, MAIN, runs, 5)
         if x16.exists():

@@ -95,6 +95,13 @@ class Worker:
         return int(self._inner.clock_now)
 
     @property
+    def in_virtual_gather(self) -> bool:
+        """Whether a virtual gather is running (reads return zeros, nothing is written): an
+        iteration that keeps state of its own (sampled assignments, a random generator) leaves
+        it alone then."""
+        return bool(self._inner.in_virtual_gather)
+
+    @property
     def global_id(self) -> int:
         """The worker's number among every process's workers: ``rank * workers + id`` (the
         same as ``id`` in one process)."""

@@ -6,6 +6,10 @@
 //! - `mf`: SGD matrix factorisation on MovieLens-100k (RecBole's `ml-100k.inter`), rank 256 by
 //!   default, lr 0.01, λ 0.05; ratings split over workers by user; one clock per epoch; every
 //!   rating reads its user and item rows and updates both.
+//! - `lda`: collapsed Gibbs sampling LDA on the man pages (`python/benchmarks/lib/iterdata.py`),
+//!   K 100, α 0.1, β 0.01, words seen at least 5 times; rows: documents' and words' topic
+//!   counts and the summation row, updated by ±1 deltas (exact in f32); a worker owns its
+//!   documents; the objective is log p(w | z).
 //! - `pagerank`: edge-wise power iteration (damping 0.85, dangling mass spread uniformly) on
 //!   an edge list (`python/benchmarks/lib/iterdata.py`: the Debian dependency graph); worker
 //!   `w` owns the nodes `v % W == w` and reads the ranks of their in-neighbours; one clock per
@@ -43,6 +47,10 @@ struct Common {
     /// Print one JSON object per variant instead of a table.
     #[arg(long)]
     json: bool,
+    /// Rows a worker's static thread cache holds at most (default: every row it updates);
+    /// the others' updates go to a hash map per worker.
+    #[arg(long)]
+    thread_cache_rows: Option<usize>,
     /// Processes on loopback (each with `--workers` threads; rows hashed over them). 1: one
     /// process, no wire.
     #[arg(long, default_value_t = 1)]
@@ -68,6 +76,20 @@ enum App {
         #[command(flatten)]
         common: Common,
     },
+    /// Collapsed Gibbs sampling LDA on the man-page corpus.
+    Lda {
+        /// `docname<TAB>tokens` per line, `#` comments (`make iter-data`).
+        #[arg(long, default_value = ".data/iter/manpages-tokens.txt")]
+        docs: String,
+        /// Topics.
+        #[arg(long, default_value_t = 100)]
+        topics: usize,
+        /// Words seen fewer times are left out.
+        #[arg(long, default_value_t = 5)]
+        min_count: usize,
+        #[command(flatten)]
+        common: Common,
+    },
     /// PageRank by edge-wise power iteration.
     Pagerank {
         /// Edge list, `src<TAB>dst` per line, `#` comments.
@@ -83,6 +105,14 @@ pub(crate) fn run(args: IterArgs) -> Result<(), String> {
         App::Mf { data, rank, common } => {
             let ratings = load_ratings(&data)?;
             let app = Mf::new(ratings, rank, common.workers * common.processes);
+            bench(&app, &common)
+        }
+        App::Lda { docs, topics, min_count, common } => {
+            let (docs, vocab) = load_corpus(&docs, min_count)?;
+            if topics == 0 || topics > usize::from(u16::MAX) {
+                return Err(format!("--topics must be in 1..=65535, got {topics}"));
+            }
+            let app = Lda::new(docs, vocab, topics, common.workers * common.processes);
             bench(&app, &common)
         }
         App::Pagerank { edges, common } => {
@@ -134,7 +164,8 @@ fn run_once(app: &dyn IterApp, variant: &str, c: &Common) -> Result<RunResult, S
         Some(v) => (v, true),
         None => (variant, false),
     };
-    let opts = Options::variant(name).map_err(e)?;
+    let mut opts = Options::variant(name).map_err(e)?;
+    opts.thread_cache_rows = c.thread_cache_rows;
     let tables = app.tables();
     let local = Arc::new(TableMasters::new(tables.clone()).map_err(e)?);
     let rank = c.process_rank.unwrap_or(0);
@@ -672,5 +703,218 @@ impl IterApp for PageRank {
         let sum: f64 = r.iter().map(|&x| f64::from(x)).sum();
         let top = r.iter().copied().fold(0.0f32, f32::max);
         sum + f64::from(top)
+    }
+}
+
+// --- LDA -------------------------------------------------------------------------------------
+
+/// `ln Γ(x)` for `x > 0` (Stirling's series after shifting `x` past 8; ~1e-12 relative).
+fn ln_gamma(mut x: f64) -> f64 {
+    let mut shift = 0.0;
+    while x < 8.0 {
+        shift -= x.ln();
+        x += 1.0;
+    }
+    let inv = 1.0 / x;
+    let inv2 = inv * inv;
+    let series = inv * (1.0 / 12.0 - inv2 * (1.0 / 360.0 - inv2 * (1.0 / 1260.0 - inv2 / 1680.0)));
+    shift + (x - 0.5) * x.ln() - x + 0.5 * (2.0 * std::f64::consts::PI).ln() + series
+}
+
+/// A small, fast generator (xorshift64*), seeded per worker and clock.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(embstore_common::rand::SplitMix64::new(seed).next_u64() | 1)
+    }
+    fn next_f64(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Collapsed Gibbs sampling LDA: rows are documents' and words' topic counts and the
+/// summation row (the count of every topic), all updated by ±1 deltas; a worker owns its
+/// documents' tokens and their sampled topics.
+struct Lda {
+    /// Per document: its words (ids below `vocab`).
+    docs: Vec<Vec<u32>>,
+    vocab: usize,
+    topics: usize,
+    workers: usize,
+    alpha: f32,
+    beta: f32,
+    /// Per global worker: its tokens' topics, document by document (a worker's own state).
+    z: Vec<std::sync::Mutex<Vec<Vec<u16>>>>,
+    /// The counts of the initial assignment: (doc rows, word rows, summation row).
+    init: (Vec<f32>, Vec<f32>, Vec<f32>),
+}
+
+/// Tables of the LDA app: documents, words, the summation row.
+const DOC: usize = 0;
+const WORD: usize = 1;
+const SUM: usize = 2;
+/// Word rows' keys sit after the documents' in their own table; the summation row's key.
+const SUM_KEY: u64 = 0;
+
+fn load_corpus(path: &str, min_count: usize) -> Result<(Vec<Vec<u32>>, usize), String> {
+    let text = std::fs::read_to_string(path).map_err(|err| {
+        format!("{path}: {err} (run `make iter-data` to build the man-page corpus)")
+    })?;
+    let docs_raw: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            l.split_once('\t').map_or("", |(_, t)| t).split(' ').filter(|t| !t.is_empty()).collect()
+        })
+        .collect();
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for d in &docs_raw {
+        for t in d {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+    }
+    let mut vocab: Vec<&str> =
+        counts.iter().filter(|(_, &c)| c >= min_count).map(|(w, _)| *w).collect();
+    vocab.sort_unstable();
+    let id: std::collections::HashMap<&str, u32> =
+        vocab.iter().enumerate().map(|(i, w)| (*w, i as u32)).collect();
+    let docs =
+        docs_raw.iter().map(|d| d.iter().filter_map(|t| id.get(t).copied()).collect()).collect();
+    Ok((docs, vocab.len()))
+}
+
+impl Lda {
+    fn new(docs: Vec<Vec<u32>>, vocab: usize, topics: usize, workers: usize) -> Self {
+        let k = topics;
+        let mut z = vec![Vec::new(); workers];
+        let (mut nd, mut nw, mut ns) =
+            (vec![0.0f32; docs.len() * k], vec![0.0f32; vocab * k], vec![0.0f32; k]);
+        for (d, words) in docs.iter().enumerate() {
+            let mut rng = Rng::new(0x1DA ^ d as u64);
+            let zd: Vec<u16> = words
+                .iter()
+                .map(|&w| {
+                    let t = ((rng.next_f64() * k as f64) as usize).min(k - 1);
+                    nd[d * k + t] += 1.0;
+                    nw[w as usize * k + t] += 1.0;
+                    ns[t] += 1.0;
+                    t as u16
+                })
+                .collect();
+            z[d % workers].push(zd);
+        }
+        Self {
+            docs,
+            vocab,
+            topics,
+            workers,
+            alpha: 0.1,
+            beta: 0.01,
+            z: z.into_iter().map(std::sync::Mutex::new).collect(),
+            init: (nd, nw, ns),
+        }
+    }
+}
+
+impl IterApp for Lda {
+    fn name(&self) -> String {
+        let tokens: usize = self.docs.iter().map(Vec::len).sum();
+        format!(
+            "lda ({} docs, {} words, {} tokens, K {})",
+            self.docs.len(),
+            self.vocab,
+            tokens,
+            self.topics
+        )
+    }
+
+    fn tables(&self) -> Vec<Arc<Table>> {
+        let k = self.topics;
+        let make = |name: &str| {
+            let cfg = TableConfig::new(name, k)
+                .with_optimizer(Optimizer::Delta)
+                .with_initializer(Initializer::Zeros);
+            Arc::new(Table::new(cfg).expect("table"))
+        };
+        let (doc, word, sum) = (make("doc"), make("word"), make("sum"));
+        // The initial assignment's counts (the same on every process: each reads its own).
+        let dk: Vec<u64> = (0..self.docs.len() as u64).collect();
+        doc.assign(&dk, &self.init.0).expect("assign");
+        let wk: Vec<u64> = (0..self.vocab as u64).collect();
+        word.assign(&wk, &self.init.1).expect("assign");
+        sum.assign(&[SUM_KEY], &self.init.2).expect("assign");
+        vec![doc, word, sum]
+    }
+
+    fn iteration(&self, w: &Worker, g: usize) -> Result<(), String> {
+        let k = self.topics;
+        let virtual_ = w.in_virtual_gather();
+        let mut z = self.z[g].lock().map_err(|_| "a worker panicked".to_string())?;
+        let mut rng = Rng::new((g as u64) << 32 | u64::from(w.clock_now()));
+        let (alpha, beta, vbeta) = (self.alpha, self.beta, self.vocab as f32 * self.beta);
+        let (mut nd, mut nw, mut ns) = (vec![0.0f32; k], vec![0.0f32; k], vec![0.0f32; k]);
+        let mut p = vec![0.0f32; k];
+        let mut delta = vec![0.0f32; k];
+        for (j, d) in (g..self.docs.len()).step_by(self.workers).enumerate() {
+            w.read(DOC, &[d as u64], &mut nd).map_err(e)?;
+            let mut doc_delta = vec![0.0f32; k];
+            for (i, &word) in self.docs[d].iter().enumerate() {
+                w.read(WORD, &[u64::from(word)], &mut nw).map_err(e)?;
+                w.read(SUM, &[SUM_KEY], &mut ns).map_err(e)?;
+                let old = z[j][i] as usize;
+                let mut total = 0.0f32;
+                for t in 0..k {
+                    let own = f32::from(t == old);
+                    let (a, b, c) = (nd[t] - own, (nw[t] - own).max(0.0), (ns[t] - own).max(0.0));
+                    total += (a + alpha) * (b + beta) / (c + vbeta);
+                    p[t] = total;
+                }
+                let u = rng.next_f64() as f32 * total;
+                let new = p.partition_point(|&x| x <= u).min(k - 1);
+                if virtual_ || new == old {
+                    // The same accesses either way: a virtual pass announces them all.
+                    delta.fill(0.0);
+                } else {
+                    delta.fill(0.0);
+                    delta[old] = -1.0;
+                    delta[new] = 1.0;
+                    nd[old] -= 1.0;
+                    nd[new] += 1.0;
+                    doc_delta[old] -= 1.0;
+                    doc_delta[new] += 1.0;
+                    z[j][i] = new as u16;
+                }
+                w.update(WORD, &[u64::from(word)], &delta).map_err(e)?;
+                w.update(SUM, &[SUM_KEY], &delta).map_err(e)?;
+            }
+            w.update(DOC, &[d as u64], &doc_delta).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn objective(&self, read: Read<'_>) -> f64 {
+        // log p(w | z) = Σ_k [lnΓ(Vβ) − lnΓ(n_k + Vβ)] + Σ_k Σ_w [lnΓ(n_wk + β) − lnΓ(β)].
+        let k = self.topics;
+        let (beta, vbeta) = (f64::from(self.beta), self.vocab as f64 * f64::from(self.beta));
+        let keys: Vec<u64> = (0..self.vocab as u64).collect();
+        let mut nw = vec![0.0f32; keys.len() * k];
+        read(WORD, &keys, &mut nw);
+        let mut ns = vec![0.0f32; k];
+        read(SUM, &[SUM_KEY], &mut ns);
+        let mut ll = 0.0;
+        for &n in &ns {
+            ll += ln_gamma(vbeta) - ln_gamma(f64::from(n) + vbeta);
+        }
+        let lg_beta = ln_gamma(beta);
+        for &n in &nw {
+            if n != 0.0 {
+                ll += ln_gamma(f64::from(n) + beta) - lg_beta;
+            }
+        }
+        ll
     }
 }

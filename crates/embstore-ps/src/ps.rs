@@ -557,6 +557,13 @@ impl Worker {
         self.w
     }
 
+    /// Whether a virtual gather is running: reads return zeros and nothing is written, so an
+    /// iteration that keeps state of its own (sampled assignments, a random generator) should
+    /// leave it alone.
+    pub fn in_virtual_gather(&self) -> bool {
+        self.gather_mode() == GatherMode::Virtual
+    }
+
     /// The worker's clock (the first is 1).
     pub fn clock_now(&self) -> u32 {
         self.inner.states[self.w].lock().clock

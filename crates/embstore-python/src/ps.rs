@@ -202,6 +202,11 @@ impl PyPsWorker {
         self.inner.clock_now()
     }
 
+    #[getter]
+    fn in_virtual_gather(&self) -> bool {
+        self.inner.in_virtual_gather()
+    }
+
     fn read(
         &self,
         py: Python<'_>,

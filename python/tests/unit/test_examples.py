@@ -52,3 +52,10 @@ def test_iterstore_mf_trains_without_a_demand_miss(repo_root):
     rmse = [float(x) for x in re.findall(r"rmse (\d+\.\d+)", out)]
     assert len(rmse) == 5 and rmse[-1] < 0.95 and rmse[-1] < rmse[0], out
     assert "rows fetched one at a time after the plan: 0," in out
+
+
+def test_iterstore_lda_improves_the_likelihood_without_a_demand_miss(repo_root):
+    out = run_example(repo_root, "iterstore_lda.py")
+    ll = [float(x) for x in re.findall(r"log p\(w\|z\) (-?\d+\.\d+)", out)]
+    assert len(ll) == 3 and ll[-1] > ll[0] + 0.1 * abs(ll[0]), out
+    assert "rows fetched one at a time: 0," in out

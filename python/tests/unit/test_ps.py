@@ -93,10 +93,13 @@ def test_ssp_staleness_never_exceeds_the_slack():
 def test_a_virtual_gather_writes_nothing_and_logs_what_a_real_iteration_does(tmp_path):
     store = make_store()
     ps = store.ps(["L", "R"], workers=2)
+    assert not ps.worker(0).in_virtual_gather
     with ps.gather(virtual=True) as g:
+        assert g.worker(1).in_virtual_gather
         for w in range(2):
             iteration()(g.worker(w))
     plan = ps.finish_gather()
+    assert not ps.worker(1).in_virtual_gather
     assert len(store["L"]) == 0 and len(store["R"]) == 0
     logs = [ps.gathered(w) for w in range(2)]
     real_store = make_store()
