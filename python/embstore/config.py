@@ -139,6 +139,19 @@ class Delta:
 Optimizer = SGD | Adagrad | RowWiseAdagrad | Adam | FTRL | Delta
 
 
+def refuse_delta(tables: Any, what: str) -> None:
+    """Raises unless every table (anything with ``.name`` and ``.config.optimizer``) steps an
+    optimizer: gradients handed to a :class:`Delta` table would be added to its rows (ascent),
+    silently. ``what`` names the caller in the message."""
+    adders = [t.name for t in tables if isinstance(t.config.optimizer, Delta)]
+    if adders:
+        raise InvalidArgumentError(
+            f"{what}: table(s) {adders} use embstore.Delta(), which adds what it is given (a "
+            "parameter server's tables, store.ps); training steps an optimizer: create them with "
+            "SGD, Adagrad, Adam, ..."
+        )
+
+
 @dataclass(frozen=True)
 class Zeros:
     """Every value 0."""

@@ -42,6 +42,7 @@ import numpy as np
 
 from embstore import metrics
 from embstore._arrays import as_ids
+from embstore.config import refuse_delta
 from embstore.distributed.comm import Comm, calling, check_not_process_local, timeout_s
 from embstore.distributed.placement import owner_of
 from embstore.errors import (
@@ -1007,6 +1008,8 @@ class Session:
             raise InvalidArgumentError("ids must be a callable: batch -> {table name: ids}")
         if not isinstance(train, bool):
             raise InvalidArgumentError(f"train must be a bool, got {train!r}")
+        if train:
+            refuse_delta(self._tables, "a training session (run(..., train=False) evaluates)")
         return self._run(iter(batches), ids, train)
 
     def _run(

@@ -97,7 +97,6 @@ pub struct Cluster {
     coord_cv: Condvar,
     stop: AtomicBool,
     claimed: AtomicBool,
-    me: Mutex<std::sync::Weak<Cluster>>,
     /// Per table: rows placement put on another process than their hash's.
     placed: RwLock<Vec<hashbrown::HashMap<u64, u32>>>,
     gather_tag: AtomicU64,
@@ -129,6 +128,20 @@ fn u32_at(b: &[u8], i: usize) -> Result<u32> {
     b.get(i..i + 4)
         .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
         .ok_or_else(|| Error::corrupt("a parameter-server frame was cut short"))
+}
+
+/// `prefix | table | n | dim | n keys | n × dim float32`: the body of PS_ADD and PS_MOVE.
+fn rows_body(prefix: &[u32], table: usize, keys: &[u64], values: &[f32], dim: usize) -> Vec<u8> {
+    let mut w = Writer::with_capacity(4 * prefix.len() + 12 + keys.len() * 8 + values.len() * 4);
+    for p in prefix {
+        w.u32(*p);
+    }
+    w.u32(table as u32).u32(keys.len() as u32).u32(dim as u32);
+    for k in keys {
+        w.u64(*k);
+    }
+    w.raw(as_bytes(values));
+    w.0
 }
 
 fn keys_at(b: &[u8], at: usize, n: usize) -> Result<Vec<u64>> {
@@ -167,14 +180,12 @@ impl Cluster {
             coord_cv: Condvar::new(),
             stop: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
-            me: Mutex::new(std::sync::Weak::new()),
             placed: RwLock::new(Vec::new()),
             gather_tag: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&cluster);
-        *cluster.me.lock() = weak.clone();
         std::thread::Builder::new()
             .name(format!("ps-accept-{rank}"))
             .spawn(move || {
@@ -240,7 +251,7 @@ impl Cluster {
     /// A barrier outside the clocks (after the parameter server's last clock): returns once
     /// every process has called it with the same `tag` (above every clock the run used).
     pub fn sync(&self, tag: u32) -> Result<()> {
-        ClusterMasters(self.self_arc()).barrier(tag)?;
+        self.barrier(tag)?;
         if self.rank == 0 {
             // The others' releases are on their way: wait until they are sent, so that this
             // process may exit (up to 10 s).
@@ -255,8 +266,14 @@ impl Cluster {
         Ok(())
     }
 
-    fn self_arc(&self) -> Arc<Self> {
-        self.me.lock().upgrade().expect("a cluster lives in an Arc")
+    /// Returns once every process has arrived at `clock` and every owner applied it.
+    fn barrier(&self, clock: u32) -> Result<()> {
+        if self.rank == 0 {
+            return self.arrive(clock);
+        }
+        let mut w = Writer::with_capacity(8);
+        w.u32(clock).u32(self.rank as u32);
+        self.request(&self.control, 0, Kind::PsDone, &w.0, Kind::PsAck, None).map(|_| ())
     }
 
     /// The process holding the row of `key` of `table` (after placement, if any).
@@ -312,30 +329,14 @@ impl Cluster {
         }
         let mut w = Writer::with_capacity(12 + payload.len());
         w.u64(tag).u32(self.rank as u32).raw(&payload);
-        let mut slot = self.control[0].lock();
-        if slot.is_none() {
-            *slot = Some(self.connect(0)?);
-        }
-        let conn = slot.as_mut().expect("connected");
-        let mut msg = Vec::with_capacity(HEADER + w.0.len());
-        msg.extend_from_slice(&frame::header(Kind::PsGather, w.0.len(), 1));
-        msg.extend_from_slice(&w.0);
-        let body = (|| {
-            conn.stream.write_all(&msg).map_err(|e| io("send", e))?;
-            let (h, body) = frame::read_blocking(&mut conn.stream, MAX_FRAME, None)?;
-            match h.kind {
-                Kind::PsGathered => Ok(body),
-                Kind::Error => {
-                    let e = frame::decode_error(&body)?;
-                    Err(Error::new(e.kind.unwrap_or(ErrorKind::Io), e.message))
-                }
-                k => Err(Error::corrupt(format!("expected PsGathered, got {k:?}"))),
-            }
-        })();
-        if body.is_err() {
-            *slot = None;
-        }
-        Self::split_parts(&body?, self.addrs.len())
+        let (_, body) = self.request_raw(
+            &self.control,
+            0,
+            &frame::frame(Kind::PsGather, 1, &w.0),
+            Kind::PsGathered,
+            None,
+        )?;
+        Self::split_parts(&body, self.addrs.len())
     }
 
     fn split_parts(body: &[u8], p: usize) -> Result<Vec<Vec<u8>>> {
@@ -389,22 +390,31 @@ impl Cluster {
     }
 
     fn on_move(&self, body: &[u8]) -> Result<()> {
-        let (table, n, d) =
-            (u32_at(body, 0)? as usize, u32_at(body, 4)? as usize, u32_at(body, 8)? as usize);
-        if table >= self.local.names().len() || d != self.local.dim(table) {
-            return Err(Error::shape(format!(
-                "PS_MOVE: table {table} with dim {d} is not one of this process's"
-            )));
-        }
-        let keys = keys_at(body, 12, n)?;
-        let at = 12 + n * 8;
-        let raw = body
-            .get(at..at + n * d * 4)
-            .ok_or_else(|| Error::corrupt("PS_MOVE: rows cut short"))?;
-        let mut values = vec![0.0f32; n * d];
-        as_bytes_mut(&mut values).copy_from_slice(raw);
+        let (table, keys, values) = self.rows_at(body, 0, "PS_MOVE")?;
         let _exclusive = self.apply_lock.write();
         self.local.assign(table, &keys, &values)
+    }
+
+    /// Parses `table | n | dim | n keys | n × dim float32` at `at`, checking the table.
+    fn rows_at(&self, body: &[u8], at: usize, what: &str) -> Result<(usize, Vec<u64>, Vec<f32>)> {
+        let (table, n, d) = (
+            u32_at(body, at)? as usize,
+            u32_at(body, at + 4)? as usize,
+            u32_at(body, at + 8)? as usize,
+        );
+        if table >= self.local.names().len() || d != self.local.dim(table) {
+            return Err(Error::shape(format!(
+                "{what}: table {table} with dim {d} is not one of this process's"
+            )));
+        }
+        let keys = keys_at(body, at + 12, n)?;
+        let start = at + 12 + n * 8;
+        let raw = body
+            .get(start..start + n * d * 4)
+            .ok_or_else(|| Error::corrupt(format!("{what}: rows cut short")))?;
+        let mut values = vec![0.0f32; n * d];
+        as_bytes_mut(&mut values).copy_from_slice(raw);
+        Ok((table, keys, values))
     }
 
     /// Undoes placement: every row goes back to the process its hash names (where a
@@ -426,24 +436,21 @@ impl Cluster {
         Ok(moved)
     }
 
-    /// Takes the rows of `by_owner[q]` that exist here and sends them to process `q`.
+    /// Sends the rows of `by_owner[q]` that exist here to process `q`, and removes them here
+    /// only once `q` has them (a failed hand-over loses no row).
     fn hand_over(&self, t: usize, by_owner: Vec<Vec<u64>>) -> Result<u64> {
         let mut moved = 0u64;
         for (q, mut keys) in by_owner.into_iter().enumerate().filter(|(_, k)| !k.is_empty()) {
             keys.sort_unstable();
-            let (ks, vs) = self.local.take(t, &keys)?;
+            let (ks, vs) = self.local.existing(t, &keys)?;
             if ks.is_empty() {
                 continue;
             }
+            let body = rows_body(&[], t, &ks, &vs, self.local.dim(t));
+            self.request(&self.data, q, Kind::PsMove, &body, Kind::PsAck, None)?;
+            let _exclusive = self.apply_lock.write();
+            self.local.remove(t, &ks)?;
             moved += ks.len() as u64;
-            let d = self.local.dim(t);
-            let mut w = Writer::with_capacity(12 + ks.len() * (8 + d * 4));
-            w.u32(t as u32).u32(ks.len() as u32).u32(d as u32);
-            for k in &ks {
-                w.u64(*k);
-            }
-            w.raw(as_bytes(&vs));
-            self.request(&self.data, q, Kind::PsMove, &w.0, Kind::PsAck, None)?;
         }
         Ok(moved)
     }
@@ -634,25 +641,8 @@ impl Cluster {
     }
 
     fn on_add(&self, body: &[u8]) -> Result<()> {
-        let (clock, from, table, n, d) = (
-            u32_at(body, 0)?,
-            u32_at(body, 4)?,
-            u32_at(body, 8)? as usize,
-            u32_at(body, 12)? as usize,
-            u32_at(body, 16)? as usize,
-        );
-        if table >= self.local.names().len() || d != self.local.dim(table) {
-            return Err(Error::shape(format!(
-                "PS_ADD: table {table} with dim {d} is not one of this process's"
-            )));
-        }
-        let keys = keys_at(body, 20, n)?;
-        let at = 20 + n * 8;
-        let raw = body
-            .get(at..at + n * d * 4)
-            .ok_or_else(|| Error::corrupt("PS_ADD: deltas cut short"))?;
-        let mut deltas = vec![0.0f32; n * d];
-        as_bytes_mut(&mut deltas).copy_from_slice(raw);
+        let (clock, from) = (u32_at(body, 0)?, u32_at(body, 4)?);
+        let (table, keys, deltas) = self.rows_at(body, 8, "PS_ADD")?;
         self.stage(clock, from, table, keys, deltas);
         Ok(())
     }
@@ -763,40 +753,44 @@ impl Cluster {
         want: Kind,
         rows: Option<&mut [f32]>,
     ) -> Result<i64> {
+        let mut msg = Vec::with_capacity(HEADER + body.len());
+        msg.extend_from_slice(&frame::header(kind, body.len(), 1));
+        msg.extend_from_slice(body);
+        self.request_raw(conns, q, &msg, want, rows).map(|(age, _)| age)
+    }
+
+    /// Sends a whole frame (`msg`) on `conns[q]`, connecting first if needed (a connection that
+    /// fails is dropped, to be opened again by the next request), and reads the answer: a ROWS
+    /// answer into `rows` and its clock; any other answer's body.
+    fn request_raw(
+        &self,
+        conns: &[Mutex<Option<Conn>>],
+        q: usize,
+        msg: &[u8],
+        want: Kind,
+        rows: Option<&mut [f32]>,
+    ) -> Result<(i64, Vec<u8>)> {
         let mut slot = conns[q].lock();
         if slot.is_none() {
             *slot = Some(self.connect(q)?);
         }
         let conn = slot.as_mut().expect("connected");
-        let result = Self::exchange(&mut conn.stream, kind, body, want, rows);
+        let result = Self::exchange(&mut conn.stream, msg, want, rows);
         if result.is_err() {
             *slot = None;
         }
-        let (sent, received, age) = result?;
-        self.bytes_sent.fetch_add(sent, Ordering::Relaxed);
+        let (received, age, body) = result?;
+        self.bytes_sent.fetch_add(msg.len() as u64, Ordering::Relaxed);
         self.bytes_received.fetch_add(received, Ordering::Relaxed);
-        Ok(age)
+        Ok((age, body))
     }
 
     fn exchange(
         s: &mut TcpStream,
-        kind: Kind,
-        body: &[u8],
-        want: Kind,
-        rows: Option<&mut [f32]>,
-    ) -> Result<(u64, u64, i64)> {
-        let mut msg = Vec::with_capacity(HEADER + body.len());
-        msg.extend_from_slice(&frame::header(kind, body.len(), 1));
-        msg.extend_from_slice(body);
-        Self::exchange_raw(s, &msg, want, rows)
-    }
-
-    fn exchange_raw(
-        s: &mut TcpStream,
         msg: &[u8],
         want: Kind,
         rows: Option<&mut [f32]>,
-    ) -> Result<(u64, u64, i64)> {
+    ) -> Result<(u64, i64, Vec<u8>)> {
         s.write_all(msg).map_err(|e| io("send", e))?;
         let mut h = [0u8; HEADER];
         s.read_exact(&mut h).map_err(|e| io("receive", e))?;
@@ -810,12 +804,12 @@ impl Cluster {
         if head.kind != want {
             return Err(Error::corrupt(format!("expected {want:?}, got {:?}", head.kind)));
         }
-        let mut age = 0;
+        let received = (HEADER + len) as u64;
         match rows {
             Some(out) => {
                 let mut fixed = [0u8; 16];
                 s.read_exact(&mut fixed).map_err(|e| io("receive", e))?;
-                age = i64::from_le_bytes(fixed[0..8].try_into().expect("8 bytes"));
+                let age = i64::from_le_bytes(fixed[0..8].try_into().expect("8 bytes"));
                 let values =
                     len.checked_sub(16).ok_or_else(|| Error::corrupt("PS_ROWS cut short"))?;
                 if values != out.len() * 4 {
@@ -826,13 +820,13 @@ impl Cluster {
                 }
                 // The rows land in the caller's memory as they come off the socket.
                 s.read_exact(as_bytes_mut(out)).map_err(|e| io("receive", e))?;
+                Ok((received, age, Vec::new()))
             }
             None => {
-                let mut sink = vec![0u8; len];
-                s.read_exact(&mut sink).map_err(|e| io("receive", e))?;
+                let (_, body) = frame::read_blocking(s, MAX_FRAME, Some(h))?;
+                Ok((received, 0, body))
             }
         }
-        Ok((msg.len() as u64, (HEADER + len) as u64, age))
     }
 
     fn read_body(table: usize, keys: &[u64]) -> Vec<u8> {
@@ -881,9 +875,13 @@ impl Masters for ClusterMasters {
         self.read_at(table, keys, out).map(|_| ())
     }
 
-    fn add(&self, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()> {
-        // Outside a clock: stage as clock 0 and apply at once everywhere it goes.
-        self.add_at(0, table, keys, deltas)
+    fn add(&self, _table: usize, _keys: &[u64], _deltas: &[f32]) -> Result<()> {
+        // Deltas spread over processes are applied at clock boundaries only (`add_at`): one
+        // process alone cannot apply them everywhere.
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "rows spread over processes take deltas inside a clock (add_at) only",
+        ))
     }
 
     fn processes(&self) -> usize {
@@ -920,19 +918,7 @@ impl Masters for ClusterMasters {
             return c.read_owned(p.owner, p.table, &p.keys, out).map(Some);
         }
         // The request was encoded at plan time: send its bytes as they are.
-        let mut slot = c.data[p.owner].lock();
-        if slot.is_none() {
-            *slot = Some(c.connect(p.owner)?);
-        }
-        let conn = slot.as_mut().expect("connected");
-        let result = Cluster::exchange_raw(&mut conn.stream, &p.frame, Kind::PsRows, Some(out));
-        if result.is_err() {
-            *slot = None;
-        }
-        let (sent, received, age) = result?;
-        c.bytes_sent.fetch_add(sent, Ordering::Relaxed);
-        c.bytes_received.fetch_add(received, Ordering::Relaxed);
-        Ok(Some(age))
+        c.request_raw(&c.data, p.owner, &p.frame, Kind::PsRows, Some(out)).map(|(age, _)| Some(age))
     }
 
     fn add_at(&self, clock: u32, table: usize, keys: &[u64], deltas: &[f32]) -> Result<()> {
@@ -950,32 +936,14 @@ impl Masters for ClusterMasters {
             if q == c.rank {
                 c.stage(clock, c.rank as u32, table, ks, ds);
             } else {
-                let mut w = Writer::with_capacity(20 + ks.len() * 8 + ds.len() * 4);
-                w.u32(clock)
-                    .u32(c.rank as u32)
-                    .u32(table as u32)
-                    .u32(ks.len() as u32)
-                    .u32(d as u32);
-                for k in &ks {
-                    w.u64(*k);
-                }
-                w.raw(as_bytes(&ds));
-                c.request(&c.data, q, Kind::PsAdd, &w.0, Kind::PsAck, None)?;
+                let body = rows_body(&[clock, c.rank as u32], table, &ks, &ds, d);
+                c.request(&c.data, q, Kind::PsAdd, &body, Kind::PsAck, None)?;
             }
-        }
-        if clock == 0 {
-            return self.barrier(0);
         }
         Ok(())
     }
 
     fn barrier(&self, clock: u32) -> Result<()> {
-        let c = &self.0;
-        if c.rank == 0 {
-            return c.arrive(clock);
-        }
-        let mut w = Writer::with_capacity(8);
-        w.u32(clock).u32(c.rank as u32);
-        c.request(&c.control, 0, Kind::PsDone, &w.0, Kind::PsAck, None).map(|_| ())
+        self.0.barrier(clock)
     }
 }

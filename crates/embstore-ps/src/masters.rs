@@ -62,8 +62,17 @@ pub trait Masters: Send + Sync {
         Ok(0)
     }
 
-    /// Removes the rows of `keys` that exist and returns them (keys, `[rows, dim]` values).
-    fn take(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
+    /// The rows of `keys` that exist (keys, `[rows, dim]` values); nothing is changed.
+    fn existing(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
+        let _ = (table, keys);
+        Err(embstore_common::Error::new(
+            embstore_common::ErrorKind::Unsupported,
+            "these masters cannot hand rows over",
+        ))
+    }
+
+    /// Removes the rows of `keys` (once another process holds them).
+    fn remove(&self, table: usize, keys: &[u64]) -> Result<()> {
         let _ = (table, keys);
         Err(embstore_common::Error::new(
             embstore_common::ErrorKind::Unsupported,
@@ -148,7 +157,7 @@ impl Masters for TableMasters {
         self.tables[table].apply_gradients(keys, deltas, None).map(|_| ())
     }
 
-    fn take(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
+    fn existing(&self, table: usize, keys: &[u64]) -> Result<(Vec<u64>, Vec<f32>)> {
         let t = &self.tables[table];
         let d = t.dim();
         let mut values = vec![0.0f32; keys.len() * d];
@@ -159,8 +168,11 @@ impl Masters for TableMasters {
             ks.push(*k);
             vs.extend_from_slice(&values[i * d..(i + 1) * d]);
         }
-        t.remove(&ks)?;
         Ok((ks, vs))
+    }
+
+    fn remove(&self, table: usize, keys: &[u64]) -> Result<()> {
+        self.tables[table].remove(keys).map(|_| ())
     }
 
     fn assign(&self, table: usize, keys: &[u64], values: &[f32]) -> Result<()> {

@@ -8,17 +8,10 @@ use std::sync::Arc;
 use embstore_ps::{Cluster, Consistency, Options, Ps, TableMasters, Worker};
 use embstore_table::{Initializer, Optimizer, Table, TableConfig};
 
+mod common;
+
 fn tables() -> Vec<Arc<Table>> {
-    [("a", 4), ("b", 1)]
-        .iter()
-        .map(|(name, dim)| {
-            let cfg = TableConfig::new(*name, *dim)
-                .with_optimizer(Optimizer::Delta)
-                .with_initializer(Initializer::Uniform { low: -1.0, high: 1.0 })
-                .with_seed(7);
-            Arc::new(Table::new(cfg).unwrap())
-        })
-        .collect()
+    common::delta_tables(&[("a", 4), ("b", 1)])
 }
 
 fn free_addrs(n: usize) -> Vec<SocketAddr> {

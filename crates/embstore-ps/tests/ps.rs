@@ -8,18 +8,8 @@ use embstore_common::ErrorKind;
 use embstore_ps::{Consistency, Options, Ps, Replan, TableMasters};
 use embstore_table::{Initializer, Optimizer, Table, TableConfig};
 
-fn tables(specs: &[(&str, usize)]) -> Vec<Arc<Table>> {
-    specs
-        .iter()
-        .map(|(name, dim)| {
-            let cfg = TableConfig::new(*name, *dim)
-                .with_optimizer(Optimizer::Delta)
-                .with_initializer(Initializer::Uniform { low: -1.0, high: 1.0 })
-                .with_seed(7);
-            Arc::new(Table::new(cfg).unwrap())
-        })
-        .collect()
-}
+mod common;
+use common::delta_tables as tables;
 
 fn ps(t: &[Arc<Table>], workers: usize, opts: Options) -> Ps {
     Ps::new(Arc::new(TableMasters::new(t.to_vec()).unwrap()), workers, opts).unwrap()

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embstore.config import refuse_delta
 from embstore.errors import InvalidArgumentError, NotCopyableError
 from embstore.table import Table
 from embstore.torch.sparse import StoreModule
@@ -141,6 +142,7 @@ class EmbeddingOptimizer(torch.optim.Optimizer):
         # One group per table, in the order the modules were found; a Table compares equal
         # for every handle of one table (``store.table(name)`` makes a new one per call).
         tables = list(dict.fromkeys(m.table for m in found))
+        refuse_delta(tables, "EmbeddingOptimizer")
         groups = [
             {"params": [], "table": t.name, "lr": _table_lr(t) if lr is None else lr}
             for t in tables

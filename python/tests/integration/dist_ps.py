@@ -36,6 +36,18 @@ def iteration(total_workers: int):
     return run
 
 
+def make_tables(store) -> None:
+    """The job's tables (the test's one-process reference makes the same)."""
+    for name in KEYS:
+        store.create_table(
+            name,
+            embedding_dim=4,
+            optimizer=embstore.Delta(),
+            initializer=embstore.Uniform(-1.0, 1.0),
+            seed=3,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -47,14 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     embstore.init_distributed()
     store = embstore.DistributedStore(args.path)
-    for name in KEYS:
-        store.create_table(
-            name,
-            embedding_dim=4,
-            optimizer=embstore.Delta(),
-            initializer=embstore.Uniform(-1.0, 1.0),
-            seed=3,
-        )
+    make_tables(store)
     ps = store.ps(["L", "R"], workers=args.workers, specialise=args.specialise)
     total = ps.processes * ps.workers
     run = iteration(total)

@@ -467,14 +467,7 @@ def _ps_reference(total_workers: int, clocks: int) -> dict[str, np.ndarray]:
     import dist_ps
 
     store = embstore.Store()
-    for name in dist_ps.KEYS:
-        store.create_table(
-            name,
-            embedding_dim=4,
-            optimizer=embstore.Delta(),
-            initializer=embstore.Uniform(-1.0, 1.0),
-            seed=3,
-        )
+    dist_ps.make_tables(store)
     ps = store.ps(["L", "R"], workers=total_workers, specialise="no-opt")
     ps.run(dist_ps.iteration(total_workers), clocks=clocks)
     return {n: store[n].lookup(np.arange(k)) for n, k in dist_ps.KEYS.items()}

@@ -246,3 +246,20 @@ def test_a_failing_iteration_stops_the_run_with_its_error():
     assert done.is_set(), "a failed worker left the others waiting at the clock"
     with pytest.raises(embstore.StoreClosedError, match="worker 1 failed"):
         ps.worker(0).read("L", [0])
+
+
+def test_delta_tables_are_refused_where_gradients_would_be_added():
+    import torch
+
+    import embstore.torch as et
+
+    store = make_store(tables=("L",), dim=4)
+    sess = store.session(["L"])
+    batches = [np.array([1, 2])]
+    with pytest.raises(embstore.InvalidArgumentError, match="Delta"):
+        next(iter(sess.run(batches, ids=lambda b: {"L": b})))
+    rows = [b.embeddings("L") for b in sess.run(batches, ids=lambda b: {"L": b}, train=False)]
+    assert rows[0].shape == (2, 4)  # evaluating Delta tables is fine
+    emb = et.Embedding(store["L"])
+    with pytest.raises(embstore.InvalidArgumentError, match="Delta"):
+        et.EmbeddingOptimizer(torch.nn.ModuleList([emb]))
